@@ -1,0 +1,1 @@
+"""tbrun: the SPMD launcher. The library (tbcoll) never imports this package."""

@@ -1,0 +1,3 @@
+from launchers.cli import main
+
+main()

@@ -1,0 +1,95 @@
+"""The tbrun command line. Every flag can also be given as TBRUN_<NAME> in the environment."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from launchers.config import LaunchConfig, parse_exports, resolve_program
+from launchers.job import run_local
+from tbcoll.env import BACKENDS, DEFAULT_TIMEOUT
+from tbcoll.errors import LaunchError
+
+USAGE_STATUS = 2
+
+
+@click.command(
+    context_settings={"allow_interspersed_args": False, "help_option_names": ["-h", "--help"],
+                      "show_default": True},
+    epilog="Example: tbrun -np 4 examples/hello.py",
+)
+@click.option("-np", "-n", "--np", "nprocs", type=click.IntRange(min=1), required=True,
+              help="Number of ranks to start.")
+@click.option("--backend", type=click.Choice(BACKENDS), default="auto",
+              help="Transport the ranks use (TBCOLL_BACKEND).")
+@click.option("-x", "--export", "exports", multiple=True, metavar="NAME[=VALUE]",
+              help="Export a variable to every rank (NAME alone: tbrun's own value). Repeatable.")
+@click.option("--tag-output/--no-tag-output", default=True,
+              help="Prefix every line a rank prints with [rank].")
+@click.option("--output-dir", type=click.Path(file_okay=False, path_type=Path),
+              help="Also write each rank's output to DIR/rank-N.out and rank-N.err.")
+@click.option("--timeout", type=click.FloatRange(min=0), default=0,
+              help="Stop the job after this many seconds (0: never); exit status 124.")
+@click.option("--grace", type=click.FloatRange(min=0), default=3.0,
+              help="Seconds between SIGTERM and SIGKILL when the job is torn down.")
+@click.option("--comm-timeout", type=click.FloatRange(min=0, min_open=True),
+              default=DEFAULT_TIMEOUT,
+              help="Seconds a rank's collective or store wait may block (TBCOLL_TIMEOUT).")
+@click.option("--store-port", type=click.IntRange(0, 65535), default=0,
+              help="Port of the rendezvous store on 127.0.0.1 (0: any free port).")
+@click.option("--python", default=sys.executable, show_default="this Python",
+              help="Interpreter that runs .py scripts and -m modules.")
+@click.option("-m", "--module", is_flag=True, help="PROGRAM is a module to run as python -m.")
+@click.option("--dry-run", is_flag=True,
+              help="Print each rank's command and environment; start nothing.")
+@click.argument("program")
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def tbrun(nprocs: int, backend: str, exports: tuple[str, ...], tag_output: bool,
+          output_dir: Path | None, timeout: float, grace: float, comm_timeout: float,
+          store_port: int, python: str, module: bool, dry_run: bool, program: str,
+          args: tuple[str, ...]) -> int:
+    """Start NP ranks of PROGRAM (a .py script, a module with -m, or an executable) and
+    supervise them: tagged output, fail-fast teardown, signals forwarded, exit status of the
+    first rank to fail.
+
+    Each rank gets the launch contract in its environment: TBCOLL_RANK, TBCOLL_SIZE,
+    TBCOLL_LOCAL_RANK, TBCOLL_LOCAL_SIZE, TBCOLL_NODE_RANK, TBCOLL_BACKEND, TBCOLL_STORE,
+    TBCOLL_TOKEN, TBCOLL_HOSTFILE, TBCOLL_TIMEOUT, and torchrun's RANK, WORLD_SIZE,
+    LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT. Also PYTHONUNBUFFERED=1, and
+    OMP_NUM_THREADS=1 (and the BLAS equivalents) where unset and several ranks share a host.
+    """
+    cfg = LaunchConfig(
+        nprocs=nprocs,
+        program=resolve_program(program, args, python, module),
+        backend=backend,
+        tag_output=tag_output,
+        output_dir=output_dir,
+        timeout=timeout or None,
+        grace=grace,
+        comm_timeout=comm_timeout,
+        exports=parse_exports(exports, os.environ),
+        store_host="127.0.0.1",
+        store_port=store_port,
+        dry_run=dry_run,
+    )
+    return run_local(cfg)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of the tbrun console script: usage errors are one line and exit status 2."""
+    try:
+        status = tbrun.main(argv, prog_name="tbrun", standalone_mode=False,
+                            auto_envvar_prefix="TBRUN")
+    except click.ClickException as e:
+        message = e.format_message().rstrip(".")
+        print(f"tbrun: error: {message} (see tbrun --help)", file=sys.stderr)
+        sys.exit(USAGE_STATUS)
+    except LaunchError as e:
+        print(f"tbrun: error: {e}", file=sys.stderr)
+        sys.exit(USAGE_STATUS)
+    except click.Abort:
+        sys.exit(130)
+    sys.exit(status or 0)

@@ -1,0 +1,65 @@
+"""LaunchConfig: tbrun's flags, checked and frozen before any logic sees them."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from tbcoll.errors import LaunchError
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    nprocs: int
+    program: tuple[str, ...]  # the argv every rank runs
+    backend: str
+    tag_output: bool
+    output_dir: Path | None
+    timeout: float | None  # wall-clock limit of the whole job
+    grace: float  # seconds between SIGTERM and SIGKILL at teardown
+    comm_timeout: float  # TBCOLL_TIMEOUT given to the ranks
+    exports: Mapping[str, str]
+    store_host: str
+    store_port: int
+    dry_run: bool
+
+
+def resolve_program(program: str, args: Sequence[str], python: str,
+                    module: bool) -> tuple[str, ...]:
+    """The argv a rank runs: a .py script or a module under `python`, else an executable."""
+    if module:
+        return (python, "-m", program, *args)
+    if program.endswith(".py"):
+        if not Path(program).is_file():
+            raise LaunchError(f"script {program!r} not found")
+        return (python, program, *args)
+    if os.sep in program:
+        if not (Path(program).is_file() and os.access(program, os.X_OK)):
+            raise LaunchError(f"program {program!r} not found or not executable")
+        return (program, *args)
+    found = shutil.which(program)
+    if found is None:
+        raise LaunchError(f"program {program!r} not found on PATH")
+    return (found, *args)
+
+
+def parse_exports(specs: Sequence[str], environ: Mapping[str, str]) -> dict[str, str]:
+    """-x NAME=VALUE sets a variable for every rank; -x NAME passes on tbrun's own value."""
+    exports = {}
+    for spec in specs:
+        name, sep, value = spec.partition("=")
+        if not _ENV_NAME.match(name):
+            raise LaunchError(f"-x {spec!r}: {name!r} is not a valid variable name")
+        if not sep:
+            if name not in environ:
+                raise LaunchError(f"-x {name}: {name} is not set in tbrun's environment; "
+                                  f"use -x {name}=VALUE")
+            value = environ[name]
+        exports[name] = value
+    return exports

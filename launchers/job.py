@@ -1,0 +1,87 @@
+"""Run a job on this machine: serve the store, build each rank's environment, supervise."""
+
+from __future__ import annotations
+
+import errno
+import os
+import shlex
+import socket
+import sys
+
+from launchers.config import LaunchConfig
+from launchers.output import OutputRouter
+from launchers.supervisor import RankCommand, Supervisor
+from tbcoll.auth import new_token
+from tbcoll.env import LaunchInfo, worker_env
+from tbcoll.errors import LaunchError
+from tbcoll.rendezvous import StoreServer
+
+# Set to 1 when unset and several ranks share a host, as torchrun does for OMP_NUM_THREADS,
+# so that N ranks on N cores do not each start N BLAS threads.
+THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+               "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
+
+
+def log(message: str) -> None:
+    print(f"tbrun: {message}", file=sys.stderr, flush=True)
+
+
+def rank_commands(cfg: LaunchConfig, store: tuple[str, int], token: str,
+                  master: tuple[str, int]) -> list[RankCommand]:
+    """One command per rank, all on this host."""
+    n = cfg.nprocs
+    topology = {"hosts": [{"name": "localhost", "ranks": list(range(n))}]}
+    base = dict(os.environ)
+    if n > 1:
+        for name in THREAD_VARS:
+            base.setdefault(name, "1")
+    base.update(cfg.exports)
+    base["PYTHONUNBUFFERED"] = "1"
+    commands = []
+    for rank in range(n):
+        info = LaunchInfo(rank=rank, size=n, local_rank=rank, local_size=n, node_rank=0,
+                          backend=cfg.backend, store=store, token=token, topology=topology,
+                          timeout=cfg.comm_timeout)
+        commands.append(RankCommand(rank, cfg.program, {**base, **worker_env(info, master)}))
+    return commands
+
+
+def dry_run(cfg: LaunchConfig) -> int:
+    """Print each rank's command and the variables tbrun would set, and start nothing."""
+    commands = rank_commands(cfg, (cfg.store_host, cfg.store_port), "<made at launch>",
+                             (cfg.store_host, 0))
+    print("# port 0: a free port is chosen at launch")
+    for cmd in commands:
+        print(f"rank {cmd.rank}: {shlex.join(cmd.argv)}")
+        for name, value in cmd.env.items():
+            if os.environ.get(name) != value:
+                print(f"    {name}={value}")
+    return 0
+
+
+def run_local(cfg: LaunchConfig) -> int:
+    """Run the job and return its exit status."""
+    if cfg.dry_run:
+        return dry_run(cfg)
+    token = new_token()
+    try:
+        store = StoreServer(token, cfg.store_host, cfg.store_port, log=log)
+    except OSError as e:
+        reason = "address already in use" if e.errno == errno.EADDRINUSE else e.strerror
+        raise LaunchError(
+            f"cannot listen on {cfg.store_host}:{cfg.store_port} for the rendezvous store: "
+            f"{reason}; choose another --store-port, or 0 for any free port") from e
+    try:
+        commands = rank_commands(cfg, store.address, token, (cfg.store_host, _free_port(cfg)))
+        output = OutputRouter(cfg.nprocs, cfg.tag_output, cfg.output_dir)
+        supervisor = Supervisor(commands, output, timeout=cfg.timeout, grace=cfg.grace, log=log)
+        return supervisor.run(after_spawn=store.start)
+    finally:
+        store.close()
+
+
+def _free_port(cfg: LaunchConfig) -> int:
+    """A port for MASTER_PORT that nothing listens on now (the script binds it itself)."""
+    with socket.socket() as s:
+        s.bind((cfg.store_host, 0))
+        return s.getsockname()[1]

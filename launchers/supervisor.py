@@ -1,0 +1,228 @@
+"""Run the ranks of a job and keep them in line, as mpirun and torchrun do.
+
+- every rank gets its own process group, so teardown reaches whatever it spawned;
+- output is read by one select loop and routed line by line (launchers.output);
+- the first rank to exit non-zero or die by a signal fails the job: its status is the job's,
+  the others get SIGTERM, then SIGKILL after a grace period;
+- SIGINT, SIGTERM and SIGHUP sent to tbrun are forwarded to every rank, then the same teardown;
+- a job past its --timeout is torn down the same way and exits with status 124;
+- on Linux each rank also dies if tbrun itself is killed (PR_SET_PDEATHSIG).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from launchers.output import OutputRouter
+from tbcoll.errors import LaunchError
+
+TIMEOUT_STATUS = 124  # as timeout(1) does
+_FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_POLL = 0.5  # backstop for SIGCHLD wake-ups; exits are normally seen at once
+
+
+@dataclass(frozen=True)
+class RankCommand:
+    rank: int
+    argv: Sequence[str]
+    env: dict[str, str]
+
+
+def _status_of(returncode: int) -> int:
+    return returncode if returncode >= 0 else 128 - returncode
+
+
+def _describe_exit(returncode: int) -> str:
+    if returncode >= 0:
+        return f"exited with status {returncode}"
+    try:
+        name = signal.Signals(-returncode).name
+    except ValueError:
+        name = "unknown signal"
+    return f"was killed by signal {-returncode} ({name})"
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def _die_with_parent_hook() -> Callable[[], None] | None:
+    """A preexec_fn that makes the child die with tbrun (Linux only; None elsewhere)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    parent = os.getpid()
+    pr_set_pdeathsig = 1
+
+    def hook() -> None:
+        prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:  # tbrun died before the flag was set
+            os._exit(1)
+
+    return hook
+
+
+class Supervisor:
+    def __init__(self, commands: Sequence[RankCommand], output: OutputRouter, *,
+                 timeout: float | None, grace: float, log: Callable[[str], None]) -> None:
+        self._commands = commands
+        self._output = output
+        self._timeout = timeout
+        self._grace = grace
+        self._log = log
+        self._procs: dict[int, subprocess.Popen] = {}
+        self._pending_signals: list[int] = []
+        self._status: int | None = None  # set by the first event that ends the job
+        self._kill_at: float | None = None  # SIGKILL deadline once teardown has begun
+
+    def run(self, after_spawn: Callable[[], None] = lambda: None) -> int:
+        """Start every rank, supervise until all have exited, return the job's exit status.
+
+        after_spawn runs once every rank is started; threads started there do not exist yet
+        when the ranks are forked.
+        """
+        wake_r, wake_w = os.pipe()
+        os.set_blocking(wake_r, False)
+        os.set_blocking(wake_w, False)
+        old_wakeup = signal.set_wakeup_fd(wake_w)
+        watched = (*_FORWARDED, signal.SIGCHLD)
+        old_handlers = {sig: signal.signal(sig, self._on_signal) for sig in watched}
+        selector = selectors.DefaultSelector()
+        selector.register(wake_r, selectors.EVENT_READ)
+        try:
+            self._spawn(selector)
+            after_spawn()
+            self._loop(selector, wake_r)
+        finally:
+            for sig, handler in old_handlers.items():
+                signal.signal(sig, handler)
+            signal.set_wakeup_fd(old_wakeup)
+            self._kill_groups(signal.SIGKILL)  # no process of the job outlives tbrun
+            for proc in self._procs.values():
+                proc.wait()
+            selector.close()
+            os.close(wake_r)
+            os.close(wake_w)
+            self._output.close()
+        return self._status or 0
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        if signum != signal.SIGCHLD:
+            self._pending_signals.append(signum)
+
+    def _spawn(self, selector: selectors.BaseSelector) -> None:
+        hook = _die_with_parent_hook()
+        # preexec_fn is safe here: tbrun has no other thread yet (see run's after_spawn).
+        for cmd in self._commands:
+            try:
+                proc = subprocess.Popen(
+                    cmd.argv, env=cmd.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE, start_new_session=True, preexec_fn=hook)  # noqa: PLW1509
+            except OSError as e:
+                self._kill_groups(signal.SIGKILL)
+                raise LaunchError(f"cannot start rank {cmd.rank} ({cmd.argv[0]}): {e}") from e
+            self._procs[cmd.rank] = proc
+            for stream, pipe in (("out", proc.stdout), ("err", proc.stderr)):
+                os.set_blocking(pipe.fileno(), False)
+                selector.register(pipe, selectors.EVENT_READ, (cmd.rank, stream))
+
+    def _loop(self, selector: selectors.BaseSelector, wake_r: int) -> None:
+        job_deadline = None if not self._timeout else time.monotonic() + self._timeout
+        drain_until = None  # once every rank has exited, leftover pipes get a short while
+        while True:
+            deadlines = [d for d in (job_deadline, self._kill_at, drain_until) if d is not None]
+            wait = min([_POLL, *(d - time.monotonic() for d in deadlines)])
+            for key, _ in selector.select(max(0.0, wait)):
+                if key.fileobj == wake_r:
+                    while _read(wake_r):
+                        pass
+                else:
+                    self._pump(selector, key)
+            self._handle_signals()
+            self._reap()
+            now = time.monotonic()
+            if job_deadline is not None and now >= job_deadline and self._status is None:
+                self._log(f"job exceeded --timeout {self._timeout:g} s; "
+                          f"stopping {_plural(len(self._alive()), 'rank')}")
+                self._begin_teardown(TIMEOUT_STATUS, signal.SIGTERM)
+            if self._kill_at is not None and now >= self._kill_at and self._alive():
+                self._log(f"{_plural(len(self._alive()), 'rank')} still running "
+                          f"{self._grace:g} s after SIGTERM; sending SIGKILL")
+                self._kill_groups(signal.SIGKILL)
+                self._kill_at = None
+            if not self._alive():
+                if len(selector.get_map()) == 1:
+                    return  # only the wake-up pipe is left
+                if drain_until is None:
+                    # Descendants may still hold a pipe open: end them, then drain briefly.
+                    self._kill_groups(signal.SIGKILL)
+                    drain_until = now + 1.0
+                elif now >= drain_until:
+                    return
+
+    def _pump(self, selector: selectors.BaseSelector, key: selectors.SelectorKey) -> None:
+        rank, stream = key.data
+        data = _read(key.fileobj.fileno())
+        if data is None:
+            return
+        if data:
+            self._output.write(rank, stream, data)
+        else:
+            selector.unregister(key.fileobj)
+            key.fileobj.close()
+            self._output.end(rank, stream)
+
+    def _handle_signals(self) -> None:
+        while self._pending_signals:
+            signum = self._pending_signals.pop(0)
+            name = signal.Signals(signum).name
+            if self._status is not None:
+                self._log(f"got {name} again; killing every rank now")
+                self._kill_groups(signal.SIGKILL)
+                continue
+            forward = signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM
+            self._log(f"got {name}; forwarding {forward.name} to "
+                      f"{_plural(len(self._alive()), 'rank')}")
+            self._begin_teardown(128 + signum, forward)
+
+    def _reap(self) -> None:
+        for rank, proc in self._procs.items():
+            if proc.returncode is not None or proc.poll() is None:
+                continue
+            if proc.returncode != 0 and self._status is None:
+                others = len(self._alive())
+                self._log(f"rank {rank} (pid {proc.pid}) {_describe_exit(proc.returncode)}; "
+                          f"stopping the other {_plural(others, 'rank')}")
+                self._begin_teardown(_status_of(proc.returncode), signal.SIGTERM)
+
+    def _begin_teardown(self, status: int, sig: int) -> None:
+        self._status = status
+        self._kill_groups(sig)
+        self._kill_at = time.monotonic() + self._grace
+
+    def _alive(self) -> list[int]:
+        return [rank for rank, proc in self._procs.items() if proc.returncode is None]
+
+    def _kill_groups(self, sig: int) -> None:
+        """Signal the process group of every rank: the rank and all it started."""
+        for proc in self._procs.values():
+            try:
+                os.killpg(proc.pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass  # the group is gone
+
+
+def _read(fd: int) -> bytes | None:
+    """Read what is there; b'' at end of file, None if nothing is ready."""
+    try:
+        return os.read(fd, 1 << 16)
+    except BlockingIOError:
+        return None

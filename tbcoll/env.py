@@ -1,0 +1,129 @@
+"""The launch contract: the environment tbrun gives every rank.
+
+tbrun builds it with `worker_env()`; a rank reads it with `launch_info()`. No other module
+reads or writes these variables.
+
+    TBCOLL_RANK        this process's rank, 0 .. TBCOLL_SIZE-1
+    TBCOLL_SIZE        number of ranks in the job
+    TBCOLL_LOCAL_RANK  rank among the ranks on this host, 0 .. TBCOLL_LOCAL_SIZE-1
+    TBCOLL_LOCAL_SIZE  number of ranks on this host
+    TBCOLL_NODE_RANK   index of this host among the job's hosts
+    TBCOLL_BACKEND     transport asked for: auto, shm, tcp, mpi or mlx
+    TBCOLL_STORE       host:port of the rendezvous store that tbrun serves
+    TBCOLL_TOKEN       random per-job secret; every connection proves it knows it (HMAC)
+    TBCOLL_HOSTFILE    the resolved topology as JSON text:
+                       {"hosts": [{"name": "localhost", "ranks": [0, 1, 2, 3]}]}
+    TBCOLL_TIMEOUT     seconds a wait may last before it raises (default 300)
+
+For scripts written for torchrun the same facts go out as RANK, WORLD_SIZE, LOCAL_RANK,
+LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT. MASTER_PORT is a free port left for the
+script's own use (torch.distributed binds it on rank 0), not the store's port.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from tbcoll.errors import TbcollError
+
+BACKENDS = ("auto", "shm", "tcp", "mpi", "mlx")
+DEFAULT_TIMEOUT = 300.0
+
+
+@dataclass(frozen=True)
+class LaunchInfo:
+    """What tbrun told this rank about the job."""
+
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int
+    node_rank: int
+    backend: str
+    store: tuple[str, int]
+    token: str
+    topology: dict
+    timeout: float
+
+
+def worker_env(info: LaunchInfo, master: tuple[str, int]) -> dict[str, str]:
+    """Return the variables that rank `info.rank` is started with (tbcoll's and torchrun's)."""
+    return {
+        "TBCOLL_RANK": str(info.rank),
+        "TBCOLL_SIZE": str(info.size),
+        "TBCOLL_LOCAL_RANK": str(info.local_rank),
+        "TBCOLL_LOCAL_SIZE": str(info.local_size),
+        "TBCOLL_NODE_RANK": str(info.node_rank),
+        "TBCOLL_BACKEND": info.backend,
+        "TBCOLL_STORE": format_hostport(*info.store),
+        "TBCOLL_TOKEN": info.token,
+        "TBCOLL_HOSTFILE": json.dumps(info.topology, separators=(",", ":")),
+        "TBCOLL_TIMEOUT": f"{info.timeout:g}",
+        "RANK": str(info.rank),
+        "WORLD_SIZE": str(info.size),
+        "LOCAL_RANK": str(info.local_rank),
+        "LOCAL_WORLD_SIZE": str(info.local_size),
+        "MASTER_ADDR": master[0],
+        "MASTER_PORT": str(master[1]),
+    }
+
+
+def launch_info(environ: Mapping[str, str] | None = None) -> LaunchInfo | None:
+    """Read the launch contract; None when this process was not started by tbrun."""
+    env = os.environ if environ is None else environ
+    if "TBCOLL_RANK" not in env:
+        return None
+    info = LaunchInfo(
+        rank=_int(env, "TBCOLL_RANK"),
+        size=_int(env, "TBCOLL_SIZE"),
+        local_rank=_int(env, "TBCOLL_LOCAL_RANK"),
+        local_size=_int(env, "TBCOLL_LOCAL_SIZE"),
+        node_rank=_int(env, "TBCOLL_NODE_RANK"),
+        backend=_required(env, "TBCOLL_BACKEND"),
+        store=parse_hostport(_required(env, "TBCOLL_STORE"), "TBCOLL_STORE"),
+        token=_required(env, "TBCOLL_TOKEN"),
+        topology=_json(env, "TBCOLL_HOSTFILE"),
+        timeout=float(env.get("TBCOLL_TIMEOUT", DEFAULT_TIMEOUT)),
+    )
+    if not 0 <= info.rank < info.size:
+        raise TbcollError(f"TBCOLL_RANK={info.rank} is outside 0..{info.size - 1} (TBCOLL_SIZE)")
+    if info.backend not in BACKENDS:
+        raise TbcollError(f"TBCOLL_BACKEND={info.backend!r} is not one of {', '.join(BACKENDS)}")
+    return info
+
+
+def format_hostport(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def parse_hostport(text: str, what: str) -> tuple[str, int]:
+    """Split 'host:port' or '[v6addr]:port'."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise TbcollError(f"{what}={text!r} is not host:port")
+    return host.strip("[]"), int(port)
+
+
+def _required(env: Mapping[str, str], name: str) -> str:
+    value = env.get(name)
+    if not value:
+        raise TbcollError(f"{name} is not set; start this script with tbrun (or mpiexec)")
+    return value
+
+
+def _int(env: Mapping[str, str], name: str) -> int:
+    value = _required(env, name)
+    try:
+        return int(value)
+    except ValueError:
+        raise TbcollError(f"{name}={value!r} is not an integer") from None
+
+
+def _json(env: Mapping[str, str], name: str) -> dict:
+    try:
+        return json.loads(_required(env, name))
+    except json.JSONDecodeError as e:
+        raise TbcollError(f"{name} is not valid JSON: {e}") from None

@@ -1,0 +1,224 @@
+"""The rendezvous store: a small key-value service that tbrun serves and ranks use to meet.
+
+Ranks exchange addresses and small facts through it (set/get/wait/add/delete on bytes keys).
+The wire format is binary and length-prefixed; nothing read from it is ever unpickled. A
+connection first runs the HMAC handshake of tbcoll.auth; one that fails is logged and closed.
+
+Request:  op u8, timeout_ms u32, nfields u16, then nfields x (u32 length, bytes)
+Response: status u8, then one field (u32 length, bytes)
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable, Iterable
+
+from tbcoll.auth import accept_handshake, connect_handshake
+from tbcoll.env import DEFAULT_TIMEOUT, LaunchInfo, format_hostport
+from tbcoll.errors import AuthenticationError, RendezvousError
+from tbcoll.wire import pack_fields, recv_exactly, recv_fields
+
+_REQUEST = struct.Struct("!BIH")
+_STATUS = struct.Struct("!B")
+_SET, _GET, _WAIT, _ADD, _DELETE = range(1, 6)
+_FIELDS = {_SET: (2, 2), _GET: (1, 1), _WAIT: (1, 4096), _ADD: (2, 2), _DELETE: (1, 1)}
+_OK, _TIMEOUT, _BAD = range(3)
+_MAX_FIELD = 64 << 20
+_HANDSHAKE_TIMEOUT = 10.0
+
+Key = str | bytes
+
+
+def _b(value: Key) -> bytes:
+    return value.encode() if isinstance(value, str) else bytes(value)
+
+
+class StoreServer:
+    """Serve the store on host:port (0: any free port) from background threads."""
+
+    def __init__(self, token: str, host: str = "127.0.0.1", port: int = 0,
+                 log: Callable[[str], None] = lambda msg: None) -> None:
+        self._token = token
+        self._log = log
+        self._data: dict[bytes, bytes] = {}
+        self._changed = threading.Condition()
+        self._closed = threading.Event()
+        self._conns: set[socket.socket] = set()
+        self._listener = socket.create_server((host, port), backlog=512)
+        self._listener.settimeout(0.25)
+        self.address: tuple[str, int] = self._listener.getsockname()[:2]
+
+    def start(self) -> StoreServer:
+        threading.Thread(target=self._accept_loop, name="tbcoll-store", daemon=True).start()
+        return self
+
+    def close(self) -> None:
+        """Stop accepting and hang up on every client, so that their waits end now."""
+        self._closed.set()
+        self._listener.close()
+        with self._changed:
+            conns = list(self._conns)
+        for conn in conns:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def __enter__(self) -> StoreServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _accept_loop(self) -> None:
+        while not self._closed.is_set():
+            try:
+                conn, peer = self._listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return  # listener closed
+            threading.Thread(target=self._serve, args=(conn, peer), daemon=True).start()
+
+    def _serve(self, conn: socket.socket, peer: tuple) -> None:
+        with self._changed:
+            self._conns.add(conn)
+        try:
+            self._converse(conn, peer)
+        finally:
+            with self._changed:
+                self._conns.discard(conn)
+            conn.close()
+
+    def _converse(self, conn: socket.socket, peer: tuple) -> None:
+        conn.settimeout(_HANDSHAKE_TIMEOUT)
+        try:
+            accept_handshake(conn, self._token)
+        except (AuthenticationError, OSError) as e:
+            self._log(f"refused a store connection from {format_hostport(*peer[:2])}: {e}")
+            return
+        conn.settimeout(None)
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
+            while True:
+                op, timeout_ms, nfields = _REQUEST.unpack(recv_exactly(conn, _REQUEST.size))
+                lo, hi = _FIELDS.get(op, (1, 0))
+                if not lo <= nfields <= hi:
+                    conn.sendall(_STATUS.pack(_BAD) + pack_fields(b"malformed request"))
+                    return
+                fields = recv_fields(conn, nfields, _MAX_FIELD)
+                status, payload = self._apply(op, fields, timeout_ms / 1000)
+                conn.sendall(_STATUS.pack(status) + pack_fields(payload))
+        except (ConnectionError, OSError):
+            return  # the rank went away; nothing to clean up
+
+    def _apply(self, op: int, fields: list[bytes], timeout: float) -> tuple[int, bytes]:
+        with self._changed:
+            if op == _SET:
+                self._data[fields[0]] = fields[1]
+                self._changed.notify_all()
+                return _OK, b""
+            if op == _ADD:
+                try:
+                    value = int(self._data.get(fields[0], b"0")) + int(fields[1])
+                except ValueError:
+                    return _BAD, b"add on a key that does not hold an integer"
+                self._data[fields[0]] = str(value).encode()
+                self._changed.notify_all()
+                return _OK, self._data[fields[0]]
+            if op == _DELETE:
+                return _OK, b"1" if self._data.pop(fields[0], None) is not None else b"0"
+            present = self._changed.wait_for(
+                lambda: all(k in self._data for k in fields), timeout=timeout)
+            if not present:
+                return _TIMEOUT, b""
+            return _OK, self._data[fields[0]] if op == _GET else b""
+
+
+class Store:
+    """Client of the rendezvous store; safe to share between threads."""
+
+    def __init__(self, host: str, port: int, token: str, timeout: float = DEFAULT_TIMEOUT,
+                 connect_timeout: float = 30.0) -> None:
+        self.address = format_hostport(host, port)
+        self.timeout = timeout
+        self._lock = threading.Lock()
+        self._sock = self._connect(host, port, token, connect_timeout)
+
+    @classmethod
+    def from_launch(cls, info: LaunchInfo) -> Store:
+        """Connect to the store that tbrun serves for this job."""
+        return cls(*info.store, info.token, timeout=info.timeout)
+
+    def set(self, key: Key, value: Key) -> None:
+        self._request(_SET, [_b(key), _b(value)], 0)
+
+    def get(self, key: Key, timeout: float | None = None) -> bytes:
+        """Return the value of key, waiting for some rank to set it."""
+        return self._request(_GET, [_b(key)], timeout)
+
+    def wait(self, keys: Iterable[Key], timeout: float | None = None) -> None:
+        """Block until every key is set."""
+        self._request(_WAIT, [_b(k) for k in keys], timeout)
+
+    def add(self, key: Key, delta: int = 1) -> int:
+        """Atomically add delta to the integer at key (0 if unset); return the new value."""
+        return int(self._request(_ADD, [_b(key), str(int(delta)).encode()], 0))
+
+    def delete(self, key: Key) -> bool:
+        return self._request(_DELETE, [_b(key)], 0) == b"1"
+
+    def close(self) -> None:
+        self._sock.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _connect(self, host: str, port: int, token: str, connect_timeout: float) -> socket.socket:
+        deadline = time.monotonic() + connect_timeout
+        while True:
+            try:
+                sock = socket.create_connection((host, port), timeout=connect_timeout)
+                break
+            except (ConnectionRefusedError, TimeoutError) as e:
+                if time.monotonic() >= deadline:
+                    raise RendezvousError(
+                        f"cannot reach the rendezvous store at {self.address} ({e}); "
+                        "is tbrun still running?") from e
+                time.sleep(0.05)
+        try:
+            sock.settimeout(_HANDSHAKE_TIMEOUT)
+            connect_handshake(sock, token)
+        except (AuthenticationError, OSError) as e:
+            sock.close()
+            raise RendezvousError(f"the rendezvous store at {self.address} refused us: {e}") from e
+        sock.settimeout(None)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return sock
+
+    def _request(self, op: int, fields: list[bytes], timeout: float | None) -> bytes:
+        wait = self.timeout if timeout is None else timeout
+        with self._lock:
+            try:
+                # The server answers TIMEOUT itself; the socket deadline only catches a dead server.
+                self._sock.settimeout(wait + 30.0)
+                self._sock.sendall(_REQUEST.pack(op, int(wait * 1000), len(fields))
+                                   + pack_fields(*fields))
+                (status,) = _STATUS.unpack(recv_exactly(self._sock, _STATUS.size))
+                (payload,) = recv_fields(self._sock, 1, _MAX_FIELD)
+            except (ConnectionError, OSError) as e:
+                raise RendezvousError(
+                    f"lost the rendezvous store at {self.address} ({e}); did tbrun exit?") from e
+        if status == _TIMEOUT:
+            names = ", ".join(repr(f.decode(errors="replace")) for f in fields)
+            raise RendezvousError(
+                f"timed out after {wait:g} s waiting for store key(s) {names} at {self.address}")
+        if status != _OK:
+            raise RendezvousError(f"the store rejected the request: {payload.decode()}")
+        return payload
