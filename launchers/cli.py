@@ -19,7 +19,9 @@ USAGE_STATUS = 2
 @click.command(
     context_settings={"allow_interspersed_args": False, "help_option_names": ["-h", "--help"],
                       "show_default": True},
-    epilog="Example: tbrun -np 4 examples/hello.py",
+    epilog="Every flag can also come from the environment as TBRUN_<NAME>, e.g. TBRUN_NPROCS=4 "
+           "or TBRUN_TIMEOUT=60; a flag on the command line wins.\n\n"
+           "Example: tbrun -np 4 examples/hello.py",
 )
 @click.option("-np", "-n", "--np", "nprocs", type=click.IntRange(min=1), required=True,
               help="Number of ranks to start.")
@@ -29,7 +31,7 @@ USAGE_STATUS = 2
               help="Export a variable to every rank (NAME alone: tbrun's own value). Repeatable.")
 @click.option("--tag-output/--no-tag-output", default=True,
               help="Prefix every line a rank prints with [rank].")
-@click.option("--output-dir", type=click.Path(file_okay=False, path_type=Path),
+@click.option("--output-dir", type=click.Path(file_okay=False, path_type=Path), metavar="DIR",
               help="Also write each rank's output to DIR/rank-N.out and rank-N.err.")
 @click.option("--timeout", type=click.FloatRange(min=0), default=0,
               help="Stop the job after this many seconds (0: never); exit status 124.")

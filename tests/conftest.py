@@ -1,0 +1,66 @@
+"""Helpers for tests that launch real jobs with tbrun."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+TBRUN = str(Path(sys.executable).with_name("tbrun"))
+REPO = Path(__file__).resolve().parent.parent
+
+
+def tbrun(*args: str, timeout: float = 60, env: dict | None = None,
+          cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """Run tbrun to completion (bounded by timeout) and capture its output as text."""
+    return subprocess.run([TBRUN, *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, env=env, cwd=cwd)
+
+
+def tagged_lines(text: str) -> dict[int, list[str]]:
+    """Group '[rank] line' output by rank."""
+    by_rank: dict[int, list[str]] = {}
+    for line in text.splitlines():
+        if line.startswith("["):
+            tag, _, rest = line.partition("] ")
+            by_rank.setdefault(int(tag[1:]), []).append(rest)
+    return by_rank
+
+
+def pid_alive(pid: int) -> bool:
+    """True if pid runs and is not a zombie waiting for a parent that does not reap."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+    except OSError:
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def wait_for(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.02)
+
+
+@pytest.fixture
+def script(tmp_path: Path):
+    """Write a rank script into tmp_path and return its path."""
+    def write(source: str, name: str = "job.py") -> Path:
+        path = tmp_path / name
+        path.write_text(textwrap.dedent(source))
+        return path
+    return write

@@ -1,0 +1,50 @@
+"""Bad input: one line naming the problem, exit status 2, no traceback, nothing started."""
+
+import socket
+
+import pytest
+
+from .conftest import tbrun
+
+
+def assert_usage_error(p, *fragments):
+    assert p.returncode == 2, (p.stdout, p.stderr)
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tbrun: error: "), p.stderr
+    assert "Traceback" not in p.stderr
+    for fragment in fragments:
+        assert fragment in lines[0]
+
+
+@pytest.mark.parametrize("args, fragments", [
+    (["-np", "0", "x.py"], ["0 is not in the range x>=1"]),
+    (["-np", "-3", "x.py"], ["-3 is not in the range x>=1"]),
+    (["-np", "two", "x.py"], ["'two' is not a valid integer"]),
+    (["x.py"], ["Missing option '-np'"]),
+    (["-np", "2"], ["Missing argument 'PROGRAM'"]),
+    (["--frobnicate", "-np", "2", "x.py"], ["No such option '--frobnicate'"]),
+    (["-np", "2", "missing.py"], ["script 'missing.py' not found"]),
+    (["-np", "2", "/no/such/program"], ["'/no/such/program' not found or not executable"]),
+    (["-np", "2", "no-such-program-on-path"], ["'no-such-program-on-path' not found on PATH"]),
+    (["-np", "2", "-x", "9LIVES=1", "true"], ["'9LIVES' is not a valid variable name"]),
+    (["-np", "2", "-x", "TBCOLL_SURELY_UNSET", "true"], ["TBCOLL_SURELY_UNSET is not set"]),
+    (["-np", "2", "--backend", "carrier-pigeon", "true"], ["'carrier-pigeon' is not one of"]),
+])
+def test_bad_arguments(args, fragments):
+    assert_usage_error(tbrun(*args, timeout=30), *fragments)
+
+
+def test_store_port_in_use():
+    with socket.create_server(("127.0.0.1", 0)) as busy:
+        port = busy.getsockname()[1]
+        p = tbrun("-np", "2", "--store-port", port, "true", timeout=30)
+    assert_usage_error(p, f"127.0.0.1:{port}", "address already in use", "--store-port")
+
+
+def test_help_documents_every_flag():
+    p = tbrun("--help", timeout=30)
+    assert p.returncode == 0
+    for flag in ["-np", "--backend", "-x", "--tag-output", "--no-tag-output", "--output-dir",
+                 "--timeout", "--grace", "--comm-timeout", "--store-port", "--python",
+                 "--module", "--dry-run", "TBRUN_"]:
+        assert flag in p.stdout, flag

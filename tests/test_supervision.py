@@ -1,0 +1,167 @@
+"""Fail-fast teardown, exit status, signals and timeouts, checked on real processes."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from .conftest import TBRUN, pid_alive, tagged_lines, tbrun, wait_for
+
+# Each rank records its pid and a grandchild's pid in PIDDIR, then runs the given body.
+RANK_WITH_CHILD = """
+import os, signal, subprocess, sys, time
+piddir, rank = sys.argv[1], int(os.environ["RANK"])
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+with open(os.path.join(piddir, f"{{rank}}.pid"), "w") as f:
+    f.write(f"{{os.getpid()}} {{child.pid}}")
+{body}
+"""
+
+
+def job_pids(piddir, np):
+    wait_for(lambda: len(list(piddir.glob("*.pid"))) == np, 20, "every rank to start")
+    return [int(p) for f in piddir.glob("*.pid") for p in f.read_text().split()]
+
+
+def assert_all_gone(pids):
+    wait_for(lambda: not any(map(pid_alive, pids)), 5, f"pids {pids} to end")
+
+
+def start_job(script, tmp_path, body, *flags, np=3):
+    piddir = tmp_path / "pids"
+    piddir.mkdir()
+    path = script(RANK_WITH_CHILD.format(body=body))
+    proc = subprocess.Popen([TBRUN, "-np", str(np), *flags, str(path), str(piddir)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return proc, job_pids(piddir, np)
+
+
+def finish(proc, timeout=30):
+    out, err = proc.communicate(timeout=timeout)
+    return proc.returncode, out, err
+
+
+def test_failing_rank_status_and_teardown_of_everything(script, tmp_path):
+    body = """
+if rank == 1:
+    while len(os.listdir(piddir)) < 3:
+        time.sleep(0.01)
+    sys.exit(3)
+time.sleep(60)
+"""
+    started = time.monotonic()
+    proc, pids = start_job(script, tmp_path, body, np=3)
+    status, _, err = finish(proc)
+    assert status == 3
+    assert "tbrun: rank 1 (pid" in err and "exited with status 3" in err
+    assert "stopping the other 2 ranks" in err
+    assert time.monotonic() - started < 20
+    assert_all_gone(pids)
+
+
+def test_rank_killed_by_signal(script):
+    path = script("""
+        import os, signal, time
+        if os.environ["RANK"] == "2":
+            os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(60)
+    """)
+    p = tbrun("-np", 4, path, timeout=30)
+    assert p.returncode == 128 + signal.SIGKILL
+    assert "rank 2 (pid" in p.stderr and "was killed by signal 9 (SIGKILL)" in p.stderr
+
+
+def test_uncaught_exception_ends_the_job(script):
+    path = script("""
+        import atexit, os, time
+        atexit.register(lambda: time.sleep(0.1))  # exit hooks must not hold the job up
+        if os.environ["RANK"] == "0":
+            raise RuntimeError("boom on rank 0")
+        time.sleep(60)
+    """)
+    p = tbrun("-np", 3, path, timeout=30)
+    assert p.returncode == 1
+    assert "[0] RuntimeError: boom on rank 0" in p.stderr
+    assert "rank 0 (pid" in p.stderr and "exited with status 1" in p.stderr
+
+
+def test_first_failure_decides_the_status(script):
+    path = script("""
+        import os, signal, sys, time
+        signal.signal(signal.SIGTERM, lambda *a: sys.exit(7))
+        if os.environ["RANK"] == "0":
+            sys.exit(5)
+        time.sleep(60)
+    """)
+    p = tbrun("-np", 3, path, timeout=30)
+    assert p.returncode == 5, p.stderr
+    assert p.stderr.count("exited with status") == 1
+
+
+def test_ranks_that_ignore_sigterm_get_sigkill(script, tmp_path):
+    body = """
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+if rank == 0:
+    while len(os.listdir(piddir)) < 2:
+        time.sleep(0.01)
+    sys.exit(1)
+time.sleep(60)
+"""
+    proc, pids = start_job(script, tmp_path, body, "--grace", "0.5", np=2)
+    status, _, err = finish(proc)
+    assert status == 1
+    assert "1 rank still running 0.5 s after SIGTERM; sending SIGKILL" in err
+    assert_all_gone(pids)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_signal_to_tbrun_is_forwarded(script, tmp_path, sig):
+    body = """
+try:
+    time.sleep(60)
+except KeyboardInterrupt:
+    print(f"rank {rank} interrupted")
+    sys.exit(0)
+"""
+    proc, pids = start_job(script, tmp_path, body, np=3)
+    proc.send_signal(sig)
+    status, out, err = finish(proc)
+    assert status == 128 + sig
+    assert f"tbrun: got {sig.name}" in err
+    if sig == signal.SIGINT:
+        assert {r: lines for r, lines in tagged_lines(out).items()} == {
+            r: [f"rank {r} interrupted"] for r in range(3)}
+    assert_all_gone(pids)
+
+
+def test_timeout_ends_the_job(script, tmp_path):
+    started = time.monotonic()
+    proc, pids = start_job(script, tmp_path, "time.sleep(60)", "--timeout", "1.5", np=2)
+    status, _, err = finish(proc)
+    assert status == 124
+    assert "job exceeded --timeout 1.5 s; stopping 2 ranks" in err
+    assert time.monotonic() - started < 15
+    assert_all_gone(pids)
+
+
+def test_a_rank_that_leaves_a_child_behind_does_not_hang_tbrun(script, tmp_path):
+    proc, pids = start_job(script, tmp_path, "", np=2)
+    status, _, err = finish(proc)
+    assert status == 0, err
+    assert_all_gone(pids)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux only")
+def test_ranks_die_with_a_killed_tbrun(script, tmp_path):
+    proc, pids = start_job(script, tmp_path, "time.sleep(60)", np=2)
+    os.kill(proc.pid, signal.SIGKILL)
+    finish(proc)
+    rank_pids, grandchildren = pids[0::2], pids[1::2]
+    try:
+        assert_all_gone(rank_pids)
+    finally:  # orphaned grandchildren are out of tbrun's reach once it is SIGKILLed
+        for pid in grandchildren:
+            os.kill(pid, signal.SIGKILL)
