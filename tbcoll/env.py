@@ -15,6 +15,14 @@ reads or writes these variables.
                        {"hosts": [{"name": "localhost", "ranks": [0, 1, 2, 3]}]}
     TBCOLL_TIMEOUT     seconds a wait may last before it raises (default 300)
 
+Read by the library as well, set by the user:
+
+    TBCOLL_ALGO        force an algorithm: "ring", or per collective "all_reduce=rd,all_gather=mesh"
+    TBCOLL_CHECK       1: before each collective, check across ranks that the calls agree
+
+Under mpiexec there is no TBCOLL_RANK; MPI's own variables (PMI_RANK and PMI_SIZE of MPICH's
+Hydra, OMPI_COMM_WORLD_RANK of Open MPI, PMIX_RANK) say so, and init() picks the mpi backend.
+
 For scripts written for torchrun the same facts go out as RANK, WORLD_SIZE, LOCAL_RANK,
 LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT. MASTER_PORT is a free port left for the
 script's own use (torch.distributed binds it on rank 0), not the store's port.
@@ -24,13 +32,14 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from tbcoll.errors import TbcollError
 
 BACKENDS = ("auto", "shm", "tcp", "mpi", "mlx")
 DEFAULT_TIMEOUT = 300.0
+_MPI_RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
 
 
 @dataclass(frozen=True)
@@ -86,13 +95,56 @@ def launch_info(environ: Mapping[str, str] | None = None) -> LaunchInfo | None:
         store=parse_hostport(_required(env, "TBCOLL_STORE"), "TBCOLL_STORE"),
         token=_required(env, "TBCOLL_TOKEN"),
         topology=_json(env, "TBCOLL_HOSTFILE"),
-        timeout=float(env.get("TBCOLL_TIMEOUT", DEFAULT_TIMEOUT)),
+        timeout=comm_timeout(None, env),
     )
     if not 0 <= info.rank < info.size:
         raise TbcollError(f"TBCOLL_RANK={info.rank} is outside 0..{info.size - 1} (TBCOLL_SIZE)")
     if info.backend not in BACKENDS:
         raise TbcollError(f"TBCOLL_BACKEND={info.backend!r} is not one of {', '.join(BACKENDS)}")
     return info
+
+
+def started_by_mpiexec(environ: Mapping[str, str] | None = None) -> bool:
+    """True when an MPI launcher started this process (and tbrun did not)."""
+    env = os.environ if environ is None else environ
+    return any(name in env for name in _MPI_RANK_VARIABLES)
+
+
+def algorithm_overrides(collectives: Iterable[str],
+                        environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """TBCOLL_ALGO as {collective: algorithm}: "ring" applies to all, "all_reduce=rd" to one."""
+    env = os.environ if environ is None else environ
+    text = env.get("TBCOLL_ALGO", "").strip()
+    known = list(collectives)
+    if not text:
+        return {}
+    if "=" not in text:
+        return dict.fromkeys(known, text)
+    overrides = {}
+    for item in text.split(","):
+        name, sep, algorithm = item.strip().partition("=")
+        if not sep or name not in known:
+            raise TbcollError(f"TBCOLL_ALGO={text!r}: {item!r} is not COLLECTIVE=ALGORITHM with "
+                              f"COLLECTIVE one of {', '.join(known)}")
+        overrides[name] = algorithm
+    return overrides
+
+
+def comm_timeout(info: LaunchInfo | None, environ: Mapping[str, str] | None = None) -> float:
+    """TBCOLL_TIMEOUT: from tbrun's contract, else from the environment (e.g. under mpiexec)."""
+    if info is not None:
+        return info.timeout
+    env = os.environ if environ is None else environ
+    try:
+        return float(env.get("TBCOLL_TIMEOUT", DEFAULT_TIMEOUT))
+    except ValueError:
+        raise TbcollError(f"TBCOLL_TIMEOUT={env['TBCOLL_TIMEOUT']!r} is not a number") from None
+
+
+def check_mode(environ: Mapping[str, str] | None = None) -> bool:
+    """TBCOLL_CHECK=1 (or true/yes): verify that every collective call matches across ranks."""
+    env = os.environ if environ is None else environ
+    return env.get("TBCOLL_CHECK", "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def format_hostport(host: str, port: int) -> str:

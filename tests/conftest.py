@@ -11,6 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from tbcoll.env import launch_info, started_by_mpiexec
+
+# tests/spmd runs inside the ranks of a job (see tests/spmd/conftest.py); a plain run of the
+# suite launches it from tests/test_spmd.py instead of collecting it.
+collect_ignore = [] if launch_info() or started_by_mpiexec() else ["spmd"]
+
 TBRUN = str(Path(sys.executable).with_name("tbrun"))
 REPO = Path(__file__).resolve().parent.parent
 

@@ -1,0 +1,49 @@
+"""numpy and mlx arrays as contiguous numpy buffers, and results back in the caller's kind.
+
+An mlx array is read through its buffer without a copy (np.asarray); bfloat16 has no buffer
+format, so it travels as uint16 and is viewed as ml_dtypes.bfloat16. Results for mlx callers
+are new mlx arrays: mlx arrays are immutable, so out= is refused for them.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from tbcoll.dtypes import check_dtype
+
+
+def _mlx_core() -> Any | None:
+    """mlx.core if the caller has imported it (tbcoll never imports mlx by itself)."""
+    return sys.modules.get("mlx.core")
+
+
+def is_mlx(x: object) -> bool:
+    mx = _mlx_core()
+    return mx is not None and isinstance(x, mx.array)
+
+
+def to_numpy(x: Any) -> tuple[np.ndarray, Callable[[np.ndarray], Any]]:
+    """Return x as a numpy array (no copy where possible) and a function that turns a numpy
+    result back into the kind of x."""
+    if isinstance(x, (np.ndarray, np.generic)):
+        check_dtype(x.dtype)
+        return np.asarray(x), lambda result: result
+    if is_mlx(x):
+        mx = _mlx_core()
+        if x.dtype == mx.bfloat16:
+            array = np.asarray(x.view(mx.uint16)).view(ml_dtypes.bfloat16)
+            return array, lambda result: mx.array(result.view(np.uint16)).view(mx.bfloat16)
+        array = np.asarray(x)
+        check_dtype(array.dtype)
+        return array, mx.array
+    raise TypeError(f"expected a numpy or mlx array, got {type(x).__name__}")
+
+
+def contiguous_flat(array: np.ndarray) -> np.ndarray:
+    """A 1-D C-contiguous view of array, copying only if it is not contiguous."""
+    return np.ascontiguousarray(array).reshape(-1)

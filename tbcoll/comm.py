@@ -1,0 +1,276 @@
+"""Communicator: the collective API over a transport's Group.
+
+Each public method checks its arguments where the user called it (ValueError, TypeError),
+picks an algorithm (the algorithm= argument, else TBCOLL_ALGO, else tbcoll.tuning's table),
+and runs it. A CommError from below is raised again naming the collective and this rank.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+
+from tbcoll import tuning
+from tbcoll.algorithms import FAMILIES, rd
+from tbcoll.arrays import contiguous_flat, is_mlx, to_numpy
+from tbcoll.checks import verify_calls_match
+from tbcoll.dtypes import reducer
+from tbcoll.env import algorithm_overrides, check_mode
+from tbcoll.errors import CommError, TbcollError
+from tbcoll.transports.base import Group
+
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "barrier")
+_DATA_ALGORITHMS = ("ring", "mesh", "rd", "native")
+ALGORITHMS = {name: _DATA_ALGORITHMS for name in COLLECTIVES} | {"barrier": ("rd", "native")}
+MAX_TAG = 32767  # the largest tag every MPI must support
+
+
+class Communicator:
+    """A group of ranks that run collectives together. Use tbcoll.init() to get the world."""
+
+    def __init__(self, group: Group, backend: str, local_rank: int, node_rank: int) -> None:
+        self._group = group
+        self.rank, self.size = group.rank, group.size
+        self.local_rank, self.node_rank = local_rank, node_rank
+        self.backend = backend
+        self._overrides = algorithm_overrides(COLLECTIVES)
+        for collective, algorithm in self._overrides.items():
+            self._check_algorithm(collective, algorithm, "TBCOLL_ALGO")
+        self._check_calls = check_mode()
+        self._closed = False
+
+    # --- collectives ---------------------------------------------------------------------
+
+    def all_reduce(self, x: Any, op: str = "sum", algorithm: str | None = None,
+                   out: np.ndarray | None = None) -> Any:
+        """Reduce x elementwise over all ranks with op; every rank gets the result."""
+        array, restore = to_numpy(x)
+        ufunc = reducer(op)
+        result = self._output(x, out, array.shape, array.dtype)
+        name = self._choose("all_reduce", array.nbytes, algorithm)
+        with self._running("all_reduce", array, op=op):
+            in_place = result is array
+            if self.size == 1 or array.size == 0:
+                if not in_place:
+                    np.copyto(result, array)
+            elif name == "native":
+                send = None if in_place else contiguous_flat(array)
+                self._group.native.all_reduce(send, result.reshape(-1), op)
+            else:
+                if not in_place:
+                    np.copyto(result, array)
+                FAMILIES[name].all_reduce(self._group.coll, result.reshape(-1), ufunc)
+        return restore(result)
+
+    def all_gather(self, x: Any, algorithm: str | None = None,
+                   out: np.ndarray | None = None) -> Any:
+        """Concatenate every rank's x along axis 0 (a 0-d x gives shape (size,))."""
+        array, restore = to_numpy(x)
+        shape = (self.size * array.shape[0], *array.shape[1:]) if array.ndim else (self.size,)
+        result = self._output(x, out, shape, array.dtype)
+        name = self._choose("all_gather", result.nbytes, algorithm)
+        with self._running("all_gather", array):
+            flat, mine = result.reshape(-1), contiguous_flat(array)
+            if name == "native" and self.size > 1 and mine.size:
+                self._group.native.all_gather(mine, flat)
+            else:
+                flat[self.rank * mine.size:(self.rank + 1) * mine.size] = mine
+                if self.size > 1 and mine.size:
+                    FAMILIES[name].all_gather(self._group.coll, flat)
+        return restore(result)
+
+    def reduce_scatter(self, x: Any, op: str = "sum", algorithm: str | None = None,
+                       out: np.ndarray | None = None) -> Any:
+        """Reduce x over all ranks and return this rank's block of it along axis 0."""
+        array, restore = to_numpy(x)
+        ufunc = reducer(op)
+        if array.ndim == 0 or array.shape[0] % self.size:
+            raise ValueError(f"reduce_scatter needs x.shape[0] divisible by the communicator "
+                             f"size {self.size}; got shape {array.shape}")
+        shape = (array.shape[0] // self.size, *array.shape[1:])
+        result = self._output(x, out, shape, array.dtype)
+        name = self._choose("reduce_scatter", array.nbytes, algorithm)
+        with self._running("reduce_scatter", array, op=op):
+            if self.size == 1 or array.size == 0:
+                np.copyto(result, array)
+            elif name == "native":
+                self._group.native.reduce_scatter(contiguous_flat(array), result.reshape(-1), op)
+            else:
+                scratch = np.array(array, order="C").reshape(-1)
+                FAMILIES[name].reduce_scatter(self._group.coll, scratch, ufunc)
+                block = scratch.size // self.size
+                result.reshape(-1)[:] = scratch[self.rank * block:(self.rank + 1) * block]
+        return restore(result)
+
+    def broadcast(self, x: Any, root: int = 0, algorithm: str | None = None,
+                  out: np.ndarray | None = None) -> Any:
+        """Return root's x on every rank (x gives the shape and dtype on the others)."""
+        array, restore = to_numpy(x)
+        self._check_rank(root, "root")
+        result = self._output(x, out, array.shape, array.dtype)
+        name = self._choose("broadcast", array.nbytes, algorithm)
+        with self._running("broadcast", array, root=root):
+            if self.rank == root and result is not array:
+                np.copyto(result, array)
+            if self.size > 1 and array.size:
+                if name == "native":
+                    self._group.native.broadcast(result.reshape(-1), root)
+                else:
+                    FAMILIES[name].broadcast(self._group.coll, result.reshape(-1), root)
+        return restore(result)
+
+    def barrier(self) -> None:
+        """Return once every rank has entered the barrier."""
+        name = self._choose("barrier", 0, None)
+        with self._running("barrier", None):
+            if self.size == 1:
+                return
+            if name == "native":
+                self._group.native.barrier()
+            else:
+                rd.barrier(self._group.coll)
+
+    # --- point to point ------------------------------------------------------------------
+
+    def send(self, x: Any, dst: int, tag: int = 0) -> None:
+        """Send x to rank dst; returns once x may be reused."""
+        array, _ = to_numpy(x)
+        self._check_peer(dst, "dst", tag)
+        with self._errors(f"send to rank {dst}"):
+            p2p = self._group.p2p
+            p2p.waitall([p2p.isend(contiguous_flat(array), dst, tag)])
+
+    def recv(self, out_or_like: Any, src: int, tag: int = 0) -> Any:
+        """Receive from rank src into a numpy array (filled in place and returned), or, given
+        an mlx array, into a new mlx array of its shape and dtype."""
+        template, restore = to_numpy(out_or_like)
+        self._check_peer(src, "src", tag)
+        if is_mlx(out_or_like):
+            target = np.empty(template.shape, template.dtype)
+        else:
+            target = self._output(None, template, template.shape, template.dtype)
+        with self._errors(f"recv from rank {src}"):
+            p2p = self._group.p2p
+            p2p.waitall([p2p.irecv(target.reshape(-1), src, tag)])
+        return restore(target)
+
+    # --- communicators -------------------------------------------------------------------
+
+    def split(self, color: int | None, key: int = 0) -> Communicator | None:
+        """Split into sub-communicators, one per color, ranked by (key, rank); collective.
+
+        Ranks that pass color=None take part but get None back.
+        """
+        if color is not None and (not isinstance(color, (int, np.integer)) or color < 0):
+            raise ValueError(f"split color must be a non-negative int or None, got {color!r}")
+        if not isinstance(key, (int, np.integer)):
+            raise TypeError(f"split key must be an int, got {key!r}")
+        mine = np.array([-1 if color is None else color, key, self._group.context_hint(),
+                         self.node_rank], np.int64)
+        table = self.all_gather(mine).reshape(self.size, 4)
+        members = [] if color is None else sorted(
+            (int(table[r, 1]), r) for r in range(self.size) if table[r, 0] == color)
+        ranks = [r for _, r in members]
+        sub = self._group.split(color, key, ranks, int(table[:, 2].max()))
+        if sub is None:
+            return None
+        local_rank = [r for r in ranks if table[r, 3] == self.node_rank].index(self.rank)
+        return Communicator(sub, self.backend, local_rank, self.node_rank)
+
+    def algorithms(self, collective: str) -> tuple[str, ...]:
+        """The algorithms this communicator can run collective with."""
+        native = () if self._group.native is None else ("native",)
+        return tuple(a for a in ALGORITHMS[collective] if a != "native") + native
+
+    def describe(self) -> str:
+        """Who this rank is and which algorithm each collective uses at which size."""
+        lines = [f"tbcoll communicator: rank {self.rank} of {self.size}, backend {self.backend}, "
+                 f"local rank {self.local_rank}, node {self.node_rank}"]
+        for collective in COLLECTIVES:
+            if collective in self._overrides:
+                rule = f"{self._overrides[collective]} (TBCOLL_ALGO)"
+            else:
+                rule = tuning.describe(self.backend, collective)
+            lines.append(f"  {collective}: {rule}")
+        return "\n".join(lines)
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._group.close()
+
+    def __enter__(self) -> Communicator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<Communicator rank {self.rank} of {self.size}, backend {self.backend}>"
+
+    # --- helpers -------------------------------------------------------------------------
+
+    def _choose(self, collective: str, nbytes: int, algorithm: str | None) -> str:
+        if self._closed:
+            raise TbcollError(f"{collective} on a closed communicator")
+        if algorithm is not None:
+            self._check_algorithm(collective, algorithm, "algorithm")
+            return algorithm
+        if collective in self._overrides:
+            return self._overrides[collective]
+        return tuning.choose(self.backend, collective, nbytes)
+
+    def _check_algorithm(self, collective: str, algorithm: str, where: str) -> None:
+        allowed = ALGORITHMS[collective]
+        if algorithm not in allowed:
+            raise ValueError(f"{where}={algorithm!r} is not an algorithm of {collective}; "
+                             f"use one of {', '.join(allowed)}")
+        if algorithm == "native" and self._group.native is None:
+            raise ValueError(f"{where}='native': the {self.backend} transport has no native "
+                             f"{collective}; use one of {', '.join(allowed[:-1])}")
+
+    def _output(self, x: Any, out: np.ndarray | None, shape: tuple, dtype: np.dtype) -> np.ndarray:
+        """The array a result goes into: out, checked, or a new one."""
+        if out is None:
+            return np.empty(shape, dtype)
+        if is_mlx(x):
+            raise TypeError("out= is not supported for mlx arrays (they are immutable); "
+                            "use the returned array")
+        if not isinstance(out, np.ndarray):
+            raise TypeError(f"out must be a numpy array, got {type(out).__name__}")
+        if out.shape != tuple(shape) or out.dtype != dtype:
+            raise ValueError(f"out has shape {out.shape} and dtype {out.dtype}; "
+                             f"expected shape {tuple(shape)} and dtype {dtype}")
+        if not (out.flags.c_contiguous and out.flags.writeable):
+            raise ValueError("out must be C-contiguous and writeable")
+        return out
+
+    def _check_rank(self, rank: int, what: str) -> None:
+        if not isinstance(rank, (int, np.integer)) or not 0 <= rank < self.size:
+            raise ValueError(f"{what}={rank!r} is not a rank of this communicator "
+                             f"(0..{self.size - 1})")
+
+    def _check_peer(self, peer: int, what: str, tag: int) -> None:
+        if not isinstance(tag, (int, np.integer)) or not 0 <= tag <= MAX_TAG:
+            raise ValueError(f"tag={tag!r} must be an int in 0..{MAX_TAG}")
+        self._check_rank(peer, what)
+        if peer == self.rank:
+            raise ValueError(f"{what}={peer} is this rank; send/recv need another rank")
+
+    @contextmanager
+    def _running(self, collective: str, array: np.ndarray | None, op: str | None = None,
+                 root: int = -1) -> Iterator[None]:
+        with self._errors(collective):
+            if self._check_calls and self.size > 1:
+                verify_calls_match(self._group.coll, collective, array, op, root)
+            yield
+
+    @contextmanager
+    def _errors(self, what: str) -> Iterator[None]:
+        try:
+            yield
+        except CommError as e:
+            raise CommError(f"{what} on rank {self.rank}: {e}") from e

@@ -1,0 +1,33 @@
+"""The element types and reduction operators that collectives accept."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+
+DTYPES: dict[str, np.dtype] = {
+    name: np.dtype(t) for name, t in [
+        ("float16", np.float16), ("bfloat16", ml_dtypes.bfloat16), ("float32", np.float32),
+        ("float64", np.float64), ("int8", np.int8), ("int16", np.int16), ("int32", np.int32),
+        ("int64", np.int64), ("uint8", np.uint8),
+    ]
+}
+# Codes for the TBCOLL_CHECK descriptor; their order is part of that small wire format.
+DTYPE_CODES = {dtype: code for code, dtype in enumerate(DTYPES.values())}
+
+OPS = {"sum": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minimum}
+OP_CODES = {name: code for code, name in enumerate(OPS)}
+
+
+def check_dtype(dtype: np.dtype) -> np.dtype:
+    if dtype not in DTYPE_CODES:
+        raise TypeError(f"dtype {dtype} is not supported; use one of {', '.join(DTYPES)}")
+    return dtype
+
+
+def reducer(op: str) -> np.ufunc:
+    """The numpy ufunc of op: called as ufunc(acc, incoming, out=acc)."""
+    try:
+        return OPS[op]
+    except (KeyError, TypeError):
+        raise ValueError(f"op {op!r} is not one of {', '.join(OPS)}") from None

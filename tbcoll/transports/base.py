@@ -1,0 +1,66 @@
+"""What a transport offers the layers above it.
+
+A transport gives each communicator a Group: two point-to-point endpoints with separate
+matching spaces (`p2p` for the user's send/recv, `coll` for the algorithms, so that a user's
+message can never be taken for a collective's) and, optionally, native collectives.
+Ranks in a Group are the communicator's ranks, 0 .. size-1.
+
+Buffers are 1-D C-contiguous numpy arrays. Messages between two ranks with the same tag are
+matched in the order they were sent (non-overtaking, as in MPI).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import numpy as np
+
+
+class P2P(Protocol):
+    rank: int
+    size: int
+
+    def isend(self, buf: np.ndarray, peer: int, tag: int) -> object:
+        """Start sending buf to peer; buf must not change until the request completes."""
+
+    def irecv(self, buf: np.ndarray, peer: int, tag: int) -> object:
+        """Start receiving exactly buf.nbytes bytes from peer into buf."""
+
+    def waitall(self, requests: Sequence[object]) -> None:
+        """Block until every request has completed; CommError on a lost peer or timeout."""
+
+
+class Native(Protocol):
+    """Collectives a transport implements itself (e.g. MPI_Allreduce)."""
+
+    def all_reduce(self, send: np.ndarray, recv: np.ndarray, op: str) -> None: ...
+
+    def all_gather(self, send: np.ndarray, recv: np.ndarray) -> None: ...
+
+    def reduce_scatter(self, send: np.ndarray, recv: np.ndarray, op: str) -> None: ...
+
+    def broadcast(self, buf: np.ndarray, root: int) -> None: ...
+
+    def barrier(self) -> None: ...
+
+
+class Group(Protocol):
+    rank: int
+    size: int
+    local_rank: int
+    p2p: P2P
+    coll: P2P
+    native: Native | None
+
+    def context_hint(self) -> int:
+        """A number this rank offers towards naming a new sub-group (see split)."""
+
+    def split(self, color: int | None, key: int, members: list[int], context: int) -> Group | None:
+        """Make the sub-group of this group's ranks `members` (in new rank order), collectively.
+
+        Every rank of this group calls it; `context` is the maximum of all their
+        context_hint() values; ranks with color None get None.
+        """
+
+    def close(self) -> None: ...

@@ -1,0 +1,50 @@
+"""Tests in this folder run inside every rank of a job, all ranks in step (SPMD):
+
+    mpiexec -n 4 python -m pytest --with-mpi tests/spmd        # the mpi backend
+    tbrun -np 4 -m pytest -p no:pytest_mpi tests/spmd          # tbrun's backend (tcp)
+
+Each module is marked `mpi` (pytest-mpi), so a plain `pytest` run skips them; tests/test_spmd.py
+launches both forms for np 1..4.
+"""
+
+import functools
+
+import numpy as np
+import pytest
+
+import tbcoll
+from tbcoll.dtypes import DTYPES, OPS
+
+
+@pytest.fixture(scope="session")
+def comm():
+    with tbcoll.init() as world:
+        yield world
+
+
+# Inputs are small integers, so every dtype holds every partial result exactly and the
+# order in which an algorithm reduces cannot change the answer.
+_RANGES = {"sum": (-4, 4), "prod": (-2, 2), "max": (-100, 100), "min": (-100, 100)}
+
+
+def rank_input(rank: int, count: int, dtype: np.dtype, op: str = "sum",
+               salt: int = 0) -> np.ndarray:
+    """The array rank `rank` contributes; any rank can compute any other's."""
+    lo, hi = _RANGES[op]
+    if dtype == np.uint8:
+        lo, hi = 0, (3 if op == "prod" else hi)
+    rng = np.random.default_rng([rank, count, salt, list(DTYPES.values()).index(dtype)])
+    return rng.integers(lo, hi, size=count, endpoint=True).astype(dtype)
+
+
+def expected_reduction(size: int, count: int, dtype: np.dtype, op: str, salt: int = 0):
+    inputs = [rank_input(r, count, dtype, op, salt) for r in range(size)]
+    return functools.reduce(OPS[op], inputs)
+
+
+def counts(size: int) -> list[int]:
+    """Element counts worth testing: empty, one, p-1, a prime."""
+    return sorted({0, 1, size - 1, 1009})
+
+
+BIG_BYTES = 3 << 20  # "several MB", for a few dtypes: all_reduce of it crosses segments

@@ -1,0 +1,226 @@
+"""Every collective against numpy, on every rank: each algorithm x dtype x op x size."""
+
+import numpy as np
+import pytest
+
+from tbcoll.dtypes import DTYPES, OPS
+
+from .conftest import BIG_BYTES, counts, expected_reduction, rank_input
+
+pytestmark = pytest.mark.mpi  # runs inside every rank of a job; see conftest.py
+
+DTYPE_NAMES = list(DTYPES)
+BIG_DTYPES = ["float32", "bfloat16", "int8"]
+
+
+def usable(comm, collective, algorithm):
+    if algorithm not in comm.algorithms(collective):
+        pytest.skip(f"the {comm.backend} transport has no {algorithm} {collective}")
+
+
+def assert_equal(got, want, what):
+    assert got.dtype == want.dtype and got.shape == want.shape, what
+    assert np.array_equal(got.view(np.uint8), want.view(np.uint8)), what
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "mesh", "rd", "native"])
+class TestAllReduce:
+    @pytest.mark.parametrize("dtype", DTYPE_NAMES)
+    def test_every_op_and_size(self, comm, algorithm, dtype):
+        usable(comm, "all_reduce", algorithm)
+        dtype = DTYPES[dtype]
+        for op in OPS:
+            for count in counts(comm.size):
+                x = rank_input(comm.rank, count, dtype, op)
+                got = comm.all_reduce(x, op=op, algorithm=algorithm)
+                want = expected_reduction(comm.size, count, dtype, op)
+                assert_equal(got, want, f"{op} of {count}")
+                assert_equal(x, rank_input(comm.rank, count, dtype, op), "input unchanged")
+
+    @pytest.mark.parametrize("dtype", BIG_DTYPES)
+    def test_several_megabytes(self, comm, algorithm, dtype):
+        usable(comm, "all_reduce", algorithm)
+        dtype = DTYPES[dtype]
+        count = BIG_BYTES // dtype.itemsize + 7
+        got = comm.all_reduce(rank_input(comm.rank, count, dtype), algorithm=algorithm)
+        assert_equal(got, expected_reduction(comm.size, count, dtype, "sum"), "big sum")
+
+    def test_in_place_out_and_shapes(self, comm, algorithm):
+        usable(comm, "all_reduce", algorithm)
+        dtype = np.dtype(np.float32)
+        want = expected_reduction(comm.size, 60, dtype, "max").reshape(4, 15)
+        x = rank_input(comm.rank, 60, dtype, "max").reshape(4, 15)
+        assert comm.all_reduce(x, op="max", algorithm=algorithm, out=x) is x
+        assert_equal(x, want, "in place")
+        out = np.empty((4, 15), dtype)
+        x = rank_input(comm.rank, 60, dtype, "max").reshape(4, 15)
+        assert comm.all_reduce(x, op="max", algorithm=algorithm, out=out) is out
+        assert_equal(out, want, "into out")
+        wide = np.zeros((4, 30), dtype)
+        wide[:, ::2] = rank_input(comm.rank, 60, dtype, "max").reshape(4, 15)
+        assert_equal(comm.all_reduce(wide[:, ::2], op="max", algorithm=algorithm), want,
+                     "non-contiguous input")
+        scalar = np.float64(comm.rank + 1)  # a numpy scalar is a 0-d array
+        got = comm.all_reduce(scalar, algorithm=algorithm)
+        assert got.shape == () and got == comm.size * (comm.size + 1) / 2
+
+    def test_every_rank_gets_identical_bits(self, comm, algorithm):
+        usable(comm, "all_reduce", algorithm)
+        x = np.random.default_rng(comm.rank).standard_normal(10007).astype(np.float32)
+        got = comm.all_reduce(x, algorithm=algorithm)
+        everyone = comm.all_gather(got.view(np.int32)).reshape(comm.size, -1)
+        assert (everyone == everyone[0]).all()
+        reference = sum(np.random.default_rng(r).standard_normal(10007).astype(np.float32)
+                        for r in range(comm.size))
+        np.testing.assert_allclose(got, reference, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "mesh", "rd", "native"])
+class TestAllGather:
+    @pytest.mark.parametrize("dtype", DTYPE_NAMES)
+    def test_every_size(self, comm, algorithm, dtype):
+        usable(comm, "all_gather", algorithm)
+        dtype = DTYPES[dtype]
+        for count in [*counts(comm.size), BIG_BYTES // dtype.itemsize // comm.size + 3]:
+            got = comm.all_gather(rank_input(comm.rank, count, dtype), algorithm=algorithm)
+            want = np.concatenate([rank_input(r, count, dtype) for r in range(comm.size)])
+            assert_equal(got, want, f"count {count}")
+
+    def test_shapes_and_out(self, comm, algorithm):
+        usable(comm, "all_gather", algorithm)
+        x = np.full((2, 3), comm.rank, np.int32)
+        want = np.repeat(np.arange(comm.size, dtype=np.int32), 6).reshape(2 * comm.size, 3)
+        assert_equal(comm.all_gather(x, algorithm=algorithm), want, "2-d")
+        out = np.empty((2 * comm.size, 3), np.int32)
+        assert comm.all_gather(x, algorithm=algorithm, out=out) is out
+        assert_equal(out, want, "into out")
+        scalars = comm.all_gather(np.array(comm.rank * 1.5), algorithm=algorithm)
+        assert_equal(scalars, np.arange(comm.size) * 1.5, "0-d")
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "mesh", "rd", "native"])
+class TestReduceScatter:
+    @pytest.mark.parametrize("dtype", DTYPE_NAMES)
+    def test_every_op_and_size(self, comm, algorithm, dtype):
+        usable(comm, "reduce_scatter", algorithm)
+        dtype = DTYPES[dtype]
+        p = comm.size
+        for op in OPS:
+            for block in counts(p):
+                x = rank_input(comm.rank, block * p, dtype, op)
+                got = comm.reduce_scatter(x, op=op, algorithm=algorithm)
+                want = expected_reduction(p, block * p, dtype, op)
+                assert_equal(got, want[comm.rank * block:(comm.rank + 1) * block], f"{op} {block}")
+
+    def test_several_megabytes_2d_and_out(self, comm, algorithm):
+        usable(comm, "reduce_scatter", algorithm)
+        p, rows = comm.size, (BIG_BYTES // 4 // 64) // comm.size * comm.size
+        x = rank_input(comm.rank, rows * 64, np.dtype(np.float32)).reshape(rows, 64)
+        want = expected_reduction(p, rows * 64, np.dtype(np.float32), "sum").reshape(rows, 64)
+        out = np.empty((rows // p, 64), np.float32)
+        assert comm.reduce_scatter(x, algorithm=algorithm, out=out) is out
+        block = rows // p
+        assert_equal(out, want[comm.rank * block:(comm.rank + 1) * block], "big 2-d")
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "mesh", "rd", "native"])
+class TestBroadcast:
+    @pytest.mark.parametrize("dtype", DTYPE_NAMES)
+    def test_every_root_and_size(self, comm, algorithm, dtype):
+        usable(comm, "broadcast", algorithm)
+        dtype = DTYPES[dtype]
+        for root in range(comm.size):
+            for count in [*counts(comm.size), BIG_BYTES // dtype.itemsize + 1]:
+                if count > 10_000 and (root or dtype != np.float32):
+                    continue
+                x = rank_input(comm.rank, count, dtype, salt=root)
+                got = comm.broadcast(x, root=root, algorithm=algorithm)
+                assert_equal(got, rank_input(root, count, dtype, salt=root), f"{root} {count}")
+
+    def test_in_place(self, comm, algorithm):
+        usable(comm, "broadcast", algorithm)
+        x = np.full((3, 3), comm.rank, np.int64)
+        assert comm.broadcast(x, root=comm.size - 1, algorithm=algorithm, out=x) is x
+        assert (x == comm.size - 1).all()
+
+
+class TestBarrier:
+    def test_nobody_leaves_before_everyone_arrived(self, comm):
+        # Each rank bumps a counter after the barrier; nobody may see another's bump before
+        # it has bumped its own, which would be possible only if someone left early.
+        for round_ in range(20):
+            before = comm.all_reduce(np.array([round_]), op="min")
+            comm.barrier()
+            assert before[0] == round_
+
+
+class TestSendRecv:
+    def test_ring_of_messages_and_tags(self, comm):
+        if comm.size == 1:
+            pytest.skip("needs two ranks")
+        right, left = (comm.rank + 1) % comm.size, (comm.rank - 1) % comm.size
+        buf = np.empty(1000, np.float64)
+        if comm.rank % 2 == 0:
+            comm.send(np.arange(1000.0) + comm.rank, right, tag=7)
+            comm.send(np.array([comm.rank], np.int16), right, tag=8)
+            got = comm.recv(buf, left, tag=7)
+            small = comm.recv(np.empty(1, np.int16), left, tag=8)
+        else:
+            got = comm.recv(buf, left, tag=7)
+            small = comm.recv(np.empty(1, np.int16), left, tag=8)
+            comm.send(np.arange(1000.0) + comm.rank, right, tag=7)
+            comm.send(np.array([comm.rank], np.int16), right, tag=8)
+        assert got is buf and np.array_equal(got, np.arange(1000.0) + left)
+        assert small[0] == left
+
+    def test_tags_are_matched_not_just_order(self, comm):
+        if comm.size == 1:
+            pytest.skip("needs two ranks")
+        if comm.rank == 0:
+            comm.send(np.array([1]), 1, tag=1)
+            comm.send(np.array([2]), 1, tag=2)
+        elif comm.rank == 1:
+            assert comm.recv(np.empty(1, np.int64), 0, tag=2)[0] == 2
+            assert comm.recv(np.empty(1, np.int64), 0, tag=1)[0] == 1
+        comm.barrier()
+
+    def test_user_messages_never_meet_collectives(self, comm):
+        if comm.size == 1:
+            pytest.skip("needs two ranks")
+        if comm.rank == 0:
+            comm.send(np.array([99.0]), 1, tag=0)
+        total = comm.all_reduce(np.array([1.0]))
+        assert total[0] == comm.size
+        if comm.rank == 1:
+            assert comm.recv(np.empty(1), 0, tag=0)[0] == 99.0
+
+
+class TestSplit:
+    def test_even_and_odd_groups(self, comm):
+        sub = comm.split(comm.rank % 2, key=-comm.rank)  # reversed order inside each group
+        members = [r for r in range(comm.size) if r % 2 == comm.rank % 2][::-1]
+        assert sub.size == len(members) and sub.rank == members.index(comm.rank)
+        total = sub.all_reduce(np.array([comm.rank]))
+        assert total[0] == sum(members)
+        gathered = sub.all_gather(np.array([comm.rank]))
+        assert list(gathered) == members
+        sub.close()
+
+    def test_excluded_ranks_and_nested_splits(self, comm):
+        sub = comm.split(None if comm.rank == 0 else 0)
+        if comm.rank == 0:
+            assert sub is None
+        else:
+            assert sub.size == comm.size - 1 and sub.rank == comm.rank - 1
+            inner = sub.split(0, key=0)
+            assert inner.all_reduce(np.array([1]))[0] == comm.size - 1
+            inner.close()
+            sub.close()
+        assert comm.all_reduce(np.array([1]))[0] == comm.size  # the parent still works
+
+    def test_many_splits_get_separate_contexts(self, comm):
+        subs = [comm.split(0) for _ in range(3)]
+        for i, sub in enumerate(subs):
+            assert sub.all_reduce(np.array([i]))[0] == i * comm.size
+        for sub in subs:
+            sub.close()

@@ -1,0 +1,96 @@
+"""A lost or silent peer becomes a CommError naming it and the collective, never a hang."""
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from .conftest import tagged_lines, tbrun
+
+MPIEXEC = str(Path(sys.executable).with_name("mpiexec"))
+
+KILLED_MID_ALL_REDUCE = """
+import os, signal, sys, numpy as np, tbcoll
+signal.signal(signal.SIGTERM, signal.SIG_IGN)  # outlive tbrun's teardown long enough to report
+comm = tbcoll.init()
+x = np.ones(1 << 20, np.float32)
+try:
+    for i in range(1000):
+        if comm.rank == 1 and i == 5:
+            os.kill(os.getpid(), signal.SIGKILL)
+        comm.all_reduce(x, algorithm="{algorithm}")
+except tbcoll.CommError as e:
+    print("CommError:", e)
+    sys.exit(17)
+"""
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "mesh", "rd"])
+def test_rank_killed_mid_all_reduce(script, algorithm):
+    started = time.monotonic()
+    p = tbrun("-np", 3, "--grace", "10", script(KILLED_MID_ALL_REDUCE.format(algorithm=algorithm)),
+              timeout=60)
+    assert p.returncode == 128 + signal.SIGKILL, p.stderr
+    assert "rank 1 (pid" in p.stderr and "killed by signal 9" in p.stderr
+    reports = tagged_lines(p.stdout)
+    assert sorted(reports) == [0, 2], p.stdout + p.stderr
+    for rank in (0, 2):
+        (line,) = reports[rank]
+        assert line.startswith(f"CommError: all_reduce on rank {rank}: lost connection to rank")
+    assert any("rank 1" in lines[0] for lines in reports.values())
+    assert time.monotonic() - started < 30
+
+
+def test_silent_peer_times_out(script):
+    path = script("""
+        import time, numpy as np, tbcoll
+        comm = tbcoll.init()
+        if comm.rank == 1:
+            time.sleep(30)
+        try:
+            comm.all_reduce(np.ones(4))
+        except tbcoll.CommError as e:
+            print("CommError:", e)
+            raise SystemExit(3)
+    """)
+    started = time.monotonic()
+    p = tbrun("-np", 2, "--comm-timeout", "1", path, timeout=60)
+    assert p.returncode == 3
+    assert "[0] CommError: all_reduce on rank 0: timed out after 1 s (TBCOLL_TIMEOUT) " \
+           "waiting for rank(s) 1" in p.stdout
+    assert time.monotonic() - started < 20
+
+
+def test_check_mode_names_every_rank_call(script):
+    path = script("""
+        import numpy as np, tbcoll
+        comm = tbcoll.init()
+        try:
+            if comm.rank == 2:
+                comm.broadcast(np.zeros(5, np.float32), root=1)
+            else:
+                comm.all_reduce(np.zeros((2, 2 + comm.rank), np.float32), op="max")
+        except ValueError as e:
+            print(e)
+        comm.all_reduce(np.zeros(3))  # the communicator is still usable
+    """)
+    p = tbrun("-np", 3, "-x", "TBCOLL_CHECK=1", path, timeout=60)
+    assert p.returncode == 0, p.stderr
+    expected = ("TBCOLL_CHECK: the ranks' calls do not match: "
+                "rank 0: all_reduce(float32[2, 2], op=max); "
+                "rank 1: all_reduce(float32[2, 3], op=max); "
+                "rank 2: broadcast(float32[5], root=1)")
+    assert tagged_lines(p.stdout) == {r: [expected] for r in range(3)}
+
+
+@pytest.mark.skipif(not Path(MPIEXEC).exists(), reason="mpiexec not installed (tbcoll[mpi])")
+def test_mpiexec_ends_a_job_whose_rank_died(script):
+    path = script(KILLED_MID_ALL_REDUCE.format(algorithm="native"))
+    started = time.monotonic()
+    p = subprocess.run([MPIEXEC, "-n", "3", sys.executable, str(path)], capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode != 0
+    assert time.monotonic() - started < 30
