@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import select
 import sys
 from pathlib import Path
-from typing import BinaryIO
 
 STREAMS = ("out", "err")
 _MAX_PARTIAL = 64 << 10  # a line longer than this is passed on in pieces
@@ -18,19 +19,22 @@ class OutputRouter:
 
     def __init__(self, nranks: int, tag_output: bool, output_dir: Path | None) -> None:
         self._tag_output = tag_output
-        self._terminal = {"out": sys.stdout.buffer, "err": sys.stderr.buffer}
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self._terminal = {"out": sys.stdout.fileno(), "err": sys.stderr.fileno()}
         self._partial: dict[tuple[int, str], bytes] = {}
-        self._files: dict[tuple[int, str], BinaryIO] = {}
+        self._files: dict[tuple[int, str], int] = {}
         if output_dir is not None:
             output_dir.mkdir(parents=True, exist_ok=True)
             for rank in range(nranks):
                 for stream in STREAMS:
-                    self._files[rank, stream] = open(output_dir / f"rank-{rank}.{stream}", "wb")
+                    path = output_dir / f"rank-{rank}.{stream}"
+                    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+                    self._files[rank, stream] = os.open(path, flags, 0o644)
 
     def write(self, rank: int, stream: str, data: bytes) -> None:
-        if file := self._files.get((rank, stream)):
-            file.write(data)
-            file.flush()
+        if (fd := self._files.get((rank, stream))) is not None:
+            _write_all(fd, data)
         buffered = self._partial.pop((rank, stream), b"") + data
         cut = buffered.rfind(b"\n") + 1
         if cut == 0 and len(buffered) > _MAX_PARTIAL:
@@ -48,8 +52,8 @@ class OutputRouter:
     def close(self) -> None:
         for rank, stream in list(self._partial):
             self.end(rank, stream)
-        for file in self._files.values():
-            file.close()
+        for fd in self._files.values():
+            os.close(fd)
 
     def _emit(self, rank: int, stream: str, lines: bytes) -> None:
         if self._tag_output:
@@ -57,9 +61,21 @@ class OutputRouter:
             lines = b"".join(prefix + line for line in lines.splitlines(keepends=True))
             if not lines.endswith(b"\n"):
                 lines += b"\n"
-        terminal = self._terminal[stream]
         try:
-            terminal.write(lines)
-            terminal.flush()
-        except (BrokenPipeError, ValueError):
+            _write_all(self._terminal[stream], lines)
+        except BrokenPipeError:
             pass  # our reader went away (e.g. `tbrun ... | head`); keep supervising
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """Write every byte with os.write.
+
+    Not sys.stdout.buffer: when a signal (tbrun gets SIGCHLD for every rank) interrupts a
+    partial write to a pipe, CPython's BufferedWriter can drop the rest of the buffer.
+    """
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[os.write(fd, view):]
+        except BlockingIOError:  # an inherited non-blocking descriptor: wait until it drains
+            select.select([], [fd], [])
