@@ -27,12 +27,16 @@ def is_mlx(x: object) -> bool:
     return mx is not None and isinstance(x, mx.array)
 
 
+def _unchanged(result: np.ndarray) -> np.ndarray:
+    return result
+
+
 def to_numpy(x: Any) -> tuple[np.ndarray, Callable[[np.ndarray], Any]]:
     """Return x as a numpy array (no copy where possible) and a function that turns a numpy
     result back into the kind of x."""
     if isinstance(x, (np.ndarray, np.generic)):
         check_dtype(x.dtype)
-        return np.asarray(x), lambda result: result
+        return np.asarray(x), _unchanged
     if is_mlx(x):
         mx = _mlx_core()
         if x.dtype == mx.bfloat16:

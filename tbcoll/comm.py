@@ -7,8 +7,9 @@ and runs it. A CommError from below is raised again naming the collective and th
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -26,6 +27,11 @@ COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "barri
 _DATA_ALGORITHMS = ("ring", "mesh", "rd", "native")
 ALGORITHMS = {name: _DATA_ALGORITHMS for name in COLLECTIVES} | {"barrier": ("rd", "native")}
 MAX_TAG = 32767  # the largest tag every MPI must support
+
+
+def _flat(array: np.ndarray) -> np.ndarray:
+    """A 1-D view of a C-contiguous array."""
+    return array if array.ndim == 1 else array.reshape(-1)
 
 
 class Communicator:
@@ -51,18 +57,17 @@ class Communicator:
         ufunc = reducer(op)
         result = self._output(x, out, array.shape, array.dtype)
         name = self._choose("all_reduce", array.nbytes, algorithm)
-        with self._running("all_reduce", array, op=op):
-            in_place = result is array
-            if self.size == 1 or array.size == 0:
-                if not in_place:
-                    np.copyto(result, array)
-            elif name == "native":
-                send = None if in_place else contiguous_flat(array)
-                self._group.native.all_reduce(send, result.reshape(-1), op)
-            else:
-                if not in_place:
-                    np.copyto(result, array)
-                FAMILIES[name].all_reduce(self._group.coll, result.reshape(-1), ufunc)
+        in_place = result is array
+        if self.size == 1 or array.size == 0:
+            work = None
+        elif name == "native":
+            work = partial(self._group.native.all_reduce,
+                           None if in_place else contiguous_flat(array), _flat(result), op)
+        else:
+            work = partial(FAMILIES[name].all_reduce, self._group.coll, _flat(result), ufunc)
+        if not in_place and (work is None or name != "native"):
+            np.copyto(result, array)  # the algorithms reduce in place, in result
+        self._run("all_reduce", work, array, op)
         return restore(result)
 
     def all_gather(self, x: Any, algorithm: str | None = None,
@@ -72,14 +77,16 @@ class Communicator:
         shape = (self.size * array.shape[0], *array.shape[1:]) if array.ndim else (self.size,)
         result = self._output(x, out, shape, array.dtype)
         name = self._choose("all_gather", result.nbytes, algorithm)
-        with self._running("all_gather", array):
-            flat, mine = result.reshape(-1), contiguous_flat(array)
-            if name == "native" and self.size > 1 and mine.size:
-                self._group.native.all_gather(mine, flat)
-            else:
-                flat[self.rank * mine.size:(self.rank + 1) * mine.size] = mine
-                if self.size > 1 and mine.size:
-                    FAMILIES[name].all_gather(self._group.coll, flat)
+        flat, mine = _flat(result), contiguous_flat(array)
+        if name != "native" or self.size == 1 or mine.size == 0:
+            flat[self.rank * mine.size:(self.rank + 1) * mine.size] = mine
+        if self.size == 1 or mine.size == 0:
+            work = None
+        elif name == "native":
+            work = partial(self._group.native.all_gather, mine, flat)
+        else:
+            work = partial(FAMILIES[name].all_gather, self._group.coll, flat)
+        self._run("all_gather", work, array)
         return restore(result)
 
     def reduce_scatter(self, x: Any, op: str = "sum", algorithm: str | None = None,
@@ -93,16 +100,20 @@ class Communicator:
         shape = (array.shape[0] // self.size, *array.shape[1:])
         result = self._output(x, out, shape, array.dtype)
         name = self._choose("reduce_scatter", array.nbytes, algorithm)
-        with self._running("reduce_scatter", array, op=op):
-            if self.size == 1 or array.size == 0:
-                np.copyto(result, array)
-            elif name == "native":
-                self._group.native.reduce_scatter(contiguous_flat(array), result.reshape(-1), op)
-            else:
-                scratch = np.array(array, order="C").reshape(-1)
-                FAMILIES[name].reduce_scatter(self._group.coll, scratch, ufunc)
-                block = scratch.size // self.size
-                result.reshape(-1)[:] = scratch[self.rank * block:(self.rank + 1) * block]
+        scratch = None
+        if self.size == 1 or array.size == 0:
+            np.copyto(result, array)
+            work = None
+        elif name == "native":
+            work = partial(self._group.native.reduce_scatter, contiguous_flat(array),
+                           _flat(result), op)
+        else:  # the algorithms reduce the whole buffer in place: give them a copy
+            scratch = np.array(array, order="C").reshape(-1)
+            work = partial(FAMILIES[name].reduce_scatter, self._group.coll, scratch, ufunc)
+        self._run("reduce_scatter", work, array, op)
+        if scratch is not None:
+            block = scratch.size // self.size
+            _flat(result)[:] = scratch[self.rank * block:(self.rank + 1) * block]
         return restore(result)
 
     def broadcast(self, x: Any, root: int = 0, algorithm: str | None = None,
@@ -112,26 +123,27 @@ class Communicator:
         self._check_rank(root, "root")
         result = self._output(x, out, array.shape, array.dtype)
         name = self._choose("broadcast", array.nbytes, algorithm)
-        with self._running("broadcast", array, root=root):
-            if self.rank == root and result is not array:
-                np.copyto(result, array)
-            if self.size > 1 and array.size:
-                if name == "native":
-                    self._group.native.broadcast(result.reshape(-1), root)
-                else:
-                    FAMILIES[name].broadcast(self._group.coll, result.reshape(-1), root)
+        if self.rank == root and result is not array:
+            np.copyto(result, array)
+        if self.size == 1 or array.size == 0:
+            work = None
+        elif name == "native":
+            work = partial(self._group.native.broadcast, _flat(result), root)
+        else:
+            work = partial(FAMILIES[name].broadcast, self._group.coll, _flat(result), root)
+        self._run("broadcast", work, array, root=root)
         return restore(result)
 
     def barrier(self) -> None:
         """Return once every rank has entered the barrier."""
         name = self._choose("barrier", 0, None)
-        with self._running("barrier", None):
-            if self.size == 1:
-                return
-            if name == "native":
-                self._group.native.barrier()
-            else:
-                rd.barrier(self._group.coll)
+        if self.size == 1:
+            work = None
+        elif name == "native":
+            work = self._group.native.barrier
+        else:
+            work = partial(rd.barrier, self._group.coll)
+        self._run("barrier", work, None)
 
     # --- point to point ------------------------------------------------------------------
 
@@ -260,13 +272,17 @@ class Communicator:
         if peer == self.rank:
             raise ValueError(f"{what}={peer} is this rank; send/recv need another rank")
 
-    @contextmanager
-    def _running(self, collective: str, array: np.ndarray | None, op: str | None = None,
-                 root: int = -1) -> Iterator[None]:
-        with self._errors(collective):
+    def _run(self, collective: str, work: Callable[[], None] | None, array: np.ndarray | None,
+             op: str | None = None, root: int = -1) -> None:
+        """Run work() (None: nothing to move) as this collective: with TBCOLL_CHECK first
+        compare the call across ranks, and name the collective in any CommError."""
+        try:
             if self._check_calls and self.size > 1:
                 verify_calls_match(self._group.coll, collective, array, op, root)
-            yield
+            if work is not None:
+                work()
+        except CommError as e:
+            raise CommError(f"{collective} on rank {self.rank}: {e}") from e
 
     @contextmanager
     def _errors(self, what: str) -> Iterator[None]:
