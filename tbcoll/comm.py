@@ -233,7 +233,7 @@ class Communicator:
             return algorithm
         if collective in self._overrides:
             return self._overrides[collective]
-        return tuning.choose(self.backend, collective, nbytes)
+        return tuning.choose(self.backend, collective, nbytes, self.size)
 
     def _check_algorithm(self, collective: str, algorithm: str, where: str) -> None:
         allowed = ALGORITHMS[collective]

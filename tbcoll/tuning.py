@@ -1,45 +1,53 @@
 """Which algorithm a collective uses when the caller does not say: a table per transport.
 
-Each rule list is read top to bottom: (largest message in bytes, or None for any, algorithm).
-The size is the largest buffer of the call (the output of all_gather, the input of
-reduce_scatter). The thresholds come from benchmarks/RESULTS.md, measured on this project's
-machines; TBCOLL_ALGO or algorithm= override them.
+Each rule list is read top to bottom; a rule (max_bytes, max_ranks, algorithm) applies when
+the message is at most max_bytes and the communicator has at most max_ranks ranks (None: no
+limit). The size is the largest buffer of the call (the output of all_gather, the input of
+reduce_scatter). algorithm= and TBCOLL_ALGO override the table.
+
+Where the numbers come from (benchmarks/RESULTS.md, np 2 and 4 on one 2-core host):
+- tcp all_reduce: rd is fastest up to 256 KiB at np=4 (64 KiB: rd 415 us, mesh 825, ring
+  968) and ties mesh at np=2; above that mesh wins (16 MiB, np=4: mesh 33 ms, ring 41, rd
+  56). Past 4 ranks ring is chosen by the usual alpha-beta reasoning, not yet by a
+  measurement: mesh keeps every link busy at once, which only a full mesh of cables serves.
+- The other tcp collectives follow all_reduce's thresholds (not measured separately yet).
+- mpi: MPICH's own collectives (native) were within 1.0-1.2x of raw mpi4py at every size,
+  and faster than tbcoll's algorithms over MPI point-to-point everywhere but 16 MiB at np=2.
 """
 
 from __future__ import annotations
 
-Rules = list[tuple[int | None, str]]
+Rule = tuple[int | None, int | None, str]
 
-TABLES: dict[str, dict[str, Rules]] = {
+_TCP: list[Rule] = [(256 << 10, None, "rd"), (None, 4, "mesh"), (None, None, "ring")]
+
+TABLES: dict[str, dict[str, list[Rule]]] = {
     "tcp": {
-        "all_reduce": [(16 << 10, "rd"), (None, "ring")],
-        "all_gather": [(16 << 10, "rd"), (None, "ring")],
-        "reduce_scatter": [(16 << 10, "rd"), (None, "ring")],
-        "broadcast": [(64 << 10, "rd"), (None, "ring")],
-        "barrier": [(None, "rd")],
+        "all_reduce": _TCP,
+        "all_gather": _TCP,
+        "reduce_scatter": _TCP,
+        "broadcast": [(256 << 10, None, "rd"), (None, None, "ring")],
+        "barrier": [(None, None, "rd")],
     },
-    "mpi": {
-        "all_reduce": [(None, "native")],
-        "all_gather": [(None, "native")],
-        "reduce_scatter": [(None, "native")],
-        "broadcast": [(None, "native")],
-        "barrier": [(None, "native")],
-    },
+    "mpi": {name: [(None, None, "native")] for name in
+            ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "barrier")},
 }
 
 
-def choose(backend: str, collective: str, nbytes: int) -> str:
-    for limit, algorithm in TABLES[backend][collective]:
-        if limit is None or nbytes <= limit:
+def choose(backend: str, collective: str, nbytes: int, size: int) -> str:
+    for max_bytes, max_ranks, algorithm in TABLES[backend][collective]:
+        if (max_bytes is None or nbytes <= max_bytes) and (max_ranks is None or size <= max_ranks):
             return algorithm
     raise AssertionError(f"the {backend} table for {collective} has no catch-all rule")
 
 
 def describe(backend: str, collective: str) -> str:
-    """The rules as a phrase, e.g. 'rd up to 16 KiB, then ring'."""
+    """The rules as a phrase, e.g. 'rd up to 256 KiB, then mesh up to 4 ranks, then ring'."""
     parts = []
-    for limit, algorithm in TABLES[backend][collective]:
-        parts.append(algorithm if limit is None else f"{algorithm} up to {_size(limit)}")
+    for max_bytes, max_ranks, algorithm in TABLES[backend][collective]:
+        limits = [f"up to {_size(max_bytes)}" if max_bytes is not None else "",
+                  f"up to {max_ranks} ranks" if max_ranks is not None else ""]
+        parts.append(" ".join([algorithm, *filter(None, limits)]))
     return ", then ".join(parts)
 
 

@@ -21,7 +21,7 @@ def test_a_script_started_alone_is_a_world_of_one(comm):
     x = np.arange(5.0)
     assert np.array_equal(comm.all_reduce(x), x)
     assert np.array_equal(comm.reduce_scatter(x), x)
-    assert "all_reduce: rd up to 16 KiB, then ring" in comm.describe()
+    assert "all_reduce: rd up to 256 KiB, then mesh up to 4 ranks, then ring" in comm.describe()
 
 
 @pytest.mark.parametrize("call, error, message", [

@@ -148,7 +148,7 @@ def open_world(info: LaunchInfo | None) -> tuple[MpiGroup, int, int]:
     if info is not None and info.size != world.Get_size():
         raise CommError(
             f"the mpi backend needs ranks started by mpiexec, but tbrun started {info.size} "
-            f"ranks that MPI sees as {world.Get_size()} job(s) of size 1: run "
+            f"ranks and MPI sees this one in a job of {world.Get_size()}: run "
             f"`mpiexec -n {info.size} python script.py`, or choose --backend tcp")
     local = world.Split_type(MPI.COMM_TYPE_SHARED)
     local_rank = local.Get_rank()
