@@ -224,3 +224,18 @@ class TestSplit:
             assert sub.all_reduce(np.array([i]))[0] == i * comm.size
         for sub in subs:
             sub.close()
+
+
+class TestProgress:
+    def test_both_ends_send_more_than_the_sockets_hold(self, comm):
+        """Both ranks of each pair send 24 MB before either receives: the transport must keep
+        reading while its sends are stalled (MPI calls this pattern unsafe, so tcp only)."""
+        if comm.size == 1 or comm.backend == "mpi":
+            pytest.skip("needs two ranks of a transport that buffers unexpected messages")
+        peer = comm.rank ^ 1
+        if peer >= comm.size:
+            return
+        mine = np.full(6 << 20, comm.rank, np.float32)
+        comm.send(mine, peer, tag=3)
+        got = comm.recv(np.empty_like(mine), peer, tag=3)
+        assert (got == peer).all()
