@@ -3,8 +3,8 @@ mpi4py's MPI_Allreduce on MPICH, in one invocation.
 
     python benchmarks/allreduce_compare.py -np 2 --rounds 3
 
-Each round runs two jobs, one after the other: an mpiexec job that times mpi4py's Allreduce
-and tbcoll's mpi backend, and a tbrun job that times tbcoll's tcp backend. Inside a job the
+Each round runs one job per backend, one after the other: an mpiexec job that times mpi4py's
+Allreduce and tbcoll's mpi backend, and tbrun jobs for tbcoll's shm and tcp backends. Inside a job the
 systems take turns batch by batch (A B A B ...), so that the machine's noise falls on all of
 them alike. A batch's time is the slowest rank's; the table gives the median over all
 batches of all rounds, and each system's ratio to mpi4py.
@@ -108,14 +108,17 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--batches", type=int, default=5, help="timed batches per job")
     parser.add_argument("--sizes", default=DEFAULT_SIZES, help="bytes, comma-separated")
+    parser.add_argument("--backends", default="mpi,shm,tcp", help="comma-separated; mpi "
+                        "includes the mpi4py reference")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         worker(args.worker, [int(s) for s in args.sizes.split(",")], args.batches)
         return
     samples = []
+    backends = args.backends.split(",")
     for round_ in range(args.rounds):
-        for backend in ("mpi", "tcp") if round_ % 2 == 0 else ("tcp", "mpi"):
+        for backend in backends if round_ % 2 == 0 else reversed(backends):
             samples += run_job(backend, args.np, args.sizes, args.batches)
     print(f"# all_reduce float32 sum, np={args.np}, {args.rounds} rounds x {args.batches} "
           "batches per system")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 
 from tbcoll.comm import Communicator
-from tbcoll.env import BACKENDS, launch_info, started_by_mpiexec
+from tbcoll.env import BACKENDS, launch_info, single_host, started_by_mpiexec
 from tbcoll.transports import TRANSPORTS
 
 _opened = itertools.count()  # store keys of each init() in a process stay apart
@@ -14,14 +14,14 @@ _opened = itertools.count()  # store keys of each init() in a process stay apart
 def init(backend: str | None = None) -> Communicator:
     """Connect the ranks of this job and return the world communicator.
 
-    backend None: TBCOLL_BACKEND under tbrun, mpi under mpiexec, and a communicator of one
-    rank when the script was started on its own.
+    backend None: TBCOLL_BACKEND under tbrun (auto: shm when every rank is on one host, else
+    tcp), mpi under mpiexec, and a communicator of one rank when the script runs on its own.
     """
     info = launch_info()
     if backend is None:
         backend = info.backend if info else ("mpi" if started_by_mpiexec() else "tcp")
     if backend == "auto":
-        backend = "tcp"
+        backend = "shm" if info is None or single_host(info) else "tcp"
     if backend not in TRANSPORTS:
         if backend in BACKENDS:
             raise ValueError(f"backend {backend!r} is not available in this version of tbcoll; "

@@ -19,6 +19,7 @@ Read by the library as well, set by the user:
 
     TBCOLL_ALGO        force an algorithm: "ring", or per collective "all_reduce=rd,all_gather=mesh"
     TBCOLL_CHECK       1: before each collective, check across ranks that the calls agree
+    TBCOLL_SHM_FLAGS   python: use the shm transport's portable flags instead of its C atomics
 
 Under mpiexec there is no TBCOLL_RANK; MPI's own variables (PMI_RANK and PMI_SIZE of MPICH's
 Hydra, OMPI_COMM_WORLD_RANK of Open MPI, PMIX_RANK) say so, and init() picks the mpi backend.
@@ -30,6 +31,7 @@ script's own use (torch.distributed binds it on rank 0), not the store's port.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Iterable, Mapping
@@ -145,6 +147,28 @@ def check_mode(environ: Mapping[str, str] | None = None) -> bool:
     """TBCOLL_CHECK=1 (or true/yes): verify that every collective call matches across ranks."""
     env = os.environ if environ is None else environ
     return env.get("TBCOLL_CHECK", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def shm_flags(environ: Mapping[str, str] | None = None) -> str:
+    """TBCOLL_SHM_FLAGS: 'atomic' (the C extension, default) or 'python' (portable locks)."""
+    env = os.environ if environ is None else environ
+    choice = env.get("TBCOLL_SHM_FLAGS", "atomic").strip().lower() or "atomic"
+    if choice not in ("atomic", "python"):
+        raise TbcollError(f"TBCOLL_SHM_FLAGS={choice!r} is not 'atomic' or 'python'")
+    return choice
+
+
+def segment_prefix(token: str) -> str:
+    """The start of every shared-memory name of the job with this token: /tbc-<8 hex>-.
+
+    Derived from the token so that tbrun can find a dead job's segments without the ranks
+    telling it; a hash, so that the names do not reveal the token.
+    """
+    return f"/tbc-{hashlib.sha256(token.encode()).hexdigest()[:8]}-"
+
+
+def single_host(info: LaunchInfo) -> bool:
+    return len(info.topology.get("hosts", [])) <= 1
 
 
 def format_hostport(host: str, port: int) -> str:

@@ -29,9 +29,9 @@ TABLES: dict[str, dict[str, list[Rule]]] = {
         "broadcast": [(256 << 10, None, "rd"), (None, None, "ring")],
         "barrier": [(None, None, "rd")],
     },
-    "mpi": {name: [(None, None, "native")] for name in
-            ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "barrier")},
 }
+for _backend in ("shm", "mpi"):
+    TABLES[_backend] = {name: [(None, None, "native")] for name in TABLES["tcp"]}
 
 
 def choose(backend: str, collective: str, nbytes: int, size: int) -> str:

@@ -25,4 +25,11 @@ def _open_mpi(info: LaunchInfo | None, prefix: str) -> tuple[Group, int, int]:
     return open_world(info)
 
 
-TRANSPORTS: dict[str, Opener] = {"tcp": _open_tcp, "mpi": _open_mpi}
+def _open_shm(info: LaunchInfo | None, prefix: str) -> tuple[Group, int, int]:
+    from tbcoll.transports.shm import open_world
+
+    group = open_world(info, prefix)
+    return group, (info.local_rank if info else 0), (info.node_rank if info else 0)
+
+
+TRANSPORTS: dict[str, Opener] = {"shm": _open_shm, "tcp": _open_tcp, "mpi": _open_mpi}

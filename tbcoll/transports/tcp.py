@@ -391,7 +391,8 @@ class TcpGroup:
 
     def __init__(self, transport: TcpTransport, context: int, members: list[int],
                  owns_transport: bool) -> None:
-        self._transport, self._members, self._owns = transport, members, owns_transport
+        self._transport, self._owns = transport, owns_transport
+        self.context, self.members = context, members  # world ranks, in group order
         self.p2p = TcpEndpoint(transport, context, members)
         self.coll = TcpEndpoint(transport, context + 1, members)
         self.rank, self.size = self.p2p.rank, self.p2p.size
@@ -406,7 +407,7 @@ class TcpGroup:
         self._transport.next_context = context + 2
         if color is None:
             return None
-        return TcpGroup(self._transport, context, [self._members[m] for m in members], False)
+        return TcpGroup(self._transport, context, [self.members[m] for m in members], False)
 
     def close(self) -> None:
         if self._owns:

@@ -1,0 +1,1 @@
+"""Shared-memory building blocks: segments (segment.py) and ordered flags (flags.py)."""

@@ -1,0 +1,254 @@
+"""Shared-memory transport: native collectives through one segment per communicator.
+
+Point-to-point messages (send/recv and the ring/mesh/rd algorithms) travel over the group's
+TCP connections; the native collectives, the default here, move data through shared memory:
+
+    segment = header (pids) | one 128-byte flag line per rank | 2 data sets
+    data set = p slots of SLOT bytes (one per rank) + a result area of SLOT bytes
+
+Every collective is a series of rounds numbered 1, 2, 3, ... on every rank alike; round s
+uses data set s % 2. Rank r stores its ARRIVE flag = s (release) once it has finished every
+earlier round and put its data for round s in place; a rank that needs the others' data
+waits (acquire) until their flags reach s. Before writing into a set, a rank waits until
+every flag has reached s - 1: everyone has then finished round s - 2, the last user of that
+set. The DONE flag plays the same part for the second phase of a two-phase all_reduce.
+
+all_reduce of up to SINGLE_PASS_BYTES: one phase; every rank reduces all p slots itself, in
+rank order, so every rank gets the same bits. Larger: rank r reduces its 1/p of each chunk
+into the result area, flags DONE, and everyone copies the result out.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+
+from tbcoll.dtypes import OPS
+from tbcoll.env import LaunchInfo, comm_timeout, segment_prefix, shm_flags, single_host
+from tbcoll.errors import CommError
+from tbcoll.shm.flags import AtomicFlags, LockedFlags, atomics_available
+from tbcoll.shm.segment import Segment
+from tbcoll.transports import tcp
+
+LINE = 128  # Apple Silicon's cache line; flags of different ranks never share one
+SLOT = 1 << 20
+SINGLE_PASS_BYTES = 16 << 10
+_ARRIVE, _DONE = 0, 8  # word offsets inside a rank's flag line
+_WAIT_SLICE = 0.05  # seconds between looks for dead peers and the deadline
+_SETUP_TAG = 30000
+
+
+def _round_up(n: int, to: int) -> int:
+    return -(-n // to) * to
+
+
+class Layout:
+    def __init__(self, size: int) -> None:
+        self.pids = LINE
+        self.flags = self.pids + _round_up(8 * size, LINE)
+        self.data = _round_up(self.flags + size * LINE, 4096)
+        self.set_bytes = (size + 1) * SLOT
+        self.total = self.data + 2 * self.set_bytes
+
+
+class ShmNative:
+    """Native collectives over one mapped segment; every rank of the group calls each."""
+
+    def __init__(self, segment: Segment, rank: int, size: int, timeout: float) -> None:
+        self._segment, self.rank, self.size, self._timeout = segment, rank, size, timeout
+        self._layout = Layout(size)
+        buffer = segment.buffer
+        if shm_flags() == "python" or not atomics_available():
+            self._flags: AtomicFlags | LockedFlags = LockedFlags(buffer, segment.lock_fd)
+        else:
+            self._flags = AtomicFlags(buffer)
+        self._pids = np.frombuffer(buffer, np.int64, size, self._layout.pids)
+        self._raw = [np.frombuffer(buffer, np.uint8, self._layout.set_bytes,
+                                   self._layout.data + k * self._layout.set_bytes)
+                     for k in (0, 1)]
+        self._views: dict[tuple[int, np.dtype], tuple[np.ndarray, np.ndarray]] = {}
+        self._seq = 0
+
+    # --- the collectives -----------------------------------------------------------------
+
+    def all_reduce(self, send: np.ndarray | None, recv: np.ndarray, op: str) -> None:
+        data = recv if send is None else send
+        ufunc = OPS[op]
+        single_pass = data.nbytes <= SINGLE_PASS_BYTES
+        step = SLOT // data.itemsize
+        for lo in range(0, data.size, step):
+            hi = min(lo + step, data.size)
+            s, slots, result = self._begin(data.dtype)
+            m = hi - lo
+            slots[self.rank, :m] = data[lo:hi]
+            self._arrive(s)
+            self._wait_all(_ARRIVE, s)
+            if single_pass:
+                ufunc.reduce(slots[:, :m], axis=0, out=recv[lo:hi])
+                continue
+            a, b = self.rank * m // self.size, (self.rank + 1) * m // self.size
+            ufunc.reduce(slots[:, a:b], axis=0, out=result[a:b])
+            self._flags.store(self._flag(self.rank, _DONE), s)
+            self._wait_all(_DONE, s)
+            recv[lo:hi] = result[:m]
+
+    def all_gather(self, send: np.ndarray, recv: np.ndarray) -> None:
+        block = send.size
+        gathered = recv.reshape(self.size, block)
+        step = SLOT // send.itemsize
+        for lo in range(0, block, step):
+            hi = min(lo + step, block)
+            s, slots, _ = self._begin(send.dtype)
+            slots[self.rank, :hi - lo] = send[lo:hi]
+            self._arrive(s)
+            self._wait_all(_ARRIVE, s)
+            gathered[:, lo:hi] = slots[:, :hi - lo]
+
+    def reduce_scatter(self, send: np.ndarray, recv: np.ndarray, op: str) -> None:
+        """Each round carries a piece of every rank's block: slot k holds rank k's pieces."""
+        ufunc = OPS[op]
+        block = recv.size
+        blocks = send.reshape(self.size, block)
+        step = max(1, SLOT // send.itemsize // self.size)
+        for lo in range(0, block, step):
+            q = min(step, block - lo)
+            s, slots, _ = self._begin(send.dtype)
+            slots[self.rank, :self.size * q].reshape(self.size, q)[:] = blocks[:, lo:lo + q]
+            self._arrive(s)
+            self._wait_all(_ARRIVE, s)
+            mine = slots[:, self.rank * q:(self.rank + 1) * q]
+            ufunc.reduce(mine, axis=0, out=recv[lo:lo + q])
+
+    def broadcast(self, buf: np.ndarray, root: int) -> None:
+        step = SLOT // buf.itemsize
+        for lo in range(0, buf.size, step):
+            hi = min(lo + step, buf.size)
+            s, slots, _ = self._begin(buf.dtype)
+            if self.rank == root:
+                slots[root, :hi - lo] = buf[lo:hi]
+                self._arrive(s)
+            else:
+                self._arrive(s)
+                self._wait(self._flag(root, _ARRIVE), LINE, 1, s, [root])
+                buf[lo:hi] = slots[root, :hi - lo]
+
+    def barrier(self) -> None:
+        s, _, _ = self._begin(np.dtype(np.uint8))
+        self._arrive(s)
+        self._wait_all(_ARRIVE, s)
+
+    def close(self) -> None:
+        self._views.clear()
+        self._pids = self._raw = None
+        self._segment.close()
+
+    # --- rounds and flags ----------------------------------------------------------------
+
+    def _begin(self, dtype: np.dtype) -> tuple[int, np.ndarray, np.ndarray]:
+        """Start the next round: wait until its data set is free; return the round number,
+        the set's slots as a (size, n) array of dtype and its result area."""
+        self._seq += 1
+        s = self._seq
+        self._wait_all(_ARRIVE, s - 1)
+        key = (s % 2, dtype)
+        views = self._views.get(key)
+        if views is None:
+            typed = self._raw[s % 2].view(dtype)
+            per_slot = SLOT // dtype.itemsize
+            views = (typed[:self.size * per_slot].reshape(self.size, per_slot),
+                     typed[self.size * per_slot:])
+            self._views[key] = views
+        return s, *views
+
+    def _flag(self, rank: int, word: int) -> int:
+        return self._layout.flags + rank * LINE + word
+
+    def _arrive(self, s: int) -> None:
+        self._flags.store(self._flag(self.rank, _ARRIVE), s)
+
+    def _wait_all(self, word: int, target: int) -> None:
+        self._wait(self._flag(0, word), LINE, self.size, target, range(self.size))
+
+    def _wait(self, offset: int, stride: int, count: int, target: int, ranks) -> None:
+        if self._flags.wait_all(offset, stride, count, target, _WAIT_SLICE):
+            return
+        deadline = time.monotonic() + self._timeout - _WAIT_SLICE
+        while not self._flags.wait_all(offset, stride, count, target, _WAIT_SLICE):
+            late = [r for i, r in enumerate(ranks)
+                    if self._flags.load(offset + i * stride) < target]
+            for rank in late:
+                pid = int(self._pids[rank])
+                if not _alive(pid):
+                    raise CommError(f"rank {rank} (pid {pid}) died")
+            if time.monotonic() > deadline:
+                raise CommError(f"timed out after {self._timeout:g} s (TBCOLL_TIMEOUT) waiting "
+                                f"for rank(s) {', '.join(map(str, late))}")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a killed rank stays a zombie until its parent reaps it
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def _open_segment(group: tcp.TcpGroup, prefix: str, timeout: float) -> ShmNative:
+    """Rank 0 of the group creates the segment; the others map it and report back; then
+    rank 0 unlinks the name, so that nothing is left behind whatever happens later."""
+    name = f"{prefix}{group.members[0]}-{group.context}"
+    size = Layout(group.size).total
+    p2p, token = group.coll, np.empty(0, np.uint8)
+    if group.rank == 0:
+        segment = Segment.create(name, size)
+        try:
+            p2p.waitall([p2p.isend(token, r, _SETUP_TAG) for r in range(1, group.size)])
+            p2p.waitall([p2p.irecv(token, r, _SETUP_TAG) for r in range(1, group.size)])
+        finally:
+            segment.unlink()
+    else:
+        p2p.waitall([p2p.irecv(token, 0, _SETUP_TAG)])
+        segment = Segment.attach(name, size)
+        p2p.waitall([p2p.isend(token, 0, _SETUP_TAG)])
+    native = ShmNative(segment, group.rank, group.size, timeout)
+    native._pids[group.rank] = os.getpid()
+    return native
+
+
+class ShmGroup:
+    """A communicator's view of the shm transport: tcp point-to-point, shm collectives."""
+
+    def __init__(self, group: tcp.TcpGroup, prefix: str, timeout: float) -> None:
+        self._tcp, self._prefix, self._timeout = group, prefix, timeout
+        self.p2p, self.coll = group.p2p, group.coll
+        self.rank, self.size = group.rank, group.size
+        self.native = _open_segment(group, prefix, timeout)
+
+    def context_hint(self) -> int:
+        return self._tcp.context_hint()
+
+    def split(self, color: int | None, key: int, members: list[int],
+              context: int) -> ShmGroup | None:
+        sub = self._tcp.split(color, key, members, context)
+        return None if sub is None else ShmGroup(sub, self._prefix, self._timeout)
+
+    def close(self) -> None:
+        self.native.close()
+        self._tcp.close()
+
+
+def open_world(info: LaunchInfo | None, prefix: str) -> ShmGroup:
+    if info is not None and not single_host(info):
+        hosts = len(info.topology["hosts"])
+        raise CommError(f"the shm backend needs every rank on one host, but this job spans "
+                        f"{hosts} hosts: use --backend tcp")
+    names = segment_prefix(info.token) if info else f"/tbc-p{os.getpid()}-"
+    return ShmGroup(tcp.open_world(info, prefix), names, comm_timeout(info))
