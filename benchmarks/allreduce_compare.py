@@ -4,9 +4,9 @@ mpi4py's MPI_Allreduce on MPICH, in one invocation.
     python benchmarks/allreduce_compare.py -np 2 --rounds 3
 
 Each round runs one job per backend, one after the other: an mpiexec job that times mpi4py's
-Allreduce and tbcoll's mpi backend, and tbrun jobs for tbcoll's shm and tcp backends. Inside a job the
-systems take turns batch by batch (A B A B ...), so that the machine's noise falls on all of
-them alike. A batch's time is the slowest rank's; the table gives the median over all
+Allreduce and tbcoll's mpi backend, and tbrun jobs for tbcoll's shm and tcp backends. Inside
+a job the systems take turns batch by batch (A B A B ...), so that the machine's noise falls
+on all of them alike. A batch's time is the slowest rank's; the table gives the median over all
 batches of all rounds, and each system's ratio to mpi4py.
 """
 

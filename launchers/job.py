@@ -7,12 +7,14 @@ import os
 import shlex
 import socket
 import sys
+import tempfile
+from pathlib import Path
 
 from launchers.config import LaunchConfig
 from launchers.output import OutputRouter
 from launchers.supervisor import RankCommand, Supervisor
 from tbcoll.auth import new_token
-from tbcoll.env import LaunchInfo, worker_env
+from tbcoll.env import LaunchInfo, segment_prefix, worker_env
 from tbcoll.errors import LaunchError
 from tbcoll.rendezvous import StoreServer
 
@@ -78,6 +80,21 @@ def run_local(cfg: LaunchConfig) -> int:
         return supervisor.run(after_spawn=store.start)
     finally:
         store.close()
+        remove_segments(token)
+
+
+def remove_segments(token: str) -> None:
+    """Unlink shared-memory names the job left (ranks unlink their own once every rank has
+    mapped a segment; this catches a job killed before that). Where the OS cannot list them
+    (macOS), nothing is found and nothing is needed beyond the ranks' own unlinking."""
+    prefix = segment_prefix(token).lstrip("/")
+    for folder, pattern in ((Path("/dev/shm"), f"{prefix}*"),
+                            (Path(tempfile.gettempdir()), f"{prefix}*.lock")):
+        for path in folder.glob(pattern) if folder.is_dir() else ():
+            try:
+                path.unlink()
+            except OSError as e:
+                log(f"could not remove the job's shared-memory file {path}: {e}")
 
 
 def _free_port(cfg: LaunchConfig) -> int:

@@ -12,6 +12,11 @@ from .conftest import tagged_lines, tbrun
 
 MPIEXEC = str(Path(sys.executable).with_name("mpiexec"))
 
+
+def leftover_segments():
+    shm = Path("/dev/shm")
+    return sorted(p.name for p in shm.glob("tbc-*")) if shm.is_dir() else []
+
 KILLED_MID_ALL_REDUCE = """
 import os, signal, sys, numpy as np, tbcoll
 signal.signal(signal.SIGTERM, signal.SIG_IGN)  # outlive tbrun's teardown long enough to report
@@ -28,23 +33,28 @@ except tbcoll.CommError as e:
 """
 
 
-@pytest.mark.parametrize("algorithm", ["ring", "mesh", "rd"])
-def test_rank_killed_mid_all_reduce(script, algorithm):
+@pytest.mark.parametrize("backend, algorithm, lost", [
+    ("tcp", "ring", "lost connection to rank"), ("tcp", "mesh", "lost connection to rank"),
+    ("tcp", "rd", "lost connection to rank"), ("shm", "native", "rank 1 (pid"),
+])
+def test_rank_killed_mid_all_reduce(script, backend, algorithm, lost):
     started = time.monotonic()
-    p = tbrun("-np", 3, "--grace", "10", script(KILLED_MID_ALL_REDUCE.format(algorithm=algorithm)),
-              timeout=60)
+    p = tbrun("-np", 3, "--grace", "10", "--backend", backend,
+              script(KILLED_MID_ALL_REDUCE.format(algorithm=algorithm)), timeout=60)
     assert p.returncode == 128 + signal.SIGKILL, p.stderr
     assert "rank 1 (pid" in p.stderr and "killed by signal 9" in p.stderr
     reports = tagged_lines(p.stdout)
     assert sorted(reports) == [0, 2], p.stdout + p.stderr
     for rank in (0, 2):
         (line,) = reports[rank]
-        assert line.startswith(f"CommError: all_reduce on rank {rank}: lost connection to rank")
+        assert line.startswith(f"CommError: all_reduce on rank {rank}: {lost}"), line
     assert any("rank 1" in lines[0] for lines in reports.values())
     assert time.monotonic() - started < 30
+    assert not leftover_segments()
 
 
-def test_silent_peer_times_out(script):
+@pytest.mark.parametrize("backend", ["tcp", "shm"])
+def test_silent_peer_times_out(script, backend):
     path = script("""
         import time, numpy as np, tbcoll
         comm = tbcoll.init()
@@ -57,7 +67,7 @@ def test_silent_peer_times_out(script):
             raise SystemExit(3)
     """)
     started = time.monotonic()
-    p = tbrun("-np", 2, "--comm-timeout", "1", path, timeout=60)
+    p = tbrun("-np", 2, "--comm-timeout", "1", "--backend", backend, path, timeout=60)
     assert p.returncode == 3
     assert "[0] CommError: all_reduce on rank 0: timed out after 1 s (TBCOLL_TIMEOUT) " \
            "waiting for rank(s) 1" in p.stdout
@@ -94,3 +104,23 @@ def test_mpiexec_ends_a_job_whose_rank_died(script):
                        text=True, timeout=60)
     assert p.returncode != 0
     assert time.monotonic() - started < 30
+
+
+@pytest.mark.skipif(not Path("/dev/shm").is_dir(), reason="needs /dev/shm to list segments")
+def test_tbrun_removes_a_dead_jobs_segments(script):
+    """A job killed while a segment still had its name (between create and unlink): tbrun
+    finds it by the job's prefix and removes it."""
+    path = script("""
+        import os, signal, _posixshmem, tbcoll
+        from tbcoll.env import segment_prefix
+        info = tbcoll.launch_info()
+        name = segment_prefix(info.token) + "orphan"
+        os.close(_posixshmem.shm_open(name, os.O_CREAT | os.O_RDWR, mode=0o600))
+        assert os.path.exists("/dev/shm" + name)
+        print("created", name)
+        os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    p = tbrun("-np", 1, path, timeout=30)
+    assert p.returncode == 128 + signal.SIGKILL
+    assert "[0] created /tbc-" in p.stdout
+    assert not leftover_segments()

@@ -239,3 +239,29 @@ class TestProgress:
         comm.send(mine, peer, tag=3)
         got = comm.recv(np.empty_like(mine), peer, tag=3)
         assert (got == peer).all()
+
+
+class TestOrdering:
+    def test_thousands_back_to_back(self, comm):
+        """Varying collectives, sizes and buffers in a tight loop, every result checked: a
+        flag seen before its data, or a slot reused too early, shows up as a wrong value."""
+        rng = np.random.default_rng(7)  # the same sequence on every rank
+        buffers = [np.empty(n, np.float32) for n in (1, 7, 1000, 40_000)]
+        p, r = comm.size, comm.rank
+        for i in range(3000):
+            kind = i % 4
+            n = int(rng.choice([1, 5, 513, 4099, 70_000 if i % 50 == 0 else 17]))
+            if kind == 0:
+                out = comm.all_reduce(np.full(n, r + i, np.float32))
+                assert (out == p * i + p * (p - 1) / 2).all(), (i, n)
+            elif kind == 1:
+                out = comm.all_gather(np.full(n, r * 10 + i % 7, np.int32))
+                assert (out.reshape(p, n) == (np.arange(p) * 10 + i % 7)[:, None]).all(), i
+            elif kind == 2:
+                buf = buffers[i % len(buffers)]
+                buf[:] = r + i
+                comm.broadcast(buf, root=i % p, out=buf)
+                assert (buf == i % p + i).all(), (i, buf.size)
+            else:
+                block = comm.reduce_scatter(np.full(p * n, r + 1, np.int64), op="max")
+                assert block.shape == (n,) and (block == p).all(), (i, n)
