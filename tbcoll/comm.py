@@ -18,7 +18,7 @@ from tbcoll import tuning
 from tbcoll.algorithms import FAMILIES, rd
 from tbcoll.arrays import contiguous_flat, is_mlx, to_numpy
 from tbcoll.checks import verify_calls_match
-from tbcoll.dtypes import reducer
+from tbcoll.dtypes import OPS, reducer
 from tbcoll.env import algorithm_overrides, check_mode
 from tbcoll.errors import CommError, TbcollError
 from tbcoll.transports.base import Group
@@ -47,12 +47,27 @@ class Communicator:
             self._check_algorithm(collective, algorithm, "TBCOLL_ALGO")
         self._check_calls = check_mode()
         self._closed = False
+        # A transport may offer a one-call path for small all_reduce; it is taken only where
+        # the table would pick native anyway and no per-call check is asked for.
+        small = getattr(group.native, "small_all_reduce", None)
+        uses_native = tuning.choose(backend, "all_reduce", 0, self.size) == "native"
+        if self._check_calls or "all_reduce" in self._overrides or not uses_native:
+            small = None
+        self._small_all_reduce = small
 
     # --- collectives ---------------------------------------------------------------------
 
     def all_reduce(self, x: Any, op: str = "sum", algorithm: str | None = None,
                    out: np.ndarray | None = None) -> Any:
         """Reduce x elementwise over all ranks with op; every rank gets the result."""
+        if self._small_all_reduce is not None and type(x) is np.ndarray and out is None \
+                and algorithm is None and op in OPS and not self._closed:
+            try:
+                result = self._small_all_reduce(x, op)
+            except CommError as e:
+                raise CommError(f"all_reduce on rank {self.rank}: {e}") from e
+            if result is not None:
+                return result
         array, restore = to_numpy(x)
         ufunc = reducer(op)
         result = self._output(x, out, array.shape, array.dtype)

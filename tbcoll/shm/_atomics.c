@@ -15,6 +15,7 @@
 #include <Python.h>
 #include <sched.h>
 #include <stdint.h>
+#include <string.h>
 #include <time.h>
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -75,10 +76,48 @@ static int all_reached(const char *base, Py_ssize_t stride, Py_ssize_t count, ui
 }
 
 /*
+ * Wait until the count flags at base, base+stride, ... are all >= target, for at most
+ * budget seconds; 1 when they are, 0 when the budget ran out. Spins briefly, then yields
+ * the CPU (returns at once if nobody else wants it), then naps: a rank that shares its core
+ * with a peer (tbrun -np 4 on 2 cores) must let that peer run. The GIL is released once the
+ * first spin has not sufficed.
+ */
+static int wait_flags(const char *base, Py_ssize_t stride, Py_ssize_t count, uint64_t target,
+                      double budget)
+{
+    for (int i = 0; i < 500; i++) {  /* a microsecond or two */
+        if (all_reached(base, stride, count, target))
+            return 1;
+        CPU_RELAX();
+    }
+    int done = 0;
+    Py_BEGIN_ALLOW_THREADS
+    struct timespec start, now;
+    clock_gettime(CLOCK_MONOTONIC, &start);
+    long nap_ns = 0;
+    for (;;) {
+        if ((done = all_reached(base, stride, count, target)))
+            break;
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        double waited = (now.tv_sec - start.tv_sec) + 1e-9 * (now.tv_nsec - start.tv_nsec);
+        if (waited >= budget)
+            break;
+        if (waited < 2e-3) {
+            sched_yield();
+        } else {  /* a long wait: stop burning the core */
+            nap_ns = nap_ns ? (nap_ns * 2 > 1000000 ? 1000000 : nap_ns * 2) : 50000;
+            struct timespec nap = {0, nap_ns};
+            nanosleep(&nap, NULL);
+        }
+    }
+    Py_END_ALLOW_THREADS
+    return done;
+}
+
+/*
  * wait_all(buffer, offset, stride, count, target, budget_s) -> bool
- * Wait until the count words at offset, offset+stride, ... are all >= target, for at most
- * budget_s seconds. Returns False when the budget ran out, so that the caller can look for
- * dead peers and its own deadline between slices.
+ * False when the budget ran out, so that the caller can look for dead peers and check its
+ * own deadline between slices.
  */
 static PyObject *wait_all(PyObject *self, PyObject *args)
 {
@@ -96,43 +135,249 @@ static PyObject *wait_all(PyObject *self, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "flags lie outside the buffer");
         return NULL;
     }
-    const char *base = (const char *)first;
-    int done = 0;
-    for (int i = 0; i < 2000 && !done; i++) {  /* a few microseconds of spinning */
-        done = all_reached(base, stride, count, target);
-        if (!done)
-            CPU_RELAX();
-    }
-    if (!done) {
-        Py_BEGIN_ALLOW_THREADS
-        struct timespec start, now;
-        clock_gettime(CLOCK_MONOTONIC, &start);
-        long nap_ns = 0;
-        for (;;) {
-            if ((done = all_reached(base, stride, count, target)))
-                break;
-            clock_gettime(CLOCK_MONOTONIC, &now);
-            double waited = (now.tv_sec - start.tv_sec) + 1e-9 * (now.tv_nsec - start.tv_nsec);
-            if (waited >= budget)
-                break;
-            if (waited < 50e-6) {
-                sched_yield();  /* let a rank that shares our core run */
-            } else {
-                nap_ns = nap_ns ? (nap_ns * 2 > 1000000 ? 1000000 : nap_ns * 2) : 20000;
-                struct timespec nap = {0, nap_ns};
-                nanosleep(&nap, NULL);
-            }
-        }
-        Py_END_ALLOW_THREADS
-    }
+    int done = wait_flags((const char *)first, stride, count, target, budget);
     PyBuffer_Release(&view);
     return PyBool_FromLong(done);
+}
+
+/* --- element types for the small all-reduce kernel ------------------------------------ */
+
+static float half_to_float(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, x;
+    if (exp == 0) {
+        if (man == 0) {
+            x = sign;
+        } else {  /* subnormal: shift the mantissa up until it is normal */
+            int shifts = 0;
+            while (!(man & 0x400)) {
+                man <<= 1;
+                shifts++;
+            }
+            x = sign | ((uint32_t)(127 - 15 + 1 - shifts) << 23) | ((man & 0x3ff) << 13);
+        }
+    } else if (exp == 0x1f) {
+        x = sign | 0x7f800000 | (man << 13);
+    } else {
+        x = sign | ((exp - 15 + 127) << 23) | (man << 13);
+    }
+    float f;
+    memcpy(&f, &x, 4);
+    return f;
+}
+
+static uint16_t float_to_half(float f)  /* round to nearest, ties to even, as numpy does */
+{
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint32_t sign = (x >> 16) & 0x8000, exp = (x >> 23) & 0xff, man = x & 0x7fffff;
+    if (exp == 0xff)
+        return (uint16_t)(sign | 0x7c00 | (man ? 0x200 | (man >> 13) : 0));
+    int e = (int)exp - 127 + 15;
+    if (e >= 0x1f)
+        return (uint16_t)(sign | 0x7c00);
+    if (e <= 0) {  /* a subnormal half, or zero */
+        if (e < -10)
+            return (uint16_t)sign;
+        man |= 0x800000;
+        int shift = 14 - e;
+        uint32_t half = man >> shift, rest = man & ((1u << shift) - 1), tie = 1u << (shift - 1);
+        if (rest > tie || (rest == tie && (half & 1)))
+            half++;
+        return (uint16_t)(sign | half);
+    }
+    uint32_t half = ((uint32_t)e << 10) | (man >> 13), rest = man & 0x1fff;
+    if (rest > 0x1000 || (rest == 0x1000 && (half & 1)))
+        half++;  /* a carry into the exponent is right, up to infinity */
+    return (uint16_t)(sign | half);
+}
+
+static float bf16_to_float(uint16_t b)
+{
+    uint32_t x = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &x, 4);
+    return f;
+}
+
+static uint16_t float_to_bf16(float f)  /* round to nearest, ties to even, as ml_dtypes does */
+{
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    if ((x & 0x7fffffff) > 0x7f800000)
+        return (uint16_t)((x >> 16) | 0x40);  /* keep NaN a quiet NaN */
+    x += 0x7fff + ((x >> 16) & 1);
+    return (uint16_t)(x >> 16);
+}
+
+/* numpy's semantics: maximum/minimum propagate NaN (the first one); integer sum and product
+ * wrap around. On a tie of +0 and -0, numpy's float16 loop keeps a (the _A forms) while its
+ * float32/float64 loops and ml_dtypes' bfloat16 give b (the _B forms). */
+#define OP_SUM(a, b) ((a) + (b))
+#define OP_PROD(a, b) ((a) * (b))
+#define OP_MAX_A(a, b) (((a) >= (b) || (a) != (a)) ? (a) : (b))
+#define OP_MIN_A(a, b) (((a) <= (b) || (a) != (a)) ? (a) : (b))
+#define OP_MAX_B(a, b) (((a) != (a)) ? (a) : ((b) != (b) || (b) >= (a)) ? (b) : (a))
+#define OP_MIN_B(a, b) (((a) != (a)) ? (a) : ((b) != (b) || (b) <= (a)) ? (b) : (a))
+
+/* out[i] = slot0[i] op slot1[i] op ... in rank order, so every rank computes the same bits. */
+#define REDUCE(T, ACC, LOAD, STORE, OP)                                                     \
+    do {                                                                                    \
+        for (Py_ssize_t i = 0; i < n; i++) {                                                \
+            ACC acc = LOAD(((const T *)slots)[i]);                                          \
+            for (Py_ssize_t k = 1; k < size; k++)                                           \
+                acc = (ACC)OP(acc, (ACC)LOAD(((const T *)(slots + k * slot_bytes))[i]));    \
+            ((T *)out)[i] = STORE(acc);                                                     \
+        }                                                                                   \
+    } while (0)
+#define SAME(v) (v)
+
+#define BY_OP(T, ACC, LOAD, STORE, MAX, MIN)                                                \
+    switch (op) {                                                                           \
+    case 0: REDUCE(T, ACC, LOAD, STORE, OP_SUM); break;                                     \
+    case 1: REDUCE(T, ACC, LOAD, STORE, OP_PROD); break;                                    \
+    case 2: REDUCE(T, ACC, LOAD, STORE, MAX); break;                                        \
+    default: REDUCE(T, ACC, LOAD, STORE, MIN); break;                                       \
+    }
+
+/* Reduces 16-bit floats one step at a time with rounding after each, as numpy's loops do. */
+#define REDUCE16(TO_F, FROM_F, OP)                                                          \
+    do {                                                                                    \
+        for (Py_ssize_t i = 0; i < n; i++) {                                                \
+            uint16_t acc = ((const uint16_t *)slots)[i];                                    \
+            for (Py_ssize_t k = 1; k < size; k++) {                                         \
+                float a = TO_F(acc);                                                        \
+                float b = TO_F(((const uint16_t *)(slots + k * slot_bytes))[i]);            \
+                acc = FROM_F(OP(a, b));                                                     \
+            }                                                                               \
+            ((uint16_t *)out)[i] = acc;                                                     \
+        }                                                                                   \
+    } while (0)
+
+#define BY_OP16(TO_F, FROM_F, MAX, MIN)                                                     \
+    switch (op) {                                                                           \
+    case 0: REDUCE16(TO_F, FROM_F, OP_SUM); break;                                          \
+    case 1: REDUCE16(TO_F, FROM_F, OP_PROD); break;                                         \
+    case 2: REDUCE16(TO_F, FROM_F, MAX); break;                                             \
+    default: REDUCE16(TO_F, FROM_F, MIN); break;                                            \
+    }
+
+static const Py_ssize_t ITEMSIZE[] = {2, 2, 4, 8, 1, 2, 4, 8, 1};
+
+/* dtype codes follow tbcoll.dtypes.DTYPES; op codes follow tbcoll.dtypes.OPS. */
+static void reduce_slots(const char *slots, Py_ssize_t slot_bytes, Py_ssize_t size, char *out,
+                         Py_ssize_t n, int dtype, int op)
+{
+    switch (dtype) {
+    case 0: BY_OP16(half_to_float, float_to_half, OP_MAX_A, OP_MIN_A); break;
+    case 1: BY_OP16(bf16_to_float, float_to_bf16, OP_MAX_B, OP_MIN_B); break;
+    case 2: BY_OP(float, float, SAME, SAME, OP_MAX_B, OP_MIN_B); break;
+    case 3: BY_OP(double, double, SAME, SAME, OP_MAX_B, OP_MIN_B); break;
+    /* Integers add and multiply in an unsigned type at least as wide as int (no promotion to
+     * signed int): wrap-around without undefined behaviour; the low bits are the answer. */
+    case 4:
+        if (op < 2)
+            BY_OP(int8_t, uint32_t, SAME, (int8_t), OP_MAX_A, OP_MIN_A)
+        else
+            BY_OP(int8_t, int8_t, SAME, SAME, OP_MAX_A, OP_MIN_A)
+        break;
+    case 5:
+        if (op < 2)
+            BY_OP(int16_t, uint32_t, SAME, (int16_t), OP_MAX_A, OP_MIN_A)
+        else
+            BY_OP(int16_t, int16_t, SAME, SAME, OP_MAX_A, OP_MIN_A)
+        break;
+    case 6:
+        if (op < 2)
+            BY_OP(int32_t, uint32_t, SAME, (int32_t), OP_MAX_A, OP_MIN_A)
+        else
+            BY_OP(int32_t, int32_t, SAME, SAME, OP_MAX_A, OP_MIN_A)
+        break;
+    case 7:
+        if (op < 2)
+            BY_OP(int64_t, uint64_t, SAME, (int64_t), OP_MAX_A, OP_MIN_A)
+        else
+            BY_OP(int64_t, int64_t, SAME, SAME, OP_MAX_A, OP_MIN_A)
+        break;
+    default: BY_OP(uint8_t, uint32_t, SAME, (uint8_t), OP_MAX_A, OP_MIN_A); break;
+    }
+}
+
+/*
+ * small_all_reduce(segment, flags, line, size, rank, seq, slots, slot_bytes, src, dst,
+ *                  dtype, op, stage, budget) -> stage
+ *
+ * One single-pass round of the shm transport's all_reduce (see transports/shm.py): wait
+ * until every rank's ARRIVE flag is >= seq-1 (the data set is free), copy src into this
+ * rank's slot, store ARRIVE = seq (release), wait until every flag is >= seq (acquire), and
+ * reduce all slots into dst. stage 1 starts from the beginning, stage 2 resumes at the
+ * second wait; the result is 0 when done, else the stage whose wait ran out of budget.
+ */
+static PyObject *small_all_reduce(PyObject *self, PyObject *args)
+{
+    PyObject *segment_obj, *src_obj, *dst_obj;
+    Py_ssize_t flags, line, size, rank, slots, slot_bytes;
+    unsigned long long seq;
+    int dtype, op, stage;
+    double budget;
+    if (!PyArg_ParseTuple(args, "OnnnnKnnOOiiid", &segment_obj, &flags, &line, &size, &rank,
+                          &seq, &slots, &slot_bytes, &src_obj, &dst_obj, &dtype, &op, &stage,
+                          &budget))
+        return NULL;
+    if (dtype < 0 || dtype > 8 || op < 0 || op > 3 || size < 1 || rank < 0 || rank >= size) {
+        PyErr_SetString(PyExc_ValueError, "bad dtype, op, size or rank");
+        return NULL;
+    }
+    Py_buffer segment, src, dst;
+    if (PyObject_GetBuffer(segment_obj, &segment, PyBUF_WRITABLE) < 0)
+        return NULL;
+    if (PyObject_GetBuffer(src_obj, &src, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&segment);
+        return NULL;
+    }
+    if (PyObject_GetBuffer(dst_obj, &dst, PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(&src);
+        PyBuffer_Release(&segment);
+        return NULL;
+    }
+    int result = -1;
+    if (src.len != dst.len || src.len > slot_bytes || src.len % ITEMSIZE[dtype] ||
+        flags < 0 || flags % 8 || line % 8 || flags + size * line > segment.len ||
+        slots < 0 || slots + size * slot_bytes > segment.len) {
+        PyErr_SetString(PyExc_ValueError, "buffers do not fit the segment");
+        goto done;
+    }
+    char *base = (char *)segment.buf;
+    const char *flag_base = base + flags;
+    if (stage == 1) {
+        if (!wait_flags(flag_base, line, size, seq - 1, budget)) {
+            result = 1;
+            goto done;
+        }
+        memcpy(base + slots + rank * slot_bytes, src.buf, (size_t)src.len);
+        /* release: the slot's bytes become visible no later than the flag */
+        __atomic_store_n((uint64_t *)(base + flags + rank * line), (uint64_t)seq,
+                         __ATOMIC_RELEASE);
+    }
+    if (!wait_flags(flag_base, line, size, seq, budget)) {  /* acquire, inside all_reached */
+        result = 2;
+        goto done;
+    }
+    reduce_slots(base + slots, slot_bytes, size, (char *)dst.buf, src.len / ITEMSIZE[dtype],
+                 dtype, op);
+    result = 0;
+done:
+    PyBuffer_Release(&dst);
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&segment);
+    return result < 0 ? NULL : PyLong_FromLong(result);
 }
 
 static PyMethodDef methods[] = {
     {"load_acquire", load_acquire, METH_VARARGS, "Load the word at offset with acquire order."},
     {"store_release", store_release, METH_VARARGS, "Store value at offset with release order."},
     {"wait_all", wait_all, METH_VARARGS, "Wait until every flag is >= target (or budget)."},
+    {"small_all_reduce", small_all_reduce, METH_VARARGS, "One single-pass all_reduce round."},
     {NULL, NULL, 0, NULL},
 };
 

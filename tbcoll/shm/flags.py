@@ -19,15 +19,15 @@ import os
 import time
 
 try:
-    from tbcoll.shm import _atomics
+    from tbcoll.shm import _atomics as atomics
 except ImportError:  # built without a compiler
-    _atomics = None
+    atomics = None
 
 WORD = 8
 
 
 def atomics_available() -> bool:
-    return _atomics is not None
+    return atomics is not None
 
 
 class AtomicFlags:
@@ -37,15 +37,15 @@ class AtomicFlags:
         self._buffer = buffer
 
     def load(self, offset: int) -> int:
-        return _atomics.load_acquire(self._buffer, offset)
+        return atomics.load_acquire(self._buffer, offset)
 
     def store(self, offset: int, value: int) -> None:
-        _atomics.store_release(self._buffer, offset, value)
+        atomics.store_release(self._buffer, offset, value)
 
     def wait_all(self, offset: int, stride: int, count: int, target: int, budget: float) -> bool:
         """True once the count flags at offset + i*stride are all >= target; False if budget
         seconds pass first."""
-        return _atomics.wait_all(self._buffer, offset, stride, count, target, budget)
+        return atomics.wait_all(self._buffer, offset, stride, count, target, budget)
 
 
 class LockedFlags:

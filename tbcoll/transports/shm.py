@@ -25,10 +25,10 @@ import time
 
 import numpy as np
 
-from tbcoll.dtypes import OPS
+from tbcoll.dtypes import DTYPE_CODES, OP_CODES, OPS
 from tbcoll.env import LaunchInfo, comm_timeout, segment_prefix, shm_flags, single_host
 from tbcoll.errors import CommError
-from tbcoll.shm.flags import AtomicFlags, LockedFlags, atomics_available
+from tbcoll.shm.flags import AtomicFlags, LockedFlags, atomics, atomics_available
 from tbcoll.shm.segment import Segment
 from tbcoll.transports import tcp
 
@@ -70,8 +70,29 @@ class ShmNative:
                      for k in (0, 1)]
         self._views: dict[tuple[int, np.dtype], tuple[np.ndarray, np.ndarray]] = {}
         self._seq = 0
+        if isinstance(self._flags, AtomicFlags):
+            self.small_all_reduce = self._small_all_reduce
 
     # --- the collectives -----------------------------------------------------------------
+
+    def _small_all_reduce(self, x: np.ndarray, op: str) -> np.ndarray | None:
+        """all_reduce of a small contiguous array in one C call (see _atomics.c), or None
+        when x does not qualify; the round protocol is the single pass of all_reduce."""
+        dtype = DTYPE_CODES.get(x.dtype)
+        if x.nbytes > SINGLE_PASS_BYTES or not x.flags.c_contiguous or dtype is None:
+            return None
+        out = np.empty_like(x)
+        src, dst = (x, out) if dtype > 1 else (x.view(np.uint16), out.view(np.uint16))
+        self._seq += 1
+        s = self._seq
+        layout = self._layout
+        args = (self._segment.buffer, layout.flags, LINE, self.size, self.rank, s,
+                layout.data + (s % 2) * layout.set_bytes, SLOT, src, dst, dtype, OP_CODES[op])
+        stage = atomics.small_all_reduce(*args, 1, _WAIT_SLICE)
+        while stage:  # a slow peer: wait in Python, which notices dead ranks and timeouts
+            self._wait_all(_ARRIVE, s - 1 if stage == 1 else s)
+            stage = atomics.small_all_reduce(*args, stage, _WAIT_SLICE)
+        return out
 
     def all_reduce(self, send: np.ndarray | None, recv: np.ndarray, op: str) -> None:
         data = recv if send is None else send
