@@ -40,6 +40,7 @@ def worker(backend: str, sizes: list[int], batches: int) -> None:
         from mpi4py import MPI
 
         systems["mpi4py Allreduce"] = lambda x, out: MPI.COMM_WORLD.Allreduce(x, out)
+    systems[f"tbcoll {backend} default"] = lambda x, out: comm.all_reduce(x, out=out)
     for algorithm in comm.algorithms("all_reduce"):
         systems[f"tbcoll {backend} {algorithm}"] = (
             lambda x, out, a=algorithm: comm.all_reduce(x, algorithm=a, out=out))

@@ -47,23 +47,26 @@ class Communicator:
             self._check_algorithm(collective, algorithm, "TBCOLL_ALGO")
         self._check_calls = check_mode()
         self._closed = False
-        # A transport may offer a one-call path for small all_reduce; it is taken only where
-        # the table would pick native anyway and no per-call check is asked for.
-        small = getattr(group.native, "small_all_reduce", None)
-        uses_native = tuning.choose(backend, "all_reduce", 0, self.size) == "native"
-        if self._check_calls or "all_reduce" in self._overrides or not uses_native:
-            small = None
-        self._small_all_reduce = small
+        # A transport may offer a one-call path for small all_reduce, taken for algorithm
+        # "native" (asked for, or the default here) unless per-call checks are on.
+        self._small_all_reduce = None if self._check_calls else getattr(
+            group.native, "small_all_reduce", None)
+        default = self._overrides.get("all_reduce") or tuning.choose(backend, "all_reduce", 0,
+                                                                       self.size)
+        self._native_by_default = default == "native"
 
     # --- collectives ---------------------------------------------------------------------
 
     def all_reduce(self, x: Any, op: str = "sum", algorithm: str | None = None,
                    out: np.ndarray | None = None) -> Any:
         """Reduce x elementwise over all ranks with op; every rank gets the result."""
-        if self._small_all_reduce is not None and type(x) is np.ndarray and out is None \
-                and algorithm is None and op in OPS and not self._closed:
+        if self._small_all_reduce is not None and type(x) is np.ndarray and op in OPS and (
+                algorithm == "native" or algorithm is None and self._native_by_default) \
+                and not self._closed:
+            if out is not None:
+                self._output(x, out, x.shape, x.dtype)
             try:
-                result = self._small_all_reduce(x, op)
+                result = self._small_all_reduce(x, op, out)
             except CommError as e:
                 raise CommError(f"all_reduce on rank {self.rank}: {e}") from e
             if result is not None:

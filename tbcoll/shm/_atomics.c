@@ -82,10 +82,13 @@ static int all_reached(const char *base, Py_ssize_t stride, Py_ssize_t count, ui
  * with a peer (tbrun -np 4 on 2 cores) must let that peer run. The GIL is released once the
  * first spin has not sufficed.
  */
+/* Spin iterations before yielding: set_spin(0) suits more ranks than cores. */
+static int spin_limit = 500;  /* a microsecond or two */
+
 static int wait_flags(const char *base, Py_ssize_t stride, Py_ssize_t count, uint64_t target,
                       double budget)
 {
-    for (int i = 0; i < 500; i++) {  /* a microsecond or two */
+    for (int i = 0; i < spin_limit; i++) {
         if (all_reached(base, stride, count, target))
             return 1;
         CPU_RELAX();
@@ -373,7 +376,17 @@ done:
     return result < 0 ? NULL : PyLong_FromLong(result);
 }
 
+static PyObject *set_spin(PyObject *self, PyObject *args)
+{
+    int spins;
+    if (!PyArg_ParseTuple(args, "i", &spins))
+        return NULL;
+    spin_limit = spins < 0 ? 0 : spins;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
+    {"set_spin", set_spin, METH_VARARGS, "Set how many times a wait polls before yielding."},
     {"load_acquire", load_acquire, METH_VARARGS, "Load the word at offset with acquire order."},
     {"store_release", store_release, METH_VARARGS, "Store value at offset with release order."},
     {"wait_all", wait_all, METH_VARARGS, "Wait until every flag is >= target (or budget)."},

@@ -72,16 +72,22 @@ class ShmNative:
         self._seq = 0
         if isinstance(self._flags, AtomicFlags):
             self.small_all_reduce = self._small_all_reduce
+            # With more ranks than cores, a waiting rank must give its core away quickly:
+            # 50 polls instead of 500 took 8 B all_reduce at np=4 on 2 cores from 35 to 21 us.
+            atomics.set_spin(500 if size <= _cores() else 50)
 
     # --- the collectives -----------------------------------------------------------------
 
-    def _small_all_reduce(self, x: np.ndarray, op: str) -> np.ndarray | None:
-        """all_reduce of a small contiguous array in one C call (see _atomics.c), or None
-        when x does not qualify; the round protocol is the single pass of all_reduce."""
+    def _small_all_reduce(self, x: np.ndarray, op: str,
+                          out: np.ndarray | None) -> np.ndarray | None:
+        """all_reduce of a small contiguous array in one C call (see _atomics.c), into out
+        (checked by the caller) or a new array; None when x does not qualify. The round
+        protocol is all_reduce's single pass."""
         dtype = DTYPE_CODES.get(x.dtype)
         if x.nbytes > SINGLE_PASS_BYTES or not x.flags.c_contiguous or dtype is None:
             return None
-        out = np.empty_like(x)
+        if out is None:
+            out = np.empty_like(x)
         src, dst = (x, out) if dtype > 1 else (x.view(np.uint16), out.view(np.uint16))
         self._seq += 1
         s = self._seq
@@ -206,6 +212,13 @@ class ShmNative:
             if time.monotonic() > deadline:
                 raise CommError(f"timed out after {self._timeout:g} s (TBCOLL_TIMEOUT) waiting "
                                 f"for rank(s) {', '.join(map(str, late))}")
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS
+        return os.cpu_count() or 1
 
 
 def _alive(pid: int) -> bool:
