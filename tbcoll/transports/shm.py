@@ -14,8 +14,9 @@ every flag has reached s - 1: everyone has then finished round s - 2, the last u
 set. The DONE flag plays the same part for the second phase of a two-phase all_reduce.
 
 all_reduce of up to SINGLE_PASS_BYTES: one phase; every rank reduces all p slots itself, in
-rank order, so every rank gets the same bits. Larger: rank r reduces its 1/p of each chunk
-into the result area, flags DONE, and everyone copies the result out.
+rank order, so every rank gets the same bits. Larger: rank r copies in the parts of each
+chunk the others reduce, reduces its own 1/p (its own part read from its own buffer) into
+the result area, flags DONE, and everyone copies the result out.
 """
 
 from __future__ import annotations
@@ -107,16 +108,27 @@ class ShmNative:
         step = SLOT // data.itemsize
         for lo in range(0, data.size, step):
             hi = min(lo + step, data.size)
-            s, slots, result = self._begin(data.dtype)
             m = hi - lo
-            slots[self.rank, :m] = data[lo:hi]
-            self._arrive(s)
-            self._wait_all(_ARRIVE, s)
+            s, slots, result = self._begin(data.dtype)
             if single_pass:
+                slots[self.rank, :m] = data[lo:hi]
+                self._arrive(s)
+                self._wait_all(_ARRIVE, s)
                 ufunc.reduce(slots[:, :m], axis=0, out=recv[lo:hi])
                 continue
+            # Two phases. Rank r reduces slice r of the chunk; its own part of that slice it
+            # reads from its own buffer, so only the other slices are copied in.
             a, b = self.rank * m // self.size, (self.rank + 1) * m // self.size
-            ufunc.reduce(slots[:, a:b], axis=0, out=result[a:b])
+            slots[self.rank, :a] = data[lo:lo + a]
+            slots[self.rank, b:m] = data[lo + b:hi]
+            self._arrive(s)
+            self._wait_all(_ARRIVE, s)
+            rows = [data[lo + a:lo + b] if k == self.rank else slots[k, a:b]
+                    for k in range(self.size)]
+            mine = result[a:b]
+            ufunc(rows[0], rows[1], out=mine)  # in rank order, as everywhere
+            for row in rows[2:]:
+                ufunc(mine, row, out=mine)
             self._flags.store(self._flag(self.rank, _DONE), s)
             self._wait_all(_DONE, s)
             recv[lo:hi] = result[:m]
