@@ -1,0 +1,67 @@
+"""The shm transport's parts on their own: segments and both kinds of flags."""
+
+import mmap
+import threading
+import time
+
+import pytest
+
+from tbcoll.shm.flags import AtomicFlags, LockedFlags, atomics_available
+from tbcoll.shm.segment import Segment
+
+
+@pytest.fixture
+def segment():
+    seg = Segment.create(f"/tbc-test-{time.monotonic_ns() % 10**9}", mmap.PAGESIZE)
+    yield seg
+    seg.unlink()
+    seg.close()
+
+
+def flag_kinds(segment):
+    kinds = [LockedFlags(segment.buffer, segment.lock_fd)]
+    if atomics_available():
+        kinds.append(AtomicFlags(segment.buffer))
+    return kinds
+
+
+def test_segments_are_private_and_shared(segment, tmp_path):
+    other = Segment.attach(segment.name, segment.size)
+    try:
+        segment.buffer[100:105] = b"hello"
+        assert bytes(other.buffer[100:105]) == b"hello"
+    finally:
+        other.close()
+    segment.unlink()
+    with pytest.raises(FileNotFoundError):
+        Segment.attach(segment.name, segment.size)
+
+
+def test_names_longer_than_macos_allows_are_refused():
+    with pytest.raises(ValueError, match="longer than 31"):
+        Segment.create("/tbc-" + "x" * 40, mmap.PAGESIZE)
+
+
+def test_both_flag_kinds_agree(segment):
+    kinds = flag_kinds(segment)
+    for writer in kinds:
+        for reader in kinds:
+            writer.store(64, 41)
+            assert reader.load(64) == 41
+            assert not reader.wait_all(64, 128, 1, 42, 0.01)
+            threading.Timer(0.05, writer.store, (64, 42)).start()
+            assert reader.wait_all(64, 128, 1, 42, 5.0)
+
+
+@pytest.mark.skipif(not atomics_available(), reason="the C extension was not built")
+def test_waiting_on_several_flags(segment):
+    flags = AtomicFlags(segment.buffer)
+    for i in range(4):
+        flags.store(i * 128, 7)
+    assert flags.wait_all(0, 128, 4, 7, 0.01)
+    flags.store(3 * 128, 6)
+    started = time.monotonic()
+    assert not flags.wait_all(0, 128, 4, 7, 0.05)
+    assert 0.04 < time.monotonic() - started < 2
+    with pytest.raises(ValueError, match="outside the buffer"):
+        flags.wait_all(0, 128, 1000, 1, 0.01)
