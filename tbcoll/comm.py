@@ -60,18 +60,19 @@ class Communicator:
     def all_reduce(self, x: Any, op: str = "sum", algorithm: str | None = None,
                    out: np.ndarray | None = None) -> Any:
         """Reduce x elementwise over all ranks with op; every rank gets the result."""
-        if self._small_all_reduce is not None and type(x) is np.ndarray and op in OPS and (
-                algorithm == "native" or algorithm is None and self._native_by_default) \
-                and not self._closed:
+        fast = self._small_all_reduce is not None and op in OPS and not self._closed and (
+            algorithm == "native" or algorithm is None and self._native_by_default)
+        if fast and type(x) is np.ndarray:  # the latency-critical case: no conversions
             if out is not None:
                 self._output(x, out, x.shape, x.dtype)
-            try:
-                result = self._small_all_reduce(x, op, out)
-            except CommError as e:
-                raise CommError(f"all_reduce on rank {self.rank}: {e}") from e
+            result = self._small(x, op, out)
             if result is not None:
                 return result
         array, restore = to_numpy(x)
+        if fast and array is not x and out is None:  # e.g. an mlx array
+            result = self._small(array, op, None)
+            if result is not None:
+                return restore(result)
         ufunc = reducer(op)
         result = self._output(x, out, array.shape, array.dtype)
         name = self._choose("all_reduce", array.nbytes, algorithm)
@@ -252,6 +253,12 @@ class Communicator:
         if collective in self._overrides:
             return self._overrides[collective]
         return tuning.choose(self.backend, collective, nbytes, self.size)
+
+    def _small(self, array: np.ndarray, op: str, out: np.ndarray | None) -> np.ndarray | None:
+        try:
+            return self._small_all_reduce(array, op, out)
+        except CommError as e:
+            raise CommError(f"all_reduce on rank {self.rank}: {e}") from e
 
     def _check_algorithm(self, collective: str, algorithm: str, where: str) -> None:
         allowed = ALGORITHMS[collective]
