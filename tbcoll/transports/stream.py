@@ -1,0 +1,320 @@
+"""The message engine shared by the byte-stream transports (tcp, and shm's point-to-point).
+
+Each pair of ranks has one byte stream (a Channel: a TCP socket, or a ring buffer in shared
+memory) that offers non-blocking sendmsg and recv_into, raising BlockingIOError when it
+cannot move a byte now. On it:
+
+Wire: a message is a 16-byte header (context u32, tag u32, nbytes u64) and its payload.
+Receives are matched per (peer, context, tag) in the order messages were sent. A message that
+arrives before its receive is posted waits in an 'unexpected' buffer and is copied when the
+receive is posted; otherwise its payload is read straight into the destination. Reads go
+through a small staging buffer, so one read can bring several small messages, and large
+payloads bypass it (recv_into the caller's array).
+
+There are no threads: progress happens in isend (an eager first write) and in waitall, which
+keeps reading every stream while its sends are stalled. Two ranks sending each other large
+messages at once therefore cannot deadlock.
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+from collections import defaultdict, deque
+from collections.abc import Iterable, Sequence
+from typing import Protocol
+
+import numpy as np
+
+from tbcoll.errors import CommError
+
+_HEADER = struct.Struct("!IIQ")
+_STAGE = 256 << 10  # staging buffer per stream
+_DIRECT = 16 << 10  # a payload remainder this large is read straight into its destination
+
+
+class Channel(Protocol):
+    def sendmsg(self, buffers: list[memoryview]) -> int:
+        """Write some leading bytes of buffers; BlockingIOError if none fit now."""
+
+    def recv_into(self, view: memoryview) -> int:
+        """Read what is there into view; BlockingIOError if nothing is, 0 at end of stream."""
+
+    def close(self) -> None: ...
+
+
+class _Send:
+    __slots__ = ("peer", "views", "done")
+
+    def __init__(self, peer: Peer, views: list[memoryview]) -> None:
+        self.peer, self.views, self.done = peer, views, False
+
+
+class _Recv:
+    __slots__ = ("peer", "view", "done")
+
+    def __init__(self, peer: Peer, view: memoryview) -> None:
+        self.peer, self.view, self.done = peer, view, False
+
+
+class _Unexpected:
+    """A message that arrived before its receive was posted."""
+
+    __slots__ = ("data", "done", "waiter")
+
+    def __init__(self, nbytes: int) -> None:
+        self.data, self.done, self.waiter = bytearray(nbytes), False, None
+
+
+class Peer:
+    def __init__(self, rank: int, channel: Channel) -> None:
+        self.rank = rank
+        self.channel = channel
+        self.sendq: deque[_Send] = deque()
+        self.posted: defaultdict[tuple[int, int], deque[_Recv]] = defaultdict(deque)
+        self.unexpected: defaultdict[tuple[int, int], deque[_Unexpected]] = defaultdict(deque)
+        self.stage = bytearray(_STAGE)
+        self.stage_view = memoryview(self.stage)
+        self.start = self.end = 0  # unread bytes are stage[start:end]
+        self.target: memoryview | None = None  # payload bytes still to arrive
+        self.target_owner: _Recv | _Unexpected | None = None
+        self.lost: str | None = None
+
+
+def _bytes_of(buf: np.ndarray) -> memoryview:
+    """buf's bytes as a flat memoryview (works for dtypes with no buffer format, e.g. bfloat16)."""
+    return memoryview(buf.view(np.uint8))
+
+
+class StreamTransport:
+    """Point-to-point messages over one byte stream (Channel) per pair of ranks.
+
+    Subclasses say how to wait for streams to become ready (_ready) and may follow which
+    streams have sends pending (_write_interest) and which are gone (_forget).
+    """
+
+    def __init__(self, rank: int, size: int, channels: dict[int, Channel],
+                 timeout: float) -> None:
+        self.rank, self.size, self.timeout = rank, size, timeout
+        self.next_context = 2  # contexts 0 and 1 belong to the world group
+        self._peers = {peer: Peer(peer, channel) for peer, channel in channels.items()}
+        self._writing: set[Peer] = set()
+
+    def _ready(self, timeout: float) -> Iterable[tuple[Peer, bool, bool]]:
+        """Wait up to timeout seconds; return (peer, readable, writable) for ready streams."""
+        raise NotImplementedError
+
+    def _write_interest(self, peer: Peer, want: bool) -> None:
+        """peer has sends pending (want) or none any more."""
+
+    def _forget(self, peer: Peer) -> None:
+        """peer's stream is gone."""
+
+    def close(self) -> None:
+        for peer in self._peers.values():
+            peer.channel.close()
+        self._peers.clear()
+
+    # --- posting -------------------------------------------------------------------------
+
+    def isend(self, buf: np.ndarray, dest: int, context: int, tag: int) -> _Send:
+        peer = self._live_peer(dest)
+        payload = _bytes_of(buf)
+        views = [memoryview(_HEADER.pack(context, tag, payload.nbytes))]
+        if payload.nbytes:
+            views.append(payload)
+        request = _Send(peer, views)
+        peer.sendq.append(request)
+        if len(peer.sendq) == 1:
+            self._pump_out(peer)
+        return request
+
+    def irecv(self, buf: np.ndarray, source: int, context: int, tag: int) -> _Recv:
+        peer = self._peers.get(source)
+        if peer is None:
+            raise CommError(f"rank {self.rank} has no connection to rank {source}")
+        request = _Recv(peer, _bytes_of(buf))
+        early = peer.unexpected.get((context, tag))
+        if early:
+            message = early.popleft()
+            self._check_size(peer, context, tag, len(message.data), request.view.nbytes)
+            if message.done:
+                request.view[:] = message.data
+                request.done = True
+            else:
+                message.waiter = request
+            return request
+        if peer.lost:
+            raise CommError(f"lost connection to rank {source} ({peer.lost})")
+        peer.posted[context, tag].append(request)
+        return request
+
+    # --- waiting -------------------------------------------------------------------------
+
+    def waitall(self, requests: Sequence[_Send | _Recv]) -> None:
+        deadline = None
+        while True:
+            for peer in list(self._writing):
+                self._pump_out(peer)
+            pending = [r for r in requests if not r.done]
+            if not pending:
+                return
+            for request in pending:
+                if request.peer.lost:
+                    raise CommError(f"lost connection to rank {request.peer.rank} "
+                                    f"({request.peer.lost})")
+            now = time.monotonic()
+            if deadline is None:
+                deadline = now + self.timeout
+            elif now >= deadline:
+                peers = sorted({r.peer.rank for r in pending})
+                raise CommError(f"timed out after {self.timeout:g} s (TBCOLL_TIMEOUT) waiting "
+                                f"for rank(s) {', '.join(map(str, peers))}")
+            for peer, readable, writable in self._ready(min(deadline - now, 1.0)):
+                if writable:
+                    self._pump_out(peer)
+                if readable:
+                    self._pump_in(peer)
+
+    # --- moving bytes --------------------------------------------------------------------
+
+    def _pump_out(self, peer: Peer) -> None:
+        while peer.sendq:
+            request = peer.sendq[0]
+            try:
+                sent = peer.channel.sendmsg(request.views)
+            except BlockingIOError:
+                break
+            except OSError as e:
+                self._lose(peer, f"send failed: {e.strerror or e}")
+                raise CommError(f"lost connection to rank {peer.rank} ({peer.lost})") from e
+            views = request.views
+            while sent:
+                if sent >= len(views[0]):
+                    sent -= len(views.pop(0))
+                else:
+                    views[0] = views[0][sent:]
+                    sent = 0
+            if views:
+                break
+            request.done = True
+            peer.sendq.popleft()
+        self._want_write(peer, bool(peer.sendq))
+
+    def _want_write(self, peer: Peer, want: bool) -> None:
+        if want == (peer in self._writing) or peer.lost:
+            return
+        if want:
+            self._writing.add(peer)
+        else:
+            self._writing.discard(peer)
+        self._write_interest(peer, want)
+
+    def _pump_in(self, peer: Peer) -> None:
+        while not peer.lost:
+            if peer.target is not None and peer.start == peer.end and len(peer.target) >= _DIRECT:
+                got = self._recv_into(peer, peer.target)
+                if not got:
+                    return
+                peer.target = peer.target[got:]
+                if not peer.target:
+                    self._finish_message(peer)
+                continue
+            if peer.start == peer.end:
+                peer.start = peer.end = 0
+            elif peer.end > _STAGE - _HEADER.size:  # only a partial header is left: move it up
+                rest = peer.end - peer.start
+                peer.stage[:rest] = peer.stage[peer.start:peer.end]
+                peer.start, peer.end = 0, rest
+            got = self._recv_into(peer, peer.stage_view[peer.end:])
+            if not got:
+                return
+            peer.end += got
+            self._parse(peer)
+
+    def _recv_into(self, peer: Peer, view: memoryview) -> int:
+        """Read what the socket has into view; 0 if nothing is ready or the peer is gone."""
+        try:
+            got = peer.channel.recv_into(view)
+        except BlockingIOError:
+            return 0
+        except OSError as e:
+            self._lose(peer, f"receive failed: {e.strerror or e}")
+            return 0
+        if got == 0:
+            self._lose(peer, "it closed the connection: exited or crashed")
+        return got
+
+    def _parse(self, peer: Peer) -> None:
+        while peer.start < peer.end:
+            if peer.target is not None:
+                n = min(peer.end - peer.start, len(peer.target))
+                peer.target[:n] = peer.stage_view[peer.start:peer.start + n]
+                peer.start += n
+                peer.target = peer.target[n:]
+                if not peer.target:
+                    self._finish_message(peer)
+                continue
+            if peer.end - peer.start < _HEADER.size:
+                return
+            context, tag, nbytes = _HEADER.unpack_from(peer.stage, peer.start)
+            peer.start += _HEADER.size
+            self._begin_message(peer, context, tag, nbytes)
+
+    def _begin_message(self, peer: Peer, context: int, tag: int, nbytes: int) -> None:
+        waiting = peer.posted.get((context, tag))
+        if waiting:
+            owner: _Recv | _Unexpected = waiting.popleft()
+            self._check_size(peer, context, tag, nbytes, owner.view.nbytes)
+            view = owner.view
+        else:
+            owner = _Unexpected(nbytes)
+            peer.unexpected[context, tag].append(owner)
+            view = memoryview(owner.data)
+        peer.target, peer.target_owner = view, owner
+        if nbytes == 0:
+            self._finish_message(peer)
+
+    def _finish_message(self, peer: Peer) -> None:
+        owner = peer.target_owner
+        peer.target = peer.target_owner = None
+        owner.done = True
+        if isinstance(owner, _Unexpected) and owner.waiter is not None:
+            owner.waiter.view[:] = owner.data
+            owner.waiter.done = True
+
+    def _check_size(self, peer: Peer, context: int, tag: int, sent: int, expected: int) -> None:
+        if sent != expected:
+            raise CommError(f"rank {peer.rank} sent {sent} bytes where rank {self.rank} expected "
+                            f"{expected} (context {context}, tag {tag}): the ranks are not "
+                            "running the same operation; TBCOLL_CHECK=1 tells which differs")
+
+    def _live_peer(self, rank: int) -> Peer:
+        peer = self._peers.get(rank)
+        if peer is None:
+            raise CommError(f"rank {self.rank} has no connection to rank {rank}")
+        if peer.lost:
+            raise CommError(f"lost connection to rank {rank} ({peer.lost})")
+        return peer
+
+    def _lose(self, peer: Peer, reason: str) -> None:
+        if peer.lost is None:
+            peer.lost = reason
+            self._writing.discard(peer)
+            self._forget(peer)
+
+
+
+class StreamEndpoint:
+    """P2P over the transport within one communicator: one context, ranks mapped to world."""
+
+    def __init__(self, transport: StreamTransport, context: int, members: list[int]) -> None:
+        self._transport, self._context, self._members = transport, context, members
+        self.rank, self.size = members.index(transport.rank), len(members)
+        self.waitall = transport.waitall
+
+    def isend(self, buf: np.ndarray, peer: int, tag: int) -> _Send:
+        return self._transport.isend(buf, self._members[peer], self._context, tag)
+
+    def irecv(self, buf: np.ndarray, peer: int, tag: int) -> _Recv:
+        return self._transport.irecv(buf, self._members[peer], self._context, tag)
