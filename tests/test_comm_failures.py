@@ -36,6 +36,7 @@ except tbcoll.CommError as e:
 @pytest.mark.parametrize("backend, algorithm, lost", [
     ("tcp", "ring", "lost connection to rank"), ("tcp", "mesh", "lost connection to rank"),
     ("tcp", "rd", "lost connection to rank"), ("shm", "native", "rank 1 (pid"),
+    ("shm", "ring", "lost connection to rank"),
 ])
 def test_rank_killed_mid_all_reduce(script, backend, algorithm, lost):
     started = time.monotonic()

@@ -1,301 +1,179 @@
-"""Shared-memory transport: native collectives through one segment per communicator.
+"""Shared-memory transport: everything through one segment per communicator.
 
-Point-to-point messages (send/recv and the ring/mesh/rd algorithms) travel over the group's
-TCP connections; the native collectives, the default here, move data through shared memory:
+Native collectives (the default here) are tbcoll.shm.collectives'; point-to-point messages,
+which the user's send/recv and the ring, mesh and rd algorithms use, are the stream engine's
+(tbcoll.transports.stream) over one pair of byte rings per pair of ranks (tbcoll.shm.pipe).
 
-    segment = header (pids) | one 128-byte flag line per rank | 2 data sets
-    data set = p slots of SLOT bytes (one per rank) + a result area of SLOT bytes
-
-Every collective is a series of rounds numbered 1, 2, 3, ... on every rank alike; round s
-uses data set s % 2. Rank r stores its ARRIVE flag = s (release) once it has finished every
-earlier round and put its data for round s in place; a rank that needs the others' data
-waits (acquire) until their flags reach s. Before writing into a set, a rank waits until
-every flag has reached s - 1: everyone has then finished round s - 2, the last user of that
-set. The DONE flag plays the same part for the second phase of a two-phase all_reduce.
-
-all_reduce of up to SINGLE_PASS_BYTES: one phase; every rank reduces all p slots itself, in
-rank order, so every rank gets the same bits. Larger: rank r copies in the parts of each
-chunk the others reduce, reduces its own 1/p (its own part read from its own buffer) into
-the result area, flags DONE, and everyone copies the result out.
+A communicator's segment is created by its first rank, mapped by the others and unlinked as
+soon as all have mapped it: through the rendezvous store for the world, through the parent
+communicator's messages for one made by split.
 """
 
 from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterable
 
 import numpy as np
 
-from tbcoll.dtypes import DTYPE_CODES, OP_CODES, OPS
-from tbcoll.env import LaunchInfo, comm_timeout, segment_prefix, shm_flags, single_host
+from tbcoll.env import LaunchInfo, comm_timeout, segment_prefix, single_host
 from tbcoll.errors import CommError
-from tbcoll.shm.flags import AtomicFlags, LockedFlags, atomics, atomics_available
+from tbcoll.rendezvous import Store
+from tbcoll.shm.collectives import WAIT_SLICE, Layout, ShmNative, alive
+from tbcoll.shm.pipe import Ring, ShmDuplex
 from tbcoll.shm.segment import Segment
-from tbcoll.transports import tcp
+from tbcoll.transports.base import P2P
+from tbcoll.transports.stream import Peer, StreamEndpoint, StreamTransport
 
-LINE = 128  # Apple Silicon's cache line; flags of different ranks never share one
-SLOT = 1 << 20
-SINGLE_PASS_BYTES = 64 << 10  # measured: single pass wins at 64 KiB for np=4, two phases at 256 KiB
-_ARRIVE, _DONE = 0, 8  # word offsets inside a rank's flag line
-_WAIT_SLICE = 0.05  # seconds between looks for dead peers and the deadline
 _SETUP_TAG = 30000
+_SPINS = 50  # polls of the rings before a waiting rank starts to yield its core
+_YIELD_FOR = 2e-3  # seconds of yielding before it starts to nap
+_LONGEST_NAP = 1e-4
 
 
-def _round_up(n: int, to: int) -> int:
-    return -(-n // to) * to
+class ShmStream(StreamTransport):
+    """The stream engine over shared-memory rings; waiting polls the rings."""
 
+    def __init__(self, native: ShmNative, timeout: float) -> None:
+        rank, size, layout = native.rank, native.size, native.layout
+        buffer = native.segment.buffer
 
-class Layout:
-    def __init__(self, size: int) -> None:
-        self.pids = LINE
-        self.flags = self.pids + _round_up(8 * size, LINE)
-        self.data = _round_up(self.flags + size * LINE, 4096)
-        self.set_bytes = (size + 1) * SLOT
-        self.total = self.data + 2 * self.set_bytes
+        def ring(source: int, dest: int) -> Ring:
+            return Ring(buffer, native.flags, layout.pipe(source, dest, size), layout.pipe_bytes
+                        - Ring.CONTROL)
 
+        channels = {peer: ShmDuplex(ring(rank, peer), ring(peer, rank))
+                    for peer in range(size) if peer != rank}
+        super().__init__(rank, size, channels, timeout)
+        self._native = native
 
-class ShmNative:
-    """Native collectives over one mapped segment; every rank of the group calls each."""
-
-    def __init__(self, segment: Segment, rank: int, size: int, timeout: float) -> None:
-        self._segment, self.rank, self.size, self._timeout = segment, rank, size, timeout
-        self._layout = Layout(size)
-        buffer = segment.buffer
-        if shm_flags() == "python" or not atomics_available():
-            self._flags: AtomicFlags | LockedFlags = LockedFlags(buffer, segment.lock_fd)
-        else:
-            self._flags = AtomicFlags(buffer)
-        self._pids = np.frombuffer(buffer, np.int64, size, self._layout.pids)
-        self._raw = [np.frombuffer(buffer, np.uint8, self._layout.set_bytes, offset)
-                     for offset in (self._layout.data, self._layout.data + self._layout.set_bytes)]
-        self._views: dict[tuple[int, np.dtype], tuple[np.ndarray, np.ndarray]] = {}
-        self._set_offsets = [self._layout.data + k * self._layout.set_bytes for k in (0, 1)]
-        self._seq = 0
-        if isinstance(self._flags, AtomicFlags):
-            self.small_all_reduce = self._small_all_reduce
-            # With more ranks than cores, a waiting rank must give its core away quickly:
-            # 50 polls instead of 500 took 8 B all_reduce at np=4 on 2 cores from 35 to 21 us.
-            atomics.set_spin(500 if size <= _cores() else 50)
-
-    # --- the collectives -----------------------------------------------------------------
-
-    def _small_all_reduce(self, x: np.ndarray, op: str,
-                          out: np.ndarray | None) -> np.ndarray | None:
-        """all_reduce of a small contiguous array in one C call (see _atomics.c), into out
-        (checked by the caller) or a new array; None when x does not qualify. The round
-        protocol is all_reduce's single pass."""
-        dtype = DTYPE_CODES.get(x.dtype)
-        if dtype is None or x.nbytes > SINGLE_PASS_BYTES or not x.flags.c_contiguous:
-            return None
-        if out is None:
-            out = np.empty_like(x)
-        src, dst = (x, out) if dtype > 1 else (x.view(np.uint16), out.view(np.uint16))
-        self._seq = s = self._seq + 1
-        stage = atomics.small_all_reduce(
-            self._segment.buffer, self._layout.flags, LINE, self.size, self.rank, s,
-            self._set_offsets[s & 1], SLOT, src, dst, dtype, OP_CODES[op], 1, _WAIT_SLICE)
-        while stage:  # a slow peer: wait in Python, which notices dead ranks and timeouts
-            self._wait_all(_ARRIVE, s - 1 if stage == 1 else s)
-            stage = atomics.small_all_reduce(
-                self._segment.buffer, self._layout.flags, LINE, self.size, self.rank, s,
-                self._set_offsets[s & 1], SLOT, src, dst, dtype, OP_CODES[op], stage,
-                _WAIT_SLICE)
-        return out
-
-    def all_reduce(self, send: np.ndarray | None, recv: np.ndarray, op: str) -> None:
-        data = recv if send is None else send
-        ufunc = OPS[op]
-        single_pass = data.nbytes <= SINGLE_PASS_BYTES
-        step = SLOT // data.itemsize
-        for lo in range(0, data.size, step):
-            hi = min(lo + step, data.size)
-            m = hi - lo
-            s, slots, result = self._begin(data.dtype)
-            if single_pass:
-                slots[self.rank, :m] = data[lo:hi]
-                self._arrive(s)
-                self._wait_all(_ARRIVE, s)
-                ufunc.reduce(slots[:, :m], axis=0, out=recv[lo:hi])
+    def _ready(self, timeout: float) -> Iterable[tuple[Peer, bool, bool]]:
+        started = time.monotonic()
+        next_check = started + WAIT_SLICE
+        polls, nap = 0, 0.0
+        while True:
+            ready = []
+            for peer in self._peers.values():
+                if peer.lost:
+                    continue
+                readable = peer.channel.incoming.readable()
+                writable = peer in self._writing and peer.channel.outgoing.writable()
+                if readable or writable:
+                    ready.append((peer, readable, writable))
+            if ready:
+                return ready
+            polls += 1
+            if polls < _SPINS:
                 continue
-            # Two phases. Rank r reduces slice r of the chunk; its own part of that slice it
-            # reads from its own buffer, so only the other slices are copied in.
-            a, b = self.rank * m // self.size, (self.rank + 1) * m // self.size
-            slots[self.rank, :a] = data[lo:lo + a]
-            slots[self.rank, b:m] = data[lo + b:hi]
-            self._arrive(s)
-            self._wait_all(_ARRIVE, s)
-            rows = [data[lo + a:lo + b] if k == self.rank else slots[k, a:b]
-                    for k in range(self.size)]
-            mine = result[a:b]
-            ufunc(rows[0], rows[1], out=mine)  # in rank order, as everywhere
-            for row in rows[2:]:
-                ufunc(mine, row, out=mine)
-            self._flags.store(self._flag(self.rank, _DONE), s)
-            self._wait_all(_DONE, s)
-            recv[lo:hi] = result[:m]
-
-    def all_gather(self, send: np.ndarray, recv: np.ndarray) -> None:
-        block = send.size
-        gathered = recv.reshape(self.size, block)
-        step = SLOT // send.itemsize
-        for lo in range(0, block, step):
-            hi = min(lo + step, block)
-            s, slots, _ = self._begin(send.dtype)
-            slots[self.rank, :hi - lo] = send[lo:hi]
-            self._arrive(s)
-            self._wait_all(_ARRIVE, s)
-            gathered[:, lo:hi] = slots[:, :hi - lo]
-
-    def reduce_scatter(self, send: np.ndarray, recv: np.ndarray, op: str) -> None:
-        """Each round carries a piece of every rank's block: slot k holds rank k's pieces."""
-        ufunc = OPS[op]
-        block = recv.size
-        blocks = send.reshape(self.size, block)
-        step = max(1, SLOT // send.itemsize // self.size)
-        for lo in range(0, block, step):
-            q = min(step, block - lo)
-            s, slots, _ = self._begin(send.dtype)
-            slots[self.rank, :self.size * q].reshape(self.size, q)[:] = blocks[:, lo:lo + q]
-            self._arrive(s)
-            self._wait_all(_ARRIVE, s)
-            mine = slots[:, self.rank * q:(self.rank + 1) * q]
-            ufunc.reduce(mine, axis=0, out=recv[lo:lo + q])
-
-    def broadcast(self, buf: np.ndarray, root: int) -> None:
-        step = SLOT // buf.itemsize
-        for lo in range(0, buf.size, step):
-            hi = min(lo + step, buf.size)
-            s, slots, _ = self._begin(buf.dtype)
-            if self.rank == root:
-                slots[root, :hi - lo] = buf[lo:hi]
-                self._arrive(s)
+            now = time.monotonic()
+            if now >= next_check:  # a ring never says that its writer died: ask the OS
+                self._lose_dead_peers()
+                next_check = now + WAIT_SLICE
+                if now - started >= timeout:
+                    return []
+            if now - started < _YIELD_FOR:
+                os.sched_yield()
             else:
-                self._arrive(s)
-                self._wait(self._flag(root, _ARRIVE), LINE, 1, s, [root])
-                buf[lo:hi] = slots[root, :hi - lo]
+                nap = min(_LONGEST_NAP, nap * 2 or 1e-5)
+                time.sleep(nap)
 
-    def barrier(self) -> None:
-        s, _, _ = self._begin(np.dtype(np.uint8))
-        self._arrive(s)
-        self._wait_all(_ARRIVE, s)
-
-    def close(self) -> None:
-        self._views.clear()
-        self._pids = self._raw = None
-        self._segment.close()
-
-    # --- rounds and flags ----------------------------------------------------------------
-
-    def _begin(self, dtype: np.dtype) -> tuple[int, np.ndarray, np.ndarray]:
-        """Start the next round: wait until its data set is free; return the round number,
-        the set's slots as a (size, n) array of dtype and its result area."""
-        self._seq += 1
-        s = self._seq
-        self._wait_all(_ARRIVE, s - 1)
-        key = (s % 2, dtype)
-        views = self._views.get(key)
-        if views is None:
-            typed = self._raw[s % 2].view(dtype)
-            per_slot = SLOT // dtype.itemsize
-            views = (typed[:self.size * per_slot].reshape(self.size, per_slot),
-                     typed[self.size * per_slot:])
-            self._views[key] = views
-        return s, *views
-
-    def _flag(self, rank: int, word: int) -> int:
-        return self._layout.flags + rank * LINE + word
-
-    def _arrive(self, s: int) -> None:
-        self._flags.store(self._flag(self.rank, _ARRIVE), s)
-
-    def _wait_all(self, word: int, target: int) -> None:
-        self._wait(self._flag(0, word), LINE, self.size, target, range(self.size))
-
-    def _wait(self, offset: int, stride: int, count: int, target: int, ranks) -> None:
-        if self._flags.wait_all(offset, stride, count, target, _WAIT_SLICE):
-            return
-        deadline = time.monotonic() + self._timeout - _WAIT_SLICE
-        while not self._flags.wait_all(offset, stride, count, target, _WAIT_SLICE):
-            late = [r for i, r in enumerate(ranks)
-                    if self._flags.load(offset + i * stride) < target]
-            for rank in late:
-                pid = int(self._pids[rank])
-                if not _alive(pid):
-                    raise CommError(f"rank {rank} (pid {pid}) died")
-            if time.monotonic() > deadline:
-                raise CommError(f"timed out after {self._timeout:g} s (TBCOLL_TIMEOUT) waiting "
-                                f"for rank(s) {', '.join(map(str, late))}")
+    def _lose_dead_peers(self) -> None:
+        for peer in self._peers.values():
+            pid = int(self._native.pids[peer.rank])
+            if not peer.lost and pid and not alive(pid):
+                self._lose(peer, f"it died: pid {pid}")
 
 
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS
-        return os.cpu_count() or 1
+class _Names:
+    """Names the segments of one world's communicators: /tbc-<job>-<first rank>-<context>.
 
+    A context is agreed at each split (the largest next_context of the parent's ranks), so
+    no two communicators that share a rank share a name."""
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a killed rank stays a zombie until its parent reaps it
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rpartition(")")[2].split()[0] != "Z"
-    except OSError:
-        return True
+    def __init__(self, prefix: str) -> None:
+        self.prefix, self.next_context = prefix, 1
 
-
-def _open_segment(group: tcp.TcpGroup, prefix: str, timeout: float) -> ShmNative:
-    """Rank 0 of the group creates the segment; the others map it and report back; then
-    rank 0 unlinks the name, so that nothing is left behind whatever happens later."""
-    name = f"{prefix}{group.members[0]}-{group.context}"
-    size = Layout(group.size).total
-    p2p, token = group.coll, np.empty(0, np.uint8)
-    if group.rank == 0:
-        segment = Segment.create(name, size)
-        try:
-            p2p.waitall([p2p.isend(token, r, _SETUP_TAG) for r in range(1, group.size)])
-            p2p.waitall([p2p.irecv(token, r, _SETUP_TAG) for r in range(1, group.size)])
-        finally:
-            segment.unlink()
-    else:
-        p2p.waitall([p2p.irecv(token, 0, _SETUP_TAG)])
-        segment = Segment.attach(name, size)
-        p2p.waitall([p2p.isend(token, 0, _SETUP_TAG)])
-    native = ShmNative(segment, group.rank, group.size, timeout)
-    native._pids[group.rank] = os.getpid()
-    return native
+    def name(self, first_world_rank: int, context: int) -> str:
+        return f"{self.prefix}{first_world_rank}-{context}"
 
 
 class ShmGroup:
-    """A communicator's view of the shm transport: tcp point-to-point, shm collectives."""
+    """A communicator's view of the shm transport."""
 
-    def __init__(self, group: tcp.TcpGroup, prefix: str, timeout: float) -> None:
-        self._tcp, self._prefix, self._timeout = group, prefix, timeout
-        self.p2p, self.coll = group.p2p, group.coll
-        self.rank, self.size = group.rank, group.size
-        self.native = _open_segment(group, prefix, timeout)
+    def __init__(self, segment: Segment, rank: int, members: list[int], names: _Names,
+                 timeout: float) -> None:
+        self.members, self._names, self._timeout = members, names, timeout
+        self.native = ShmNative(segment, rank, len(members), timeout)
+        self.native.pids[rank] = os.getpid()  # read by peers' slow waits, long after
+        self._stream = ShmStream(self.native, timeout)
+        ranks = list(range(len(members)))
+        self.p2p = StreamEndpoint(self._stream, 0, ranks)
+        self.coll = StreamEndpoint(self._stream, 1, ranks)
+        self.rank, self.size = rank, len(members)
 
     def context_hint(self) -> int:
-        return self._tcp.context_hint()
+        return self._names.next_context
 
     def split(self, color: int | None, key: int, members: list[int],
               context: int) -> ShmGroup | None:
-        sub = self._tcp.split(color, key, members, context)
-        return None if sub is None else ShmGroup(sub, self._prefix, self._timeout)
+        self._names.next_context = context + 1
+        if color is None:
+            return None
+        world = [self.members[m] for m in members]
+        size = Layout(len(members)).total
+        segment = _share_segment(self.coll, self.rank, members,
+                                 self._names.name(world[0], context), size)
+        return ShmGroup(segment, members.index(self.rank), world, self._names, self._timeout)
 
     def close(self) -> None:
+        self._stream.close()
         self.native.close()
-        self._tcp.close()
+
+
+def _share_segment(p2p: P2P, rank: int, members: list[int], name: str, size: int) -> Segment:
+    """members[0] creates the segment; each other member maps it and says so; then the name
+    is unlinked. Messages go over the parent communicator's p2p (ranks are its ranks)."""
+    token = np.empty(0, np.uint8)
+    others = members[1:]
+    if rank != members[0]:
+        p2p.waitall([p2p.irecv(token, members[0], _SETUP_TAG)])
+        segment = Segment.attach(name, size)
+        p2p.waitall([p2p.isend(token, members[0], _SETUP_TAG)])
+        return segment
+    segment = Segment.create(name, size)
+    try:
+        p2p.waitall([p2p.isend(token, r, _SETUP_TAG) for r in others])
+        p2p.waitall([p2p.irecv(token, r, _SETUP_TAG) for r in others])
+    finally:
+        segment.unlink()
+    return segment
 
 
 def open_world(info: LaunchInfo | None, prefix: str) -> ShmGroup:
+    """Map the world's segment; the store tells the others when it exists and rank 0 when
+    they have mapped it."""
     if info is not None and not single_host(info):
         hosts = len(info.topology["hosts"])
         raise CommError(f"the shm backend needs every rank on one host, but this job spans "
                         f"{hosts} hosts: use --backend tcp")
-    names = segment_prefix(info.token) if info else f"/tbc-p{os.getpid()}-"
-    return ShmGroup(tcp.open_world(info, prefix), names, comm_timeout(info))
+    names = _Names(segment_prefix(info.token) if info else f"/tbc-p{os.getpid()}-")
+    rank, size = (info.rank, info.size) if info else (0, 1)
+    name, nbytes = names.name(0, 0), Layout(size).total
+    if size == 1:
+        segment = Segment.create(name, nbytes)
+        segment.unlink()
+    else:
+        with Store.from_launch(info) as store:
+            if rank == 0:
+                segment = Segment.create(name, nbytes)
+                try:
+                    store.set(f"{prefix}/created", name)
+                    store.wait([f"{prefix}/mapped/{r}" for r in range(1, size)])
+                finally:
+                    segment.unlink()
+            else:
+                store.get(f"{prefix}/created")
+                segment = Segment.attach(name, nbytes)
+                store.set(f"{prefix}/mapped/{rank}", b"")
+    return ShmGroup(segment, rank, list(range(size)), names, comm_timeout(info))

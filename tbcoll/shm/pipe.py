@@ -1,0 +1,98 @@
+"""Byte streams in shared memory: one single-producer, single-consumer ring per direction.
+
+A ring is a head counter (written by the producer), a tail counter (written by the consumer),
+each on its own cache line, and `capacity` bytes of data; the counters only grow, and byte k
+of the stream lives at data[k % capacity]. Ordering:
+- the producer copies data in, then stores head (release): the consumer that loads head
+  (acquire) sees the data;
+- the consumer copies data out, then stores tail (release): the producer that loads tail
+  (acquire) before reusing that space cannot overwrite bytes still being read.
+
+ShmDuplex pairs two rings into the Channel that tbcoll.transports.stream drives.
+"""
+
+from __future__ import annotations
+
+from tbcoll.shm.flags import AtomicFlags, LockedFlags
+
+LINE = 128
+
+
+class Ring:
+    CONTROL = 2 * LINE  # head line, tail line
+
+    def __init__(self, buffer: memoryview, flags: AtomicFlags | LockedFlags, base: int,
+                 capacity: int) -> None:
+        self._flags, self._capacity = flags, capacity
+        self._head_at, self._tail_at = base, base + LINE
+        self._data: memoryview | None = buffer[base + self.CONTROL:base + self.CONTROL + capacity]
+        self._head = flags.load(self._head_at)  # our own counter, as the producer or consumer
+        self._tail = flags.load(self._tail_at)
+
+    def write(self, buffers: list[memoryview]) -> int:
+        """Producer: copy as many leading bytes of buffers as fit; return how many."""
+        free = self._capacity - (self._head - self._flags.load(self._tail_at))
+        written = 0
+        for buf in buffers:
+            take = min(len(buf), free - written)
+            self._copy_in(self._head + written, buf[:take])
+            written += take
+            if take < len(buf):
+                break
+        if written:
+            self._head += written
+            self._flags.store(self._head_at, self._head)
+        return written
+
+    def read_into(self, view: memoryview) -> int:
+        """Consumer: copy what has arrived, up to len(view) bytes; return how many."""
+        available = self._flags.load(self._head_at) - self._tail
+        n = min(available, len(view))
+        if n:
+            start = self._tail % self._capacity
+            first = min(n, self._capacity - start)
+            view[:first] = self._data[start:start + first]
+            view[first:n] = self._data[:n - first]
+            self._tail += n
+            self._flags.store(self._tail_at, self._tail)
+        return n
+
+    def readable(self) -> bool:
+        return self._flags.load(self._head_at) != self._tail
+
+    def writable(self) -> bool:
+        return self._head - self._flags.load(self._tail_at) < self._capacity
+
+    def close(self) -> None:
+        if self._data is not None:
+            self._data.release()
+            self._data = None
+
+    def _copy_in(self, position: int, buf: memoryview) -> None:
+        start = position % self._capacity
+        first = min(len(buf), self._capacity - start)
+        self._data[start:start + first] = buf[:first]
+        self._data[:len(buf) - first] = buf[first:]
+
+
+class ShmDuplex:
+    """The stream to one peer: we produce into `outgoing` and consume from `incoming`."""
+
+    def __init__(self, outgoing: Ring, incoming: Ring) -> None:
+        self.outgoing, self.incoming = outgoing, incoming
+
+    def sendmsg(self, buffers: list[memoryview]) -> int:
+        written = self.outgoing.write(buffers)
+        if not written:
+            raise BlockingIOError
+        return written
+
+    def recv_into(self, view: memoryview) -> int:
+        got = self.incoming.read_into(view)
+        if not got:
+            raise BlockingIOError
+        return got
+
+    def close(self) -> None:
+        self.outgoing.close()
+        self.incoming.close()
