@@ -62,6 +62,17 @@ def wait_for(predicate, timeout: float, what: str) -> None:
         time.sleep(0.02)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def no_shared_memory_left_behind():
+    """After the whole suite, no job of it may have left a shared-memory name behind."""
+    def leftovers() -> list[str]:
+        shm = Path("/dev/shm")
+        return sorted(p.name for p in shm.glob("tbc-*")) if shm.is_dir() else []
+    before = set(leftovers())
+    yield
+    assert set(leftovers()) <= before, f"segments left behind: {set(leftovers()) - before}"
+
+
 @pytest.fixture
 def script(tmp_path: Path):
     """Write a rank script into tmp_path and return its path."""
