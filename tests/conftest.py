@@ -62,15 +62,19 @@ def wait_for(predicate, timeout: float, what: str) -> None:
         time.sleep(0.02)
 
 
+def leftover_segments() -> list[str]:
+    """tbcoll's shared-memory names in /dev/shm (none can be listed on macOS)."""
+    shm = Path("/dev/shm")
+    return sorted(p.name for p in shm.glob("tbc-*")) if shm.is_dir() else []
+
+
 @pytest.fixture(scope="session", autouse=True)
 def no_shared_memory_left_behind():
     """After the whole suite, no job of it may have left a shared-memory name behind."""
-    def leftovers() -> list[str]:
-        shm = Path("/dev/shm")
-        return sorted(p.name for p in shm.glob("tbc-*")) if shm.is_dir() else []
-    before = set(leftovers())
+    before = set(leftover_segments())
     yield
-    assert set(leftovers()) <= before, f"segments left behind: {set(leftovers()) - before}"
+    left = set(leftover_segments()) - before
+    assert not left, f"segments left behind: {left}"
 
 
 @pytest.fixture

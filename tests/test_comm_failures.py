@@ -8,14 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import tagged_lines, tbrun
+from .conftest import leftover_segments, tagged_lines, tbrun
 
 MPIEXEC = str(Path(sys.executable).with_name("mpiexec"))
-
-
-def leftover_segments():
-    shm = Path("/dev/shm")
-    return sorted(p.name for p in shm.glob("tbc-*")) if shm.is_dir() else []
 
 KILLED_MID_ALL_REDUCE = """
 import os, signal, sys, numpy as np, tbcoll
