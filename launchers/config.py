@@ -43,7 +43,9 @@ def resolve_program(program: str, args: Sequence[str], python: str,
         if not (Path(program).is_file() and os.access(program, os.X_OK)):
             raise LaunchError(f"program {program!r} not found or not executable")
         return (program, *args)
-    found = shutil.which(program)
+    # PATH first, then beside the interpreter: console scripts of tbrun's own environment
+    # (tbcoll-bench) run even when that environment is not activated.
+    found = shutil.which(program) or shutil.which(program, path=str(Path(python).parent))
     if found is None:
         raise LaunchError(f"program {program!r} not found on PATH")
     return (found, *args)

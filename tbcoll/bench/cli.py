@@ -1,0 +1,92 @@
+"""tbcoll-bench: run inside every rank of a job, e.g.
+
+    tbrun -np 4 tbcoll-bench all_reduce -b 8 -e 64M -f 4 -a all
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import click
+
+import tbcoll
+from tbcoll.bench import report
+from tbcoll.bench.descriptors import DESCRIPTORS
+from tbcoll.bench.harness import sweep
+from tbcoll.dtypes import DTYPES, OPS
+
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def parse_size(text: str) -> int:
+    """'8', '64K', '16M', '1G' (powers of 1024) as bytes."""
+    match = re.fullmatch(r"(\d+)([KMG]?)B?", text.strip().upper())
+    if not match:
+        raise click.BadParameter(f"{text!r} is not a size like 8, 64K, 16M or 1G")
+    return int(match[1]) * _UNITS[match[2]]
+
+
+def sizes(begin: int, end: int, factor: float) -> list[int]:
+    if factor <= 1 or begin <= 0 or end < begin:
+        raise click.BadParameter(f"need 0 < -b <= -e and -f > 1; got -b {begin} -e {end} "
+                                 f"-f {factor}")
+    out, size = [], begin
+    while size <= end:
+        out.append(size)
+        size = int(size * factor)
+    return out
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
+@click.argument("collective", type=click.Choice(list(DESCRIPTORS)))
+@click.option("-b", "--minbytes", default="8", help="Smallest message.")
+@click.option("-e", "--maxbytes", default="64M", help="Largest message.")
+@click.option("-f", "--stepfactor", type=float, default=4.0, help="Size multiplier per step.")
+@click.option("-n", "--iters", type=click.IntRange(1), default=20, help="Timed iterations.")
+@click.option("-w", "--warmup", type=click.IntRange(0), default=5, help="Untimed iterations.")
+@click.option("-d", "--dtype", type=click.Choice(list(DTYPES)), default="float32")
+@click.option("-o", "--op", type=click.Choice(list(OPS)), default="sum")
+@click.option("-a", "--algorithm", default="default",
+              help="default, all, or a comma-separated list (ring,mesh,rd,native).")
+@click.option("--inplace", type=click.Choice(["no", "yes", "both"]), default="both",
+              help="Out-of-place, in-place, or both (where the collective has in-place).")
+@click.option("--backend", default=None, help="tbcoll backend (default: as launched).")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Also write the rows as JSON (min and max included).")
+@click.option("--csv", "csv_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Also write the rows as CSV.")
+def main(collective: str, minbytes: str, maxbytes: str, stepfactor: float, iters: int,
+         warmup: int, dtype: str, op: str, algorithm: str, inplace: str, backend: str | None,
+         json_path: Path | None, csv_path: Path | None) -> None:
+    """Time COLLECTIVE over a sweep of sizes and check every result (nccl-tests style)."""
+    desc = DESCRIPTORS[collective]
+    steps = sizes(parse_size(minbytes), parse_size(maxbytes), stepfactor)
+    with tbcoll.init(backend) as comm:
+        if collective == "sendrecv" and comm.size < 2:
+            raise click.UsageError("sendrecv needs at least 2 ranks")
+        if algorithm == "all":
+            algorithms = ["default", *comm.algorithms(collective if collective in (
+                "all_reduce", "all_gather", "reduce_scatter", "broadcast", "barrier") else
+                "broadcast")]
+            algorithms = algorithms if collective != "sendrecv" else ["default"]
+        else:
+            algorithms = algorithm.split(",")
+        modes = {"no": [False], "yes": [True], "both": [False, True]}[inplace]
+        total = len(steps) * len(algorithms) * len(modes)
+        bar = click.progressbar(length=total, label=collective, file=sys.stderr) \
+            if comm.rank == 0 and total > 4 and sys.stderr.isatty() else None
+        rows = sweep(comm, desc, steps, DTYPES[dtype], op, algorithms, modes, iters, warmup,
+                     f"tbcoll {comm.backend}", progress=(lambda: bar.update(1)) if bar else
+                     (lambda: None))
+        if bar:
+            bar.render_finish()
+        if comm.rank == 0:
+            click.echo(report.table(rows))
+            if json_path:
+                json_path.write_text(report.to_json(rows))
+            if csv_path:
+                csv_path.write_text(report.to_csv(rows))
+        if any(r.wrong for r in rows):
+            sys.exit(1)

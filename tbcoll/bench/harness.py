@@ -1,0 +1,112 @@
+"""Time a size sweep of one collective and check every result, on every rank.
+
+Each timed call starts right after a barrier; a call's time is the slowest rank's. A row
+keeps the median over the iterations and their min and max, and #wrong: how many elements of
+all the results of all ranks differed from what the descriptor expects.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from tbcoll.bench.descriptors import Collective
+
+IN_PLACE_CAPABLE = {"all_reduce", "all_gather", "broadcast"}
+
+
+@dataclass(frozen=True)
+class Row:
+    collective: str
+    size: int  # bytes of the largest buffer of the call
+    count: int  # elements of that buffer
+    type: str
+    redop: str
+    algorithm: str
+    inplace: bool
+    time_us: float  # median; one-way for sendrecv
+    min_us: float
+    max_us: float
+    algbw: float  # GB/s
+    busbw: float  # GB/s
+    wrong: int
+    ranks: int
+    system: str
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _buffers(desc: Collective, comm: Any, nbytes: int, dtype: np.dtype, in_place: bool
+             ) -> tuple[np.ndarray, np.ndarray | None, Callable[[], None]]:
+    """The input, the out= buffer, and a function that puts the input back in place."""
+    data = desc.inputs(comm.rank, comm.size, nbytes, dtype)
+    if not in_place:
+        out = np.empty(desc.out_shape(data.size, comm.size), dtype)
+        return data, out, lambda: None
+    if desc.name == "all_gather":  # the input is this rank's block of the output
+        out = np.empty(data.size * comm.size, dtype)
+        x = out[comm.rank * data.size:(comm.rank + 1) * data.size]
+    else:
+        out = x = data.copy()
+    return x, out, lambda: np.copyto(x, data)
+
+
+def _wrong(result: Any, expected: np.ndarray) -> int:
+    """Elements of result whose bytes differ from expected's (all of them if shapes differ)."""
+    got = np.asarray(result).reshape(-1)
+    if got.shape != expected.shape or got.dtype != expected.dtype:
+        return max(expected.size, 1)
+    if not got.size:
+        return 0
+    differ = got.view(np.uint8).reshape(got.size, -1) != expected.view(np.uint8).reshape(
+        expected.size, -1)
+    return int(np.count_nonzero(differ.any(axis=1)))
+
+
+def sweep(comm: Any, desc: Collective, sizes: Iterable[int], dtype: np.dtype, op: str,
+          algorithms: Sequence[str], in_place_modes: Sequence[bool], iters: int, warmup: int,
+          system: str, progress: Callable[[], None] = lambda: None) -> list[Row]:
+    rows = []
+    for nbytes in sizes:
+        for algorithm in algorithms:
+            for in_place in in_place_modes:
+                if in_place and desc.name not in IN_PLACE_CAPABLE:
+                    continue
+                rows.append(_measure(comm, desc, nbytes, dtype, op, algorithm, in_place, iters,
+                                     warmup, system))
+                progress()
+    return rows
+
+
+def _measure(comm: Any, desc: Collective, nbytes: int, dtype: np.dtype, op: str,
+             algorithm: str, in_place: bool, iters: int, warmup: int, system: str) -> Row:
+    x, out, refill = _buffers(desc, comm, nbytes, dtype, in_place)
+    expected = desc.expected(comm.rank, comm.size, nbytes, dtype, op)
+    chosen = None if algorithm == "default" else algorithm
+    times, wrong = [], 0
+    for i in range(warmup + iters):
+        refill()
+        comm.barrier()
+        started = time.perf_counter()
+        result = desc.run(comm, x, op, chosen, out)
+        elapsed = time.perf_counter() - started
+        if i >= warmup:
+            times.append(elapsed)
+            wrong += _wrong(result, expected)
+    slowest = comm.all_reduce(np.array(times), op="max")
+    wrong = int(comm.all_reduce(np.array([wrong], np.int64))[0])
+    if desc.name == "sendrecv":
+        slowest = slowest / 2  # a round trip carried the message twice
+    median = statistics.median(slowest)
+    size = x.nbytes if desc.name != "all_gather" else x.nbytes * comm.size
+    algbw = size / median / 1e9 if median > 0 and size else 0.0
+    return Row(desc.name, size, size // dtype.itemsize, str(dtype), op if desc.has_op else "none",
+               algorithm, in_place, median * 1e6, float(min(slowest)) * 1e6,
+               float(max(slowest)) * 1e6, algbw, algbw * desc.bus_factor(comm.size), wrong,
+               comm.size, system)
