@@ -29,6 +29,13 @@ ALGORITHMS = {name: _DATA_ALGORITHMS for name in COLLECTIVES} | {"barrier": ("rd
 MAX_TAG = 32767  # the largest tag every MPI must support
 
 
+def _same_buffer(a: np.ndarray, b: np.ndarray) -> bool:
+    """a and b are the same bytes in the same order (the same array, or contiguous views of
+    it with the same start and extent)."""
+    return a is b or (a.nbytes == b.nbytes and a.flags.c_contiguous and b.flags.c_contiguous
+                      and a.__array_interface__["data"][0] == b.__array_interface__["data"][0])
+
+
 def _flat(array: np.ndarray) -> np.ndarray:
     """A 1-D view of a C-contiguous array."""
     return array if array.ndim == 1 else array.reshape(-1)
@@ -76,7 +83,9 @@ class Communicator:
         ufunc = reducer(op)
         result = self._output(x, out, array.shape, array.dtype)
         name = self._choose("all_reduce", array.nbytes, algorithm)
-        in_place = result is array
+        in_place = _same_buffer(result, array)
+        if not in_place and np.may_share_memory(result, array):
+            array = array.copy()  # out overlaps x some other way: read from a copy
         if self.size == 1 or array.size == 0:
             work = None
         elif name == "native":
@@ -97,6 +106,8 @@ class Communicator:
         result = self._output(x, out, shape, array.dtype)
         name = self._choose("all_gather", result.nbytes, algorithm)
         flat, mine = _flat(result), contiguous_flat(array)
+        if np.may_share_memory(mine, flat):  # e.g. x is this rank's block of out already
+            mine = mine.copy()
         if name != "native" or self.size == 1 or mine.size == 0:
             flat[self.rank * mine.size:(self.rank + 1) * mine.size] = mine
         if self.size == 1 or mine.size == 0:
@@ -119,6 +130,8 @@ class Communicator:
         shape = (array.shape[0] // self.size, *array.shape[1:])
         result = self._output(x, out, shape, array.dtype)
         name = self._choose("reduce_scatter", array.nbytes, algorithm)
+        if np.may_share_memory(result, array):
+            array = array.copy()  # the transports read x while they write out
         scratch = None
         if self.size == 1 or array.size == 0:
             np.copyto(result, array)

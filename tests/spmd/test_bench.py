@@ -1,0 +1,48 @@
+"""The benchmark harness inside real jobs: every descriptor, tiny sweeps, results checked."""
+
+import numpy as np
+import pytest
+
+from tbcoll.bench.descriptors import DESCRIPTORS
+from tbcoll.bench.harness import sweep
+
+pytestmark = pytest.mark.mpi  # runs inside every rank of a job; see conftest.py
+
+SIZES = [8, 100, 4096]
+
+
+@pytest.mark.parametrize("name", list(DESCRIPTORS))
+def test_every_row_is_right(comm, name):
+    if name == "sendrecv" and comm.size < 2:
+        pytest.skip("sendrecv needs two ranks")
+    algorithms = ["default", *(["native"] if "native" in comm.algorithms("broadcast") else [])]
+    for dtype in (np.dtype(np.float32), np.dtype(np.int8)):
+        rows = sweep(comm, DESCRIPTORS[name], SIZES, dtype, "max", algorithms, [False, True],
+                     iters=2, warmup=1, system="test")
+        assert rows and all(r.wrong == 0 for r in rows), [r for r in rows if r.wrong]
+        for r in rows:
+            assert r.ranks == comm.size and r.min_us <= r.time_us <= r.max_us
+            assert r.busbw == pytest.approx(r.algbw * DESCRIPTORS[name].bus_factor(comm.size))
+
+
+class _Corrupting:
+    """A communicator whose all_reduce of 16 floats gets one element wrong on rank 0."""
+
+    def __init__(self, comm):
+        self._comm, self.rank, self.size = comm, comm.rank, comm.size
+
+    def all_reduce(self, x, op="sum", algorithm=None, out=None):
+        result = self._comm.all_reduce(x, op=op, algorithm=algorithm, out=out)
+        if self.rank == 0 and result.size == 16:  # not the harness' own reductions
+            result[1] += 1
+        return result
+
+    def barrier(self):
+        self._comm.barrier()
+
+
+def test_a_corrupted_result_is_counted(comm):
+    corrupting = _Corrupting(comm)
+    rows = sweep(corrupting, DESCRIPTORS["all_reduce"], [64], np.dtype(np.float32), "sum",
+                 ["default"], [False], iters=3, warmup=0, system="test")
+    assert rows[0].count == 16 and rows[0].wrong == 3  # one element in each of 3 results
