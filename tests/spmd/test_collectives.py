@@ -296,3 +296,19 @@ def test_default_all_reduce_matches_numpy_bit_for_bit(comm, dtype):
             assert np.array_equal(got.reshape(-1), want, equal_nan=floating), f"{dtype} {op}"
         else:  # sums and products must round exactly as numpy's do
             assert_equal(got.reshape(-1), want, f"{dtype} {op}")
+
+
+def test_out_that_overlaps_x(comm):
+    """out= may be x under another view, or overlap it: results as if x were copied first."""
+    p, r = comm.size, comm.rank
+    x = np.arange(12.0) + r
+    view = x.reshape(3, 4)
+    comm.all_reduce(view, out=x.reshape(3, 4))  # the same bytes, another view: in place
+    assert np.array_equal(x, p * np.arange(12.0) + p * (p - 1) / 2)
+    out = np.empty(3 * p)
+    mine = out[3 * r:3 * r + 3]
+    mine[:] = r
+    assert np.array_equal(comm.all_gather(mine, out=out), np.repeat(np.arange(p), 3))
+    y = np.full(2 * p, r + 1.0)
+    block = comm.reduce_scatter(y, out=y[:2])  # out is the start of x
+    assert np.array_equal(block, np.full(2, p * (p + 1) / 2))

@@ -1,0 +1,81 @@
+"""tbcoll-bench from the command line, its output formats, and the alpha-beta model."""
+
+import csv
+import json
+import re
+
+import click
+import pytest
+
+from tbcoll.bench import model
+from tbcoll.bench.cli import parse_size, sizes
+
+from .conftest import tbrun
+
+
+def test_sweep_under_tbrun_writes_table_json_and_csv(tmp_path):
+    json_path, csv_path = tmp_path / "rows.json", tmp_path / "rows.csv"
+    p = tbrun("-np", 2, "tbcoll-bench", "all_reduce", "-b", "8", "-e", "64K", "-f", "32",
+              "-n", "3", "-w", "1", "-a", "default,ring", "--json", json_path,
+              "--csv", csv_path, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert re.search(r"#\s+size\s+count\s+type\s+redop\s+algorithm\s+inplace\s+time_us\s+"
+                     r"algbw\s+busbw\s+#wrong", p.stdout)
+    assert "# out of bounds values: 0 OK" in p.stdout
+    rows = json.loads(json_path.read_text())
+    assert {(r["size"], r["algorithm"], r["inplace"]) for r in rows} == {
+        (s, a, i) for s in (8, 256, 8192) for a in ("default", "ring") for i in (False, True)}
+    for row in rows:
+        assert row["wrong"] == 0 and row["ranks"] == 2 and row["min_us"] <= row["max_us"]
+        assert row["busbw"] == pytest.approx(row["algbw"] * 2 * (2 - 1) / 2)
+    with open(csv_path) as f:
+        table = list(csv.DictReader(f))
+    assert len(table) == len(rows) and set(table[0]) >= {"size", "count", "type", "redop",
+                                                         "algorithm", "time_us", "algbw",
+                                                         "busbw", "wrong"}
+
+
+def test_sendrecv_and_broadcast_sweeps():
+    for collective in ("sendrecv", "broadcast", "all_gather", "reduce_scatter", "barrier"):
+        p = tbrun("-np", 3, "tbcoll-bench", collective, "-b", "4", "-e", "4K", "-f", "32",
+                  "-n", "2", "-w", "1", timeout=120)
+        assert p.returncode == 0, (collective, p.stdout, p.stderr)
+        assert "# out of bounds values: 0 OK" in p.stdout
+
+
+@pytest.mark.parametrize("text, expected", [("8", 8), ("64K", 65536), ("16M", 16 << 20),
+                                            ("1g", 1 << 30), ("4KB", 4096)])
+def test_sizes(text, expected):
+    assert parse_size(text) == expected
+
+
+def test_bad_sizes():
+    with pytest.raises(click.BadParameter, match="not a size"):
+        parse_size("lots")
+    with pytest.raises(click.BadParameter, match="-f > 1"):
+        sizes(8, 64, 1.0)
+    assert sizes(8, 1024, 4) == [8, 32, 128, 512]
+
+
+@pytest.mark.parametrize("algorithm, p", [("ring", 4), ("mesh", 3), ("rd", 8), ("rd", 6)])
+def test_fit_recovers_alpha_and_beta(algorithm, p):
+    alpha, beta = 7e-6, 1 / 3e9
+    sizes_ = [8, 1024, 65536, 1 << 20, 16 << 20]
+    seconds = [model.predict("all_reduce", algorithm, p, n, alpha, beta) for n in sizes_]
+    result = model.fit("all_reduce", algorithm, p, sizes_, seconds)
+    assert result.alpha == pytest.approx(alpha, rel=1e-6)
+    assert result.beta == pytest.approx(beta, rel=1e-6)
+    assert result.max_error < 1e-9
+
+
+def test_model_command_line(tmp_path, capsys):
+    rows = [{"collective": "all_reduce", "algorithm": "ring", "ranks": 4, "inplace": False,
+             "size": n, "time_us": 1e6 * model.predict("all_reduce", "ring", 4, n, 5e-6, 1e-9)}
+            for n in (8, 4096, 1 << 20)]
+    path = tmp_path / "rows.json"
+    path.write_text(json.dumps(rows))
+    model.main(["--fit", str(path)])
+    assert "all_reduce ring np=4: alpha 5.00 us, beta 1.0000 ns/B (1.00 GB/s)" in \
+        capsys.readouterr().out
+    model.main(["--alpha-us", "3", "--gbps", "8", "-np", "4", "--size", "16K"])
+    assert "all_reduce ring np=4 16384 B: 21.07 us" in capsys.readouterr().out
