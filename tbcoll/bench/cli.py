@@ -44,7 +44,10 @@ def sizes(begin: int, end: int, factor: float) -> list[int]:
 @click.option("-b", "--minbytes", default="8", help="Smallest message.")
 @click.option("-e", "--maxbytes", default="64M", help="Largest message.")
 @click.option("-f", "--stepfactor", type=float, default=4.0, help="Size multiplier per step.")
-@click.option("-n", "--iters", type=click.IntRange(1), default=20, help="Timed iterations.")
+@click.option("-n", "--iters", type=click.IntRange(1), default=20,
+              help="Calls per timed batch.")
+@click.option("-r", "--repeats", type=click.IntRange(1), default=5,
+              help="Timed batches; rows give their median, min and max.")
 @click.option("-w", "--warmup", type=click.IntRange(0), default=5, help="Untimed iterations.")
 @click.option("-d", "--dtype", type=click.Choice(list(DTYPES)), default="float32")
 @click.option("-o", "--op", type=click.Choice(list(OPS)), default="sum")
@@ -58,7 +61,8 @@ def sizes(begin: int, end: int, factor: float) -> list[int]:
 @click.option("--csv", "csv_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Also write the rows as CSV.")
 def main(collective: str, minbytes: str, maxbytes: str, stepfactor: float, iters: int,
-         warmup: int, dtype: str, op: str, algorithm: str, inplace: str, backend: str | None,
+         repeats: int, warmup: int, dtype: str, op: str, algorithm: str, inplace: str,
+         backend: str | None,
          json_path: Path | None, csv_path: Path | None) -> None:
     """Time COLLECTIVE over a sweep of sizes and check every result (nccl-tests style)."""
     desc = DESCRIPTORS[collective]
@@ -79,7 +83,7 @@ def main(collective: str, minbytes: str, maxbytes: str, stepfactor: float, iters
             if comm.rank == 0 and total > 4 and sys.stderr.isatty() else None
         rows = sweep(comm, desc, steps, DTYPES[dtype], op, algorithms, modes, iters, warmup,
                      f"tbcoll {comm.backend}", progress=(lambda: bar.update(1)) if bar else
-                     (lambda: None))
+                     (lambda: None), repeats=repeats)
         if bar:
             bar.render_finish()
         if comm.rank == 0:

@@ -1,8 +1,9 @@
-"""Time a size sweep of one collective and check every result, on every rank.
+"""Time a size sweep of one collective and check its results, on every rank.
 
-Each timed call starts right after a barrier; a call's time is the slowest rank's. A row
-keeps the median over the iterations and their min and max, and #wrong: how many elements of
-all the results of all ranks differed from what the descriptor expects.
+As nccl-tests does: after warm-up, each of `repeats` batches starts at a barrier and times
+`iters` calls back to back; a batch's time per call is the slowest rank's. A row keeps the
+median over the batches, their min and max, and #wrong: how many elements of a checked call
+(input laid out afresh, run once more after the timing) differed, over all ranks.
 """
 
 from __future__ import annotations
@@ -71,7 +72,8 @@ def _wrong(result: Any, expected: np.ndarray) -> int:
 
 def sweep(comm: Any, desc: Collective, sizes: Iterable[int], dtype: np.dtype, op: str,
           algorithms: Sequence[str], in_place_modes: Sequence[bool], iters: int, warmup: int,
-          system: str, progress: Callable[[], None] = lambda: None) -> list[Row]:
+          system: str, progress: Callable[[], None] = lambda: None, repeats: int = 5
+          ) -> list[Row]:
     rows = []
     for nbytes in sizes:
         for algorithm in algorithms:
@@ -79,34 +81,36 @@ def sweep(comm: Any, desc: Collective, sizes: Iterable[int], dtype: np.dtype, op
                 if in_place and desc.name not in IN_PLACE_CAPABLE:
                     continue
                 rows.append(_measure(comm, desc, nbytes, dtype, op, algorithm, in_place, iters,
-                                     warmup, system))
+                                     warmup, repeats, system))
                 progress()
     return rows
 
 
 def _measure(comm: Any, desc: Collective, nbytes: int, dtype: np.dtype, op: str,
-             algorithm: str, in_place: bool, iters: int, warmup: int, system: str) -> Row:
+             algorithm: str, in_place: bool, iters: int, warmup: int, repeats: int,
+             system: str) -> Row:
     x, out, refill = _buffers(desc, comm, nbytes, dtype, in_place)
-    expected = desc.expected(comm.rank, comm.size, nbytes, dtype, op)
     chosen = None if algorithm == "default" else algorithm
-    times, wrong = [], 0
-    for i in range(warmup + iters):
-        refill()
+    for _ in range(warmup):
+        desc.run(comm, x, op, chosen, out)
+    per_call = []
+    for _ in range(repeats):  # in place, the values drift from call to call; only timed
         comm.barrier()
         started = time.perf_counter()
-        result = desc.run(comm, x, op, chosen, out)
-        elapsed = time.perf_counter() - started
-        if i >= warmup:
-            times.append(elapsed)
-            wrong += _wrong(result, expected)
-    slowest = comm.all_reduce(np.array(times), op="max")
+        for _ in range(iters):
+            desc.run(comm, x, op, chosen, out)
+        per_call.append((time.perf_counter() - started) / iters)
+    refill()
+    wrong = _wrong(desc.run(comm, x, op, chosen, out),
+                   desc.expected(comm.rank, comm.size, nbytes, dtype, op))
+    slowest = [float(t) for t in comm.all_reduce(np.array(per_call), op="max")]
     wrong = int(comm.all_reduce(np.array([wrong], np.int64))[0])
     if desc.name == "sendrecv":
-        slowest = slowest / 2  # a round trip carried the message twice
+        slowest = [t / 2 for t in slowest]  # a round trip carried the message twice
     median = statistics.median(slowest)
     size = x.nbytes if desc.name != "all_gather" else x.nbytes * comm.size
     algbw = size / median / 1e9 if median > 0 and size else 0.0
-    return Row(desc.name, size, size // dtype.itemsize, str(dtype), op if desc.has_op else "none",
-               algorithm, in_place, median * 1e6, float(min(slowest)) * 1e6,
-               float(max(slowest)) * 1e6, algbw, algbw * desc.bus_factor(comm.size), wrong,
-               comm.size, system)
+    return Row(desc.name, size, size // dtype.itemsize, str(dtype),
+               op if desc.has_op else "none", algorithm, in_place, median * 1e6,
+               min(slowest) * 1e6, max(slowest) * 1e6, algbw,
+               algbw * desc.bus_factor(comm.size), wrong, comm.size, system)
