@@ -77,5 +77,9 @@ def test_model_command_line(tmp_path, capsys):
     model.main(["--fit", str(path)])
     assert "all_reduce ring np=4: alpha 5.00 us, beta 1.0000 ns/B (1.00 GB/s)" in \
         capsys.readouterr().out
-    model.main(["--alpha-us", "3", "--gbps", "8", "-np", "4", "--size", "16K"])
-    assert "all_reduce ring np=4 16384 B: 21.07 us" in capsys.readouterr().out
+    model.main(["--alpha-us", "3", "--gbps", "8", "-np", "4", "--predict", "16K"])
+    assert "predicted all_reduce ring np=4 16384 B: 21.07 us" in capsys.readouterr().out
+    model.main(["--fit", str(path), "-np", "8", "--predict", "1M"])
+    expected = model.predict("all_reduce", "ring", 8, 1 << 20, 5e-6, 1e-9) * 1e6
+    assert f"predicted all_reduce ring np=8 1048576 B: {expected:.2f} us" in \
+        capsys.readouterr().out

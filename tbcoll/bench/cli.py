@@ -39,6 +39,28 @@ def sizes(begin: int, end: int, factor: float) -> list[int]:
     return out
 
 
+def _progress(rank: int, total: int, label: str):
+    """A progress bar on rank 0 for sweeps of more than 4 rows: click's on a terminal, a
+    line per row where stderr is a pipe (as under tbrun, which tags lines)."""
+    if rank != 0 or total <= 4:
+        return lambda: None
+    bar = click.progressbar(length=total, label=label, file=sys.stderr) \
+        if sys.stderr.isatty() else None
+    done = 0
+
+    def step() -> None:
+        nonlocal done
+        done += 1
+        if bar is None:
+            print(f"{label}: {done}/{total} rows", file=sys.stderr, flush=True)
+        else:
+            bar.update(1)
+            if done == total:
+                bar.render_finish()
+
+    return step
+
+
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
 @click.argument("collective", type=click.Choice(list(DESCRIPTORS)))
 @click.option("-b", "--minbytes", default="8", help="Smallest message.")
@@ -79,13 +101,9 @@ def main(collective: str, minbytes: str, maxbytes: str, stepfactor: float, iters
             algorithms = algorithm.split(",")
         modes = {"no": [False], "yes": [True], "both": [False, True]}[inplace]
         total = len(steps) * len(algorithms) * len(modes)
-        bar = click.progressbar(length=total, label=collective, file=sys.stderr) \
-            if comm.rank == 0 and total > 4 and sys.stderr.isatty() else None
         rows = sweep(comm, desc, steps, DTYPES[dtype], op, algorithms, modes, iters, warmup,
-                     f"tbcoll {comm.backend}", progress=(lambda: bar.update(1)) if bar else
-                     (lambda: None), repeats=repeats)
-        if bar:
-            bar.render_finish()
+                     f"tbcoll {comm.backend}", progress=_progress(comm.rank, total, collective),
+                     repeats=repeats)
         if comm.rank == 0:
             click.echo(report.table(rows))
             if json_path:

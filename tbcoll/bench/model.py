@@ -10,8 +10,9 @@ Fit: the medians of a sweep (one algorithm, one p) give t = a + b*n by least squ
 relative errors; alpha = a / steps and beta = b / (bytes per byte of n). Predict: the time of
 a collective for another size, rank count or link, e.g. Thunderbolt 5 RDMA figures:
 
-    python -m tbcoll.bench.model --alpha-us 3 --gbps 8 -np 4 --size 16K
-    python -m tbcoll.bench.model --fit results.json     # from tbcoll-bench --json
+    python -m tbcoll.bench.model --alpha-us 3 --gbps 8 -np 4 --predict 16K
+    python -m tbcoll.bench.model --fit rows.json                  # from tbcoll-bench --json
+    python -m tbcoll.bench.model --fit rows.json -np 8 --predict 1M   # fitted, elsewhere
 """
 
 from __future__ import annotations
@@ -98,22 +99,27 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--alpha-us", type=float, help="latency per step, microseconds")
     parser.add_argument("--gbps", type=float, help="link bandwidth, GB/s (beta = 1/that)")
     parser.add_argument("-np", type=int, default=4, help="ranks to predict for")
-    parser.add_argument("--size", default="16K", help="message size to predict for (8, 16K, 4M)")
+    parser.add_argument("--predict", metavar="SIZE", help="message size to predict (8, 16K, 4M)")
     parser.add_argument("--collective", default="all_reduce")
     args = parser.parse_args(argv)
+    nbytes = _size(args.predict) if args.predict else None
+
+    def show(collective: str, algorithm: str, alpha: float, beta: float) -> None:
+        t = predict(collective, algorithm, args.np, nbytes, alpha, beta)
+        print(f"  predicted {collective} {algorithm} np={args.np} {nbytes} B: {t * 1e6:.2f} us "
+              f"(algbw {nbytes / t / 1e9 if t else math.inf:.2f} GB/s)")
+
     if args.fit:
         with open(args.fit) as f:
             for (collective, algorithm, p), result in fits_from_rows(json.load(f)).items():
                 print(f"{collective} {algorithm} np={p}: {result.describe()}")
+                if nbytes is not None:
+                    show(collective, algorithm, result.alpha, result.beta)
         return
-    if args.alpha_us is None or args.gbps is None:
-        parser.error("give --fit JSON, or --alpha-us and --gbps to predict")
-    nbytes = _size(args.size)
+    if args.alpha_us is None or args.gbps is None or nbytes is None:
+        parser.error("give --fit JSON, or --alpha-us, --gbps and --predict SIZE")
     for algorithm in ALGORITHMS:
-        t = predict(args.collective, algorithm, args.np, nbytes, args.alpha_us * 1e-6,
-                    1 / (args.gbps * 1e9))
-        print(f"{args.collective} {algorithm} np={args.np} {nbytes} B: {t * 1e6:.2f} us "
-              f"(algbw {nbytes / t / 1e9 if t else math.inf:.2f} GB/s)")
+        show(args.collective, algorithm, args.alpha_us * 1e-6, 1 / (args.gbps * 1e9))
 
 
 if __name__ == "__main__":

@@ -69,10 +69,10 @@ class ShmNative:
         else:
             self.flags = AtomicFlags(buffer)
         self.pids = np.frombuffer(buffer, np.int64, size, self.layout.pids)
-        self._raw = [np.frombuffer(buffer, np.uint8, self.layout.set_bytes, offset)
-                     for offset in (self.layout.data, self.layout.data + self.layout.set_bytes)]
-        self._views: dict[tuple[int, np.dtype], tuple[np.ndarray, np.ndarray]] = {}
         self._set_offsets = [self.layout.data + k * self.layout.set_bytes for k in (0, 1)]
+        self._raw = [np.frombuffer(buffer, np.uint8, self.layout.set_bytes, offset)
+                     for offset in self._set_offsets]
+        self._views: dict[tuple[int, np.dtype], tuple[np.ndarray, np.ndarray]] = {}
         self._seq = 0
         if isinstance(self.flags, AtomicFlags):
             self.small_all_reduce = self._small_all_reduce
