@@ -54,30 +54,30 @@ class Communicator:
             self._check_algorithm(collective, algorithm, "TBCOLL_ALGO")
         self._check_calls = check_mode()
         self._closed = False
-        # A transport may offer a one-call path for small all_reduce, taken for algorithm
-        # "native" (asked for, or the default here) unless per-call checks are on.
-        self._small_all_reduce = None if self._check_calls else getattr(
-            group.native, "small_all_reduce", None)
-        default = self._overrides.get("all_reduce") or tuning.choose(backend, "all_reduce", 0,
-                                                                       self.size)
-        self._native_by_default = default == "native"
+        # A transport may offer one-call paths for small all_reduce and all_gather, taken for
+        # algorithm "native" (asked for, or the default here) unless per-call checks are on.
+        self._small = {name: None if self._check_calls else
+                       getattr(group.native, f"small_{name}", None)
+                       for name in ("all_reduce", "all_gather")}
+        self._native_by_default = {
+            name: (self._overrides.get(name) or tuning.choose(backend, name, 0, self.size))
+            == "native" for name in self._small}
 
     # --- collectives ---------------------------------------------------------------------
 
     def all_reduce(self, x: Any, op: str = "sum", algorithm: str | None = None,
                    out: np.ndarray | None = None) -> Any:
         """Reduce x elementwise over all ranks with op; every rank gets the result."""
-        fast = self._small_all_reduce is not None and op in OPS and not self._closed and (
-            algorithm == "native" or algorithm is None and self._native_by_default)
+        fast = op in OPS and self._fast("all_reduce", algorithm)
         if fast and type(x) is np.ndarray:  # the latency-critical case: no conversions
             if out is not None:
                 self._output(x, out, x.shape, x.dtype)
-            result = self._small(x, op, out)
+            result = self._run_small("all_reduce", x, op, out)
             if result is not None:
                 return result
         array, restore = to_numpy(x)
         if fast and array is not x and out is None:  # e.g. an mlx array
-            result = self._small(array, op, None)
+            result = self._run_small("all_reduce", array, op, None)
             if result is not None:
                 return restore(result)
         ufunc = reducer(op)
@@ -101,7 +101,19 @@ class Communicator:
     def all_gather(self, x: Any, algorithm: str | None = None,
                    out: np.ndarray | None = None) -> Any:
         """Concatenate every rank's x along axis 0 (a 0-d x gives shape (size,))."""
+        fast = self._fast("all_gather", algorithm)
+        if fast and type(x) is np.ndarray:
+            if out is not None:
+                shape = (self.size * x.shape[0], *x.shape[1:]) if x.ndim else (self.size,)
+                self._output(x, out, shape, x.dtype)
+            result = self._run_small("all_gather", x, out)
+            if result is not None:
+                return result
         array, restore = to_numpy(x)
+        if fast and array is not x and out is None:
+            result = self._run_small("all_gather", array, None)
+            if result is not None:
+                return restore(result)
         shape = (self.size * array.shape[0], *array.shape[1:]) if array.ndim else (self.size,)
         result = self._output(x, out, shape, array.dtype)
         name = self._choose("all_gather", result.nbytes, algorithm)
@@ -267,11 +279,16 @@ class Communicator:
             return self._overrides[collective]
         return tuning.choose(self.backend, collective, nbytes, self.size)
 
-    def _small(self, array: np.ndarray, op: str, out: np.ndarray | None) -> np.ndarray | None:
+    def _fast(self, collective: str, algorithm: str | None) -> bool:
+        """Whether the transport's one-call path may serve this call."""
+        return self._small[collective] is not None and not self._closed and (
+            algorithm == "native" or algorithm is None and self._native_by_default[collective])
+
+    def _run_small(self, collective: str, *args: Any) -> np.ndarray | None:
         try:
-            return self._small_all_reduce(array, op, out)
+            return self._small[collective](*args)
         except CommError as e:
-            raise CommError(f"all_reduce on rank {self.rank}: {e}") from e
+            raise CommError(f"{collective} on rank {self.rank}: {e}") from e
 
     def _check_algorithm(self, collective: str, algorithm: str, where: str) -> None:
         allowed = ALGORITHMS[collective]

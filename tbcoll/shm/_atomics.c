@@ -309,20 +309,22 @@ static void reduce_slots(const char *slots, Py_ssize_t slot_bytes, Py_ssize_t si
 }
 
 /*
- * small_all_reduce(segment, flags, line, size, rank, seq, slots, slot_bytes, src, dst,
- *                  dtype, op, stage, budget) -> stage
+ * small_round(segment, flags, line, size, rank, seq, slots, slot_bytes, src, dst,
+ *             dtype, op, stage, budget) -> stage
  *
- * One single-pass round of the shm transport's all_reduce (see transports/shm.py): wait
- * until every rank's ARRIVE flag is >= seq-1 (the data set is free), copy src into this
- * rank's slot, store ARRIVE = seq (release), wait until every flag is >= seq (acquire), and
- * reduce all slots into dst. stage 1 starts from the beginning, stage 2 resumes at the
- * second wait; the result is 0 when done, else the stage whose wait ran out of budget.
+ * One single-pass round of the shm transport (see tbcoll/shm/collectives.py): wait until
+ * every rank's ARRIVE flag is >= seq-1 (the data set is free), copy src into this rank's
+ * slot, store ARRIVE = seq (release), wait until every flag is >= seq (acquire), then
+ * either reduce all slots into dst with op 0..3 (all_reduce), or with op -1 copy every
+ * slot into dst one after the other (all_gather: dst holds size times src). stage 1 starts
+ * from the beginning, stage 2 resumes at the second wait; the result is 0 when done, else
+ * the stage whose wait ran out of budget.
  */
-static PyObject *small_all_reduce(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+static PyObject *small_round(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     /* METH_FASTCALL with plain conversions: this call is on the latency-critical path. */
     if (nargs != 14) {
-        PyErr_SetString(PyExc_TypeError, "small_all_reduce takes 14 arguments");
+        PyErr_SetString(PyExc_TypeError, "small_round takes 14 arguments");
         return NULL;
     }
     PyObject *segment_obj = args[0], *src_obj = args[8], *dst_obj = args[9];
@@ -335,7 +337,7 @@ static PyObject *small_all_reduce(PyObject *self, PyObject *const *args, Py_ssiz
     double budget = PyFloat_AsDouble(args[13]);
     if (PyErr_Occurred())
         return NULL;
-    if (dtype < 0 || dtype > 8 || op < 0 || op > 3 || size < 1 || rank < 0 || rank >= size ||
+    if (dtype < 0 || dtype > 8 || op < -1 || op > 3 || size < 1 || rank < 0 || rank >= size ||
         (stage != 1 && stage != 2)) {
         PyErr_SetString(PyExc_ValueError, "bad dtype, op, size, rank or stage");
         return NULL;
@@ -353,7 +355,8 @@ static PyObject *small_all_reduce(PyObject *self, PyObject *const *args, Py_ssiz
         return NULL;
     }
     int result = -1;
-    if (src.len != dst.len || src.len > slot_bytes || src.len % ITEMSIZE[dtype] ||
+    if (dst.len != (op < 0 ? size : 1) * src.len || src.len > slot_bytes ||
+        src.len % ITEMSIZE[dtype] ||
         flags < 0 || flags % 8 || line % 8 || flags + size * line > segment.len ||
         slots < 0 || slots + size * slot_bytes > segment.len) {
         PyErr_SetString(PyExc_ValueError, "buffers do not fit the segment");
@@ -375,8 +378,13 @@ static PyObject *small_all_reduce(PyObject *self, PyObject *const *args, Py_ssiz
         result = 2;
         goto done;
     }
-    reduce_slots(base + slots, slot_bytes, size, (char *)dst.buf, src.len / ITEMSIZE[dtype],
-                 (int)dtype, (int)op);
+    if (op < 0) {
+        for (Py_ssize_t k = 0; k < size; k++)
+            memcpy((char *)dst.buf + k * src.len, base + slots + k * slot_bytes, (size_t)src.len);
+    } else {
+        reduce_slots(base + slots, slot_bytes, size, (char *)dst.buf, src.len / ITEMSIZE[dtype],
+                     (int)dtype, (int)op);
+    }
     result = 0;
 done:
     PyBuffer_Release(&dst);
@@ -399,8 +407,8 @@ static PyMethodDef methods[] = {
     {"load_acquire", load_acquire, METH_VARARGS, "Load the word at offset with acquire order."},
     {"store_release", store_release, METH_VARARGS, "Store value at offset with release order."},
     {"wait_all", wait_all, METH_VARARGS, "Wait until every flag is >= target (or budget)."},
-    {"small_all_reduce", (PyCFunction)(void (*)(void))small_all_reduce, METH_FASTCALL,
-     "One single-pass all_reduce round."},
+    {"small_round", (PyCFunction)(void (*)(void))small_round, METH_FASTCALL,
+     "One single-pass all_reduce or all_gather round."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -76,6 +76,7 @@ class ShmNative:
         self._seq = 0
         if isinstance(self.flags, AtomicFlags):
             self.small_all_reduce = self._small_all_reduce
+            self.small_all_gather = self._small_all_gather
             # With more ranks than cores, a waiting rank must give its core away quickly:
             # 50 polls instead of 500 took 8 B all_reduce at np=4 on 2 cores from 35 to 21 us.
             atomics.set_spin(500 if size <= cores() else 50)
@@ -84,26 +85,37 @@ class ShmNative:
 
     def _small_all_reduce(self, x: np.ndarray, op: str,
                           out: np.ndarray | None) -> np.ndarray | None:
-        """all_reduce of a small contiguous array in one C call (see _atomics.c), into out
-        (checked by the caller) or a new array; None when x does not qualify. The round
-        protocol is all_reduce's single pass."""
+        """all_reduce of a small contiguous array in one C call, into out (checked by the
+        caller) or a new array; None when x does not qualify."""
+        dtype = DTYPE_CODES.get(x.dtype)
+        if dtype is None or x.nbytes > SINGLE_PASS_BYTES or not x.flags.c_contiguous:
+            return None
+        return self._small_round(x, np.empty_like(x) if out is None else out, dtype,
+                                 OP_CODES[op])
+
+    def _small_all_gather(self, x: np.ndarray, out: np.ndarray | None) -> np.ndarray | None:
+        """all_gather likewise; out, if given, holds size blocks like x (checked by caller)."""
         dtype = DTYPE_CODES.get(x.dtype)
         if dtype is None or x.nbytes > SINGLE_PASS_BYTES or not x.flags.c_contiguous:
             return None
         if out is None:
-            out = np.empty_like(x)
+            shape = (self.size * x.shape[0], *x.shape[1:]) if x.ndim else (self.size,)
+            out = np.empty(shape, x.dtype)
+        return self._small_round(x, out, dtype, -1)
+
+    def _small_round(self, x: np.ndarray, out: np.ndarray, dtype: int, op: int) -> np.ndarray:
+        """One single-pass round in C (_atomics.small_round): copy in, flag, wait, then reduce
+        (op >= 0) or gather (op -1) every slot into out."""
         src, dst = (x, out) if dtype > 1 else (x.view(np.uint16), out.view(np.uint16))
         self._seq = s = self._seq + 1
-        stage = atomics.small_all_reduce(
-            self.segment.buffer, self.layout.flags, LINE, self.size, self.rank, s,
-            self._set_offsets[s & 1], SLOT, src, dst, dtype, OP_CODES[op], 1, WAIT_SLICE)
-        while stage:  # a slow peer: wait in Python, which notices dead ranks and timeouts
-            self._wait_all(_ARRIVE, s - 1 if stage == 1 else s)
-            stage = atomics.small_all_reduce(
+        stage = 1
+        while True:  # once, unless a slow peer: then wait in Python, which notices dead ranks
+            stage = atomics.small_round(  # and timeouts, and resume
                 self.segment.buffer, self.layout.flags, LINE, self.size, self.rank, s,
-                self._set_offsets[s & 1], SLOT, src, dst, dtype, OP_CODES[op], stage,
-                WAIT_SLICE)
-        return out
+                self._set_offsets[s & 1], SLOT, src, dst, dtype, op, stage, WAIT_SLICE)
+            if not stage:
+                return out
+            self._wait_all(_ARRIVE, s - 1 if stage == 1 else s)
 
     def all_reduce(self, send: np.ndarray | None, recv: np.ndarray, op: str) -> None:
         data = recv if send is None else send
