@@ -104,8 +104,7 @@ class Communicator:
         fast = self._fast("all_gather", algorithm)
         if fast and type(x) is np.ndarray:
             if out is not None:
-                shape = (self.size * x.shape[0], *x.shape[1:]) if x.ndim else (self.size,)
-                self._output(x, out, shape, x.dtype)
+                self._output(x, out, self._gathered_shape(x), x.dtype)
             result = self._run_small("all_gather", x, out)
             if result is not None:
                 return result
@@ -114,8 +113,7 @@ class Communicator:
             result = self._run_small("all_gather", array, None)
             if result is not None:
                 return restore(result)
-        shape = (self.size * array.shape[0], *array.shape[1:]) if array.ndim else (self.size,)
-        result = self._output(x, out, shape, array.dtype)
+        result = self._output(x, out, self._gathered_shape(array), array.dtype)
         name = self._choose("all_gather", result.nbytes, algorithm)
         flat, mine = _flat(result), contiguous_flat(array)
         if np.may_share_memory(mine, flat):  # e.g. x is this rank's block of out already
@@ -278,6 +276,10 @@ class Communicator:
         if collective in self._overrides:
             return self._overrides[collective]
         return tuning.choose(self.backend, collective, nbytes, self.size)
+
+    def _gathered_shape(self, array: np.ndarray) -> tuple[int, ...]:
+        """all_gather's result: size copies of x along axis 0 (a 0-d x gives (size,))."""
+        return (self.size * array.shape[0], *array.shape[1:]) if array.ndim else (self.size,)
 
     def _fast(self, collective: str, algorithm: str | None) -> bool:
         """Whether the transport's one-call path may serve this call."""
