@@ -1,13 +1,14 @@
 """The shm transport's parts on their own: segments and both kinds of flags."""
 
 import mmap
+import os
 import threading
 import time
 
 import pytest
 
 from tbcoll.shm.flags import AtomicFlags, LockedFlags, atomics_available
-from tbcoll.shm.segment import Segment
+from tbcoll.shm.segment import Segment, SegmentSpaceError
 
 
 @pytest.fixture
@@ -65,3 +66,11 @@ def test_waiting_on_several_flags(segment):
     assert 0.04 < time.monotonic() - started < 2
     with pytest.raises(ValueError, match="outside the buffer"):
         flags.wait_all(0, 128, 1000, 1, 0.01)
+
+
+@pytest.mark.skipif(not hasattr(os, "posix_fallocate"), reason="Linux only: posix_fallocate")
+def test_no_room_is_an_error_at_creation_not_a_crash_later():
+    free = os.statvfs("/dev/shm").f_bavail * os.statvfs("/dev/shm").f_frsize
+    with pytest.raises(SegmentSpaceError, match="enlarge /dev/shm .* or use --backend tcp"):
+        Segment.create(f"/tbc-test-big-{os.getpid()}", free + (1 << 30))
+    assert not os.path.exists(f"/dev/shm/tbc-test-big-{os.getpid()}")

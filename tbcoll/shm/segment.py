@@ -18,6 +18,10 @@ import tempfile
 MAX_NAME = 31  # PSHMNAMLEN on macOS
 
 
+class SegmentSpaceError(OSError):
+    """The system has no room for a segment of the size asked."""
+
+
 class Segment:
     def __init__(self, name: str, fd: int, size: int, lock_path: str) -> None:
         self.name, self.size, self.lock_path = name, size, lock_path
@@ -35,10 +39,14 @@ class Segment:
         fd = _posixshmem.shm_open(name, os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=0o600)
         try:
             os.ftruncate(fd, size)
-        except OSError:
+            if hasattr(os, "posix_fallocate"):  # Linux: claim the pages now, so that a full
+                os.posix_fallocate(fd, 0, size)  # /dev/shm is an error here, not a SIGBUS later
+        except OSError as e:
             os.close(fd)
             _posixshmem.shm_unlink(name)
-            raise
+            raise SegmentSpaceError(
+                f"cannot make a {size / 2**20:.1f} MiB shared-memory segment ({e.strerror}): "
+                "enlarge /dev/shm (e.g. docker --shm-size) or use --backend tcp") from e
         return cls(name, fd, size, _lock_path(name))
 
     @classmethod
