@@ -51,3 +51,24 @@ def to_numpy(x: Any) -> tuple[np.ndarray, Callable[[np.ndarray], Any]]:
 def contiguous_flat(array: np.ndarray) -> np.ndarray:
     """A 1-D C-contiguous view of array, copying only if it is not contiguous."""
     return np.ascontiguousarray(array).reshape(-1)
+
+
+def same_buffer(a: np.ndarray, b: np.ndarray) -> bool:
+    """a and b are the same bytes in the same order (the same array, or contiguous views of
+    it with the same start and extent)."""
+    if a is b:
+        return True
+    if a.nbytes != b.nbytes or not may_overlap(a, b):  # cheap tests first
+        return False
+    return (a.flags.c_contiguous and b.flags.c_contiguous
+            and a.__array_interface__["data"][0] == b.__array_interface__["data"][0])
+
+
+def may_overlap(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether a and b may share memory; quick where both own theirs (np.may_share_memory
+    alone costs a microsecond, which the latency-critical paths cannot spare)."""
+    if a is b:
+        return True
+    if a.base is None and b.base is None:  # two arrays that own their memory never overlap
+        return False
+    return bool(np.may_share_memory(a, b))

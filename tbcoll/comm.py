@@ -16,7 +16,7 @@ import numpy as np
 
 from tbcoll import tuning
 from tbcoll.algorithms import FAMILIES, rd
-from tbcoll.arrays import contiguous_flat, is_mlx, to_numpy
+from tbcoll.arrays import contiguous_flat, is_mlx, may_overlap, same_buffer, to_numpy
 from tbcoll.checks import verify_calls_match
 from tbcoll.dtypes import OPS, reducer
 from tbcoll.env import algorithm_overrides, check_mode
@@ -29,11 +29,11 @@ ALGORITHMS = {name: _DATA_ALGORITHMS for name in COLLECTIVES} | {"barrier": ("rd
 MAX_TAG = 32767  # the largest tag every MPI must support
 
 
-def _same_buffer(a: np.ndarray, b: np.ndarray) -> bool:
-    """a and b are the same bytes in the same order (the same array, or contiguous views of
-    it with the same start and extent)."""
-    return a is b or (a.nbytes == b.nbytes and a.flags.c_contiguous and b.flags.c_contiguous
-                      and a.__array_interface__["data"][0] == b.__array_interface__["data"][0])
+def _plain_out(out: Any, shape: tuple, dtype: np.dtype) -> bool:
+    """out is a numpy array a result of this shape and dtype can go into (a quick test; the
+    full one, with its error messages, is Communicator._output)."""
+    return (type(out) is np.ndarray and out.shape == shape and out.dtype == dtype
+            and out.flags.c_contiguous and out.flags.writeable)
 
 
 def _flat(array: np.ndarray) -> np.ndarray:
@@ -70,8 +70,8 @@ class Communicator:
         """Reduce x elementwise over all ranks with op; every rank gets the result."""
         fast = op in OPS and self._fast("all_reduce", algorithm)
         if fast and type(x) is np.ndarray:  # the latency-critical case: no conversions
-            if out is not None:
-                self._output(x, out, x.shape, x.dtype)
+            if out is not None and not _plain_out(out, x.shape, x.dtype):
+                self._output(x, out, x.shape, x.dtype)  # raises, saying what is wrong
             result = self._run_small("all_reduce", x, op, out)
             if result is not None:
                 return result
@@ -83,8 +83,8 @@ class Communicator:
         ufunc = reducer(op)
         result = self._output(x, out, array.shape, array.dtype)
         name = self._choose("all_reduce", array.nbytes, algorithm)
-        in_place = _same_buffer(result, array)
-        if not in_place and np.may_share_memory(result, array):
+        in_place = same_buffer(result, array)
+        if not in_place and may_overlap(result, array):
             array = array.copy()  # out overlaps x some other way: read from a copy
         if self.size == 1 or array.size == 0:
             work = None
@@ -103,8 +103,8 @@ class Communicator:
         """Concatenate every rank's x along axis 0 (a 0-d x gives shape (size,))."""
         fast = self._fast("all_gather", algorithm)
         if fast and type(x) is np.ndarray:
-            if out is not None:
-                self._output(x, out, self._gathered_shape(x), x.dtype)
+            if out is not None and not _plain_out(out, self._gathered_shape(x), x.dtype):
+                self._output(x, out, self._gathered_shape(x), x.dtype)  # raises
             result = self._run_small("all_gather", x, out)
             if result is not None:
                 return result
@@ -116,7 +116,7 @@ class Communicator:
         result = self._output(x, out, self._gathered_shape(array), array.dtype)
         name = self._choose("all_gather", result.nbytes, algorithm)
         flat, mine = _flat(result), contiguous_flat(array)
-        if np.may_share_memory(mine, flat):  # e.g. x is this rank's block of out already
+        if may_overlap(mine, flat):  # e.g. x is this rank's block of out already
             mine = mine.copy()
         if name != "native" or self.size == 1 or mine.size == 0:
             flat[self.rank * mine.size:(self.rank + 1) * mine.size] = mine
@@ -140,7 +140,7 @@ class Communicator:
         shape = (array.shape[0] // self.size, *array.shape[1:])
         result = self._output(x, out, shape, array.dtype)
         name = self._choose("reduce_scatter", array.nbytes, algorithm)
-        if np.may_share_memory(result, array):
+        if may_overlap(result, array):
             array = array.copy()  # the transports read x while they write out
         scratch = None
         if self.size == 1 or array.size == 0:

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 import ml_dtypes
 import numpy as np
 
+from tbcoll.arrays import may_overlap, same_buffer
 from tbcoll.dtypes import reducer
 from tbcoll.env import LaunchInfo, comm_timeout
 from tbcoll.errors import CommError, TbcollError
@@ -78,6 +79,32 @@ class MpiNative:
         self._comm = comm
         self._bfloat16_ops: dict[str, MPI.Op] = {}
 
+    def small_all_reduce(self, x: np.ndarray, op: str,
+                         out: np.ndarray | None) -> np.ndarray | None:
+        """The Communicator's one-call path (any size here): straight to MPI_Allreduce."""
+        if x.dtype not in _DATATYPES or not x.flags.c_contiguous:
+            return None
+        if out is None:
+            out, send = np.empty_like(x), x
+        elif not may_overlap(out, x):
+            send = x
+        elif same_buffer(out, x):
+            send = None
+        else:
+            return None  # MPI forbids aliased buffers; the general path copies x first
+        self.all_reduce(send, out, op)
+        return out
+
+    def small_all_gather(self, x: np.ndarray, out: np.ndarray | None) -> np.ndarray | None:
+        if x.dtype not in _DATATYPES or not x.flags.c_contiguous or (
+                out is not None and may_overlap(x, out)):
+            return None
+        if out is None:
+            out = np.empty((self._comm.Get_size() * x.shape[0], *x.shape[1:]) if x.ndim
+                           else (self._comm.Get_size(),), x.dtype)
+        self.all_gather(x, out)
+        return out
+
     def all_reduce(self, send: np.ndarray | None, recv: np.ndarray, op: str) -> None:
         """send None: in place on recv."""
         self._comm.Allreduce(self._spec(send), self._spec(recv), self._op(op, recv.dtype))
@@ -103,8 +130,9 @@ class MpiNative:
     def _spec(self, array: np.ndarray | None) -> object:
         if array is None:
             return MPI.IN_PLACE
-        return [array.view(np.uint16) if array.dtype == _BFLOAT16 else array,
-                _DATATYPES[array.dtype]]
+        if array.dtype.char == "E":  # bfloat16: no buffer format; a 2-byte carrier type
+            return [array.view(np.uint16), MPI.UINT16_T]
+        return array  # mpi4py reads the MPI datatype from the buffer's format
 
     def _op(self, op: str, dtype: np.dtype) -> MPI.Op:
         if dtype != _BFLOAT16:
