@@ -199,8 +199,9 @@ class Supervisor:
                 continue
             if proc.returncode != 0 and self._status is None:
                 others = len(self._alive())
-                self._log(f"rank {rank} (pid {proc.pid}) {_describe_exit(proc.returncode)}; "
-                          f"stopping the other {_plural(others, 'rank')}")
+                stopping = f"; stopping the other {_plural(others, 'rank')}" if others else ""
+                self._log(f"rank {rank} (pid {proc.pid}) {_describe_exit(proc.returncode)}"
+                          f"{stopping}")
                 self._begin_teardown(_status_of(proc.returncode), signal.SIGTERM)
 
     def _begin_teardown(self, status: int, sig: int) -> None:

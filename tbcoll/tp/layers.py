@@ -15,6 +15,18 @@ from typing import Any
 import numpy as np
 
 
+class Solo:
+    """A communicator of one rank: what a single-process reference model runs with."""
+
+    rank, size = 0, 1
+
+    def all_reduce(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        return x
+
+    def all_gather(self, x: np.ndarray) -> np.ndarray:
+        return x
+
+
 def shard_bounds(total: int, rank: int, size: int, what: str) -> slice:
     """This rank's slice of `total` items, which must divide evenly."""
     if total % size:

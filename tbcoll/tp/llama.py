@@ -1,0 +1,183 @@
+"""A Llama-architecture decoder run tensor-parallel, with greedy decoding and a KV cache.
+
+RMSNorm, rotary position embeddings (Hugging Face's rotate-half layout), grouped-query
+attention and a SwiGLU MLP, loaded from a Hugging Face folder (config.json and
+*.safetensors). Each rank holds heads/N query heads, kv_heads/N key/value heads (query head
+j reads key/value head j // (heads / kv_heads), so contiguous slices line up), 1/N of every
+MLP and 1/N of the vocabulary of the output head; per layer two all_reduce calls, per token
+one all_gather of the logits. TensorParallelLlama(weights, cfg, layers.Solo(), np.float64)
+is the single-process reference.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tbcoll.tp.layers import AllToShardedLinear, ShardedToAllLinear, shard_bounds
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    num_hidden_layers: int
+    vocab_size: int
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    max_position_embeddings: int = 2048
+
+    @classmethod
+    def from_file(cls, path: Path) -> LlamaConfig:
+        c = json.loads(Path(path).read_text())
+        if c.get("hidden_act", "silu") != "silu":
+            raise ValueError(f"{path}: hidden_act {c['hidden_act']!r} is not silu")
+        names = cls.__dataclass_fields__
+        return cls(**{k: v for k, v in c.items() if k in names})
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+
+def load_checkpoint(folder: Path) -> tuple[LlamaConfig, dict[str, np.ndarray]]:
+    from safetensors.numpy import load_file
+
+    folder = Path(folder)
+    weights: dict[str, np.ndarray] = {}
+    for file in sorted(folder.glob("*.safetensors")):
+        weights.update(load_file(str(file)))
+    if not weights:
+        raise FileNotFoundError(f"no *.safetensors in {folder}")
+    return LlamaConfig.from_file(folder / "config.json"), weights
+
+
+def write_random_checkpoint(folder: Path, cfg: LlamaConfig, seed: int = 0) -> None:
+    """A checkpoint of random weights in Hugging Face's Llama layout (for tests, benchmarks)."""
+    from safetensors.numpy import save_file
+
+    rng = np.random.default_rng(seed)
+    h, i, d = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
+
+    def matrix(rows: int, cols: int) -> np.ndarray:
+        return (rng.standard_normal((rows, cols)) / np.sqrt(cols)).astype(np.float32)
+
+    w = {"model.embed_tokens.weight": matrix(cfg.vocab_size, h),
+         "model.norm.weight": np.ones(h, np.float32), "lm_head.weight": matrix(cfg.vocab_size, h)}
+    for layer in range(cfg.num_hidden_layers):
+        p = f"model.layers.{layer}."
+        w |= {p + "input_layernorm.weight": np.ones(h, np.float32),
+              p + "post_attention_layernorm.weight": np.ones(h, np.float32),
+              p + "self_attn.q_proj.weight": matrix(cfg.num_attention_heads * d, h),
+              p + "self_attn.k_proj.weight": matrix(cfg.num_key_value_heads * d, h),
+              p + "self_attn.v_proj.weight": matrix(cfg.num_key_value_heads * d, h),
+              p + "self_attn.o_proj.weight": matrix(h, cfg.num_attention_heads * d),
+              p + "mlp.gate_proj.weight": matrix(i, h), p + "mlp.up_proj.weight": matrix(i, h),
+              p + "mlp.down_proj.weight": matrix(h, i)}
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(
+        {**asdict(cfg), "architectures": ["LlamaForCausalLM"], "hidden_act": "silu"}, indent=1))
+    save_file(w, str(folder / "model.safetensors"))
+
+
+def _rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * weight
+
+
+def _rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    half = x.shape[-1] // 2
+    rotated = np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    return x * cos + rotated * sin
+
+
+class _Layer:
+    def __init__(self, w: dict, p: str, cfg: LlamaConfig, comm: Any, dtype: np.dtype) -> None:
+        shard_bounds(cfg.num_attention_heads, comm.rank, comm.size, "the attention heads")
+        shard_bounds(cfg.num_key_value_heads, comm.rank, comm.size, "the key/value heads")
+        self.heads = cfg.num_attention_heads // comm.size
+        self.kv_heads = cfg.num_key_value_heads // comm.size
+        self.d, self.eps = cfg.head_dim, cfg.rms_norm_eps
+        a, m = p + "self_attn.", p + "mlp."
+        self.q, self.k, self.v, self.gate, self.up = (
+            AllToShardedLinear.from_full(w[name + ".weight"], None, comm, dtype)
+            for name in (a + "q_proj", a + "k_proj", a + "v_proj", m + "gate_proj",
+                         m + "up_proj"))
+        self.o = ShardedToAllLinear.from_full(w[a + "o_proj.weight"], None, comm, dtype)
+        self.down = ShardedToAllLinear.from_full(w[m + "down_proj.weight"], None, comm, dtype)
+        self.norm1 = w[p + "input_layernorm.weight"].astype(dtype)
+        self.norm2 = w[p + "post_attention_layernorm.weight"].astype(dtype)
+        self.cache_k = self.cache_v = None  # (kv_heads, positions, d), this rank's heads
+
+    def __call__(self, x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+        t = x.shape[0]  # tokens of this step (the prompt, then one at a time)
+        h = _rms_norm(x, self.norm1, self.eps)
+        q = _rotate(self.q(h).reshape(t, self.heads, self.d).transpose(1, 0, 2), cos, sin)
+        k = _rotate(self.k(h).reshape(t, self.kv_heads, self.d).transpose(1, 0, 2), cos, sin)
+        v = self.v(h).reshape(t, self.kv_heads, self.d).transpose(1, 0, 2)
+        self.cache_k = k if self.cache_k is None else np.concatenate([self.cache_k, k], 1)
+        self.cache_v = v if self.cache_v is None else np.concatenate([self.cache_v, v], 1)
+        group = self.heads // self.kv_heads
+        keys = np.repeat(self.cache_k, group, axis=0)
+        values = np.repeat(self.cache_v, group, axis=0)
+        scores = q @ keys.transpose(0, 2, 1) / np.sqrt(self.d).astype(x.dtype)
+        total = keys.shape[1]  # a query at position total-t+i sees keys up to it
+        future = np.arange(total)[None, :] > (np.arange(t) + total - t)[:, None]
+        scores = np.where(future, -np.inf, scores)
+        probs = np.exp(scores - scores.max(-1, keepdims=True))
+        probs /= probs.sum(-1, keepdims=True)
+        context = (probs @ values).transpose(1, 0, 2).reshape(t, self.heads * self.d)
+        x = x + self.o(context)
+        h = _rms_norm(x, self.norm2, self.eps)
+        gate = self.gate(h)
+        return x + self.down(gate / (1.0 + np.exp(-gate)) * self.up(h))  # silu(gate) * up
+
+
+class TensorParallelLlama:
+    def __init__(self, weights: dict[str, np.ndarray], cfg: LlamaConfig, comm: Any,
+                 dtype: np.dtype = np.float32) -> None:
+        self.cfg, self.comm, self.dtype = cfg, comm, np.dtype(dtype)
+        self.embed = weights["model.embed_tokens.weight"].astype(dtype)
+        self.norm = weights["model.norm.weight"].astype(dtype)
+        self.layers = [_Layer(weights, f"model.layers.{i}.", cfg, comm, dtype)
+                       for i in range(cfg.num_hidden_layers)]
+        head = weights.get("lm_head.weight", weights["model.embed_tokens.weight"])
+        self.head = AllToShardedLinear.from_full(head, None, comm, dtype)  # vocabulary-parallel
+        d = cfg.head_dim
+        self.inv_freq = 1.0 / cfg.rope_theta ** (np.arange(0, d, 2) / d)
+        self.position = 0
+
+    def reset(self) -> None:
+        for layer in self.layers:
+            layer.cache_k = layer.cache_v = None
+        self.position = 0
+
+    def forward(self, tokens: np.ndarray) -> np.ndarray:
+        """Logits (vocab,) after the last of these tokens, extending the KV cache."""
+        t = len(tokens)
+        angles = np.outer(np.arange(self.position, self.position + t), self.inv_freq)
+        angles = np.concatenate([angles, angles], axis=-1)
+        cos, sin = np.cos(angles).astype(self.dtype), np.sin(angles).astype(self.dtype)
+        x = self.embed[tokens]
+        for layer in self.layers:
+            x = layer(x, cos, sin)
+        self.position += t
+        local = self.head(_rms_norm(x[-1:], self.norm, self.cfg.rms_norm_eps))[0]
+        return self.comm.all_gather(local)
+
+    def generate(self, prompt: list[int], steps: int) -> tuple[list[int], list[np.ndarray]]:
+        """Greedy decoding: the tokens after the prompt, and the logits that chose each."""
+        self.reset()
+        logits = self.forward(np.asarray(prompt))
+        tokens, trace = [], []
+        for _ in range(steps):
+            trace.append(logits)
+            tokens.append(int(np.argmax(logits)))
+            logits = self.forward(np.asarray(tokens[-1:]))
+        return tokens, trace
