@@ -160,14 +160,22 @@ class TensorParallelLlama:
 
     def forward(self, tokens: np.ndarray) -> np.ndarray:
         """Logits (vocab,) after the last of these tokens, extending the KV cache."""
-        t = len(tokens)
+        return self.logits(self.run_layers(self.embed[tokens]))
+
+    def run_layers(self, x: np.ndarray) -> np.ndarray:
+        """The hidden states (tokens, hidden) after every layer, for tokens at the next
+        positions; extends the KV cache."""
+        t = x.shape[0]
         angles = np.outer(np.arange(self.position, self.position + t), self.inv_freq)
         angles = np.concatenate([angles, angles], axis=-1)
         cos, sin = np.cos(angles).astype(self.dtype), np.sin(angles).astype(self.dtype)
-        x = self.embed[tokens]
         for layer in self.layers:
             x = layer(x, cos, sin)
         self.position += t
+        return x
+
+    def logits(self, x: np.ndarray) -> np.ndarray:
+        """The whole vocabulary's logits after the last hidden state (one all_gather)."""
         local = self.head(_rms_norm(x[-1:], self.norm, self.cfg.rms_norm_eps))[0]
         return self.comm.all_gather(local)
 
