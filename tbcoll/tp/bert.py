@@ -6,7 +6,7 @@ all_reduce calls (after attention and after the MLP). Sentence embeddings are th
 token states over the attention mask, L2-normalised, as sentence-transformers does.
 
 reference_embeddings() is a separate, plain float64 implementation from the same config and
-weights, written without any sharding, for checking.
+weights, written without any sharding, for checking. xp=mlx.core computes with mlx arrays.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from tbcoll.tp.layers import AllToShardedLinear, ShardedToAllLinear, shard_bounds
+from tbcoll.tp.layers import AllToShardedLinear, ShardedToAllLinear, as_array, shard_bounds
 
 
 @dataclass(frozen=True)
@@ -55,50 +55,50 @@ def _erf(x: np.ndarray) -> np.ndarray:
     return sign * (1.0 - poly * np.exp(-a * a))
 
 
-def _gelu(x: np.ndarray) -> np.ndarray:
-    return 0.5 * x * (1.0 + _erf(x / math.sqrt(2.0)))
+def _gelu(x: Any, xp: Any = np) -> Any:
+    erf = _erf if xp is np else xp.erf
+    return 0.5 * x * (1.0 + erf(x * (1.0 / math.sqrt(2.0))))
 
 
-def _layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float) -> np.ndarray:
+def _layer_norm(x: Any, weight: Any, bias: Any, eps: float) -> Any:
     mean = x.mean(-1, keepdims=True)
     var = ((x - mean) ** 2).mean(-1, keepdims=True)
-    return (x - mean) / np.sqrt(var + eps) * weight + bias
+    return (x - mean) * (var + eps) ** -0.5 * weight + bias
 
 
-def _softmax(scores: np.ndarray) -> np.ndarray:
-    scores = scores - scores.max(-1, keepdims=True)
-    e = np.exp(scores)
+def _softmax(scores: Any, xp: Any = np) -> Any:
+    e = xp.exp(scores - scores.max(-1, keepdims=True))
     return e / e.sum(-1, keepdims=True)
 
 
-def _pool(states: np.ndarray, mask: np.ndarray) -> np.ndarray:
+def _pool(states: Any, mask: Any, xp: Any = np) -> Any:
     m = mask[..., None].astype(states.dtype)
-    pooled = (states * m).sum(1) / np.maximum(m.sum(1), 1e-9)
-    return pooled / np.maximum(np.linalg.norm(pooled, axis=-1, keepdims=True), 1e-12)
+    pooled = (states * m).sum(1) / xp.maximum(m.sum(1), 1e-9)
+    return pooled / xp.maximum(((pooled * pooled).sum(-1, keepdims=True)) ** 0.5, 1e-12)
 
 
 class _Layer:
     def __init__(self, w: dict[str, np.ndarray], prefix: str, cfg: BertConfig, comm: Any,
-                 dtype: np.dtype) -> None:
+                 dtype: np.dtype, xp: Any) -> None:
         heads = shard_bounds(cfg.heads, comm.rank, comm.size, "the attention heads")
         self.local_heads = heads.stop - heads.start
         self.head_dim = cfg.hidden // cfg.heads
         attn = prefix + "attention."
         self.q, self.k, self.v = (AllToShardedLinear.from_full(
-            w[f"{attn}self.{n}.weight"], w[f"{attn}self.{n}.bias"], comm, dtype)
+            w[f"{attn}self.{n}.weight"], w[f"{attn}self.{n}.bias"], comm, dtype, xp)
             for n in ("query", "key", "value"))
         self.attn_out = ShardedToAllLinear.from_full(
-            w[f"{attn}output.dense.weight"], w[f"{attn}output.dense.bias"], comm, dtype)
-        self.ln1 = (w[f"{attn}output.LayerNorm.weight"].astype(dtype),
-                    w[f"{attn}output.LayerNorm.bias"].astype(dtype))
+            w[f"{attn}output.dense.weight"], w[f"{attn}output.dense.bias"], comm, dtype, xp)
+        self.ln1 = (as_array(w[f"{attn}output.LayerNorm.weight"], dtype, xp),
+                    as_array(w[f"{attn}output.LayerNorm.bias"], dtype, xp))
         self.up = AllToShardedLinear.from_full(
             w[prefix + "intermediate.dense.weight"], w[prefix + "intermediate.dense.bias"],
-            comm, dtype)
+            comm, dtype, xp)
         self.down = ShardedToAllLinear.from_full(
-            w[prefix + "output.dense.weight"], w[prefix + "output.dense.bias"], comm, dtype)
-        self.ln2 = (w[prefix + "output.LayerNorm.weight"].astype(dtype),
-                    w[prefix + "output.LayerNorm.bias"].astype(dtype))
-        self.eps = cfg.eps
+            w[prefix + "output.dense.weight"], w[prefix + "output.dense.bias"], comm, dtype, xp)
+        self.ln2 = (as_array(w[prefix + "output.LayerNorm.weight"], dtype, xp),
+                    as_array(w[prefix + "output.LayerNorm.bias"], dtype, xp))
+        self.eps, self.xp = cfg.eps, xp
 
     def __call__(self, x: np.ndarray, mask_bias: np.ndarray) -> np.ndarray:
         b, t, _ = x.shape
@@ -107,36 +107,41 @@ class _Layer:
             return y.reshape(b, t, self.local_heads, self.head_dim).transpose(0, 2, 1, 3)
 
         q, k, v = heads(self.q(x)), heads(self.k(x)), heads(self.v(x))
-        scores = q @ k.transpose(0, 1, 3, 2) / np.sqrt(self.head_dim).astype(x.dtype)
-        context = _softmax(scores + mask_bias) @ v
+        scores = q @ k.transpose(0, 1, 3, 2) * (1.0 / math.sqrt(self.head_dim))
+        context = _softmax(scores + mask_bias, self.xp) @ v
         context = context.transpose(0, 2, 1, 3).reshape(b, t, -1)
         x = _layer_norm(x + self.attn_out(context), *self.ln1, self.eps)
-        return _layer_norm(x + self.down(_gelu(self.up(x))), *self.ln2, self.eps)
+        return _layer_norm(x + self.down(_gelu(self.up(x), self.xp)), *self.ln2, self.eps)
 
 
 class TensorParallelBert:
     """A BERT encoder with 1/N of every layer on each rank of comm."""
 
     def __init__(self, weights: dict[str, np.ndarray], cfg: BertConfig, comm: Any,
-                 dtype: np.dtype = np.float32) -> None:
-        self.cfg, self.dtype = cfg, np.dtype(dtype)
-        self.word = weights["embeddings.word_embeddings.weight"].astype(dtype)
-        self.position = weights["embeddings.position_embeddings.weight"].astype(dtype)
-        self.token_type = weights["embeddings.token_type_embeddings.weight"].astype(dtype)
-        self.ln = (weights["embeddings.LayerNorm.weight"].astype(dtype),
-                   weights["embeddings.LayerNorm.bias"].astype(dtype))
-        self.layers = [_Layer(weights, f"encoder.layer.{i}.", cfg, comm, dtype)
+                 dtype: np.dtype = np.float32, xp: Any = np) -> None:
+        self.cfg, self.dtype, self.xp = cfg, np.dtype(dtype), xp
+
+        def array(name: str) -> Any:
+            return as_array(weights[name], dtype, xp)
+
+        self.word = array("embeddings.word_embeddings.weight")
+        self.position = array("embeddings.position_embeddings.weight")
+        self.token_type = array("embeddings.token_type_embeddings.weight")
+        self.ln = (array("embeddings.LayerNorm.weight"), array("embeddings.LayerNorm.bias"))
+        self.layers = [_Layer(weights, f"encoder.layer.{i}.", cfg, comm, dtype, xp)
                        for i in range(cfg.layers)]
 
-    def embed(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    def embed(self, ids: np.ndarray, mask: np.ndarray) -> Any:
         """Sentence embeddings (batch, hidden), mean-pooled and normalised."""
         t = ids.shape[1]
-        x = self.word[ids] + self.position[:t] + self.token_type[0]
+        tokens = ids if self.xp is np else self.xp.array(ids)
+        x = self.word[tokens] + self.position[:t] + self.token_type[0]
         x = _layer_norm(x, *self.ln, self.cfg.eps)
-        mask_bias = np.where(mask[:, None, None, :] > 0, 0.0, -1e9).astype(self.dtype)
+        mask_bias = as_array(np.where(mask[:, None, None, :] > 0, 0.0, -1e9), self.dtype,
+                             self.xp)
         for layer in self.layers:
             x = layer(x, mask_bias)
-        return _pool(x, mask)
+        return _pool(x, as_array(mask, self.dtype, self.xp), self.xp)
 
 
 def reference_embeddings(weights: dict[str, np.ndarray], cfg: BertConfig, ids: np.ndarray,

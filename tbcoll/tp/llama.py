@@ -6,19 +6,20 @@ attention and a SwiGLU MLP, loaded from a Hugging Face folder (config.json and
 j reads key/value head j // (heads / kv_heads), so contiguous slices line up), 1/N of every
 MLP and 1/N of the vocabulary of the output head; per layer two all_reduce calls, per token
 one all_gather of the logits. TensorParallelLlama(weights, cfg, layers.Solo(), np.float64)
-is the single-process reference.
+is the single-process reference. xp=mlx.core computes with mlx arrays instead of numpy's.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from tbcoll.tp.layers import AllToShardedLinear, ShardedToAllLinear, shard_bounds
+from tbcoll.tp.layers import AllToShardedLinear, ShardedToAllLinear, as_array, shard_bounds
 
 
 @dataclass(frozen=True)
@@ -87,68 +88,71 @@ def write_random_checkpoint(folder: Path, cfg: LlamaConfig, seed: int = 0) -> No
     save_file(w, str(folder / "model.safetensors"))
 
 
-def _rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
-    return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * weight
+def _rms_norm(x: Any, weight: Any, eps: float) -> Any:
+    return x * ((x * x).mean(-1, keepdims=True) + eps) ** -0.5 * weight
 
 
-def _rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+def _rotate(x: Any, cos: Any, sin: Any, xp: Any) -> Any:
     half = x.shape[-1] // 2
-    rotated = np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    rotated = xp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
     return x * cos + rotated * sin
 
 
 class _Layer:
-    def __init__(self, w: dict, p: str, cfg: LlamaConfig, comm: Any, dtype: np.dtype) -> None:
+    def __init__(self, w: dict, p: str, cfg: LlamaConfig, comm: Any, dtype: np.dtype,
+                 xp: Any) -> None:
         shard_bounds(cfg.num_attention_heads, comm.rank, comm.size, "the attention heads")
         shard_bounds(cfg.num_key_value_heads, comm.rank, comm.size, "the key/value heads")
         self.heads = cfg.num_attention_heads // comm.size
         self.kv_heads = cfg.num_key_value_heads // comm.size
-        self.d, self.eps = cfg.head_dim, cfg.rms_norm_eps
+        self.d, self.eps, self.xp = cfg.head_dim, cfg.rms_norm_eps, xp
         a, m = p + "self_attn.", p + "mlp."
         self.q, self.k, self.v, self.gate, self.up = (
-            AllToShardedLinear.from_full(w[name + ".weight"], None, comm, dtype)
+            AllToShardedLinear.from_full(w[name + ".weight"], None, comm, dtype, xp)
             for name in (a + "q_proj", a + "k_proj", a + "v_proj", m + "gate_proj",
                          m + "up_proj"))
-        self.o = ShardedToAllLinear.from_full(w[a + "o_proj.weight"], None, comm, dtype)
-        self.down = ShardedToAllLinear.from_full(w[m + "down_proj.weight"], None, comm, dtype)
-        self.norm1 = w[p + "input_layernorm.weight"].astype(dtype)
-        self.norm2 = w[p + "post_attention_layernorm.weight"].astype(dtype)
+        self.o = ShardedToAllLinear.from_full(w[a + "o_proj.weight"], None, comm, dtype, xp)
+        self.down = ShardedToAllLinear.from_full(w[m + "down_proj.weight"], None, comm, dtype,
+                                                 xp)
+        self.norm1 = as_array(w[p + "input_layernorm.weight"], dtype, xp)
+        self.norm2 = as_array(w[p + "post_attention_layernorm.weight"], dtype, xp)
         self.cache_k = self.cache_v = None  # (kv_heads, positions, d), this rank's heads
 
-    def __call__(self, x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
-        t = x.shape[0]  # tokens of this step (the prompt, then one at a time)
+    def __call__(self, x: Any, cos: Any, sin: Any) -> Any:
+        xp, t = self.xp, x.shape[0]  # tokens of this step (the prompt, then one at a time)
         h = _rms_norm(x, self.norm1, self.eps)
-        q = _rotate(self.q(h).reshape(t, self.heads, self.d).transpose(1, 0, 2), cos, sin)
-        k = _rotate(self.k(h).reshape(t, self.kv_heads, self.d).transpose(1, 0, 2), cos, sin)
+        q = _rotate(self.q(h).reshape(t, self.heads, self.d).transpose(1, 0, 2), cos, sin, xp)
+        k = _rotate(self.k(h).reshape(t, self.kv_heads, self.d).transpose(1, 0, 2), cos, sin,
+                    xp)
         v = self.v(h).reshape(t, self.kv_heads, self.d).transpose(1, 0, 2)
-        self.cache_k = k if self.cache_k is None else np.concatenate([self.cache_k, k], 1)
-        self.cache_v = v if self.cache_v is None else np.concatenate([self.cache_v, v], 1)
+        self.cache_k = k if self.cache_k is None else xp.concatenate([self.cache_k, k], 1)
+        self.cache_v = v if self.cache_v is None else xp.concatenate([self.cache_v, v], 1)
         group = self.heads // self.kv_heads
-        keys = np.repeat(self.cache_k, group, axis=0)
-        values = np.repeat(self.cache_v, group, axis=0)
-        scores = q @ keys.transpose(0, 2, 1) / np.sqrt(self.d).astype(x.dtype)
+        keys = xp.repeat(self.cache_k, group, axis=0)
+        values = xp.repeat(self.cache_v, group, axis=0)
+        scores = q @ keys.transpose(0, 2, 1) * (1.0 / math.sqrt(self.d))
         total = keys.shape[1]  # a query at position total-t+i sees keys up to it
         future = np.arange(total)[None, :] > (np.arange(t) + total - t)[:, None]
-        scores = np.where(future, -np.inf, scores)
-        probs = np.exp(scores - scores.max(-1, keepdims=True))
-        probs /= probs.sum(-1, keepdims=True)
+        scores = xp.where(xp.array(future) if xp is not np else future, -np.inf, scores)
+        probs = xp.exp(scores - scores.max(-1, keepdims=True))
+        probs = probs / probs.sum(-1, keepdims=True)
         context = (probs @ values).transpose(1, 0, 2).reshape(t, self.heads * self.d)
         x = x + self.o(context)
         h = _rms_norm(x, self.norm2, self.eps)
         gate = self.gate(h)
-        return x + self.down(gate / (1.0 + np.exp(-gate)) * self.up(h))  # silu(gate) * up
+        return x + self.down(gate / (1.0 + xp.exp(-gate)) * self.up(h))  # silu(gate) * up
 
 
 class TensorParallelLlama:
     def __init__(self, weights: dict[str, np.ndarray], cfg: LlamaConfig, comm: Any,
-                 dtype: np.dtype = np.float32) -> None:
-        self.cfg, self.comm, self.dtype = cfg, comm, np.dtype(dtype)
-        self.embed = weights["model.embed_tokens.weight"].astype(dtype)
-        self.norm = weights["model.norm.weight"].astype(dtype)
-        self.layers = [_Layer(weights, f"model.layers.{i}.", cfg, comm, dtype)
+                 dtype: np.dtype = np.float32, xp: Any = np) -> None:
+        self.cfg, self.comm, self.dtype, self.xp = cfg, comm, np.dtype(dtype), xp
+        self.embed = as_array(weights["model.embed_tokens.weight"], dtype, xp)
+        self.norm = as_array(weights["model.norm.weight"], dtype, xp)
+        self.layers = [_Layer(weights, f"model.layers.{i}.", cfg, comm, dtype, xp)
                        for i in range(cfg.num_hidden_layers)]
         head = weights.get("lm_head.weight", weights["model.embed_tokens.weight"])
-        self.head = AllToShardedLinear.from_full(head, None, comm, dtype)  # vocabulary-parallel
+        self.head = AllToShardedLinear.from_full(head, None, comm, dtype, xp)  # vocab-parallel
         d = cfg.head_dim
         self.inv_freq = 1.0 / cfg.rope_theta ** (np.arange(0, d, 2) / d)
         self.position = 0
@@ -158,9 +162,10 @@ class TensorParallelLlama:
             layer.cache_k = layer.cache_v = None
         self.position = 0
 
-    def forward(self, tokens: np.ndarray) -> np.ndarray:
+    def forward(self, tokens: np.ndarray) -> Any:
         """Logits (vocab,) after the last of these tokens, extending the KV cache."""
-        return self.logits(self.run_layers(self.embed[tokens]))
+        ids = tokens if self.xp is np else self.xp.array(tokens)
+        return self.logits(self.run_layers(self.embed[ids]))
 
     def run_layers(self, x: np.ndarray) -> np.ndarray:
         """The hidden states (tokens, hidden) after every layer, for tokens at the next
@@ -168,7 +173,7 @@ class TensorParallelLlama:
         t = x.shape[0]
         angles = np.outer(np.arange(self.position, self.position + t), self.inv_freq)
         angles = np.concatenate([angles, angles], axis=-1)
-        cos, sin = np.cos(angles).astype(self.dtype), np.sin(angles).astype(self.dtype)
+        cos, sin = (as_array(f(angles), self.dtype, self.xp) for f in (np.cos, np.sin))
         for layer in self.layers:
             x = layer(x, cos, sin)
         self.position += t
@@ -185,7 +190,7 @@ class TensorParallelLlama:
         logits = self.forward(np.asarray(prompt))
         tokens, trace = [], []
         for _ in range(steps):
-            trace.append(logits)
-            tokens.append(int(np.argmax(logits)))
+            trace.append(np.asarray(logits))
+            tokens.append(int(np.argmax(trace[-1])))
             logits = self.forward(np.asarray(tokens[-1:]))
         return tokens, trace
