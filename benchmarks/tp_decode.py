@@ -25,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -70,12 +71,12 @@ class PipelineLlama:
     """Layers split across ranks; activations passed on with send/recv."""
 
     def __init__(self, weights, cfg, comm) -> None:
-        from tbcoll.tp.layers import Solo
+        from tbcoll.tp.layers import Solo, shard_bounds
         from tbcoll.tp.llama import TensorParallelLlama
 
         self.comm, self.cfg = comm, cfg
-        per = cfg.num_hidden_layers // comm.size
-        mine = range(comm.rank * per, (comm.rank + 1) * per)
+        stage = shard_bounds(cfg.num_hidden_layers, comm.rank, comm.size, "the layers")
+        mine = range(stage.start, stage.stop)
         local = {}  # this stage's layers, renumbered from 0, and the embedding, norm and head
         for key, value in weights.items():
             if key.startswith("model.layers."):
@@ -85,8 +86,7 @@ class PipelineLlama:
                 parts[2] = str(int(parts[2]) - mine.start)
                 key = ".".join(parts)
             local[key] = value
-        local_cfg = type(cfg)(**{**cfg.__dict__, "num_hidden_layers": per})
-        self.model = TensorParallelLlama(local, local_cfg, Solo())
+        self.model = TensorParallelLlama(local, replace(cfg, num_hidden_layers=len(mine)), Solo())
 
     def generate(self, prompt, steps):
         model, comm, last = self.model, self.comm, self.comm.size - 1
