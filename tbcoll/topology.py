@@ -1,0 +1,194 @@
+"""Hostfiles: which hosts a job runs on, how many ranks each takes, how ranks reach each other.
+
+Read three forms, as mpirun and mlx.launch users write them:
+- MPI text: one host a line, `host`, `host slots=N` or `host:N`; `#` starts a comment;
+- a list on the command line, `-H a:2,b:2`;
+- MLX's JSON hostfile, as mlx.distributed_config writes it: a list of hosts (or an object
+  with "hosts", and optionally "backend" and "envs"), each {"ssh": name, "ips": [...],
+  "rdma": [...]}, where rdma[j] is the RDMA device (a name, or a list of names for several
+  cables) that reaches host j, null for the host itself and for hosts with no cable to it
+  (a ring). Each such host takes one rank.
+Every error names the file and line (or the host) and says what was expected.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from tbcoll.errors import HostfileError
+
+Rdma = str | tuple[str, ...] | None
+_NAME = re.compile(r"[A-Za-z0-9_.:\-\[\]@]+\Z")
+
+
+@dataclass(frozen=True)
+class Host:
+    name: str  # what ssh connects to
+    slots: int = 1  # ranks this host takes
+    ips: tuple[str, ...] = ()  # where the other hosts reach it
+    rdma: tuple[Rdma, ...] = ()  # rdma[j]: the device that reaches host j (None: itself)
+
+
+@dataclass(frozen=True)
+class Hostfile:
+    hosts: tuple[Host, ...]
+    source: str  # where it came from, for messages
+    backend: str = ""
+    envs: tuple[str, ...] = ()
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> Hostfile:
+        path = Path(path)
+        try:
+            text = path.read_text()
+        except OSError as e:
+            raise HostfileError(f"{path}: cannot read the hostfile ({e.strerror})") from None
+        if text.lstrip()[:1] in ("{", "["):
+            return cls.from_json(text, str(path))
+        return cls.from_text(text, str(path))
+
+    @classmethod
+    def from_text(cls, text: str, source: str) -> Hostfile:
+        hosts: list[Host] = []
+        first_line: dict[str, int] = {}
+        for number, raw in enumerate(text.splitlines(), start=1):
+            line = raw.split("#", 1)[0].strip()
+            if not line:
+                continue
+            where = f"{source}:{number}"
+            words = line.split()
+            name, slots = _name_and_count(words[0], where)
+            for word in words[1:]:
+                key, sep, value = word.partition("=")
+                if key in ("slots", "max_slots", "max-slots") and sep:
+                    if key == "slots":
+                        slots = _count(value, f"{where}: {word!r}")
+                    continue
+                raise HostfileError(f"{where}: {word!r} is not slots=N (a line is `host`, "
+                                    "`host slots=N` or `host:N`)")
+            if name in first_line:
+                raise HostfileError(f"{where}: host {name!r} appears twice (first on line "
+                                    f"{first_line[name]}); give it slots=N once instead")
+            first_line[name] = number
+            hosts.append(Host(name, slots))
+        return cls(_nonempty(hosts, source), source)
+
+    @classmethod
+    def from_list(cls, spec: str) -> Hostfile:
+        """-H a:2,b:2 (a host without :N takes one rank)."""
+        hosts = []
+        for item in spec.split(","):
+            name, slots = _name_and_count(item.strip(), f"-H {spec}")
+            if any(h.name == name for h in hosts):
+                raise HostfileError(f"-H {spec}: host {name!r} appears twice; use {name}:N")
+            hosts.append(Host(name, slots))
+        return cls(_nonempty(hosts, f"-H {spec}"), f"-H {spec}")
+
+    @classmethod
+    def from_json(cls, text: str, source: str) -> Hostfile:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise HostfileError(f"{source}:{e.lineno}: not valid JSON ({e.msg})") from None
+        backend, envs = "", ()
+        if isinstance(data, dict):
+            if not isinstance(data.get("hosts"), list):
+                raise HostfileError(f"{source}: expected a list of hosts, or an object with "
+                                    "\"hosts\": [...]")
+            backend = data.get("backend", "")
+            envs = data.get("envs", [])
+            if not isinstance(backend, str) or not (isinstance(envs, list) and all(
+                    isinstance(e, str) and "=" in e for e in envs)):
+                raise HostfileError(f"{source}: \"backend\" must be a string and \"envs\" a "
+                                    "list of \"NAME=VALUE\" strings")
+            data = data["hosts"]
+        if not isinstance(data, list):
+            raise HostfileError(f"{source}: expected a list of hosts")
+        count = len(data)
+        hosts = [_json_host(entry, i, count, source) for i, entry in enumerate(data)]
+        names = [h.name for h in hosts]
+        for i, name in enumerate(names):
+            if name in names[:i]:
+                raise HostfileError(f"{source}: host {i} repeats \"ssh\": {name!r}")
+        return cls(_nonempty(hosts, source), source, backend, tuple(envs))
+
+    @property
+    def slots(self) -> int:
+        return sum(h.slots for h in self.hosts)
+
+    def placement(self, nprocs: int, map_by: str = "slot") -> list[int]:
+        """The host index of each rank: by slot fills each host before the next (mpirun's
+        default), by node deals ranks round-robin over the hosts."""
+        if nprocs > self.slots:
+            raise HostfileError(f"{self.source}: {nprocs} ranks asked for but the hosts have "
+                                f"{self.slots} slots in all; lower -np or add slots")
+        if map_by == "slot":
+            order = [i for i, h in enumerate(self.hosts) for _ in range(h.slots)]
+        elif map_by == "node":
+            order = [i for round_ in range(max(h.slots for h in self.hosts))
+                     for i, h in enumerate(self.hosts) if round_ < h.slots]
+        else:
+            raise HostfileError(f"--map-by {map_by!r}: use slot or node")
+        return order[:nprocs]
+
+    def is_full_mesh(self) -> bool:
+        """Whether every pair of hosts has an RDMA device between them (cabled as a mesh)."""
+        n = len(self.hosts)
+        return n > 1 and all(len(h.rdma) == n and all(
+            (dev is None) == (j == i) for j, dev in enumerate(h.rdma))
+            for i, h in enumerate(self.hosts))
+
+
+def _nonempty(hosts: list[Host], source: str) -> tuple[Host, ...]:
+    if not hosts:
+        raise HostfileError(f"{source}: no hosts")
+    return tuple(hosts)
+
+
+def _count(text: str, where: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise HostfileError(f"{where}: expected a whole number of slots of at least 1, "
+                            f"got {text!r}")
+    return int(text)
+
+
+def _name_and_count(word: str, where: str) -> tuple[str, int]:
+    """'host' or 'host:N' (an IPv6 address, with several colons, is a name alone)."""
+    if word.count(":") == 1:
+        name, _, count = word.partition(":")
+        slots = _count(count, f"{where}: {word!r}")
+    else:
+        name, slots = word, 1
+    if not name or not _NAME.match(name):
+        raise HostfileError(f"{where}: {name!r} is not a host name")
+    return name, slots
+
+
+def _json_host(entry: object, i: int, count: int, source: str) -> Host:
+    if not isinstance(entry, dict) or not isinstance(entry.get("ssh"), str) or not entry["ssh"]:
+        raise HostfileError(f"{source}: host {i} must be an object with \"ssh\": \"name\"")
+    where = f"{source}: host {i} ({entry['ssh']!r})"
+    ips = entry.get("ips", [])
+    if not isinstance(ips, list) or not all(isinstance(ip, str) and ip for ip in ips):
+        raise HostfileError(f"{where}: \"ips\" must be a list of addresses")
+    rdma = entry.get("rdma", [])
+    if not isinstance(rdma, list):
+        raise HostfileError(f"{where}: \"rdma\" must be a list, one entry per host")
+    if rdma and len(rdma) != count:
+        raise HostfileError(f"{where}: \"rdma\" has {len(rdma)} entries but there are {count} "
+                            "hosts; entry j names the device that reaches host j")
+    devices: list[Rdma] = []
+    for j, dev in enumerate(rdma):
+        if dev is None or isinstance(dev, str):
+            devices.append(dev)
+        elif isinstance(dev, list) and dev and all(isinstance(d, str) for d in dev):
+            devices.append(tuple(dev))
+        else:
+            raise HostfileError(f"{where}: rdma[{j}] must be a device name, a list of names "
+                                "or null")
+        if j == i and dev is not None:
+            raise HostfileError(f"{where}: rdma[{i}] is the host itself and should be null")
+    return Host(entry["ssh"], 1, tuple(ips), tuple(devices))
