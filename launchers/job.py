@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import os
 import shlex
+import shutil
 import socket
 import sys
 import tempfile
@@ -14,7 +15,7 @@ from launchers.config import LaunchConfig
 from launchers.output import OutputRouter
 from launchers.supervisor import RankCommand, Supervisor
 from tbcoll.auth import new_token
-from tbcoll.env import LaunchInfo, segment_prefix, worker_env
+from tbcoll.env import LaunchInfo, mlx_ring_env, mlx_ring_hostfile, segment_prefix, worker_env
 from tbcoll.errors import LaunchError
 from tbcoll.rendezvous import StoreServer
 
@@ -29,8 +30,9 @@ def log(message: str) -> None:
 
 
 def rank_commands(cfg: LaunchConfig, store: tuple[str, int], token: str,
-                  master: tuple[str, int]) -> list[RankCommand]:
-    """One command per rank, all on this host."""
+                  master: tuple[str, int], mlx_hostfile: str | None = None
+                  ) -> list[RankCommand]:
+    """One command per rank, all on this host (with MLX's variables if mlx_hostfile)."""
     n = cfg.nprocs
     topology = {"hosts": [{"name": "localhost", "ranks": list(range(n))}]}
     base = dict(os.environ)
@@ -44,14 +46,18 @@ def rank_commands(cfg: LaunchConfig, store: tuple[str, int], token: str,
         info = LaunchInfo(rank=rank, size=n, local_rank=rank, local_size=n, node_rank=0,
                           backend=cfg.backend, store=store, token=token, topology=topology,
                           timeout=cfg.comm_timeout)
-        commands.append(RankCommand(rank, cfg.program, {**base, **worker_env(info, master)}))
+        env = {**base, **worker_env(info, master)}
+        if mlx_hostfile is not None:
+            env.update(mlx_ring_env(rank, mlx_hostfile))
+        commands.append(RankCommand(rank, cfg.program, env))
     return commands
 
 
 def dry_run(cfg: LaunchConfig) -> int:
     """Print each rank's command and the variables tbrun would set, and start nothing."""
     commands = rank_commands(cfg, (cfg.store_host, cfg.store_port), "<made at launch>",
-                             (cfg.store_host, 0))
+                             (cfg.store_host, 0),
+                             "<made at launch>" if cfg.backend == "mlx" else None)
     print("# port 0: a free port is chosen at launch")
     for cmd in commands:
         print(f"rank {cmd.rank}: {shlex.join(cmd.argv)}")
@@ -73,13 +79,21 @@ def run_local(cfg: LaunchConfig) -> int:
         raise LaunchError(
             f"cannot listen on {cfg.store_host}:{cfg.store_port} for the rendezvous store: "
             f"{reason}; choose another --store-port, or 0 for any free port") from e
+    job_dir = Path(tempfile.mkdtemp(prefix="tbrun-"))  # 0700: the job's private files
     try:
-        commands = rank_commands(cfg, store.address, token, (cfg.store_host, _free_port(cfg)))
+        mlx_hostfile = None
+        if cfg.backend == "mlx":  # what mlx.launch writes for MLX's ring backend
+            mlx_hostfile = str(job_dir / "mlx-hostfile.json")
+            ports = [(cfg.store_host, _free_port(cfg)) for _ in range(cfg.nprocs)]
+            Path(mlx_hostfile).write_text(mlx_ring_hostfile(ports))
+        commands = rank_commands(cfg, store.address, token, (cfg.store_host, _free_port(cfg)),
+                                 mlx_hostfile)
         output = OutputRouter(cfg.nprocs, cfg.tag_output, cfg.output_dir)
         supervisor = Supervisor(commands, output, timeout=cfg.timeout, grace=cfg.grace, log=log)
         return supervisor.run(after_spawn=store.start)
     finally:
         store.close()
+        shutil.rmtree(job_dir, ignore_errors=True)
         remove_segments(token)
 
 
