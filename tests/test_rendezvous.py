@@ -42,10 +42,12 @@ def test_set_get_delete_and_wait(server):
 
 def test_get_blocks_until_another_client_sets(server):
     with client(server) as a, client(server) as b:
-        threading.Timer(0.2, a.set, ("late", "value")).start()
+        setter = threading.Timer(0.2, a.set, ("late", "value"))
+        setter.start()
         started = time.monotonic()
         assert b.get("late", timeout=10) == b"value"
         assert 0.1 < time.monotonic() - started < 5
+        setter.join(10)  # a's reply must arrive before a is closed
 
 
 def test_add_is_atomic_across_clients(server):
