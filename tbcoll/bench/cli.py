@@ -92,13 +92,13 @@ def main(collective: str, minbytes: str, maxbytes: str, stepfactor: float, iters
     with tbcoll.init(backend) as comm:
         if collective == "sendrecv" and comm.size < 2:
             raise click.UsageError("sendrecv needs at least 2 ranks")
-        if algorithm == "all":
-            algorithms = ["default", *comm.algorithms(collective if collective in (
-                "all_reduce", "all_gather", "reduce_scatter", "broadcast", "barrier") else
-                "broadcast")]
-            algorithms = algorithms if collective != "sendrecv" else ["default"]
-        else:
-            algorithms = algorithm.split(",")
+        known = ["default"] if collective == "sendrecv" else [  # sendrecv: nothing to choose
+            "default", *comm.algorithms(collective)]
+        algorithms = known if algorithm == "all" else algorithm.split(",")
+        for name in algorithms:
+            if name not in known:
+                raise click.BadParameter(f"{name!r} is not one of {', '.join(known)} "
+                                         f"(on the {comm.backend} backend)", param_hint="-a")
         modes = {"no": [False], "yes": [True], "both": [False, True]}[inplace]
         total = len(steps) * len(algorithms) * len(modes)
         rows = sweep(comm, desc, steps, DTYPES[dtype], op, algorithms, modes, iters, warmup,
