@@ -71,6 +71,13 @@ def run_local(cfg: LaunchConfig) -> int:
     """Run the job and return its exit status."""
     if cfg.dry_run:
         return dry_run(cfg)
+    if cfg.backend == "mpi":
+        # Ranks tbrun started would each be an MPI job of one: an mpi4py program would run
+        # N times alone and give wrong answers without a word. Refuse until tbrun hands the
+        # job to mpiexec itself.
+        raise LaunchError(f"--backend mpi: MPI ranks must be started by mpiexec; run "
+                          f"`mpiexec -n {cfg.nprocs} {shlex.join(cfg.program)}` (tbcoll.init() "
+                          "picks the mpi backend there by itself)")
     token = new_token()
     try:
         store = StoreServer(token, cfg.store_host, cfg.store_port, log=log)

@@ -29,6 +29,8 @@ def assert_usage_error(p, *fragments):
     (["-np", "2", "-x", "9LIVES=1", "true"], ["'9LIVES' is not a valid variable name"]),
     (["-np", "2", "-x", "TBCOLL_SURELY_UNSET", "true"], ["TBCOLL_SURELY_UNSET is not set"]),
     (["-np", "2", "--backend", "carrier-pigeon", "true"], ["'carrier-pigeon' is not one of"]),
+    (["-np", "3", "--backend", "mpi", "true"], ["MPI ranks must be started by mpiexec",
+                                                "mpiexec -n 3 /"]),
 ])
 def test_bad_arguments(args, fragments):
     assert_usage_error(tbrun(*args, timeout=30), *fragments)

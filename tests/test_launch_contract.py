@@ -72,8 +72,8 @@ def test_thread_limits_only_when_ranks_share_a_host_and_unset(script):
 
 
 def test_flags_fall_back_to_tbrun_environment_variables(script):
-    ranks = run_print_env(script, np=2, extra_env={"TBRUN_BACKEND": "mpi"})
-    assert {r["env"]["TBCOLL_BACKEND"] for r in ranks.values()} == {"mpi"}
+    ranks = run_print_env(script, np=2, extra_env={"TBRUN_BACKEND": "tcp"})
+    assert {r["env"]["TBCOLL_BACKEND"] for r in ranks.values()} == {"tcp"}
 
 
 def test_script_arguments_pass_through_untouched(script):
