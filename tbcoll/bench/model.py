@@ -87,13 +87,10 @@ def fits_from_rows(rows: Sequence[dict]) -> dict[tuple[str, str, int], Fit]:
             if len(points) >= 2}
 
 
-def _size(text: str) -> int:
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    text = text.strip().upper().rstrip("B")
-    return int(text[:-1]) * units[text[-1]] if text[-1:] in units else int(text)
-
-
 def main(argv: Sequence[str] | None = None) -> None:
+    import click
+
+    from tbcoll.bench.cli import parse_size  # the sizes tbcoll-bench takes: 8, 16K, 4M
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--fit", metavar="JSON", help="fit the rows of a tbcoll-bench --json")
     parser.add_argument("--alpha-us", type=float, help="latency per step, microseconds")
@@ -102,7 +99,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--predict", metavar="SIZE", help="message size to predict (8, 16K, 4M)")
     parser.add_argument("--collective", default="all_reduce")
     args = parser.parse_args(argv)
-    nbytes = _size(args.predict) if args.predict else None
+    try:
+        nbytes = parse_size(args.predict) if args.predict else None
+    except click.BadParameter as e:  # e.g. "lots" is not a size like 8, 64K, 16M or 1G
+        parser.error(f"--predict: {e}")
 
     def show(collective: str, algorithm: str, alpha: float, beta: float) -> None:
         t = predict(collective, algorithm, args.np, nbytes, alpha, beta)

@@ -267,6 +267,15 @@ static uint16_t float_to_bf16(float f)  /* round to nearest, ties to even, as ml
     default: REDUCE16(TO_F, FROM_F, MIN); break;                                            \
     }
 
+/* A signed integer type: sum and prod in the unsigned WIDE, max and min as themselves. */
+#define BY_INT(T, WIDE)                                                                     \
+    do {                                                                                    \
+        if (op < 2)                                                                         \
+            BY_OP(T, WIDE, SAME, (T), OP_MAX_A, OP_MIN_A)                                   \
+        else                                                                                \
+            BY_OP(T, T, SAME, SAME, OP_MAX_A, OP_MIN_A)                                     \
+    } while (0)
+
 static const Py_ssize_t ITEMSIZE[] = {2, 2, 4, 8, 1, 2, 4, 8, 1};
 
 /* dtype codes follow tbcoll.dtypes.DTYPES; op codes follow tbcoll.dtypes.OPS. */
@@ -280,30 +289,10 @@ static void reduce_slots(const char *slots, Py_ssize_t slot_bytes, Py_ssize_t si
     case 3: BY_OP(double, double, SAME, SAME, OP_MAX_B, OP_MIN_B); break;
     /* Integers add and multiply in an unsigned type at least as wide as int (no promotion to
      * signed int): wrap-around without undefined behaviour; the low bits are the answer. */
-    case 4:
-        if (op < 2)
-            BY_OP(int8_t, uint32_t, SAME, (int8_t), OP_MAX_A, OP_MIN_A)
-        else
-            BY_OP(int8_t, int8_t, SAME, SAME, OP_MAX_A, OP_MIN_A)
-        break;
-    case 5:
-        if (op < 2)
-            BY_OP(int16_t, uint32_t, SAME, (int16_t), OP_MAX_A, OP_MIN_A)
-        else
-            BY_OP(int16_t, int16_t, SAME, SAME, OP_MAX_A, OP_MIN_A)
-        break;
-    case 6:
-        if (op < 2)
-            BY_OP(int32_t, uint32_t, SAME, (int32_t), OP_MAX_A, OP_MIN_A)
-        else
-            BY_OP(int32_t, int32_t, SAME, SAME, OP_MAX_A, OP_MIN_A)
-        break;
-    case 7:
-        if (op < 2)
-            BY_OP(int64_t, uint64_t, SAME, (int64_t), OP_MAX_A, OP_MIN_A)
-        else
-            BY_OP(int64_t, int64_t, SAME, SAME, OP_MAX_A, OP_MIN_A)
-        break;
+    case 4: BY_INT(int8_t, uint32_t); break;
+    case 5: BY_INT(int16_t, uint32_t); break;
+    case 6: BY_INT(int32_t, uint32_t); break;
+    case 7: BY_INT(int64_t, uint64_t); break;
     default: BY_OP(uint8_t, uint32_t, SAME, (uint8_t), OP_MAX_A, OP_MIN_A); break;
     }
 }
