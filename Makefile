@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: demo test lint clean
+.PHONY: demo test lint clean cluster-tools
 
 $(STAMP): pyproject.toml setup.py Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -20,7 +20,16 @@ demo: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
-test: lint
+# The multi-host tests (tests/test_multihost.py) run an sshd per network namespace. As root
+# with apt-get (CI), install what they need; elsewhere they skip and say why.
+cluster-tools:
+	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	    { [ ! -x /usr/sbin/sshd ] || ! command -v ip >/dev/null; }; then \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	    apt-get install -y -qq openssh-server openssh-client iproute2 >/dev/null; \
+	fi
+
+test: lint cluster-tools
 	$(BIN)/python -m pytest
 
 clean:

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 from pathlib import Path
 
 import click
 
-from launchers.config import LaunchConfig, parse_exports, resolve_program
-from launchers.job import run_local
+from launchers.config import LaunchConfig, parse_exports, read_hosts, resolve_program
+from launchers.job import run
 from tbcoll.env import BACKENDS, DEFAULT_TIMEOUT
-from tbcoll.errors import LaunchError
+from tbcoll.errors import LaunchError, TbcollError
 
 USAGE_STATUS = 2
 
@@ -23,11 +24,17 @@ USAGE_STATUS = 2
            "or TBRUN_TIMEOUT=60; a flag on the command line wins.\n\n"
            "Example: tbrun -np 4 examples/hello.py",
 )
-@click.option("-np", "-n", "--np", "nprocs", type=click.IntRange(min=1), required=True,
-              help="Number of ranks to start.")
+@click.option("-np", "-n", "--np", "nprocs", type=click.IntRange(min=1),
+              help="Number of ranks to start (with hosts given: all their slots if left out).")
+@click.option("--hostfile", "--machinefile", metavar="FILE",
+              help="Hosts to run on: MPI text (host slots=N) or MLX's JSON hostfile.")
+@click.option("-H", "--host", "hosts", metavar="HOST[:N],...",
+              help="Hosts to run on as a list, e.g. -H mac1:2,mac2:2.")
+@click.option("--map-by", type=click.Choice(["slot", "node"]), default="slot",
+              help="slot: fill each host's slots in turn; node: deal ranks round the hosts.")
 @click.option("--backend", type=click.Choice(BACKENDS), default="auto",
               help="Transport the ranks use (TBCOLL_BACKEND).")
-@click.option("-x", "--export", "exports", multiple=True, metavar="NAME[=VALUE]",
+@click.option("-x", "--export", "--env", "exports", multiple=True, metavar="NAME[=VALUE]",
               help="Export a variable to every rank (NAME alone: tbrun's own value). Repeatable.")
 @click.option("--tag-output/--no-tag-output", default=True,
               help="Prefix every line a rank prints with [rank].")
@@ -41,18 +48,27 @@ USAGE_STATUS = 2
               default=DEFAULT_TIMEOUT,
               help="Seconds a rank's collective or store wait may block (TBCOLL_TIMEOUT).")
 @click.option("--store-port", type=click.IntRange(0, 65535), default=0,
-              help="Port of the rendezvous store on 127.0.0.1 (0: any free port).")
+              help="Port of the rendezvous store (0: any free port).")
 @click.option("--python", default=sys.executable, show_default="this Python",
-              help="Interpreter that runs .py scripts and -m modules.")
+              help="Interpreter that runs .py scripts and -m modules (the same path on every "
+                   "host).")
+@click.option("--cwd", type=click.Path(file_okay=False), metavar="DIR",
+              show_default="tbrun's", help="Working directory of the ranks, on every host.")
+@click.option("--ssh", default="ssh", metavar="COMMAND",
+              help="ssh client and its options, e.g. \"ssh -F cluster.conf\"; tbrun adds "
+                   "BatchMode=yes (no prompts).")
+@click.option("--connect-timeout", type=click.FloatRange(min=1), default=10.0,
+              help="Seconds ssh may take to reach a host before the job fails.")
 @click.option("-m", "--module", is_flag=True, help="PROGRAM is a module to run as python -m.")
 @click.option("--dry-run", is_flag=True,
               help="Print each rank's command and environment; start nothing.")
 @click.argument("program")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def tbrun(nprocs: int, backend: str, exports: tuple[str, ...], tag_output: bool,
-          output_dir: Path | None, timeout: float, grace: float, comm_timeout: float,
-          store_port: int, python: str, module: bool, dry_run: bool, program: str,
-          args: tuple[str, ...]) -> int:
+def tbrun(nprocs: int | None, hostfile: str | None, hosts: str | None, map_by: str,
+          backend: str, exports: tuple[str, ...], tag_output: bool, output_dir: Path | None,
+          timeout: float, grace: float, comm_timeout: float, store_port: int, python: str,
+          cwd: str | None, ssh: str, connect_timeout: float, module: bool, dry_run: bool,
+          program: str, args: tuple[str, ...]) -> int:
     """Start NP ranks of PROGRAM (a .py script, a module with -m, or an executable) and
     supervise them: tagged output, fail-fast teardown, signals forwarded, exit status of the
     first rank to fail.
@@ -63,6 +79,12 @@ def tbrun(nprocs: int, backend: str, exports: tuple[str, ...], tag_output: bool,
     LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT. Also PYTHONUNBUFFERED=1, and
     OMP_NUM_THREADS=1 (and the BLAS equivalents) where unset and several ranks share a host.
     """
+    topology = read_hosts(hostfile, hosts)
+    if nprocs is None:
+        if topology is None:
+            raise LaunchError("give the number of ranks with -np N (or hosts with --hostfile or "
+                              "-H, whose slots it then defaults to)")
+        nprocs = topology.slots
     cfg = LaunchConfig(
         nprocs=nprocs,
         program=resolve_program(program, args, python, module),
@@ -72,12 +94,19 @@ def tbrun(nprocs: int, backend: str, exports: tuple[str, ...], tag_output: bool,
         timeout=timeout or None,
         grace=grace,
         comm_timeout=comm_timeout,
-        exports=parse_exports(exports, os.environ),
-        store_host="127.0.0.1",
+        # the hostfile's "envs" (MLX's JSON hostfile), then -x, which wins
+        exports={**dict(e.split("=", 1) for e in (topology.envs if topology else ())),
+                 **parse_exports(exports, os.environ)},
         store_port=store_port,
         dry_run=dry_run,
+        hostfile=topology,
+        map_by=map_by,
+        cwd=os.path.abspath(cwd) if cwd else os.getcwd(),
+        python=python,
+        ssh=tuple(shlex.split(ssh)),
+        connect_timeout=connect_timeout,
     )
-    return run_local(cfg)
+    return run(cfg)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -89,7 +118,7 @@ def main(argv: list[str] | None = None) -> None:
         message = e.format_message().rstrip(".")
         print(f"tbrun: error: {message} (see tbrun --help)", file=sys.stderr)
         sys.exit(USAGE_STATUS)
-    except LaunchError as e:
+    except TbcollError as e:  # LaunchError, HostfileError
         print(f"tbrun: error: {e}", file=sys.stderr)
         sys.exit(USAGE_STATUS)
     except click.Abort:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tbcoll.errors import LaunchError
+from tbcoll.topology import Hostfile
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
@@ -25,9 +26,14 @@ class LaunchConfig:
     grace: float  # seconds between SIGTERM and SIGKILL at teardown
     comm_timeout: float  # TBCOLL_TIMEOUT given to the ranks
     exports: Mapping[str, str]
-    store_host: str
     store_port: int
     dry_run: bool
+    hostfile: Hostfile | None = None  # None: every rank on this machine
+    map_by: str = "slot"  # slot: fill each host in turn; node: deal ranks round the hosts
+    cwd: str = "."  # working directory of remote ranks
+    python: str = "python3"  # the interpreter that runs launchers.remote on remote hosts
+    ssh: tuple[str, ...] = ("ssh",)
+    connect_timeout: float = 10.0  # seconds ssh may take to reach a host
 
 
 def resolve_program(program: str, args: Sequence[str], python: str,
@@ -38,7 +44,7 @@ def resolve_program(program: str, args: Sequence[str], python: str,
     if program.endswith(".py"):
         if not Path(program).is_file():
             raise LaunchError(f"script {program!r} not found")
-        return (python, program, *args)
+        return (python, os.path.abspath(program), *args)  # ranks may run in another --cwd
     if os.sep in program:
         if not (Path(program).is_file() and os.access(program, os.X_OK)):
             raise LaunchError(f"program {program!r} not found or not executable")
@@ -65,3 +71,12 @@ def parse_exports(specs: Sequence[str], environ: Mapping[str, str]) -> dict[str,
             value = environ[name]
         exports[name] = value
     return exports
+
+
+def read_hosts(hostfile: str | None, hosts: str | None) -> Hostfile | None:
+    """--hostfile FILE or -H a:2,b:2 (not both); None when neither is given."""
+    if hostfile and hosts:
+        raise LaunchError("give --hostfile or -H, not both")
+    if hostfile:
+        return Hostfile.from_file(hostfile)
+    return Hostfile.from_list(hosts) if hosts else None

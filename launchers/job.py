@@ -1,4 +1,4 @@
-"""Run a job on this machine: serve the store, build each rank's environment, supervise."""
+"""Run a job: serve the store, build each rank's command and environment, supervise."""
 
 from __future__ import annotations
 
@@ -12,10 +12,18 @@ import tempfile
 from pathlib import Path
 
 from launchers.config import LaunchConfig
+from launchers.hosts import LOOPBACK, JobPlan, plan_job, remote_setup, ssh_command
+from launchers.mlxvars import (
+    FIRST_PORT,
+    MlxVariables,
+    choose_backend,
+    jaccl_variables,
+    ring_variables,
+)
 from launchers.output import OutputRouter
 from launchers.supervisor import RankCommand, Supervisor
 from tbcoll.auth import new_token
-from tbcoll.env import LaunchInfo, mlx_ring_env, mlx_ring_hostfile, segment_prefix, worker_env
+from tbcoll.env import LaunchInfo, format_hostport, segment_prefix, worker_env
 from tbcoll.errors import LaunchError
 from tbcoll.rendezvous import StoreServer
 
@@ -29,48 +37,67 @@ def log(message: str) -> None:
     print(f"tbrun: {message}", file=sys.stderr, flush=True)
 
 
-def rank_commands(cfg: LaunchConfig, store: tuple[str, int], token: str,
-                  master: tuple[str, int], mlx_hostfile: str | None = None
-                  ) -> list[RankCommand]:
-    """One command per rank, all on this host (with MLX's variables if mlx_hostfile)."""
+def rank_commands(cfg: LaunchConfig, plan: JobPlan, store_port: int, token: str,
+                  master_port: int, mlx: MlxVariables | None, files_dir: Path) -> list[RankCommand]:
+    """One command per rank, in rank order: a child of tbrun on this machine, ssh elsewhere."""
     n = cfg.nprocs
-    topology = {"hosts": [{"name": "localhost", "ranks": list(range(n))}]}
-    base = dict(os.environ)
-    if n > 1:
-        for name in THREAD_VARS:
-            base.setdefault(name, "1")
-    base.update(cfg.exports)
-    base["PYTHONUNBUFFERED"] = "1"
     commands = []
-    for rank in range(n):
-        info = LaunchInfo(rank=rank, size=n, local_rank=rank, local_size=n, node_rank=0,
-                          backend=cfg.backend, store=store, token=token, topology=topology,
-                          timeout=cfg.comm_timeout)
-        env = {**base, **worker_env(info, master)}
-        if mlx_hostfile is not None:
-            env.update(mlx_ring_env(rank, mlx_hostfile))
-        commands.append(RankCommand(rank, cfg.program, env))
-    return commands
+    for node, host in enumerate(plan.hosts):
+        thread_defaults = dict.fromkeys(THREAD_VARS, "1") if len(host.ranks) > 1 else {}
+        for local_rank, rank in enumerate(host.ranks):
+            info = LaunchInfo(rank=rank, size=n, local_rank=local_rank, local_size=len(host.ranks),
+                              node_rank=node, backend=cfg.backend,
+                              store=(host.store_host, store_port), token=token,
+                              topology=plan.topology, timeout=cfg.comm_timeout)
+            env = {**cfg.exports, "PYTHONUNBUFFERED": "1",
+                   **worker_env(info, (plan.master_addr, master_port))}
+            files = {}
+            if mlx is not None:
+                env.update(mlx.for_rank(rank))
+                files = mlx.files
+            if host.local:
+                env.update({name: str(files_dir / f"{name}.json") for name in files})
+                commands.append(RankCommand(rank, cfg.program,
+                                            {**thread_defaults, **os.environ, **env}, cfg.cwd))
+            else:
+                setup = remote_setup(cfg.program, cfg.cwd, env, thread_defaults, files)
+                argv = ssh_command(cfg.ssh, host.name, cfg.python, cfg.connect_timeout)
+                commands.append(RankCommand(rank, argv, {**os.environ}, None, host.name, setup))
+    return sorted(commands, key=lambda c: c.rank)
 
 
-def dry_run(cfg: LaunchConfig) -> int:
+def mlx_variables(cfg: LaunchConfig, plan: JobPlan) -> MlxVariables | None:
+    """What mlx.launch would give the ranks, for --backend mlx."""
+    if cfg.backend != "mlx":
+        return None
+    backend = choose_backend(cfg.hostfile)
+    if backend != "ring":
+        return jaccl_variables(cfg.hostfile, cfg.nprocs, backend)
+    if len(plan.hosts) == 1:
+        return ring_variables([(LOOPBACK, _free_port(LOOPBACK)) for _ in range(cfg.nprocs)])
+    # as mlx.launch does: each rank's host address, ports counting up from 32323
+    address = {rank: entry["addr"] for entry in plan.topology["hosts"] for rank in entry["ranks"]}
+    return ring_variables([(address[rank], FIRST_PORT + rank) for rank in range(cfg.nprocs)])
+
+
+def dry_run(cfg: LaunchConfig, plan: JobPlan) -> int:
     """Print each rank's command and the variables tbrun would set, and start nothing."""
-    commands = rank_commands(cfg, (cfg.store_host, cfg.store_port), "<made at launch>",
-                             (cfg.store_host, 0),
-                             "<made at launch>" if cfg.backend == "mlx" else None)
+    commands = rank_commands(cfg, plan, cfg.store_port, "<made at launch>", 0,
+                             mlx_variables(cfg, plan), Path("<job directory>"))
     print("# port 0: a free port is chosen at launch")
     for cmd in commands:
-        print(f"rank {cmd.rank}: {shlex.join(cmd.argv)}")
+        print(f"{cmd.name}: {shlex.join(cmd.argv)}")
+        if cmd.setup is not None:
+            print(f"    (on stdin) {cmd.setup.decode().rstrip()}")
+            continue
         for name, value in cmd.env.items():
             if os.environ.get(name) != value:
                 print(f"    {name}={value}")
     return 0
 
 
-def run_local(cfg: LaunchConfig) -> int:
+def run(cfg: LaunchConfig) -> int:
     """Run the job and return its exit status."""
-    if cfg.dry_run:
-        return dry_run(cfg)
     if cfg.backend == "mpi":
         # Ranks tbrun started would each be an MPI job of one: an mpi4py program would run
         # N times alone and give wrong answers without a word. Refuse until tbrun hands the
@@ -78,23 +105,26 @@ def run_local(cfg: LaunchConfig) -> int:
         raise LaunchError(f"--backend mpi: MPI ranks must be started by mpiexec; run "
                           f"`mpiexec -n {cfg.nprocs} {shlex.join(cfg.program)}` (tbcoll.init() "
                           "picks the mpi backend there by itself)")
+    if cfg.dry_run:
+        return dry_run(cfg, plan_job(cfg.hostfile, cfg.nprocs, cfg.map_by, route=False))
+    plan = plan_job(cfg.hostfile, cfg.nprocs, cfg.map_by)
     token = new_token()
     try:
-        store = StoreServer(token, cfg.store_host, cfg.store_port, log=log)
+        store = StoreServer(token, plan.store_hosts, cfg.store_port, log=log)
     except OSError as e:
         reason = "address already in use" if e.errno == errno.EADDRINUSE else e.strerror
+        where = " and ".join(format_hostport(h, cfg.store_port) for h in plan.store_hosts)
         raise LaunchError(
-            f"cannot listen on {cfg.store_host}:{cfg.store_port} for the rendezvous store: "
-            f"{reason}; choose another --store-port, or 0 for any free port") from e
+            f"cannot listen on {where} for the rendezvous store: {reason}; choose another "
+            "--store-port, or 0 for any free port"
+        ) from e
     job_dir = Path(tempfile.mkdtemp(prefix="tbrun-"))  # 0700: the job's private files
     try:
-        mlx_hostfile = None
-        if cfg.backend == "mlx":  # what mlx.launch writes for MLX's ring backend
-            mlx_hostfile = str(job_dir / "mlx-hostfile.json")
-            ports = [(cfg.store_host, _free_port(cfg)) for _ in range(cfg.nprocs)]
-            Path(mlx_hostfile).write_text(mlx_ring_hostfile(ports))
-        commands = rank_commands(cfg, store.address, token, (cfg.store_host, _free_port(cfg)),
-                                 mlx_hostfile)
+        mlx = mlx_variables(cfg, plan)
+        for name, content in (mlx.files if mlx else {}).items():
+            (job_dir / f"{name}.json").write_text(content)
+        commands = rank_commands(cfg, plan, store.port, token, _free_port(LOOPBACK), mlx,
+                                 job_dir)
         output = OutputRouter(cfg.nprocs, cfg.tag_output, cfg.output_dir)
         supervisor = Supervisor(commands, output, timeout=cfg.timeout, grace=cfg.grace, log=log)
         return supervisor.run(after_spawn=store.start)
@@ -118,8 +148,8 @@ def remove_segments(token: str) -> None:
                 log(f"could not remove the job's shared-memory file {path}: {e}")
 
 
-def _free_port(cfg: LaunchConfig) -> int:
-    """A port for MASTER_PORT that nothing listens on now (the script binds it itself)."""
+def _free_port(host: str) -> int:
+    """A port nothing listens on now (for MASTER_PORT, which the script binds itself)."""
     with socket.socket() as s:
-        s.bind((cfg.store_host, 0))
+        s.bind((host, 0))
         return s.getsockname()[1]

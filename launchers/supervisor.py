@@ -7,6 +7,10 @@
 - SIGINT, SIGTERM and SIGHUP sent to tbrun are forwarded to every rank, then the same teardown;
 - a job past its --timeout is torn down the same way and exits with status 124;
 - on Linux each rank also dies if tbrun itself is killed (PR_SET_PDEATHSIG).
+
+A remote rank is an ssh process running launchers.remote on its host: its set-up goes on
+stdin, signals go as lines on stdin, and SIGKILL kills ssh, whose end of file makes the
+remote side kill the rank.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from launchers.output import OutputRouter
 from tbcoll.errors import LaunchError
 
 TIMEOUT_STATUS = 124  # as timeout(1) does
+_SSH_FAILED = 255  # ssh's own status for a connection it could not make or lost
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _POLL = 0.5  # backstop for SIGCHLD wake-ups; exits are normally seen at once
 
@@ -34,6 +39,13 @@ class RankCommand:
     rank: int
     argv: Sequence[str]
     env: dict[str, str]
+    cwd: str | None = None
+    host: str = ""  # for messages; "" on this machine
+    setup: bytes | None = None  # for a remote rank: launchers.remote's set-up line
+
+    @property
+    def name(self) -> str:
+        return f"rank {self.rank} on {self.host}" if self.host else f"rank {self.rank}"
 
 
 def _status_of(returncode: int) -> int:
@@ -79,6 +91,7 @@ class Supervisor:
         self._grace = grace
         self._log = log
         self._procs: dict[int, subprocess.Popen] = {}
+        self._by_rank = {cmd.rank: cmd for cmd in commands}
         self._pending_signals: list[int] = []
         self._status: int | None = None  # set by the first event that ends the job
         self._kill_at: float | None = None  # SIGKILL deadline once teardown has begun
@@ -108,6 +121,8 @@ class Supervisor:
             self._kill_groups(signal.SIGKILL)  # no process of the job outlives tbrun
             for proc in self._procs.values():
                 proc.wait()
+                if proc.stdin is not None:
+                    proc.stdin.close()
             selector.close()
             os.close(wake_r)
             os.close(wake_w)
@@ -124,12 +139,16 @@ class Supervisor:
         for cmd in self._commands:
             try:
                 proc = subprocess.Popen(
-                    cmd.argv, env=cmd.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE, start_new_session=True, preexec_fn=hook)  # noqa: PLW1509
+                    cmd.argv, env=cmd.env, cwd=cmd.cwd, stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    stdin=subprocess.DEVNULL if cmd.setup is None else subprocess.PIPE,
+                    start_new_session=True, preexec_fn=hook)  # noqa: PLW1509
             except OSError as e:
                 self._kill_groups(signal.SIGKILL)
-                raise LaunchError(f"cannot start rank {cmd.rank} ({cmd.argv[0]}): {e}") from e
+                raise LaunchError(f"cannot start {cmd.name} ({cmd.argv[0]}): {e}") from e
             self._procs[cmd.rank] = proc
+            if cmd.setup is not None:
+                _send(proc, cmd.setup)
             for stream, pipe in (("out", proc.stdout), ("err", proc.stderr)):
                 os.set_blocking(pipe.fileno(), False)
                 selector.register(pipe, selectors.EVENT_READ, (cmd.rank, stream))
@@ -200,8 +219,13 @@ class Supervisor:
             if proc.returncode != 0 and self._status is None:
                 others = len(self._alive())
                 stopping = f"; stopping the other {_plural(others, 'rank')}" if others else ""
-                self._log(f"rank {rank} (pid {proc.pid}) {_describe_exit(proc.returncode)}"
-                          f"{stopping}")
+                cmd = self._by_rank[rank]
+                hint = ""
+                if cmd.setup is not None and proc.returncode == _SSH_FAILED:
+                    hint = (f" (ssh's status when it cannot reach {cmd.host} or the connection "
+                            f"drops: check `ssh {cmd.host} true`)")
+                self._log(f"{cmd.name} (pid {proc.pid}) {_describe_exit(proc.returncode)}"
+                          f"{hint}{stopping}")
                 self._begin_teardown(_status_of(proc.returncode), signal.SIGTERM)
 
     def _begin_teardown(self, status: int, sig: int) -> None:
@@ -213,12 +237,24 @@ class Supervisor:
         return [rank for rank, proc in self._procs.items() if proc.returncode is None]
 
     def _kill_groups(self, sig: int) -> None:
-        """Signal the process group of every rank: the rank and all it started."""
-        for proc in self._procs.values():
+        """Signal the process group of every rank: the rank and all it started (a remote
+        rank's group on its host, through launchers.remote, unless the signal is SIGKILL)."""
+        for rank, proc in self._procs.items():
+            if self._by_rank[rank].setup is not None and sig != signal.SIGKILL:
+                _send(proc, f"{signal.Signals(sig).name[3:]}\n".encode())
+                continue
             try:
                 os.killpg(proc.pid, sig)
             except (ProcessLookupError, PermissionError):
                 pass  # the group is gone
+
+
+def _send(proc: subprocess.Popen, data: bytes) -> None:
+    """Write to a remote rank's ssh; one that has gone away needs no more orders."""
+    try:
+        os.write(proc.stdin.fileno(), data)
+    except OSError:
+        pass
 
 
 def _read(fd: int) -> bytes | None:

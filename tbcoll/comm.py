@@ -249,7 +249,7 @@ class Communicator:
             else:
                 rule = tuning.describe(self.backend, collective)
             lines.append(f"  {collective}: {rule}")
-        return "\n".join(lines)
+        return "\n".join(lines + getattr(self._group, "describe_links", list)())
 
     def close(self) -> None:
         if not self._closed:

@@ -28,9 +28,8 @@ For scripts written for torchrun the same facts go out as RANK, WORLD_SIZE, LOCA
 LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT. MASTER_PORT is a free port left for the
 script's own use (torch.distributed binds it on rank 0), not the store's port.
 
-With --backend mlx, also what mlx.launch gives its ring backend, so that an unmodified MLX
-script runs: MLX_RANK, and MLX_HOSTFILE, the path of a JSON list holding, per rank, the
-"ip:port" strings it listens on (mlx_ring_hostfile writes it).
+With --backend mlx, also what mlx.launch gives MLX's own backends (launchers/mlxvars.py), so
+that an unmodified MLX script runs.
 """
 
 from __future__ import annotations
@@ -84,16 +83,6 @@ def worker_env(info: LaunchInfo, master: tuple[str, int]) -> dict[str, str]:
         "MASTER_ADDR": master[0],
         "MASTER_PORT": str(master[1]),
     }
-
-
-def mlx_ring_env(rank: int, hostfile: str) -> dict[str, str]:
-    """The variables mlx.launch sets for one rank of MLX's ring backend."""
-    return {"MLX_RANK": str(rank), "MLX_HOSTFILE": hostfile}
-
-
-def mlx_ring_hostfile(addresses: list[tuple[str, int]]) -> str:
-    """MLX's ring hostfile: for each rank, the list of "ip:port" it listens on."""
-    return json.dumps([[format_hostport(host, port)] for host, port in addresses])
 
 
 def launch_info(environ: Mapping[str, str] | None = None) -> LaunchInfo | None:

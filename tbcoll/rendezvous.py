@@ -10,6 +10,7 @@ Response: status u8, then one field (u32 length, bytes)
 
 from __future__ import annotations
 
+import errno
 import socket
 import struct
 import threading
@@ -37,9 +38,13 @@ def _b(value: Key) -> bytes:
 
 
 class StoreServer:
-    """Serve the store on host:port (0: any free port) from background threads."""
+    """Serve the store on host:port (0: any free port) from background threads.
 
-    def __init__(self, token: str, host: str = "127.0.0.1", port: int = 0,
+    hosts may name several local addresses (one per network the ranks reach tbrun by, e.g.
+    loopback and the link to each remote host); all of them listen on the same port.
+    """
+
+    def __init__(self, token: str, hosts: str | Iterable[str] = "127.0.0.1", port: int = 0,
                  log: Callable[[str], None] = lambda msg: None) -> None:
         self._token = token
         self._log = log
@@ -47,18 +52,22 @@ class StoreServer:
         self._changed = threading.Condition()
         self._closed = threading.Event()
         self._conns: set[socket.socket] = set()
-        self._listener = socket.create_server((host, port), backlog=512)
-        self._listener.settimeout(0.25)
-        self.address: tuple[str, int] = self._listener.getsockname()[:2]
+        hosts = [hosts] if isinstance(hosts, str) else list(dict.fromkeys(hosts))
+        self._listeners = _listen_on_one_port(hosts, port)
+        self.address: tuple[str, int] = self._listeners[0].getsockname()[:2]
+        self.port = self.address[1]
 
     def start(self) -> StoreServer:
-        threading.Thread(target=self._accept_loop, name="tbcoll-store", daemon=True).start()
+        for listener in self._listeners:
+            threading.Thread(target=self._accept_loop, args=(listener,), name="tbcoll-store",
+                             daemon=True).start()
         return self
 
     def close(self) -> None:
         """Stop accepting and hang up on every client, so that their waits end now."""
         self._closed.set()
-        self._listener.close()
+        for listener in self._listeners:
+            listener.close()
         with self._changed:
             conns = list(self._conns)
         for conn in conns:
@@ -73,10 +82,10 @@ class StoreServer:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _accept_loop(self) -> None:
+    def _accept_loop(self, listener: socket.socket) -> None:
         while not self._closed.is_set():
             try:
-                conn, peer = self._listener.accept()
+                conn, peer = listener.accept()
             except TimeoutError:
                 continue
             except OSError:
@@ -136,6 +145,29 @@ class StoreServer:
             if not present:
                 return _TIMEOUT, b""
             return _OK, self._data[fields[0]] if op == _GET else b""
+
+
+def _listen_on_one_port(hosts: list[str], port: int, attempts: int = 20) -> list[socket.socket]:
+    """A listening socket on each host, all with the same port (the first free one if 0)."""
+    for _ in range(attempts):
+        listeners: list[socket.socket] = []
+        try:
+            for host in hosts:
+                listener = socket.create_server((host, port or _port_of(listeners)), backlog=512)
+                listener.settimeout(0.25)
+                listeners.append(listener)
+            return listeners
+        except OSError as e:
+            for listener in listeners:
+                listener.close()
+            # Only a port chosen for the first address and taken on a later one is a race.
+            if port or not listeners or e.errno != errno.EADDRINUSE:
+                raise
+    raise OSError(errno.EADDRINUSE, f"no port free on all of {', '.join(hosts)}")
+
+
+def _port_of(listeners: list[socket.socket]) -> int:
+    return listeners[0].getsockname()[1] if listeners else 0
 
 
 class Store:

@@ -7,7 +7,9 @@ Read three forms, as mpirun and mlx.launch users write them:
   with "hosts", and optionally "backend" and "envs"), each {"ssh": name, "ips": [...],
   "rdma": [...]}, where rdma[j] is the RDMA device (a name, or a list of names for several
   cables) that reaches host j, null for the host itself and for hosts with no cable to it
-  (a ring). Each such host takes one rank.
+  (a ring). Each such host takes one rank. tbcoll adds one optional key, "links": links[j]
+  is this host's address on the cable to host j (each Thunderbolt cable its own subnet),
+  null where there is none; tcp then connects each pair of hosts over their own cable.
 Every error names the file and line (or the host) and says what was expected.
 """
 
@@ -30,6 +32,12 @@ class Host:
     slots: int = 1  # ranks this host takes
     ips: tuple[str, ...] = ()  # where the other hosts reach it
     rdma: tuple[Rdma, ...] = ()  # rdma[j]: the device that reaches host j (None: itself)
+    links: tuple[str | None, ...] = ()  # links[j]: this host's address on the cable to host j
+
+    @property
+    def address(self) -> str:
+        """Where the other hosts reach this one when no cable says otherwise."""
+        return self.ips[0] if self.ips else self.name.rpartition("@")[2]
 
 
 @dataclass(frozen=True)
@@ -134,6 +142,21 @@ class Hostfile:
             raise HostfileError(f"--map-by {map_by!r}: use slot or node")
         return order[:nprocs]
 
+    def layout(self, nprocs: int, map_by: str = "slot") -> dict:
+        """The resolved topology the ranks read (TBCOLL_HOSTFILE): the hosts that take ranks,
+        in hostfile order, each with its ranks, its address and its per-pair link addresses."""
+        placement = self.placement(nprocs, map_by)
+        used = [i for i in range(len(self.hosts)) if i in placement]
+        hosts = []
+        for i in used:
+            host = self.hosts[i]
+            entry = {"name": host.name, "ranks": [r for r, h in enumerate(placement) if h == i],
+                     "addr": host.address}
+            if host.links:
+                entry["links"] = [host.links[j] for j in used]
+            hosts.append(entry)
+        return {"hosts": hosts}
+
     def is_full_mesh(self) -> bool:
         """Whether every pair of hosts has an RDMA device between them (cabled as a mesh)."""
         n = len(self.hosts)
@@ -191,4 +214,11 @@ def _json_host(entry: object, i: int, count: int, source: str) -> Host:
                                 "or null")
         if j == i and dev is not None:
             raise HostfileError(f"{where}: rdma[{i}] is the host itself and should be null")
-    return Host(entry["ssh"], 1, tuple(ips), tuple(devices))
+    links = entry.get("links", [])
+    if not isinstance(links, list) or (links and len(links) != count) or not all(
+            a is None or (isinstance(a, str) and a) for a in links):
+        raise HostfileError(f"{where}: \"links\" must list, for each of the {count} hosts, this "
+                            "host's address on the cable to it, or null")
+    if links and links[i] is not None:
+        raise HostfileError(f"{where}: links[{i}] is the host itself and should be null")
+    return Host(entry["ssh"], 1, tuple(ips), tuple(devices), tuple(links))

@@ -4,7 +4,7 @@ import socket
 
 import pytest
 
-from .conftest import tbrun
+from .conftest import REPO, tbrun
 
 
 def assert_usage_error(p, *fragments):
@@ -20,7 +20,7 @@ def assert_usage_error(p, *fragments):
     (["-np", "0", "x.py"], ["0 is not in the range x>=1"]),
     (["-np", "-3", "x.py"], ["-3 is not in the range x>=1"]),
     (["-np", "two", "x.py"], ["'two' is not a valid integer"]),
-    (["x.py"], ["Missing option '-np'"]),
+    (["x.py"], ["give the number of ranks with -np N"]),
     (["-np", "2"], ["Missing argument 'PROGRAM'"]),
     (["--frobnicate", "-np", "2", "x.py"], ["No such option '--frobnicate'"]),
     (["-np", "2", "missing.py"], ["script 'missing.py' not found"]),
@@ -31,6 +31,13 @@ def assert_usage_error(p, *fragments):
     (["-np", "2", "--backend", "carrier-pigeon", "true"], ["'carrier-pigeon' is not one of"]),
     (["-np", "3", "--backend", "mpi", "true"], ["MPI ranks must be started by mpiexec",
                                                 "mpiexec -n 3 /"]),
+    (["--hostfile", "no-such-hosts.txt", "true"], ["no-such-hosts.txt: cannot read the hostfile"]),
+    (["-H", "a:0", "true"], ["-H a:0: 'a:0': expected a whole number of slots"]),
+    (["-H", "a", "--hostfile", "h.txt", "true"], ["give --hostfile or -H, not both"]),
+    (["-np", "5", "-H", "a:2,b:2", "true"], ["5 ranks asked for but the hosts have 4 slots"]),
+    (["-H", "localhost,192.0.2.1", "true"], ["'localhost' is a loopback name"]),
+    (["--backend", "mlx", "-np", "2", "--hostfile", str(REPO / "hostfiles/mesh4.json"), "true"],
+     ["the jaccl backend runs one rank per host; use -np 4"]),
 ])
 def test_bad_arguments(args, fragments):
     assert_usage_error(tbrun(*args, timeout=30), *fragments)

@@ -44,4 +44,4 @@ def test_dry_run_shows_mlx_variables():
     p = tbrun("-np", 2, "--backend", "mlx", "--dry-run", "true", timeout=30)
     assert p.returncode == 0
     assert "MLX_RANK=0" in p.stdout and "MLX_RANK=1" in p.stdout
-    assert p.stdout.count("MLX_HOSTFILE=<made at launch>") == 2
+    assert p.stdout.count("MLX_HOSTFILE=<job directory>/MLX_HOSTFILE.json") == 2

@@ -110,6 +110,10 @@ class StreamTransport:
     def _forget(self, peer: Peer) -> None:
         """peer's stream is gone."""
 
+    def peer(self, rank: int) -> Peer | None:
+        """The stream to rank, if this rank has one."""
+        return self._peers.get(rank)
+
     def close(self) -> None:
         for peer in self._peers.values():
             peer.channel.close()

@@ -1,7 +1,9 @@
 """TCP transport: one connection per pair of ranks, driven by the stream engine.
 
-Set-up: every rank listens on its host's address and publishes it in the store, connects to
-every lower rank and accepts every higher one. Each connection runs the HMAC handshake of
+Set-up: every rank listens on its host's addresses (its main one and, from the hostfile's
+"links", one per cable to another host) and publishes them in the store, connects to every
+lower rank over the cable between their hosts where there is one, and accepts every higher
+rank. Each connection runs the HMAC handshake of
 tbcoll.auth, then the connecting side names its rank. Messages, matching and progress are
 tbcoll.transports.stream's; waiting is poll() on the sockets.
 """
@@ -13,7 +15,7 @@ import select
 import socket
 import struct
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from tbcoll.auth import accept_handshake, connect_handshake
 from tbcoll.env import LaunchInfo, format_hostport, parse_hostport
@@ -53,16 +55,29 @@ class TcpTransport(StreamTransport):
         self._poller.unregister(peer.channel)
 
 
-def connect_mesh(rank: int, size: int, host: str, store: Store, token: str, timeout: float,
+def connect_mesh(rank: int, size: int, hosts: list[str], route: Callable[[int], str | None],
+                 store: Store, token: str, timeout: float,
                  prefix: str) -> dict[int, socket.socket]:
-    """Open one authenticated connection to every other rank (lower ranks: we connect)."""
-    listener = socket.create_server((host, 0), backlog=max(size, 16))
-    store.set(f"{prefix}/addr/{rank}", format_hostport(*listener.getsockname()[:2]))
+    """Open one authenticated connection to every other rank (lower ranks: we connect).
+
+    hosts: the addresses to listen on; route(peer): the address of peer to connect to (one
+    it listens on), or None for its first.
+    """
+    listeners = [socket.create_server((host, 0), backlog=max(size, 16)) for host in hosts]
+    store.set(f"{prefix}/addr/{rank}", ",".join(
+        format_hostport(*listener.getsockname()[:2]) for listener in listeners))
     sockets: dict[int, socket.socket] = {}
     try:
         for peer in range(rank):
-            address = parse_hostport(store.get(f"{prefix}/addr/{peer}").decode(), "address")
-            sock = socket.create_connection(address, timeout=timeout)
+            published = store.get(f"{prefix}/addr/{peer}").decode().split(",")
+            addresses = [parse_hostport(text, "address") for text in published]
+            wanted = route(peer)
+            address = next((a for a in addresses if a[0] == wanted), addresses[0])
+            try:
+                sock = socket.create_connection(address, timeout=timeout)
+            except OSError as e:
+                raise CommError(f"rank {rank} could not connect to rank {peer} at "
+                                f"{format_hostport(*address)}: {e}") from e
             try:
                 connect_handshake(sock, token)
             except AuthenticationError as e:
@@ -71,13 +86,12 @@ def connect_mesh(rank: int, size: int, host: str, store: Store, token: str, time
             sockets[peer] = sock
         deadline = time.monotonic() + timeout
         while len(sockets) < size - 1:
-            listener.settimeout(max(0.0, deadline - time.monotonic()))
-            try:
-                sock, address = listener.accept()
-            except TimeoutError:
+            ready, _, _ = select.select(listeners, [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
                 missing = sorted(set(range(rank + 1, size)) - set(sockets))
                 raise CommError(f"rank(s) {missing} did not connect to rank {rank} within "
-                                f"{timeout:g} s (TBCOLL_TIMEOUT)") from None
+                                f"{timeout:g} s (TBCOLL_TIMEOUT)")
+            sock, address = ready[0].accept()
             peer = _accept_peer(sock, address, token, rank, size, sockets)
             if peer is None:
                 sock.close()
@@ -88,7 +102,8 @@ def connect_mesh(rank: int, size: int, host: str, store: Store, token: str, time
             sock.close()
         raise
     finally:
-        listener.close()
+        for listener in listeners:
+            listener.close()
     for sock in sockets.values():
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SOCKET_BUFFER)
@@ -113,12 +128,32 @@ def _accept_peer(sock: socket.socket, address: tuple, token: str, rank: int, siz
     return peer
 
 
-def listen_host(info: LaunchInfo) -> str:
-    """The address this rank listens on: its host's entry in the topology, else loopback."""
+def listen_hosts(info: LaunchInfo) -> list[str]:
+    """The addresses this rank listens on: its host's, and its ends of the host's cables."""
     hosts = info.topology.get("hosts", [])
-    if info.node_rank < len(hosts):
-        return hosts[info.node_rank].get("addr", "127.0.0.1")
-    return "127.0.0.1"
+    if info.node_rank >= len(hosts):
+        return ["127.0.0.1"]
+    mine = hosts[info.node_rank]
+    links = [a for a in mine.get("links", []) if a]
+    return list(dict.fromkeys([mine.get("addr", "127.0.0.1"), *links]))
+
+
+def peer_route(info: LaunchInfo) -> Callable[[int], str | None]:
+    """route(peer): the address to reach peer at, over the cable between the two hosts if the
+    hostfile names one (each Thunderbolt cable is its own subnet), else the peer's host's."""
+    hosts = info.topology.get("hosts", [])
+    node_of = {rank: j for j, host in enumerate(hosts) for rank in host.get("ranks", [])}
+
+    def route(peer: int) -> str | None:
+        if peer not in node_of:
+            return None
+        host = hosts[node_of[peer]]
+        links = host.get("links", [])
+        if info.node_rank < len(links) and links[info.node_rank]:
+            return links[info.node_rank]
+        return host.get("addr")
+
+    return route
 
 
 class TcpGroup:
@@ -136,6 +171,17 @@ class TcpGroup:
 
     def context_hint(self) -> int:
         return self._transport.next_context
+
+    def describe_links(self) -> list[str]:
+        """Which addresses each connection of this group runs between."""
+        lines = []
+        for rank in self.members:
+            peer = self._transport.peer(rank)
+            if peer is not None:
+                local, remote = peer.channel.getsockname(), peer.channel.getpeername()
+                lines.append(f"  to rank {rank}: {format_hostport(*local[:2])} -> "
+                             f"{format_hostport(*remote[:2])}")
+        return lines
 
     def split(self, color: int | None, key: int, members: list[int],
               context: int) -> TcpGroup | None:
@@ -156,7 +202,7 @@ def open_world(info: LaunchInfo | None, prefix: str) -> TcpGroup:
     if info is None or info.size == 1:
         return TcpGroup(TcpTransport(0, 1, {}, 0.0), 0, [0], True)
     with Store.from_launch(info) as store:
-        sockets = connect_mesh(info.rank, info.size, listen_host(info), store, info.token,
-                               info.timeout, prefix)
+        sockets = connect_mesh(info.rank, info.size, listen_hosts(info), peer_route(info),
+                               store, info.token, info.timeout, prefix)
     transport = TcpTransport(info.rank, info.size, sockets, info.timeout)
     return TcpGroup(transport, 0, list(range(info.size)), True)

@@ -1,0 +1,116 @@
+"""Where a job's ranks run: which hosts are this machine, how each reaches tbrun's store, and
+the ssh command that starts a rank on a remote host."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import shlex
+import socket
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from tbcoll.errors import LaunchError
+from tbcoll.topology import Hostfile
+
+LOOPBACK = "127.0.0.1"
+_LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
+
+
+@dataclass(frozen=True)
+class HostPlan:
+    name: str  # as the hostfile gives it: what ssh connects to
+    ranks: tuple[int, ...]
+    local: bool  # this machine: ranks start as children of tbrun, not through ssh
+    store_host: str  # the address of tbrun's store as this host reaches it
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    hosts: tuple[HostPlan, ...]
+    topology: dict  # TBCOLL_HOSTFILE
+    master_addr: str  # MASTER_ADDR: rank 0's host
+
+    @property
+    def store_hosts(self) -> list[str]:
+        """The addresses the store listens on."""
+        return list(dict.fromkeys(h.store_host for h in self.hosts))
+
+
+def plan_job(hostfile: Hostfile | None, nprocs: int, map_by: str, route: bool = True) -> JobPlan:
+    """route False (a dry run): leave the store's address for remote hosts as a placeholder
+    instead of looking up the route to them."""
+    if hostfile is None:
+        topology = {"hosts": [{"name": "localhost", "ranks": list(range(nprocs))}]}
+        return JobPlan((HostPlan("localhost", tuple(range(nprocs)), True, LOOPBACK),),
+                       topology, LOOPBACK)
+    topology = hostfile.layout(nprocs, map_by)
+    entries = topology["hosts"]
+    local = [is_this_machine(h["name"]) for h in entries]
+    if not all(local):
+        for entry, here in zip(entries, local, strict=True):
+            if here and entry["addr"] in _LOOPBACK_NAMES:
+                raise LaunchError(f"{hostfile.source}: host {entry['name']!r} is a loopback name, "
+                                  "which the other hosts cannot reach; name this machine by an "
+                                  "address or host name they can")
+    hosts = tuple(
+        HostPlan(entry["name"], tuple(entry["ranks"]), here,
+                 LOOPBACK if here else _address_towards(entry["name"], entry["addr"]) if route
+                 else f"<address towards {entry['name']}>")
+        for entry, here in zip(entries, local, strict=True))
+    master = LOOPBACK if all(local) else entries[0]["addr"]
+    return JobPlan(hosts, topology, master)
+
+
+def is_this_machine(name: str) -> bool:
+    """localhost, this machine's host name, or an address of one of its interfaces (a user@
+    prefix always means ssh)."""
+    if "@" in name:
+        return False
+    if name in _LOOPBACK_NAMES:
+        return True
+    hostname = socket.gethostname()
+    if name in (hostname, hostname.split(".")[0]):
+        return True
+    try:
+        family = socket.AF_INET6 if ipaddress.ip_address(name).version == 6 else socket.AF_INET
+    except ValueError:
+        return False
+    with socket.socket(family, socket.SOCK_DGRAM) as s:
+        try:
+            s.bind((name, 0))  # succeeds only for an address this machine holds
+        except OSError:
+            return False
+    return True
+
+
+def _address_towards(*names: str) -> str:
+    """This machine's address on the route to the first of names that resolves (a UDP
+    connect sends nothing; it only picks the route)."""
+    errors = []
+    for name in dict.fromkeys(n.rpartition("@")[2] for n in names):
+        try:
+            family, _, _, _, sockaddr = socket.getaddrinfo(name, 22, type=socket.SOCK_DGRAM)[0]
+            with socket.socket(family, socket.SOCK_DGRAM) as s:
+                s.connect(sockaddr)
+                return s.getsockname()[0]
+        except OSError as e:
+            errors.append(f"{name}: {e.strerror or e}")
+    raise LaunchError(f"cannot find a route to host {names[0]!r} ({'; '.join(errors)}); give its "
+                      "address in the hostfile")
+
+
+def ssh_command(ssh: Sequence[str], host: str, python: str, connect_timeout: float) -> list[str]:
+    """ssh argv that runs launchers.remote on host: no prompts, bounded connect time, and a
+    dead host noticed within ~15 s."""
+    remote = shlex.join([python, "-m", "launchers.remote"])
+    return [*ssh, "-o", "BatchMode=yes", "-o", f"ConnectTimeout={max(1, round(connect_timeout))}",
+            "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3", "-T", host, remote]
+
+
+def remote_setup(argv: Sequence[str], cwd: str, env: Mapping[str, str],
+                 defaults: Mapping[str, str], files: Mapping[str, str]) -> bytes:
+    """The line launchers.remote reads: env is set, defaults only where the host has none,
+    and each of files (variable -> content) is written to a private file the variable names."""
+    return json.dumps({"argv": list(argv), "cwd": cwd, "env": dict(env),
+                       "defaults": dict(defaults), "files": dict(files)}).encode() + b"\n"

@@ -1,0 +1,166 @@
+"""tbrun across hosts: three network namespaces with an sshd each (tests/netns.py), tbrun
+started in the first, ranks on all three over ssh."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from . import netns
+from .conftest import TBRUN, tagged_lines, wait_for
+
+HOSTS = 3
+
+ALL_REDUCE = """
+import json, os, socket
+import numpy as np
+import tbcoll
+
+with tbcoll.init() as comm:
+    x = np.arange(4, dtype=np.float64) + comm.rank
+    total = comm.all_reduce(x)
+    gathered = comm.all_gather(np.array([comm.rank], dtype=np.int32))
+    # "  to rank 1: 10.202.1.1:40000 -> 10.202.1.2:41000": the peer's address, by rank
+    links = {line.split()[2].rstrip(":"): line.split()[-1].rpartition(":")[0]
+             for line in comm.describe().splitlines() if "->" in line}
+    print(json.dumps({"rank": comm.rank, "node": comm.node_rank, "backend": comm.backend,
+                      "total": total.tolist(), "gathered": gathered.tolist(), "peers": links,
+                      "cwd": os.getcwd(), "greeting": os.environ.get("GREETING")}))
+"""
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    reason = netns.why_not_available()
+    if reason:
+        pytest.skip(reason)
+    c = netns.Cluster(f"tbc{os.getpid() % 10000}", tmp_path_factory.mktemp("cluster"), HOSTS)
+    try:
+        c.start()
+    except (RuntimeError, subprocess.TimeoutExpired) as e:
+        c.stop()
+        pytest.skip(f"cannot make network namespaces here: {e}")
+    yield c
+    c.stop()
+
+
+def tbrun_on(cluster: netns.Cluster, *args: str, timeout: float = 90) -> subprocess.Popen:
+    """Start tbrun inside host 0 with the cluster's ssh settings."""
+    argv = cluster.exec_argv(0, TBRUN, "--ssh", cluster.ssh, *map(str, args))
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish(p: subprocess.Popen, timeout: float = 90) -> tuple[int, str, str]:
+    out, err = p.communicate(timeout=timeout)
+    return p.returncode, out, err
+
+
+def assert_no_rank_left(cluster: netns.Cluster) -> None:
+    for i in range(HOSTS):
+        wait_for(lambda i=i: not cluster.pids(i), 10, f"the processes of host {i} to end")
+
+
+def results(out: str) -> dict[int, dict]:
+    return {rank: json.loads(lines[-1]) for rank, lines in tagged_lines(out).items()}
+
+
+def test_tcp_job_over_three_hosts_with_slots(cluster, script, tmp_path):
+    hostfile = tmp_path / "hosts.txt"
+    hostfile.write_text("".join(f"{cluster.address(i)} slots=2\n" for i in range(HOSTS)))
+    code, out, err = finish(tbrun_on(cluster, "--hostfile", hostfile, "--map-by", "node",
+                                     "-x", "GREETING=hello", "--cwd", tmp_path,
+                                     script(ALL_REDUCE)))
+    assert code == 0, out + err
+    got = results(out)
+    assert sorted(got) == list(range(2 * HOSTS))
+    for rank, r in got.items():
+        assert r["node"] == rank % HOSTS  # --map-by node deals ranks round the hosts
+        assert r["backend"] == "tcp"  # auto on several hosts
+        assert r["total"] == [sum(range(6)) + 6 * k for k in range(4)]
+        assert r["gathered"] == list(range(6))
+        assert r["greeting"] == "hello" and r["cwd"] == str(tmp_path)
+    assert_no_rank_left(cluster)
+
+
+def test_tcp_uses_the_cable_between_each_pair_of_hosts(cluster, script, tmp_path):
+    hosts = [{"ssh": cluster.address(i), "ips": [cluster.address(i)],
+              "links": [None if j == i else cluster.link(i, j) for j in range(HOSTS)]}
+             for i in range(HOSTS)]
+    hostfile = tmp_path / "mesh.json"
+    hostfile.write_text(json.dumps({"hosts": hosts}))
+    code, out, err = finish(tbrun_on(cluster, "--hostfile", hostfile, "--backend", "tcp",
+                                     script(ALL_REDUCE)))
+    assert code == 0, out + err
+    got = results(out)
+    for rank, r in got.items():
+        assert r["total"] == [3 + 3 * k for k in range(4)]
+        # rank i reaches rank j at j's end of their cable, not over the management network
+        assert r["peers"] == {str(j): cluster.link(j, rank) for j in range(HOSTS) if j != rank}
+
+
+def test_a_failing_remote_rank_takes_down_every_host(cluster, script):
+    code, out, err = finish(tbrun_on(
+        cluster, "-H", ",".join(f"{cluster.address(i)}:2" for i in range(HOSTS)),
+        script("import os, sys, time\n"
+               "if os.environ['RANK'] == '5': sys.exit(7)\n"
+               "time.sleep(60)\n")), timeout=40)
+    assert code == 7
+    assert f"rank 5 on {cluster.address(2)}" in err and "exited with status 7" in err
+    assert_no_rank_left(cluster)
+
+
+def test_ctrl_c_reaches_remote_ranks(cluster, script):
+    p = tbrun_on(cluster, "-H", ",".join(cluster.address(i) for i in range(HOSTS)),
+                 script("import time\nprint('up', flush=True)\n"
+                        "try:\n    time.sleep(60)\n"
+                        "except KeyboardInterrupt:\n    print('interrupted', flush=True)\n"
+                        "    raise SystemExit(5)\n"))
+    started = []
+    while len(started) < HOSTS:
+        line = p.stdout.readline()
+        assert line, p.stderr.read()
+        started.append(line)
+    p.send_signal(signal.SIGINT)
+    code, out, err = finish(p, timeout=30)
+    assert code == 128 + signal.SIGINT
+    assert sorted(tagged_lines(out)) == list(range(HOSTS))
+    assert all(lines == ["interrupted"] for lines in tagged_lines(out).values()), out
+    assert_no_rank_left(cluster)
+
+
+def test_timeout_stops_remote_ranks(cluster, script):
+    start = time.monotonic()
+    code, _, err = finish(tbrun_on(cluster, "-H", f"{cluster.address(1)}:2", "--timeout", 3,
+                                   script("import time\ntime.sleep(60)\n")), timeout=40)
+    assert code == 124, err
+    assert time.monotonic() - start < 20
+    assert_no_rank_left(cluster)
+
+
+def test_an_unreachable_host_is_named_in_bounded_time(cluster, script):
+    nobody = "10.201.0.99"
+    start = time.monotonic()
+    code, _, err = finish(tbrun_on(cluster, "-H", f"{cluster.address(1)},{nobody}",
+                                   "--connect-timeout", 2, script("import time\ntime.sleep(60)\n")),
+                          timeout=40)
+    assert code == 255
+    assert f"rank 1 on {nobody}" in err and f"ssh {nobody} true" in err
+    assert time.monotonic() - start < 15
+    assert_no_rank_left(cluster)
+
+
+def test_missing_remote_directory_is_reported(cluster, script):
+    code, _, err = finish(tbrun_on(cluster, "-H", cluster.address(1), "--cwd", "/no/such/dir",
+                                   script("print('never')")), timeout=40)
+    assert code == 2
+    assert "working directory /no/such/dir does not exist" in err
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-v"]))
