@@ -14,6 +14,16 @@ from tbcoll.topology import Hostfile
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
+# Set to 1 when unset and several ranks share a host, as torchrun does for OMP_NUM_THREADS,
+# so that N ranks on N cores do not each start N BLAS threads.
+THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+               "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
+
+
+def thread_limits(ranks_on_host: int) -> dict[str, str]:
+    """Defaults for THREAD_VARS on a host running this many ranks (none for one rank)."""
+    return dict.fromkeys(THREAD_VARS, "1") if ranks_on_host > 1 else {}
+
 
 @dataclass(frozen=True)
 class LaunchConfig:

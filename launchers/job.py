@@ -7,11 +7,10 @@ import os
 import shlex
 import shutil
 import socket
-import sys
 import tempfile
 from pathlib import Path
 
-from launchers.config import LaunchConfig
+from launchers.config import LaunchConfig, thread_limits
 from launchers.hosts import LOOPBACK, JobPlan, plan_job, remote_setup, ssh_command
 from launchers.mlxvars import (
     FIRST_PORT,
@@ -20,21 +19,13 @@ from launchers.mlxvars import (
     jaccl_variables,
     ring_variables,
 )
-from launchers.output import OutputRouter
+from launchers.mpi import run_mpi
+from launchers.output import OutputRouter, log
 from launchers.supervisor import RankCommand, Supervisor
 from tbcoll.auth import new_token
 from tbcoll.env import LaunchInfo, format_hostport, segment_prefix, worker_env
 from tbcoll.errors import LaunchError
 from tbcoll.rendezvous import StoreServer
-
-# Set to 1 when unset and several ranks share a host, as torchrun does for OMP_NUM_THREADS,
-# so that N ranks on N cores do not each start N BLAS threads.
-THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
-               "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
-
-
-def log(message: str) -> None:
-    print(f"tbrun: {message}", file=sys.stderr, flush=True)
 
 
 def rank_commands(cfg: LaunchConfig, plan: JobPlan, store_port: int, token: str,
@@ -43,7 +34,7 @@ def rank_commands(cfg: LaunchConfig, plan: JobPlan, store_port: int, token: str,
     n = cfg.nprocs
     commands = []
     for node, host in enumerate(plan.hosts):
-        thread_defaults = dict.fromkeys(THREAD_VARS, "1") if len(host.ranks) > 1 else {}
+        thread_defaults = thread_limits(len(host.ranks))
         for local_rank, rank in enumerate(host.ranks):
             info = LaunchInfo(rank=rank, size=n, local_rank=local_rank, local_size=len(host.ranks),
                               node_rank=node, backend=cfg.backend,
@@ -98,13 +89,8 @@ def dry_run(cfg: LaunchConfig, plan: JobPlan) -> int:
 
 def run(cfg: LaunchConfig) -> int:
     """Run the job and return its exit status."""
-    if cfg.backend == "mpi":
-        # Ranks tbrun started would each be an MPI job of one: an mpi4py program would run
-        # N times alone and give wrong answers without a word. Refuse until tbrun hands the
-        # job to mpiexec itself.
-        raise LaunchError(f"--backend mpi: MPI ranks must be started by mpiexec; run "
-                          f"`mpiexec -n {cfg.nprocs} {shlex.join(cfg.program)}` (tbcoll.init() "
-                          "picks the mpi backend there by itself)")
+    if cfg.backend == "mpi":  # MPI ranks must be started by mpiexec, which hands them PMI
+        return run_mpi(cfg)
     if cfg.dry_run:
         return dry_run(cfg, plan_job(cfg.hostfile, cfg.nprocs, cfg.map_by, route=False))
     plan = plan_job(cfg.hostfile, cfg.nprocs, cfg.map_by)

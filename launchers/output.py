@@ -11,6 +11,11 @@ STREAMS = ("out", "err")
 _MAX_PARTIAL = 64 << 10  # a line longer than this is passed on in pieces
 
 
+def log(message: str) -> None:
+    """tbrun's own messages, on its stderr."""
+    print(f"tbrun: {message}", file=sys.stderr, flush=True)
+
+
 class OutputRouter:
     """Collects chunks per (rank, stream) and writes complete lines to the terminal and files.
 

@@ -22,7 +22,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from launchers.output import OutputRouter
@@ -42,9 +42,13 @@ class RankCommand:
     cwd: str | None = None
     host: str = ""  # for messages; "" on this machine
     setup: bytes | None = None  # for a remote rank: launchers.remote's set-up line
+    label: str = ""  # for messages, instead of "rank N"
+    passthrough: bool = False  # output goes straight to tbrun's (a launcher, e.g. mpiexec)
 
     @property
     def name(self) -> str:
+        if self.label:
+            return self.label
         return f"rank {self.rank} on {self.host}" if self.host else f"rank {self.rank}"
 
 
@@ -84,8 +88,15 @@ def _die_with_parent_hook() -> Callable[[], None] | None:
 
 class Supervisor:
     def __init__(self, commands: Sequence[RankCommand], output: OutputRouter, *,
-                 timeout: float | None, grace: float, log: Callable[[str], None]) -> None:
+                 timeout: float | None, grace: float, log: Callable[[str], None],
+                 streams: Mapping[tuple[int, str], int] | None = None,
+                 keepalive: Sequence[int] = ()) -> None:
+        """streams: more (rank, "out"/"err") -> readable fd to route, beside the commands'
+        pipes (e.g. FIFOs mpiexec writes); keepalive: write ends of those held open so that
+        they do not end before their writer opens them, closed once every command exited."""
         self._commands = commands
+        self._streams = dict(streams or {})
+        self._keepalive = list(keepalive)
         self._output = output
         self._timeout = timeout
         self._grace = grace
@@ -110,6 +121,9 @@ class Supervisor:
         old_handlers = {sig: signal.signal(sig, self._on_signal) for sig in watched}
         selector = selectors.DefaultSelector()
         selector.register(wake_r, selectors.EVENT_READ)
+        for key, fd in self._streams.items():
+            os.set_blocking(fd, False)
+            selector.register(fd, selectors.EVENT_READ, key)
         try:
             self._spawn(selector)
             after_spawn()
@@ -123,6 +137,11 @@ class Supervisor:
                 proc.wait()
                 if proc.stdin is not None:
                     proc.stdin.close()
+            for key in list(selector.get_map().values()):
+                if isinstance(key.fileobj, int) and key.fileobj != wake_r:
+                    os.close(key.fileobj)  # a stream of self._streams not read to its end
+            while self._keepalive:
+                os.close(self._keepalive.pop())
             selector.close()
             os.close(wake_r)
             os.close(wake_w)
@@ -138,9 +157,9 @@ class Supervisor:
         # preexec_fn is safe here: tbrun has no other thread yet (see run's after_spawn).
         for cmd in self._commands:
             try:
+                output = None if cmd.passthrough else subprocess.PIPE
                 proc = subprocess.Popen(
-                    cmd.argv, env=cmd.env, cwd=cmd.cwd, stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
+                    cmd.argv, env=cmd.env, cwd=cmd.cwd, stdout=output, stderr=output,
                     stdin=subprocess.DEVNULL if cmd.setup is None else subprocess.PIPE,
                     start_new_session=True, preexec_fn=hook)  # noqa: PLW1509
             except OSError as e:
@@ -149,6 +168,8 @@ class Supervisor:
             self._procs[cmd.rank] = proc
             if cmd.setup is not None:
                 _send(proc, cmd.setup)
+            if cmd.passthrough:
+                continue
             for stream, pipe in (("out", proc.stdout), ("err", proc.stderr)):
                 os.set_blocking(pipe.fileno(), False)
                 selector.register(pipe, selectors.EVENT_READ, (cmd.rank, stream))
@@ -178,6 +199,8 @@ class Supervisor:
                 self._kill_groups(signal.SIGKILL)
                 self._kill_at = None
             if not self._alive():
+                while self._keepalive:  # the writers are gone: let their streams end
+                    os.close(self._keepalive.pop())
                 if len(selector.get_map()) == 1:
                     return  # only the wake-up pipe is left
                 if drain_until is None:
@@ -189,14 +212,17 @@ class Supervisor:
 
     def _pump(self, selector: selectors.BaseSelector, key: selectors.SelectorKey) -> None:
         rank, stream = key.data
-        data = _read(key.fileobj.fileno())
+        data = _read(key.fd)
         if data is None:
             return
         if data:
             self._output.write(rank, stream, data)
         else:
             selector.unregister(key.fileobj)
-            key.fileobj.close()
+            if isinstance(key.fileobj, int):
+                os.close(key.fileobj)
+            else:
+                key.fileobj.close()
             self._output.end(rank, stream)
 
     def _handle_signals(self) -> None:

@@ -29,8 +29,6 @@ def assert_usage_error(p, *fragments):
     (["-np", "2", "-x", "9LIVES=1", "true"], ["'9LIVES' is not a valid variable name"]),
     (["-np", "2", "-x", "TBCOLL_SURELY_UNSET", "true"], ["TBCOLL_SURELY_UNSET is not set"]),
     (["-np", "2", "--backend", "carrier-pigeon", "true"], ["'carrier-pigeon' is not one of"]),
-    (["-np", "3", "--backend", "mpi", "true"], ["MPI ranks must be started by mpiexec",
-                                                "mpiexec -n 3 /"]),
     (["--hostfile", "no-such-hosts.txt", "true"], ["no-such-hosts.txt: cannot read the hostfile"]),
     (["-H", "a:0", "true"], ["-H a:0: 'a:0': expected a whole number of slots"]),
     (["-H", "a", "--hostfile", "h.txt", "true"], ["give --hostfile or -H, not both"]),

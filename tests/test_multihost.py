@@ -31,7 +31,20 @@ with tbcoll.init() as comm:
              for line in comm.describe().splitlines() if "->" in line}
     print(json.dumps({"rank": comm.rank, "node": comm.node_rank, "backend": comm.backend,
                       "total": total.tolist(), "gathered": gathered.tolist(), "peers": links,
-                      "cwd": os.getcwd(), "greeting": os.environ.get("GREETING")}))
+                      "cwd": os.getcwd(), "greeting": os.environ.get("GREETING"),
+                      "netns": os.readlink("/proc/self/ns/net")}))
+"""
+
+MPI4PY = """
+import json, os
+import numpy as np
+from mpi4py import MPI
+
+comm = MPI.COMM_WORLD
+total = np.empty(2)
+comm.Allreduce(np.full(2, comm.rank + 1.0), total)
+print(json.dumps({"rank": comm.rank, "size": comm.size, "total": total.tolist(),
+                  "netns": os.readlink("/proc/self/ns/net")}))
 """
 
 
@@ -85,6 +98,29 @@ def test_tcp_job_over_three_hosts_with_slots(cluster, script, tmp_path):
         assert r["total"] == [sum(range(6)) + 6 * k for k in range(4)]
         assert r["gathered"] == list(range(6))
         assert r["greeting"] == "hello" and r["cwd"] == str(tmp_path)
+    assert_one_namespace_per_host(got, HOSTS)
+    assert_no_rank_left(cluster)
+
+
+def assert_one_namespace_per_host(got: dict[int, dict], hosts: int) -> None:
+    """Ranks of a host share its network namespace; no two hosts share one."""
+    by_node = {}
+    for r in got.values():
+        by_node.setdefault(r.get("node", r["rank"] % hosts), set()).add(r["netns"])
+    assert all(len(ns) == 1 for ns in by_node.values()), by_node
+    assert len(set.union(*by_node.values())) == hosts, by_node
+
+
+def test_mpi_job_over_three_hosts(cluster, script):
+    pytest.importorskip("mpi4py")
+    hosts = ",".join(f"{cluster.address(i)}:2" for i in range(HOSTS))
+    code, out, err = finish(tbrun_on(cluster, "--backend", "mpi", "-H", hosts, "--map-by", "node",
+                                     script(MPI4PY)))
+    assert code == 0, out + err
+    got = results(out)
+    assert sorted(got) == list(range(2 * HOSTS))
+    assert all(r["total"] == [21.0, 21.0] and r["size"] == 6 for r in got.values())
+    assert_one_namespace_per_host(got, HOSTS)  # rank r on host r % 3, as --map-by node says
     assert_no_rank_left(cluster)
 
 
@@ -102,6 +138,7 @@ def test_tcp_uses_the_cable_between_each_pair_of_hosts(cluster, script, tmp_path
         assert r["total"] == [3 + 3 * k for k in range(4)]
         # rank i reaches rank j at j's end of their cable, not over the management network
         assert r["peers"] == {str(j): cluster.link(j, rank) for j in range(HOSTS) if j != rank}
+    assert_one_namespace_per_host(got, HOSTS)
 
 
 def test_a_failing_remote_rank_takes_down_every_host(cluster, script):

@@ -1,0 +1,76 @@
+"""tbrun --backend mpi hands the job to mpiexec: an unmodified mpi4py program runs, its output
+is tagged per line, and failures, timeouts and exports behave as in any tbrun job."""
+
+import json
+import time
+
+import pytest
+
+from .conftest import pid_alive, tagged_lines, tbrun
+
+pytest.importorskip("mpi4py")
+
+MPI4PY_SCRIPT = """
+import json, os
+import numpy as np
+from mpi4py import MPI
+
+comm = MPI.COMM_WORLD
+total = np.empty(3)
+comm.Allreduce(np.full(3, comm.rank + 1.0), total)
+root_value = comm.bcast({"from": "root"} if comm.rank == 0 else None, root=0)
+right, left = (comm.rank + 1) % comm.size, (comm.rank - 1) % comm.size
+got = comm.sendrecv(comm.rank * 100, dest=right, source=left)
+print(json.dumps({"rank": comm.rank, "size": comm.size, "total": total.tolist(),
+                  "bcast": root_value, "from_left": got, "pid": os.getpid(),
+                  "colour": os.environ.get("COLOUR")}))
+print("no newline at the end", end="")
+"""
+
+
+def test_an_unmodified_mpi4py_program_runs_under_tbrun(script):
+    p = tbrun("--backend", "mpi", "-np", 3, "-x", "COLOUR=teal", script(MPI4PY_SCRIPT),
+              timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    lines = tagged_lines(p.stdout)
+    assert sorted(lines) == [0, 1, 2]
+    for rank, (first, last) in lines.items():
+        result = json.loads(first)
+        assert result["size"] == 3 and result["rank"] == rank
+        assert result["total"] == [6.0, 6.0, 6.0]
+        assert result["bcast"] == {"from": "root"}
+        assert result["from_left"] == 100 * ((rank - 1) % 3)
+        assert result["colour"] == "teal"
+        assert last == "no newline at the end"  # whole lines, each tagged once
+
+
+def test_a_failing_mpi_rank_fails_the_job(script):
+    start = time.monotonic()
+    p = tbrun("--backend", "mpi", "-np", 3, script(
+        "import os, sys, time\nfrom mpi4py import MPI\n"
+        "print(os.getpid(), flush=True)\n"
+        "MPI.COMM_WORLD.Barrier()\n"
+        "if MPI.COMM_WORLD.rank == 1: sys.exit(9)\n"
+        "time.sleep(60)\n"), timeout=60)
+    assert p.returncode == 9, p.stdout + p.stderr
+    assert time.monotonic() - start < 30
+    assert "mpiexec" in p.stderr and "exited with status 9" in p.stderr
+    pids = [int(lines[0]) for lines in tagged_lines(p.stdout).values()]
+    assert len(pids) == 3 and not any(pid_alive(pid) for pid in pids)
+
+
+def test_timeout_stops_an_mpi_job(script):
+    p = tbrun("--backend", "mpi", "-np", 2, "--timeout", 2, "--grace", 1, script(
+        "import os, time\nfrom mpi4py import MPI\nprint(os.getpid(), flush=True)\n"
+        "time.sleep(60)\n"), timeout=60)
+    assert p.returncode == 124, p.stdout + p.stderr
+    pids = [int(lines[0]) for lines in tagged_lines(p.stdout).values()]
+    assert len(pids) == 2 and not any(pid_alive(pid) for pid in pids)
+
+
+def test_dry_run_shows_the_mpiexec_command():
+    p = tbrun("--backend", "mpi", "-np", 4, "-H", "a:2,b:2", "--map-by", "node", "--dry-run",
+              "true", timeout=30)
+    assert p.returncode == 0, p.stderr
+    assert "mpiexec -n 4" in p.stdout
+    assert "-hosts a,b -rankmap 0,1,0,1" in p.stdout
