@@ -64,6 +64,8 @@ def mlx_variables(cfg: LaunchConfig, plan: JobPlan) -> MlxVariables | None:
     backend = choose_backend(cfg.hostfile)
     if backend != "ring":
         return jaccl_variables(cfg.hostfile, cfg.nprocs, backend)
+    if cfg.nprocs == 1:  # as mlx.launch: a ring of one has no hostfile
+        return MlxVariables("ring", {})
     if len(plan.hosts) == 1:
         return ring_variables([(LOOPBACK, _free_port(LOOPBACK)) for _ in range(cfg.nprocs)])
     # as mlx.launch does: each rank's host address, ports counting up from 32323

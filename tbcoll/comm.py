@@ -49,6 +49,7 @@ class Communicator:
         self.rank, self.size = group.rank, group.size
         self.local_rank, self.node_rank = local_rank, node_rank
         self.backend = backend
+        self._table = getattr(group, "tuning", backend)  # the tuning table it follows
         self._overrides = algorithm_overrides(COLLECTIVES)
         for collective, algorithm in self._overrides.items():
             self._check_algorithm(collective, algorithm, "TBCOLL_ALGO")
@@ -60,7 +61,7 @@ class Communicator:
                        getattr(group.native, f"small_{name}", None)
                        for name in ("all_reduce", "all_gather")}
         self._native_by_default = {
-            name: (self._overrides.get(name) or tuning.choose(backend, name, 0, self.size))
+            name: (self._overrides.get(name) or tuning.choose(self._table, name, 0, self.size))
             == "native" for name in self._small}
 
     # --- collectives ---------------------------------------------------------------------
@@ -247,7 +248,7 @@ class Communicator:
             if collective in self._overrides:
                 rule = f"{self._overrides[collective]} (TBCOLL_ALGO)"
             else:
-                rule = tuning.describe(self.backend, collective)
+                rule = tuning.describe(self._table, collective)
             lines.append(f"  {collective}: {rule}")
         return "\n".join(lines + getattr(self._group, "describe_links", list)())
 
@@ -275,7 +276,7 @@ class Communicator:
             return algorithm
         if collective in self._overrides:
             return self._overrides[collective]
-        return tuning.choose(self.backend, collective, nbytes, self.size)
+        return tuning.choose(self._table, collective, nbytes, self.size)
 
     def _gathered_shape(self, array: np.ndarray) -> tuple[int, ...]:
         """all_gather's result: size copies of x along axis 0 (a 0-d x gives (size,))."""

@@ -11,6 +11,7 @@ Where the numbers come from (benchmarks/RESULTS.md, np 2 and 4 on one 2-core hos
   56). Past 4 ranks ring is chosen by the usual alpha-beta reasoning, not yet by a
   measurement: mesh keeps every link busy at once, which only a full mesh of cables serves.
 - The other tcp collectives follow all_reduce's thresholds (not measured separately yet).
+- mlx: MLX's own collectives (native); a sub-group from split has none and follows tcp.
 - mpi: MPICH's own collectives (native) were within 1.0-1.2x of raw mpi4py at every size,
   and faster than tbcoll's algorithms over MPI point-to-point everywhere but 16 MiB at np=2.
 """
@@ -30,7 +31,7 @@ TABLES: dict[str, dict[str, list[Rule]]] = {
         "barrier": [(None, None, "rd")],
     },
 }
-for _backend in ("shm", "mpi"):
+for _backend in ("shm", "mpi", "mlx"):
     TABLES[_backend] = {name: [(None, None, "native")] for name in TABLES["tcp"]}
 
 

@@ -1,5 +1,5 @@
-"""Run the SPMD suite of tests/spmd inside real jobs: under tbrun (shm and tcp) and under
-mpiexec (mpi), for 1 to 4 ranks."""
+"""Run the SPMD suite of tests/spmd inside real jobs: under tbrun (shm, tcp and mlx) and
+under mpiexec (mpi), for 1 to 4 ranks (3 for mlx, whose ring backend is slow past the cores)."""
 
 import os
 import re
@@ -34,6 +34,12 @@ def tbrun_pytest(np_, backend, *pytest_args):
 @pytest.mark.parametrize("np_", [1, 2, 3, 4])
 def test_under_tbrun(np_, backend):
     run_job(tbrun_pytest(np_, backend), np_)
+
+
+@pytest.mark.parametrize("np_", [1, 2, 3])
+def test_under_tbrun_with_mlx(np_):
+    pytest.importorskip("mlx.core")
+    run_job(tbrun_pytest(np_, "mlx"), np_)
 
 
 def test_shm_portable_flags_agree_with_atomics():

@@ -1,6 +1,7 @@
 """Hostfiles in every form tbcoll reads, and every way they can be wrong."""
 
 import json
+import re
 
 import pytest
 
@@ -91,3 +92,29 @@ def test_list_and_missing_file_errors(tmp_path):
         Hostfile.from_list("a,,b")
     with pytest.raises(HostfileError, match="cannot read the hostfile"):
         Hostfile.from_file(tmp_path / "missing")
+
+
+def test_links_and_the_layout_ranks_read(tmp_path):
+    path = write(tmp_path, json.dumps([
+        {"ssh": "root@a", "ips": ["10.0.0.1"], "links": [None, "192.168.7.1", "192.168.8.1"]},
+        {"ssh": "b", "links": ["192.168.7.2", None, None]},
+        {"ssh": "c", "ips": ["10.0.0.3"]}]))
+    layout = Hostfile.from_file(path).layout(3)
+    assert layout == {"hosts": [
+        {"name": "root@a", "ranks": [0], "addr": "10.0.0.1",
+         "links": [None, "192.168.7.1", "192.168.8.1"]},
+        {"name": "b", "ranks": [1], "addr": "b", "links": ["192.168.7.2", None, None]},
+        {"name": "c", "ranks": [2], "addr": "10.0.0.3"}]}
+    # hosts without ranks drop out, and so do their columns of links
+    assert Hostfile.from_file(path).layout(2)["hosts"][0]["links"] == [None, "192.168.7.1"]
+
+
+@pytest.mark.parametrize("links, message", [
+    ([None], "\"links\" must list, for each of the 2 hosts"),
+    (["10.0.0.1", None], "links[0] is the host itself and should be null"),
+    ([None, 5], "\"links\" must list"),
+])
+def test_link_errors_name_the_host(tmp_path, links, message):
+    path = write(tmp_path, json.dumps([{"ssh": "a", "links": links}, {"ssh": "b"}]))
+    with pytest.raises(HostfileError, match=re.escape(f"{path}: host 0 ('a'): {message}")):
+        Hostfile.from_file(path)

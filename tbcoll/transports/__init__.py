@@ -32,4 +32,12 @@ def _open_shm(info: LaunchInfo | None, prefix: str) -> tuple[Group, int, int]:
     return group, (info.local_rank if info else 0), (info.node_rank if info else 0)
 
 
-TRANSPORTS: dict[str, Opener] = {"shm": _open_shm, "tcp": _open_tcp, "mpi": _open_mpi}
+def _open_mlx(info: LaunchInfo | None, prefix: str) -> tuple[Group, int, int]:
+    from tbcoll.transports.mlx import open_world
+
+    group = open_world(info, prefix)
+    return group, (info.local_rank if info else 0), (info.node_rank if info else 0)
+
+
+TRANSPORTS: dict[str, Opener] = {"shm": _open_shm, "tcp": _open_tcp, "mpi": _open_mpi,
+                                 "mlx": _open_mlx}

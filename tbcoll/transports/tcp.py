@@ -160,6 +160,7 @@ class TcpGroup:
     """A communicator's view of the TCP transport (it has no native collectives)."""
 
     native = None
+    tuning = "tcp"
 
     def __init__(self, transport: TcpTransport, context: int, members: list[int],
                  owns_transport: bool) -> None:

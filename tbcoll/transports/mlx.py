@@ -1,0 +1,179 @@
+"""MLX transport: mx.distributed, which on Macs cabled with Thunderbolt 5 is RDMA (jaccl) and
+elsewhere MLX's ring backend over TCP. MLX picks the backend from what tbrun (or mlx.launch)
+set: MLX_IBV_DEVICES and MLX_JACCL_COORDINATOR for jaccl, MLX_HOSTFILE for ring.
+
+Native collectives are MLX's own: all_sum, all_max, all_min, all_gather and, where the backend
+has it, sum_scatter. What MLX lacks, tbcoll builds on top of them: prod (a gather, then a
+product in rank order), reduce_scatter for every op, broadcast (a sum of the root's bytes
+with zeros: exact), barrier.
+
+Point-to-point uses mx.distributed.send/recv, which are lazy, carry no tag and block the
+sender until the receiver takes a large message. So each message goes with a header
+(context, tag, size), received messages nobody asked for yet wait in a queue, and waitall
+evaluates its receives and every send posted so far in an order that cannot deadlock: receives
+from lower
+ranks, then sends (by peer), then receives from higher ranks; a message goes to the first
+posted receive that matches it, as in MPI. Sub-groups from split run
+tbcoll's algorithms over this point-to-point layer (MLX's ring backend cannot split).
+
+MLX cannot interrupt a wait for a lost peer; a watchdog thread ends this rank with a
+CommError on stderr once an operation has waited TBCOLL_TIMEOUT, so tbrun tears the job down.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+
+import ml_dtypes
+import numpy as np
+
+from tbcoll.dtypes import reducer
+from tbcoll.env import LaunchInfo, comm_timeout
+from tbcoll.errors import CommError, TbcollError
+from tbcoll.transports import tcp
+from tbcoll.transports.tcp import TcpGroup
+
+try:
+    import mlx.core as mx
+except ImportError as e:  # an optional extra
+    raise TbcollError("the mlx backend needs MLX: pip install 'tbcoll[mlx]'") from e
+
+_BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+_NATIVE_OPS = {"sum": mx.distributed.all_sum, "max": mx.distributed.all_max,
+               "min": mx.distributed.all_min}
+
+
+def to_mlx(array: np.ndarray) -> mx.array:
+    if array.dtype == _BFLOAT16:
+        return mx.array(array.view(np.uint16)).view(mx.bfloat16)
+    return mx.array(array)
+
+
+def from_mlx(array: mx.array, into: np.ndarray) -> None:
+    """Copy an evaluated mlx array into a numpy array of the same size and dtype."""
+    if array.dtype == mx.bfloat16:
+        array = array.view(mx.uint16)
+    np.copyto(into.reshape(-1).view(np.uint16 if into.dtype == _BFLOAT16 else into.dtype),
+              np.asarray(array).reshape(-1))
+
+
+class Watchdog:
+    """Ends the process when one MLX evaluation has waited longer than the timeout."""
+
+    def __init__(self, rank: int, timeout: float) -> None:
+        self._rank, self._timeout = rank, timeout
+        self._busy: tuple[str, float] | None = None
+        self._lock = threading.Lock()
+        threading.Thread(target=self._watch, name="tbcoll-mlx-watchdog", daemon=True).start()
+
+    def eval(self, what: str, *arrays: mx.array) -> None:
+        with self._lock:
+            self._busy = (what, time.monotonic())
+        try:
+            mx.eval(*arrays)
+        except RuntimeError as e:  # e.g. the ring backend's socket to a peer failed
+            raise CommError(f"{what} failed in MLX: {e}") from e
+        finally:
+            with self._lock:
+                self._busy = None
+
+    def _watch(self) -> None:
+        while True:
+            time.sleep(min(1.0, self._timeout / 4))
+            with self._lock:
+                busy = self._busy
+            if busy and time.monotonic() - busy[1] > self._timeout:
+                print(f"tbcoll.CommError: rank {self._rank}: {busy[0]} has waited more than "
+                      f"{self._timeout:g} s (TBCOLL_TIMEOUT) for its peers over MLX, which "
+                      "cannot interrupt the wait; a peer is probably gone. Exiting.",
+                      file=sys.stderr, flush=True)
+                os._exit(1)
+
+
+class MlxNative:
+    """The world's collectives as MLX runs them, and what tbcoll adds on top."""
+
+    def __init__(self, group: mx.distributed.Group, watchdog: Watchdog) -> None:
+        self._group, self._eval = group, watchdog.eval
+        self._sum_scatter = True  # until the backend says it has none (ring)
+
+    def all_reduce(self, send: np.ndarray | None, recv: np.ndarray, op: str) -> None:
+        x = to_mlx(recv if send is None else send)
+        if op in _NATIVE_OPS:
+            result = _NATIVE_OPS[op](x, group=self._group)
+            self._eval("all_reduce", result)
+        else:  # prod: every rank's block, multiplied in rank order as every rank does
+            gathered = mx.distributed.all_gather(x[None], group=self._group)
+            self._eval("all_reduce", gathered)
+            blocks = np.empty((self._group.size(), *recv.shape), recv.dtype)
+            from_mlx(gathered, blocks)
+            np.copyto(recv, blocks[0])
+            for block in blocks[1:]:
+                reducer(op)(recv, block, out=recv)
+            return
+        from_mlx(result, recv)
+
+    def all_gather(self, send: np.ndarray, recv: np.ndarray) -> None:
+        result = mx.distributed.all_gather(to_mlx(send), group=self._group)
+        self._eval("all_gather", result)
+        from_mlx(result, recv)
+
+    def reduce_scatter(self, send: np.ndarray, recv: np.ndarray, op: str) -> None:
+        if op == "sum" and self._sum_scatter:
+            try:
+                result = mx.distributed.sum_scatter(to_mlx(send), group=self._group)
+                self._eval("reduce_scatter", result)
+                return from_mlx(result, recv)
+            except CommError as e:
+                if "not supported" not in str(e):
+                    raise
+                self._sum_scatter = False
+        total = np.empty_like(send)
+        self.all_reduce(send, total, op)
+        rank, block = self._group.rank(), recv.size
+        np.copyto(recv, total[rank * block:(rank + 1) * block])
+
+    def broadcast(self, buf: np.ndarray, root: int) -> None:
+        raw = buf.view(np.uint8)
+        mine = raw if self._group.rank() == root else np.zeros_like(raw)
+        self.all_reduce(mine, raw, "sum")  # one non-zero term per byte: exact
+
+    def barrier(self) -> None:
+        self._eval("barrier", mx.distributed.all_sum(mx.zeros((1,), mx.uint8),
+                                                     group=self._group))
+
+
+class MlxGroup:
+    """The world over MLX: MLX's collectives as natives; point-to-point, tbcoll's algorithms
+    and split sub-groups over tbcoll's tcp transport between the same ranks."""
+
+    tuning = "mlx"
+
+    def __init__(self, tcp: TcpGroup, native: MlxNative) -> None:
+        self._tcp, self.native = tcp, native
+        self.p2p, self.coll = tcp.p2p, tcp.coll
+        self.rank, self.size = tcp.rank, tcp.size
+        self.context_hint, self.split = tcp.context_hint, tcp.split  # sub-groups are tcp's
+        self.describe_links = tcp.describe_links
+
+    def close(self) -> None:
+        self._tcp.close()  # MLX keeps its group for the life of the process
+
+
+def open_world(info: LaunchInfo | None, prefix: str) -> MlxGroup:
+    # Named, not "any": MLX left to choose may load an MPI it finds (mpich's, from PyPI).
+    backend = ("jaccl" if "MLX_IBV_DEVICES" in os.environ else
+               "ring" if "MLX_HOSTFILE" in os.environ else None)
+    alone = info is None or info.size == 1
+    if not alone and backend is None:
+        raise CommError("the mlx backend needs MLX's own variables; start the job with "
+                        "`tbrun --backend mlx` (or mlx.launch)")
+    group = mx.distributed.init(strict=not alone, backend=backend or "ring")
+    if info is not None and group.size() != info.size:
+        raise CommError(f"MLX sees a group of {group.size()} ranks but tbrun started "
+                        f"{info.size}; start the job with `tbrun --backend mlx`")
+    watchdog = Watchdog(group.rank(), comm_timeout(info))
+    return MlxGroup(tcp.open_world(info, prefix), MlxNative(group, watchdog))
