@@ -101,8 +101,9 @@ def worker(system: str, collective: str, sizes: list[int], iters: int, warmup: i
 
 def launch(system: str, np_: int, worker_args: list[str]) -> list[dict]:
     me = [__file__, "--worker", system, *worker_args]
-    if system in ("tbcoll-shm", "tbcoll-tcp"):
-        argv = [str(BIN / "tbrun"), "-np", str(np_), "--no-tag-output", sys.executable, *me]
+    if system in ("tbcoll-shm", "tbcoll-tcp", "tbcoll-mlx"):
+        argv = [str(BIN / "tbrun"), "-np", str(np_), "--no-tag-output",
+                "--backend", system.split("-")[1], sys.executable, *me]
     elif system in ("tbcoll-mpi", "mpi4py"):
         argv = [str(BIN / "mpiexec"), "-n", str(np_), sys.executable, *me]
     else:

@@ -10,26 +10,46 @@ from pathlib import Path
 import click
 
 from launchers.config import LaunchConfig, parse_exports, read_hosts, resolve_program
+from launchers.doctor import run_doctor
 from launchers.job import run
+from launchers.write_hostfile import json_hostfile, text_hostfile
 from tbcoll.env import BACKENDS, DEFAULT_TIMEOUT
 from tbcoll.errors import LaunchError, TbcollError
 
 USAGE_STATUS = 2
+_SETTINGS = {"help_option_names": ["-h", "--help"], "show_default": True}
+
+
+def _hosts_options(f):
+    f = click.option("-H", "--host", "hosts", metavar="HOST[:N],...",
+                     help="Hosts to run on as a list, e.g. -H mac1:2,mac2:2.")(f)
+    return click.option("--hostfile", "--machinefile", metavar="FILE",
+                        help="Hosts to run on: MPI text (host slots=N) or MLX's JSON "
+                             "hostfile.")(f)
+
+
+def _ssh_options(f):
+    f = click.option("--connect-timeout", type=click.FloatRange(min=1), default=10.0,
+                     help="Seconds ssh may take to reach a host before the job fails.")(f)
+    f = click.option("--ssh", default="ssh", metavar="COMMAND",
+                     help="ssh client and its options, e.g. \"ssh -F cluster.conf\"; tbrun "
+                          "adds BatchMode=yes (no prompts).")(f)
+    return click.option("--python", default=sys.executable, show_default="this Python",
+                        help="Interpreter that runs .py scripts and -m modules (the same "
+                             "path on every host).")(f)
 
 
 @click.command(
-    context_settings={"allow_interspersed_args": False, "help_option_names": ["-h", "--help"],
-                      "show_default": True},
+    context_settings={"allow_interspersed_args": False, **_SETTINGS},
     epilog="Every flag can also come from the environment as TBRUN_<NAME>, e.g. TBRUN_NPROCS=4 "
            "or TBRUN_TIMEOUT=60; a flag on the command line wins.\n\n"
+           "Also: `tbrun doctor` checks hosts, links and RDMA; `tbrun hostfile` writes a "
+           "hostfile (each has --help).\n\n"
            "Example: tbrun -np 4 examples/hello.py",
 )
 @click.option("-np", "-n", "--np", "nprocs", type=click.IntRange(min=1),
               help="Number of ranks to start (with hosts given: all their slots if left out).")
-@click.option("--hostfile", "--machinefile", metavar="FILE",
-              help="Hosts to run on: MPI text (host slots=N) or MLX's JSON hostfile.")
-@click.option("-H", "--host", "hosts", metavar="HOST[:N],...",
-              help="Hosts to run on as a list, e.g. -H mac1:2,mac2:2.")
+@_hosts_options
 @click.option("--map-by", type=click.Choice(["slot", "node"]), default="slot",
               help="slot: fill each host's slots in turn; node: deal ranks round the hosts.")
 @click.option("--backend", type=click.Choice(BACKENDS), default="auto",
@@ -49,16 +69,9 @@ USAGE_STATUS = 2
               help="Seconds a rank's collective or store wait may block (TBCOLL_TIMEOUT).")
 @click.option("--store-port", type=click.IntRange(0, 65535), default=0,
               help="Port of the rendezvous store (0: any free port).")
-@click.option("--python", default=sys.executable, show_default="this Python",
-              help="Interpreter that runs .py scripts and -m modules (the same path on every "
-                   "host).")
+@_ssh_options
 @click.option("--cwd", type=click.Path(file_okay=False), metavar="DIR",
               show_default="tbrun's", help="Working directory of the ranks, on every host.")
-@click.option("--ssh", default="ssh", metavar="COMMAND",
-              help="ssh client and its options, e.g. \"ssh -F cluster.conf\"; tbrun adds "
-                   "BatchMode=yes (no prompts).")
-@click.option("--connect-timeout", type=click.FloatRange(min=1), default=10.0,
-              help="Seconds ssh may take to reach a host before the job fails.")
 @click.option("-m", "--module", is_flag=True, help="PROGRAM is a module to run as python -m.")
 @click.option("--dry-run", is_flag=True,
               help="Print each rank's command and environment; start nothing.")
@@ -109,11 +122,51 @@ def tbrun(nprocs: int | None, hostfile: str | None, hosts: str | None, map_by: s
     return run(cfg)
 
 
+@click.command(context_settings=_SETTINGS)
+@_hosts_options
+@_ssh_options
+def doctor(hostfile: str | None, hosts: str | None, python: str, ssh: str,
+           connect_timeout: float) -> int:
+    """Check this machine, or every host of a hostfile: ssh, same versions, per-cable link
+    addresses, and on macOS the Thunderbolt cables, rdma_ctl, an IPv4 address on each
+    Thunderbolt interface, bridge0 off, and whether the cabling is a full mesh or a ring.
+    Exit status 1 if a check failed."""
+    return run_doctor(read_hosts(hostfile, hosts), shlex.split(ssh), python, connect_timeout)
+
+
+@click.command("hostfile", context_settings=_SETTINGS)
+@click.argument("names", nargs=-1, required=True, metavar="HOST...")
+@click.option("--slots", type=click.IntRange(min=1), default=1, help="Ranks per host (text).")
+@click.option("--json", "as_json", is_flag=True,
+              help="MLX's JSON hostfile, with the Thunderbolt cabling where the hosts are Macs.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write here instead of stdout.")
+@_ssh_options
+def write_hostfile(names: tuple[str, ...], slots: int, as_json: bool, output: Path | None,
+                   python: str, ssh: str, connect_timeout: float) -> int:
+    """Write a hostfile for HOST...: MPI text (HOST slots=N), or with --json MLX's JSON
+    hostfile, each host probed over ssh (as mlx.distributed_config does on Macs)."""
+    text = (json_hostfile(names, shlex.split(ssh), python, connect_timeout) if as_json
+            else text_hostfile(names, slots))
+    if output is None:
+        sys.stdout.write(text)
+    else:
+        output.write_text(text)
+    return 0
+
+
+_SUBCOMMANDS = {"doctor": doctor, "hostfile": write_hostfile}
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the tbrun console script: usage errors are one line and exit status 2."""
+    argv = sys.argv[1:] if argv is None else argv
+    command, name = tbrun, "tbrun"
+    if argv and argv[0] in _SUBCOMMANDS:
+        command, name, argv = _SUBCOMMANDS[argv[0]], f"tbrun {argv[0]}", argv[1:]
     try:
-        status = tbrun.main(argv, prog_name="tbrun", standalone_mode=False,
-                            auto_envvar_prefix="TBRUN")
+        status = command.main(argv, prog_name=name, standalone_mode=False,
+                              auto_envvar_prefix="TBRUN")
     except click.ClickException as e:
         message = e.format_message().rstrip(".")
         print(f"tbrun: error: {message} (see tbrun --help)", file=sys.stderr)

@@ -55,7 +55,7 @@ def plan_job(hostfile: Hostfile | None, nprocs: int, map_by: str, route: bool = 
                                   "address or host name they can")
     hosts = tuple(
         HostPlan(entry["name"], tuple(entry["ranks"]), here,
-                 LOOPBACK if here else _address_towards(entry["name"], entry["addr"]) if route
+                 LOOPBACK if here else address_towards(entry["name"], entry["addr"]) if route
                  else f"<address towards {entry['name']}>")
         for entry, here in zip(entries, local, strict=True))
     master = LOOPBACK if all(local) else entries[0]["addr"]
@@ -84,7 +84,7 @@ def is_this_machine(name: str) -> bool:
     return True
 
 
-def _address_towards(*names: str) -> str:
+def address_towards(*names: str) -> str:
     """This machine's address on the route to the first of names that resolves (a UDP
     connect sends nothing; it only picks the route)."""
     errors = []

@@ -64,8 +64,10 @@ def cluster(tmp_path_factory):
 
 
 def tbrun_on(cluster: netns.Cluster, *args: str, timeout: float = 90) -> subprocess.Popen:
-    """Start tbrun inside host 0 with the cluster's ssh settings."""
-    argv = cluster.exec_argv(0, TBRUN, "--ssh", cluster.ssh, *map(str, args))
+    """Start tbrun (or `tbrun doctor` and the like) inside host 0 with the cluster's ssh."""
+    args = [str(a) for a in args]
+    sub = args[:1] if args[0] in ("doctor", "hostfile") else []
+    argv = cluster.exec_argv(0, TBRUN, *sub, "--ssh", cluster.ssh, *args[len(sub):])
     return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -124,12 +126,18 @@ def test_mpi_job_over_three_hosts(cluster, script):
     assert_no_rank_left(cluster)
 
 
-def test_tcp_uses_the_cable_between_each_pair_of_hosts(cluster, script, tmp_path):
+def mesh_hostfile(cluster: netns.Cluster, folder) -> str:
+    """The cluster as a JSON hostfile: each host's address on each cable ("links")."""
     hosts = [{"ssh": cluster.address(i), "ips": [cluster.address(i)],
               "links": [None if j == i else cluster.link(i, j) for j in range(HOSTS)]}
              for i in range(HOSTS)]
-    hostfile = tmp_path / "mesh.json"
-    hostfile.write_text(json.dumps({"hosts": hosts}))
+    path = folder / "mesh.json"
+    path.write_text(json.dumps({"hosts": hosts}))
+    return str(path)
+
+
+def test_tcp_uses_the_cable_between_each_pair_of_hosts(cluster, script, tmp_path):
+    hostfile = mesh_hostfile(cluster, tmp_path)
     code, out, err = finish(tbrun_on(cluster, "--hostfile", hostfile, "--backend", "tcp",
                                      script(ALL_REDUCE)))
     assert code == 0, out + err
@@ -197,6 +205,39 @@ def test_missing_remote_directory_is_reported(cluster, script):
                                    script("print('never')")), timeout=40)
     assert code == 2
     assert "working directory /no/such/dir does not exist" in err
+
+
+def test_doctor_checks_ssh_versions_and_every_link(cluster, tmp_path):
+    code, out, err = finish(tbrun_on(cluster, "doctor", "--hostfile",
+                                     mesh_hostfile(cluster, tmp_path)))
+    assert code == 0, out + err
+    for i in (1, 2):
+        assert f"ok    ssh {cluster.address(i)}: reached" in out
+    assert "versions:" in out and "on every host" in out
+    for i in range(HOSTS):
+        for j in range(HOSTS):
+            if i != j:  # host i reaches host j at j's end of their cable
+                assert (f"ok    link {cluster.address(i)} -> {cluster.address(j)}: "
+                        f"{cluster.link(j, i)} answers") in out
+
+
+def test_doctor_reports_a_link_that_does_not_answer(cluster, tmp_path):
+    hosts = json.loads(open(mesh_hostfile(cluster, tmp_path)).read())["hosts"]
+    hosts[1]["links"][0] = "10.203.0.1"  # an address on no cable
+    broken = tmp_path / "broken.json"
+    broken.write_text(json.dumps(hosts))
+    code, out, _ = finish(tbrun_on(cluster, "doctor", "--hostfile", broken))
+    assert code == 1
+    assert f"FAIL  link {cluster.address(0)} -> {cluster.address(1)}: 10.203.0.1:" in out
+
+
+def test_json_hostfile_from_probing_the_hosts(cluster):
+    names = [cluster.address(i) for i in range(HOSTS)]
+    code, out, err = finish(tbrun_on(cluster, "hostfile", "--json", *names))
+    assert code == 0, err
+    written = json.loads(out)
+    assert [h["ips"] for h in written["hosts"]] == [[name] for name in names]
+    assert "Thunderbolt discovery skipped: macOS only" in err
 
 
 if __name__ == "__main__":

@@ -1,0 +1,187 @@
+"""tbrun doctor: check what users of Mac clusters trip on, one line per check, each failure
+with its fix. Facts come from launchers.probe, run on every host (over ssh for remote ones).
+Checks that need macOS say "skipped: macOS only" elsewhere; none passes without running.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from launchers import thunderbolt
+from launchers.hosts import is_this_machine
+from launchers.probe import probe
+from tbcoll.topology import Host, Hostfile
+
+PACKAGES = ("tbcoll", "mlx", "mpi4py", "numpy")
+
+
+@dataclass(frozen=True)
+class Check:
+    status: str  # ok, FAIL or skip
+    what: str
+    detail: str
+    fix: str = ""
+
+    def __str__(self) -> str:
+        line = f"{self.status:<4}  {self.what}: {self.detail}"
+        return f"{line}\n      fix: {self.fix}" if self.fix else line
+
+
+def gather(hosts: Sequence[Host], ssh: Sequence[str], python: str,
+           connect_timeout: float) -> list[dict | str]:
+    """Each host's facts, or why they could not be had."""
+    def one(i: int) -> dict | str:
+        host = hosts[i]
+        addresses = [h.links[i] for h in hosts if len(h.links) > i and h.links[i]]
+        if is_this_machine(host.name):
+            return probe(addresses)
+        argv = [*ssh, "-o", "BatchMode=yes", "-o", f"ConnectTimeout={round(connect_timeout)}",
+                host.name, python, "-m", "launchers.probe", *addresses]
+        try:
+            p = subprocess.run(argv, capture_output=True, text=True, timeout=connect_timeout + 60)
+        except subprocess.TimeoutExpired:
+            return "no answer within the time limit"
+        if p.returncode != 0:
+            lines = p.stderr.strip().splitlines()
+            return lines[-1] if lines else f"ssh exited with status {p.returncode}"
+        try:
+            return json.loads(p.stdout)
+        except ValueError:
+            return f"unexpected answer: {p.stdout[:200]!r}"
+
+    with ThreadPoolExecutor(max_workers=min(16, len(hosts))) as pool:
+        return list(pool.map(one, range(len(hosts))))
+
+
+def checks(hosts: Sequence[Host], facts: list[dict | str], python: str) -> list[Check]:
+    found: list[Check] = []
+    reached = [(h, f) for h, f in zip(hosts, facts, strict=True) if isinstance(f, dict)]
+    for host, fact in zip(hosts, facts, strict=True):
+        if isinstance(fact, str):
+            found.append(Check("FAIL", f"ssh {host.name}", fact,
+                               f"set up key-based login (ssh-copy-id {host.name}); `ssh "
+                               f"{host.name} true` must work without a prompt, and {python} "
+                               "must have tbcoll installed there"))
+        elif not is_this_machine(host.name):
+            found.append(Check("ok", f"ssh {host.name}", f"reached {fact['host']}"))
+    found += _versions(reached)
+    found += _links(hosts, facts)
+    for host, fact in reached:
+        found += _macos(host, fact)
+    found.append(_cabling(hosts, facts))
+    return found
+
+
+def _versions(reached: list[tuple[Host, dict]]) -> list[Check]:
+    if not reached:
+        return []
+    def versions(f: dict) -> str:
+        return ", ".join([f"python {f['python']}", *(f"{name} {f['packages'][name] or 'missing'}"
+                                                      for name in PACKAGES)])
+    first_host, first = reached[0]
+    differ = [(h, f) for h, f in reached[1:] if versions(f) != versions(first)]
+    if not differ:
+        where = "every host" if len(reached) > 1 else first_host.name
+        return [Check("ok", "versions", f"{versions(first)} on {where}")]
+    return [Check("FAIL", f"versions on {h.name}",
+                  f"{versions(f)}; {first_host.name} has {versions(first)}",
+                  "install the same Python and packages on every host") for h, f in differ]
+
+
+def _links(hosts: Sequence[Host], facts: list[dict | str]) -> list[Check]:
+    found = []
+    for i, fact in enumerate(facts):
+        if not isinstance(fact, dict):
+            continue
+        for peer in hosts:
+            address = peer.links[i] if len(peer.links) > i else None
+            if not address:
+                continue
+            result = fact["reach"].get(address, "not tried")
+            what = f"link {hosts[i].name} -> {peer.name}"
+            if result == "ok":
+                found.append(Check("ok", what, f"{address} answers"))
+            else:
+                found.append(Check("FAIL", what, f"{address}: {result}",
+                                   f"check the cable between them and that {address} is set on "
+                                   f"{peer.name}'s end of it (ifconfig)"))
+    return found
+
+
+def _macos(host: Host, fact: dict) -> list[Check]:
+    if fact["os"] != "darwin":
+        return [Check("skip", f"thunderbolt, rdma_ctl, bridge0 on {host.name}",
+                      "skipped: macOS only")]
+    found = []
+    ports = thunderbolt.ports(fact["thunderbolt_profile"], fact["hardware_ports"])
+    cabled = [p for p in ports if p.peer_uuid]
+    if cabled:
+        found.append(Check("ok", f"thunderbolt on {host.name}",
+                           f"{len(cabled)} cable(s): {', '.join(p.iface for p in cabled)}"))
+    else:
+        found.append(Check("FAIL", f"thunderbolt on {host.name}", "no Thunderbolt cable to "
+                           "another Mac", "cable the Macs port to port (Thunderbolt 5 for RDMA)"))
+    status = (fact.get("rdma_ctl") or "").strip()
+    if "enabled" in status.lower():
+        found.append(Check("ok", f"rdma_ctl on {host.name}", status))
+    else:
+        found.append(Check("FAIL", f"rdma_ctl on {host.name}", status or "not available",
+                           "boot into macOS Recovery, run `rdma_ctl enable` in its Terminal, "
+                           "restart (needs macOS 26.2 or later)"))
+    for port in cabled:
+        address = fact["ipv4"].get(port.iface, "")
+        if address:
+            found.append(Check("ok", f"{port.iface} on {host.name}", f"IPv4 {address}"))
+        else:
+            found.append(Check("FAIL", f"{port.iface} on {host.name}", "no IPv4 address",
+                               f"sudo ifconfig {port.iface} inet 192.168.N.M netmask "
+                               "255.255.255.252 (one /30 per cable)"))
+    if "status: active" in (fact.get("bridge0") or ""):
+        found.append(Check("FAIL", f"bridge0 on {host.name}", "Thunderbolt Bridge is active",
+                           "sudo ifconfig bridge0 down (the bridge joins the ports; RDMA and "
+                           "per-cable addresses need them apart)"))
+    else:
+        found.append(Check("ok", f"bridge0 on {host.name}", "not active"))
+    return found
+
+
+def _cabling(hosts: Sequence[Host], facts: list[dict | str]) -> Check:
+    n = len(hosts)
+    if all(isinstance(f, dict) and f["os"] == "darwin" for f in facts):
+        found = thunderbolt.cables([thunderbolt.ports(f["thunderbolt_profile"],
+                                                      f["hardware_ports"]) for f in facts])
+        source = "as cabled"
+    elif any(h.rdma for h in hosts):
+        found = {(i, j): [("", "")] for i, h in enumerate(hosts)
+                 for j, dev in enumerate(h.rdma) if dev is not None}
+        source = "as the hostfile's rdma entries say"
+    else:
+        return Check("skip", "cabling", "skipped: macOS only (and the hostfile names no rdma "
+                     "devices)")
+    shape = thunderbolt.shape(n, found)
+    if shape == "incomplete":
+        linked = set(found) | {(j, i) for i, j in found}
+        missing = [f"{hosts[i].name}-{hosts[j].name}" for i in range(n) for j in range(i + 1, n)
+                   if (i, j) not in linked]
+        return Check("FAIL", "cabling", f"neither a full mesh nor a ring in hostfile order "
+                     f"({source}); no cable: {', '.join(missing)}",
+                     "cable every pair (jaccl) or each host to the next (jaccl-ring), or list "
+                     "the hosts in the order of the ring")
+    return Check("ok", "cabling", f"{shape} ({source})")
+
+
+def run_doctor(hostfile: Hostfile | None, ssh: Sequence[str], python: str,
+               connect_timeout: float) -> int:
+    hosts = hostfile.hosts if hostfile else (Host("localhost"),)
+    facts = gather(hosts, ssh, python, connect_timeout)
+    found = checks(hosts, facts, python)
+    for check in found:
+        print(check, flush=True)
+    failed = sum(c.status == "FAIL" for c in found)
+    print(f"{failed} check(s) failed" if failed else "all checks passed", file=sys.stderr)
+    return 1 if failed else 0

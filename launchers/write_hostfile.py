@@ -1,0 +1,57 @@
+"""tbrun hostfile: write a hostfile for given hosts. MPI text (`host slots=N`) by default;
+with --json, MLX's JSON hostfile, each host probed over ssh for the address it was reached
+at and, when every host is a Mac, the Thunderbolt cables between them: the RDMA device that
+reaches each host ("rdma"), each end's address ("links") and the backend the cabling allows
+(jaccl for a full mesh, jaccl-ring for a ring), as mlx.distributed_config does."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+
+from launchers import thunderbolt
+from launchers.doctor import gather
+from launchers.hosts import address_towards, is_this_machine
+from tbcoll.errors import LaunchError
+from tbcoll.topology import Host
+
+
+def text_hostfile(names: Sequence[str], slots: int) -> str:
+    return "".join(f"{name} slots={slots}\n" for name in names)
+
+
+def json_hostfile(names: Sequence[str], ssh: Sequence[str], python: str,
+                  connect_timeout: float) -> str:
+    hosts = [Host(name) for name in names]
+    facts = gather(hosts, ssh, python, connect_timeout)
+    for host, fact in zip(hosts, facts, strict=True):
+        if isinstance(fact, str):
+            raise LaunchError(f"cannot probe {host.name}: {fact} (tbrun doctor says more)")
+    remote = [h.name for h in hosts if not is_this_machine(h.name)]
+    here = address_towards(remote[0]) if remote else None
+    return hostfile_from_facts(names, facts, here)
+
+
+def hostfile_from_facts(names: Sequence[str], facts: list[dict], here: str | None) -> str:
+    """The JSON hostfile for hosts with these probed facts; here: this machine's address for
+    the others (a host probed without ssh has no "reached_at")."""
+    entries = []
+    for name, fact in zip(names, facts, strict=True):
+        address = fact.get("reached_at") or here
+        entries.append({"ssh": name, "ips": [address] if address else []})
+    if all(f["os"] == "darwin" for f in facts):
+        ports = [thunderbolt.ports(f["thunderbolt_profile"], f["hardware_ports"]) for f in facts]
+        cables = thunderbolt.cables(ports)
+        rdma = thunderbolt.rdma_matrix(len(names), cables)
+        for i, entry in enumerate(entries):
+            entry["rdma"] = rdma[i]
+            entry["links"] = [facts[i]["ipv4"].get(cables[i, j][0][0]) or None
+                              if (i, j) in cables else None for j in range(len(names))]
+        shape = thunderbolt.shape(len(names), cables)
+        backend = {"full mesh": "jaccl", "ring": "jaccl-ring"}.get(shape, "ring")
+        print(f"tbrun: Thunderbolt cabling: {shape}; backend {backend}", file=sys.stderr)
+        return json.dumps({"backend": backend, "hosts": entries}, indent=2) + "\n"
+    print("tbrun: Thunderbolt discovery skipped: macOS only; no rdma or links written",
+          file=sys.stderr)
+    return json.dumps({"hosts": entries}, indent=2) + "\n"
