@@ -11,8 +11,12 @@ reads or writes these variables.
     TBCOLL_BACKEND     transport asked for: auto, shm, tcp, mpi or mlx
     TBCOLL_STORE       host:port of the rendezvous store that tbrun serves
     TBCOLL_TOKEN       random per-job secret; every connection proves it knows it (HMAC)
-    TBCOLL_HOSTFILE    the resolved topology as JSON text:
-                       {"hosts": [{"name": "localhost", "ranks": [0, 1, 2, 3]}]}
+    TBCOLL_HOSTFILE    the resolved topology as JSON text: the hosts that run ranks, each with
+                       its ranks, the address the others reach it at and, from the hostfile,
+                       its address on the cable to each other host ("links", null: none):
+                       {"hosts": [{"name": "mac1", "ranks": [0, 1], "addr": "10.0.1.1",
+                                   "links": [null, "192.168.0.1"]}, ...]}
+                       (one host "localhost" with no addr when no hosts were given)
     TBCOLL_TIMEOUT     seconds a wait may last before it raises (default 300)
 
 Read by the library as well, set by the user:

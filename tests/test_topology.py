@@ -27,6 +27,8 @@ def test_the_examples_parse():
     assert mesh.is_full_mesh()
     ring = Hostfile.from_file(REPO / "hostfiles" / "ring4.json")
     assert not ring.is_full_mesh() and ring.slots == 4
+    links = Hostfile.from_file(REPO / "hostfiles" / "links3.json")
+    assert links.is_full_mesh() and links.hosts[2].links == ("192.168.0.6", "192.168.0.10", None)
 
 
 def test_placement_by_slot_and_by_node():

@@ -150,10 +150,11 @@ class MlxGroup:
     """The world over MLX: MLX's collectives as natives; point-to-point, tbcoll's algorithms
     and split sub-groups over tbcoll's tcp transport between the same ranks."""
 
-    tuning = "mlx"
-
-    def __init__(self, tcp: TcpGroup, native: MlxNative) -> None:
+    def __init__(self, tcp: TcpGroup, native: MlxNative, backend: str) -> None:
         self._tcp, self.native = tcp, native
+        # Over RDMA MLX's collectives are the fast path; over its ring backend (TCP) tbcoll's
+        # own algorithms were faster at every size measured (tbcoll/tuning.py).
+        self.tuning = "mlx" if backend.startswith("jaccl") else "tcp"
         self.p2p, self.coll = tcp.p2p, tcp.coll
         self.rank, self.size = tcp.rank, tcp.size
         self.context_hint, self.split = tcp.context_hint, tcp.split  # sub-groups are tcp's
@@ -176,4 +177,4 @@ def open_world(info: LaunchInfo | None, prefix: str) -> MlxGroup:
         raise CommError(f"MLX sees a group of {group.size()} ranks but tbrun started "
                         f"{info.size}; start the job with `tbrun --backend mlx`")
     watchdog = Watchdog(group.rank(), comm_timeout(info))
-    return MlxGroup(tcp.open_world(info, prefix), MlxNative(group, watchdog))
+    return MlxGroup(tcp.open_world(info, prefix), MlxNative(group, watchdog), backend or "ring")
