@@ -149,6 +149,26 @@ def test_tcp_uses_the_cable_between_each_pair_of_hosts(cluster, script, tmp_path
     assert_one_namespace_per_host(got, HOSTS)
 
 
+def test_an_unmodified_mlx_script_across_hosts(cluster, script, tmp_path):
+    """MLX's ring backend between the hosts, with the hostfile MLX gets written on each."""
+    pytest.importorskip("mlx.core")
+    code, out, err = finish(tbrun_on(cluster, "--backend", "mlx", "--hostfile",
+                                     mesh_hostfile(cluster, tmp_path), script("""
+        import json, os
+        import mlx.core as mx
+
+        group = mx.distributed.init(strict=True, backend="ring")
+        total = mx.distributed.all_sum(mx.array([group.rank() + 1.0]))
+        print(json.dumps({"rank": group.rank(), "total": total.tolist(),
+                          "netns": os.readlink("/proc/self/ns/net")}))
+        """)))
+    assert code == 0, out + err
+    got = results(out)
+    assert all(r["total"] == [6.0] for r in got.values()) and sorted(got) == [0, 1, 2]
+    assert_one_namespace_per_host(got, HOSTS)
+    assert_no_rank_left(cluster)
+
+
 def test_a_failing_remote_rank_takes_down_every_host(cluster, script):
     code, out, err = finish(tbrun_on(
         cluster, "-H", ",".join(f"{cluster.address(i)}:2" for i in range(HOSTS)),
