@@ -93,6 +93,10 @@ def run(cfg: LaunchConfig) -> int:
     """Run the job and return its exit status."""
     if cfg.backend == "mpi":  # MPI ranks must be started by mpiexec, which hands them PMI
         return run_mpi(cfg)
+    if cfg.backend == "shm" and cfg.hostfile and len(
+            set(cfg.hostfile.placement(cfg.nprocs, cfg.map_by))) > 1:
+        raise LaunchError("--backend shm needs every rank on one host; use tcp (or auto, which "
+                          "picks it) across hosts")
     if cfg.dry_run:
         return dry_run(cfg, plan_job(cfg.hostfile, cfg.nprocs, cfg.map_by, route=False))
     plan = plan_job(cfg.hostfile, cfg.nprocs, cfg.map_by)

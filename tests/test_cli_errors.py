@@ -34,6 +34,7 @@ def assert_usage_error(p, *fragments):
     (["-H", "a", "--hostfile", "h.txt", "true"], ["give --hostfile or -H, not both"]),
     (["-np", "5", "-H", "a:2,b:2", "true"], ["5 ranks asked for but the hosts have 4 slots"]),
     (["-H", "localhost,192.0.2.1", "true"], ["'localhost' is a loopback name"]),
+    (["-H", "a,b", "--backend", "shm", "true"], ["--backend shm needs every rank on one host"]),
     (["--backend", "mlx", "-np", "2", "--hostfile", str(REPO / "hostfiles/mesh4.json"), "true"],
      ["the jaccl backend runs one rank per host; use -np 4"]),
 ])
