@@ -7,6 +7,7 @@ import os
 import shlex
 import shutil
 import socket
+import sys
 import tempfile
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from launchers.mlxvars import (
 )
 from launchers.mpi import run_mpi
 from launchers.output import OutputRouter, log
-from launchers.supervisor import RankCommand, Supervisor
+from launchers.supervisor import PDEATHSIG, RankCommand, Supervisor
 from tbcoll.auth import new_token
 from tbcoll.env import LaunchInfo, format_hostport, segment_prefix, worker_env
 from tbcoll.errors import LaunchError
@@ -48,13 +49,20 @@ def rank_commands(cfg: LaunchConfig, plan: JobPlan, store_port: int, token: str,
                 files = mlx.files
             if host.local:
                 env.update({name: str(files_dir / f"{name}.json") for name in files})
-                commands.append(RankCommand(rank, cfg.program,
-                                            {**thread_defaults, **os.environ, **env}, cfg.cwd))
+                env = {**thread_defaults, **os.environ, **env}
+                if PDEATHSIG:
+                    commands.append(RankCommand(rank, cfg.program, env, cfg.cwd))
+                else:  # the wrapper kills the rank when tbrun's end of its stdin closes
+                    setup = remote_setup(cfg.program, cfg.cwd, {}, {}, {})
+                    commands.append(RankCommand(rank, LOCAL_WRAPPER, env, setup=setup))
             else:
                 setup = remote_setup(cfg.program, cfg.cwd, env, thread_defaults, files)
                 argv = ssh_command(cfg.ssh, host.name, cfg.python, cfg.connect_timeout)
                 commands.append(RankCommand(rank, argv, {**os.environ}, None, host.name, setup))
     return sorted(commands, key=lambda c: c.rank)
+
+
+LOCAL_WRAPPER = (sys.executable, "-m", "launchers.remote")
 
 
 def mlx_variables(cfg: LaunchConfig, plan: JobPlan) -> MlxVariables | None:

@@ -6,11 +6,12 @@
   the others get SIGTERM, then SIGKILL after a grace period;
 - SIGINT, SIGTERM and SIGHUP sent to tbrun are forwarded to every rank, then the same teardown;
 - a job past its --timeout is torn down the same way and exits with status 124;
-- on Linux each rank also dies if tbrun itself is killed (PR_SET_PDEATHSIG).
+- each rank also dies if tbrun itself is killed: on Linux by PR_SET_PDEATHSIG, elsewhere
+  (macOS) and on remote hosts through launchers.remote, below.
 
-A remote rank is an ssh process running launchers.remote on its host: its set-up goes on
-stdin, signals go as lines on stdin, and SIGKILL kills ssh, whose end of file makes the
-remote side kill the rank.
+A rank with a set-up line runs under launchers.remote (on a remote host through ssh): its
+set-up goes on stdin, signals go as lines on stdin, and SIGKILL kills the wrapper's local end
+(ssh, or the wrapper itself), whose end of file makes the wrapper kill the rank.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from tbcoll.errors import LaunchError
 
 TIMEOUT_STATUS = 124  # as timeout(1) does
 _SSH_FAILED = 255  # ssh's own status for a connection it could not make or lost
+PDEATHSIG = sys.platform.startswith("linux")  # children can be told to die with tbrun
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _POLL = 0.5  # backstop for SIGCHLD wake-ups; exits are normally seen at once
 
@@ -72,7 +74,7 @@ def _plural(n: int, word: str) -> str:
 
 def _die_with_parent_hook() -> Callable[[], None] | None:
     """A preexec_fn that makes the child die with tbrun (Linux only; None elsewhere)."""
-    if not sys.platform.startswith("linux"):
+    if not PDEATHSIG:
         return None
     prctl = ctypes.CDLL(None, use_errno=True).prctl
     parent = os.getpid()
@@ -247,7 +249,7 @@ class Supervisor:
                 stopping = f"; stopping the other {_plural(others, 'rank')}" if others else ""
                 cmd = self._by_rank[rank]
                 hint = ""
-                if cmd.setup is not None and proc.returncode == _SSH_FAILED:
+                if cmd.host and proc.returncode == _SSH_FAILED:
                     hint = (f" (ssh's status when it cannot reach {cmd.host} or the connection "
                             f"drops: check `ssh {cmd.host} true`)")
                 self._log(f"{cmd.name} (pid {proc.pid}) {_describe_exit(proc.returncode)}"

@@ -199,6 +199,16 @@ def test_ctrl_c_reaches_remote_ranks(cluster, script):
     assert_no_rank_left(cluster)
 
 
+def test_remote_ranks_die_with_a_killed_tbrun(cluster, script):
+    p = tbrun_on(cluster, "-H", ",".join(cluster.address(i) for i in range(HOSTS)),
+                 script("import time\nprint('up', flush=True)\ntime.sleep(60)\n"))
+    for _ in range(HOSTS):
+        assert p.stdout.readline(), p.stderr.read()
+    p.kill()  # SIGKILL: tbrun cannot tear anything down itself
+    p.wait()
+    assert_no_rank_left(cluster)  # ssh's end of file made launchers.remote kill each rank
+
+
 def test_timeout_stops_remote_ranks(cluster, script):
     start = time.monotonic()
     code, _, err = finish(tbrun_on(cluster, "-H", f"{cluster.address(1)}:2", "--timeout", 3,

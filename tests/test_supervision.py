@@ -1,5 +1,6 @@
 """Fail-fast teardown, exit status, signals and timeouts, checked on real processes."""
 
+import json
 import os
 import signal
 import subprocess
@@ -165,3 +166,49 @@ def test_ranks_die_with_a_killed_tbrun(script, tmp_path):
     finally:  # orphaned grandchildren are out of tbrun's reach once it is SIGKILLed
         for pid in grandchildren:
             os.kill(pid, signal.SIGKILL)
+
+
+def start_wrapped(tmp_path, body: str) -> tuple[subprocess.Popen, int]:
+    """launchers.remote running `body` (which writes its pid to tmp_path/pid) as tbrun runs
+    a remote rank, and on macOS a local one; returns the wrapper and the rank's pid."""
+    wrapper = subprocess.Popen([sys.executable, "-m", "launchers.remote"], stdin=subprocess.PIPE,
+                               stderr=subprocess.PIPE)
+    setup = {"argv": [sys.executable, "-c", body], "cwd": str(tmp_path), "env": {},
+             "defaults": {}, "files": {"MLX_HOSTFILE": "[]"}}
+    wrapper.stdin.write(json.dumps(setup).encode() + b"\n")
+    wrapper.stdin.flush()
+    pidfile = tmp_path / "pid"
+    wait_for(pidfile.exists, 20, "the wrapped rank to start")
+    time.sleep(0.1)
+    return wrapper, int(pidfile.read_text())
+
+
+RANK = ("import os, signal, sys, time\n"
+        "assert open(os.environ['MLX_HOSTFILE']).read() == '[]'\n"
+        "signal.signal(signal.SIGTERM, lambda *a: sys.exit(42))\n"
+        "open('pid', 'w').write(str(os.getpid()))\n"
+        "time.sleep(60)\n")
+
+
+def test_the_rank_wrapper_passes_signals_and_the_exit_status(tmp_path):
+    wrapper, pid = start_wrapped(tmp_path, RANK)
+    wrapper.stdin.write(b"TERM\n")
+    wrapper.stdin.flush()
+    assert wrapper.wait(timeout=20) == 42  # the rank's own status, from its SIGTERM handler
+    assert not pid_alive(pid)
+
+
+def test_the_rank_wrapper_kills_the_rank_when_tbrun_is_gone(tmp_path):
+    wrapper, pid = start_wrapped(tmp_path, RANK)
+    wrapper.stdin.close()  # what a SIGKILLed tbrun (or a dropped ssh connection) looks like
+    assert wrapper.wait(timeout=20) == 128 + signal.SIGKILL
+    assert not pid_alive(pid)
+
+
+def test_the_rank_wrapper_names_a_missing_directory(tmp_path):
+    wrapper = subprocess.run([sys.executable, "-m", "launchers.remote"], capture_output=True,
+                             text=True, timeout=30, input=json.dumps(
+                                 {"argv": ["true"], "cwd": "/no/such", "env": {},
+                                  "defaults": {}}) + "\n")
+    assert wrapper.returncode == 2
+    assert "working directory /no/such does not exist here" in wrapper.stderr
