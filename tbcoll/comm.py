@@ -60,6 +60,8 @@ class Communicator:
         self._small = {name: None if self._check_calls else
                        getattr(group.native, f"small_{name}", None)
                        for name in ("all_reduce", "all_gather")}
+        # ... and may take mlx arrays there as they are (the mlx transport: no copies).
+        self._small_takes_mlx = getattr(group.native, "takes_mlx", False)
         self._native_by_default = {
             name: (self._overrides.get(name) or tuning.choose(self._table, name, 0, self.size))
             == "native" for name in self._small}
@@ -74,6 +76,10 @@ class Communicator:
             if out is not None and not _plain_out(out, x.shape, x.dtype):
                 self._output(x, out, x.shape, x.dtype)  # raises, saying what is wrong
             result = self._run_small("all_reduce", x, op, out)
+            if result is not None:
+                return result
+        if fast and out is None and self._small_takes_mlx and is_mlx(x):
+            result = self._run_small("all_reduce", x, op, None)  # no conversion at all
             if result is not None:
                 return result
         array, restore = to_numpy(x)
@@ -107,6 +113,10 @@ class Communicator:
             if out is not None and not _plain_out(out, self._gathered_shape(x), x.dtype):
                 self._output(x, out, self._gathered_shape(x), x.dtype)  # raises
             result = self._run_small("all_gather", x, out)
+            if result is not None:
+                return result
+        if fast and out is None and self._small_takes_mlx and is_mlx(x):
+            result = self._run_small("all_gather", x, None)
             if result is not None:
                 return result
         array, restore = to_numpy(x)

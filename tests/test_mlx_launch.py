@@ -82,6 +82,8 @@ def test_tbcoll_over_mlx_uses_mlx_collectives_and_tcp_for_the_rest(script):
             "max_scatter": comm.reduce_scatter(x, op="max", algorithm=mlx).tolist(),
             "bcast": comm.broadcast(mx.array([-0.0, comm.rank]), root=2, algorithm=mlx).tolist(),
             "pair_sum": pair.all_reduce(mx.array([comm.rank])).tolist(),
+            "gather": comm.all_gather(mx.array(comm.rank), algorithm=mlx).tolist(),
+            "bf16": comm.all_reduce(mx.array([1.5], dtype=mx.bfloat16), algorithm=mlx).tolist(),
             "default": comm.all_reduce(x).tolist()}))
         """), timeout=120)
     assert p.returncode == 0, p.stdout + p.stderr
@@ -92,4 +94,5 @@ def test_tbcoll_over_mlx_uses_mlx_collectives_and_tcp_for_the_rest(script):
         assert r["max_scatter"] == [2.0 + 2 * rank, 3.0 + 2 * rank]
         assert r["bcast"] == [0.0, 2.0] and math.copysign(1, r["bcast"][0]) == -1  # bit-exact
         assert r["pair_sum"] == ([1] if rank < 2 else [2])
+        assert r["gather"] == [0, 1, 2] and r["bf16"] == [4.5]
         assert r["default"] == r["sum"]  # tbcoll's rd over tcp beside MLX's ring backend

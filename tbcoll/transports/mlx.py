@@ -42,6 +42,8 @@ except ImportError as e:  # an optional extra
     raise TbcollError("the mlx backend needs MLX: pip install 'tbcoll[mlx]'") from e
 
 _BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+_DTYPES = {mx.float16, mx.bfloat16, mx.float32, mx.float64, mx.int8, mx.int16, mx.int32,
+           mx.int64, mx.uint8}  # tbcoll's dtypes (tbcoll.dtypes)
 _NATIVE_OPS = {"sum": mx.distributed.all_sum, "max": mx.distributed.all_max,
                "min": mx.distributed.all_min}
 
@@ -65,26 +67,24 @@ class Watchdog:
 
     def __init__(self, rank: int, timeout: float) -> None:
         self._rank, self._timeout = rank, timeout
+        # (what, since) while an evaluation runs. One attribute, replaced whole: the watchdog
+        # thread reads either the old or the new tuple, never a mix (the GIL orders it).
         self._busy: tuple[str, float] | None = None
-        self._lock = threading.Lock()
         threading.Thread(target=self._watch, name="tbcoll-mlx-watchdog", daemon=True).start()
 
     def eval(self, what: str, *arrays: mx.array) -> None:
-        with self._lock:
-            self._busy = (what, time.monotonic())
+        self._busy = (what, time.monotonic())
         try:
             mx.eval(*arrays)
         except RuntimeError as e:  # e.g. the ring backend's socket to a peer failed
             raise CommError(f"{what} failed in MLX: {e}") from e
         finally:
-            with self._lock:
-                self._busy = None
+            self._busy = None
 
     def _watch(self) -> None:
         while True:
             time.sleep(min(1.0, self._timeout / 4))
-            with self._lock:
-                busy = self._busy
+            busy = self._busy
             if busy and time.monotonic() - busy[1] > self._timeout:
                 print(f"tbcoll.CommError: rank {self._rank}: {busy[0]} has waited more than "
                       f"{self._timeout:g} s (TBCOLL_TIMEOUT) for its peers over MLX, which "
@@ -96,9 +96,27 @@ class Watchdog:
 class MlxNative:
     """The world's collectives as MLX runs them, and what tbcoll adds on top."""
 
+    takes_mlx = True  # small_all_reduce and small_all_gather take mlx arrays unconverted
+
     def __init__(self, group: mx.distributed.Group, watchdog: Watchdog) -> None:
         self._group, self._eval = group, watchdog.eval
         self._sum_scatter = True  # until the backend says it has none (ring)
+
+    def small_all_reduce(self, x: object, op: str, out: object) -> mx.array | None:
+        """The Communicator's one-call path for an mlx array: MLX's own collective on it, no
+        copy either way (None: take the general path, e.g. for numpy arrays or prod)."""
+        if not isinstance(x, mx.array) or x.dtype not in _DTYPES or op not in _NATIVE_OPS:
+            return None
+        result = _NATIVE_OPS[op](x, group=self._group)
+        self._eval("all_reduce", result)
+        return result
+
+    def small_all_gather(self, x: object, out: object) -> mx.array | None:
+        if not isinstance(x, mx.array) or x.dtype not in _DTYPES:
+            return None
+        result = mx.distributed.all_gather(x.reshape(1) if x.ndim == 0 else x, group=self._group)
+        self._eval("all_gather", result)
+        return result
 
     def all_reduce(self, send: np.ndarray | None, recv: np.ndarray, op: str) -> None:
         x = to_mlx(recv if send is None else send)
