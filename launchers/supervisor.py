@@ -10,8 +10,8 @@
   (macOS) and on remote hosts through launchers.remote, below.
 
 A rank with a set-up line runs under launchers.remote (on a remote host through ssh): its
-set-up goes on stdin, signals go as lines on stdin, and SIGKILL kills the wrapper's local end
-(ssh, or the wrapper itself), whose end of file makes the wrapper kill the rank.
+set-up goes on stdin, signals go as lines on stdin, and for SIGKILL tbrun closes that stdin,
+whose end of file makes the wrapper kill the rank.
 """
 
 from __future__ import annotations
@@ -137,8 +137,6 @@ class Supervisor:
             self._kill_groups(signal.SIGKILL)  # no process of the job outlives tbrun
             for proc in self._procs.values():
                 proc.wait()
-                if proc.stdin is not None:
-                    proc.stdin.close()
             for key in list(selector.get_map().values()):
                 if isinstance(key.fileobj, int) and key.fileobj != wake_r:
                     os.close(key.fileobj)  # a stream of self._streams not read to its end
@@ -265,12 +263,20 @@ class Supervisor:
         return [rank for rank, proc in self._procs.items() if proc.returncode is None]
 
     def _kill_groups(self, sig: int) -> None:
-        """Signal the process group of every rank: the rank and all it started (a remote
-        rank's group on its host, through launchers.remote, unless the signal is SIGKILL)."""
+        """Signal the process group of every rank: the rank and all it started. A wrapped
+        rank (launchers.remote) gets the signal's name on stdin, and for SIGKILL the end of
+        its stdin, on which the wrapper kills the rank's group; ssh is killed as well, in
+        case its connection hangs."""
         for rank, proc in self._procs.items():
-            if self._by_rank[rank].setup is not None and sig != signal.SIGKILL:
-                _send(proc, f"{signal.Signals(sig).name[3:]}\n".encode())
-                continue
+            cmd = self._by_rank[rank]
+            if cmd.setup is not None:
+                if sig != signal.SIGKILL:
+                    _send(proc, f"{signal.Signals(sig).name[3:]}\n".encode())
+                    continue
+                if not proc.stdin.closed:
+                    proc.stdin.close()
+                if not cmd.host:
+                    continue  # the local wrapper ends by itself once its rank is dead
             try:
                 os.killpg(proc.pid, sig)
             except (ProcessLookupError, PermissionError):
@@ -278,7 +284,9 @@ class Supervisor:
 
 
 def _send(proc: subprocess.Popen, data: bytes) -> None:
-    """Write to a remote rank's ssh; one that has gone away needs no more orders."""
+    """Write to a wrapped rank's stdin; one that has gone away needs no more orders."""
+    if proc.stdin.closed:
+        return
     try:
         os.write(proc.stdin.fileno(), data)
     except OSError:

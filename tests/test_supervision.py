@@ -212,3 +212,30 @@ def test_the_rank_wrapper_names_a_missing_directory(tmp_path):
                                   "defaults": {}}) + "\n")
     assert wrapper.returncode == 2
     assert "working directory /no/such does not exist here" in wrapper.stderr
+
+
+def test_wrapped_local_ranks_are_torn_down_as_on_macos(tmp_path):
+    """Without PR_SET_PDEATHSIG (macOS) local ranks run under launchers.remote; here the
+    same supervision runs that way on Linux: rank 0 fails, rank 1 ignores SIGTERM, so
+    teardown must reach it through the end of its wrapper's stdin."""
+    from launchers.hosts import remote_setup
+    from launchers.job import LOCAL_WRAPPER
+    from launchers.output import OutputRouter
+    from launchers.supervisor import RankCommand, Supervisor
+
+    body = ("import os, signal, sys, time\n"
+            "open(f'pid{os.environ[\"RANK\"]}', 'w').write(str(os.getpid()))\n"
+            "if os.environ['RANK'] == '0':\n    time.sleep(0.5)\n    sys.exit(3)\n"
+            "signal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(60)\n")
+    commands = [RankCommand(rank, LOCAL_WRAPPER, {**os.environ, "RANK": str(rank)},
+                            setup=remote_setup([sys.executable, "-c", body], str(tmp_path),
+                                               {}, {}, {}))
+                for rank in range(2)]
+    messages = []
+    start = time.monotonic()
+    status = Supervisor(commands, OutputRouter(2, True, None), timeout=30, grace=0.5,
+                        log=messages.append).run()
+    assert status == 3, messages
+    assert any("rank 0" in m and "exited with status 3" in m for m in messages)
+    assert time.monotonic() - start < 10
+    assert not pid_alive(int((tmp_path / "pid1").read_text()))
