@@ -7,14 +7,11 @@ has it, sum_scatter. What MLX lacks, tbcoll builds on top of them: prod (a gathe
 product in rank order), reduce_scatter for every op, broadcast (a sum of the root's bytes
 with zeros: exact), barrier.
 
-Point-to-point uses mx.distributed.send/recv, which are lazy, carry no tag and block the
-sender until the receiver takes a large message. So each message goes with a header
-(context, tag, size), received messages nobody asked for yet wait in a queue, and waitall
-evaluates its receives and every send posted so far in an order that cannot deadlock: receives
-from lower
-ranks, then sends (by peer), then receives from higher ranks; a message goes to the first
-posted receive that matches it, as in MPI. Sub-groups from split run
-tbcoll's algorithms over this point-to-point layer (MLX's ring backend cannot split).
+Point-to-point, tbcoll's algorithms (algorithm="ring" and so on) and sub-groups from split
+go over tbcoll's tcp transport between the same ranks (over the Thunderbolt links where the
+hostfile names them), not over mx.distributed.send/recv: MLX's messages carry no tag and
+share MLX's channels with its collectives, so a user's message still in flight would be read
+by the next all_sum as its data. MLX's ring backend cannot split a group either.
 
 MLX cannot interrupt a wait for a lost peer; a watchdog thread ends this rank with a
 CommError on stderr once an operation has waited TBCOLL_TIMEOUT, so tbrun tears the job down.
@@ -67,8 +64,9 @@ class Watchdog:
 
     def __init__(self, rank: int, timeout: float) -> None:
         self._rank, self._timeout = rank, timeout
-        # (what, since) while an evaluation runs. One attribute, replaced whole: the watchdog
-        # thread reads either the old or the new tuple, never a mix (the GIL orders it).
+        # (what, since) while an evaluation runs. One attribute, replaced whole: CPython stores
+        # and loads an object reference atomically, so the watchdog thread sees either the
+        # old tuple or the new one, never a mix; no lock on the latency-critical path.
         self._busy: tuple[str, float] | None = None
         threading.Thread(target=self._watch, name="tbcoll-mlx-watchdog", daemon=True).start()
 
