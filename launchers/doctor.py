@@ -73,6 +73,8 @@ def checks(hosts: Sequence[Host], facts: list[dict | str], python: str) -> list[
     found += _links(hosts, facts)
     for host, fact in reached:
         found += _macos(host, fact)
+    if any(h.rdma for h in hosts):
+        found += _jaccl(reached)
     found.append(_cabling(hosts, facts))
     return found
 
@@ -147,6 +149,21 @@ def _macos(host: Host, fact: dict) -> list[Check]:
                            "per-cable addresses need them apart)"))
     else:
         found.append(Check("ok", f"bridge0 on {host.name}", "not active"))
+    return found
+
+
+def _jaccl(reached: list[tuple[Host, dict]]) -> list[Check]:
+    """The hostfile names RDMA devices: MLX on every host must have its jaccl backend."""
+    found = []
+    for host, fact in reached:
+        backends = fact.get("mlx_backends", [])
+        if "jaccl" in backends:
+            found.append(Check("ok", f"mlx jaccl on {host.name}", "available"))
+        else:
+            found.append(Check("FAIL", f"mlx jaccl on {host.name}",
+                               f"not available (MLX has: {', '.join(backends) or 'no MLX'})",
+                               "jaccl needs macOS 26.2 or later with RDMA enabled and a recent "
+                               "MLX: pip install -U mlx"))
     return found
 
 

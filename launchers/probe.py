@@ -34,6 +34,15 @@ def _run(*argv: str) -> str | None:
     return p.stdout if p.returncode == 0 else None
 
 
+def _mlx_backends() -> list[str]:
+    """The distributed backends this host's MLX has (jaccl needs macOS 26.2 and RDMA)."""
+    try:
+        import mlx.core as mx
+    except ImportError:
+        return []
+    return [b for b in ("jaccl", "ring", "mpi") if mx.distributed.is_available(b)]
+
+
 def reaches(address: str) -> str:
     """'ok' when something at address answers on the network, else why not."""
     try:
@@ -52,6 +61,7 @@ def probe(addresses: list[str]) -> dict:
              "reach": {address: reaches(address) for address in addresses},
              # over ssh: the address this host was reached at (SSH_CONNECTION's third field)
              "reached_at": (os.environ.get("SSH_CONNECTION", "").split()[2:3] or [None])[0]}
+    facts["mlx_backends"] = _mlx_backends()
     if sys.platform == "darwin":
         facts["thunderbolt_profile"] = json.loads(
             _run("system_profiler", "SPThunderboltDataType", "-json") or "{}")

@@ -10,7 +10,7 @@ from launchers.doctor import checks
 from launchers.write_hostfile import hostfile_from_facts
 from tbcoll.topology import Host, Hostfile
 
-from .conftest import tbrun
+from .conftest import REPO, tbrun
 
 # Three Macs cabled as a full mesh: cable (i, j) joins one port of each; port k is enK.
 CABLES = {(0, 1): (1, 1), (0, 2): (2, 1), (1, 2): (2, 2)}  # (i, j): (i's port, j's port)
@@ -33,7 +33,7 @@ def mac_facts(i: int, *, rdma="RDMA enabled", bridge="status: inactive",
     return {"host": f"mac{i}", "os": "darwin", "machine": "arm64", "python": "3.12.1",
             "packages": {"tbcoll": "0.1.0", "mlx": "0.32.4", "mpi4py": "4.1.2",
                          "numpy": "2.4.6"},
-            "reach": {}, "reached_at": f"10.0.0.{i + 1}",
+            "reach": {}, "reached_at": f"10.0.0.{i + 1}", "mlx_backends": ["jaccl", "ring"],
             "thunderbolt_profile": {"SPThunderboltDataType": buses}, "hardware_ports": hardware,
             "rdma_ctl": rdma, "bridge0": bridge,
             "ipv4": {f"en{p}": f"192.168.{i}.{p}" if addresses else "" for p in (1, 2)}}
@@ -84,6 +84,18 @@ def test_doctor_names_each_problem_and_its_fix():
     assert "ifconfig en1 inet" in failed["en1 on mac2"].fix
     assert "mlx 0.30.0" in failed["versions on mac2"].detail
     assert len(failed) == 5  # and en2 on mac2
+
+
+def test_doctor_wants_jaccl_where_the_hostfile_names_rdma_devices():
+    hostfile = Hostfile.from_file(REPO / "hostfiles" / "links3.json")
+    facts = [mac_facts(i) for i in range(3)]
+    for fact in facts:  # every cable's far end answers
+        fact["reach"] = {a: "ok" for host in hostfile.hosts for a in host.links if a}
+    facts[1]["mlx_backends"] = ["ring"]
+    found = checks(hostfile.hosts, facts, "python3")
+    failed = [c for c in found if c.status == "FAIL"]
+    assert [c.what for c in failed] == ["mlx jaccl on mac2.local"]
+    assert "MLX has: ring" in failed[0].detail
 
 
 def test_doctor_says_when_the_cabling_is_neither_mesh_nor_ring():
