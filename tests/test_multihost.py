@@ -13,7 +13,7 @@ import time
 import pytest
 
 from . import netns
-from .conftest import TBRUN, tagged_lines, wait_for
+from .conftest import REPO, TBRUN, tagged_lines, wait_for
 
 HOSTS = 3
 
@@ -147,6 +147,15 @@ def test_tcp_uses_the_cable_between_each_pair_of_hosts(cluster, script, tmp_path
         # rank i reaches rank j at j's end of their cable, not over the management network
         assert r["peers"] == {str(j): cluster.link(j, rank) for j in range(HOSTS) if j != rank}
     assert_one_namespace_per_host(got, HOSTS)
+
+
+def test_the_main_job_across_hosts(cluster, tmp_path):
+    """examples/tp_forward.py tensor-parallel over three hosts, each pair over its cable."""
+    code, out, err = finish(tbrun_on(cluster, "--hostfile", mesh_hostfile(cluster, tmp_path),
+                                     REPO / "examples" / "tp_forward.py"), timeout=120)
+    assert code == 0, out + err
+    assert "max abs error against the float64 reference" in out and "(OK" in out
+    assert_no_rank_left(cluster)
 
 
 def test_an_unmodified_mlx_script_across_hosts(cluster, script, tmp_path):
