@@ -128,9 +128,9 @@ def tbrun(nprocs: int | None, hostfile: str | None, hosts: str | None, map_by: s
 def doctor(hostfile: str | None, hosts: str | None, python: str, ssh: str,
            connect_timeout: float) -> int:
     """Check this machine, or every host of a hostfile: ssh, same versions, per-cable link
-    addresses, and on macOS the Thunderbolt cables, rdma_ctl, an IPv4 address on each
-    Thunderbolt interface, bridge0 off, and whether the cabling is a full mesh or a ring.
-    Exit status 1 if a check failed."""
+    addresses, MLX's jaccl where the hostfile names RDMA devices, and on macOS the
+    Thunderbolt cables, rdma_ctl, an IPv4 address on each Thunderbolt interface, bridge0 off,
+    and whether the cabling is a full mesh or a ring. Exit status 1 if a check failed."""
     return run_doctor(read_hosts(hostfile, hosts), shlex.split(ssh), python, connect_timeout)
 
 

@@ -40,8 +40,8 @@ class LaunchConfig:
     dry_run: bool
     hostfile: Hostfile | None = None  # None: every rank on this machine
     map_by: str = "slot"  # slot: fill each host in turn; node: deal ranks round the hosts
-    cwd: str = "."  # working directory of remote ranks
-    python: str = "python3"  # the interpreter that runs launchers.remote on remote hosts
+    cwd: str = "."  # working directory of the ranks, on every host
+    python: str = "python3"  # runs .py programs, and launchers.remote on remote hosts
     ssh: tuple[str, ...] = ("ssh",)
     connect_timeout: float = 10.0  # seconds ssh may take to reach a host
 

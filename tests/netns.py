@@ -95,7 +95,6 @@ class Cluster:
             sshd.kill()
             sshd.wait()
         for ns in self.namespaces:
-            subprocess.run(["ip", "netns", "pids", ns], capture_output=True)
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
 
     def _add_namespace(self, ns: str) -> None:
