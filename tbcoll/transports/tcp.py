@@ -10,6 +10,7 @@ tbcoll.transports.stream's; waiting is poll() on the sockets.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import select
 import socket
@@ -134,8 +135,29 @@ def listen_hosts(info: LaunchInfo) -> list[str]:
     if info.node_rank >= len(hosts):
         return ["127.0.0.1"]
     mine = hosts[info.node_rank]
+    address = mine.get("addr", "127.0.0.1")
+    if len(hosts) > 1 and _is_loopback(address):
+        # A host name that resolves to loopback on the host itself (Debian maps its own name
+        # to 127.0.1.1): the others could not connect. Use the address that reaches tbrun.
+        address = _address_towards(info.store[0])
     links = [a for a in mine.get("links", []) if a]
-    return list(dict.fromkeys([mine.get("addr", "127.0.0.1"), *links]))
+    return list(dict.fromkeys([address, *links]))
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        resolved = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)[0][4][0]
+    except OSError:
+        return False  # create_server will say what is wrong with it
+    return ipaddress.ip_address(resolved.split("%")[0]).is_loopback
+
+
+def _address_towards(host: str) -> str:
+    """This host's address on the route to host (a UDP connect sends nothing)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as s:
+        s.connect((host, 9))
+        return s.getsockname()[0]
 
 
 def peer_route(info: LaunchInfo) -> Callable[[int], str | None]:
