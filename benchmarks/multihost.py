@@ -40,15 +40,6 @@ SYSTEMS = {
 }
 
 
-def hostfile(cluster: Cluster, folder: Path) -> Path:
-    hosts = [{"ssh": cluster.address(i), "ips": [cluster.address(i)],
-              "links": [None if j == i else cluster.link(i, j) for j in range(HOSTS)]}
-             for i in range(HOSTS)]
-    path = folder / "mesh.json"
-    path.write_text(json.dumps({"hosts": hosts}))
-    return path
-
-
 def run(cluster: Cluster, system: str, hosts: Path, sweep: list[str], out: Path) -> list[dict]:
     flags, algorithm = SYSTEMS[system]
     argv = cluster.exec_argv(0, str(BIN / "tbrun"), "--ssh", cluster.ssh, "--hostfile",
@@ -77,7 +68,7 @@ def main() -> None:
         cluster = Cluster("tbcb", folder, HOSTS)
         try:
             cluster.start()
-            hosts = hostfile(cluster, folder)
+            hosts = cluster.mesh_hostfile(folder)
             for round_ in range(args.rounds):
                 order = list(SYSTEMS) if round_ % 2 == 0 else list(reversed(SYSTEMS))
                 for system in order:

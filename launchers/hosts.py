@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from tbcoll.errors import LaunchError
-from tbcoll.topology import Hostfile
+from tbcoll.topology import Hostfile, route_source
 
 LOOPBACK = "127.0.0.1"
 _LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
@@ -85,15 +85,11 @@ def is_this_machine(name: str) -> bool:
 
 
 def address_towards(*names: str) -> str:
-    """This machine's address on the route to the first of names that resolves (a UDP
-    connect sends nothing; it only picks the route)."""
+    """This machine's address on the route to the first of names that resolves."""
     errors = []
     for name in dict.fromkeys(n.rpartition("@")[2] for n in names):
         try:
-            family, _, _, _, sockaddr = socket.getaddrinfo(name, 22, type=socket.SOCK_DGRAM)[0]
-            with socket.socket(family, socket.SOCK_DGRAM) as s:
-                s.connect(sockaddr)
-                return s.getsockname()[0]
+            return route_source(name)
         except OSError as e:
             errors.append(f"{name}: {e.strerror or e}")
     raise LaunchError(f"cannot find a route to host {names[0]!r} ({'; '.join(errors)}); give its "

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -163,6 +164,15 @@ class Hostfile:
         return n > 1 and all(len(h.rdma) == n and all(
             (dev is None) == (j == i) for j, dev in enumerate(h.rdma))
             for i, h in enumerate(self.hosts))
+
+
+def route_source(host: str) -> str:
+    """This machine's address on the route to host, a name or an address (a UDP connect picks
+    the route and sends nothing). OSError if host does not resolve or is unreachable."""
+    family, _, _, _, sockaddr = socket.getaddrinfo(host, 9, type=socket.SOCK_DGRAM)[0]
+    with socket.socket(family, socket.SOCK_DGRAM) as s:
+        s.connect(sockaddr)
+        return s.getsockname()[0]
 
 
 def _nonempty(hosts: list[Host], source: str) -> tuple[Host, ...]:

@@ -7,6 +7,7 @@ each its own /30 subnet, as each Thunderbolt cable is. Needs root, iproute2 and 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -52,6 +53,15 @@ class Cluster:
         """Host i's address on the cable between hosts i and j."""
         a, b = min(i, j), max(i, j)
         return f"10.202.{a * self.size + b}.{1 if i == a else 2}"
+
+    def mesh_hostfile(self, folder: Path) -> Path:
+        """The cluster as a JSON hostfile, with each host's address on each cable ("links")."""
+        hosts = [{"ssh": self.address(i), "ips": [self.address(i)],
+                  "links": [None if j == i else self.link(i, j) for j in range(self.size)]}
+                 for i in range(self.size)]
+        path = folder / "mesh.json"
+        path.write_text(json.dumps({"hosts": hosts}))
+        return path
 
     @property
     def ssh(self) -> str:

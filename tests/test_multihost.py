@@ -129,18 +129,8 @@ def test_mpi_job_over_three_hosts(cluster, script):
     assert_no_rank_left(cluster)
 
 
-def mesh_hostfile(cluster: netns.Cluster, folder) -> str:
-    """The cluster as a JSON hostfile: each host's address on each cable ("links")."""
-    hosts = [{"ssh": cluster.address(i), "ips": [cluster.address(i)],
-              "links": [None if j == i else cluster.link(i, j) for j in range(HOSTS)]}
-             for i in range(HOSTS)]
-    path = folder / "mesh.json"
-    path.write_text(json.dumps({"hosts": hosts}))
-    return str(path)
-
-
 def test_tcp_uses_the_cable_between_each_pair_of_hosts(cluster, script, tmp_path):
-    hostfile = mesh_hostfile(cluster, tmp_path)
+    hostfile = cluster.mesh_hostfile(tmp_path)
     code, out, err = finish(tbrun_on(cluster, "--hostfile", hostfile, "--backend", "tcp",
                                      script(ALL_REDUCE)))
     assert code == 0, out + err
@@ -154,7 +144,7 @@ def test_tcp_uses_the_cable_between_each_pair_of_hosts(cluster, script, tmp_path
 
 def test_the_main_job_across_hosts(cluster, tmp_path):
     """examples/tp_forward.py tensor-parallel over three hosts, each pair over its cable."""
-    code, out, err = finish(tbrun_on(cluster, "--hostfile", mesh_hostfile(cluster, tmp_path),
+    code, out, err = finish(tbrun_on(cluster, "--hostfile", cluster.mesh_hostfile(tmp_path),
                                      REPO / "examples" / "tp_forward.py"), timeout=120)
     assert code == 0, out + err
     assert "max abs error against the float64 reference" in out and "(OK" in out
@@ -165,7 +155,7 @@ def test_an_unmodified_mlx_script_across_hosts(cluster, script, tmp_path):
     """MLX's ring backend between the hosts, with the hostfile MLX gets written on each."""
     pytest.importorskip("mlx.core")
     code, out, err = finish(tbrun_on(cluster, "--backend", "mlx", "--hostfile",
-                                     mesh_hostfile(cluster, tmp_path), script("""
+                                     cluster.mesh_hostfile(tmp_path), script("""
         import json, os
         import mlx.core as mx
 
@@ -251,7 +241,7 @@ def test_missing_remote_directory_is_reported(cluster, script):
 
 def test_doctor_checks_ssh_versions_and_every_link(cluster, tmp_path):
     code, out, err = finish(tbrun_on(cluster, "doctor", "--hostfile",
-                                     mesh_hostfile(cluster, tmp_path)))
+                                     cluster.mesh_hostfile(tmp_path)))
     assert code == 0, out + err
     for i in (1, 2):
         assert f"ok    ssh {cluster.address(i)}: reached" in out
@@ -264,7 +254,7 @@ def test_doctor_checks_ssh_versions_and_every_link(cluster, tmp_path):
 
 
 def test_doctor_reports_a_link_that_does_not_answer(cluster, tmp_path):
-    hosts = json.loads(open(mesh_hostfile(cluster, tmp_path)).read())["hosts"]
+    hosts = json.loads(cluster.mesh_hostfile(tmp_path).read_text())["hosts"]
     hosts[1]["links"][0] = "10.203.0.1"  # an address on no cable
     broken = tmp_path / "broken.json"
     broken.write_text(json.dumps(hosts))

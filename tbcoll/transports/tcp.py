@@ -22,6 +22,7 @@ from tbcoll.auth import accept_handshake, connect_handshake
 from tbcoll.env import LaunchInfo, format_hostport, parse_hostport
 from tbcoll.errors import AuthenticationError, CommError
 from tbcoll.rendezvous import Store
+from tbcoll.topology import route_source
 from tbcoll.transports.stream import Peer, StreamEndpoint, StreamTransport
 from tbcoll.wire import recv_exactly
 
@@ -139,7 +140,7 @@ def listen_hosts(info: LaunchInfo) -> list[str]:
     if len(hosts) > 1 and _is_loopback(address):
         # A host name that resolves to loopback on the host itself (Debian maps its own name
         # to 127.0.1.1): the others could not connect. Use the address that reaches tbrun.
-        address = _address_towards(info.store[0])
+        address = route_source(info.store[0])
     links = [a for a in mine.get("links", []) if a]
     return list(dict.fromkeys([address, *links]))
 
@@ -150,14 +151,6 @@ def _is_loopback(host: str) -> bool:
     except OSError:
         return False  # create_server will say what is wrong with it
     return ipaddress.ip_address(resolved.split("%")[0]).is_loopback
-
-
-def _address_towards(host: str) -> str:
-    """This host's address on the route to host (a UDP connect sends nothing)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_DGRAM) as s:
-        s.connect((host, 9))
-        return s.getsockname()[0]
 
 
 def peer_route(info: LaunchInfo) -> Callable[[int], str | None]:
