@@ -58,7 +58,8 @@ def rank_commands(cfg: LaunchConfig, plan: JobPlan, store_port: int, token: str,
             else:
                 setup = remote_setup(cfg.program, cfg.cwd, env, thread_defaults, files)
                 argv = ssh_command(cfg.ssh, host.name, cfg.python, cfg.connect_timeout)
-                commands.append(RankCommand(rank, argv, {**os.environ}, None, host.name, setup))
+                commands.append(RankCommand(rank, argv, dict(os.environ), host=host.name,
+                                            setup=setup))
     return sorted(commands, key=lambda c: c.rank)
 
 
