@@ -31,6 +31,7 @@ from tbcoll.errors import LaunchError
 
 TIMEOUT_STATUS = 124  # as timeout(1) does
 _SSH_FAILED = 255  # ssh's own status for a connection it could not make or lost
+_NOT_FOUND = 127  # the shell's status for a command it cannot find
 PDEATHSIG = sys.platform.startswith("linux")  # children can be told to die with tbrun
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _POLL = 0.5  # backstop for SIGCHLD wake-ups; exits are normally seen at once
@@ -250,6 +251,9 @@ class Supervisor:
                 if cmd.host and proc.returncode == _SSH_FAILED:
                     hint = (f" (ssh's status when it cannot reach {cmd.host} or the connection "
                             f"drops: check `ssh {cmd.host} true`)")
+                elif cmd.host and proc.returncode == _NOT_FOUND:
+                    hint = (f" (a command not found on {cmd.host}: check that `{cmd.argv[-1]}` "
+                            "runs there, e.g. the --python path)")
                 self._log(f"{cmd.name} (pid {proc.pid}) {_describe_exit(proc.returncode)}"
                           f"{hint}{stopping}")
                 self._begin_teardown(_status_of(proc.returncode), signal.SIGTERM)

@@ -232,6 +232,14 @@ def test_an_unreachable_host_is_named_in_bounded_time(cluster, script):
     assert_no_rank_left(cluster)
 
 
+def test_a_python_missing_on_a_remote_host_is_named(cluster, script):
+    code, _, err = finish(tbrun_on(cluster, "-H", cluster.address(1), "--python", "/no/python",
+                                   "--timeout", 30, script("print(1)")),
+                          timeout=40)
+    assert code == 127
+    assert f"a command not found on {cluster.address(1)}" in err and "/no/python" in err
+
+
 def test_missing_remote_directory_is_reported(cluster, script):
     code, _, err = finish(tbrun_on(cluster, "-H", cluster.address(1), "--cwd", "/no/such/dir",
                                    script("print('never')")), timeout=40)
