@@ -90,6 +90,36 @@ def run_mpi(cfg: LaunchConfig) -> int:
         output = OutputRouter(cfg.nprocs, cfg.tag_output, cfg.output_dir)
         supervisor = Supervisor([command], output, timeout=cfg.timeout, grace=cfg.grace,
                                 log=log, streams=streams, keepalive=keepalive)
-        return supervisor.run()
+        before = _mpich_segments()
+        status = supervisor.run()
+        if status:
+            _remove_leaked(_mpich_segments() - before)
+        return status
     finally:
         shutil.rmtree(job_dir, ignore_errors=True)
+
+
+def _mpich_segments() -> set[Path]:
+    """MPICH's shared-memory files on this host (Linux lists them; macOS cannot)."""
+    shm = Path("/dev/shm")
+    return set(shm.glob("mpich_shm_*")) if shm.is_dir() else set()
+
+
+def _remove_leaked(created: set[Path]) -> None:
+    """Remove the segments a failed job's ranks left: MPICH unlinks them at MPI_Finalize,
+    which an aborted or killed rank never reaches. Only files created during the job that no
+    process maps any more go; another job's live segment is mapped by its ranks."""
+    if not created:
+        return
+    mapped = set()
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        try:
+            text = maps.read_text()
+        except OSError:
+            continue  # the process ended, or is not ours to read
+        mapped.update(path for path in created if str(path) in text)
+    for path in created - mapped:
+        try:
+            path.unlink()
+        except OSError as e:
+            log(f"could not remove MPICH's shared-memory file {path}: {e}")

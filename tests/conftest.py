@@ -68,6 +68,12 @@ def leftover_segments() -> list[str]:
     return sorted(p.name for p in shm.glob("tbc-*")) if shm.is_dir() else []
 
 
+def mpich_segments() -> set[Path]:
+    """MPICH's shared-memory files (it unlinks them at MPI_Finalize; a killed rank does not)."""
+    shm = Path("/dev/shm")
+    return set(shm.glob("mpich_shm_*")) if shm.is_dir() else set()
+
+
 @pytest.fixture(scope="session", autouse=True)
 def no_shared_memory_left_behind():
     """After the whole suite, no job of it may have left a shared-memory name behind."""

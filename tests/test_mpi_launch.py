@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from .conftest import pid_alive, tagged_lines, tbrun
+from .conftest import mpich_segments, pid_alive, tagged_lines, tbrun
 
 pytest.importorskip("mpi4py")
 
@@ -45,6 +45,7 @@ def test_an_unmodified_mpi4py_program_runs_under_tbrun(script):
 
 
 def test_a_failing_mpi_rank_fails_the_job(script):
+    before = mpich_segments()
     start = time.monotonic()
     p = tbrun("--backend", "mpi", "-np", 3, script(
         "import os, sys, time\nfrom mpi4py import MPI\n"
@@ -57,15 +58,18 @@ def test_a_failing_mpi_rank_fails_the_job(script):
     assert "mpiexec" in p.stderr and "exited with status 9" in p.stderr
     pids = [int(lines[0]) for lines in tagged_lines(p.stdout).values()]
     assert len(pids) == 3 and not any(pid_alive(pid) for pid in pids)
+    assert mpich_segments() <= before  # what the aborted ranks left, tbrun removed
 
 
 def test_timeout_stops_an_mpi_job(script):
+    before = mpich_segments()
     p = tbrun("--backend", "mpi", "-np", 2, "--timeout", 2, "--grace", 1, script(
         "import os, time\nfrom mpi4py import MPI\nprint(os.getpid(), flush=True)\n"
         "time.sleep(60)\n"), timeout=60)
     assert p.returncode == 124, p.stdout + p.stderr
     pids = [int(lines[0]) for lines in tagged_lines(p.stdout).values()]
     assert len(pids) == 2 and not any(pid_alive(pid) for pid in pids)
+    assert mpich_segments() <= before
 
 
 def test_dry_run_shows_the_mpiexec_command():
