@@ -79,12 +79,15 @@ def checks(hosts: Sequence[Host], facts: list[dict | str], python: str) -> list[
     return found
 
 
+def _version_line(fact: dict) -> str:
+    return ", ".join([f"python {fact['python']}", *(
+        f"{name} {fact['packages'][name] or 'missing'}" for name in PACKAGES)])
+
+
 def _versions(reached: list[tuple[Host, dict]]) -> list[Check]:
     if not reached:
         return []
-    def versions(f: dict) -> str:
-        return ", ".join([f"python {f['python']}", *(f"{name} {f['packages'][name] or 'missing'}"
-                                                      for name in PACKAGES)])
+    versions = _version_line
     first_host, first = reached[0]
     differ = [(h, f) for h, f in reached[1:] if versions(f) != versions(first)]
     if not differ:
