@@ -87,14 +87,13 @@ def _version_line(fact: dict) -> str:
 def _versions(reached: list[tuple[Host, dict]]) -> list[Check]:
     if not reached:
         return []
-    versions = _version_line
     first_host, first = reached[0]
-    differ = [(h, f) for h, f in reached[1:] if versions(f) != versions(first)]
+    differ = [(h, f) for h, f in reached[1:] if _version_line(f) != _version_line(first)]
     if not differ:
         where = "every host" if len(reached) > 1 else first_host.name
-        return [Check("ok", "versions", f"{versions(first)} on {where}")]
+        return [Check("ok", "versions", f"{_version_line(first)} on {where}")]
     return [Check("FAIL", f"versions on {h.name}",
-                  f"{versions(f)}; {first_host.name} has {versions(first)}",
+                  f"{_version_line(f)}; {first_host.name} has {_version_line(first)}",
                   "install the same Python and packages on every host") for h, f in differ]
 
 
