@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from launchers import thunderbolt
-from launchers.hosts import is_this_machine
+from launchers.hosts import is_this_machine, ssh_options
 from launchers.probe import probe
 from tbcoll.topology import Host, Hostfile
 
@@ -40,8 +40,8 @@ def gather(hosts: Sequence[Host], ssh: Sequence[str], python: str,
         addresses = [h.links[i] for h in hosts if len(h.links) > i and h.links[i]]
         if is_this_machine(host.name):
             return probe(addresses)
-        argv = [*ssh, "-o", "BatchMode=yes", "-o", f"ConnectTimeout={round(connect_timeout)}",
-                host.name, python, "-m", "launchers.probe", *addresses]
+        argv = [*ssh, *ssh_options(connect_timeout), host.name, python, "-m",
+                "launchers.probe", *addresses]
         try:
             p = subprocess.run(argv, capture_output=True, text=True, timeout=connect_timeout + 60)
         except subprocess.TimeoutExpired:

@@ -96,12 +96,16 @@ def address_towards(*names: str) -> str:
                       "address in the hostfile")
 
 
+def ssh_options(connect_timeout: float) -> list[str]:
+    """What tbrun adds to every ssh it runs: no prompts, a bounded time to connect."""
+    return ["-o", "BatchMode=yes", "-o", f"ConnectTimeout={max(1, round(connect_timeout))}"]
+
+
 def ssh_command(ssh: Sequence[str], host: str, python: str, connect_timeout: float) -> list[str]:
-    """ssh argv that runs launchers.remote on host: no prompts, bounded connect time, and a
-    dead host noticed within ~15 s."""
+    """ssh argv that runs launchers.remote on host, with a dead host noticed within ~15 s."""
     remote = shlex.join([python, "-m", "launchers.remote"])
-    return [*ssh, "-o", "BatchMode=yes", "-o", f"ConnectTimeout={max(1, round(connect_timeout))}",
-            "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3", "-T", host, remote]
+    return [*ssh, *ssh_options(connect_timeout), "-o", "ServerAliveInterval=5",
+            "-o", "ServerAliveCountMax=3", "-T", host, remote]
 
 
 def remote_setup(argv: Sequence[str], cwd: str, env: Mapping[str, str],

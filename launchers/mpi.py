@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 
 from launchers.config import LaunchConfig, thread_limits
-from launchers.hosts import plan_job
+from launchers.hosts import plan_job, ssh_options
 from launchers.output import STREAMS, OutputRouter, log
 from launchers.supervisor import RankCommand, Supervisor
 from tbcoll.errors import LaunchError
@@ -71,8 +71,7 @@ def run_mpi(cfg: LaunchConfig) -> int:
         ssh = None
         if remote:
             ssh = str(job_dir / "ssh")
-            options = ["-o", "BatchMode=yes", "-o",
-                       f"ConnectTimeout={max(1, round(cfg.connect_timeout))}"]
+            options = ssh_options(cfg.connect_timeout)
             Path(ssh).write_text(f"#!/bin/sh\nexec {shlex.join([*cfg.ssh, *options])} \"$@\"\n")
             os.chmod(ssh, 0o700)
         argv = mpiexec_command(cfg, mpiexec, str(job_dir / "%s-%%r"), ssh, launch_host)

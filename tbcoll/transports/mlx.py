@@ -119,23 +119,18 @@ class MlxNative:
     def all_reduce(self, send: np.ndarray | None, recv: np.ndarray, op: str) -> None:
         x = to_mlx(recv if send is None else send)
         if op in _NATIVE_OPS:
-            result = _NATIVE_OPS[op](x, group=self._group)
-            self._eval("all_reduce", result)
-        else:  # prod: every rank's block, multiplied in rank order as every rank does
-            gathered = mx.distributed.all_gather(x[None], group=self._group)
-            self._eval("all_reduce", gathered)
-            blocks = np.empty((self._group.size(), *recv.shape), recv.dtype)
-            from_mlx(gathered, blocks)
-            np.copyto(recv, blocks[0])
-            for block in blocks[1:]:
-                reducer(op)(recv, block, out=recv)
-            return
-        from_mlx(result, recv)
+            return from_mlx(self.small_all_reduce(x, op, None), recv)
+        # prod: every rank's block, multiplied in rank order as every rank does
+        gathered = mx.distributed.all_gather(x[None], group=self._group)
+        self._eval("all_reduce", gathered)
+        blocks = np.empty((self._group.size(), *recv.shape), recv.dtype)
+        from_mlx(gathered, blocks)
+        np.copyto(recv, blocks[0])
+        for block in blocks[1:]:
+            reducer(op)(recv, block, out=recv)
 
     def all_gather(self, send: np.ndarray, recv: np.ndarray) -> None:
-        result = mx.distributed.all_gather(to_mlx(send), group=self._group)
-        self._eval("all_gather", result)
-        from_mlx(result, recv)
+        from_mlx(self.small_all_gather(to_mlx(send), None), recv)
 
     def reduce_scatter(self, send: np.ndarray, recv: np.ndarray, op: str) -> None:
         if op == "sum" and self._sum_scatter:
