@@ -56,8 +56,15 @@ def _ssh_options(f):
               help="Transport the ranks use (TBCOLL_BACKEND).")
 @click.option("-x", "--export", "--env", "exports", multiple=True, metavar="NAME[=VALUE]",
               help="Export a variable to every rank (NAME alone: tbrun's own value). Repeatable.")
+@click.option("--stdin", "stdin", default="0", metavar="RANK|all|none",
+              help="Which ranks read tbrun's standard input; the others read /dev/null.")
+@click.option("--master-addr", metavar="HOST",
+              help="torchrun's MASTER_ADDR for every rank (default: rank 0's host).")
+@click.option("--master-port", type=click.IntRange(1, 65535), metavar="PORT",
+              help="torchrun's MASTER_PORT for every rank (default: a free port).")
 @click.option("--tag-output/--no-tag-output", default=True,
-              help="Prefix every line a rank prints with [rank].")
+              help="Prefix every line a rank prints with [rank]; a partial line shows after "
+                   "50 ms.")
 @click.option("--output-dir", type=click.Path(file_okay=False, path_type=Path), metavar="DIR",
               help="Also write each rank's output to DIR/rank-N.out and rank-N.err.")
 @click.option("--timeout", type=click.FloatRange(min=0), default=0,
@@ -78,7 +85,8 @@ def _ssh_options(f):
 @click.argument("program")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def tbrun(nprocs: int | None, hostfile: str | None, hosts: str | None, map_by: str,
-          backend: str, exports: tuple[str, ...], tag_output: bool, output_dir: Path | None,
+          backend: str, exports: tuple[str, ...], stdin: str, master_addr: str | None,
+          master_port: int | None, tag_output: bool, output_dir: Path | None,
           timeout: float, grace: float, comm_timeout: float, store_port: int, python: str,
           cwd: str | None, ssh: str, connect_timeout: float, module: bool, dry_run: bool,
           program: str, args: tuple[str, ...]) -> int:
@@ -98,6 +106,10 @@ def tbrun(nprocs: int | None, hostfile: str | None, hosts: str | None, map_by: s
             raise LaunchError("give the number of ranks with -np N (or hosts with --hostfile or "
                               "-H, whose slots it then defaults to)")
         nprocs = topology.slots
+    if stdin not in ("all", "none") and not (stdin.isascii() and stdin.isdigit()
+                                             and int(stdin) < nprocs):
+        raise LaunchError(f"--stdin {stdin}: give a rank (0..{nprocs - 1}), all or none")
+    masters = {"MASTER_ADDR": master_addr, "MASTER_PORT": master_port and str(master_port)}
     cfg = LaunchConfig(
         nprocs=nprocs,
         program=resolve_program(program, args, python, module),
@@ -109,7 +121,8 @@ def tbrun(nprocs: int | None, hostfile: str | None, hosts: str | None, map_by: s
         comm_timeout=comm_timeout,
         # the hostfile's "envs" (MLX's JSON hostfile), then -x, which wins
         exports={**dict(e.split("=", 1) for e in (topology.envs if topology else ())),
-                 **parse_exports(exports, os.environ)},
+                 **parse_exports(exports, os.environ),
+                 **{name: value for name, value in masters.items() if value}},
         store_port=store_port,
         dry_run=dry_run,
         hostfile=topology,
@@ -118,6 +131,7 @@ def tbrun(nprocs: int | None, hostfile: str | None, hosts: str | None, map_by: s
         python=python,
         ssh=tuple(shlex.split(ssh)),
         connect_timeout=connect_timeout,
+        stdin=str(int(stdin)) if stdin.isdigit() else stdin,
     )
     return run(cfg)
 

@@ -44,6 +44,7 @@ class LaunchConfig:
     python: str = "python3"  # runs .py programs, and launchers.remote on remote hosts
     ssh: tuple[str, ...] = ("ssh",)
     connect_timeout: float = 10.0  # seconds ssh may take to reach a host
+    stdin: str = "0"  # the rank that reads tbrun's stdin, "all" or "none"
 
 
 def resolve_program(program: str, args: Sequence[str], python: str,
@@ -65,6 +66,15 @@ def resolve_program(program: str, args: Sequence[str], python: str,
     if found is None:
         raise LaunchError(f"program {program!r} not found on PATH")
     return (found, *args)
+
+
+MASTER_NAMES = ("MASTER_ADDR", "MASTER_PORT")
+
+
+def master_overrides(exports: Mapping[str, str]) -> dict[str, str]:
+    """torchrun's MASTER_ADDR and MASTER_PORT where the user gave them (-x, --master-addr,
+    --master-port): they win over tbrun's own choice."""
+    return {name: exports[name] for name in MASTER_NAMES if name in exports}
 
 
 def parse_exports(specs: Sequence[str], environ: Mapping[str, str]) -> dict[str, str]:

@@ -96,6 +96,13 @@ def address_towards(*names: str) -> str:
                       "address in the hostfile")
 
 
+def free_port(host: str) -> int:
+    """A port nothing listens on now (for MASTER_PORT, which the script binds itself)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
 def ssh_options(connect_timeout: float) -> list[str]:
     """What tbrun adds to every ssh it runs: no prompts, a bounded time to connect."""
     return ["-o", "BatchMode=yes", "-o", f"ConnectTimeout={max(1, round(connect_timeout))}"]
@@ -109,8 +116,11 @@ def ssh_command(ssh: Sequence[str], host: str, python: str, connect_timeout: flo
 
 
 def remote_setup(argv: Sequence[str], cwd: str, env: Mapping[str, str],
-                 defaults: Mapping[str, str], files: Mapping[str, str]) -> bytes:
+                 defaults: Mapping[str, str], files: Mapping[str, str],
+                 stdin: bool = False) -> bytes:
     """The line launchers.remote reads: env is set, defaults only where the host has none,
-    and each of files (variable -> content) is written to a private file the variable names."""
+    each of files (variable -> content) is written to a private file the variable names, and
+    with stdin the rank reads the input tbrun forwards (else /dev/null)."""
     return json.dumps({"argv": list(argv), "cwd": cwd, "env": dict(env),
-                       "defaults": dict(defaults), "files": dict(files)}).encode() + b"\n"
+                       "defaults": dict(defaults), "files": dict(files),
+                       "stdin": stdin}).encode() + b"\n"

@@ -6,13 +6,19 @@ import errno
 import os
 import shlex
 import shutil
-import socket
 import sys
 import tempfile
 from pathlib import Path
 
-from launchers.config import LaunchConfig, thread_limits
-from launchers.hosts import LOOPBACK, JobPlan, plan_job, remote_setup, ssh_command
+from launchers.config import LaunchConfig, master_overrides, thread_limits
+from launchers.hosts import (
+    LOOPBACK,
+    JobPlan,
+    free_port,
+    plan_job,
+    remote_setup,
+    ssh_command,
+)
 from launchers.mlxvars import (
     FIRST_PORT,
     MlxVariables,
@@ -22,6 +28,7 @@ from launchers.mlxvars import (
 )
 from launchers.mpi import run_mpi
 from launchers.output import OutputRouter, log
+from launchers.stdin import standard_input, stdin_ranks
 from launchers.supervisor import PDEATHSIG, RankCommand, Supervisor
 from tbcoll.auth import new_token
 from tbcoll.env import LaunchInfo, format_hostport, segment_prefix, worker_env
@@ -42,7 +49,9 @@ def rank_commands(cfg: LaunchConfig, plan: JobPlan, store_port: int, token: str,
                               store=(host.store_host, store_port), token=token,
                               topology=plan.topology, timeout=cfg.comm_timeout)
             env = {**cfg.exports, "PYTHONUNBUFFERED": "1",
-                   **worker_env(info, (plan.master_addr, master_port))}
+                   **worker_env(info, (plan.master_addr, master_port)),
+                   **master_overrides(cfg.exports)}
+            reads_stdin = rank in stdin_ranks(cfg.stdin, n)
             files = {}
             if mlx is not None:
                 env.update(mlx.for_rank(rank))
@@ -51,15 +60,18 @@ def rank_commands(cfg: LaunchConfig, plan: JobPlan, store_port: int, token: str,
                 env.update({name: str(files_dir / f"{name}.json") for name in files})
                 env = {**thread_defaults, **os.environ, **env}
                 if PDEATHSIG:
-                    commands.append(RankCommand(rank, cfg.program, env, cfg.cwd))
+                    commands.append(RankCommand(rank, cfg.program, env, cfg.cwd,
+                                                stdin=reads_stdin))
                 else:  # the wrapper kills the rank when tbrun's end of its stdin closes
-                    setup = remote_setup(cfg.program, cfg.cwd, {}, {}, {})
-                    commands.append(RankCommand(rank, LOCAL_WRAPPER, env, setup=setup))
+                    setup = remote_setup(cfg.program, cfg.cwd, {}, {}, {}, reads_stdin)
+                    commands.append(RankCommand(rank, LOCAL_WRAPPER, env, setup=setup,
+                                                stdin=reads_stdin))
             else:
-                setup = remote_setup(cfg.program, cfg.cwd, env, thread_defaults, files)
+                setup = remote_setup(cfg.program, cfg.cwd, env, thread_defaults, files,
+                                     reads_stdin)
                 argv = ssh_command(cfg.ssh, host.name, cfg.python, cfg.connect_timeout)
                 commands.append(RankCommand(rank, argv, dict(os.environ), host=host.name,
-                                            setup=setup))
+                                            setup=setup, stdin=reads_stdin))
     return sorted(commands, key=lambda c: c.rank)
 
 
@@ -76,7 +88,7 @@ def mlx_variables(cfg: LaunchConfig, plan: JobPlan) -> MlxVariables | None:
     if cfg.nprocs == 1:  # as mlx.launch: a ring of one has no hostfile
         return MlxVariables("ring", {})
     if len(plan.hosts) == 1:
-        return ring_variables([(LOOPBACK, _free_port(LOOPBACK)) for _ in range(cfg.nprocs)])
+        return ring_variables([(LOOPBACK, free_port(LOOPBACK)) for _ in range(cfg.nprocs)])
     # as mlx.launch does: each rank's host address, ports counting up from 32323
     address = {rank: entry["addr"] for entry in plan.topology["hosts"] for rank in entry["ranks"]}
     return ring_variables([(address[rank], FIRST_PORT + rank) for rank in range(cfg.nprocs)])
@@ -124,10 +136,11 @@ def run(cfg: LaunchConfig) -> int:
         mlx = mlx_variables(cfg, plan)
         for name, content in (mlx.files if mlx else {}).items():
             (job_dir / f"{name}.json").write_text(content)
-        commands = rank_commands(cfg, plan, store.port, token, _free_port(LOOPBACK), mlx,
+        commands = rank_commands(cfg, plan, store.port, token, free_port(LOOPBACK), mlx,
                                  job_dir)
         output = OutputRouter(cfg.nprocs, cfg.tag_output, cfg.output_dir)
-        supervisor = Supervisor(commands, output, timeout=cfg.timeout, grace=cfg.grace, log=log)
+        supervisor = Supervisor(commands, output, timeout=cfg.timeout, grace=cfg.grace, log=log,
+                                stdin_fd=standard_input(), lost_peer=store.lost_peer)
         return supervisor.run(after_spawn=store.start)
     finally:
         store.close()
@@ -149,8 +162,4 @@ def remove_segments(token: str) -> None:
                 log(f"could not remove the job's shared-memory file {path}: {e}")
 
 
-def _free_port(host: str) -> int:
-    """A port nothing listens on now (for MASTER_PORT, which the script binds itself)."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+

@@ -4,22 +4,29 @@ a handful of Macs (and under Slurm), so that an unmodified mpi4py program runs.
 tbrun keeps its own output handling: Hydra writes each rank's stdout and stderr into a FIFO
 of tbrun's (-outfile-pattern, -errfile-pattern), which tbrun tags line by line as for any
 job; Hydra's -prepend-rank would tag each write instead, splitting lines. Python programs run
-under `python -m mpi4py`, so that a rank that fails aborts the job; Hydra then tears it down
-and passes on the status. tbrun adds --timeout and forwards signals to mpiexec.
+under launchers.mpirank (torchrun's names, stdin for one rank, mpi4py's runner), so that a
+rank that fails aborts the job; Hydra then tears it down. tbrun names the rank that failed
+from MPICH's own words (a rank's "MPI_Abort(..., N) - process R", Hydra's
+-print-all-exitcodes) and reports its status as for any job (128+N for signal N). tbrun adds
+--timeout and forwards signals to mpiexec; Hydra forwards tbrun's stdin to rank 0.
+
+The variables of the job (-x, MASTER_ADDR, ...) go in mpiexec's environment, which Hydra
+passes to every rank, never on its command line, where any local user could read them.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import shutil
 import tempfile
 from pathlib import Path
 
 from launchers.config import LaunchConfig, thread_limits
-from launchers.hosts import plan_job, ssh_options
+from launchers.hosts import LOOPBACK, free_port, plan_job, ssh_options
 from launchers.output import STREAMS, OutputRouter, log
-from launchers.supervisor import RankCommand, Supervisor
+from launchers.supervisor import RankCommand, Supervisor, describe_exit
 from tbcoll.errors import LaunchError
 
 
@@ -33,9 +40,13 @@ def find_mpiexec(python: str) -> str:
 
 
 def mpiexec_command(cfg: LaunchConfig, mpiexec: str, outputs: str, ssh: str | None,
-                    launch_host: str | None) -> list[str]:
-    """The mpiexec argv for the job; outputs: Hydra's file pattern with %s for out/err."""
-    argv = [mpiexec, "-n", str(cfg.nprocs), "-wdir", cfg.cwd,
+                    launch_host: str | None, master_addr: str) -> tuple[list[str], dict[str, str]]:
+    """The mpiexec argv for the job, and the variables to add to its environment; outputs:
+    Hydra's file pattern with %s for out/err."""
+    if cfg.stdin not in ("0", "none"):
+        raise LaunchError(f"--stdin {cfg.stdin}: under --backend mpi, mpiexec (Hydra) forwards "
+                          "standard input to rank 0 only; use --stdin 0 or --stdin none")
+    argv = [mpiexec, "-n", str(cfg.nprocs), "-wdir", cfg.cwd, "-print-all-exitcodes",
             "-outfile-pattern", outputs % "out", "-errfile-pattern", outputs % "err"]
     placement = [0] * cfg.nprocs
     if cfg.hostfile is not None:
@@ -50,15 +61,13 @@ def mpiexec_command(cfg: LaunchConfig, mpiexec: str, outputs: str, ssh: str | No
             argv += ["-localhost", launch_host]
     limits = thread_limits(max(placement.count(h) for h in set(placement)))
     env = {**{name: os.environ.get(name, value) for name, value in limits.items()},
-           **cfg.exports, "PYTHONUNBUFFERED": "1", "TBCOLL_TIMEOUT": f"{cfg.comm_timeout:g}"}
-    for name, value in env.items():
-        argv += ["-genv", name, value]
+           "MASTER_ADDR": master_addr, "MASTER_PORT": str(free_port(LOOPBACK)),
+           **cfg.exports, "PYTHONUNBUFFERED": "1",
+           "TBCOLL_TIMEOUT": f"{cfg.comm_timeout:g}"}
     program = list(cfg.program)
     if program[0] == cfg.python:
-        # mpi4py's runner: an uncaught exception or a non-zero sys.exit in one rank calls
-        # MPI_Abort, so Hydra ends the job at once instead of leaving the others waiting.
-        program[1:1] = ["-m", "mpi4py"]
-    return [*argv, *program]
+        program[1:1] = ["-m", "launchers.mpirank", cfg.stdin]
+    return [*argv, *program], env
 
 
 def run_mpi(cfg: LaunchConfig) -> int:
@@ -74,9 +83,12 @@ def run_mpi(cfg: LaunchConfig) -> int:
             options = ssh_options(cfg.connect_timeout)
             Path(ssh).write_text(f"#!/bin/sh\nexec {shlex.join([*cfg.ssh, *options])} \"$@\"\n")
             os.chmod(ssh, 0o700)
-        argv = mpiexec_command(cfg, mpiexec, str(job_dir / "%s-%%r"), ssh, launch_host)
+        argv, env = mpiexec_command(cfg, mpiexec, str(job_dir / "%s-%%r"), ssh, launch_host,
+                                    plan.master_addr)
         if cfg.dry_run:
             print(shlex.join(argv))
+            for name, value in env.items():
+                print(f"    {name}={value}")
             return 0
         streams, keepalive = {}, []
         for rank in range(cfg.nprocs):
@@ -85,17 +97,71 @@ def run_mpi(cfg: LaunchConfig) -> int:
                 os.mkfifo(path, 0o600)
                 streams[rank, stream] = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
                 keepalive.append(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
-        command = RankCommand(0, argv, dict(os.environ), label="mpiexec", passthrough=True)
-        output = OutputRouter(cfg.nprocs, cfg.tag_output, cfg.output_dir)
+        command = RankCommand(MPIEXEC, argv, {**os.environ, **env}, label="mpiexec",
+                              launcher=True, stdin=cfg.stdin == "0")
+        output = OutputRouter(cfg.nprocs, cfg.tag_output, cfg.output_dir,
+                              hide=re.compile(_EXIT_CODES.pattern.encode()))
         supervisor = Supervisor([command], output, timeout=cfg.timeout, grace=cfg.grace,
                                 log=log, streams=streams, keepalive=keepalive)
         before = _mpich_segments()
         status = supervisor.run()
+        if status and supervisor.launcher_failed:
+            status = explain_failure(status, cfg.nprocs, placement_of(cfg), output)
         if status:
             _remove_leaked(_mpich_segments() - before)
         return status
     finally:
         shutil.rmtree(job_dir, ignore_errors=True)
+
+
+MPIEXEC = -1  # mpiexec's own output: passed on untagged
+_ABORT = re.compile(r"application called MPI_Abort\(\w+, (-?\d+)\) - process (\d+)")
+_EXIT_CODES = re.compile(r"Exit codes: (.*)")
+_HOST_CODES = re.compile(r"\[[^\]]*\] ([\d,]+)")
+
+
+def placement_of(cfg: LaunchConfig) -> list[int]:
+    """The host (index into the hosts used) of each rank."""
+    if cfg.hostfile is None:
+        return [0] * cfg.nprocs
+    placement = cfg.hostfile.placement(cfg.nprocs, cfg.map_by)
+    node = {host: i for i, host in enumerate(sorted(set(placement)))}
+    return [node[h] for h in placement]
+
+
+def failed_rank(nprocs: int, placement: list[int], output: OutputRouter) -> tuple[int, int] | None:
+    """(rank, status) of the rank that failed first, from MPICH's words: the rank that called
+    MPI_Abort (mpi4py's runner does on an exception or a non-zero exit), else the first rank
+    with a non-zero status in Hydra's -print-all-exitcodes (raw wait statuses, per host in
+    rank order)."""
+    for rank in range(nprocs):
+        if found := _ABORT.search(output.stderr_tail(rank)):
+            return int(found.group(2)), int(found.group(1)) & 0xFF
+    if found := _EXIT_CODES.search(output.stderr_tail(MPIEXEC)):
+        per_host = [[int(c) for c in codes.split(",")]
+                    for codes in _HOST_CODES.findall(found.group(1))]
+        for rank, host in enumerate(placement):
+            local = placement[:rank].count(host)
+            if host < len(per_host) and local < len(per_host[host]):
+                wait_status = per_host[host][local]
+                if wait_status & 0x7F:
+                    return rank, 128 + (wait_status & 0x7F)
+                if wait_status >> 8:
+                    return rank, wait_status >> 8
+    return None
+
+
+def explain_failure(status: int, nprocs: int, placement: list[int], output: OutputRouter) -> int:
+    """Name the rank whose failure ended the job and return its status (tbrun's convention:
+    128+N for signal N), or mpiexec's status where MPICH named no rank."""
+    found = failed_rank(nprocs, placement, output)
+    if found is None:
+        log(f"mpiexec exited with status {status}; MPICH named no rank that failed")
+        return status
+    rank, status = found
+    log(f"rank {rank} {describe_exit(128 - status if status > 128 else status)}; mpiexec "
+        "stopped the other ranks")
+    return status
 
 
 def _mpich_segments() -> set[Path]:

@@ -1,34 +1,81 @@
-"""Route the ranks' stdout and stderr: whole lines, tagged with the rank, optionally to files."""
+"""Route the ranks' stdout and stderr to the terminal as they arrive, tagged with the rank,
+optionally also to files.
+
+A partial line (mlx-lm streaming tokens with end="", tqdm redrawing with "\\r") is shown
+after PARTIAL_DELAY under its rank's tag, and its continuation joins it untagged while no
+other rank's output comes between. The short wait lets a line written in pieces (Python's
+unbuffered print writes the text and the newline apart) arrive whole. A rank's output that
+would land inside another rank's open line waits for that line to end, at most PARTIAL_DELAY
+after its last piece, and then starts on a new line: whole lines of different ranks are never
+mixed within a line. With tags off the bytes pass through at once, under the same rule.
+"""
 
 from __future__ import annotations
 
 import os
+import re
 import select
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 STREAMS = ("out", "err")
-_MAX_PARTIAL = 64 << 10  # a line longer than this is passed on in pieces
+PARTIAL_DELAY = 0.05  # seconds a partial line waits for the rest of its line
+_TAIL = 4096  # bytes of each rank's stderr kept for tbrun's failure hints
+# A line's content and its end: "\n", "\r\n", or "\r" (a redraw of the same line).
+_SEGMENT = re.compile(rb"([^\r\n]*)(\r\n|\n|\r|)")
+
+Key = tuple[int, str]  # (rank, "out" or "err")
+
+_active: OutputRouter | None = None  # the router whose lines log() must not land in
 
 
 def log(message: str) -> None:
-    """tbrun's own messages, on its stderr."""
+    """tbrun's own messages, on its stderr, each on a line of its own."""
+    if _active is not None:
+        _active.end_line("err")
     print(f"tbrun: {message}", file=sys.stderr, flush=True)
 
 
+class _Sink:
+    """A terminal stream (tbrun's stdout or stderr) and the rank whose line is open on it."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.owner: Key | None = None  # the key whose last piece did not end its line
+        self.last_write = 0.0
+
+    def write(self, data: bytes) -> None:
+        try:
+            _write_all(self.fd, data)
+        except BrokenPipeError:
+            pass  # our reader went away (e.g. `tbrun ... | head`); keep supervising
+
+
 class OutputRouter:
-    """Collects chunks per (rank, stream) and writes complete lines to the terminal and files.
-
-    Lines are kept whole so that the output of several ranks never interleaves mid-line.
-    """
-
-    def __init__(self, nranks: int, tag_output: bool, output_dir: Path | None) -> None:
+    def __init__(self, nranks: int, tag_output: bool, output_dir: Path | None,
+                 delay: float = PARTIAL_DELAY,
+                 clock: Callable[[], float] = time.monotonic,
+                 hide: re.Pattern[bytes] | None = None) -> None:
+        """hide: lines of a launcher's own output (rank -1) kept for stderr_tail, not shown."""
+        global _active
         self._tag_output = tag_output
+        self._delay = delay
+        self._hide = hide
+        self._clock = clock
         sys.stdout.flush()
         sys.stderr.flush()
-        self._terminal = {"out": sys.stdout.fileno(), "err": sys.stderr.fileno()}
-        self._partial: dict[tuple[int, str], bytes] = {}
-        self._files: dict[tuple[int, str], int] = {}
+        out, err = sys.stdout.fileno(), sys.stderr.fileno()
+        self._sinks = {"out": _Sink(out)}
+        # One terminal for both (the usual case): a line is open on it whichever stream
+        # opened it.
+        self._sinks["err"] = self._sinks["out"] if _same_file(out, err) else _Sink(err)
+        self._pending: dict[Key, bytes] = {}
+        self._since: dict[Key, float] = {}  # when the oldest pending byte arrived
+        self._held: set[Key] = set()  # pending only a held-back tail ("\r", part of a char)
+        self._tails: dict[int, bytes] = {}
+        self._files: dict[Key, int] = {}
         if output_dir is not None:
             output_dir.mkdir(parents=True, exist_ok=True)
             for rank in range(nranks):
@@ -36,40 +83,143 @@ class OutputRouter:
                     path = output_dir / f"rank-{rank}.{stream}"
                     flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
                     self._files[rank, stream] = os.open(path, flags, 0o644)
+        _active = self
 
     def write(self, rank: int, stream: str, data: bytes) -> None:
-        if (fd := self._files.get((rank, stream))) is not None:
+        key = (rank, stream)
+        if (fd := self._files.get(key)) is not None:
             _write_all(fd, data)
-        buffered = self._partial.pop((rank, stream), b"") + data
-        cut = buffered.rfind(b"\n") + 1
-        if cut == 0 and len(buffered) > _MAX_PARTIAL:
-            cut = len(buffered)
-        if cut:
-            self._emit(rank, stream, buffered[:cut])
-        if cut < len(buffered):
-            self._partial[rank, stream] = buffered[cut:]
+        if stream == "err" or rank < 0:  # a launcher (mpiexec) reports on its stdout too
+            self._tails[rank] = (self._tails.get(rank, b"") + data)[-_TAIL:]
+        now = self._clock()
+        if key in self._held or not self._pending.get(key):
+            self._since[key] = now
+        self._held.discard(key)
+        self._pending[key] = self._pending.get(key, b"") + data
+        self._flush(key, now)
 
     def end(self, rank: int, stream: str) -> None:
-        """The stream closed: pass on an unfinished last line."""
-        if rest := self._partial.pop((rank, stream), b""):
-            self._emit(rank, stream, rest + b"\n")
+        """The stream closed: pass on what is left, and end its line."""
+        key = (rank, stream)
+        self._flush(key, self._clock(), final=True)
+
+    def stderr_tail(self, rank: int) -> str:
+        """The last few KB a rank wrote to stderr (for hints in tbrun's failure messages)."""
+        return self._tails.get(rank, b"").decode(errors="replace")
+
+    def next_deadline(self) -> float | None:
+        """When flush_due has something to show; None while nothing waits."""
+        deadlines = []
+        for key, data in self._pending.items():
+            if not data or key in self._held:
+                continue
+            at = self._since[key] + self._delay if b"\n" not in data else 0.0
+            owner = self._sinks[key[1]].owner
+            if owner not in (None, key):
+                at = max(at, self._sinks[key[1]].last_write + self._delay)
+            deadlines.append(at)
+        return min(deadlines, default=None)
+
+    def flush_due(self) -> None:
+        now = self._clock()
+        for key in [k for k, data in self._pending.items() if data and k not in self._held]:
+            self._flush(key, now)
+
+    def end_line(self, stream: str) -> None:
+        """Close any rank's open line on this terminal stream (before tbrun writes to it)."""
+        sink = self._sinks[stream]
+        if sink.owner is not None:
+            sink.write(b"\n")
+            sink.owner = None
 
     def close(self) -> None:
-        for rank, stream in list(self._partial):
-            self.end(rank, stream)
+        global _active
+        for key in list(self._pending):
+            self._flush(key, self._clock(), final=True)
         for fd in self._files.values():
             os.close(fd)
+        _active = None
 
-    def _emit(self, rank: int, stream: str, lines: bytes) -> None:
-        if self._tag_output:
-            prefix = b"[%d] " % rank
-            lines = b"".join(prefix + line for line in lines.splitlines(keepends=True))
-            if not lines.endswith(b"\n"):
-                lines += b"\n"
-        try:
-            _write_all(self._terminal[stream], lines)
-        except BrokenPipeError:
-            pass  # our reader went away (e.g. `tbrun ... | head`); keep supervising
+    def _flush(self, key: Key, now: float, final: bool = False) -> None:
+        data = self._pending.get(key, b"")
+        sink = self._sinks[key[1]]
+        if data and sink.owner not in (None, key):
+            if not final and now < sink.last_write + self._delay:
+                return  # another rank's line is still being written: let it finish
+            self.end_line(key[1])
+        if final:
+            cut = len(data)
+        elif key[0] < 0:  # a launcher's own messages: whole lines
+            cut = data.rfind(b"\n") + 1
+        elif not self._tag_output or now >= self._since[key] + self._delay:
+            cut = len(data) - _unfinished_tail(data)
+        else:
+            cut = data.rfind(b"\n") + 1
+        if cut:
+            self._emit(key, data[:cut], now)
+        self._pending[key] = data[cut:]
+        if self._pending[key] and b"\n" not in self._pending[key] and (
+                not self._tag_output or now >= self._since[key] + self._delay):
+            self._held.add(key)  # only a held-back tail is left: wait for more data
+        elif self._pending[key]:
+            self._since[key] = now if cut else self._since[key]
+        if final and sink.owner == key and self._tag_output:
+            self.end_line(key[1])
+
+    def _emit(self, key: Key, text: bytes, now: float) -> None:
+        sink = self._sinks[key[1]]
+        if key[0] < 0 and self._hide is not None:
+            text = b"".join(line for line in text.splitlines(keepends=True)
+                            if not self._hide.search(line))
+            if not text:
+                return
+        if self._tag_output and key[0] >= 0:  # not a launcher's own output (rank -1)
+            text = self._tagged(text, prefix=b"[%d] " % key[0], open_line=sink.owner == key)
+        sink.write(text)
+        sink.owner = None if text.endswith(b"\n") else key
+        sink.last_write = now
+
+    @staticmethod
+    def _tagged(text: bytes, prefix: bytes, open_line: bool) -> bytes:
+        """text with prefix at the start of every line (and after every lone "\\r", which
+        redraws the line); none at the start when it continues a line already tagged."""
+        out = bytearray()
+        at_start = not open_line
+        for content, end in _SEGMENT.findall(text):
+            if not content and not end:
+                continue
+            if at_start and content:
+                out += prefix
+            out += content + end
+            if end:
+                at_start = True
+            elif content:
+                at_start = False
+        return bytes(out)
+
+
+def _unfinished_tail(data: bytes) -> int:
+    """How many bytes at the end of data to hold back: a "\\r" that may be half of "\\r\\n",
+    or the first bytes of a UTF-8 character whose rest has not arrived."""
+    if data.endswith(b"\r"):
+        return 1
+    for back in range(1, min(4, len(data) + 1)):
+        byte = data[-back]
+        if byte & 0xC0 == 0x80:
+            continue  # a continuation byte: look further back for the lead byte
+        if byte & 0x80 == 0:
+            return 0
+        length = 2 if byte & 0xE0 == 0xC0 else 3 if byte & 0xF0 == 0xE0 else 4
+        return back if back < length else 0
+    return 0
+
+
+def _same_file(a: int, b: int) -> bool:
+    try:
+        sa, sb = os.fstat(a), os.fstat(b)
+    except OSError:
+        return False
+    return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
 
 
 def _write_all(fd: int, data: bytes) -> None:

@@ -1,25 +1,28 @@
 """Run one rank on a remote host: what tbrun starts there through ssh.
 
-tbrun sends one JSON line on stdin, {"argv", "cwd", "env", "defaults", "files"}, so that the
-job's token never shows on a command line, then keeps stdin open. "files" maps a variable to
-the content of a file it should name (MLX's hostfiles); they live in a private temporary
-folder removed when the rank ends. Each further line names a signal
-to pass on to the rank's process group ("TERM", "INT"); end of file means tbrun or the ssh
-connection is gone, and the rank is killed: the remote twin of PR_SET_PDEATHSIG. The rank's
-output goes straight to ssh's channels; the exit status is the rank's (128+N for signal N).
+tbrun sends one JSON line on stdin, {"argv", "cwd", "env", "defaults", "files", "stdin"}, so
+that the job's token never shows on a command line, then keeps stdin open. "files" maps a
+variable to the content of a file it should name (MLX's hostfiles); they live in a private
+temporary folder removed when the rank ends. Then come frames (launchers.stdin): a signal to
+pass on to the rank's process group ("TERM", "INT"), or the rank's input where "stdin" is
+true (else the rank reads /dev/null). End of file means tbrun or the ssh connection is gone,
+and the rank is killed: the remote twin of PR_SET_PDEATHSIG. The rank's output goes straight
+to ssh's channels; the exit status is the rank's (128+N for signal N).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import queue
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator
+
+from launchers.stdin import read_frames
 
 
 def _fail(message: str, status: int) -> None:
@@ -27,25 +30,49 @@ def _fail(message: str, status: int) -> None:
     sys.exit(status)
 
 
-def _stdin_lines() -> Iterator[bytes]:
-    """Lines of stdin read with os.read: no BufferedReader, whose lock a thread still reading
-    at interpreter exit makes fatal."""
-    pending = b""
-    while chunk := os.read(0, 4096):
-        pending += chunk
-        while b"\n" in pending:
-            line, _, pending = pending.partition(b"\n")
-            yield line
-    if pending:
-        yield pending
+def _read_setup() -> tuple[bytes, bytes]:
+    """The set-up line, and what followed it in the same reads. os.read, not sys.stdin: no
+    BufferedReader, whose lock a thread still reading at interpreter exit makes fatal."""
+    data = b""
+    while b"\n" not in data:
+        chunk = os.read(0, 1 << 16)
+        if not chunk:
+            break
+        data += chunk
+    line, _, rest = data.partition(b"\n")
+    return line, rest
 
 
-def _follow_orders(pid: int, lines: Iterator[bytes]) -> None:
-    for line in lines:
-        name = line.strip().decode(errors="replace")
-        if name in ("INT", "TERM", "HUP", "KILL"):
+def _follow_orders(pid: int, rest: bytes, feed: queue.SimpleQueue | None) -> None:
+    """Pass on signals and input until tbrun goes away; then kill the rank."""
+    pending = [rest]
+
+    def read(n: int) -> bytes:
+        return (pending.pop() if pending else b"") or os.read(0, n)
+
+    for kind, payload in read_frames(read):
+        name = payload.decode(errors="replace")
+        if kind == "signal" and name in ("INT", "TERM", "HUP", "KILL"):
             _signal_group(pid, signal.Signals[f"SIG{name}"])
+        elif kind == "stdin" and feed is not None:
+            feed.put(payload)
     _signal_group(pid, signal.SIGKILL)
+
+
+def _feed_input(pipe, feed: queue.SimpleQueue) -> None:
+    """Write the rank's input in a thread of its own, so that a rank not reading it never
+    holds up the signals behind it; b'' ends the input."""
+    try:
+        while chunk := feed.get():
+            pipe.write(chunk)
+            pipe.flush()
+    except OSError:
+        pass  # the rank closed its stdin or ended
+    finally:
+        try:
+            pipe.close()
+        except OSError:
+            pass
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:
@@ -56,9 +83,9 @@ def _signal_group(pid: int, sig: signal.Signals) -> None:
 
 
 def main() -> None:
-    lines = _stdin_lines()
+    line, rest = _read_setup()
     try:
-        setup = json.loads(next(lines, b""))
+        setup = json.loads(line)
         argv, cwd = list(setup["argv"]), setup["cwd"]
         env = {**setup["defaults"], **os.environ, **setup["env"]}
     except (ValueError, KeyError, TypeError) as e:
@@ -71,12 +98,17 @@ def main() -> None:
             with open(path, "w") as f:
                 f.write(content)
             env[name] = path
+        wants_input = bool(setup.get("stdin"))
         try:
-            proc = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL,
-                                    start_new_session=True)
+            proc = subprocess.Popen(argv, env=env, cwd=cwd, start_new_session=True,
+                                    stdin=subprocess.PIPE if wants_input else subprocess.DEVNULL)
         except OSError as e:
             _fail(f"cannot start {argv[0]}: {e.strerror}", 127)
-        threading.Thread(target=_follow_orders, args=(proc.pid, lines), daemon=True).start()
+        feed = queue.SimpleQueue() if wants_input else None
+        if feed is not None:
+            threading.Thread(target=_feed_input, args=(proc.stdin, feed), daemon=True).start()
+        threading.Thread(target=_follow_orders, args=(proc.pid, rest, feed),
+                         daemon=True).start()
         status = proc.wait()
     sys.exit(status if status >= 0 else 128 - status)
 

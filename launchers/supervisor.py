@@ -10,14 +10,20 @@
   (macOS) and on remote hosts through launchers.remote, below.
 
 A rank with a set-up line runs under launchers.remote (on a remote host through ssh): its
-set-up goes on stdin, signals go as lines on stdin, and for SIGKILL tbrun closes that stdin,
-whose end of file makes the wrapper kill the rank.
+set-up goes on stdin, then signals and the rank's input as frames (launchers.stdin), and for
+SIGKILL tbrun closes that stdin, whose end of file makes the wrapper kill the rank.
+
+Which failure is the job's: the first rank to fail for its own reason. A rank that failed
+because it lost a peer (tbcoll reports that to tbrun's store before raising) and a rank that
+died of the signal tbrun's teardown sent only stand in until that rank's exit is seen.
 """
 
 from __future__ import annotations
 
 import ctypes
+import json
 import os
+import re
 import selectors
 import signal
 import subprocess
@@ -26,7 +32,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from launchers.output import OutputRouter
+from launchers.output import STREAMS, OutputRouter
+from launchers.stdin import InputPipe
 from tbcoll.errors import LaunchError
 
 TIMEOUT_STATUS = 124  # as timeout(1) does
@@ -35,6 +42,12 @@ _NOT_FOUND = 127  # the shell's status for a command it cannot find
 PDEATHSIG = sys.platform.startswith("linux")  # children can be told to die with tbrun
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _POLL = 0.5  # backstop for SIGCHLD wake-ups; exits are normally seen at once
+# A rank's status after tbrun's teardown signals (128+INT/KILL/TERM, through a wrapper) or
+# after tbrun killed its ssh: the teardown's doing, not the rank's own failure.
+_TEARDOWN_STATUSES = (128 + signal.SIGINT, 128 + signal.SIGKILL, 128 + signal.SIGTERM,
+                      _SSH_FAILED)
+_FOLLOWER_WAIT = 1.0  # seconds a follower's failure waits for the failure it followed
+_MISSING_MODULE = re.compile(r"ModuleNotFoundError: No module named '(tbcoll|mpi4py|mlx)\b")
 
 
 @dataclass(frozen=True)
@@ -46,7 +59,15 @@ class RankCommand:
     host: str = ""  # for messages; "" on this machine
     setup: bytes | None = None  # for a remote rank: launchers.remote's set-up line
     label: str = ""  # for messages, instead of "rank N"
-    passthrough: bool = False  # output goes straight to tbrun's (a launcher, e.g. mpiexec)
+    # a launcher of the ranks (mpiexec): its output passes untagged, it reads tbrun's stdin
+    # itself, and its caller explains its failure
+    launcher: bool = False
+    stdin: bool = False  # reads tbrun's standard input (--stdin)
+
+    @property
+    def program(self) -> str:
+        """What the rank runs first: the interpreter of a Python rank."""
+        return json.loads(self.setup)["argv"][0] if self.setup is not None else self.argv[0]
 
     @property
     def name(self) -> str:
@@ -59,7 +80,7 @@ def _status_of(returncode: int) -> int:
     return returncode if returncode >= 0 else 128 - returncode
 
 
-def _describe_exit(returncode: int) -> str:
+def describe_exit(returncode: int) -> str:
     if returncode >= 0:
         return f"exited with status {returncode}"
     try:
@@ -93,10 +114,13 @@ class Supervisor:
     def __init__(self, commands: Sequence[RankCommand], output: OutputRouter, *,
                  timeout: float | None, grace: float, log: Callable[[str], None],
                  streams: Mapping[tuple[int, str], int] | None = None,
-                 keepalive: Sequence[int] = ()) -> None:
+                 keepalive: Sequence[int] = (), stdin_fd: int | None = None,
+                 lost_peer: Callable[[int], str | None] = lambda rank: None) -> None:
         """streams: more (rank, "out"/"err") -> readable fd to route, beside the commands'
         pipes (e.g. FIFOs mpiexec writes); keepalive: write ends of those held open so that
-        they do not end before their writer opens them, closed once every command exited."""
+        they do not end before their writer opens them, closed once every command exited;
+        stdin_fd: tbrun's standard input, forwarded to the commands with stdin set;
+        lost_peer(rank): what the rank reported losing (a peer) before it failed, or None."""
         self._commands = commands
         self._streams = dict(streams or {})
         self._keepalive = list(keepalive)
@@ -108,6 +132,16 @@ class Supervisor:
         self._by_rank = {cmd.rank: cmd for cmd in commands}
         self._pending_signals: list[int] = []
         self._status: int | None = None  # set by the first event that ends the job
+        self._culprit: int | None = None  # the rank whose own failure gave self._status
+        self._provisional = False  # self._status is a follower's, until the culprit's is seen
+        self.launcher_failed = False  # the job's status is a launcher's (mpiexec's) own
+        self._follower_deadline: float | None = None  # teardown after a follower's failure
+        self._tearing_down = False  # tbrun has signalled the ranks to stop
+        self._lost_peer = lost_peer
+        self._stdin_fd = stdin_fd if any(c.stdin and not c.launcher for c in commands) else None
+        self._inputs: dict[int, InputPipe] = {}  # rank -> its stdin (or its wrapper's)
+        self._watched_inputs: set[int] = set()
+        self._stdin_unpollable = False
         self._kill_at: float | None = None  # SIGKILL deadline once teardown has begun
 
     def run(self, after_spawn: Callable[[], None] = lambda: None) -> int:
@@ -138,8 +172,10 @@ class Supervisor:
             self._kill_groups(signal.SIGKILL)  # no process of the job outlives tbrun
             for proc in self._procs.values():
                 proc.wait()
+            for pipe in self._inputs.values():
+                pipe.close()
             for key in list(selector.get_map().values()):
-                if isinstance(key.fileobj, int) and key.fileobj != wake_r:
+                if key.data in self._streams:
                     os.close(key.fileobj)  # a stream of self._streams not read to its end
             while self._keepalive:
                 os.close(self._keepalive.pop())
@@ -157,20 +193,28 @@ class Supervisor:
         hook = _die_with_parent_hook()
         # preexec_fn is safe here: tbrun has no other thread yet (see run's after_spawn).
         for cmd in self._commands:
+            if cmd.launcher:  # it reads tbrun's stdin itself (mpiexec: for rank 0)
+                stdin = None if cmd.stdin else subprocess.DEVNULL
+            else:
+                piped = cmd.setup is not None or (cmd.stdin and self._stdin_fd is not None)
+                stdin = subprocess.PIPE if piped else subprocess.DEVNULL
             try:
-                output = None if cmd.passthrough else subprocess.PIPE
                 proc = subprocess.Popen(
-                    cmd.argv, env=cmd.env, cwd=cmd.cwd, stdout=output, stderr=output,
-                    stdin=subprocess.DEVNULL if cmd.setup is None else subprocess.PIPE,
-                    start_new_session=True, preexec_fn=hook)  # noqa: PLW1509
+                    cmd.argv, env=cmd.env, cwd=cmd.cwd,
+                    stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                    stdin=stdin, start_new_session=True, preexec_fn=hook)  # noqa: PLW1509
             except OSError as e:
                 self._kill_groups(signal.SIGKILL)
                 raise LaunchError(f"cannot start {cmd.name} ({cmd.argv[0]}): {e}") from e
             self._procs[cmd.rank] = proc
-            if cmd.setup is not None:
-                _send(proc, cmd.setup)
-            if cmd.passthrough:
-                continue
+            if proc.stdin is not None:
+                pipe = InputPipe(os.dup(proc.stdin.fileno()), framed=cmd.setup is not None)
+                proc.stdin.close()
+                self._inputs[cmd.rank] = pipe
+                if cmd.setup is not None:
+                    pipe.put_raw(cmd.setup)
+                if cmd.stdin and self._stdin_fd is None:
+                    pipe.put_eof()  # nothing to forward: the rank reads end of file
             for stream, pipe in (("out", proc.stdout), ("err", proc.stderr)):
                 os.set_blocking(pipe.fileno(), False)
                 selector.register(pipe, selectors.EVENT_READ, (cmd.rank, stream))
@@ -179,18 +223,34 @@ class Supervisor:
         job_deadline = None if not self._timeout else time.monotonic() + self._timeout
         drain_until = None  # once every rank has exited, leftover pipes get a short while
         while True:
-            deadlines = [d for d in (job_deadline, self._kill_at, drain_until) if d is not None]
+            deadlines = [d for d in (job_deadline, self._kill_at, drain_until,
+                                     self._follower_deadline) if d is not None]
             wait = min([_POLL, *(d - time.monotonic() for d in deadlines)])
+            if (at := self._output.next_deadline()) is not None:
+                wait = min(wait, at - time.monotonic())
+            self._watch_inputs(selector)
+            if self._read_unpollable_stdin(selector):
+                wait = 0.0 if not any(p.full for p in self._targets()) else min(wait, 0.01)
             for key, _ in selector.select(max(0.0, wait)):
                 if key.fileobj == wake_r:
                     while _read(wake_r):
                         pass
+                elif key.data == "stdin":
+                    self._forward_stdin(selector)
+                elif key.data[0] == "input":
+                    self._inputs[key.data[1]].flush()
                 else:
                     self._pump(selector, key)
+            self._output.flush_due()
             self._handle_signals()
-            self._reap()
+            self._reap(selector)
             now = time.monotonic()
-            if job_deadline is not None and now >= job_deadline and self._status is None:
+            if self._follower_deadline is not None and now >= self._follower_deadline:
+                self._log(f"stopping the other {_plural(len(self._alive()), 'rank')}")
+                self._begin_teardown(self._status, signal.SIGTERM)
+                self._provisional = self._culprit is None
+            if job_deadline is not None and now >= job_deadline and (
+                    self._status is None or self._follower_deadline is not None):
                 self._log(f"job exceeded --timeout {self._timeout:g} s; "
                           f"stopping {_plural(len(self._alive()), 'rank')}")
                 self._begin_teardown(TIMEOUT_STATUS, signal.SIGTERM)
@@ -211,11 +271,59 @@ class Supervisor:
                 elif now >= drain_until:
                     return
 
-    def _pump(self, selector: selectors.BaseSelector, key: selectors.SelectorKey) -> None:
+    def _watch_inputs(self, selector: selectors.BaseSelector) -> None:
+        """Watch the input pipes with bytes waiting for room; read tbrun's stdin only while
+        no rank has too much of it waiting (flow control)."""
+        waiting = {pipe.fd: rank for rank, pipe in self._inputs.items() if pipe.waiting}
+        for fd in self._watched_inputs - waiting.keys():
+            selector.unregister(fd)
+        for fd in waiting.keys() - self._watched_inputs:
+            selector.register(fd, selectors.EVENT_WRITE, ("input", waiting[fd]))
+        self._watched_inputs = set(waiting)
+        if self._stdin_fd is not None and not self._stdin_unpollable:
+            full = any(pipe.full for pipe in self._targets())
+            registered = self._stdin_fd in selector.get_map()
+            if full and registered:
+                selector.unregister(self._stdin_fd)
+            elif not full and not registered:
+                try:
+                    selector.register(self._stdin_fd, selectors.EVENT_READ, "stdin")
+                except OSError:  # a regular file or /dev/null (epoll refuses them): it
+                    self._stdin_unpollable = True  # never blocks, so read it each round
+
+    def _read_unpollable_stdin(self, selector: selectors.BaseSelector) -> bool:
+        """Forward a chunk of a stdin that select cannot watch; whether more may follow."""
+        if self._stdin_fd is None or not self._stdin_unpollable:
+            return False
+        if not any(pipe.full for pipe in self._targets()):
+            self._forward_stdin(selector)
+        return self._stdin_fd is not None
+
+    def _targets(self) -> list[InputPipe]:
+        return [self._inputs[c.rank] for c in self._commands
+                if c.stdin and c.rank in self._inputs and not self._inputs[c.rank].closed]
+
+    def _forward_stdin(self, selector: selectors.BaseSelector) -> None:
+        try:
+            data = os.read(self._stdin_fd, 1 << 16)
+        except BlockingIOError:
+            return
+        except OSError as e:  # EIO: a terminal tbrun reads from in the background
+            self._log(f"cannot read standard input ({e.strerror}); the ranks' input ends here")
+            data = b""
+        for pipe in self._targets():
+            pipe.put(data) if data else pipe.put_eof()
+        if not data:
+            if self._stdin_fd in selector.get_map():
+                selector.unregister(self._stdin_fd)
+            self._stdin_fd = None
+
+    def _pump(self, selector: selectors.BaseSelector, key: selectors.SelectorKey) -> bool:
+        """Route what one stream has; False when nothing was there."""
         rank, stream = key.data
         data = _read(key.fd)
         if data is None:
-            return
+            return False
         if data:
             self._output.write(rank, stream, data)
         else:
@@ -225,12 +333,13 @@ class Supervisor:
             else:
                 key.fileobj.close()
             self._output.end(rank, stream)
+        return True
 
     def _handle_signals(self) -> None:
         while self._pending_signals:
             signum = self._pending_signals.pop(0)
             name = signal.Signals(signum).name
-            if self._status is not None:
+            if self._tearing_down:
                 self._log(f"got {name} again; killing every rank now")
                 self._kill_groups(signal.SIGKILL)
                 continue
@@ -239,27 +348,71 @@ class Supervisor:
                       f"{_plural(len(self._alive()), 'rank')}")
             self._begin_teardown(128 + signum, forward)
 
-    def _reap(self) -> None:
+    def _reap(self, selector: selectors.BaseSelector) -> None:
         for rank, proc in self._procs.items():
             if proc.returncode is not None or proc.poll() is None:
                 continue
-            if proc.returncode != 0 and self._status is None:
-                others = len(self._alive())
-                stopping = f"; stopping the other {_plural(others, 'rank')}" if others else ""
-                cmd = self._by_rank[rank]
-                hint = ""
-                if cmd.host and proc.returncode == _SSH_FAILED:
-                    hint = (f" (ssh's status when it cannot reach {cmd.host} or the connection "
-                            f"drops: check `ssh {cmd.host} true`)")
-                elif cmd.host and proc.returncode == _NOT_FOUND:
-                    hint = (f" (a command not found on {cmd.host}: check that `{cmd.argv[-1]}` "
-                            "runs there, e.g. the --python path)")
-                self._log(f"{cmd.name} (pid {proc.pid}) {_describe_exit(proc.returncode)}"
-                          f"{hint}{stopping}")
-                self._begin_teardown(_status_of(proc.returncode), signal.SIGTERM)
+            cmd = self._by_rank[rank]
+            if cmd.setup is None and rank in self._inputs:
+                self._inputs[rank].close()
+            if proc.returncode == 0 or self._culprit is not None:
+                continue
+            if cmd.launcher:  # its caller explains the failure (launchers.mpi)
+                if self._status is None:
+                    self.launcher_failed = True
+                    self._begin_teardown(_status_of(proc.returncode), signal.SIGTERM)
+                continue
+            if self._status is not None and not self._provisional:
+                continue  # ended by a signal to tbrun or --timeout: that is the job's status
+            self._drain(selector, rank)  # the rank's last words, for the hints below
+            lost = self._lost_peer(rank)
+            own = lost is None and not (self._tearing_down and (
+                proc.returncode < 0 or proc.returncode in _TEARDOWN_STATUSES))
+            if self._status is not None and not own:
+                continue  # a follower of the failure already reported
+            status = _status_of(proc.returncode)
+            message = f"{cmd.name} (pid {proc.pid}) {describe_exit(proc.returncode)}"
+            message += f" after a peer was lost ({lost})" if lost else self._hint(cmd, status)
+            others = len(self._alive())
+            if self._status is not None:  # the failure that a follower's stood for
+                message += f"; it failed first: the job's status is {status}"
+            elif not own:  # let the rank that failed first finish exiting, then stop
+                message += "; waiting briefly for the rank that failed first"
+                self._follower_deadline = time.monotonic() + _FOLLOWER_WAIT
+            elif others:
+                message += f"; stopping the other {_plural(others, 'rank')}"
+            self._log(message)
+            self._status, self._provisional = status, not own
+            self._culprit = rank if own else None
+            if own and not self._tearing_down:
+                self._begin_teardown(status, signal.SIGTERM)
+
+    def _hint(self, cmd: RankCommand, returncode: int) -> str:
+        if cmd.host and returncode == _SSH_FAILED:
+            return (f" (ssh's status when it cannot reach {cmd.host} or the connection "
+                    f"drops: check `ssh {cmd.host} true`)")
+        if cmd.host and returncode == _NOT_FOUND:
+            return (f" (a command not found on {cmd.host}: check that `{cmd.argv[-1]}` "
+                    "runs there, e.g. the --python path)")
+        missing = _MISSING_MODULE.findall(self._output.stderr_tail(cmd.rank))
+        if missing:
+            return (f" ({cmd.program} cannot import {missing[-1]}: run the script as "
+                    f"`tbrun ... script.py`, which uses tbrun's own Python ({sys.executable}), "
+                    "or name the python of the environment where tbcoll is installed)")
+        return ""
+
+    def _drain(self, selector: selectors.BaseSelector, rank: int) -> None:
+        """Route what an exited rank's pipes still hold."""
+        for key in list(selector.get_map().values()):
+            if isinstance(key.data, tuple) and key.data[0] == rank and key.data[1] in STREAMS:
+                while key.fileobj in selector.get_map() and self._pump(selector, key):
+                    pass
 
     def _begin_teardown(self, status: int, sig: int) -> None:
         self._status = status
+        self._provisional = False
+        self._follower_deadline = None
+        self._tearing_down = True
         self._kill_groups(sig)
         self._kill_at = time.monotonic() + self._grace
 
@@ -275,26 +428,15 @@ class Supervisor:
             cmd = self._by_rank[rank]
             if cmd.setup is not None:
                 if sig != signal.SIGKILL:
-                    _send(proc, f"{signal.Signals(sig).name[3:]}\n".encode())
+                    self._inputs[rank].put_signal(signal.Signals(sig).name[3:])
                     continue
-                if not proc.stdin.closed:
-                    proc.stdin.close()
+                self._inputs[rank].close()
                 if not cmd.host:
                     continue  # the local wrapper ends by itself once its rank is dead
             try:
                 os.killpg(proc.pid, sig)
             except (ProcessLookupError, PermissionError):
                 pass  # the group is gone
-
-
-def _send(proc: subprocess.Popen, data: bytes) -> None:
-    """Write to a wrapped rank's stdin; one that has gone away needs no more orders."""
-    if proc.stdin.closed:
-        return
-    try:
-        os.write(proc.stdin.fileno(), data)
-    except OSError:
-        pass
 
 
 def _read(fd: int) -> bytes | None:

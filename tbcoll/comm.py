@@ -20,7 +20,8 @@ from tbcoll.arrays import contiguous_flat, is_mlx, may_overlap, same_buffer, to_
 from tbcoll.checks import verify_calls_match
 from tbcoll.dtypes import OPS, reducer
 from tbcoll.env import algorithm_overrides, check_mode
-from tbcoll.errors import CommError, TbcollError
+from tbcoll.errors import CommError, PeerLostError, TbcollError
+from tbcoll.rendezvous import report_lost_peer
 from tbcoll.transports.base import Group
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "barrier")
@@ -34,6 +35,14 @@ def _plain_out(out: Any, shape: tuple, dtype: np.dtype) -> bool:
     full one, with its error messages, is Communicator._output)."""
     return (type(out) is np.ndarray and out.shape == shape and out.dtype == dtype
             and out.flags.c_contiguous and out.flags.writeable)
+
+
+def _named(error: CommError, where: str) -> CommError:
+    """error again, saying where it happened; a lost peer is also reported to tbrun."""
+    if isinstance(error, PeerLostError):
+        report_lost_peer(f"{where}: {error}")
+        return PeerLostError(f"{where}: {error}")
+    return CommError(f"{where}: {error}")
 
 
 def _flat(array: np.ndarray) -> np.ndarray:
@@ -301,7 +310,7 @@ class Communicator:
         try:
             return self._small[collective](*args)
         except CommError as e:
-            raise CommError(f"{collective} on rank {self.rank}: {e}") from e
+            raise _named(e, f"{collective} on rank {self.rank}") from e
 
     def _check_algorithm(self, collective: str, algorithm: str, where: str) -> None:
         allowed = ALGORITHMS[collective]
@@ -350,11 +359,11 @@ class Communicator:
             if work is not None:
                 work()
         except CommError as e:
-            raise CommError(f"{collective} on rank {self.rank}: {e}") from e
+            raise _named(e, f"{collective} on rank {self.rank}") from e
 
     @contextmanager
     def _errors(self, what: str) -> Iterator[None]:
         try:
             yield
         except CommError as e:
-            raise CommError(f"{what} on rank {self.rank}: {e}") from e
+            raise _named(e, f"{what} on rank {self.rank}") from e

@@ -30,7 +30,10 @@ Hydra, OMPI_COMM_WORLD_RANK of Open MPI, PMIX_RANK) say so, and init() picks the
 
 For scripts written for torchrun the same facts go out as RANK, WORLD_SIZE, LOCAL_RANK,
 LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT. MASTER_PORT is a free port left for the
-script's own use (torch.distributed binds it on rank 0), not the store's port.
+script's own use (torch.distributed binds it on rank 0), not the store's port. A user's own
+MASTER_ADDR or MASTER_PORT (tbrun -x, --master-addr, --master-port) wins. Under tbrun
+--backend mpi, each Python rank gets RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE from
+MPI's own variables (`torchrun_names_from_mpi`), MASTER_ADDR and MASTER_PORT from tbrun.
 
 With --backend mlx, also what mlx.launch gives MLX's own backends (launchers/mlxvars.py), so
 that an unmodified MLX script runs.
@@ -87,6 +90,25 @@ def worker_env(info: LaunchInfo, master: tuple[str, int]) -> dict[str, str]:
         "MASTER_ADDR": master[0],
         "MASTER_PORT": str(master[1]),
     }
+
+
+# MPI's own names for (rank, size, local rank, local size): MPICH's Hydra (and Slurm's
+# PMI-2), Open MPI
+_MPI_NAMES = (("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"),
+              ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+               "OMPI_COMM_WORLD_LOCAL_SIZE"))
+TORCHRUN_NAMES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+
+
+def torchrun_names_from_mpi(environ: Mapping[str, str]) -> dict[str, str]:
+    """RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE from the variables MPI's launcher gave
+    this process (those it gave; empty when it is no MPI rank)."""
+    for names in _MPI_NAMES:
+        if names[0] in environ:
+            return {ours: environ[theirs] for ours, theirs in zip(TORCHRUN_NAMES, names,
+                                                                  strict=True)
+                    if theirs in environ}
+    return {}
 
 
 def launch_info(environ: Mapping[str, str] | None = None) -> LaunchInfo | None:

@@ -9,6 +9,12 @@ class CommError(TbcollError):
     """A collective or point-to-point operation failed: a peer was lost or a wait timed out."""
 
 
+class PeerLostError(CommError):
+    """A peer went away (its connection closed, its process died) during an operation: this
+    rank fails because of another's failure. tbrun learns of it, so that it reports the
+    rank that failed first, not this one."""
+
+
 class RendezvousError(TbcollError):
     """The rendezvous store could not be reached, refused us, or did not answer in time."""
 

@@ -18,8 +18,8 @@ import time
 from collections.abc import Callable, Iterable
 
 from tbcoll.auth import accept_handshake, connect_handshake
-from tbcoll.env import DEFAULT_TIMEOUT, LaunchInfo, format_hostport
-from tbcoll.errors import AuthenticationError, RendezvousError
+from tbcoll.env import DEFAULT_TIMEOUT, LaunchInfo, format_hostport, launch_info
+from tbcoll.errors import AuthenticationError, RendezvousError, TbcollError
 from tbcoll.wire import pack_fields, recv_exactly, recv_fields
 
 _REQUEST = struct.Struct("!BIH")
@@ -35,6 +35,25 @@ Key = str | bytes
 
 def _b(value: Key) -> bytes:
     return value.encode() if isinstance(value, str) else bytes(value)
+
+
+_LOST_PEER = "tbrun/lost-peer/{}"  # what a rank that lost a peer tells tbrun (see supervisor)
+_REPORT_TIMEOUT = 2.0
+
+
+def report_lost_peer(what: str) -> None:
+    """Tell tbrun that this rank is failing because it lost a peer (what: the error), so that
+    tbrun reports the rank that failed first. Nothing happens outside a tbrun job, and a
+    store that cannot be reached is no reason for another error."""
+    try:
+        info = launch_info()
+        if info is None or info.size < 2:
+            return
+        with Store(*info.store, info.token, timeout=_REPORT_TIMEOUT,
+                   connect_timeout=_REPORT_TIMEOUT) as store:
+            store.set(_LOST_PEER.format(info.rank), what)
+    except (OSError, TbcollError):
+        pass
 
 
 class StoreServer:
@@ -56,6 +75,12 @@ class StoreServer:
         self._listeners = _listen_on_one_port(hosts, port)
         self.address: tuple[str, int] = self._listeners[0].getsockname()[:2]
         self.port = self.address[1]
+
+    def lost_peer(self, rank: int) -> str | None:
+        """What rank reported losing before it failed (report_lost_peer), or None."""
+        with self._changed:
+            what = self._data.get(_LOST_PEER.format(rank).encode())
+        return None if what is None else what.decode(errors="replace")
 
     def start(self) -> StoreServer:
         for listener in self._listeners:

@@ -29,7 +29,7 @@ import numpy as np
 
 from tbcoll.dtypes import reducer
 from tbcoll.env import LaunchInfo, comm_timeout
-from tbcoll.errors import CommError, TbcollError
+from tbcoll.errors import CommError, PeerLostError, TbcollError
 from tbcoll.transports import tcp
 from tbcoll.transports.tcp import TcpGroup
 
@@ -75,7 +75,7 @@ class Watchdog:
         try:
             mx.eval(*arrays)
         except RuntimeError as e:  # e.g. the ring backend's socket to a peer failed
-            raise CommError(f"{what} failed in MLX: {e}") from e
+            raise PeerLostError(f"{what} failed in MLX: {e}") from e
         finally:
             self._busy = None
 

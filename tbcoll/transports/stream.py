@@ -26,7 +26,7 @@ from typing import Protocol
 
 import numpy as np
 
-from tbcoll.errors import CommError
+from tbcoll.errors import CommError, PeerLostError
 
 _HEADER = struct.Struct("!IIQ")
 _STAGE = 256 << 10  # staging buffer per stream
@@ -149,7 +149,7 @@ class StreamTransport:
                 message.waiter = request
             return request
         if peer.lost:
-            raise CommError(f"lost connection to rank {source} ({peer.lost})")
+            raise PeerLostError(f"lost connection to rank {source} ({peer.lost})")
         peer.posted[context, tag].append(request)
         return request
 
@@ -165,7 +165,7 @@ class StreamTransport:
                 return
             for request in pending:
                 if request.peer.lost:
-                    raise CommError(f"lost connection to rank {request.peer.rank} "
+                    raise PeerLostError(f"lost connection to rank {request.peer.rank} "
                                     f"({request.peer.lost})")
             now = time.monotonic()
             if deadline is None:
@@ -191,7 +191,7 @@ class StreamTransport:
                 break
             except OSError as e:
                 self._lose(peer, f"send failed: {e.strerror or e}")
-                raise CommError(f"lost connection to rank {peer.rank} ({peer.lost})") from e
+                raise PeerLostError(f"lost connection to rank {peer.rank} ({peer.lost})") from e
             views = request.views
             while sent:
                 if sent >= len(views[0]):
@@ -298,7 +298,7 @@ class StreamTransport:
         if peer is None:
             raise CommError(f"rank {self.rank} has no connection to rank {rank}")
         if peer.lost:
-            raise CommError(f"lost connection to rank {rank} ({peer.lost})")
+            raise PeerLostError(f"lost connection to rank {rank} ({peer.lost})")
         return peer
 
     def _lose(self, peer: Peer, reason: str) -> None:
