@@ -20,6 +20,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import tempfile
 from pathlib import Path
 
@@ -100,7 +101,7 @@ def run_mpi(cfg: LaunchConfig) -> int:
         command = RankCommand(MPIEXEC, argv, {**os.environ, **env}, label="mpiexec",
                               launcher=True, stdin=cfg.stdin == "0")
         output = OutputRouter(cfg.nprocs, cfg.tag_output, cfg.output_dir,
-                              hide=re.compile(_EXIT_CODES.pattern.encode()))
+                              hide=re.compile(_HOST_CODES.pattern.encode(), re.MULTILINE))
         supervisor = Supervisor([command], output, timeout=cfg.timeout, grace=cfg.grace,
                                 log=log, streams=streams, keepalive=keepalive)
         before = _mpich_segments()
@@ -116,8 +117,8 @@ def run_mpi(cfg: LaunchConfig) -> int:
 
 MPIEXEC = -1  # mpiexec's own output: passed on untagged
 _ABORT = re.compile(r"application called MPI_Abort\(\w+, (-?\d+)\) - process (\d+)")
-_EXIT_CODES = re.compile(r"Exit codes: (.*)")
-_HOST_CODES = re.compile(r"\[[^\]]*\] ([\d,]+)")
+_EXIT_CODES = "Exit codes:"  # Hydra's -print-all-exitcodes: then "[host] s,s,..." per host
+_HOST_CODES = re.compile(r"^(?:.*Exit codes: )?\[[^\]]*\] ([\d,]+)$", re.MULTILINE)
 
 
 def placement_of(cfg: LaunchConfig) -> list[int]:
@@ -129,39 +130,51 @@ def placement_of(cfg: LaunchConfig) -> list[int]:
     return [node[h] for h in placement]
 
 
-def failed_rank(nprocs: int, placement: list[int], output: OutputRouter) -> tuple[int, int] | None:
-    """(rank, status) of the rank that failed first, from MPICH's words: the rank that called
-    MPI_Abort (mpi4py's runner does on an exception or a non-zero exit), else the first rank
-    with a non-zero status in Hydra's -print-all-exitcodes (raw wait statuses, per host in
-    rank order)."""
-    for rank in range(nprocs):
-        if found := _ABORT.search(output.stderr_tail(rank)):
-            return int(found.group(2)), int(found.group(1)) & 0xFF
-    if found := _EXIT_CODES.search(output.stderr_tail(MPIEXEC)):
-        per_host = [[int(c) for c in codes.split(",")]
-                    for codes in _HOST_CODES.findall(found.group(1))]
-        for rank, host in enumerate(placement):
-            local = placement[:rank].count(host)
-            if host < len(per_host) and local < len(per_host[host]):
-                wait_status = per_host[host][local]
-                if wait_status & 0x7F:
-                    return rank, 128 + (wait_status & 0x7F)
-                if wait_status >> 8:
-                    return rank, wait_status >> 8
-    return None
+def rank_statuses(placement: list[int], report: str) -> dict[int, int]:
+    """Each rank's status (tbrun's convention) from Hydra's -print-all-exitcodes report: raw
+    wait statuses, a line per host in the order of -hosts, ranks in order within a host."""
+    per_host = [[int(c) for c in codes.split(",")]
+                for codes in _HOST_CODES.findall(report[report.rfind(_EXIT_CODES):])]
+    statuses = {}
+    for rank, host in enumerate(placement):
+        local = placement[:rank].count(host)
+        if host < len(per_host) and local < len(per_host[host]):
+            wait_status = per_host[host][local]
+            statuses[rank] = 128 + (wait_status & 0x7F) if wait_status & 0x7F else wait_status >> 8
+    return statuses
 
 
 def explain_failure(status: int, nprocs: int, placement: list[int], output: OutputRouter) -> int:
     """Name the rank whose failure ended the job and return its status (tbrun's convention:
-    128+N for signal N), or mpiexec's status where MPICH named no rank."""
-    found = failed_rank(nprocs, placement, output)
-    if found is None:
+    128+N for signal N). MPICH's words: the rank that called MPI_Abort (mpi4py's runner does
+    on an exception or a non-zero exit) failed first; else a rank that exited non-zero by
+    itself; else a rank killed by a signal other than the SIGKILL Hydra ends the rest with."""
+    for rank in range(nprocs):
+        if found := _ABORT.search(output.stderr_tail(rank)):
+            code = int(found.group(1)) & 0xFF
+            log(f"rank {found.group(2)} {describe_exit(code)} (MPI_Abort); mpiexec stopped the "
+                "other ranks")
+            return code
+    failed = {r: s for r, s in rank_statuses(placement, output.stderr_tail(MPIEXEC)).items() if s}
+    first = ([r for r, s in failed.items() if s < 128]  # exited non-zero by themselves
+             or [r for r, s in failed.items() if s != 128 + signal.SIGKILL]
+             or list(failed))
+    if not first:
         log(f"mpiexec exited with status {status}; MPICH named no rank that failed")
         return status
-    rank, status = found
-    log(f"rank {rank} {describe_exit(128 - status if status > 128 else status)}; mpiexec "
-        "stopped the other ranks")
-    return status
+    rank = first[0]
+    if len(first) > 1 and failed[rank] == 128 + signal.SIGKILL:  # Hydra's too
+        log(f"ranks {', '.join(map(str, first))} were killed by signal 9 (SIGKILL); MPICH does "
+            "not say which was first")
+    else:
+        log(f"rank {rank} {describe_exit(_returncode(failed[rank]))}; mpiexec stopped the other "
+            "ranks")
+    return failed[rank]
+
+
+def _returncode(status: int) -> int:
+    """Popen's returncode for a status of tbrun's convention (-N for signal N)."""
+    return 128 - status if status > 128 else status
 
 
 def _mpich_segments() -> set[Path]:

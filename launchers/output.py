@@ -73,6 +73,7 @@ class OutputRouter:
         self._sinks["err"] = self._sinks["out"] if _same_file(out, err) else _Sink(err)
         self._pending: dict[Key, bytes] = {}
         self._since: dict[Key, float] = {}  # when the oldest pending byte arrived
+        self._broken: set[Key] = set()  # keys whose open line tbrun ended for them
         self._held: set[Key] = set()  # pending only a held-back tail ("\r", part of a char)
         self._tails: dict[int, bytes] = {}
         self._files: dict[Key, int] = {}
@@ -130,6 +131,7 @@ class OutputRouter:
         sink = self._sinks[stream]
         if sink.owner is not None:
             sink.write(b"\n")
+            self._broken.add(sink.owner)
             sink.owner = None
 
     def close(self) -> None:
@@ -143,15 +145,20 @@ class OutputRouter:
     def _flush(self, key: Key, now: float, final: bool = False) -> None:
         data = self._pending.get(key, b"")
         sink = self._sinks[key[1]]
+        waited = False
         if data and sink.owner not in (None, key):
             if not final and now < sink.last_write + self._delay:
                 return  # another rank's line is still being written: let it finish
             self.end_line(key[1])
+            waited = True  # long enough: show what this rank has, partial line included
+        if key in self._broken and data.startswith((b"\n", b"\r\n")):
+            data = data[data.index(b"\n") + 1:]  # its line was ended for it already
+        self._broken.discard(key)
         if final:
             cut = len(data)
         elif key[0] < 0:  # a launcher's own messages: whole lines
             cut = data.rfind(b"\n") + 1
-        elif not self._tag_output or now >= self._since[key] + self._delay:
+        elif waited or not self._tag_output or now >= self._since[key] + self._delay:
             cut = len(data) - _unfinished_tail(data)
         else:
             cut = data.rfind(b"\n") + 1

@@ -319,7 +319,7 @@ class Supervisor:
             self._stdin_fd = None
 
     def _pump(self, selector: selectors.BaseSelector, key: selectors.SelectorKey) -> bool:
-        """Route what one stream has; False when nothing was there."""
+        """Route what one stream has; False when nothing was there or it ended."""
         rank, stream = key.data
         data = _read(key.fd)
         if data is None:
@@ -333,7 +333,7 @@ class Supervisor:
             else:
                 key.fileobj.close()
             self._output.end(rank, stream)
-        return True
+        return bool(data)
 
     def _handle_signals(self) -> None:
         while self._pending_signals:
@@ -405,7 +405,7 @@ class Supervisor:
         """Route what an exited rank's pipes still hold."""
         for key in list(selector.get_map().values()):
             if isinstance(key.data, tuple) and key.data[0] == rank and key.data[1] in STREAMS:
-                while key.fileobj in selector.get_map() and self._pump(selector, key):
+                while self._pump(selector, key):
                     pass
 
     def _begin_teardown(self, status: int, sig: int) -> None:

@@ -22,10 +22,12 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def tbrun(*args: str, timeout: float = 60, env: dict | None = None,
-          cwd: Path | None = None) -> subprocess.CompletedProcess:
-    """Run tbrun to completion (bounded by timeout) and capture its output as text."""
+          cwd: Path | None = None, input: str | None = None) -> subprocess.CompletedProcess:
+    """Run tbrun to completion (bounded by timeout) and capture its output as text; its
+    stdin is input, or /dev/null."""
     return subprocess.run([TBRUN, *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout, env=env, cwd=cwd)
+                          timeout=timeout, env=env, cwd=cwd, input=input,
+                          stdin=subprocess.DEVNULL if input is None else None)
 
 
 def tagged_lines(text: str) -> dict[int, list[str]]:

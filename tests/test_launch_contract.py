@@ -128,3 +128,25 @@ def test_launch_info_round_trip_and_errors():
         launch_info({**env, "TBCOLL_BACKEND": "udp"})
     with pytest.raises(TbcollError, match="TBCOLL_STORE='nohost' is not host:port"):
         launch_info({**env, "TBCOLL_STORE": "nohost"})
+
+
+def test_torchrun_names_under_every_launch(script):
+    """RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_* also under --backend mpi (from
+    MPI's own variables); a user's MASTER_ADDR/MASTER_PORT win (-x, --master-*)."""
+    path = script("""
+        import json, os
+        names = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                 "MASTER_PORT")
+        print(json.dumps({n: os.environ.get(n) for n in names}))
+    """)
+    for backend in ("shm", "mpi"):
+        p = tbrun("-np", 2, "--backend", backend, "-x", "MASTER_PORT=29555", path, timeout=60)
+        assert p.returncode == 0, p.stderr
+        for rank, (line,) in tagged_lines(p.stdout).items():
+            assert json.loads(line) == {
+                "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank),
+                "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29555"}
+    p = tbrun("-np", 1, "--master-addr", "10.9.8.7", "--master-port", 29600,
+              "-x", "MASTER_PORT=1", path)
+    env = json.loads(tagged_lines(p.stdout)[0][0])
+    assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("10.9.8.7", "29600")  # the flag wins

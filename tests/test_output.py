@@ -1,6 +1,12 @@
 """Rank output: line-buffered, tagged, stdout and stderr kept apart, optional files."""
 
-from .conftest import tagged_lines, tbrun
+import os
+import subprocess
+import time
+
+from launchers.output import OutputRouter
+
+from .conftest import TBRUN, tagged_lines, tbrun
 
 TWO_STREAMS = """
 import os, sys
@@ -48,3 +54,89 @@ def test_output_dir_holds_untagged_files(script, tmp_path):
     for r in range(2):
         assert (out_dir / f"rank-{r}.out").read_text() == f"out {r}\nunfinished {r}"
         assert (out_dir / f"rank-{r}.err").read_text() == f"err {r}\n"
+
+
+def test_a_partial_line_shows_long_before_its_end(tmp_path):
+    """mlx-lm streams tokens with end=""; each word must show while the line goes on."""
+    path = tmp_path / "stream.py"
+    path.write_text(
+        "import sys, time\n"
+        "for word in ['The', ' cat', ' sat']:\n"
+        "    print(word, end='', flush=True); time.sleep(0.6)\n"
+        "print()\n")
+    proc = subprocess.Popen([TBRUN, "-np", "1", str(path)], stdout=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL)
+    start, seen = time.monotonic(), []
+    while chunk := os.read(proc.stdout.fileno(), 1024):
+        seen.append((time.monotonic() - start, chunk))
+    assert proc.wait(timeout=30) == 0
+    text = b"".join(c for _, c in seen)
+    assert text == b"[0] The cat sat\n"  # tagged once, continued in place
+    first = next(t for t, c in seen if b"The" in c)
+    end = next(t for t, c in seen if b"\n" in c)
+    assert end - first > 1.0  # "The" arrived while the line was still being written
+
+
+def test_no_tag_output_passes_bytes_at_once(script):
+    path = script("""
+        import sys, time
+        sys.stdout.write("50%\\r"); sys.stdout.flush()
+        sys.stdout.write("100%\\n")
+    """)
+    p = subprocess.run([TBRUN, "-np", "1", "--no-tag-output", str(path)], capture_output=True,
+                       stdin=subprocess.DEVNULL, timeout=30)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout == b"50%\r100%\n"
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def route(steps, tag_output=True):
+    """Feed (time, rank, bytes) steps to a router on a fake clock, flushing at each step as
+    tbrun's loop does; return what reached stdout."""
+    clock = FakeClock()
+    router = OutputRouter(2, tag_output, None, delay=0.05, clock=clock)
+    for at, rank, data in steps:
+        clock.now = at
+        router.flush_due()
+        if data is not None:
+            router.write(rank, "out", data)
+    router.close()
+
+
+def test_router_partial_lines_wait_then_continue_untagged(capfd):
+    route([(0.0, 0, b"The"), (0.01, 0, None), (0.06, 0, None), (0.2, 0, b" cat"),
+           (0.3, 0, b"\n")])
+    assert capfd.readouterr().out == "[0] The cat\n"
+
+
+def test_router_never_mixes_two_ranks_in_a_line(capfd):
+    # rank 0's partial line is shown, rank 1 writes a whole line: it waits for rank 0's
+    # line to go on, then starts a line of its own; rank 0's continuation is tagged again.
+    route([(0.0, 0, b"The"), (0.06, 0, None), (0.07, 1, b"one line\n"), (0.08, 0, None),
+           (0.12, 0, None), (0.2, 0, b" cat\n")])
+    assert capfd.readouterr().out == "[0] The\n[1] one line\n[0]  cat\n"
+
+
+def test_router_a_line_in_pieces_stays_whole(capfd):
+    # print() writes the text and the newline apart: within the delay nothing is split
+    route([(0.0, 0, b"hello"), (0.001, 1, b"world"), (0.002, 1, b"\n"), (0.003, 0, b"\n")])
+    assert capfd.readouterr().out == "[1] world\n[0] hello\n"
+
+
+def test_router_redraws_with_carriage_returns_keep_the_tag(capfd):
+    route([(0.0, 0, b"\r 10%|#"), (0.1, 0, None), (0.2, 0, b"\r 20%|##"), (0.3, 0, None),
+           (0.4, 0, b"\n")])
+    assert capfd.readouterr().out == "\r[0]  10%|#\r[0]  20%|##\n"
+
+
+def test_router_holds_back_half_a_character(capfd):
+    snowman = "☃".encode()
+    route([(0.0, 0, b"a" + snowman[:1]), (0.1, 0, None), (0.2, 0, snowman[1:] + b"\n")])
+    assert capfd.readouterr().out == "[0] a☃\n"

@@ -9,6 +9,8 @@ import time
 
 import pytest
 
+from launchers.stdin import frame
+
 from .conftest import TBRUN, pid_alive, tagged_lines, tbrun, wait_for
 
 # Each rank records its pid and a grandchild's pid in PIDDIR, then runs the given body.
@@ -192,7 +194,7 @@ RANK = ("import os, signal, sys, time\n"
 
 def test_the_rank_wrapper_passes_signals_and_the_exit_status(tmp_path):
     wrapper, pid = start_wrapped(tmp_path, RANK)
-    wrapper.stdin.write(b"TERM\n")
+    wrapper.stdin.write(frame("signal", b"TERM"))
     wrapper.stdin.flush()
     assert wrapper.wait(timeout=20) == 42  # the rank's own status, from its SIGTERM handler
     assert not pid_alive(pid)
@@ -239,3 +241,30 @@ def test_wrapped_local_ranks_are_torn_down_as_on_macos(tmp_path):
     assert any("rank 0" in m and "exited with status 3" in m for m in messages)
     assert time.monotonic() - start < 10
     assert not pid_alive(int((tmp_path / "pid1").read_text()))
+
+
+def test_a_wrapped_rank_reads_tbruns_stdin(tmp_path):
+    """Input, signals and the set-up share the wrapper's stdin (framed): the rank reads the
+    input and its end, and a signal queued behind input the rank never reads still passes."""
+    from launchers.hosts import remote_setup
+    from launchers.job import LOCAL_WRAPPER
+    from launchers.output import OutputRouter
+    from launchers.supervisor import RankCommand, Supervisor
+
+    body = ("import os, sys\n"
+            "data = sys.stdin.read()\n"
+            "open(f'got{os.environ[\"RANK\"]}', 'w').write(data)\n")
+    commands = [RankCommand(rank, LOCAL_WRAPPER, {**os.environ, "RANK": str(rank)},
+                            setup=remote_setup([sys.executable, "-c", body], str(tmp_path),
+                                               {}, {}, {}, stdin=rank == 0),
+                            stdin=rank == 0)
+                for rank in range(2)]
+    read_end, write_end = os.pipe()
+    os.write(write_end, b"line one\nline two\n")
+    os.close(write_end)
+    status = Supervisor(commands, OutputRouter(2, True, None), timeout=30, grace=0.5,
+                        log=print, stdin_fd=read_end).run()
+    os.close(read_end)
+    assert status == 0
+    assert (tmp_path / "got0").read_text() == "line one\nline two\n"
+    assert (tmp_path / "got1").read_text() == ""
