@@ -139,24 +139,37 @@ def worker(folder: str, mode: str, steps: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--ranks", default="1,2,4")
-    parser.add_argument("--tokens", type=int, default=16)
-    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--ranks", default="1,2,4", metavar="N,N,...",
+                        help="numbers of ranks to run, each in tp and (N>1) pp mode; the first "
+                             "row is the base of the speed-up column (default: %(default)s)")
+    parser.add_argument("--tokens", type=int, default=16,
+                        help="tokens to generate after the prompt (default: %(default)s)")
+    parser.add_argument("--layers", type=int, default=4,
+                        help="transformer layers (TinyLlama has 22; each is ~0.2 GB of float32; "
+                             "default: %(default)s)")
     parser.add_argument("--cores", type=int, default=len(os.sched_getaffinity(0))
-                        if hasattr(os, "sched_getaffinity") else os.cpu_count())
+                        if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+                        help="cores shared by every job: BLAS threads per rank = cores/N "
+                             "(default: this machine's, %(default)s)")
     parser.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         folder, mode, steps = args.worker
         worker(folder, mode, int(steps))
         return
+    ranks = check_options(parser, args)
     from tbcoll.tp.llama import LlamaConfig, write_random_checkpoint
 
+    print(f"# greedy decoding, {args.layers} layers of TinyLlama's shape, float32, "
+          f"{args.tokens} tokens after a {len(PROMPT)}-token prompt, {args.cores} cores")
+    print("| np | mode | BLAS threads/rank | tokens/s | speed-up | ms/token | comm share "
+          "(rank 0 / slowest) | collectives/token | bytes/token | same tokens |")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---|", flush=True)
     results = []
     with tempfile.TemporaryDirectory() as folder:
         write_random_checkpoint(Path(folder), LlamaConfig(num_hidden_layers=args.layers,
                                                           **SHAPE), seed=0)
-        for np_ in map(int, args.ranks.split(",")):
+        for np_ in ranks:
             threads = str(max(1, args.cores // np_))
             for mode in ("tp", "pp") if np_ > 1 else ("tp",):
                 argv = [str(BIN / "tbrun"), "-np", str(np_), "--no-tag-output",
@@ -167,19 +180,31 @@ def main() -> None:
                 line = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
                 if p.returncode or not line:
                     raise SystemExit(f"np={np_} {mode} failed:\n{p.stdout}\n{p.stderr}")
-                results.append({**json.loads(line[0][7:]), "blas_threads": int(threads)})
-    base = results[0]["tokens_per_s"]
-    print(f"# greedy decoding, {args.layers} layers of TinyLlama's shape, float32, "
-          f"{args.tokens} tokens after a {len(PROMPT)}-token prompt, {args.cores} cores")
-    print("| np | mode | BLAS threads/rank | tokens/s | speed-up | ms/token | comm share "
-          "(rank 0 / slowest) | collectives/token | bytes/token | same tokens |")
-    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---|")
-    for r in results:
-        print(f"| {r['ranks']} | {r['mode']} | {r['blas_threads']} | {r['tokens_per_s']:.2f} | "
-              f"{r['tokens_per_s'] / base:.2f}x | {r['ms_per_token']:.1f} | "
-              f"{r['comm_share']:.0%} / {r['slowest_comm_share']:.0%} | "
-              f"{r['calls_per_token']:.0f} | {r['bytes_per_token']:.0f} | "
-              f"{r['tokens'] == results[0]['tokens']} |")
+                results.append(r := {**json.loads(line[0][7:]), "blas_threads": int(threads)})
+                print(f"| {r['ranks']} | {r['mode']} | {r['blas_threads']} | "
+                      f"{r['tokens_per_s']:.2f} | "
+                      f"{r['tokens_per_s'] / results[0]['tokens_per_s']:.2f}x | "
+                      f"{r['ms_per_token']:.1f} | "
+                      f"{r['comm_share']:.0%} / {r['slowest_comm_share']:.0%} | "
+                      f"{r['calls_per_token']:.0f} | {r['bytes_per_token']:.0f} | "
+                      f"{r['tokens'] == results[0]['tokens']} |", flush=True)
+
+
+def check_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[int]:
+    """Refuse, before anything runs, what some row could not do; return the rank counts."""
+    try:
+        ranks = [int(n) for n in args.ranks.split(",")]
+    except ValueError:
+        parser.error(f"--ranks {args.ranks}: give numbers of ranks like 1,2,4")
+    if args.tokens < 1 or args.layers < 1 or args.cores < 1 or min(ranks) < 1:
+        parser.error("--ranks, --tokens, --layers and --cores must be positive")
+    sizes = {**SHAPE, "layers": args.layers}
+    for n in ranks:
+        bad = [f"{name} ({size})" for name, size in sizes.items() if size % n]
+        if bad:
+            parser.error(f"--ranks {n}: cannot split {', '.join(bad)} across {n} ranks; "
+                         f"use ranks that divide them (e.g. --layers {n * args.layers})")
+    return ranks
 
 
 if __name__ == "__main__":

@@ -150,18 +150,19 @@ def doctor(hostfile: str | None, hosts: str | None, python: str, ssh: str,
 
 @click.command("hostfile", context_settings=_SETTINGS)
 @click.argument("names", nargs=-1, required=True, metavar="HOST...")
-@click.option("--slots", type=click.IntRange(min=1), default=1, help="Ranks per host (text).")
+@click.option("--slots", type=click.IntRange(min=1),
+              help="Ranks per host (text); default: each host's number of cores.")
 @click.option("--json", "as_json", is_flag=True,
               help="MLX's JSON hostfile, with the Thunderbolt cabling where the hosts are Macs.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
               help="Write here instead of stdout.")
 @_ssh_options
-def write_hostfile(names: tuple[str, ...], slots: int, as_json: bool, output: Path | None,
+def write_hostfile(names: tuple[str, ...], slots: int | None, as_json: bool, output: Path | None,
                    python: str, ssh: str, connect_timeout: float) -> int:
     """Write a hostfile for HOST...: MPI text (HOST slots=N), or with --json MLX's JSON
     hostfile, each host probed over ssh (as mlx.distributed_config does on Macs)."""
     text = (json_hostfile(names, shlex.split(ssh), python, connect_timeout) if as_json
-            else text_hostfile(names, slots))
+            else text_hostfile(names, slots, shlex.split(ssh), python, connect_timeout))
     if output is None:
         sys.stdout.write(text)
     else:

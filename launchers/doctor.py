@@ -171,7 +171,11 @@ def _jaccl(reached: list[tuple[Host, dict]]) -> list[Check]:
 
 def _cabling(hosts: Sequence[Host], facts: list[dict | str]) -> Check:
     n = len(hosts)
-    if all(isinstance(f, dict) and f["os"] == "darwin" for f in facts):
+    unseen = [h.name for h, f in zip(hosts, facts, strict=True) if isinstance(f, str)]
+    if unseen:
+        return Check("skip", "cabling", f"skipped: cannot see {', '.join(unseen)} (ssh failed "
+                     "above), so neither its cables nor its links can be checked")
+    if all(f["os"] == "darwin" for f in facts):
         found = thunderbolt.cables([thunderbolt.ports(f["thunderbolt_profile"],
                                                       f["hardware_ports"]) for f in facts])
         source = "as cabled"

@@ -56,6 +56,7 @@ def reaches(address: str) -> str:
 
 def probe(addresses: list[str]) -> dict:
     facts = {"host": socket.gethostname(), "os": sys.platform, "machine": platform.machine(),
+             "cores": os.cpu_count() or 1,
              "python": platform.python_version(),
              "packages": {name: _version(name) for name in ("tbcoll", "mlx", "mpi4py", "numpy")},
              "reach": {address: reaches(address) for address in addresses},

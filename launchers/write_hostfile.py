@@ -12,25 +12,34 @@ from collections.abc import Sequence
 
 from launchers import thunderbolt
 from launchers.doctor import gather
-from launchers.hosts import address_towards, is_this_machine
+from launchers.hosts import LOOPBACK, address_towards, is_this_machine
 from tbcoll.errors import LaunchError
 from tbcoll.topology import Host
 
 
-def text_hostfile(names: Sequence[str], slots: int) -> str:
-    return "".join(f"{name} slots={slots}\n" for name in names)
+def text_hostfile(names: Sequence[str], slots: int | None, ssh: Sequence[str], python: str,
+                  connect_timeout: float) -> str:
+    """HOST slots=N lines: N as given, else each host's cores (probed, over ssh if remote)."""
+    counts = [slots] * len(names) if slots else [
+        fact["cores"] for fact in probe_all(names, ssh, python, connect_timeout)]
+    return "".join(f"{name} slots={n}\n" for name, n in zip(names, counts, strict=True))
 
 
 def json_hostfile(names: Sequence[str], ssh: Sequence[str], python: str,
                   connect_timeout: float) -> str:
-    hosts = [Host(name) for name in names]
-    facts = gather(hosts, ssh, python, connect_timeout)
-    for host, fact in zip(hosts, facts, strict=True):
-        if isinstance(fact, str):
-            raise LaunchError(f"cannot probe {host.name}: {fact} (tbrun doctor says more)")
-    remote = [h.name for h in hosts if not is_this_machine(h.name)]
-    here = address_towards(remote[0]) if remote else None
+    facts = probe_all(names, ssh, python, connect_timeout)
+    remote = [name for name in names if not is_this_machine(name)]
+    here = address_towards(remote[0]) if remote else LOOPBACK  # a one-machine hostfile
     return hostfile_from_facts(names, facts, here)
+
+
+def probe_all(names: Sequence[str], ssh: Sequence[str], python: str,
+              connect_timeout: float) -> list[dict]:
+    facts = gather([Host(name) for name in names], ssh, python, connect_timeout)
+    for name, fact in zip(names, facts, strict=True):
+        if isinstance(fact, str):
+            raise LaunchError(f"cannot probe {name}: {fact} (tbrun doctor says more)")
+    return facts
 
 
 def hostfile_from_facts(names: Sequence[str], facts: list[dict], here: str | None) -> str:

@@ -2,6 +2,7 @@
 would report (system_profiler, networksetup, rdma_ctl, ifconfig), since CI has no Mac."""
 
 import json
+import os
 
 import pytest
 
@@ -122,7 +123,8 @@ def test_doctor_fails_on_a_host_it_cannot_reach():
 
 
 @pytest.mark.parametrize("args, expected, slots", [
-    (["a", "b"], "a slots=1\nb slots=1\n", 2),
+    (["--slots", "1", "a", "b"], "a slots=1\nb slots=1\n", 2),
+    (["localhost"], f"localhost slots={os.cpu_count()}\n", os.cpu_count()),  # its cores
     (["--slots", "4", "mac1.local"], "mac1.local slots=4\n", 4),
 ])
 def test_text_hostfile_reads_back(args, expected, slots, tmp_path):
@@ -131,3 +133,20 @@ def test_text_hostfile_reads_back(args, expected, slots, tmp_path):
     assert p.returncode == 0, p.stderr
     assert out.read_text() == expected
     assert Hostfile.from_file(out).slots == slots
+
+
+def test_json_hostfile_of_this_machine_has_an_address():
+    p = tbrun("hostfile", "--json", "localhost", timeout=30)
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout) == {"hosts": [{"ssh": "localhost", "ips": ["127.0.0.1"]}]}
+
+
+def test_doctor_does_not_vouch_for_the_cabling_of_hosts_it_cannot_see(tmp_path):
+    hostfile = tmp_path / "mesh.json"
+    hostfile.write_text(json.dumps({"hosts": [
+        {"ssh": f"mac{i}.invalid", "ips": [f"10.0.0.{i}"],
+         "rdma": [None if j == i else f"rdma_en{j}" for j in range(2)]} for i in range(2)]}))
+    p = tbrun("doctor", "--hostfile", hostfile, "--connect-timeout", 2, timeout=60)
+    assert p.returncode == 1
+    assert "ok    cabling" not in p.stdout
+    assert "skip  cabling: skipped: cannot see mac0.invalid, mac1.invalid" in p.stdout

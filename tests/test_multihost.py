@@ -64,15 +64,18 @@ def cluster(tmp_path_factory):
 
 
 def tbrun_on(cluster: netns.Cluster, *args: str, timeout: float = 90) -> subprocess.Popen:
-    """Start tbrun (or `tbrun doctor` and the like) inside host 0 with the cluster's ssh."""
+    """Start tbrun (or `tbrun doctor` and the like) inside host 0 with the cluster's ssh; its
+    stdin is a pipe (see finish)."""
     args = [str(a) for a in args]
     sub = args[:1] if args[0] in ("doctor", "hostfile") else []
     argv = cluster.exec_argv(0, TBRUN, *sub, "--ssh", cluster.ssh, *args[len(sub):])
-    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
 
 
-def finish(p: subprocess.Popen, timeout: float = 90) -> tuple[int, str, str]:
-    out, err = p.communicate(timeout=timeout)
+def finish(p: subprocess.Popen, timeout: float = 90, input: str = "") -> tuple[int, str, str]:
+    """Give tbrun input (closed at once when empty), wait for it, return (status, out, err)."""
+    out, err = p.communicate(input, timeout=timeout)
     return p.returncode, out, err
 
 
@@ -282,3 +285,16 @@ def test_json_hostfile_from_probing_the_hosts(cluster):
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-v"]))
+
+
+def test_stdin_reaches_ranks_on_remote_hosts(cluster, script):
+    """Rank 0 on another host reads tbrun's input over ssh; with --stdin all, every rank."""
+    hosts = f"{cluster.address(1)}:1,{cluster.address(2)}:1"
+    path = script("import sys\nprint(repr(sys.stdin.read()))\n")
+    code, out, err = finish(tbrun_on(cluster, "-H", hosts, path), input="100\n")
+    assert code == 0, out + err
+    assert tagged_lines(out) == {0: ["'100\\n'"], 1: ["''"]}
+    code, out, err = finish(tbrun_on(cluster, "-H", hosts, "--stdin", "all", path),
+                            input="x" * 300_000)
+    assert code == 0, out + err
+    assert tagged_lines(out) == {r: [repr("x" * 300_000)] for r in range(2)}

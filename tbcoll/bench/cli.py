@@ -14,7 +14,7 @@ import click
 import tbcoll
 from tbcoll.bench import report
 from tbcoll.bench.descriptors import DESCRIPTORS
-from tbcoll.bench.harness import sweep
+from tbcoll.bench.harness import runs_in_place, sweep
 from tbcoll.dtypes import DTYPES, OPS
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
@@ -29,13 +29,14 @@ def parse_size(text: str) -> int:
 
 
 def sizes(begin: int, end: int, factor: float) -> list[int]:
+    """-b, -b*f, -b*f*f, ... up to -e inclusive, as nccl-tests does."""
     if factor <= 1 or begin <= 0 or end < begin:
         raise click.BadParameter(f"need 0 < -b <= -e and -f > 1; got -b {begin} -e {end} "
                                  f"-f {factor}")
     out, size = [], begin
     while size <= end:
         out.append(size)
-        size = int(size * factor)
+        size = max(size + 1, int(size * factor))
     return out
 
 
@@ -90,6 +91,9 @@ def main(collective: str, minbytes: str, maxbytes: str, stepfactor: float, iters
     desc = DESCRIPTORS[collective]
     steps = sizes(parse_size(minbytes), parse_size(maxbytes), stepfactor)
     with tbcoll.init(backend) as comm:
+        if steps[-1] != parse_size(maxbytes) and comm.rank == 0:
+            print(f"tbcoll-bench: -e {maxbytes} is not on the ladder -b {minbytes} x "
+                  f"{stepfactor:g}^k; the sweep stops at {steps[-1]} bytes", file=sys.stderr)
         if collective == "sendrecv" and comm.size < 2:
             raise click.UsageError("sendrecv needs at least 2 ranks")
         known = ["default"] if collective == "sendrecv" else [  # sendrecv: nothing to choose
@@ -100,7 +104,7 @@ def main(collective: str, minbytes: str, maxbytes: str, stepfactor: float, iters
                 raise click.BadParameter(f"{name!r} is not one of {', '.join(known)} "
                                          f"(on the {comm.backend} backend)", param_hint="-a")
         modes = {"no": [False], "yes": [True], "both": [False, True]}[inplace]
-        total = len(steps) * len(algorithms) * len(modes)
+        total = len(steps) * len(algorithms) * len(runs_in_place(desc, modes))
         rows = sweep(comm, desc, steps, DTYPES[dtype], op, algorithms, modes, iters, warmup,
                      f"tbcoll {comm.backend}", progress=_progress(comm.rank, total, collective),
                      repeats=repeats)
