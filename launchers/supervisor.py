@@ -262,6 +262,7 @@ class Supervisor:
             if not self._alive():
                 while self._keepalive:  # the writers are gone: let their streams end
                     os.close(self._keepalive.pop())
+                self._stop_input(selector)  # nobody is left to read it
                 if len(selector.get_map()) == 1:
                     return  # only the wake-up pipe is left
                 if drain_until is None:
@@ -298,6 +299,16 @@ class Supervisor:
         if not any(pipe.full for pipe in self._targets()):
             self._forward_stdin(selector)
         return self._stdin_fd is not None
+
+    def _stop_input(self, selector: selectors.BaseSelector) -> None:
+        for fd in self._watched_inputs:
+            selector.unregister(fd)
+        self._watched_inputs.clear()
+        for pipe in self._inputs.values():
+            pipe.close()
+        if self._stdin_fd is not None and self._stdin_fd in selector.get_map():
+            selector.unregister(self._stdin_fd)
+        self._stdin_fd = None
 
     def _targets(self) -> list[InputPipe]:
         return [self._inputs[c.rank] for c in self._commands

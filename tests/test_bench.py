@@ -83,3 +83,26 @@ def test_model_command_line(tmp_path, capsys):
     expected = model.predict("all_reduce", "ring", 8, 1 << 20, 5e-6, 1e-9) * 1e6
     assert f"predicted all_reduce ring np=8 1048576 B: {expected:.2f} us" in \
         capsys.readouterr().out
+
+
+def test_in_place_reductions_stay_quiet_and_checked():
+    """Hundreds of in-place sums used to overflow float16 (RuntimeWarning); #wrong still
+    comes from a call on the real input."""
+    for op in ("sum", "prod"):
+        p = tbrun("-np", 2, "--backend", "tcp", "tbcoll-bench", "all_reduce", "-b", "64",
+                  "-e", "64", "-n", "300", "-r", "2", "-d", "float16", "-o", op, "-a", "ring,rd",
+                  "--inplace", "yes", timeout=120)
+        assert p.returncode == 0, p.stdout + p.stderr
+        assert "Warning" not in p.stdout + p.stderr
+        assert "# out of bounds values: 0 OK" in p.stdout
+
+
+def test_end_of_the_ladder_and_progress_count_real_rows():
+    p = tbrun("-np", 2, "tbcoll-bench", "sendrecv", "-b", "8", "-e", "4K", "-f", "4",
+              "--inplace", "both", "-n", "2", "-w", "1", "-r", "1", timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "-e 4K is not on the ladder -b 8 x 4^k; the sweep stops at 2048 bytes" in p.stderr
+    assert "sendrecv: 5/5 rows" in p.stderr  # no in-place rows for sendrecv
+    p = tbrun("-np", 2, "tbcoll-bench", "barrier", "-b", "8", "-e", "32", "-f", "4",
+              "-n", "2", "-w", "1", "-r", "1", timeout=60)
+    assert "ladder" not in p.stderr  # 8, 32: -e is on it, and included

@@ -1,9 +1,13 @@
 """tbrun's standard input reaches rank 0 (or the ranks --stdin names) on every backend, as
 with mpirun and torchrun; the other ranks read /dev/null, and end of input is only that."""
 
+import hashlib
+import subprocess
+import time
+
 import pytest
 
-from .conftest import tagged_lines, tbrun
+from .conftest import TBRUN, tagged_lines, tbrun
 
 # mpi4py's compute-pi demo in miniature: rank 0 reads n, every rank gets it by broadcast.
 READ_N = """
@@ -54,7 +58,6 @@ def test_large_input_to_a_slow_reader_arrives_whole(script):
     data = "".join(f"{i:09d}\n" for i in range(400_000))  # 4 MB
     p = tbrun("-np", 2, path, input=data, timeout=60)
     assert p.returncode == 0, p.stderr
-    import hashlib
     assert tagged_lines(p.stdout)[0] == [f"{len(data)} {hashlib.sha256(data.encode()).hexdigest()}"]
 
 
@@ -70,3 +73,18 @@ def test_bad_stdin_choice_is_a_usage_error(script):
     assert "--stdin 2: give a rank (0..1), all or none" in p.stderr
     p = tbrun("-np", 2, "--backend", "mpi", "--stdin", "all", script("pass\n"))
     assert p.returncode == 2 and "rank 0 only" in p.stderr
+
+
+def test_an_open_stdin_does_not_keep_a_finished_job(script):
+    """The ranks are done while tbrun's stdin (a terminal, a pipe) stays open: tbrun ends at
+    once (it used to wait out its 1 s drain for the stdin it still watched)."""
+    proc = subprocess.Popen([TBRUN, "-np", "2", str(script("print('done')\n"))],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        lines = [proc.stdout.readline(), proc.stdout.readline()]
+        done = time.monotonic()  # both ranks have printed: they are exiting
+        assert proc.wait(timeout=30) == 0
+        assert time.monotonic() - done < 0.7
+    finally:
+        proc.stdin.close()
+    assert sorted(lines) == ["[0] done\n", "[1] done\n"]
