@@ -3,6 +3,8 @@
 import csv
 import json
 import re
+import subprocess
+import sys
 
 import click
 import pytest
@@ -10,7 +12,7 @@ import pytest
 from tbcoll.bench import model
 from tbcoll.bench.cli import parse_size, sizes
 
-from .conftest import tbrun
+from .conftest import REPO, tbrun
 
 
 def test_sweep_under_tbrun_writes_table_json_and_csv(tmp_path):
@@ -106,3 +108,11 @@ def test_end_of_the_ladder_and_progress_count_real_rows():
     p = tbrun("-np", 2, "tbcoll-bench", "barrier", "-b", "8", "-e", "32", "-f", "4",
               "-n", "2", "-w", "1", "-r", "1", timeout=60)
     assert "ladder" not in p.stderr  # 8, 32: -e is on it, and included
+
+
+def test_tp_decode_refuses_bad_options_before_measuring():
+    p = subprocess.run([sys.executable, str(REPO / "benchmarks" / "tp_decode.py"), "--ranks",
+                        "1,2,4", "--layers", "2"], capture_output=True, text=True, timeout=30)
+    assert p.returncode == 2
+    assert "--ranks 4: cannot split layers (2) across 4 ranks" in p.stderr
+    assert p.stdout == ""  # nothing was measured
