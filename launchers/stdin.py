@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import errno
 import os
+import selectors
+from collections.abc import Callable
 
 STDIN_CHOICES = ("0", "all", "none")  # or a rank number
 _HIGH_WATER = 1 << 20
@@ -135,3 +137,101 @@ class InputPipe:
         if not self.closed:
             self._buffer += data
             self.flush()
+
+
+class InputForwarder:
+    """tbrun's stdin to the ranks' input pipes, driven by the supervisor's select loop (its
+    keys: "stdin" for tbrun's stdin, ("input", rank) for a pipe with bytes waiting)."""
+
+    def __init__(self, source: int | None, log: Callable[[str], None]) -> None:
+        self.source = source  # tbrun's stdin; None once it ended (or there was none)
+        self._log = log
+        self.pipes: dict[int, InputPipe] = {}
+        self._readers: set[int] = set()  # the ranks that read it
+        self._watched: set[int] = set()
+        self._unpollable = False
+
+    def add(self, rank: int, fd: int, framed: bool, reads_stdin: bool) -> InputPipe:
+        """Take over fd, the write end of rank's stdin (or its wrapper's, framed)."""
+        pipe = self.pipes[rank] = InputPipe(fd, framed)
+        if reads_stdin:
+            self._readers.add(rank)
+            if self.source is None:
+                pipe.put_eof()  # nothing to forward: the rank reads end of file
+        return pipe
+
+    def watch(self, selector: selectors.BaseSelector) -> bool:
+        """Watch the pipes with bytes waiting for room, and tbrun's stdin while no rank has
+        too much of it waiting (flow control). True when a stdin that select cannot watch (a
+        file, /dev/null) was read from and may have more: the loop should not sleep."""
+        waiting = {pipe.fd: rank for rank, pipe in self.pipes.items() if pipe.waiting}
+        for fd in self._watched - waiting.keys():
+            selector.unregister(fd)
+        for fd in waiting.keys() - self._watched:
+            selector.register(fd, selectors.EVENT_WRITE, ("input", waiting[fd]))
+        self._watched = set(waiting)
+        if self.source is None:
+            return False
+        full = any(pipe.full for pipe in self._targets())
+        if self._unpollable:
+            if not full:
+                self._forward(selector)
+            return self.source is not None and not full
+        registered = self.source in selector.get_map()
+        if full and registered:
+            selector.unregister(self.source)
+        elif not full and not registered:
+            try:
+                selector.register(self.source, selectors.EVENT_READ, ("stdin",))
+            except OSError:  # epoll refuses regular files and /dev/null: they never
+                self._unpollable = True  # block, so they are read each round instead
+        return False
+
+    def ready(self, selector: selectors.BaseSelector, key: selectors.SelectorKey) -> None:
+        if key.data[0] == "stdin":
+            self._forward(selector)
+        else:
+            self.pipes[key.data[1]].flush()
+
+    def rank_exited(self, rank: int) -> None:
+        pipe = self.pipes.get(rank)
+        if pipe is not None and not pipe.framed:  # a wrapper's pipe is closed by teardown
+            pipe.close()
+
+    def stop(self, selector: selectors.BaseSelector) -> None:
+        """Every rank has exited: stop forwarding."""
+        for fd in self._watched:
+            selector.unregister(fd)
+        self._watched.clear()
+        self._end_source(selector)
+        self.close()
+
+    def close(self) -> None:
+        for pipe in self.pipes.values():
+            pipe.close()
+
+    def _targets(self) -> list[InputPipe]:
+        return [self.pipes[rank] for rank in self._readers if not self.pipes[rank].closed]
+
+    def _forward(self, selector: selectors.BaseSelector) -> None:
+        try:
+            data = os.read(self.source, 1 << 16)
+        except BlockingIOError:
+            return
+        except OSError as e:  # EIO: a terminal that tbrun, in the background, may not read
+            self._log(f"cannot read standard input ({e.strerror}; tbrun runs in the "
+                      "background of a terminal?): the ranks' input ends here; give it with < "
+                      "or a pipe")
+            data = b""
+        for pipe in self._targets():
+            if data:
+                pipe.put(data)
+            else:
+                pipe.put_eof()
+        if not data:
+            self._end_source(selector)
+
+    def _end_source(self, selector: selectors.BaseSelector) -> None:
+        if self.source is not None and self.source in selector.get_map():
+            selector.unregister(self.source)
+        self.source = None

@@ -33,7 +33,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from launchers.output import STREAMS, OutputRouter
-from launchers.stdin import InputPipe
+from launchers.stdin import InputForwarder
 from tbcoll.errors import LaunchError
 
 TIMEOUT_STATUS = 124  # as timeout(1) does
@@ -138,10 +138,8 @@ class Supervisor:
         self._follower_deadline: float | None = None  # teardown after a follower's failure
         self._tearing_down = False  # tbrun has signalled the ranks to stop
         self._lost_peer = lost_peer
-        self._stdin_fd = stdin_fd if any(c.stdin and not c.launcher for c in commands) else None
-        self._inputs: dict[int, InputPipe] = {}  # rank -> its stdin (or its wrapper's)
-        self._watched_inputs: set[int] = set()
-        self._stdin_unpollable = False
+        self._input = InputForwarder(
+            stdin_fd if any(c.stdin and not c.launcher for c in commands) else None, log)
         self._kill_at: float | None = None  # SIGKILL deadline once teardown has begun
 
     def run(self, after_spawn: Callable[[], None] = lambda: None) -> int:
@@ -156,6 +154,9 @@ class Supervisor:
         old_wakeup = signal.set_wakeup_fd(wake_w)
         watched = (*_FORWARDED, signal.SIGCHLD)
         old_handlers = {sig: signal.signal(sig, self._on_signal) for sig in watched}
+        # Reading a terminal from the background would stop tbrun (SIGTTIN); ignored, the
+        # read fails with EIO instead and the forwarder says so.
+        old_handlers[signal.SIGTTIN] = signal.signal(signal.SIGTTIN, signal.SIG_IGN)
         selector = selectors.DefaultSelector()
         selector.register(wake_r, selectors.EVENT_READ)
         for key, fd in self._streams.items():
@@ -172,8 +173,7 @@ class Supervisor:
             self._kill_groups(signal.SIGKILL)  # no process of the job outlives tbrun
             for proc in self._procs.values():
                 proc.wait()
-            for pipe in self._inputs.values():
-                pipe.close()
+            self._input.close()
             for key in list(selector.get_map().values()):
                 if key.data in self._streams:
                     os.close(key.fileobj)  # a stream of self._streams not read to its end
@@ -196,7 +196,7 @@ class Supervisor:
             if cmd.launcher:  # it reads tbrun's stdin itself (mpiexec: for rank 0)
                 stdin = None if cmd.stdin else subprocess.DEVNULL
             else:
-                piped = cmd.setup is not None or (cmd.stdin and self._stdin_fd is not None)
+                piped = cmd.setup is not None or (cmd.stdin and self._input.source is not None)
                 stdin = subprocess.PIPE if piped else subprocess.DEVNULL
             try:
                 proc = subprocess.Popen(
@@ -207,14 +207,12 @@ class Supervisor:
                 self._kill_groups(signal.SIGKILL)
                 raise LaunchError(f"cannot start {cmd.name} ({cmd.argv[0]}): {e}") from e
             self._procs[cmd.rank] = proc
-            if proc.stdin is not None:
-                pipe = InputPipe(os.dup(proc.stdin.fileno()), framed=cmd.setup is not None)
+            if proc.stdin is not None:  # the forwarder takes over its own copy of the pipe
+                pipe = self._input.add(cmd.rank, os.dup(proc.stdin.fileno()),
+                                       framed=cmd.setup is not None, reads_stdin=cmd.stdin)
                 proc.stdin.close()
-                self._inputs[cmd.rank] = pipe
                 if cmd.setup is not None:
                     pipe.put_raw(cmd.setup)
-                if cmd.stdin and self._stdin_fd is None:
-                    pipe.put_eof()  # nothing to forward: the rank reads end of file
             for stream, pipe in (("out", proc.stdout), ("err", proc.stderr)):
                 os.set_blocking(pipe.fileno(), False)
                 selector.register(pipe, selectors.EVENT_READ, (cmd.rank, stream))
@@ -228,17 +226,14 @@ class Supervisor:
             wait = min([_POLL, *(d - time.monotonic() for d in deadlines)])
             if (at := self._output.next_deadline()) is not None:
                 wait = min(wait, at - time.monotonic())
-            self._watch_inputs(selector)
-            if self._read_unpollable_stdin(selector):
-                wait = 0.0 if not any(p.full for p in self._targets()) else min(wait, 0.01)
+            if self._input.watch(selector):
+                wait = 0.0
             for key, _ in selector.select(max(0.0, wait)):
                 if key.fileobj == wake_r:
                     while _read(wake_r):
                         pass
-                elif key.data == "stdin":
-                    self._forward_stdin(selector)
-                elif key.data[0] == "input":
-                    self._inputs[key.data[1]].flush()
+                elif key.data[0] in ("stdin", "input"):
+                    self._input.ready(selector, key)
                 else:
                     self._pump(selector, key)
             self._output.flush_due()
@@ -248,7 +243,7 @@ class Supervisor:
             if self._follower_deadline is not None and now >= self._follower_deadline:
                 self._log(f"stopping the other {_plural(len(self._alive()), 'rank')}")
                 self._begin_teardown(self._status, signal.SIGTERM)
-                self._provisional = self._culprit is None
+                self._provisional = True  # the rank it followed may still show its own
             if job_deadline is not None and now >= job_deadline and (
                     self._status is None or self._follower_deadline is not None):
                 self._log(f"job exceeded --timeout {self._timeout:g} s; "
@@ -262,7 +257,7 @@ class Supervisor:
             if not self._alive():
                 while self._keepalive:  # the writers are gone: let their streams end
                     os.close(self._keepalive.pop())
-                self._stop_input(selector)  # nobody is left to read it
+                self._input.stop(selector)  # nobody is left to read it
                 if len(selector.get_map()) == 1:
                     return  # only the wake-up pipe is left
                 if drain_until is None:
@@ -271,63 +266,6 @@ class Supervisor:
                     drain_until = now + 1.0
                 elif now >= drain_until:
                     return
-
-    def _watch_inputs(self, selector: selectors.BaseSelector) -> None:
-        """Watch the input pipes with bytes waiting for room; read tbrun's stdin only while
-        no rank has too much of it waiting (flow control)."""
-        waiting = {pipe.fd: rank for rank, pipe in self._inputs.items() if pipe.waiting}
-        for fd in self._watched_inputs - waiting.keys():
-            selector.unregister(fd)
-        for fd in waiting.keys() - self._watched_inputs:
-            selector.register(fd, selectors.EVENT_WRITE, ("input", waiting[fd]))
-        self._watched_inputs = set(waiting)
-        if self._stdin_fd is not None and not self._stdin_unpollable:
-            full = any(pipe.full for pipe in self._targets())
-            registered = self._stdin_fd in selector.get_map()
-            if full and registered:
-                selector.unregister(self._stdin_fd)
-            elif not full and not registered:
-                try:
-                    selector.register(self._stdin_fd, selectors.EVENT_READ, "stdin")
-                except OSError:  # a regular file or /dev/null (epoll refuses them): it
-                    self._stdin_unpollable = True  # never blocks, so read it each round
-
-    def _read_unpollable_stdin(self, selector: selectors.BaseSelector) -> bool:
-        """Forward a chunk of a stdin that select cannot watch; whether more may follow."""
-        if self._stdin_fd is None or not self._stdin_unpollable:
-            return False
-        if not any(pipe.full for pipe in self._targets()):
-            self._forward_stdin(selector)
-        return self._stdin_fd is not None
-
-    def _stop_input(self, selector: selectors.BaseSelector) -> None:
-        for fd in self._watched_inputs:
-            selector.unregister(fd)
-        self._watched_inputs.clear()
-        for pipe in self._inputs.values():
-            pipe.close()
-        if self._stdin_fd is not None and self._stdin_fd in selector.get_map():
-            selector.unregister(self._stdin_fd)
-        self._stdin_fd = None
-
-    def _targets(self) -> list[InputPipe]:
-        return [self._inputs[c.rank] for c in self._commands
-                if c.stdin and c.rank in self._inputs and not self._inputs[c.rank].closed]
-
-    def _forward_stdin(self, selector: selectors.BaseSelector) -> None:
-        try:
-            data = os.read(self._stdin_fd, 1 << 16)
-        except BlockingIOError:
-            return
-        except OSError as e:  # EIO: a terminal tbrun reads from in the background
-            self._log(f"cannot read standard input ({e.strerror}); the ranks' input ends here")
-            data = b""
-        for pipe in self._targets():
-            pipe.put(data) if data else pipe.put_eof()
-        if not data:
-            if self._stdin_fd in selector.get_map():
-                selector.unregister(self._stdin_fd)
-            self._stdin_fd = None
 
     def _pump(self, selector: selectors.BaseSelector, key: selectors.SelectorKey) -> bool:
         """Route what one stream has; False when nothing was there or it ended."""
@@ -364,8 +302,7 @@ class Supervisor:
             if proc.returncode is not None or proc.poll() is None:
                 continue
             cmd = self._by_rank[rank]
-            if cmd.setup is None and rank in self._inputs:
-                self._inputs[rank].close()
+            self._input.rank_exited(rank)
             if proc.returncode == 0 or self._culprit is not None:
                 continue
             if cmd.launcher:  # its caller explains the failure (launchers.mpi)
@@ -398,11 +335,11 @@ class Supervisor:
             if own and not self._tearing_down:
                 self._begin_teardown(status, signal.SIGTERM)
 
-    def _hint(self, cmd: RankCommand, returncode: int) -> str:
-        if cmd.host and returncode == _SSH_FAILED:
+    def _hint(self, cmd: RankCommand, status: int) -> str:
+        if cmd.host and status == _SSH_FAILED:
             return (f" (ssh's status when it cannot reach {cmd.host} or the connection "
                     f"drops: check `ssh {cmd.host} true`)")
-        if cmd.host and returncode == _NOT_FOUND:
+        if cmd.host and status == _NOT_FOUND:
             return (f" (a command not found on {cmd.host}: check that `{cmd.argv[-1]}` "
                     "runs there, e.g. the --python path)")
         missing = _MISSING_MODULE.findall(self._output.stderr_tail(cmd.rank))
@@ -439,9 +376,9 @@ class Supervisor:
             cmd = self._by_rank[rank]
             if cmd.setup is not None:
                 if sig != signal.SIGKILL:
-                    self._inputs[rank].put_signal(signal.Signals(sig).name[3:])
+                    self._input.pipes[rank].put_signal(signal.Signals(sig).name[3:])
                     continue
-                self._inputs[rank].close()
+                self._input.pipes[rank].close()
                 if not cmd.host:
                     continue  # the local wrapper ends by itself once its rank is dead
             try:
