@@ -22,6 +22,7 @@ import shlex
 import shutil
 import signal
 import tempfile
+import time
 from pathlib import Path
 
 from launchers.config import LaunchConfig, thread_limits
@@ -116,6 +117,7 @@ def run_mpi(cfg: LaunchConfig) -> int:
 
 
 MPIEXEC = -1  # mpiexec's own output: passed on untagged
+_UNMAP_WAIT = 2.0  # seconds killed ranks get to let go of MPICH's shared memory
 _ABORT = re.compile(r"application called MPI_Abort\(\w+, (-?\d+)\) - process (\d+)")
 _EXIT_CODES = "Exit codes:"  # Hydra's -print-all-exitcodes: then "[host] s,s,..." per host
 _HOST_CODES = re.compile(r"^(?:.*Exit codes: )?\[[^\]]*\] ([\d,]+)$", re.MULTILINE)
@@ -186,18 +188,30 @@ def _mpich_segments() -> set[Path]:
 def _remove_leaked(created: set[Path]) -> None:
     """Remove the segments a failed job's ranks left: MPICH unlinks them at MPI_Finalize,
     which an aborted or killed rank never reaches. Only files created during the job that no
-    process maps any more go; another job's live segment is mapped by its ranks."""
-    if not created:
-        return
+    process maps any more go; another job's live segment is mapped by its ranks. Ranks killed
+    at teardown may take a moment to die: a segment still mapped is looked at again for up
+    to _UNMAP_WAIT seconds."""
+    deadline = time.monotonic() + _UNMAP_WAIT
+    while created:
+        mapped = _mapped(created)
+        for path in created - mapped:
+            try:
+                path.unlink()
+            except OSError as e:
+                log(f"could not remove MPICH's shared-memory file {path}: {e}")
+        created = mapped
+        if time.monotonic() > deadline:
+            return
+        time.sleep(0.05)
+
+
+def _mapped(paths: set[Path]) -> set[Path]:
+    """Those of paths that some process on this host maps."""
     mapped = set()
     for maps in Path("/proc").glob("[0-9]*/maps"):
         try:
             text = maps.read_text()
         except OSError:
             continue  # the process ended, or is not ours to read
-        mapped.update(path for path in created if str(path) in text)
-    for path in created - mapped:
-        try:
-            path.unlink()
-        except OSError as e:
-            log(f"could not remove MPICH's shared-memory file {path}: {e}")
+        mapped.update(path for path in paths if str(path) in text)
+    return mapped
