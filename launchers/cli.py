@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import shlex
 import sys
@@ -15,9 +16,22 @@ from launchers.job import run
 from launchers.write_hostfile import json_hostfile, text_hostfile
 from tbcoll.env import BACKENDS, DEFAULT_TIMEOUT
 from tbcoll.errors import LaunchError, TbcollError
+from tbcoll.topology import MAX_RANKS
 
 USAGE_STATUS = 2
 _SETTINGS = {"help_option_names": ["-h", "--help"], "show_default": True}
+
+
+class Seconds(click.FloatRange):
+    """A number of seconds: finite (click's FloatRange takes inf and nan)."""
+
+    name = "seconds"
+
+    def convert(self, value, param, ctx):  # noqa: ANN001, ANN201 (click's signature)
+        seconds = super().convert(value, param, ctx)
+        if not math.isfinite(seconds):
+            self.fail(f"{value!r} is not a finite number of seconds", param, ctx)
+        return seconds
 
 
 def _hosts_options(f):
@@ -29,7 +43,7 @@ def _hosts_options(f):
 
 
 def _ssh_options(f):
-    f = click.option("--connect-timeout", type=click.FloatRange(min=1), default=10.0,
+    f = click.option("--connect-timeout", type=Seconds(min=1), default=10.0,
                      help="Seconds ssh may take to reach a host before the job fails.")(f)
     f = click.option("--ssh", default="ssh", metavar="COMMAND",
                      help="ssh client and its options, e.g. \"ssh -F cluster.conf\"; tbrun "
@@ -47,7 +61,7 @@ def _ssh_options(f):
            "hostfile (each has --help).\n\n"
            "Example: tbrun -np 4 examples/hello.py",
 )
-@click.option("-np", "-n", "--np", "nprocs", type=click.IntRange(min=1),
+@click.option("-np", "-n", "--np", "nprocs", type=click.IntRange(1, MAX_RANKS),
               help="Number of ranks to start (with hosts given: all their slots if left out).")
 @_hosts_options
 @click.option("--map-by", type=click.Choice(["slot", "node"]), default="slot",
@@ -67,11 +81,11 @@ def _ssh_options(f):
                    "50 ms.")
 @click.option("--output-dir", type=click.Path(file_okay=False, path_type=Path), metavar="DIR",
               help="Also write each rank's output to DIR/rank-N.out and rank-N.err.")
-@click.option("--timeout", type=click.FloatRange(min=0), default=0,
+@click.option("--timeout", type=Seconds(min=0), default=0,
               help="Stop the job after this many seconds (0: never); exit status 124.")
-@click.option("--grace", type=click.FloatRange(min=0), default=3.0,
+@click.option("--grace", type=Seconds(min=0), default=3.0,
               help="Seconds between SIGTERM and SIGKILL when the job is torn down.")
-@click.option("--comm-timeout", type=click.FloatRange(min=0, min_open=True),
+@click.option("--comm-timeout", type=Seconds(min=0, min_open=True),
               default=DEFAULT_TIMEOUT,
               help="Seconds a rank's collective or store wait may block (TBCOLL_TIMEOUT).")
 @click.option("--store-port", type=click.IntRange(0, 65535), default=0,
@@ -106,6 +120,9 @@ def tbrun(nprocs: int | None, hostfile: str | None, hosts: str | None, map_by: s
             raise LaunchError("give the number of ranks with -np N (or hosts with --hostfile or "
                               "-H, whose slots it then defaults to)")
         nprocs = topology.slots
+        if nprocs > MAX_RANKS:
+            raise LaunchError(f"the hosts have {nprocs} slots; tbrun starts at most {MAX_RANKS} "
+                              "ranks: give -np")
     if stdin not in ("all", "none") and not (stdin.isascii() and stdin.isdigit()
                                              and int(stdin) < nprocs):
         raise LaunchError(f"--stdin {stdin}: give a rank (0..{nprocs - 1}), all or none")

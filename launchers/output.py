@@ -20,6 +20,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from tbcoll.errors import LaunchError
+
 STREAMS = ("out", "err")
 PARTIAL_DELAY = 0.05  # seconds a partial line waits for the rest of its line
 _TAIL = 4096  # bytes of each rank's stderr kept for tbrun's failure hints
@@ -78,13 +80,23 @@ class OutputRouter:
         self._tails: dict[int, bytes] = {}
         self._files: dict[Key, int] = {}
         if output_dir is not None:
-            output_dir.mkdir(parents=True, exist_ok=True)
+            self._open_files(output_dir, nranks)
+        _active = self
+
+    def _open_files(self, folder: Path, nranks: int) -> None:
+        path = folder
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
             for rank in range(nranks):
                 for stream in STREAMS:
-                    path = output_dir / f"rank-{rank}.{stream}"
+                    path = folder / f"rank-{rank}.{stream}"
                     flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
                     self._files[rank, stream] = os.open(path, flags, 0o644)
-        _active = self
+        except OSError as e:
+            for fd in self._files.values():
+                os.close(fd)
+            raise LaunchError(f"--output-dir {folder}: cannot write {path} ({e.strerror}); "
+                              "give a folder you can write to") from None
 
     def write(self, rank: int, stream: str, data: bytes) -> None:
         key = (rank, stream)

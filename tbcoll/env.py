@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -166,10 +167,18 @@ def comm_timeout(info: LaunchInfo | None, environ: Mapping[str, str] | None = No
     if info is not None:
         return info.timeout
     env = os.environ if environ is None else environ
+    return _seconds(env.get("TBCOLL_TIMEOUT", str(DEFAULT_TIMEOUT)), "TBCOLL_TIMEOUT")
+
+
+def _seconds(text: str, name: str) -> float:
+    """A positive, finite number of seconds (inf would overflow every deadline)."""
     try:
-        return float(env.get("TBCOLL_TIMEOUT", DEFAULT_TIMEOUT))
+        seconds = float(text)
     except ValueError:
-        raise TbcollError(f"TBCOLL_TIMEOUT={env['TBCOLL_TIMEOUT']!r} is not a number") from None
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise TbcollError(f"{name}={text!r}: give a positive, finite number of seconds")
+    return seconds
 
 
 def check_mode(environ: Mapping[str, str] | None = None) -> bool:

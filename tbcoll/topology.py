@@ -24,6 +24,8 @@ from pathlib import Path
 from tbcoll.errors import HostfileError
 
 Rdma = str | tuple[str, ...] | None
+MAX_RANKS = 1 << 20  # more ranks (or slots on a host) than any job here could start
+_DIGITS = re.compile(r"[0-9]+")  # not str.isdigit, which takes "²"
 _NAME = re.compile(r"[A-Za-z0-9_.:\-\[\]@]+\Z")
 
 
@@ -55,6 +57,9 @@ class Hostfile:
             text = path.read_text()
         except OSError as e:
             raise HostfileError(f"{path}: cannot read the hostfile ({e.strerror})") from None
+        except UnicodeDecodeError as e:
+            raise HostfileError(f"{path}: not a text hostfile (byte {e.start} is not UTF-8 "
+                                "text)") from None
         if text.lstrip()[:1] in ("{", "["):
             return cls.from_json(text, str(path))
         return cls.from_text(text, str(path))
@@ -134,11 +139,15 @@ class Hostfile:
         if nprocs > self.slots:
             raise HostfileError(f"{self.source}: {nprocs} ranks asked for but the hosts have "
                                 f"{self.slots} slots in all; lower -np or add slots")
+        order: list[int] = []  # built up to nprocs only: slots may be many more
         if map_by == "slot":
-            order = [i for i, h in enumerate(self.hosts) for _ in range(h.slots)]
+            for i, h in enumerate(self.hosts):
+                order += [i] * min(h.slots, nprocs - len(order))
         elif map_by == "node":
-            order = [i for round_ in range(max(h.slots for h in self.hosts))
-                     for i, h in enumerate(self.hosts) if round_ < h.slots]
+            round_ = 0
+            while len(order) < nprocs:
+                order += [i for i, h in enumerate(self.hosts) if round_ < h.slots]
+                round_ += 1
         else:
             raise HostfileError(f"--map-by {map_by!r}: use slot or node")
         return order[:nprocs]
@@ -182,8 +191,8 @@ def _nonempty(hosts: list[Host], source: str) -> tuple[Host, ...]:
 
 
 def _count(text: str, where: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise HostfileError(f"{where}: expected a whole number of slots of at least 1, "
+    if not _DIGITS.fullmatch(text) or not 1 <= int(text) <= MAX_RANKS:
+        raise HostfileError(f"{where}: expected a whole number of slots from 1 to {MAX_RANKS}, "
                             f"got {text!r}")
     return int(text)
 

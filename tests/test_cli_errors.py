@@ -17,8 +17,17 @@ def assert_usage_error(p, *fragments):
 
 
 @pytest.mark.parametrize("args, fragments", [
-    (["-np", "0", "x.py"], ["0 is not in the range x>=1"]),
-    (["-np", "-3", "x.py"], ["-3 is not in the range x>=1"]),
+    (["-np", "0", "x.py"], ["0 is not in the range 1<=x<=1048576"]),
+    (["-np", "-3", "x.py"], ["-3 is not in the range 1<=x<=1048576"]),
+    (["-np", "1000000000", "true"], ["1000000000 is not in the range 1<=x<=1048576"]),
+    (["-H", "a:1000000000000", "true"], ["expected a whole number of slots from 1 to 1048576"]),
+    (["-H", "a:²", "true"], ["got '²'"]),
+    (["-np", "1", "--comm-timeout", "inf", "true"], ["'inf' is not a finite number of seconds"]),
+    (["-np", "1", "--timeout", "nan", "true"], ["'nan' is not a finite number of seconds"]),
+    (["-np", "1", "--grace", "nan", "true"], ["'nan' is not a finite number of seconds"]),
+    (["-np", "1", "--output-dir", "/proc/no-such-dir", "true"],
+     ["--output-dir /proc/no-such-dir: cannot write"]),
+    (["-np", "1", "--stdin", "x", "true"], ["--stdin x: give a rank (0..0), all or none"]),
     (["-np", "two", "x.py"], ["'two' is not a valid integer"]),
     (["x.py"], ["give the number of ranks with -np N"]),
     (["-np", "2"], ["Missing argument 'PROGRAM'"]),
@@ -49,10 +58,18 @@ def test_store_port_in_use():
     assert_usage_error(p, f"127.0.0.1:{port}", "address already in use", "--store-port")
 
 
+def test_a_binary_hostfile(tmp_path):
+    hostfile = tmp_path / "hosts"
+    hostfile.write_bytes(b"\x7fELF\x02\x01\x01\x00\xff\xfe")
+    assert_usage_error(tbrun("--hostfile", hostfile, "true", timeout=30),
+                       f"{hostfile}: not a text hostfile")
+
+
 def test_help_documents_every_flag():
     p = tbrun("--help", timeout=30)
     assert p.returncode == 0
     for flag in ["-np", "--backend", "-x", "--tag-output", "--no-tag-output", "--output-dir",
                  "--timeout", "--grace", "--comm-timeout", "--store-port", "--python",
-                 "--module", "--dry-run", "TBRUN_"]:
+                 "--module", "--dry-run", "--stdin", "--master-addr", "--master-port",
+                 "TBRUN_"]:
         assert flag in p.stdout, flag
