@@ -140,7 +140,7 @@ def run(cfg: LaunchConfig) -> int:
                                  job_dir)
         output = OutputRouter(cfg.nprocs, cfg.tag_output, cfg.output_dir)
         supervisor = Supervisor(commands, output, timeout=cfg.timeout, grace=cfg.grace, log=log,
-                                stdin_fd=standard_input(), lost_peer=store.lost_peer)
+                                stdin_fd=standard_input(), peer_failure=store.peer_failure)
         return supervisor.run(after_spawn=store.start)
     finally:
         store.close()

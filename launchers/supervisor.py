@@ -14,8 +14,10 @@ set-up goes on stdin, then signals and the rank's input as frames (launchers.std
 SIGKILL tbrun closes that stdin, whose end of file makes the wrapper kill the rank.
 
 Which failure is the job's: the first rank to fail for its own reason. A rank that failed
-because it lost a peer (tbcoll reports that to tbrun's store before raising) and a rank that
-died of the signal tbrun's teardown sent only stand in until that rank's exit is seen.
+because of peers (lost, or silent past TBCOLL_TIMEOUT: tbcoll reports which to tbrun's store
+before raising) and a rank that died of the signal tbrun's teardown sent only stand in until
+that rank's exit is seen; if none is seen within a second, tbrun names the peers the others
+failed because of (a frozen rank never exits).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -90,6 +93,11 @@ def describe_exit(returncode: int) -> str:
     return f"was killed by signal {-returncode} ({name})"
 
 
+def _ranks(ranks: Sequence[int]) -> str:
+    """'rank 2' or 'ranks 1, 3'."""
+    return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}" if ranks else ""
+
+
 def _plural(n: int, word: str) -> str:
     return f"{n} {word}{'' if n == 1 else 's'}"
 
@@ -115,12 +123,14 @@ class Supervisor:
                  timeout: float | None, grace: float, log: Callable[[str], None],
                  streams: Mapping[tuple[int, str], int] | None = None,
                  keepalive: Sequence[int] = (), stdin_fd: int | None = None,
-                 lost_peer: Callable[[int], str | None] = lambda rank: None) -> None:
+                 peer_failure: Callable[[int], tuple[str, tuple[int, ...]] | None]
+                 = lambda rank: None) -> None:
         """streams: more (rank, "out"/"err") -> readable fd to route, beside the commands'
         pipes (e.g. FIFOs mpiexec writes); keepalive: write ends of those held open so that
         they do not end before their writer opens them, closed once every command exited;
         stdin_fd: tbrun's standard input, forwarded to the commands with stdin set;
-        lost_peer(rank): what the rank reported losing (a peer) before it failed, or None."""
+        peer_failure(rank): what the rank reported before failing because of peers (the
+        error, and those peers), or None."""
         self._commands = commands
         self._streams = dict(streams or {})
         self._keepalive = list(keepalive)
@@ -137,7 +147,9 @@ class Supervisor:
         self.launcher_failed = False  # the job's status is a launcher's (mpiexec's) own
         self._follower_deadline: float | None = None  # teardown after a follower's failure
         self._tearing_down = False  # tbrun has signalled the ranks to stop
-        self._lost_peer = lost_peer
+        self._peer_failure = peer_failure
+        self._blamed: Counter[int] = Counter()  # rank -> followers that failed because of it
+        self._followers: set[int] = set()  # ranks that failed because of others
         self._input = InputForwarder(
             stdin_fd if any(c.stdin and not c.launcher for c in commands) else None, log)
         self._kill_at: float | None = None  # SIGKILL deadline once teardown has begun
@@ -241,6 +253,7 @@ class Supervisor:
             self._reap(selector)
             now = time.monotonic()
             if self._follower_deadline is not None and now >= self._follower_deadline:
+                self._name_suspects()
                 self._log(f"stopping the other {_plural(len(self._alive()), 'rank')}")
                 self._begin_teardown(self._status, signal.SIGTERM)
                 self._provisional = True  # the rank it followed may still show its own
@@ -313,14 +326,20 @@ class Supervisor:
             if self._status is not None and not self._provisional:
                 continue  # ended by a signal to tbrun or --timeout: that is the job's status
             self._drain(selector, rank)  # the rank's last words, for the hints below
-            lost = self._lost_peer(rank)
-            own = lost is None and not (self._tearing_down and (
+            report = self._peer_failure(rank)
+            if report is not None:
+                self._blamed.update(report[1])
+                self._followers.add(rank)
+            own = report is None and not (self._tearing_down and (
                 proc.returncode < 0 or proc.returncode in _TEARDOWN_STATUSES))
             if self._status is not None and not own:
                 continue  # a follower of the failure already reported
             status = _status_of(proc.returncode)
             message = f"{cmd.name} (pid {proc.pid}) {describe_exit(proc.returncode)}"
-            message += f" after a peer was lost ({lost})" if lost else self._hint(cmd, status)
+            if report is not None:
+                message += f", failing because of {_ranks(report[1]) or 'peers'} ({report[0]})"
+            else:
+                message += self._hint(cmd, status)
             others = len(self._alive())
             if self._status is not None:  # the failure that a follower's stood for
                 message += f"; it failed first: the job's status is {status}"
@@ -334,6 +353,21 @@ class Supervisor:
             self._culprit = rank if own else None
             if own and not self._tearing_down:
                 self._begin_teardown(status, signal.SIGTERM)
+
+    def _name_suspects(self) -> None:
+        """Name the ranks the followers failed because of, when none failed by itself: a
+        frozen rank, or one cut off without its connections noticing."""
+        blamed = {r: n for r, n in self._blamed.items()
+                  if r not in self._followers and r in self._procs}  # a follower's peer may
+        if not blamed:  # itself have followed: ranks 0 <- 1 <- 2 (frozen) in a ring
+            return
+        most = max(blamed.values())
+        alive = self._alive()
+        for rank in sorted(r for r, n in blamed.items() if n == most):
+            state = ("still runs: frozen, stopped, or cut off from them?" if rank in alive
+                     else "had ended")
+            self._log(f"{self._by_rank[rank].name} did not answer: {_plural(most, 'rank')} "
+                      f"failed waiting for it or on losing it; it {state}")
 
     def _hint(self, cmd: RankCommand, status: int) -> str:
         if cmd.host and status == _SSH_FAILED:

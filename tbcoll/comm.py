@@ -20,8 +20,8 @@ from tbcoll.arrays import contiguous_flat, is_mlx, may_overlap, same_buffer, to_
 from tbcoll.checks import verify_calls_match
 from tbcoll.dtypes import OPS, reducer
 from tbcoll.env import algorithm_overrides, check_mode
-from tbcoll.errors import CommError, PeerLostError, TbcollError
-from tbcoll.rendezvous import report_lost_peer
+from tbcoll.errors import CommError, PeerError, TbcollError
+from tbcoll.rendezvous import report_peer_failure
 from tbcoll.transports.base import Group
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "barrier")
@@ -37,14 +37,6 @@ def _plain_out(out: Any, shape: tuple, dtype: np.dtype) -> bool:
             and out.flags.c_contiguous and out.flags.writeable)
 
 
-def _named(error: CommError, where: str) -> CommError:
-    """error again, saying where it happened; a lost peer is also reported to tbrun."""
-    if isinstance(error, PeerLostError):
-        report_lost_peer(f"{where}: {error}")
-        return PeerLostError(f"{where}: {error}")
-    return CommError(f"{where}: {error}")
-
-
 def _flat(array: np.ndarray) -> np.ndarray:
     """A 1-D view of a C-contiguous array."""
     return array if array.ndim == 1 else array.reshape(-1)
@@ -53,9 +45,11 @@ def _flat(array: np.ndarray) -> np.ndarray:
 class Communicator:
     """A group of ranks that run collectives together. Use tbcoll.init() to get the world."""
 
-    def __init__(self, group: Group, backend: str, local_rank: int, node_rank: int) -> None:
+    def __init__(self, group: Group, backend: str, local_rank: int, node_rank: int,
+                 world_ranks: tuple[int, ...] | None = None) -> None:
         self._group = group
         self.rank, self.size = group.rank, group.size
+        self._world_ranks = tuple(range(self.size)) if world_ranks is None else world_ranks
         self.local_rank, self.node_rank = local_rank, node_rank
         self.backend = backend
         self._table = getattr(group, "tuning", backend)  # the tuning table it follows
@@ -252,7 +246,8 @@ class Communicator:
         if sub is None:
             return None
         local_rank = [r for r in ranks if table[r, 3] == self.node_rank].index(self.rank)
-        return Communicator(sub, self.backend, local_rank, self.node_rank)
+        return Communicator(sub, self.backend, local_rank, self.node_rank,
+                            tuple(self._world_ranks[r] for r in ranks))
 
     def algorithms(self, collective: str) -> tuple[str, ...]:
         """The algorithms this communicator can run collective with."""
@@ -310,7 +305,7 @@ class Communicator:
         try:
             return self._small[collective](*args)
         except CommError as e:
-            raise _named(e, f"{collective} on rank {self.rank}") from e
+            raise self._named(e, collective) from e
 
     def _check_algorithm(self, collective: str, algorithm: str, where: str) -> None:
         allowed = ALGORITHMS[collective]
@@ -359,11 +354,21 @@ class Communicator:
             if work is not None:
                 work()
         except CommError as e:
-            raise _named(e, f"{collective} on rank {self.rank}") from e
+            raise self._named(e, collective) from e
 
     @contextmanager
     def _errors(self, what: str) -> Iterator[None]:
         try:
             yield
         except CommError as e:
-            raise _named(e, f"{what} on rank {self.rank}") from e
+            raise self._named(e, what) from e
+
+    def _named(self, error: CommError, what: str) -> CommError:
+        """error again, naming the operation and this rank. A failure caused by peers also
+        tells tbrun which (in world ranks), so that it names them, not this rank."""
+        message = f"{what} on rank {self.rank}: {error}"
+        if not isinstance(error, PeerError):
+            return CommError(message)
+        peers = tuple(self._world_ranks[p] for p in error.peers if 0 <= p < self.size)
+        report_peer_failure(message, peers)
+        return type(error)(message, peers)

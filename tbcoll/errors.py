@@ -9,10 +9,22 @@ class CommError(TbcollError):
     """A collective or point-to-point operation failed: a peer was lost or a wait timed out."""
 
 
-class PeerLostError(CommError):
-    """A peer went away (its connection closed, its process died) during an operation: this
-    rank fails because of another's failure. tbrun learns of it, so that it reports the
-    rank that failed first, not this one."""
+class PeerError(CommError):
+    """This rank fails because of other ranks (peers: their ranks in the world, where known).
+    tbrun learns of it, so that it names the rank that failed first, not this one."""
+
+    def __init__(self, message: str, peers: tuple[int, ...] = ()) -> None:
+        super().__init__(message)
+        self.peers = tuple(peers)
+
+
+class PeerLostError(PeerError):
+    """A peer went away (its connection closed, its process died) during an operation."""
+
+
+class PeerTimeoutError(PeerError):
+    """Peers did not take part in an operation within TBCOLL_TIMEOUT (frozen, stuck, or
+    cut off without the connection noticing)."""
 
 
 class RendezvousError(TbcollError):

@@ -37,21 +37,22 @@ def _b(value: Key) -> bytes:
     return value.encode() if isinstance(value, str) else bytes(value)
 
 
-_LOST_PEER = "tbrun/lost-peer/{}"  # what a rank that lost a peer tells tbrun (see supervisor)
+_PEER_FAILURE = "tbrun/peer-failure/{}"  # a rank failing because of peers tells tbrun
 _REPORT_TIMEOUT = 2.0
 
 
-def report_lost_peer(what: str) -> None:
-    """Tell tbrun that this rank is failing because it lost a peer (what: the error), so that
-    tbrun reports the rank that failed first. Nothing happens outside a tbrun job, and a
-    store that cannot be reached is no reason for another error."""
+def report_peer_failure(what: str, peers: tuple[int, ...]) -> None:
+    """Tell tbrun that this rank is failing because of peers (world ranks; what: the error),
+    so that tbrun names them, not this rank. Nothing happens outside a tbrun job, and a store
+    that cannot be reached is no reason for another error."""
     try:
         info = launch_info()
         if info is None or info.size < 2:
             return
         with Store(*info.store, info.token, timeout=_REPORT_TIMEOUT,
                    connect_timeout=_REPORT_TIMEOUT) as store:
-            store.set(_LOST_PEER.format(info.rank), what)
+            store.set(_PEER_FAILURE.format(info.rank),
+                      ",".join(map(str, peers)) + "\n" + what)
     except (OSError, TbcollError):
         pass
 
@@ -76,11 +77,15 @@ class StoreServer:
         self.address: tuple[str, int] = self._listeners[0].getsockname()[:2]
         self.port = self.address[1]
 
-    def lost_peer(self, rank: int) -> str | None:
-        """What rank reported losing before it failed (report_lost_peer), or None."""
+    def peer_failure(self, rank: int) -> tuple[str, tuple[int, ...]] | None:
+        """What rank reported before failing because of peers (report_peer_failure): the
+        error, and those peers; None if it reported nothing."""
         with self._changed:
-            what = self._data.get(_LOST_PEER.format(rank).encode())
-        return None if what is None else what.decode(errors="replace")
+            value = self._data.get(_PEER_FAILURE.format(rank).encode())
+        if value is None:
+            return None
+        peers, _, what = value.decode(errors="replace").partition("\n")
+        return what, tuple(int(p) for p in peers.split(",") if p.isascii() and p.isdigit())
 
     def start(self) -> StoreServer:
         for listener in self._listeners:

@@ -74,3 +74,25 @@ def test_a_python_without_tbcoll_is_named(script, tmp_path):
     assert p.returncode == 1
     assert f"{bare} cannot import tbcoll" in p.stderr
     assert "tbrun ... script.py" in p.stderr
+
+
+@pytest.mark.parametrize("backend", ["shm", "tcp"])
+def test_a_frozen_rank_is_named_not_the_ranks_that_waited_for_it(script, backend):
+    path = script("""
+        import os, signal
+        import numpy as np
+        import tbcoll
+
+        comm = tbcoll.init()
+        comm.all_reduce(np.ones(4))
+        if comm.rank == 2:
+            os.kill(os.getpid(), signal.SIGSTOP)  # a suspended Mac, a stuck process
+        comm.all_reduce(np.ones(4))
+    """)
+    p = tbrun("-np", 3, "--backend", backend, "--comm-timeout", 2, "--grace", 0.5, path,
+              timeout=60)
+    assert p.returncode == 1, p.stderr
+    assert re.search(r"tbrun: rank 2 did not answer: \d ranks? failed waiting for it or on "
+                     r"losing it; it still runs", p.stderr), p.stderr
+    assert "failing because of rank 2" in p.stderr
+    assert "did not answer" not in p.stderr.replace("rank 2 did not answer", "")

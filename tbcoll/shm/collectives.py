@@ -26,7 +26,7 @@ import numpy as np
 
 from tbcoll.dtypes import DTYPE_CODES, OP_CODES, OPS
 from tbcoll.env import shm_flags
-from tbcoll.errors import CommError, PeerLostError
+from tbcoll.errors import PeerLostError, PeerTimeoutError
 from tbcoll.shm.flags import AtomicFlags, LockedFlags, atomics, atomics_available
 from tbcoll.shm.pipe import LINE, Ring
 from tbcoll.shm.segment import Segment
@@ -236,10 +236,11 @@ class ShmNative:
             for rank in late:
                 pid = int(self.pids[rank])
                 if not alive(pid):
-                    raise PeerLostError(f"rank {rank} (pid {pid}) died")
+                    raise PeerLostError(f"rank {rank} (pid {pid}) died", (rank,))
             if time.monotonic() > deadline:
-                raise CommError(f"timed out after {self._timeout:g} s (TBCOLL_TIMEOUT) waiting "
-                                f"for rank(s) {', '.join(map(str, late))}")
+                raise PeerTimeoutError(f"timed out after {self._timeout:g} s (TBCOLL_TIMEOUT) "
+                                       f"waiting for rank(s) {', '.join(map(str, late))}",
+                                       tuple(late))
 
 
 def cores() -> int:

@@ -26,7 +26,7 @@ from typing import Protocol
 
 import numpy as np
 
-from tbcoll.errors import CommError, PeerLostError
+from tbcoll.errors import CommError, PeerLostError, PeerTimeoutError
 
 _HEADER = struct.Struct("!IIQ")
 _STAGE = 256 << 10  # staging buffer per stream
@@ -149,7 +149,7 @@ class StreamTransport:
                 message.waiter = request
             return request
         if peer.lost:
-            raise PeerLostError(f"lost connection to rank {source} ({peer.lost})")
+            raise PeerLostError(f"lost connection to rank {source} ({peer.lost})", (source,))
         peer.posted[context, tag].append(request)
         return request
 
@@ -166,14 +166,15 @@ class StreamTransport:
             for request in pending:
                 if request.peer.lost:
                     raise PeerLostError(f"lost connection to rank {request.peer.rank} "
-                                    f"({request.peer.lost})")
+                                        f"({request.peer.lost})", (request.peer.rank,))
             now = time.monotonic()
             if deadline is None:
                 deadline = now + self.timeout
             elif now >= deadline:
                 peers = sorted({r.peer.rank for r in pending})
-                raise CommError(f"timed out after {self.timeout:g} s (TBCOLL_TIMEOUT) waiting "
-                                f"for rank(s) {', '.join(map(str, peers))}")
+                raise PeerTimeoutError(f"timed out after {self.timeout:g} s (TBCOLL_TIMEOUT) "
+                                       f"waiting for rank(s) {', '.join(map(str, peers))}",
+                                       tuple(peers))
             for peer, readable, writable in self._ready(min(deadline - now, 1.0)):
                 if writable:
                     self._pump_out(peer)
@@ -191,7 +192,8 @@ class StreamTransport:
                 break
             except OSError as e:
                 self._lose(peer, f"send failed: {e.strerror or e}")
-                raise PeerLostError(f"lost connection to rank {peer.rank} ({peer.lost})") from e
+                raise PeerLostError(f"lost connection to rank {peer.rank} ({peer.lost})",
+                                    (peer.rank,)) from e
             views = request.views
             while sent:
                 if sent >= len(views[0]):
@@ -298,7 +300,7 @@ class StreamTransport:
         if peer is None:
             raise CommError(f"rank {self.rank} has no connection to rank {rank}")
         if peer.lost:
-            raise PeerLostError(f"lost connection to rank {rank} ({peer.lost})")
+            raise PeerLostError(f"lost connection to rank {rank} ({peer.lost})", (rank,))
         return peer
 
     def _lose(self, peer: Peer, reason: str) -> None:
