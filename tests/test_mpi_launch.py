@@ -78,3 +78,27 @@ def test_dry_run_shows_the_mpiexec_command():
     assert p.returncode == 0, p.stderr
     assert "mpiexec -n 4" in p.stdout
     assert "-hosts a,b -rankmap 0,1,0,1" in p.stdout
+
+
+@pytest.mark.parametrize("stall", ["time.sleep(60)", "os.kill(os.getpid(), signal.SIGSTOP)"])
+def test_comm_timeout_bounds_mpi_collectives(script, stall):
+    """A late or frozen peer: MPI's own collective would wait forever; tbcoll's gives up
+    after --comm-timeout with a CommError, and the job ends."""
+    before = mpich_segments()
+    start = time.monotonic()
+    p = tbrun("--backend", "mpi", "-np", 2, "--comm-timeout", 2, script(f"""
+        import os, signal, time
+        import numpy as np
+        import tbcoll
+        comm = tbcoll.init()
+        comm.barrier()
+        if comm.rank == 1:
+            {stall}
+        comm.all_reduce(np.ones(4))
+    """), timeout=60)
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert time.monotonic() - start < 20
+    assert ("all_reduce on rank 0: timed out after 2 s (TBCOLL_TIMEOUT) waiting for "
+            "MPI_Allreduce") in p.stderr
+    assert "tbrun: rank 0 exited with status 1" in p.stderr
+    assert mpich_segments() <= before
