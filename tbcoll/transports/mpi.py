@@ -61,9 +61,12 @@ class MpiEndpoint:
 
 def _wait(requests: Sequence[MPI.Request], timeout: float, what: str) -> None:
     """Poll the requests to completion; CommError once timeout has passed."""
+    # One request is polled by itself: Testall converts its list on every call, which made
+    # a polled Iallreduce ~1 us slower than a blocking Allreduce at 8 B.
+    done = requests[0].Test if len(requests) == 1 else lambda: MPI.Request.Testall(requests)
     deadline = None
     spins = 0
-    while not MPI.Request.Testall(requests):
+    while not done():
         spins += 1
         if spins % _SPINS_PER_CHECK == 0:
             os.sched_yield()  # let an oversubscribed peer run
@@ -134,8 +137,7 @@ class MpiNative:
         self._finish(self._comm.Ibarrier(), "MPI_Barrier")
 
     def _finish(self, request: MPI.Request, what: str) -> None:
-        if not request.Test():  # the common case ends here, at no extra cost
-            _wait([request], self._timeout, what)
+        _wait((request,), self._timeout, what)
 
     def close(self) -> None:
         for op in self._bfloat16_ops.values():
