@@ -123,7 +123,8 @@ def run(cfg: LaunchConfig) -> int:
     plan = plan_job(cfg.hostfile, cfg.nprocs, cfg.map_by)
     token = new_token()
     try:
-        store = StoreServer(token, plan.store_hosts, cfg.store_port, log=log)
+        store = StoreServer(token, plan.store_hosts, cfg.store_port, log=log,
+                            clients=cfg.nprocs)
     except OSError as e:
         reason = "address already in use" if e.errno == errno.EADDRINUSE else e.strerror
         where = " and ".join(format_hostport(h, cfg.store_port) for h in plan.store_hosts)

@@ -11,6 +11,8 @@ import hashlib
 import hmac
 import secrets
 import socket
+import threading
+import time
 
 from tbcoll.errors import AuthenticationError
 from tbcoll.wire import recv_exactly
@@ -43,9 +45,13 @@ def accept_handshake(sock: socket.socket, token: str) -> None:
 
 
 def connect_handshake(sock: socket.socket, token: str) -> None:
-    """Prove our token to the side we connected to, and check that it knows it too."""
+    """Prove our token to the side we connected to, and check that it knows it too.
+
+    A connection closed before the greeting raises ConnectionError: the other side was too
+    busy to talk (see StoreServer), and the caller may try again; a refusal after it is an
+    AuthenticationError."""
+    hello = recv_exactly(sock, len(_MAGIC) + _NONCE)
     try:
-        hello = recv_exactly(sock, len(_MAGIC) + _NONCE)
         if not hello.startswith(_MAGIC):
             raise AuthenticationError("the peer is not a tbcoll endpoint (bad greeting)")
         nonce = secrets.token_bytes(_NONCE)
@@ -57,3 +63,48 @@ def connect_handshake(sock: socket.socket, token: str) -> None:
         ) from None
     if not hmac.compare_digest(answer, _proof(token, b"server", nonce)):
         raise AuthenticationError("the peer does not know this job's TBCOLL_TOKEN")
+
+
+class Doorman:
+    """Admission for connections that have not yet proven the token, so that idle ones from
+    anyone cannot lock a job's own out: at most `limit` at once; past that, or when out of
+    descriptors, the oldest gives way if it has had `stale` seconds (a rank proves itself
+    in milliseconds), else the newcomer is closed before the greeting, which
+    connect_handshake reports as ConnectionError: busy, try again."""
+
+    def __init__(self, limit: int = 64, stale: float = 2.0) -> None:
+        self.limit, self.stale = limit, stale
+        self._lock = threading.Lock()
+        self._waiting: dict[socket.socket, float] = {}  # oldest first
+
+    def admit(self, sock: socket.socket) -> bool:
+        """Whether sock may run its handshake now (if not, it has been closed)."""
+        with self._lock:
+            crowded = len(self._waiting) >= self.limit
+        if crowded and not self.drop_stale():
+            sock.close()
+            return False
+        with self._lock:
+            self._waiting[sock] = time.monotonic()
+        return True
+
+    def drop_stale(self) -> bool:
+        """Hang up on the oldest connection in its handshake if it has had `stale` seconds;
+        its handshake then fails. Whether one was dropped."""
+        with self._lock:
+            if not self._waiting:
+                return False
+            sock, since = next(iter(self._waiting.items()))
+            if time.monotonic() - since < self.stale:
+                return False
+            del self._waiting[sock]
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        return True
+
+    def done(self, sock: socket.socket) -> bool:
+        """sock's handshake ended; False if it had been dropped meanwhile."""
+        with self._lock:
+            return self._waiting.pop(sock, None) is not None

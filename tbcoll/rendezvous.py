@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
-from tbcoll.auth import accept_handshake, connect_handshake
+from tbcoll.auth import Doorman, accept_handshake, connect_handshake
 from tbcoll.env import DEFAULT_TIMEOUT, LaunchInfo, format_hostport, launch_info
 from tbcoll.errors import AuthenticationError, RendezvousError, TbcollError
 from tbcoll.wire import pack_fields, recv_exactly, recv_fields
@@ -29,6 +29,7 @@ _FIELDS = {_SET: (2, 2), _GET: (1, 1), _WAIT: (1, 4096), _ADD: (2, 2), _DELETE: 
 _OK, _TIMEOUT, _BAD = range(3)
 _MAX_FIELD = 64 << 20
 _HANDSHAKE_TIMEOUT = 10.0
+_OUT_OF_RESOURCES = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
 Key = str | bytes
 
@@ -65,13 +66,17 @@ class StoreServer:
     """
 
     def __init__(self, token: str, hosts: str | Iterable[str] = "127.0.0.1", port: int = 0,
-                 log: Callable[[str], None] = lambda msg: None) -> None:
+                 log: Callable[[str], None] = lambda msg: None, clients: int = 0) -> None:
+        """clients: how many ranks may connect at once (the doorman lets twice as many in
+        their handshake at a time, and at least 64)."""
         self._token = token
         self._log = log
         self._data: dict[bytes, bytes] = {}
         self._changed = threading.Condition()
         self._closed = threading.Event()
         self._conns: set[socket.socket] = set()
+        self._doorman = Doorman(limit=max(64, 2 * clients))
+        self._last_flood_log = 0.0
         hosts = [hosts] if isinstance(hosts, str) else list(dict.fromkeys(hosts))
         self._listeners = _listen_on_one_port(hosts, port)
         self.address: tuple[str, int] = self._listeners[0].getsockname()[:2]
@@ -113,14 +118,34 @@ class StoreServer:
         self.close()
 
     def _accept_loop(self, listener: socket.socket) -> None:
+        """Accept until closed. Out of descriptors (EMFILE: macOS allows 256 by default) or
+        past the doorman's limit, stale connections that never proved the token give way
+        (tbcoll.auth.Doorman): idle connections from anyone cannot lock the ranks out."""
         while not self._closed.is_set():
             try:
                 conn, peer = listener.accept()
             except TimeoutError:
                 continue
-            except OSError:
-                return  # listener closed
+            except OSError as e:
+                if e.errno not in _OUT_OF_RESOURCES or self._closed.is_set():
+                    return  # listener closed
+                if self._doorman.drop_stale():
+                    self._note_flood(f"out of file descriptors ({e.strerror}): dropped the "
+                                     "oldest connection that never proved the token")
+                else:
+                    time.sleep(0.05)  # the kernel keeps the newcomers queued meanwhile
+                continue
+            if not self._doorman.admit(conn):
+                self._note_flood(f"{self._doorman.limit} connections have not proven the "
+                                 f"token: turned away {format_hostport(*peer[:2])}")
+                continue
             threading.Thread(target=self._serve, args=(conn, peer), daemon=True).start()
+
+    def _note_flood(self, message: str) -> None:
+        now = time.monotonic()
+        if now - self._last_flood_log > 1.0:  # a line a second, however hard the flood
+            self._last_flood_log = now
+            self._log(f"store: {message}")
 
     def _serve(self, conn: socket.socket, peer: tuple) -> None:
         with self._changed:
@@ -130,15 +155,19 @@ class StoreServer:
         finally:
             with self._changed:
                 self._conns.discard(conn)
+            self._doorman.done(conn)
             conn.close()
 
     def _converse(self, conn: socket.socket, peer: tuple) -> None:
+        where = format_hostport(*peer[:2])
         conn.settimeout(_HANDSHAKE_TIMEOUT)
         try:
             accept_handshake(conn, self._token)
         except (AuthenticationError, OSError) as e:
-            self._log(f"refused a store connection from {format_hostport(*peer[:2])}: {e}")
+            self._log(f"refused a store connection from {where}: {e}")
             return
+        if not self._doorman.done(conn):
+            return  # dropped as stale while it was proving itself
         conn.settimeout(None)
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
@@ -247,19 +276,27 @@ class Store:
         while True:
             try:
                 sock = socket.create_connection((host, port), timeout=connect_timeout)
-                break
             except (ConnectionRefusedError, TimeoutError) as e:
                 if time.monotonic() >= deadline:
                     raise RendezvousError(
                         f"cannot reach the rendezvous store at {self.address} ({e}); "
                         "is tbrun still running?") from e
                 time.sleep(0.05)
-        try:
-            sock.settimeout(_HANDSHAKE_TIMEOUT)
-            connect_handshake(sock, token)
-        except (AuthenticationError, OSError) as e:
-            sock.close()
-            raise RendezvousError(f"the rendezvous store at {self.address} refused us: {e}") from e
+                continue
+            try:
+                sock.settimeout(_HANDSHAKE_TIMEOUT)
+                connect_handshake(sock, token)
+                break
+            except ConnectionError as e:  # turned away before the greeting: busy
+                sock.close()
+                if time.monotonic() >= deadline:
+                    raise RendezvousError(f"the rendezvous store at {self.address} kept turning "
+                                          f"us away ({e}): is something flooding it?") from e
+                time.sleep(0.05)
+            except (AuthenticationError, OSError) as e:
+                sock.close()
+                raise RendezvousError(
+                    f"the rendezvous store at {self.address} refused us: {e}") from e
         sock.settimeout(None)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return sock

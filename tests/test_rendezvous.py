@@ -146,3 +146,62 @@ def test_token_is_not_readable_by_other_users(script):
         pytest.skip("no /proc on this OS")
     p = tbrun("-np", 1, path)
     assert p.stdout.strip() == "[0] 0o400"
+
+
+def test_a_flood_of_idle_connections_does_not_lock_clients_out(server):
+    """Idle connections from anyone (they never prove the token) cannot fill the store:
+    past 64 in their handshake the stale ones are dropped, or a newcomer is told to retry."""
+    flood = []
+    try:
+        for _ in range(300):
+            flood.append(socket.create_connection(server.address, timeout=10))
+        time.sleep(2.1)  # the flood is now stale
+        with client(server, connect_timeout=10) as good:
+            good.set("through", "1")
+            assert good.get("through") == b"1"
+    finally:
+        for sock in flood:
+            sock.close()
+    assert any("store: 64 connections have not proven the token" in line for line in server.log)
+
+
+def test_store_survives_running_out_of_descriptors(script):
+    """macOS allows a process 256 files: 500 idle connections to tbrun's store used to end
+    its accept loop (EMFILE), and every rank then failed to reach it."""
+    with socket.create_server(("127.0.0.1", 0)) as s:
+        port = s.getsockname()[1]
+    flood, stop = [], threading.Event()
+
+    def connect_many():
+        while len(flood) < 500 and not stop.is_set():
+            try:
+                flood.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+            except OSError:
+                time.sleep(0.01)
+
+    def limit_files():
+        import resource
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+
+    attacker = threading.Thread(target=connect_many)
+    attacker.start()
+    try:
+        import subprocess
+
+        from .conftest import TBRUN
+        p = subprocess.run([TBRUN, "-np", "2", "--backend", "tcp", "--store-port", str(port),
+                            str(script("""
+                                import numpy as np, tbcoll
+                                with tbcoll.init() as comm:
+                                    print(comm.all_reduce(np.ones(2))[0])
+                            """))], capture_output=True, text=True, timeout=120,
+                           stdin=subprocess.DEVNULL, preexec_fn=limit_files)
+    finally:
+        stop.set()
+        attacker.join()
+        for sock in flood:
+            sock.close()
+    assert p.returncode == 0, p.stderr
+    assert tagged_lines(p.stdout) == {0: ["2.0"], 1: ["2.0"]}
+    assert len(flood) > 256
+    assert "tbrun: store:" in p.stderr  # the flood was seen and said so

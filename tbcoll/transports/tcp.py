@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import queue
 import select
 import socket
 import struct
+import threading
 import time
 from collections.abc import Callable, Iterable
 
-from tbcoll.auth import accept_handshake, connect_handshake
+from tbcoll.auth import Doorman, accept_handshake, connect_handshake
 from tbcoll.env import LaunchInfo, format_hostport, parse_hostport
 from tbcoll.errors import AuthenticationError, CommError
 from tbcoll.rendezvous import Store
@@ -31,6 +33,7 @@ log = logging.getLogger("tbcoll.tcp")
 _RANK = struct.Struct("!I")
 _SOCKET_BUFFER = 4 << 20
 _READ_EVENTS = select.POLLIN | select.POLLHUP | select.POLLERR
+_HANDSHAKE_TIMEOUT = 10.0
 
 
 class TcpTransport(StreamTransport):
@@ -63,42 +66,46 @@ def connect_mesh(rank: int, size: int, hosts: list[str], route: Callable[[int], 
     """Open one authenticated connection to every other rank (lower ranks: we connect).
 
     hosts: the addresses to listen on; route(peer): the address of peer to connect to (one
-    it listens on), or None for its first.
+    it listens on), or None for its first. Incoming connections prove themselves in threads
+    of their own, admitted by a tbcoll.auth.Doorman, so that idle connections from anyone
+    cannot hold up a peer.
     """
     listeners = [socket.create_server((host, 0), backlog=max(size, 16)) for host in hosts]
     store.set(f"{prefix}/addr/{rank}", ",".join(
         format_hostport(*listener.getsockname()[:2]) for listener in listeners))
+    deadline = time.monotonic() + timeout
     sockets: dict[int, socket.socket] = {}
+    arrivals: queue.SimpleQueue = queue.SimpleQueue()  # (peer or None, socket)
+    doorman = Doorman(limit=max(64, 2 * size))  # a job's own never need to wait
     try:
         for peer in range(rank):
             published = store.get(f"{prefix}/addr/{peer}").decode().split(",")
             addresses = [parse_hostport(text, "address") for text in published]
             wanted = route(peer)
             address = next((a for a in addresses if a[0] == wanted), addresses[0])
-            try:
-                sock = socket.create_connection(address, timeout=timeout)
-            except OSError as e:
-                raise CommError(f"rank {rank} could not connect to rank {peer} at "
-                                f"{format_hostport(*address)}: {e}") from e
-            try:
-                connect_handshake(sock, token)
-            except AuthenticationError as e:
-                raise CommError(f"rank {rank} could not connect to rank {peer}: {e}") from e
-            sock.sendall(_RANK.pack(rank))
-            sockets[peer] = sock
-        deadline = time.monotonic() + timeout
+            sockets[peer] = _connect(rank, peer, address, token, deadline)
         while len(sockets) < size - 1:
-            ready, _, _ = select.select(listeners, [], [], max(0.0, deadline - time.monotonic()))
-            if not ready:
+            while not arrivals.empty():
+                peer, sock = arrivals.get()
+                if not doorman.done(sock) or peer is None or peer in sockets:
+                    sock.close()
+                else:
+                    sockets[peer] = sock
+            if len(sockets) == size - 1:
+                break
+            left = deadline - time.monotonic()
+            if left <= 0:
                 missing = sorted(set(range(rank + 1, size)) - set(sockets))
                 raise CommError(f"rank(s) {missing} did not connect to rank {rank} within "
                                 f"{timeout:g} s (TBCOLL_TIMEOUT)")
-            sock, address = ready[0].accept()
-            peer = _accept_peer(sock, address, token, rank, size, sockets)
-            if peer is None:
-                sock.close()
-            else:
-                sockets[peer] = sock
+            ready, _, _ = select.select(listeners, [], [], min(left, 0.05))
+            for listener in ready:
+                sock, address = listener.accept()
+                if not doorman.admit(sock):
+                    continue
+                threading.Thread(target=_accept_peer, daemon=True, args=(
+                    sock, address, token, rank, size, min(_HANDSHAKE_TIMEOUT, left),
+                    arrivals)).start()
     except BaseException:
         for sock in sockets.values():
             sock.close()
@@ -107,27 +114,58 @@ def connect_mesh(rank: int, size: int, hosts: list[str], route: Callable[[int], 
         for listener in listeners:
             listener.close()
     for sock in sockets.values():
+        sock.settimeout(None)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SOCKET_BUFFER)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, _SOCKET_BUFFER)
     return sockets
 
 
+def _connect(rank: int, peer: int, address: tuple[str, int], token: str,
+             deadline: float) -> socket.socket:
+    """Connect to peer and prove ourselves, trying again while it is busy."""
+    where = format_hostport(*address)
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            sock = socket.create_connection(address, timeout=max(left, 0.1))
+        except OSError as e:
+            raise CommError(f"rank {rank} could not connect to rank {peer} at {where}: "
+                            f"{e.strerror or e}") from e
+        try:
+            sock.settimeout(max(0.1, min(_HANDSHAKE_TIMEOUT, left)))
+            connect_handshake(sock, token)
+            sock.sendall(_RANK.pack(rank))
+            return sock
+        except ConnectionError as e:  # turned away before the greeting: busy
+            sock.close()
+            if time.monotonic() >= deadline:
+                raise CommError(f"rank {rank} could not connect to rank {peer} at {where}: "
+                                f"turned away until TBCOLL_TIMEOUT ({e})") from e
+            time.sleep(0.05)
+        except (AuthenticationError, OSError) as e:
+            sock.close()
+            raise CommError(f"rank {rank} could not connect to rank {peer} at {where}: "
+                            f"{e}") from e
+
+
 def _accept_peer(sock: socket.socket, address: tuple, token: str, rank: int, size: int,
-                 known: dict[int, socket.socket]) -> int | None:
-    """Authenticate an incoming connection and return the rank it names (None: refused)."""
-    sock.settimeout(10.0)
+                 timeout: float, arrivals: queue.SimpleQueue) -> None:
+    """Authenticate an incoming connection; put (the rank it names or None, sock)."""
+    sock.settimeout(timeout)
     try:
         accept_handshake(sock, token)
         (peer,) = _RANK.unpack(recv_exactly(sock, _RANK.size))
     except (AuthenticationError, OSError) as e:
         log.warning("rank %d refused a connection from %s: %s", rank,
                     format_hostport(*address[:2]), e)
-        return None
-    if not rank < peer < size or peer in known:
+        arrivals.put((None, sock))
+        return
+    if not rank < peer < size:
         log.warning("rank %d refused a connection claiming to be rank %d", rank, peer)
-        return None
-    return peer
+        arrivals.put((None, sock))
+        return
+    arrivals.put((peer, sock))
 
 
 def listen_hosts(info: LaunchInfo) -> list[str]:
