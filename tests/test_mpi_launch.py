@@ -2,6 +2,7 @@
 is tagged per line, and failures, timeouts and exports behave as in any tbrun job."""
 
 import json
+import os
 import time
 
 import pytest
@@ -102,3 +103,19 @@ def test_comm_timeout_bounds_mpi_collectives(script, stall):
             "MPI_Allreduce") in p.stderr
     assert "tbrun: rank 0 exited with status 1" in p.stderr
     assert mpich_segments() <= before
+
+
+def test_exports_never_show_on_a_command_line(script):
+    """-x values (tokens, keys) reach the ranks through mpiexec's environment, not -genv:
+    every local user can read a command line."""
+    path = script("""
+        import os
+        from pathlib import Path
+        seen = [p for p in Path("/proc").glob("[0-9]*/cmdline")
+                if b"hunter2" in p.read_bytes()] if Path("/proc").is_dir() else []
+        print(os.environ["SECRET"], len(seen))
+    """)
+    p = tbrun("--backend", "mpi", "-np", 2, "-x", "SECRET", path, timeout=60,
+              env={**os.environ, "SECRET": "hunter2"})  # -x NAME: tbrun's own value
+    assert p.returncode == 0, p.stderr
+    assert tagged_lines(p.stdout) == {0: ["hunter2 0"], 1: ["hunter2 0"]}
