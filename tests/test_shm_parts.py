@@ -1,5 +1,6 @@
 """The shm transport's parts on their own: segments and both kinds of flags."""
 
+import _posixshmem
 import mmap
 import os
 import threading
@@ -74,3 +75,31 @@ def test_no_room_is_an_error_at_creation_not_a_crash_later():
     with pytest.raises(SegmentSpaceError, match="enlarge /dev/shm .* or use --backend tcp"):
         Segment.create(f"/tbc-test-big-{os.getpid()}", free + (1 << 30))
     assert not os.path.exists(f"/dev/shm/tbc-test-big-{os.getpid()}")
+
+
+def test_planted_names_are_passed_over(tmp_path, monkeypatch):
+    """Another local user who plants the next name (a segment, or a symlink where the lock
+    file goes) makes tbcoll draw another name, never fail or follow the link."""
+    import secrets
+
+    from tbcoll.shm import segment as seg
+
+    prefix = f"/tbc-t{os.getpid()}-"
+    planted_shm, planted_link = prefix + "aaaaaaaaaa", prefix + "bbbbbbbbbb"
+    target = tmp_path / "victim"
+    fd = _posixshmem.shm_open(planted_shm, os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=0o600)
+    os.close(fd)
+    os.symlink(target, seg._lock_path(planted_link))
+    draws = iter(["aaaaaaaaaa", "bbbbbbbbbb", "cccccccccc"])
+    monkeypatch.setattr(secrets, "token_hex", lambda n: next(draws))
+    try:
+        segment = seg.Segment.create_unique(prefix, 4096)
+        assert segment.name == prefix + "cccccccccc"
+        assert not target.exists()  # the link was not followed
+        with pytest.raises(OSError):  # nor is a link opened as an existing lock file
+            seg.Segment.attach(planted_link, 4096)
+        segment.unlink()
+        segment.close()
+    finally:
+        _posixshmem.shm_unlink(planted_shm)
+        os.unlink(seg._lock_path(planted_link))

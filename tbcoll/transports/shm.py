@@ -22,7 +22,7 @@ from tbcoll.errors import CommError
 from tbcoll.rendezvous import Store
 from tbcoll.shm.collectives import WAIT_SLICE, Layout, ShmNative, alive
 from tbcoll.shm.pipe import Ring, ShmDuplex
-from tbcoll.shm.segment import Segment
+from tbcoll.shm.segment import MAX_NAME, Segment
 from tbcoll.transports.base import P2P
 from tbcoll.transports.stream import Peer, StreamEndpoint, StreamTransport
 
@@ -86,16 +86,12 @@ class ShmStream(StreamTransport):
 
 
 class _Names:
-    """Names the segments of one world's communicators: /tbc-<job>-<first rank>-<context>.
-
-    A context is agreed at each split (the largest next_context of the parent's ranks), so
-    no two communicators that share a rank share a name."""
+    """The shared-memory names of one world's communicators: the job's prefix (which tbrun
+    cleans up after), then a random part that the creator picks and tells the others (see
+    Segment.create_unique); and the split contexts agreed by Group.split's protocol."""
 
     def __init__(self, prefix: str) -> None:
         self.prefix, self.next_context = prefix, 1
-
-    def name(self, first_world_rank: int, context: int) -> str:
-        return f"{self.prefix}{first_world_rank}-{context}"
 
 
 class ShmGroup:
@@ -122,8 +118,7 @@ class ShmGroup:
             return None
         world = [self.members[m] for m in members]
         size = Layout(len(members)).total
-        segment = _share_segment(self.coll, self.rank, members,
-                                 self._names.name(world[0], context), size)
+        segment = _share_segment(self.coll, self.rank, members, self._names.prefix, size)
         return ShmGroup(segment, members.index(self.rank), world, self._names, self._timeout)
 
     def close(self) -> None:
@@ -131,20 +126,23 @@ class ShmGroup:
         self.native.close()
 
 
-def _share_segment(p2p: P2P, rank: int, members: list[int], name: str, size: int) -> Segment:
-    """members[0] creates the segment; each other member maps it and says so; then the name
-    is unlinked. Messages go over the parent communicator's p2p (ranks are its ranks)."""
-    token = np.empty(0, np.uint8)
+def _share_segment(p2p: P2P, rank: int, members: list[int], prefix: str, size: int) -> Segment:
+    """members[0] creates the segment and sends its name; each other member maps it and says
+    so; then the name is unlinked. Messages go over the parent communicator's p2p (ranks are
+    its ranks)."""
+    name = np.zeros(MAX_NAME, np.uint8)
+    done = np.empty(0, np.uint8)
     others = members[1:]
     if rank != members[0]:
-        p2p.waitall([p2p.irecv(token, members[0], _SETUP_TAG)])
-        segment = Segment.attach(name, size)
-        p2p.waitall([p2p.isend(token, members[0], _SETUP_TAG)])
+        p2p.waitall([p2p.irecv(name, members[0], _SETUP_TAG)])
+        segment = Segment.attach(name.tobytes().rstrip(b"\0").decode(), size)
+        p2p.waitall([p2p.isend(done, members[0], _SETUP_TAG)])
         return segment
-    segment = Segment.create(name, size)
+    segment = Segment.create_unique(prefix, size)
     try:
-        p2p.waitall([p2p.isend(token, r, _SETUP_TAG) for r in others])
-        p2p.waitall([p2p.irecv(token, r, _SETUP_TAG) for r in others])
+        name[:len(segment.name)] = np.frombuffer(segment.name.encode(), np.uint8)
+        p2p.waitall([p2p.isend(name, r, _SETUP_TAG) for r in others])
+        p2p.waitall([p2p.irecv(done, r, _SETUP_TAG) for r in others])
     finally:
         segment.unlink()
     return segment
@@ -159,21 +157,21 @@ def open_world(info: LaunchInfo | None, prefix: str) -> ShmGroup:
                         f"{hosts} hosts: use --backend tcp")
     names = _Names(segment_prefix(info.token) if info else f"/tbc-p{os.getpid()}-")
     rank, size = (info.rank, info.size) if info else (0, 1)
-    name, nbytes = names.name(0, 0), Layout(size).total
+    nbytes = Layout(size).total
     if size == 1:
-        segment = Segment.create(name, nbytes)
+        segment = Segment.create_unique(names.prefix, nbytes)
         segment.unlink()
     else:
         with Store.from_launch(info) as store:
             if rank == 0:
-                segment = Segment.create(name, nbytes)
+                segment = Segment.create_unique(names.prefix, nbytes)
                 try:
-                    store.set(f"{prefix}/created", name)
+                    store.set(f"{prefix}/created", segment.name)
                     store.wait([f"{prefix}/mapped/{r}" for r in range(1, size)])
                 finally:
                     segment.unlink()
             else:
-                store.get(f"{prefix}/created")
+                name = store.get(f"{prefix}/created").decode()
                 segment = Segment.attach(name, nbytes)
                 store.set(f"{prefix}/mapped/{rank}", b"")
     return ShmGroup(segment, rank, list(range(size)), names, comm_timeout(info))
