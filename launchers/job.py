@@ -19,6 +19,7 @@ from launchers.hosts import (
     remote_setup,
     ssh_command,
 )
+from launchers.janitor import janitor_for
 from launchers.mlxvars import (
     FIRST_PORT,
     MlxVariables,
@@ -28,6 +29,7 @@ from launchers.mlxvars import (
 )
 from launchers.mpi import run_mpi
 from launchers.output import OutputRouter, log
+from launchers.shmclean import remove_job_segments
 from launchers.stdin import standard_input, stdin_ranks
 from launchers.supervisor import PDEATHSIG, RankCommand, Supervisor
 from tbcoll.auth import new_token
@@ -133,34 +135,23 @@ def run(cfg: LaunchConfig) -> int:
             "--store-port, or 0 for any free port"
         ) from e
     job_dir = Path(tempfile.mkdtemp(prefix="tbrun-"))  # 0700: the job's private files
-    try:
-        mlx = mlx_variables(cfg, plan)
-        for name, content in (mlx.files if mlx else {}).items():
-            (job_dir / f"{name}.json").write_text(content)
-        commands = rank_commands(cfg, plan, store.port, token, free_port(LOOPBACK), mlx,
-                                 job_dir)
-        output = OutputRouter(cfg.nprocs, cfg.tag_output, cfg.output_dir)
-        supervisor = Supervisor(commands, output, timeout=cfg.timeout, grace=cfg.grace, log=log,
-                                stdin_fd=standard_input(), peer_failure=store.peer_failure)
-        return supervisor.run(after_spawn=store.start)
-    finally:
-        store.close()
-        shutil.rmtree(job_dir, ignore_errors=True)
-        remove_segments(token)
-
-
-def remove_segments(token: str) -> None:
-    """Unlink shared-memory names the job left (ranks unlink their own once every rank has
-    mapped a segment; this catches a job killed before that). Where the OS cannot list them
-    (macOS), nothing is found and nothing is needed beyond the ranks' own unlinking."""
-    prefix = segment_prefix(token).lstrip("/")
-    for folder, pattern in ((Path("/dev/shm"), f"{prefix}*"),
-                            (Path(tempfile.gettempdir()), f"{prefix}*.lock")):
-        for path in folder.glob(pattern) if folder.is_dir() else ():
-            try:
-                path.unlink()
-            except OSError as e:
-                log(f"could not remove the job's shared-memory file {path}: {e}")
+    with janitor_for(job_dir, segments=segment_prefix(token)) as janitor:
+        try:
+            mlx = mlx_variables(cfg, plan)
+            for name, content in (mlx.files if mlx else {}).items():
+                (job_dir / f"{name}.json").write_text(content)
+            commands = rank_commands(cfg, plan, store.port, token, free_port(LOOPBACK), mlx,
+                                     job_dir)
+            output = OutputRouter(cfg.nprocs, cfg.tag_output, cfg.output_dir)
+            supervisor = Supervisor(commands, output, timeout=cfg.timeout, grace=cfg.grace,
+                                    log=log, stdin_fd=standard_input(),
+                                    peer_failure=store.peer_failure,
+                                    on_spawn=janitor.watch_group)
+            return supervisor.run(after_spawn=store.start)
+        finally:
+            store.close()
+            shutil.rmtree(job_dir, ignore_errors=True)
+            remove_job_segments(segment_prefix(token), log)
 
 
 

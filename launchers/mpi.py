@@ -22,12 +22,13 @@ import shlex
 import shutil
 import signal
 import tempfile
-import time
 from pathlib import Path
 
 from launchers.config import LaunchConfig, thread_limits
 from launchers.hosts import LOOPBACK, free_port, plan_job, ssh_options
+from launchers.janitor import janitor_for
 from launchers.output import STREAMS, OutputRouter, log
+from launchers.shmclean import mpich_segments, remove_unmapped
 from launchers.supervisor import RankCommand, Supervisor, describe_exit
 from tbcoll.errors import LaunchError
 
@@ -78,46 +79,47 @@ def run_mpi(cfg: LaunchConfig) -> int:
     remote = [h for h in plan.hosts if not h.local]
     launch_host = remote[0].store_host if remote else None
     job_dir = Path(tempfile.mkdtemp(prefix="tbrun-"))  # 0700
-    try:
-        ssh = None
-        if remote:
-            ssh = str(job_dir / "ssh")
-            options = ssh_options(cfg.connect_timeout)
-            Path(ssh).write_text(f"#!/bin/sh\nexec {shlex.join([*cfg.ssh, *options])} \"$@\"\n")
-            os.chmod(ssh, 0o700)
-        argv, env = mpiexec_command(cfg, mpiexec, str(job_dir / "%s-%%r"), ssh, launch_host,
-                                    plan.master_addr)
-        if cfg.dry_run:
-            print(shlex.join(argv))
-            for name, value in env.items():
-                print(f"    {name}={value}")
-            return 0
-        streams, keepalive = {}, []
-        for rank in range(cfg.nprocs):
-            for stream in STREAMS:
-                path = job_dir / f"{stream}-{rank}"
-                os.mkfifo(path, 0o600)
-                streams[rank, stream] = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-                keepalive.append(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
-        command = RankCommand(MPIEXEC, argv, {**os.environ, **env}, label="mpiexec",
-                              launcher=True, stdin=cfg.stdin == "0")
-        output = OutputRouter(cfg.nprocs, cfg.tag_output, cfg.output_dir,
-                              hide=re.compile(_HOST_CODES.pattern.encode(), re.MULTILINE))
-        supervisor = Supervisor([command], output, timeout=cfg.timeout, grace=cfg.grace,
-                                log=log, streams=streams, keepalive=keepalive)
-        before = _mpich_segments()
-        status = supervisor.run()
-        if status and supervisor.launcher_failed:
-            status = explain_failure(status, cfg.nprocs, placement_of(cfg), output)
-        if status:
-            _remove_leaked(_mpich_segments() - before)
-        return status
-    finally:
-        shutil.rmtree(job_dir, ignore_errors=True)
+    with janitor_for(job_dir, mpich=not cfg.dry_run) as janitor:
+        try:
+            ssh = None
+            if remote:
+                ssh = str(job_dir / "ssh")
+                options = ssh_options(cfg.connect_timeout)
+                Path(ssh).write_text(f"#!/bin/sh\nexec {shlex.join([*cfg.ssh, *options])} \"$@\"\n")
+                os.chmod(ssh, 0o700)
+            argv, env = mpiexec_command(cfg, mpiexec, str(job_dir / "%s-%%r"), ssh, launch_host,
+                                        plan.master_addr)
+            if cfg.dry_run:
+                print(shlex.join(argv))
+                for name, value in env.items():
+                    print(f"    {name}={value}")
+                return 0
+            streams, keepalive = {}, []
+            for rank in range(cfg.nprocs):
+                for stream in STREAMS:
+                    path = job_dir / f"{stream}-{rank}"
+                    os.mkfifo(path, 0o600)
+                    streams[rank, stream] = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+                    keepalive.append(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+            command = RankCommand(MPIEXEC, argv, {**os.environ, **env}, label="mpiexec",
+                                  launcher=True, stdin=cfg.stdin == "0")
+            output = OutputRouter(cfg.nprocs, cfg.tag_output, cfg.output_dir,
+                                  hide=re.compile(_HOST_CODES.pattern.encode(), re.MULTILINE))
+            supervisor = Supervisor([command], output, timeout=cfg.timeout, grace=cfg.grace,
+                                    log=log, streams=streams, keepalive=keepalive,
+                                    on_spawn=janitor.watch_group)
+            before = mpich_segments()
+            status = supervisor.run()
+            if status and supervisor.launcher_failed:
+                status = explain_failure(status, cfg.nprocs, placement_of(cfg), output)
+            if status:
+                remove_unmapped(mpich_segments() - before, log)
+            return status
+        finally:
+            shutil.rmtree(job_dir, ignore_errors=True)
 
 
 MPIEXEC = -1  # mpiexec's own output: passed on untagged
-_UNMAP_WAIT = 2.0  # seconds killed ranks get to let go of MPICH's shared memory
 _ABORT = re.compile(r"application called MPI_Abort\(\w+, (-?\d+)\) - process (\d+)")
 _EXIT_CODES = "Exit codes:"  # Hydra's -print-all-exitcodes: then "[host] s,s,..." per host
 _HOST_CODES = re.compile(r"^(?:.*Exit codes: )?\[[^\]]*\] ([\d,]+)$", re.MULTILINE)
@@ -177,41 +179,3 @@ def explain_failure(status: int, nprocs: int, placement: list[int], output: Outp
 def _returncode(status: int) -> int:
     """Popen's returncode for a status of tbrun's convention (-N for signal N)."""
     return 128 - status if status > 128 else status
-
-
-def _mpich_segments() -> set[Path]:
-    """MPICH's shared-memory files on this host (Linux lists them; macOS cannot)."""
-    shm = Path("/dev/shm")
-    return set(shm.glob("mpich_shm_*")) if shm.is_dir() else set()
-
-
-def _remove_leaked(created: set[Path]) -> None:
-    """Remove the segments a failed job's ranks left: MPICH unlinks them at MPI_Finalize,
-    which an aborted or killed rank never reaches. Only files created during the job that no
-    process maps any more go; another job's live segment is mapped by its ranks. Ranks killed
-    at teardown may take a moment to die: a segment still mapped is looked at again for up
-    to _UNMAP_WAIT seconds."""
-    deadline = time.monotonic() + _UNMAP_WAIT
-    while created:
-        mapped = _mapped(created)
-        for path in created - mapped:
-            try:
-                path.unlink()
-            except OSError as e:
-                log(f"could not remove MPICH's shared-memory file {path}: {e}")
-        created = mapped
-        if time.monotonic() > deadline:
-            return
-        time.sleep(0.05)
-
-
-def _mapped(paths: set[Path]) -> set[Path]:
-    """Those of paths that some process on this host maps."""
-    mapped = set()
-    for maps in Path("/proc").glob("[0-9]*/maps"):
-        try:
-            text = maps.read_text()
-        except OSError:
-            continue  # the process ended, or is not ours to read
-        mapped.update(path for path in paths if str(path) in text)
-    return mapped

@@ -124,13 +124,15 @@ class Supervisor:
                  streams: Mapping[tuple[int, str], int] | None = None,
                  keepalive: Sequence[int] = (), stdin_fd: int | None = None,
                  peer_failure: Callable[[int], tuple[str, tuple[int, ...]] | None]
-                 = lambda rank: None) -> None:
+                 = lambda rank: None,
+                 on_spawn: Callable[[int], None] = lambda pgid: None) -> None:
         """streams: more (rank, "out"/"err") -> readable fd to route, beside the commands'
         pipes (e.g. FIFOs mpiexec writes); keepalive: write ends of those held open so that
         they do not end before their writer opens them, closed once every command exited;
         stdin_fd: tbrun's standard input, forwarded to the commands with stdin set;
         peer_failure(rank): what the rank reported before failing because of peers (the
-        error, and those peers), or None."""
+        error, and those peers), or None; on_spawn(pgid): a process group was started (for
+        launchers.janitor)."""
         self._commands = commands
         self._streams = dict(streams or {})
         self._keepalive = list(keepalive)
@@ -148,6 +150,7 @@ class Supervisor:
         self._follower_deadline: float | None = None  # teardown after a follower's failure
         self._tearing_down = False  # tbrun has signalled the ranks to stop
         self._peer_failure = peer_failure
+        self._on_spawn = on_spawn
         self._blamed: Counter[int] = Counter()  # rank -> followers that failed because of it
         self._followers: set[int] = set()  # ranks that failed because of others
         self._input = InputForwarder(
@@ -219,6 +222,7 @@ class Supervisor:
                 self._kill_groups(signal.SIGKILL)
                 raise LaunchError(f"cannot start {cmd.name} ({cmd.argv[0]}): {e}") from e
             self._procs[cmd.rank] = proc
+            self._on_spawn(proc.pid)  # its own session: the group's id is its pid
             if proc.stdin is not None:  # the forwarder takes over its own copy of the pipe
                 pipe = self._input.add(cmd.rank, os.dup(proc.stdin.fileno()),
                                        framed=cmd.setup is not None, reads_stdin=cmd.stdin)

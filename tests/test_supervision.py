@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -33,12 +34,13 @@ def assert_all_gone(pids):
     wait_for(lambda: not any(map(pid_alive, pids)), 5, f"pids {pids} to end")
 
 
-def start_job(script, tmp_path, body, *flags, np=3):
+def start_job(script, tmp_path, body, *flags, np=3, env=None):
     piddir = tmp_path / "pids"
     piddir.mkdir()
     path = script(RANK_WITH_CHILD.format(body=body))
     proc = subprocess.Popen([TBRUN, "-np", str(np), *flags, str(path), str(piddir)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            stdin=subprocess.DEVNULL, env=env)
     return proc, job_pids(piddir, np)
 
 
@@ -158,16 +160,36 @@ def test_a_rank_that_leaves_a_child_behind_does_not_hang_tbrun(script, tmp_path)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux only")
-def test_ranks_die_with_a_killed_tbrun(script, tmp_path):
-    proc, pids = start_job(script, tmp_path, "time.sleep(60)", np=2)
+@pytest.mark.parametrize("backend", ["shm", pytest.param("mpi", id="mpiexec")])
+def test_a_killed_tbrun_leaves_no_process_and_no_file(script, tmp_path, backend):
+    """kill -9 of tbrun: its janitor (launchers.janitor) kills every rank's process group,
+    what the ranks started included, and removes the job's folder and shared memory."""
+    if backend == "mpi":
+        pytest.importorskip("mpi4py")
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    shm = Path("/dev/shm")
+
+    def shared_memory() -> set[str]:
+        return {p.name for p in shm.iterdir()} if shm.is_dir() else set()
+
+    before = shared_memory()
+    body = ("import tbcoll, numpy as np\ncomm = tbcoll.init()\ncomm.all_reduce(np.ones(2))\n"
+            "open(os.path.join(piddir, f'{rank}.ready'), 'w').close()\ntime.sleep(60)")
+    proc, pids = start_job(script, tmp_path, body, "--backend", backend, np=2,
+                           env={**os.environ, "TMPDIR": str(temp)})
+    wait_for(lambda: len(list((tmp_path / "pids").glob("*.ready"))) == 2, 30,
+             "the ranks to have their shared memory")
     os.kill(proc.pid, signal.SIGKILL)
     finish(proc)
-    rank_pids, grandchildren = pids[0::2], pids[1::2]
     try:
-        assert_all_gone(rank_pids)
-    finally:  # orphaned grandchildren are out of tbrun's reach once it is SIGKILLed
-        for pid in grandchildren:
-            os.kill(pid, signal.SIGKILL)
+        assert_all_gone(pids)  # the ranks and their children
+        wait_for(lambda: not any(temp.iterdir()), 5, "the job's folder to go")
+        wait_for(lambda: not shared_memory() - before, 5, "the job's shared memory to go")
+    finally:
+        for pid in pids:
+            if pid_alive(pid):
+                os.kill(pid, signal.SIGKILL)
 
 
 def start_wrapped(tmp_path, body: str) -> tuple[subprocess.Popen, int]:

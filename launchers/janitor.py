@@ -1,0 +1,108 @@
+"""What cleans up after a tbrun that was killed (kill -9, OOM killer): `python -m
+launchers.janitor`, started by tbrun in a session of its own before any rank.
+
+tbrun tells it, one line each on its stdin, what a dead tbrun would leave: "group PGID" (a
+rank's process group: the rank and whatever it started), "folder PATH" (the job's private
+folder), "shm PREFIX" (the job's shared-memory names), "mpich" (MPICH's shared memory that
+ranks create during the job), and "done" when tbrun has cleaned up itself. End of file
+without "done" means tbrun died: the janitor kills every group with SIGKILL, removes the
+folders and the job's shared memory, and exits. PR_SET_PDEATHSIG kills only the rank itself,
+and exists on Linux only.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from launchers.shmclean import mpich_segments, remove_job_segments, remove_unmapped
+
+
+class Janitor:
+    """tbrun's side: start the janitor and tell it what to clean up should tbrun die."""
+
+    def __init__(self) -> None:
+        self._proc = subprocess.Popen([sys.executable, "-m", "launchers.janitor"],
+                                      stdin=subprocess.PIPE, start_new_session=True)
+
+    def watch_group(self, pgid: int) -> None:
+        self._say(f"group {pgid}")
+
+    def watch_folder(self, path: str | Path) -> None:
+        self._say(f"folder {path}")
+
+    def watch_segments(self, prefix: str) -> None:
+        self._say(f"shm {prefix}")
+
+    def watch_mpich(self) -> None:
+        self._say("mpich")
+
+    def dismiss(self) -> None:
+        """tbrun cleaned up itself: the janitor leaves without touching anything."""
+        self._say("done")
+        self._proc.stdin.close()
+        self._proc.wait()
+
+    def _say(self, line: str) -> None:
+        try:
+            self._proc.stdin.write(f"{line}\n".encode())
+            self._proc.stdin.flush()
+        except OSError:
+            pass  # it died: nothing more can be done here
+
+
+@contextmanager
+def janitor_for(folder: Path, segments: str | None = None, mpich: bool = False
+                ) -> Iterator[Janitor]:
+    """A janitor that knows the job's folder (and its shared-memory prefix, or that MPICH's
+    shared memory is to be watched) and is dismissed when the block ends: put tbrun's own
+    clean-up inside the block."""
+    janitor = Janitor()
+    try:
+        janitor.watch_folder(folder)
+        if segments is not None:
+            janitor.watch_segments(segments)
+        if mpich:
+            janitor.watch_mpich()
+        yield janitor
+    finally:
+        janitor.dismiss()
+
+
+def main() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is tbrun's to handle
+    groups, folders, prefixes = [], [], []
+    mpich_before = None
+    for raw in sys.stdin.buffer:
+        kind, _, value = raw.decode(errors="replace").rstrip("\n").partition(" ")
+        if kind == "done":
+            return
+        if kind == "group" and value.isdigit():
+            groups.append(int(value))
+        elif kind == "folder":
+            folders.append(value)
+        elif kind == "shm":
+            prefixes.append(value)
+        elif kind == "mpich":
+            mpich_before = mpich_segments()
+    for pgid in groups:  # tbrun is gone: end everything it started
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    for folder in folders:
+        shutil.rmtree(folder, ignore_errors=True)
+    for prefix in prefixes:
+        remove_job_segments(prefix, log=lambda message: None)
+    if mpich_before is not None:
+        remove_unmapped(mpich_segments() - mpich_before, log=lambda message: None)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,61 @@
+"""Removing the shared memory a job's ranks leave behind when they die before unlinking it:
+tbcoll's own (named from the job's token) and MPICH's. Linux lists both under /dev/shm;
+macOS cannot list shared memory at all, and there the ranks' own unlinking has to do."""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+_SHM = Path("/dev/shm")
+_UNMAP_WAIT = 2.0  # seconds killed ranks get to let go of their shared memory
+
+
+def remove_job_segments(prefix: str, log: Callable[[str], None]) -> None:
+    """Unlink the job's tbcoll segments and their lock files (prefix: segment_prefix)."""
+    name = prefix.lstrip("/")
+    for folder, pattern in ((_SHM, f"{name}*"), (Path(tempfile.gettempdir()), f"{name}*.lock")):
+        for path in folder.glob(pattern) if folder.is_dir() else ():
+            try:
+                path.unlink()
+            except OSError as e:
+                log(f"could not remove the job's shared-memory file {path}: {e}")
+
+
+def mpich_segments() -> set[Path]:
+    """MPICH's shared-memory files on this host."""
+    return set(_SHM.glob("mpich_shm_*")) if _SHM.is_dir() else set()
+
+
+def remove_unmapped(created: set[Path], log: Callable[[str], None]) -> None:
+    """Remove the segments a failed job's ranks left: MPICH unlinks them at MPI_Finalize,
+    which an aborted or killed rank never reaches. Only files created during the job that no
+    process maps any more go; another job's live segment is mapped by its ranks. Ranks killed
+    at teardown may take a moment to die: a segment still mapped is looked at again for up
+    to _UNMAP_WAIT seconds."""
+    deadline = time.monotonic() + _UNMAP_WAIT
+    while created:
+        mapped = _mapped(created)
+        for path in created - mapped:
+            try:
+                path.unlink()
+            except OSError as e:
+                log(f"could not remove MPICH's shared-memory file {path}: {e}")
+        created = mapped
+        if time.monotonic() > deadline:
+            return
+        time.sleep(0.05)
+
+
+def _mapped(paths: set[Path]) -> set[Path]:
+    """Those of paths that some process on this host maps."""
+    mapped = set()
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        try:
+            text = maps.read_text()
+        except OSError:
+            continue  # the process ended, or is not ours to read
+        mapped.update(path for path in paths if str(path) in text)
+    return mapped
