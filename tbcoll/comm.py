@@ -105,7 +105,7 @@ class Communicator:
             work = partial(FAMILIES[name].all_reduce, self._group.coll, _flat(result), ufunc)
         if not in_place and (work is None or name != "native"):
             np.copyto(result, array)  # the algorithms reduce in place, in result
-        self._run("all_reduce", work, array, op)
+        self._run("all_reduce", work, array, op, algorithm=name)
         return restore(result)
 
     def all_gather(self, x: Any, algorithm: str | None = None,
@@ -140,7 +140,7 @@ class Communicator:
             work = partial(self._group.native.all_gather, mine, flat)
         else:
             work = partial(FAMILIES[name].all_gather, self._group.coll, flat)
-        self._run("all_gather", work, array)
+        self._run("all_gather", work, array, algorithm=name)
         return restore(result)
 
     def reduce_scatter(self, x: Any, op: str = "sum", algorithm: str | None = None,
@@ -166,7 +166,7 @@ class Communicator:
         else:  # the algorithms reduce the whole buffer in place: give them a copy
             scratch = np.array(array, order="C").reshape(-1)
             work = partial(FAMILIES[name].reduce_scatter, self._group.coll, scratch, ufunc)
-        self._run("reduce_scatter", work, array, op)
+        self._run("reduce_scatter", work, array, op, algorithm=name)
         if scratch is not None:
             block = scratch.size // self.size
             _flat(result)[:] = scratch[self.rank * block:(self.rank + 1) * block]
@@ -187,7 +187,7 @@ class Communicator:
             work = partial(self._group.native.broadcast, _flat(result), root)
         else:
             work = partial(FAMILIES[name].broadcast, self._group.coll, _flat(result), root)
-        self._run("broadcast", work, array, root=root)
+        self._run("broadcast", work, array, root=root, algorithm=name)
         return restore(result)
 
     def barrier(self) -> None:
@@ -199,7 +199,7 @@ class Communicator:
             work = self._group.native.barrier
         else:
             work = partial(rd.barrier, self._group.coll)
-        self._run("barrier", work, None)
+        self._run("barrier", work, None, algorithm=name)
 
     # --- point to point ------------------------------------------------------------------
 
@@ -345,12 +345,12 @@ class Communicator:
             raise ValueError(f"{what}={peer} is this rank; send/recv need another rank")
 
     def _run(self, collective: str, work: Callable[[], None] | None, array: np.ndarray | None,
-             op: str | None = None, root: int = -1) -> None:
+             op: str | None = None, root: int = -1, algorithm: str = "native") -> None:
         """Run work() (None: nothing to move) as this collective: with TBCOLL_CHECK first
         compare the call across ranks, and name the collective in any CommError."""
         try:
             if self._check_calls and self.size > 1:
-                verify_calls_match(self._group.coll, collective, array, op, root)
+                verify_calls_match(self._group.coll, collective, array, op, root, algorithm)
             if work is not None:
                 work()
         except CommError as e:

@@ -84,11 +84,31 @@ def test_check_mode_names_every_rank_call(script):
     """)
     p = tbrun("-np", 3, "-x", "TBCOLL_CHECK=1", path, timeout=60)
     assert p.returncode == 0, p.stderr
+    # the default algorithm of a small message on shm: native (its one-call path)
     expected = ("TBCOLL_CHECK: the ranks' calls do not match: "
-                "rank 0: all_reduce(float32[2, 2], op=max); "
-                "rank 1: all_reduce(float32[2, 3], op=max); "
-                "rank 2: broadcast(float32[5], root=1)")
+                "rank 0: all_reduce(float32[2, 2], algorithm=native, op=max); "
+                "rank 1: all_reduce(float32[2, 3], algorithm=native, op=max); "
+                "rank 2: broadcast(float32[5], algorithm=native, root=1)")
     assert tagged_lines(p.stdout) == {r: [expected] for r in range(3)}
+
+
+def test_check_mode_compares_the_algorithm(script):
+    """ring on one rank against rd on the other used to wait out the whole timeout."""
+    path = script("""
+        import numpy as np, tbcoll
+        comm = tbcoll.init()
+        try:
+            comm.all_reduce(np.ones(8), algorithm="ring" if comm.rank else "rd")
+        except ValueError as e:
+            print(e)
+    """)
+    p = tbrun("-np", 2, "--backend", "tcp", "--comm-timeout", 30, "-x", "TBCOLL_CHECK=1", path,
+              timeout=60)
+    assert p.returncode == 0, p.stderr
+    expected = ("TBCOLL_CHECK: the ranks' calls do not match: "
+                "rank 0: all_reduce(float64[8], algorithm=rd, op=sum); "
+                "rank 1: all_reduce(float64[8], algorithm=ring, op=sum)")
+    assert tagged_lines(p.stdout) == {r: [expected] for r in range(2)}
 
 
 @pytest.mark.skipif(not Path(MPIEXEC).exists(), reason="mpiexec not installed (tbcoll[mpi])")
