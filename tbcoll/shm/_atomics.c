@@ -299,7 +299,7 @@ static void reduce_slots(const char *slots, Py_ssize_t slot_bytes, Py_ssize_t si
 
 /*
  * small_round(segment, flags, line, size, rank, seq, slots, slot_bytes, src, dst,
- *             dtype, op, stage, budget) -> stage
+ *             dtype, op, stage, budget, signature) -> stage
  *
  * One single-pass round of the shm transport (see tbcoll/shm/collectives.py): wait until
  * every rank's ARRIVE flag is >= seq-1 (the data set is free), copy src into this rank's
@@ -307,13 +307,17 @@ static void reduce_slots(const char *slots, Py_ssize_t slot_bytes, Py_ssize_t si
  * either reduce all slots into dst with op 0..3 (all_reduce), or with op -1 copy every
  * slot into dst one after the other (all_gather: dst holds size times src). stage 1 starts
  * from the beginning, stage 2 resumes at the second wait; the result is 0 when done, else
- * the stage whose wait ran out of budget.
+ * the stage whose wait ran out of budget, or 3 when the ranks' calls differ: each rank puts
+ * its call's signature (collective, dtype, op, bytes) in its flag line with its data, and
+ * compares everyone's before using anyone's data (see collectives.py, signatures).
  */
+#define SIGNATURE_OFFSET 16 /* bytes into a rank's flag line: after ARRIVE and DONE */
+
 static PyObject *small_round(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     /* METH_FASTCALL with plain conversions: this call is on the latency-critical path. */
-    if (nargs != 14) {
-        PyErr_SetString(PyExc_TypeError, "small_round takes 14 arguments");
+    if (nargs != 15) {
+        PyErr_SetString(PyExc_TypeError, "small_round takes 15 arguments");
         return NULL;
     }
     PyObject *segment_obj = args[0], *src_obj = args[8], *dst_obj = args[9];
@@ -324,6 +328,7 @@ static PyObject *small_round(PyObject *self, PyObject *const *args, Py_ssize_t n
     long dtype = PyLong_AsLong(args[10]), op = PyLong_AsLong(args[11]),
          stage = PyLong_AsLong(args[12]);
     double budget = PyFloat_AsDouble(args[13]);
+    uint64_t signature = (uint64_t)PyLong_AsUnsignedLongLong(args[14]);
     if (PyErr_Occurred())
         return NULL;
     if (dtype < 0 || dtype > 8 || op < -1 || op > 3 || size < 1 || rank < 0 || rank >= size ||
@@ -346,26 +351,41 @@ static PyObject *small_round(PyObject *self, PyObject *const *args, Py_ssize_t n
     int result = -1;
     if (dst.len != (op < 0 ? size : 1) * src.len || src.len > slot_bytes ||
         src.len % ITEMSIZE[dtype] ||
-        flags < 0 || flags % 8 || line % 8 || flags + size * line > segment.len ||
+        flags < 0 || flags % 8 || line % 8 || line < SIGNATURE_OFFSET + 16 ||
+        flags + size * line > segment.len ||
         slots < 0 || slots + size * slot_bytes > segment.len) {
         PyErr_SetString(PyExc_ValueError, "buffers do not fit the segment");
         goto done;
     }
     char *base = (char *)segment.buf;
     const char *flag_base = base + flags;
+    /* Two signature words alternate like the data sets: a rank can be one round ahead, never
+     * two (it waits for every flag >= seq-1 first), so round seq's word is not overwritten
+     * while a slow rank still reads it. */
+    Py_ssize_t signature_at = flags + SIGNATURE_OFFSET + (Py_ssize_t)(seq & 1) * 8;
     if (stage == 1) {
         if (!wait_flags(flag_base, line, size, seq - 1, budget)) {
             result = 1;
             goto done;
         }
         memcpy(base + slots + rank * slot_bytes, src.buf, (size_t)src.len);
-        /* release: the slot's bytes become visible no later than the flag */
+        __atomic_store_n((uint64_t *)(base + signature_at + rank * line), signature,
+                         __ATOMIC_RELAXED);
+        /* release: the slot's bytes and the signature become visible no later than the flag */
         __atomic_store_n((uint64_t *)(base + flags + rank * line), (uint64_t)seq,
                          __ATOMIC_RELEASE);
     }
     if (!wait_flags(flag_base, line, size, seq, budget)) {  /* acquire, inside all_reached */
         result = 2;
         goto done;
+    }
+    /* after the acquire: every rank's signature for this round is in place */
+    for (Py_ssize_t k = 0; k < size; k++) {
+        if (__atomic_load_n((uint64_t *)(base + signature_at + k * line), __ATOMIC_RELAXED) !=
+            signature) {
+            result = 3;
+            goto done;
+        }
     }
     if (op < 0) {
         for (Py_ssize_t k = 0; k < size; k++)
