@@ -358,6 +358,8 @@ class Communicator:
 
     @contextmanager
     def _errors(self, what: str) -> Iterator[None]:
+        if self._closed:
+            raise TbcollError(f"{what} on a closed communicator")
         try:
             yield
         except CommError as e:

@@ -44,17 +44,18 @@ class Channel(Protocol):
 
 
 class _Send:
-    __slots__ = ("peer", "views", "done")
+    __slots__ = ("peer", "views", "done", "error")
 
     def __init__(self, peer: Peer, views: list[memoryview]) -> None:
-        self.peer, self.views, self.done = peer, views, False
+        self.peer, self.views, self.done, self.error = peer, views, False, None
 
 
 class _Recv:
-    __slots__ = ("peer", "view", "done")
+    __slots__ = ("peer", "view", "done", "error")
 
     def __init__(self, peer: Peer, view: memoryview) -> None:
-        self.peer, self.view, self.done = peer, view, False
+        # error: why it can never complete (a message of another size came for it)
+        self.peer, self.view, self.done, self.error = peer, view, False, None
 
 
 class _Unexpected:
@@ -164,6 +165,8 @@ class StreamTransport:
             if not pending:
                 return
             for request in pending:
+                if request.error:
+                    raise CommError(request.error)
                 if request.peer.lost:
                     raise PeerLostError(f"lost connection to rank {request.peer.rank} "
                                         f"({request.peer.lost})", (request.peer.rank,))
@@ -269,9 +272,15 @@ class StreamTransport:
 
     def _begin_message(self, peer: Peer, context: int, tag: int, nbytes: int) -> None:
         waiting = peer.posted.get((context, tag))
-        if waiting:
+        if waiting and waiting[0].view.nbytes != nbytes:
+            # The receive fails (its waitall says why); the message is read and dropped, so
+            # the stream stays in step for whatever comes next.
+            failed = waiting.popleft()
+            failed.error = self._size_error(peer, context, tag, nbytes, failed.view.nbytes)
+            owner = _Unexpected(nbytes)
+            view = memoryview(owner.data)
+        elif waiting:
             owner: _Recv | _Unexpected = waiting.popleft()
-            self._check_size(peer, context, tag, nbytes, owner.view.nbytes)
             view = owner.view
         else:
             owner = _Unexpected(nbytes)
@@ -291,9 +300,13 @@ class StreamTransport:
 
     def _check_size(self, peer: Peer, context: int, tag: int, sent: int, expected: int) -> None:
         if sent != expected:
-            raise CommError(f"rank {peer.rank} sent {sent} bytes where rank {self.rank} expected "
-                            f"{expected} (context {context}, tag {tag}): the ranks are not "
-                            "running the same operation; TBCOLL_CHECK=1 tells which differs")
+            raise CommError(self._size_error(peer, context, tag, sent, expected))
+
+    def _size_error(self, peer: Peer, context: int, tag: int, sent: int, expected: int) -> str:
+        return (f"rank {peer.rank} sent {sent} bytes where rank {self.rank} expected {expected} "
+                f"(context {context}, tag {tag}): the ranks are not running the same "
+                "operation (send and recv sizes must match; TBCOLL_CHECK=1 compares "
+                "collective calls)")
 
     def _live_peer(self, rank: int) -> Peer:
         peer = self._peers.get(rank)
