@@ -152,7 +152,7 @@ class Supervisor:
         self._peer_failure = peer_failure
         self._on_spawn = on_spawn
         self._blamed: Counter[int] = Counter()  # rank -> followers that failed because of it
-        self._followers: set[int] = set()  # ranks that failed because of others
+        self._followers: dict[int, tuple[int, ...]] = {}  # rank -> the ranks it failed on
         self._input = InputForwarder(
             stdin_fd if any(c.stdin and not c.launcher for c in commands) else None, log)
         self._kill_at: float | None = None  # SIGKILL deadline once teardown has begun
@@ -272,6 +272,9 @@ class Supervisor:
                 self._kill_groups(signal.SIGKILL)
                 self._kill_at = None
             if not self._alive():
+                if self._follower_deadline is not None:  # all ended while it waited
+                    self._follower_deadline = None
+                    self._name_suspects()
                 while self._keepalive:  # the writers are gone: let their streams end
                     os.close(self._keepalive.pop())
                 self._input.stop(selector)  # nobody is left to read it
@@ -333,7 +336,7 @@ class Supervisor:
             report = self._peer_failure(rank)
             if report is not None:
                 self._blamed.update(report[1])
-                self._followers.add(rank)
+                self._followers[rank] = report[1]
             own = report is None and not (self._tearing_down and (
                 proc.returncode < 0 or proc.returncode in _TEARDOWN_STATUSES))
             if self._status is not None and not own:
@@ -364,6 +367,7 @@ class Supervisor:
         blamed = {r: n for r, n in self._blamed.items()
                   if r not in self._followers and r in self._procs}  # a follower's peer may
         if not blamed:  # itself have followed: ranks 0 <- 1 <- 2 (frozen) in a ring
+            self._name_broken_links()
             return
         most = max(blamed.values())
         alive = self._alive()
@@ -372,6 +376,16 @@ class Supervisor:
                      else "had ended")
             self._log(f"{self._by_rank[rank].name} did not answer: {_plural(most, 'rank')} "
                       f"failed waiting for it or on losing it; it {state}")
+
+    def _name_broken_links(self) -> None:
+        """Two ranks that each failed on losing the other: the link between them broke (a
+        pulled cable), not either rank; their messages give its addresses."""
+        for a, peers in sorted(self._followers.items()):
+            for b in peers:
+                if a < b and a in self._followers.get(b, ()):
+                    self._log(f"the link between {self._by_rank[a].name} and "
+                              f"{self._by_rank[b].name} failed: each lost the other (see "
+                              "their messages for its addresses)")
 
     def _hint(self, cmd: RankCommand, status: int) -> str:
         if cmd.host and status == _SSH_FAILED:

@@ -298,3 +298,37 @@ def test_stdin_reaches_ranks_on_remote_hosts(cluster, script):
                             input="x" * 300_000)
     assert code == 0, out + err
     assert tagged_lines(out) == {r: [repr("x" * 300_000)] for r in range(2)}
+
+
+def test_a_pulled_cable_ends_the_job_in_seconds_naming_it(cluster, script, tmp_path):
+    """Cables work loose: `ip link set tb2 down` on host 1 mid-job. TCP alone stays silent
+    (the job used to hang for the whole --comm-timeout, then blame rank 0); keepalive ends
+    the waiting ranks' connections within seconds, and the messages name the link."""
+    path = script("""
+        import sys, time
+        import numpy as np
+        import tbcoll
+        comm = tbcoll.init()
+        for i in range(100000):
+            comm.all_reduce(np.ones(4))
+            if i == 20 and comm.rank == 0:
+                print("ready", flush=True)
+            time.sleep(0.005)
+    """)
+    proc = tbrun_on(cluster, "--hostfile", cluster.mesh_hostfile(tmp_path), "--backend", "tcp",
+                    "--comm-timeout", 120, path)
+    cable = ["ip", "-n", cluster.ns(1), "link", "set", "tb2"]
+    try:
+        assert proc.stdout.readline().strip() == "[0] ready"
+        subprocess.run([*cable, "down"], check=True)
+        pulled = time.monotonic()
+        code, out, err = finish(proc, timeout=60)
+        took = time.monotonic() - pulled
+    finally:
+        subprocess.run([*cable, "up"], check=True)
+    assert code != 0, out + err
+    assert took < 15, err
+    assert cluster.link(1, 2) in err and cluster.link(2, 1) in err, err  # the cable, by name
+    assert "tbrun: the link between rank 1 on" in err and "and rank 2 on" in err, err
+    assert "rank 0 did not answer" not in err
+    assert_no_rank_left(cluster)

@@ -111,6 +111,10 @@ class StreamTransport:
     def _forget(self, peer: Peer) -> None:
         """peer's stream is gone."""
 
+    def _check_links(self, peers: Iterable[Peer]) -> None:
+        """Called about once a second while a wait goes on: lose (_lose) any of peers whose
+        stream is known to be dead although nothing has failed yet."""
+
     def peer(self, rank: int) -> Peer | None:
         """The stream to rank, if this rank has one."""
         return self._peers.get(rank)
@@ -172,7 +176,11 @@ class StreamTransport:
                                         f"({request.peer.lost})", (request.peer.rank,))
             now = time.monotonic()
             if deadline is None:
-                deadline = now + self.timeout
+                deadline, next_check = now + self.timeout, now + 1.0
+            elif now >= next_check:  # a wait of a second or more: are the streams alive?
+                self._check_links([p for p in self._peers.values() if not p.lost])
+                next_check = now + 1.0
+                continue  # a stream found dead fails the wait above
             elif now >= deadline:
                 peers = sorted({r.peer.rank for r in pending})
                 raise PeerTimeoutError(f"timed out after {self.timeout:g} s (TBCOLL_TIMEOUT) "

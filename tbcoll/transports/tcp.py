@@ -34,6 +34,11 @@ _RANK = struct.Struct("!I")
 _SOCKET_BUFFER = 4 << 20
 _READ_EVENTS = select.POLLIN | select.POLLHUP | select.POLLERR
 _HANDSHAKE_TIMEOUT = 10.0
+_PROBE_EVERY, _PROBES = 1, 3  # keepalive: seconds between probes, unanswered ones to give up
+# struct tcp_info (Linux): 8 one-byte fields (retransmits is the third), then u32s of which
+# the fifth is tcpi_unacked
+_TCP_INFO = struct.Struct("8B5I")
+_DEAD_AFTER_RTOS = 3  # consecutive unanswered retransmission timeouts (~3 s) mean no link
 
 
 class TcpTransport(StreamTransport):
@@ -43,11 +48,34 @@ class TcpTransport(StreamTransport):
                  timeout: float) -> None:
         super().__init__(rank, size, sockets, timeout)
         self._by_fd: dict[int, Peer] = {}
+        self._links: dict[int, str] = {}  # peer -> "this end -> that end", for messages
         self._poller = select.poll()
         for peer in self._peers.values():
             peer.channel.setblocking(False)
             self._by_fd[peer.channel.fileno()] = peer
             self._poller.register(peer.channel, _READ_EVENTS)
+            self._links[peer.rank] = _link_of(peer.channel)
+
+    def _lose(self, peer: Peer, reason: str) -> None:
+        super()._lose(peer, f"{reason}; the link {self._links.get(peer.rank, '?')}")
+
+    def _check_links(self, peers: Iterable[Peer]) -> None:
+        """Lose the peers whose connection has data in flight that nothing acknowledges
+        through _DEAD_AFTER_RTOS retransmission timeouts in a row: the cable is gone (a
+        live peer's kernel acknowledges at once, even when its process reads slowly). Linux
+        tells through TCP_INFO; elsewhere only keepalive and TBCOLL_TIMEOUT notice."""
+        if not hasattr(socket, "TCP_INFO"):
+            return
+        for peer in peers:
+            try:
+                info = peer.channel.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO,
+                                               _TCP_INFO.size)
+            except OSError:
+                continue
+            fields = _TCP_INFO.unpack_from(info)
+            retransmits, unacked = fields[2], fields[12]
+            if unacked and retransmits >= _DEAD_AFTER_RTOS:
+                self._lose(peer, f"{retransmits} retransmissions unanswered: the link is down")
 
     def _ready(self, timeout: float) -> Iterable[tuple[Peer, bool, bool]]:
         return [(self._by_fd[fd], bool(events & _READ_EVENTS), bool(events & select.POLLOUT))
@@ -118,7 +146,30 @@ def connect_mesh(rank: int, size: int, hosts: list[str], route: Callable[[int], 
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SOCKET_BUFFER)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, _SOCKET_BUFFER)
+        notice_dead_links(sock)
     return sockets
+
+
+def notice_dead_links(sock: socket.socket) -> None:
+    """Keepalive every second, given up after 3 unanswered probes: a pulled cable (or a peer
+    host that froze or lost power) ends a connection with nothing in flight with ETIMEDOUT
+    within ~4 s, where TCP alone stays silent. A connection with data in flight is
+    TcpTransport._check_links's. (Not TCP_USER_TIMEOUT: measured here, it also ends a
+    connection whose peer is alive but slow to read, a zero window.)"""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    idle = getattr(socket, "TCP_KEEPIDLE", getattr(socket, "TCP_KEEPALIVE", None))  # macOS
+    for option, value in ((idle, _PROBE_EVERY), (getattr(socket, "TCP_KEEPINTVL", None),
+                          _PROBE_EVERY), (getattr(socket, "TCP_KEEPCNT", None), _PROBES)):
+        if option is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, option, value)
+
+
+def _link_of(sock: socket.socket) -> str:
+    try:
+        here, there = sock.getsockname(), sock.getpeername()
+    except OSError:
+        return "?"
+    return f"{format_hostport(*here[:2])} -> {format_hostport(*there[:2])}"
 
 
 def _connect(rank: int, peer: int, address: tuple[str, int], token: str,
