@@ -163,8 +163,10 @@ class StoreServer:
         conn.settimeout(_HANDSHAKE_TIMEOUT)
         try:
             accept_handshake(conn, self._token)
-        except (AuthenticationError, OSError) as e:
+        except AuthenticationError as e:  # a wrong token, or bytes that are no handshake
             self._log(f"refused a store connection from {where}: {e}")
+            return
+        except OSError:  # it hung up or stayed silent (a rank torn down, a flood): no news
             return
         if not self._doorman.done(conn):
             return  # dropped as stale while it was proving itself

@@ -23,6 +23,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 import ml_dtypes
 import numpy as np
@@ -30,6 +31,7 @@ import numpy as np
 from tbcoll.dtypes import reducer
 from tbcoll.env import LaunchInfo, comm_timeout
 from tbcoll.errors import CommError, PeerLostError, TbcollError
+from tbcoll.rendezvous import report_peer_failure
 from tbcoll.transports import tcp
 from tbcoll.transports.tcp import TcpGroup
 
@@ -60,10 +62,13 @@ def from_mlx(array: mx.array, into: np.ndarray) -> None:
 
 
 class Watchdog:
-    """Ends the process when one MLX evaluation has waited longer than the timeout."""
+    """Ends the process when one MLX evaluation has waited longer than the timeout, or
+    sooner when tbcoll's own connections beside MLX show a peer gone (MLX cannot interrupt
+    its wait, and spins for ever on a lost peer: mlx#4278)."""
 
-    def __init__(self, rank: int, timeout: float) -> None:
-        self._rank, self._timeout = rank, timeout
+    def __init__(self, rank: int, timeout: float,
+                 silent_loss: Callable[[], tuple[int, str] | None]) -> None:
+        self._rank, self._timeout, self._silent_loss = rank, timeout, silent_loss
         # (what, since) while an evaluation runs. One attribute, replaced whole: CPython stores
         # and loads an object reference atomically, so the watchdog thread sees either the
         # old tuple or the new one, never a mix; no lock on the latency-critical path.
@@ -83,6 +88,13 @@ class Watchdog:
         while True:
             time.sleep(min(1.0, self._timeout / 4))
             busy = self._busy
+            if busy and time.monotonic() - busy[1] > 1.0 and (loss := self._silent_loss()):
+                peer, why = loss
+                message = f"{busy[0]} on rank {self._rank}: lost rank {peer} ({why})"
+                report_peer_failure(message, (peer,))
+                print(f"tbcoll.PeerLostError: {message}; MLX cannot interrupt its wait. "
+                      "Exiting.", file=sys.stderr, flush=True)
+                os._exit(1)
             if busy and time.monotonic() - busy[1] > self._timeout:
                 print(f"tbcoll.CommError: rank {self._rank}: {busy[0]} has waited more than "
                       f"{self._timeout:g} s (TBCOLL_TIMEOUT) for its peers over MLX, which "
@@ -187,5 +199,6 @@ def open_world(info: LaunchInfo | None, prefix: str) -> MlxGroup:
     if info is not None and group.size() != info.size:
         raise CommError(f"MLX sees a group of {group.size()} ranks but tbrun started "
                         f"{info.size}; start the job with `tbrun --backend mlx`")
-    watchdog = Watchdog(group.rank(), comm_timeout(info))
-    return MlxGroup(tcp.open_world(info, prefix), MlxNative(group, watchdog), backend or "ring")
+    beside = tcp.open_world(info, prefix)
+    watchdog = Watchdog(group.rank(), comm_timeout(info), beside.silent_loss)
+    return MlxGroup(beside, MlxNative(group, watchdog), backend or "ring")

@@ -60,22 +60,21 @@ class TcpTransport(StreamTransport):
         super()._lose(peer, f"{reason}; the link {self._links.get(peer.rank, '?')}")
 
     def _check_links(self, peers: Iterable[Peer]) -> None:
-        """Lose the peers whose connection has data in flight that nothing acknowledges
-        through _DEAD_AFTER_RTOS retransmission timeouts in a row: the cable is gone (a
-        live peer's kernel acknowledges at once, even when its process reads slowly). Linux
-        tells through TCP_INFO; elsewhere only keepalive and TBCOLL_TIMEOUT notice."""
-        if not hasattr(socket, "TCP_INFO"):
-            return
         for peer in peers:
-            try:
-                info = peer.channel.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO,
-                                               _TCP_INFO.size)
-            except OSError:
-                continue
-            fields = _TCP_INFO.unpack_from(info)
-            retransmits, unacked = fields[2], fields[12]
-            if unacked and retransmits >= _DEAD_AFTER_RTOS:
-                self._lose(peer, f"{retransmits} retransmissions unanswered: the link is down")
+            if why := _unanswered(peer.channel):
+                self._lose(peer, why)
+
+    def link(self, rank: int) -> str:
+        """The addresses of the connection to rank: "this end -> that end"."""
+        return self._links.get(rank, "?")
+
+    def silent_loss(self) -> tuple[int, str] | None:
+        """A peer whose connection is gone, found without reading anything, so that another
+        thread may ask while this transport's owner waits elsewhere (in MLX): (rank, why)."""
+        for peer in list(self._peers.values()):
+            if why := _gone(peer.channel):
+                return peer.rank, f"{why}; the link {self.link(peer.rank)}"
+        return None
 
     def _ready(self, timeout: float) -> Iterable[tuple[Peer, bool, bool]]:
         return [(self._by_fd[fd], bool(events & _READ_EVENTS), bool(events & select.POLLOUT))
@@ -162,6 +161,36 @@ def notice_dead_links(sock: socket.socket) -> None:
                           _PROBE_EVERY), (getattr(socket, "TCP_KEEPCNT", None), _PROBES)):
         if option is not None:
             sock.setsockopt(socket.IPPROTO_TCP, option, value)
+
+
+def _unanswered(sock: socket.socket) -> str | None:
+    """Why the connection is dead though nothing failed yet: data in flight that nothing
+    acknowledged through _DEAD_AFTER_RTOS retransmission timeouts in a row (a pulled cable; a
+    live peer's kernel acknowledges at once, even while its process reads slowly). Linux
+    tells through TCP_INFO; elsewhere only keepalive and TBCOLL_TIMEOUT notice."""
+    if not hasattr(socket, "TCP_INFO"):
+        return None
+    try:
+        info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO.size)
+    except OSError:
+        return None
+    fields = _TCP_INFO.unpack_from(info)
+    retransmits, unacked = fields[2], fields[12]
+    if unacked and retransmits >= _DEAD_AFTER_RTOS:
+        return f"{retransmits} retransmissions unanswered: the link is down"
+    return None
+
+
+def _gone(sock: socket.socket) -> str | None:
+    """Why the connection has ended, looking without reading (MSG_PEEK), or None."""
+    try:
+        if sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b"":
+            return "it closed the connection: exited or crashed"
+    except BlockingIOError:
+        pass
+    except OSError as e:
+        return f"connection failed: {e.strerror or e}"
+    return _unanswered(sock)
 
 
 def _link_of(sock: socket.socket) -> str:
@@ -279,14 +308,11 @@ class TcpGroup:
 
     def describe_links(self) -> list[str]:
         """Which addresses each connection of this group runs between."""
-        lines = []
-        for rank in self.members:
-            peer = self._transport.peer(rank)
-            if peer is not None:
-                local, remote = peer.channel.getsockname(), peer.channel.getpeername()
-                lines.append(f"  to rank {rank}: {format_hostport(*local[:2])} -> "
-                             f"{format_hostport(*remote[:2])}")
-        return lines
+        return [f"  to rank {rank}: {self._transport.link(rank)}" for rank in self.members
+                if self._transport.peer(rank) is not None]
+
+    def silent_loss(self) -> tuple[int, str] | None:
+        return self._transport.silent_loss()
 
     def split(self, color: int | None, key: int, members: list[int],
               context: int) -> TcpGroup | None:

@@ -1,0 +1,40 @@
+"""The mlx transport's watchdog: MLX cannot interrupt a collective whose peer is gone (its
+ring and jaccl backends wait for ever), so a thread looks at tbcoll's own connections beside
+MLX and ends the rank within seconds, telling tbrun which peer it lost."""
+
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytest.importorskip("mlx.core")
+
+from tbcoll.transports.tcp import _gone  # noqa: E402
+
+
+def test_a_closed_or_reset_connection_is_seen_without_reading_it():
+    here, there = socket.socketpair()
+    here.setblocking(False)
+    there.sendall(b"data")
+    assert _gone(here) is None  # data waiting: alive (and the data is left in place)
+    assert here.recv(4) == b"data"
+    there.close()
+    assert _gone(here) == "it closed the connection: exited or crashed"
+    here.close()
+
+
+def test_the_watchdog_ends_a_rank_stuck_in_mlx_once_a_peer_is_gone():
+    code = (
+        "import time\n"
+        "from tbcoll.transports.mlx import Watchdog\n"
+        "dog = Watchdog(0, 60.0, lambda: (1, 'it closed the connection'))\n"
+        "dog._busy = ('all_reduce', time.monotonic())  # as inside mx.eval\n"
+        "time.sleep(30)\n")
+    start = time.monotonic()
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 1
+    assert time.monotonic() - start < 10  # not the 60 s timeout
+    assert ("tbcoll.PeerLostError: all_reduce on rank 0: lost rank 1 (it closed the "
+            "connection)") in p.stderr
