@@ -25,11 +25,12 @@ import tempfile
 from pathlib import Path
 
 from launchers.config import LaunchConfig, thread_limits
+from launchers.diagnose import describe_exit
 from launchers.hosts import LOOPBACK, free_port, plan_job, ssh_options
 from launchers.janitor import janitor_for
 from launchers.output import STREAMS, OutputRouter, log
 from launchers.shmclean import mpich_segments, remove_unmapped
-from launchers.supervisor import RankCommand, Supervisor, describe_exit
+from launchers.supervisor import RankCommand, Supervisor
 from tbcoll.errors import LaunchError
 
 

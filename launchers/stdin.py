@@ -9,7 +9,10 @@ stdin closes each rank's input (EOF for the rank); it never ends the job.
 A wrapped rank (launchers.remote, on another host or on macOS) shares one pipe for its set-up
 line, the signals tbrun forwards and its input, so there everything after the set-up line is
 framed: a header line "KIND LENGTH\\n" and LENGTH bytes; kinds are "signal" (a signal's
-name) and "stdin" (input; length 0 is end of file).
+name) and "stdin" (input; length 0 is end of file). The wrapper reads every frame at once, so
+that a signal is never stuck behind input, and queues the input for its rank in memory: a
+remote rank that never reads a large input holds it there (tbrun's flow control reaches
+it only through ssh's buffers).
 """
 
 from __future__ import annotations
@@ -19,7 +22,6 @@ import os
 import selectors
 from collections.abc import Callable
 
-STDIN_CHOICES = ("0", "all", "none")  # or a rank number
 _HIGH_WATER = 1 << 20
 
 

@@ -25,32 +25,35 @@ from __future__ import annotations
 import ctypes
 import json
 import os
-import re
 import selectors
 import signal
 import subprocess
 import sys
 import time
-from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from launchers.diagnose import (
+    SSH_FAILED,
+    describe_exit,
+    hint,
+    plural,
+    ranks_phrase,
+    suspects,
+)
 from launchers.output import STREAMS, OutputRouter
 from launchers.stdin import InputForwarder
 from tbcoll.errors import LaunchError
 
 TIMEOUT_STATUS = 124  # as timeout(1) does
-_SSH_FAILED = 255  # ssh's own status for a connection it could not make or lost
-_NOT_FOUND = 127  # the shell's status for a command it cannot find
 PDEATHSIG = sys.platform.startswith("linux")  # children can be told to die with tbrun
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _POLL = 0.5  # backstop for SIGCHLD wake-ups; exits are normally seen at once
 # A rank's status after tbrun's teardown signals (128+INT/KILL/TERM, through a wrapper) or
 # after tbrun killed its ssh: the teardown's doing, not the rank's own failure.
 _TEARDOWN_STATUSES = (128 + signal.SIGINT, 128 + signal.SIGKILL, 128 + signal.SIGTERM,
-                      _SSH_FAILED)
+                      SSH_FAILED)
 _FOLLOWER_WAIT = 1.0  # seconds a follower's failure waits for the failure it followed
-_MISSING_MODULE = re.compile(r"ModuleNotFoundError: No module named '(tbcoll|mpi4py|mlx)\b")
 
 
 @dataclass(frozen=True)
@@ -81,25 +84,6 @@ class RankCommand:
 
 def _status_of(returncode: int) -> int:
     return returncode if returncode >= 0 else 128 - returncode
-
-
-def describe_exit(returncode: int) -> str:
-    if returncode >= 0:
-        return f"exited with status {returncode}"
-    try:
-        name = signal.Signals(-returncode).name
-    except ValueError:
-        name = "unknown signal"
-    return f"was killed by signal {-returncode} ({name})"
-
-
-def _ranks(ranks: Sequence[int]) -> str:
-    """'rank 2' or 'ranks 1, 3'."""
-    return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}" if ranks else ""
-
-
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}{'' if n == 1 else 's'}"
 
 
 def _die_with_parent_hook() -> Callable[[], None] | None:
@@ -151,7 +135,6 @@ class Supervisor:
         self._tearing_down = False  # tbrun has signalled the ranks to stop
         self._peer_failure = peer_failure
         self._on_spawn = on_spawn
-        self._blamed: Counter[int] = Counter()  # rank -> followers that failed because of it
         self._followers: dict[int, tuple[int, ...]] = {}  # rank -> the ranks it failed on
         self._input = InputForwarder(
             stdin_fd if any(c.stdin and not c.launcher for c in commands) else None, log)
@@ -258,16 +241,16 @@ class Supervisor:
             now = time.monotonic()
             if self._follower_deadline is not None and now >= self._follower_deadline:
                 self._name_suspects()
-                self._log(f"stopping the other {_plural(len(self._alive()), 'rank')}")
+                self._log(f"stopping the other {plural(len(self._alive()), 'rank')}")
                 self._begin_teardown(self._status, signal.SIGTERM)
                 self._provisional = True  # the rank it followed may still show its own
             if job_deadline is not None and now >= job_deadline and (
                     self._status is None or self._follower_deadline is not None):
                 self._log(f"job exceeded --timeout {self._timeout:g} s; "
-                          f"stopping {_plural(len(self._alive()), 'rank')}")
+                          f"stopping {plural(len(self._alive()), 'rank')}")
                 self._begin_teardown(TIMEOUT_STATUS, signal.SIGTERM)
             if self._kill_at is not None and now >= self._kill_at and self._alive():
-                self._log(f"{_plural(len(self._alive()), 'rank')} still running "
+                self._log(f"{plural(len(self._alive()), 'rank')} still running "
                           f"{self._grace:g} s after SIGTERM; sending SIGKILL")
                 self._kill_groups(signal.SIGKILL)
                 self._kill_at = None
@@ -314,7 +297,7 @@ class Supervisor:
                 continue
             forward = signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM
             self._log(f"got {name}; forwarding {forward.name} to "
-                      f"{_plural(len(self._alive()), 'rank')}")
+                      f"{plural(len(self._alive()), 'rank')}")
             self._begin_teardown(128 + signum, forward)
 
     def _reap(self, selector: selectors.BaseSelector) -> None:
@@ -335,7 +318,6 @@ class Supervisor:
             self._drain(selector, rank)  # the rank's last words, for the hints below
             report = self._peer_failure(rank)
             if report is not None:
-                self._blamed.update(report[1])
                 self._followers[rank] = report[1]
             own = report is None and not (self._tearing_down and (
                 proc.returncode < 0 or proc.returncode in _TEARDOWN_STATUSES))
@@ -344,9 +326,11 @@ class Supervisor:
             status = _status_of(proc.returncode)
             message = f"{cmd.name} (pid {proc.pid}) {describe_exit(proc.returncode)}"
             if report is not None:
-                message += f", failing because of {_ranks(report[1]) or 'peers'} ({report[0]})"
+                message += (f", failing because of {ranks_phrase(report[1]) or 'peers'} "
+                            f"({report[0]})")
             else:
-                message += self._hint(cmd, status)
+                message += hint(cmd.host, status, cmd.argv[-1], cmd.program,
+                                self._output.stderr_tail(rank))
             others = len(self._alive())
             if self._status is not None:  # the failure that a follower's stood for
                 message += f"; it failed first: the job's status is {status}"
@@ -354,7 +338,7 @@ class Supervisor:
                 message += "; waiting briefly for the rank that failed first"
                 self._follower_deadline = time.monotonic() + _FOLLOWER_WAIT
             elif others:
-                message += f"; stopping the other {_plural(others, 'rank')}"
+                message += f"; stopping the other {plural(others, 'rank')}"
             self._log(message)
             self._status, self._provisional = status, not own
             self._culprit = rank if own else None
@@ -362,44 +346,10 @@ class Supervisor:
                 self._begin_teardown(status, signal.SIGTERM)
 
     def _name_suspects(self) -> None:
-        """Name the ranks the followers failed because of, when none failed by itself: a
-        frozen rank, or one cut off without its connections noticing."""
-        blamed = {r: n for r, n in self._blamed.items()
-                  if r not in self._followers and r in self._procs}  # a follower's peer may
-        if not blamed:  # itself have followed: ranks 0 <- 1 <- 2 (frozen) in a ring
-            self._name_broken_links()
-            return
-        most = max(blamed.values())
-        alive = self._alive()
-        for rank in sorted(r for r, n in blamed.items() if n == most):
-            state = ("still runs: frozen, stopped, or cut off from them?" if rank in alive
-                     else "had ended")
-            self._log(f"{self._by_rank[rank].name} did not answer: {_plural(most, 'rank')} "
-                      f"failed waiting for it or on losing it; it {state}")
-
-    def _name_broken_links(self) -> None:
-        """Two ranks that each failed on losing the other: the link between them broke (a
-        pulled cable), not either rank; their messages give its addresses."""
-        for a, peers in sorted(self._followers.items()):
-            for b in peers:
-                if a < b and a in self._followers.get(b, ()):
-                    self._log(f"the link between {self._by_rank[a].name} and "
-                              f"{self._by_rank[b].name} failed: each lost the other (see "
-                              "their messages for its addresses)")
-
-    def _hint(self, cmd: RankCommand, status: int) -> str:
-        if cmd.host and status == _SSH_FAILED:
-            return (f" (ssh's status when it cannot reach {cmd.host} or the connection "
-                    f"drops: check `ssh {cmd.host} true`)")
-        if cmd.host and status == _NOT_FOUND:
-            return (f" (a command not found on {cmd.host}: check that `{cmd.argv[-1]}` "
-                    "runs there, e.g. the --python path)")
-        missing = _MISSING_MODULE.findall(self._output.stderr_tail(cmd.rank))
-        if missing:
-            return (f" ({cmd.program} cannot import {missing[-1]}: run the script as "
-                    f"`tbrun ... script.py`, which uses tbrun's own Python ({sys.executable}), "
-                    "or name the python of the environment where tbcoll is installed)")
-        return ""
+        """Name what the followers failed because of, when no rank failed by itself."""
+        for line in suspects(self._followers, self._alive(),
+                             lambda rank: self._by_rank[rank].name):
+            self._log(line)
 
     def _drain(self, selector: selectors.BaseSelector, rank: int) -> None:
         """Route what an exited rank's pipes still hold."""
