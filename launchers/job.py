@@ -67,13 +67,14 @@ def rank_commands(cfg: LaunchConfig, plan: JobPlan, store_port: int, token: str,
                 else:  # the wrapper kills the rank when tbrun's end of its stdin closes
                     setup = remote_setup(cfg.program, cfg.cwd, {}, {}, {}, reads_stdin)
                     commands.append(RankCommand(rank, LOCAL_WRAPPER, env, setup=setup,
-                                                stdin=reads_stdin))
+                                                stdin=reads_stdin, runs=cfg.program[0]))
             else:
                 setup = remote_setup(cfg.program, cfg.cwd, env, thread_defaults, files,
                                      reads_stdin)
                 argv = ssh_command(cfg.ssh, host.name, cfg.python, cfg.connect_timeout)
                 commands.append(RankCommand(rank, argv, dict(os.environ), host=host.name,
-                                            setup=setup, stdin=reads_stdin))
+                                            setup=setup, stdin=reads_stdin,
+                                            runs=cfg.program[0]))
     return sorted(commands, key=lambda c: c.rank)
 
 

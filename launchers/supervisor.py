@@ -23,7 +23,6 @@ failed because of (a frozen rank never exits).
 from __future__ import annotations
 
 import ctypes
-import json
 import os
 import selectors
 import signal
@@ -69,11 +68,11 @@ class RankCommand:
     # itself, and its caller explains its failure
     launcher: bool = False
     stdin: bool = False  # reads tbrun's standard input (--stdin)
+    runs: str = ""  # for messages: what a wrapped rank runs (its interpreter), else argv[0]
 
     @property
     def program(self) -> str:
-        """What the rank runs first: the interpreter of a Python rank."""
-        return json.loads(self.setup)["argv"][0] if self.setup is not None else self.argv[0]
+        return self.runs or self.argv[0]
 
     @property
     def name(self) -> str:

@@ -65,6 +65,45 @@ def connect_handshake(sock: socket.socket, token: str) -> None:
         raise AuthenticationError("the peer does not know this job's TBCOLL_TOKEN")
 
 
+HANDSHAKE_TIMEOUT = 10.0
+
+
+class Busy(ConnectionError):
+    """The other side kept turning us away before its greeting until the deadline."""
+
+
+def connect_proven(address: tuple[str, int], token: str, deadline: float,
+                   retry_refused: bool = False) -> socket.socket:
+    """Connect to address and prove the token (connect_handshake), trying again while the
+    other side turns us away as busy (see Doorman) and, with retry_refused, while nothing
+    listens there yet, until deadline (time.monotonic()). Raises the OSError of the connect,
+    Busy, or AuthenticationError (a refusal, or a handshake that failed otherwise)."""
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            sock = socket.create_connection(address, timeout=max(left, 0.1))
+        except (ConnectionRefusedError, TimeoutError):
+            if not retry_refused or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.05)
+            continue
+        try:
+            sock.settimeout(max(0.1, min(HANDSHAKE_TIMEOUT, left)))
+            connect_handshake(sock, token)
+            return sock
+        except ConnectionError as e:  # closed before the greeting: busy
+            sock.close()
+            if time.monotonic() >= deadline:
+                raise Busy(f"turned away until the deadline ({e})") from e
+            time.sleep(0.05)
+        except AuthenticationError:
+            sock.close()
+            raise
+        except OSError as e:
+            sock.close()
+            raise AuthenticationError(f"the handshake failed: {e.strerror or e}") from e
+
+
 class Doorman:
     """Admission for connections that have not yet proven the token, so that idle ones from
     anyone cannot lock a job's own out: at most `limit` at once; past that, or when out of

@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
-from tbcoll.auth import Doorman, accept_handshake, connect_handshake
+from tbcoll.auth import HANDSHAKE_TIMEOUT, Busy, Doorman, accept_handshake, connect_proven
 from tbcoll.env import DEFAULT_TIMEOUT, LaunchInfo, format_hostport, launch_info
 from tbcoll.errors import AuthenticationError, RendezvousError, TbcollError
 from tbcoll.wire import pack_fields, recv_exactly, recv_fields
@@ -28,7 +28,6 @@ _SET, _GET, _WAIT, _ADD, _DELETE = range(1, 6)
 _FIELDS = {_SET: (2, 2), _GET: (1, 1), _WAIT: (1, 4096), _ADD: (2, 2), _DELETE: (1, 1)}
 _OK, _TIMEOUT, _BAD = range(3)
 _MAX_FIELD = 64 << 20
-_HANDSHAKE_TIMEOUT = 10.0
 _OUT_OF_RESOURCES = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
 Key = str | bytes
@@ -160,7 +159,7 @@ class StoreServer:
 
     def _converse(self, conn: socket.socket, peer: tuple) -> None:
         where = format_hostport(*peer[:2])
-        conn.settimeout(_HANDSHAKE_TIMEOUT)
+        conn.settimeout(HANDSHAKE_TIMEOUT)
         try:
             accept_handshake(conn, self._token)
         except AuthenticationError as e:  # a wrong token, or bytes that are no handshake
@@ -274,31 +273,18 @@ class Store:
         self.close()
 
     def _connect(self, host: str, port: int, token: str, connect_timeout: float) -> socket.socket:
-        deadline = time.monotonic() + connect_timeout
-        while True:
-            try:
-                sock = socket.create_connection((host, port), timeout=connect_timeout)
-            except (ConnectionRefusedError, TimeoutError) as e:
-                if time.monotonic() >= deadline:
-                    raise RendezvousError(
-                        f"cannot reach the rendezvous store at {self.address} ({e}); "
-                        "is tbrun still running?") from e
-                time.sleep(0.05)
-                continue
-            try:
-                sock.settimeout(_HANDSHAKE_TIMEOUT)
-                connect_handshake(sock, token)
-                break
-            except ConnectionError as e:  # turned away before the greeting: busy
-                sock.close()
-                if time.monotonic() >= deadline:
-                    raise RendezvousError(f"the rendezvous store at {self.address} kept turning "
-                                          f"us away ({e}): is something flooding it?") from e
-                time.sleep(0.05)
-            except (AuthenticationError, OSError) as e:
-                sock.close()
-                raise RendezvousError(
-                    f"the rendezvous store at {self.address} refused us: {e}") from e
+        try:
+            sock = connect_proven((host, port), token, time.monotonic() + connect_timeout,
+                                  retry_refused=True)
+        except (ConnectionRefusedError, TimeoutError) as e:
+            raise RendezvousError(f"cannot reach the rendezvous store at {self.address} ({e}); "
+                                  "is tbrun still running?") from e
+        except Busy as e:
+            raise RendezvousError(f"the rendezvous store at {self.address} kept turning us "
+                                  f"away ({e}): is something flooding it?") from e
+        except (AuthenticationError, OSError) as e:
+            raise RendezvousError(
+                f"the rendezvous store at {self.address} refused us: {e}") from e
         sock.settimeout(None)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return sock

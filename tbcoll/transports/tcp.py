@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
-from tbcoll.auth import Doorman, accept_handshake, connect_handshake
+from tbcoll.auth import HANDSHAKE_TIMEOUT, Doorman, accept_handshake, connect_proven
 from tbcoll.env import LaunchInfo, format_hostport, parse_hostport
 from tbcoll.errors import AuthenticationError, CommError
 from tbcoll.rendezvous import Store
@@ -33,7 +33,6 @@ log = logging.getLogger("tbcoll.tcp")
 _RANK = struct.Struct("!I")
 _SOCKET_BUFFER = 4 << 20
 _READ_EVENTS = select.POLLIN | select.POLLHUP | select.POLLERR
-_HANDSHAKE_TIMEOUT = 10.0
 _PROBE_EVERY, _PROBES = 1, 3  # keepalive: seconds between probes, unanswered ones to give up
 # struct tcp_info (Linux): 8 one-byte fields (retransmits is the third), then u32s of which
 # the fifth is tcpi_unacked
@@ -131,7 +130,7 @@ def connect_mesh(rank: int, size: int, hosts: list[str], route: Callable[[int], 
                 if not doorman.admit(sock):
                     continue
                 threading.Thread(target=_accept_peer, daemon=True, args=(
-                    sock, address, token, rank, size, min(_HANDSHAKE_TIMEOUT, left),
+                    sock, address, token, rank, size, min(HANDSHAKE_TIMEOUT, left),
                     arrivals)).start()
     except BaseException:
         for sock in sockets.values():
@@ -203,30 +202,20 @@ def _link_of(sock: socket.socket) -> str:
 
 def _connect(rank: int, peer: int, address: tuple[str, int], token: str,
              deadline: float) -> socket.socket:
-    """Connect to peer and prove ourselves, trying again while it is busy."""
-    where = format_hostport(*address)
-    while True:
-        left = deadline - time.monotonic()
-        try:
-            sock = socket.create_connection(address, timeout=max(left, 0.1))
-        except OSError as e:
-            raise CommError(f"rank {rank} could not connect to rank {peer} at {where}: "
-                            f"{e.strerror or e}") from e
-        try:
-            sock.settimeout(max(0.1, min(_HANDSHAKE_TIMEOUT, left)))
-            connect_handshake(sock, token)
-            sock.sendall(_RANK.pack(rank))
-            return sock
-        except ConnectionError as e:  # turned away before the greeting: busy
-            sock.close()
-            if time.monotonic() >= deadline:
-                raise CommError(f"rank {rank} could not connect to rank {peer} at {where}: "
-                                f"turned away until TBCOLL_TIMEOUT ({e})") from e
-            time.sleep(0.05)
-        except (AuthenticationError, OSError) as e:
-            sock.close()
-            raise CommError(f"rank {rank} could not connect to rank {peer} at {where}: "
-                            f"{e}") from e
+    """Connect to peer and prove ourselves (trying again while it is busy); name our rank."""
+    where = f"rank {rank} could not connect to rank {peer} at {format_hostport(*address)}"
+    try:
+        sock = connect_proven(address, token, deadline)
+    except AuthenticationError as e:
+        raise CommError(f"{where}: {e}") from e
+    except OSError as e:
+        raise CommError(f"{where}: {e.strerror or e}") from e
+    try:
+        sock.sendall(_RANK.pack(rank))
+    except OSError as e:
+        sock.close()
+        raise CommError(f"{where}: {e.strerror or e}") from e
+    return sock
 
 
 def _accept_peer(sock: socket.socket, address: tuple, token: str, rank: int, size: int,
