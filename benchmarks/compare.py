@@ -4,8 +4,10 @@
 
 Each round runs one job per system, in turns (A B A B ...): tbcoll over shm and tcp under
 tbrun (every algorithm available), tbcoll's mpi transport and raw mpi4py (MPI_Allreduce /
-MPI_Allgather) under mpiexec, and MLX's all_sum / all_gather under mlx.launch (ring backend;
-jaccl where MLX has it). Every job runs the same sweep through tbcoll.bench's harness, which
+MPI_Allgather) under mpiexec, and MLX's all_sum / all_gather under `tbrun --backend mlx`
+(which sets what MLX's own launcher would: ring here; jaccl from a hostfile with RDMA
+devices). Not under MLX's launcher itself: on 2 cores it busy-polls, and the same MLX worker
+ran 10-35x slower under it (../shared/FACTS.md). Every job runs the same sweep through tbcoll.bench's harness, which
 checks every result. The report gives, per size, each system's median time and tbcoll's
 best time divided by each peer's (below 1: tbcoll is faster), and optionally a PNG plot of
 latency and bus bandwidth against size.
@@ -59,8 +61,8 @@ class MlxPeer:
         import mlx.core as mx
 
         self._mx = mx
-        # Name the backend mlx.launch set up: left to choose, MLX may find MPICH's libmpi in
-        # this environment and start a singleton MPI job instead.
+        # Name the backend tbrun set up: left to choose, MLX may find MPICH's libmpi in this
+        # environment and start a singleton MPI job instead.
         backend = "jaccl" if "MLX_IBV_DEVICES" in os.environ else "ring"
         self._group = mx.distributed.init(strict=True, backend=backend)
         self.rank, self.size = self._group.rank(), self._group.size()
@@ -101,15 +103,12 @@ def worker(system: str, collective: str, sizes: list[int], iters: int, warmup: i
 
 def launch(system: str, np_: int, worker_args: list[str]) -> list[dict]:
     me = [__file__, "--worker", system, *worker_args]
-    if system in ("tbcoll-shm", "tbcoll-tcp", "tbcoll-mlx"):
-        argv = [str(BIN / "tbrun"), "-np", str(np_), "--no-tag-output",
-                "--backend", system.split("-")[1], sys.executable, *me]
-    elif system in ("tbcoll-mpi", "mpi4py"):
+    if system in ("tbcoll-mpi", "mpi4py"):
         argv = [str(BIN / "mpiexec"), "-n", str(np_), sys.executable, *me]
-    else:
-        backend = "jaccl" if _mlx_has("jaccl") else "ring"
-        argv = [str(BIN / "mlx.launch"), "-n", str(np_), "--backend", backend,
-                "--python", sys.executable, *me]
+    else:  # tbcoll-shm, tbcoll-tcp, tbcoll-mlx, and MLX's own (mlx)
+        backend = "mlx" if system == "mlx" else system.split("-")[1]
+        argv = [str(BIN / "tbrun"), "-np", str(np_), "--no-tag-output", "--backend", backend,
+                sys.executable, *me]
     env = {k: v for k, v in os.environ.items() if k != "TBCOLL_ALGO"}
     p = subprocess.run(argv, capture_output=True, text=True, timeout=3600, env=env)
     lines = [line for line in p.stdout.splitlines() if line.startswith("ROWS ")]
@@ -117,14 +116,6 @@ def launch(system: str, np_: int, worker_args: list[str]) -> list[dict]:
         raise SystemExit(f"{system} failed ({p.returncode}):\n{p.stdout[-3000:]}\n"
                          f"{p.stderr[-3000:]}")
     return json.loads(lines[0][len("ROWS "):])
-
-
-def _mlx_has(backend: str) -> bool:
-    try:
-        import mlx.core as mx
-    except ImportError:
-        return False
-    return mx.distributed.is_available(backend)
 
 
 def summarise(rows: list[dict]) -> dict[tuple[str, int], dict]:
@@ -214,7 +205,6 @@ def main() -> None:
     from tbcoll.bench.cli import parse_size, sizes
 
     steps = sizes(parse_size(args.minbytes), parse_size(args.maxbytes), args.stepfactor)
-    # Long option names only: mlx.launch reads its own -n out of the script's arguments too.
     worker_args = ["--collective", args.collective, "--sizes", ",".join(map(str, steps)),
                    "--iters", str(args.iters), "--warmup", str(args.warmup)]
     systems = args.systems.split(",")
