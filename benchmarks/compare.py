@@ -7,10 +7,10 @@ tbrun (every algorithm available), tbcoll's mpi transport and raw mpi4py (MPI_Al
 MPI_Allgather) under mpiexec, and MLX's all_sum / all_gather under `tbrun --backend mlx`
 (which sets what MLX's own launcher would: ring here; jaccl from a hostfile with RDMA
 devices). Not under MLX's launcher itself: on 2 cores it busy-polls, and the same MLX worker
-ran 10-35x slower under it (../shared/FACTS.md). Every job runs the same sweep through tbcoll.bench's harness, which
-checks every result. The report gives, per size, each system's median time and tbcoll's
-best time divided by each peer's (below 1: tbcoll is faster), and optionally a PNG plot of
-latency and bus bandwidth against size.
+ran 10-35x slower under it (../shared/FACTS.md). Every job runs the same sweep through
+tbcoll.bench's harness, which checks every result. The report gives, per size, each system's
+median time and tbcoll's best time divided by each peer's (below 1: tbcoll is faster), and
+optionally a PNG plot of latency and bus bandwidth against size.
 """
 
 from __future__ import annotations
