@@ -52,13 +52,11 @@ def mpiexec_command(cfg: LaunchConfig, mpiexec: str, outputs: str, ssh: str | No
                           "standard input to rank 0 only; use --stdin 0 or --stdin none")
     argv = [mpiexec, "-n", str(cfg.nprocs), "-wdir", cfg.cwd, "-print-all-exitcodes",
             "-outfile-pattern", outputs % "out", "-errfile-pattern", outputs % "err"]
-    placement = [0] * cfg.nprocs
+    placement = placement_of(cfg)
     if cfg.hostfile is not None:
-        placement = cfg.hostfile.placement(cfg.nprocs, cfg.map_by)
-        used = sorted(set(placement))
-        node = {host: i for i, host in enumerate(used)}
+        used = sorted(set(cfg.hostfile.placement(cfg.nprocs, cfg.map_by)))
         argv += ["-hosts", ",".join(cfg.hostfile.hosts[i].name for i in used),
-                 "-rankmap", ",".join(str(node[h]) for h in placement)]
+                 "-rankmap", ",".join(map(str, placement))]
         if ssh is not None:
             argv += ["-launcher", "ssh", "-launcher-exec", ssh]
         if launch_host is not None:
@@ -127,7 +125,7 @@ _HOST_CODES = re.compile(r"^(?:.*Exit codes: )?\[[^\]]*\] ([\d,]+)$", re.MULTILI
 
 
 def placement_of(cfg: LaunchConfig) -> list[int]:
-    """The host (index into the hosts used) of each rank."""
+    """The host of each rank, as an index into the hosts used (Hydra's -rankmap)."""
     if cfg.hostfile is None:
         return [0] * cfg.nprocs
     placement = cfg.hostfile.placement(cfg.nprocs, cfg.map_by)
