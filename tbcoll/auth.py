@@ -48,7 +48,7 @@ def connect_handshake(sock: socket.socket, token: str) -> None:
     """Prove our token to the side we connected to, and check that it knows it too.
 
     A connection closed before the greeting raises ConnectionError: the other side was too
-    busy to talk (see StoreServer), and the caller may try again; a refusal after it is an
+    busy to talk (see Doorman), and the caller may try again; a refusal after it is an
     AuthenticationError."""
     hello = recv_exactly(sock, len(_MAGIC) + _NONCE)
     try:

@@ -56,7 +56,7 @@ class TcpTransport(StreamTransport):
             self._links[peer.rank] = _link_of(peer.channel)
 
     def _lose(self, peer: Peer, reason: str) -> None:
-        super()._lose(peer, f"{reason}; the link {self._links.get(peer.rank, '?')}")
+        super()._lose(peer, f"{reason}; the link {self.link(peer.rank)}")
 
     def _check_links(self, peers: Iterable[Peer]) -> None:
         for peer in peers:
