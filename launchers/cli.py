@@ -10,10 +10,12 @@ from pathlib import Path
 
 import click
 
+from launchers import slurm
+from launchers.cluster.doctor import run_doctor
+from launchers.cluster.write_hostfile import json_hostfile, text_hostfile
 from launchers.config import LaunchConfig, parse_exports, read_hosts, resolve_program
-from launchers.doctor import run_doctor
 from launchers.job import run
-from launchers.write_hostfile import json_hostfile, text_hostfile
+from launchers.starters import REMOTE
 from tbcoll.env import BACKENDS, DEFAULT_TIMEOUT
 from tbcoll.errors import LaunchError, TbcollError
 from tbcoll.topology import MAX_RANKS
@@ -91,6 +93,9 @@ def _ssh_options(f):
 @click.option("--store-port", type=click.IntRange(0, 65535), default=0,
               help="Port of the rendezvous store (0: any free port).")
 @_ssh_options
+@click.option("--launcher", type=click.Choice(REMOTE),
+              show_default="srun inside a Slurm allocation, else ssh",
+              help="How ranks start on other hosts (mpiexec's -launcher).")
 @click.option("--cwd", type=click.Path(file_okay=False), metavar="DIR",
               show_default="tbrun's", help="Working directory of the ranks, on every host.")
 @click.option("-m", "--module", is_flag=True, help="PROGRAM is a module to run as python -m.")
@@ -102,8 +107,8 @@ def tbrun(nprocs: int | None, hostfile: str | None, hosts: str | None, map_by: s
           backend: str, exports: tuple[str, ...], stdin: str, master_addr: str | None,
           master_port: int | None, tag_output: bool, output_dir: Path | None,
           timeout: float, grace: float, comm_timeout: float, store_port: int, python: str,
-          cwd: str | None, ssh: str, connect_timeout: float, module: bool, dry_run: bool,
-          program: str, args: tuple[str, ...]) -> int:
+          cwd: str | None, ssh: str, connect_timeout: float, launcher: str | None,
+          module: bool, dry_run: bool, program: str, args: tuple[str, ...]) -> int:
     """Start NP ranks of PROGRAM (a .py script, a module with -m, or an executable) and
     supervise them: tagged output, fail-fast teardown, signals forwarded, exit status of the
     first rank to fail.
@@ -115,6 +120,11 @@ def tbrun(nprocs: int | None, hostfile: str | None, hosts: str | None, map_by: s
     OMP_NUM_THREADS=1 (and the BLAS equivalents) where unset and several ranks share a host.
     """
     topology = read_hosts(hostfile, hosts)
+    granted = slurm.allocation(os.environ) if topology is None else None
+    if granted is not None:  # inside salloc or sbatch: the allocation's nodes and tasks
+        topology = granted.hostfile(slurm.node_addresses(granted.nodes))
+        nprocs = nprocs or granted.ntasks
+    launcher = launcher or ("srun" if granted else "ssh")
     if nprocs is None:
         if topology is None:
             raise LaunchError("give the number of ranks with -np N (or hosts with --hostfile or "
@@ -149,6 +159,7 @@ def tbrun(nprocs: int | None, hostfile: str | None, hosts: str | None, map_by: s
         ssh=tuple(shlex.split(ssh)),
         connect_timeout=connect_timeout,
         stdin=str(int(stdin)) if stdin.isdigit() else stdin,
+        launcher=launcher,
     )
     return run(cfg)
 

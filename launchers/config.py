@@ -44,7 +44,8 @@ class LaunchConfig:
     python: str = "python3"  # runs .py programs, and launchers.remote on remote hosts
     ssh: tuple[str, ...] = ("ssh",)
     connect_timeout: float = 10.0  # seconds ssh may take to reach a host
-    stdin: str = "0"  # the rank that reads tbrun's stdin, "all" or "none"
+    stdin: str = "0"  # the rank that reads tbrun's standard input, "all" or "none"
+    launcher: str = "ssh"  # the starter of ranks on other hosts (launchers.starters)
 
 
 def resolve_program(program: str, args: Sequence[str], python: str,

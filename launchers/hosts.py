@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import os
 import shlex
 import socket
 from collections.abc import Mapping, Sequence
@@ -63,11 +64,11 @@ def plan_job(hostfile: Hostfile | None, nprocs: int, map_by: str, route: bool = 
 
 
 def is_this_machine(name: str) -> bool:
-    """localhost, this machine's host name, or an address of one of its interfaces (a user@
-    prefix always means ssh)."""
+    """localhost, this machine's host name, the node Slurm says this is (SLURMD_NODENAME), or
+    an address of one of its interfaces (a user@ prefix always means ssh)."""
     if "@" in name:
         return False
-    if name in _LOOPBACK_NAMES:
+    if name in _LOOPBACK_NAMES or name == os.environ.get("SLURMD_NODENAME"):
         return True
     hostname = socket.gethostname()
     if name in (hostname, hostname.split(".")[0]):

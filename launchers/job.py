@@ -6,19 +6,11 @@ import errno
 import os
 import shlex
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 
 from launchers.config import LaunchConfig, master_overrides, thread_limits
-from launchers.hosts import (
-    LOOPBACK,
-    JobPlan,
-    free_port,
-    plan_job,
-    remote_setup,
-    ssh_command,
-)
+from launchers.hosts import LOOPBACK, JobPlan, free_port, plan_job
 from launchers.janitor import janitor_for
 from launchers.mlxvars import (
     FIRST_PORT,
@@ -27,11 +19,11 @@ from launchers.mlxvars import (
     jaccl_variables,
     ring_variables,
 )
-from launchers.mpi import run_mpi
 from launchers.output import OutputRouter, log
 from launchers.shmclean import remove_job_segments
+from launchers.starters import RankSpec, starter_for
 from launchers.stdin import standard_input, stdin_ranks
-from launchers.supervisor import PDEATHSIG, RankCommand, Supervisor
+from launchers.supervisor import RankCommand, Supervisor
 from tbcoll.auth import new_token
 from tbcoll.env import LaunchInfo, format_hostport, segment_prefix, worker_env
 from tbcoll.errors import LaunchError
@@ -40,11 +32,11 @@ from tbcoll.rendezvous import StoreServer
 
 def rank_commands(cfg: LaunchConfig, plan: JobPlan, store_port: int, token: str,
                   master_port: int, mlx: MlxVariables | None, files_dir: Path) -> list[RankCommand]:
-    """One command per rank, in rank order: a child of tbrun on this machine, ssh elsewhere."""
+    """One command per rank, in rank order, each from its host's starter."""
     n = cfg.nprocs
     commands = []
     for node, host in enumerate(plan.hosts):
-        thread_defaults = thread_limits(len(host.ranks))
+        starter = starter_for(cfg, host)
         for local_rank, rank in enumerate(host.ranks):
             info = LaunchInfo(rank=rank, size=n, local_rank=local_rank, local_size=len(host.ranks),
                               node_rank=node, backend=cfg.backend,
@@ -52,33 +44,12 @@ def rank_commands(cfg: LaunchConfig, plan: JobPlan, store_port: int, token: str,
                               topology=plan.topology, timeout=cfg.comm_timeout)
             env = {**cfg.exports, "PYTHONUNBUFFERED": "1",
                    **worker_env(info, (plan.master_addr, master_port)),
-                   **master_overrides(cfg.exports)}
-            reads_stdin = rank in stdin_ranks(cfg.stdin, n)
-            files = {}
-            if mlx is not None:
-                env.update(mlx.for_rank(rank))
-                files = mlx.files
-            if host.local:
-                env.update({name: str(files_dir / f"{name}.json") for name in files})
-                env = {**thread_defaults, **os.environ, **env}
-                if PDEATHSIG:
-                    commands.append(RankCommand(rank, cfg.program, env, cfg.cwd,
-                                                stdin=reads_stdin))
-                else:  # the wrapper kills the rank when tbrun's end of its stdin closes
-                    setup = remote_setup(cfg.program, cfg.cwd, {}, {}, {}, reads_stdin)
-                    commands.append(RankCommand(rank, LOCAL_WRAPPER, env, setup=setup,
-                                                stdin=reads_stdin, runs=cfg.program[0]))
-            else:
-                setup = remote_setup(cfg.program, cfg.cwd, env, thread_defaults, files,
-                                     reads_stdin)
-                argv = ssh_command(cfg.ssh, host.name, cfg.python, cfg.connect_timeout)
-                commands.append(RankCommand(rank, argv, dict(os.environ), host=host.name,
-                                            setup=setup, stdin=reads_stdin,
-                                            runs=cfg.program[0]))
+                   **master_overrides(cfg.exports), **(mlx.for_rank(rank) if mlx else {})}
+            spec = RankSpec(rank, host, cfg.program, cfg.cwd, env, thread_limits(len(host.ranks)),
+                            mlx.files if mlx else {}, files_dir,
+                            rank in stdin_ranks(cfg.stdin, n))
+            commands.append(starter.command(spec, cfg))
     return sorted(commands, key=lambda c: c.rank)
-
-
-LOCAL_WRAPPER = (sys.executable, "-m", "launchers.remote")
 
 
 def mlx_variables(cfg: LaunchConfig, plan: JobPlan) -> MlxVariables | None:
@@ -115,8 +86,9 @@ def dry_run(cfg: LaunchConfig, plan: JobPlan) -> int:
 
 def run(cfg: LaunchConfig) -> int:
     """Run the job and return its exit status."""
-    if cfg.backend == "mpi":  # MPI ranks must be started by mpiexec, which hands them PMI
-        return run_mpi(cfg)
+    job_starter = starter_for(cfg)
+    if job_starter.run_job is not None:  # e.g. MPI ranks: mpiexec hands them PMI
+        return job_starter.run_job(cfg)
     if cfg.backend == "shm" and cfg.hostfile and len(
             set(cfg.hostfile.placement(cfg.nprocs, cfg.map_by))) > 1:
         raise LaunchError("--backend shm needs every rank on one host; use tcp (or auto, which "

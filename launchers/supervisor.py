@@ -16,7 +16,7 @@ SIGKILL tbrun closes that stdin, whose end of file makes the wrapper kill the ra
 Which failure is the job's: the first rank to fail for its own reason. A rank that failed
 because of peers (lost, or silent past TBCOLL_TIMEOUT: tbcoll reports which to tbrun's store
 before raising) and a rank that died of the signal tbrun's teardown sent only stand in until
-that rank's exit is seen; if none is seen within a second, tbrun names the peers the others
+that rank's exit is seen; if none is seen within two seconds, tbrun names the peers the others
 failed because of (a frozen rank never exits).
 """
 
@@ -52,7 +52,9 @@ _POLL = 0.5  # backstop for SIGCHLD wake-ups; exits are normally seen at once
 # after tbrun killed its ssh: the teardown's doing, not the rank's own failure.
 _TEARDOWN_STATUSES = (128 + signal.SIGINT, 128 + signal.SIGKILL, 128 + signal.SIGTERM,
                       SSH_FAILED)
-_FOLLOWER_WAIT = 1.0  # seconds a follower's failure waits for the failure it followed
+# seconds a follower's failure waits for the failure it followed: the far end of a broken link
+# sees it up to a dead-link check period (1 s) after the near end
+_FOLLOWER_WAIT = 2.0
 
 
 @dataclass(frozen=True)
@@ -307,7 +309,7 @@ class Supervisor:
             self._input.rank_exited(rank)
             if proc.returncode == 0 or self._culprit is not None:
                 continue
-            if cmd.launcher:  # its caller explains the failure (launchers.mpi)
+            if cmd.launcher:  # its caller explains the failure (launchers.starters.mpiexec)
                 if self._status is None:
                     self.launcher_failed = True
                     self._begin_teardown(_status_of(proc.returncode), signal.SIGTERM)

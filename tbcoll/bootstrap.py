@@ -5,7 +5,14 @@ from __future__ import annotations
 import itertools
 
 from tbcoll.comm import Communicator
-from tbcoll.env import BACKENDS, launch_info, single_host, started_by_mpiexec
+from tbcoll.env import (
+    BACKENDS,
+    launch_info,
+    single_host,
+    started_by_mpiexec,
+    unlaunched_slurm_task,
+)
+from tbcoll.errors import TbcollError
 from tbcoll.transports import TRANSPORTS
 
 _opened = itertools.count()  # store keys of each init() in a process stay apart
@@ -18,6 +25,8 @@ def init(backend: str | None = None) -> Communicator:
     tcp), mpi under mpiexec, and a communicator of one rank when the script runs on its own.
     """
     info = launch_info()
+    if (why := unlaunched_slurm_task()) is not None:
+        raise TbcollError(why)
     if backend is None:
         backend = info.backend if info else ("mpi" if started_by_mpiexec() else "tcp")
     if backend == "auto":

@@ -142,6 +142,31 @@ def started_by_mpiexec(environ: Mapping[str, str] | None = None) -> bool:
     return any(name in env for name in _MPI_RANK_VARIABLES)
 
 
+def launcher_world_size(environ: Mapping[str, str] | None = None) -> int:
+    """How many processes the launcher that started this one says the job has: MPI's own
+    variables (PMI_SIZE, also under srun --mpi=pmi2; Open MPI's), else the tasks of the Slurm
+    step (srun); 0 when no launcher says."""
+    env = os.environ if environ is None else environ
+    for name in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_STEP_NUM_TASKS"):
+        if env.get(name, "").isdigit():
+            return int(env[name])
+    return 0
+
+
+def unlaunched_slurm_task(environ: Mapping[str, str] | None = None) -> str | None:
+    """Why init() must not form a world here: this process is one task of several that a
+    plain srun started, with neither tbrun's contract nor MPI's variables (each task would
+    be a world of one). None otherwise."""
+    env = os.environ if environ is None else environ
+    tasks = launcher_world_size(env)
+    if "TBCOLL_RANK" in env or started_by_mpiexec(env) or tasks < 2:
+        return None
+    return (f"this is task {env.get('SLURM_PROCID', '?')} of {tasks} that srun started without "
+            "a process manager tbcoll can join, so each task would be a world of one. Use "
+            "`srun --mpi=pmi2 ...` (the mpi backend, through MPI's PMI-2), or run tbrun inside "
+            "the allocation (salloc/sbatch: `tbrun script.py` takes its nodes and tasks)")
+
+
 def algorithm_overrides(collectives: Iterable[str],
                         environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """TBCOLL_ALGO as {collective: algorithm}: "ring" applies to all, "all_reduce=rd" to one."""

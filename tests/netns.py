@@ -77,9 +77,9 @@ class Cluster:
     def pids(self, i: int) -> list[int]:
         """Processes in host i's namespace other than its sshd."""
         listed = _run("ip", "netns", "pids", self.ns(i)).split()
-        return [int(p) for p in listed if int(p) != self.sshds[i].pid]
+        return [int(p) for p in listed if not self.sshds or int(p) != self.sshds[i].pid]
 
-    def start(self) -> Cluster:
+    def start(self, sshd: bool = True) -> Cluster:
         switch = f"{self.prefix}sw"
         self._add_namespace(switch)
         _run("ip", "-n", switch, "link", "add", "br0", "type", "bridge")
@@ -97,7 +97,8 @@ class Cluster:
                      "name", f"tb{i}", "netns", self.ns(j))
                 self._address(self.ns(i), f"tb{j}", f"{self.link(i, j)}/30")
                 self._address(self.ns(j), f"tb{i}", f"{self.link(j, i)}/30")
-        self._start_sshds()
+        if sshd:
+            self._start_sshds()
         return self
 
     def stop(self) -> None:

@@ -6,9 +6,9 @@ import os
 
 import pytest
 
-from launchers import thunderbolt
-from launchers.doctor import checks
-from launchers.write_hostfile import hostfile_from_facts
+from launchers.cluster import thunderbolt
+from launchers.cluster.doctor import checks
+from launchers.cluster.write_hostfile import hostfile_from_facts
 from tbcoll.topology import Host, Hostfile
 
 from .conftest import REPO, tbrun

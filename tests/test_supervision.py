@@ -243,8 +243,8 @@ def test_wrapped_local_ranks_are_torn_down_as_on_macos(tmp_path):
     same supervision runs that way on Linux: rank 0 fails, rank 1 ignores SIGTERM, so
     teardown must reach it through the end of its wrapper's stdin."""
     from launchers.hosts import remote_setup
-    from launchers.job import LOCAL_WRAPPER
     from launchers.output import OutputRouter
+    from launchers.starters.local import WRAPPER as LOCAL_WRAPPER
     from launchers.supervisor import RankCommand, Supervisor
 
     body = ("import os, signal, sys, time\n"
@@ -269,8 +269,8 @@ def test_a_wrapped_rank_reads_tbruns_stdin(tmp_path):
     """Input, signals and the set-up share the wrapper's stdin (framed): the rank reads the
     input and its end, and a signal queued behind input the rank never reads still passes."""
     from launchers.hosts import remote_setup
-    from launchers.job import LOCAL_WRAPPER
     from launchers.output import OutputRouter
+    from launchers.starters.local import WRAPPER as LOCAL_WRAPPER
     from launchers.supervisor import RankCommand, Supervisor
 
     body = ("import os, sys\n"

@@ -24,7 +24,7 @@ import numpy as np
 
 from tbcoll.arrays import may_overlap, same_buffer
 from tbcoll.dtypes import reducer
-from tbcoll.env import LaunchInfo, comm_timeout
+from tbcoll.env import LaunchInfo, comm_timeout, launcher_world_size
 from tbcoll.errors import CommError, TbcollError
 
 try:
@@ -229,6 +229,11 @@ def open_world(info: LaunchInfo | None) -> tuple[MpiGroup, int, int]:
             f"the mpi backend needs ranks started by mpiexec, but tbrun started {info.size} "
             f"ranks and MPI sees this one in a job of {world.Get_size()}: run "
             f"`mpiexec -n {info.size} python script.py`, or choose --backend tcp")
+    if world.Get_size() == 1 and (expected := launcher_world_size()) > 1:
+        raise CommError(
+            f"MPI formed a world of one, but the launcher started {expected} processes: this "
+            "MPI does not speak the launcher's process manager interface; under Slurm use "
+            "`srun --mpi=pmi2` (MPICH from PyPI has no PMIx)")
     local = world.Split_type(MPI.COMM_TYPE_SHARED)
     local_rank = local.Get_rank()
     leader = np.array([world.Get_rank()], np.int64)

@@ -10,8 +10,8 @@ import json
 import sys
 from collections.abc import Sequence
 
-from launchers import thunderbolt
-from launchers.doctor import gather
+from launchers.cluster import thunderbolt
+from launchers.cluster.doctor import gather
 from launchers.hosts import LOOPBACK, address_towards, is_this_machine
 from tbcoll.errors import LaunchError
 from tbcoll.topology import Host

@@ -30,6 +30,7 @@ from launchers.hosts import LOOPBACK, free_port, plan_job, ssh_options
 from launchers.janitor import janitor_for
 from launchers.output import STREAMS, OutputRouter, log
 from launchers.shmclean import mpich_segments, remove_unmapped
+from launchers.starters.base import Starter
 from launchers.supervisor import RankCommand, Supervisor
 from tbcoll.errors import LaunchError
 
@@ -57,7 +58,9 @@ def mpiexec_command(cfg: LaunchConfig, mpiexec: str, outputs: str, ssh: str | No
         used = sorted(set(cfg.hostfile.placement(cfg.nprocs, cfg.map_by)))
         argv += ["-hosts", ",".join(cfg.hostfile.hosts[i].name for i in used),
                  "-rankmap", ",".join(map(str, placement))]
-        if ssh is not None:
+        if cfg.launcher == "srun":  # inside a Slurm allocation: Hydra starts its proxies
+            argv += ["-launcher", "slurm"]
+        elif ssh is not None:
             argv += ["-launcher", "ssh", "-launcher-exec", ssh]
         if launch_host is not None:
             argv += ["-localhost", launch_host]
@@ -81,7 +84,7 @@ def run_mpi(cfg: LaunchConfig) -> int:
     with janitor_for(job_dir, mpich=not cfg.dry_run) as janitor:
         try:
             ssh = None
-            if remote:
+            if remote and cfg.launcher == "ssh":
                 ssh = str(job_dir / "ssh")
                 options = ssh_options(cfg.connect_timeout)
                 Path(ssh).write_text(f"#!/bin/sh\nexec {shlex.join([*cfg.ssh, *options])} \"$@\"\n")
@@ -178,3 +181,6 @@ def explain_failure(status: int, nprocs: int, placement: list[int], output: Outp
 def _returncode(status: int) -> int:
     """Popen's returncode for a status of tbrun's convention (-N for signal N)."""
     return 128 - status if status > 128 else status
+
+
+STARTER = Starter("mpiexec", run_job=run_mpi)

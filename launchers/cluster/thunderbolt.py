@@ -1,5 +1,5 @@
-"""Thunderbolt cabling from what macOS reports (launchers.probe): which port of which host is
-cabled to which port of another, and the RDMA device and address at each end.
+"""Thunderbolt cabling from what macOS reports (launchers.cluster.probe): which port of which
+host is cabled to which port of another, and the RDMA device and address at each end.
 
 system_profiler SPThunderboltDataType -json lists a bus per port, with the port's
 domain_uuid_key, its receptacle number and, under _items, the domain_uuid_key of the

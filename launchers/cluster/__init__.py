@@ -1,0 +1,2 @@
+"""Cluster tooling, apart from job launching: doctor, host probes, Thunderbolt cabling, hostfile
+writing."""

@@ -1,0 +1,50 @@
+"""What every starter shares: the Starter entry and the description of one rank to start."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from launchers.config import LaunchConfig
+from launchers.hosts import HostPlan, remote_setup
+from launchers.supervisor import RankCommand
+
+
+@dataclass(frozen=True)
+class RankSpec:
+    """One rank of a job, wherever it is going to run."""
+
+    rank: int
+    host: HostPlan
+    argv: Sequence[str]
+    cwd: str
+    env: Mapping[str, str]  # the job's variables for this rank (contract, -x, MLX's)
+    defaults: Mapping[str, str]  # set only where the host has none (thread limits)
+    files: Mapping[str, str]  # variable -> content of a file it should name (MLX's hostfiles)
+    files_dir: Path  # where tbrun wrote those files, for ranks on this machine
+    stdin: bool  # reads tbrun's standard input
+
+    def setup(self) -> bytes:
+        """launchers.remote's set-up line for this rank."""
+        return remote_setup(self.argv, self.cwd, self.env, self.defaults, self.files,
+                            self.stdin)
+
+
+@dataclass(frozen=True)
+class Starter:
+    name: str
+    # starts one rank: the process tbrun supervises for it
+    command: Callable[[RankSpec, LaunchConfig], RankCommand] | None = None
+    # takes the whole job instead and returns its exit status (mpiexec)
+    run_job: Callable[[LaunchConfig], int] | None = None
+    remote: bool = False  # starts ranks on other hosts (a choice of --launcher)
+
+
+WRAPPER_MODULE = "launchers.remote"
+
+
+def wrapped(spec: RankSpec, argv: Sequence[str], env: Mapping[str, str]) -> RankCommand:
+    """The rank run by launchers.remote through argv (ssh, srun), its set-up on stdin."""
+    return RankCommand(spec.rank, argv, dict(env), host=spec.host.name, setup=spec.setup(),
+                       stdin=spec.stdin, runs=spec.argv[0])

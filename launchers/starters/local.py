@@ -1,0 +1,27 @@
+"""Ranks on this machine: children of tbrun. On Linux PR_SET_PDEATHSIG ends them with tbrun;
+elsewhere (macOS) each runs under launchers.remote, which ends it when tbrun's pipe closes."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from launchers.config import LaunchConfig
+from launchers.hosts import remote_setup
+from launchers.starters.base import WRAPPER_MODULE, RankSpec, Starter
+from launchers.supervisor import PDEATHSIG, RankCommand
+
+WRAPPER = (sys.executable, "-m", WRAPPER_MODULE)
+
+
+def command(spec: RankSpec, cfg: LaunchConfig) -> RankCommand:
+    env = {**spec.env, **{name: str(spec.files_dir / f"{name}.json") for name in spec.files}}
+    env = {**spec.defaults, **os.environ, **env}
+    if PDEATHSIG:
+        return RankCommand(spec.rank, spec.argv, env, spec.cwd, stdin=spec.stdin)
+    setup = remote_setup(spec.argv, spec.cwd, {}, {}, {}, spec.stdin)  # env: the wrapper's
+    return RankCommand(spec.rank, WRAPPER, env, setup=setup, stdin=spec.stdin,
+                       runs=spec.argv[0])
+
+
+STARTER = Starter("local", command=command)

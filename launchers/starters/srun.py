@@ -1,0 +1,35 @@
+"""Ranks on other nodes of a Slurm allocation through srun, as mpiexec's Slurm launcher does:
+one single-task step per rank running launchers.remote (set-up on stdin, as over ssh), so that
+Slurm accounts, confines and cleans up the ranks, and no ssh access to the nodes is needed.
+
+--overlap: the steps share the allocation's CPUs with each other and with a step tbrun itself
+may run in (`srun tbrun ...`), instead of waiting for CPUs of their own; --unbuffered: a
+rank's partial lines reach tbrun at once; --mpi=none: no PMI for a rank of tbcoll's own.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+from launchers.config import LaunchConfig
+from launchers.starters.base import WRAPPER_MODULE, RankSpec, Starter, wrapped
+from launchers.supervisor import RankCommand
+from tbcoll.errors import LaunchError
+
+
+def srun_command(node: str, python: str) -> list[str]:
+    srun = shutil.which("srun")
+    if srun is None:
+        raise LaunchError("--launcher srun needs Slurm's srun on PATH (run tbrun inside salloc "
+                          "or sbatch on a Slurm cluster), or use --launcher ssh")
+    return [srun, "--nodes=1", "--ntasks=1", f"--nodelist={node}", "--overlap", "--unbuffered",
+            "--quiet", "--mpi=none", "--kill-on-bad-exit=0", f"--job-name=tbrun-{node}",
+            python, "-m", WRAPPER_MODULE]
+
+
+def command(spec: RankSpec, cfg: LaunchConfig) -> RankCommand:
+    return wrapped(spec, srun_command(spec.host.name, cfg.python), os.environ)
+
+
+STARTER = Starter("srun", command=command, remote=True)
