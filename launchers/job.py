@@ -115,7 +115,9 @@ def run(cfg: LaunchConfig) -> int:
                 (job_dir / f"{name}.json").write_text(content)
             commands = rank_commands(cfg, plan, store.port, token, free_port(LOOPBACK), mlx,
                                      job_dir)
-            output = OutputRouter(cfg.nprocs, cfg.tag_output, cfg.output_dir)
+            hide = {starter_for(cfg, host).hide for host in plan.hosts} - {None}
+            output = OutputRouter(cfg.nprocs, cfg.tag_output, cfg.output_dir,
+                                  hide=hide.pop() if hide else None)
             supervisor = Supervisor(commands, output, timeout=cfg.timeout, grace=cfg.grace,
                                     log=log, stdin_fd=standard_input(),
                                     peer_failure=store.peer_failure,

@@ -60,7 +60,8 @@ class OutputRouter:
                  delay: float = PARTIAL_DELAY,
                  clock: Callable[[], float] = time.monotonic,
                  hide: re.Pattern[bytes] | None = None) -> None:
-        """hide: lines of a launcher's own output (rank -1) kept for stderr_tail, not shown."""
+        """hide: lines a launcher writes of its own (mpiexec's as rank -1, srun's on a rank's
+        stderr), kept for stderr_tail, not shown."""
         global _active
         self._tag_output = tag_output
         self._delay = delay
@@ -187,7 +188,7 @@ class OutputRouter:
 
     def _emit(self, key: Key, text: bytes, now: float) -> None:
         sink = self._sinks[key[1]]
-        if key[0] < 0 and self._hide is not None:
+        if self._hide is not None and (key[0] < 0 or key[1] == "err"):
             text = b"".join(line for line in text.splitlines(keepends=True)
                             if not self._hide.search(line))
             if not text:

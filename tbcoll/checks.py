@@ -31,8 +31,9 @@ def _describe(collective: str, array: np.ndarray | None, op: str | None, root: i
     if array is not None:
         row[2] = DTYPE_CODES[array.dtype]
         row[4] = array.ndim
-        dims = array.shape[:_MAX_DIMS - 1] + (int(np.prod(array.shape[_MAX_DIMS - 1:])),)
-        row[6:6 + len(dims)] = dims if array.ndim else ()
+        if array.ndim:  # a 0-d array (a numpy scalar) has no dims
+            dims = array.shape[:_MAX_DIMS - 1] + (int(np.prod(array.shape[_MAX_DIMS - 1:])),)
+            row[6:6 + len(dims)] = dims
     return row
 
 

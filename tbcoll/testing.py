@@ -154,20 +154,21 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     if call.when != "call" or _world is None or _world.size == 1:
         return report
     failures = _exchange(_world, report)
-    if failures and not report.failed:
+    if failures:
         report.outcome = "failed"
-        report.longrepr = "\n\n".join(failures)
-    elif failures and len(failures) > 1:
         report.longrepr = "\n\n".join(failures)
     return report
 
 
 def _exchange(world, report: pytest.TestReport) -> list[str]:
-    """Every rank's outcome of this test; the failures, each headed by its rank."""
+    """Every rank's failure of this test, each headed by its rank and what went wrong; a
+    failure of its own first, then those of ranks that only met another's departure."""
     mine = np.zeros(_REPORT_BYTES, np.uint8)
     if report.failed:
-        text = f"-- on rank {world.rank}:\n{report.longreprtext}"
-        encoded = text.encode(errors="replace")[-(_REPORT_BYTES - 1):]
+        crash = getattr(report.longrepr, "reprcrash", None)
+        headline = crash.message.splitlines()[0] if crash and crash.message else "failed"
+        text = f"on rank {world.rank}: {headline}\n{report.longreprtext}"
+        encoded = text.encode(errors="replace")[:_REPORT_BYTES - 1]
         mine[0] = _FAILED
         mine[1:1 + len(encoded)] = np.frombuffer(encoded, np.uint8)
     for _ in range(2):  # a rank still in the test's collective answers TBCOLL_CHECK first
@@ -179,5 +180,9 @@ def _exchange(world, report: pytest.TestReport) -> list[str]:
                 raise
     else:
         raise RuntimeError("tbcoll.testing: the ranks could not agree on a test's outcome")
-    return [row[1:].tobytes().rstrip(b"\0").decode(errors="replace")
-            for row in rows if row[0] == _FAILED]
+    failures = [row[1:].tobytes().rstrip(b"\0").decode(errors="replace")
+                for row in rows if row[0] == _FAILED]
+    return sorted(failures, key=lambda text: _MISMATCH in text.partition("\n")[0])
+
+
+_MISMATCH = "TBCOLL_CHECK: the ranks' calls do not match"

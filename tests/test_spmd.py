@@ -22,12 +22,13 @@ def run_job(argv, np, **env_extra):
     summaries = re.findall(r"(\d+) passed", p.stdout)
     assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-2000:]
     assert "failed" not in p.stdout and "error" not in p.stdout.lower()
-    assert len(summaries) == np and all(int(n) > 40 for n in summaries), p.stdout[-2000:]
+    # rank 0 reports for every rank (tbcoll.testing): the outcomes were exchanged
+    assert len(summaries) == 1 and int(summaries[0]) > 40, p.stdout[-2000:]
 
 
 def tbrun_pytest(np_, backend, *pytest_args):
     return [TBRUN, "-np", str(np_), "--backend", backend, "--timeout", "270", *PYTEST,
-            "-p", "no:pytest_mpi", *pytest_args]
+            *pytest_args]
 
 
 @pytest.mark.parametrize("backend", ["shm", "tcp"])
@@ -51,4 +52,4 @@ def test_shm_portable_flags_agree_with_atomics():
 @pytest.mark.skipif(not Path(MPIEXEC).exists(), reason="mpiexec not installed (tbcoll[mpi])")
 @pytest.mark.parametrize("np_", [1, 2, 3, 4])
 def test_under_mpiexec(np_):
-    run_job([MPIEXEC, "-n", str(np_), sys.executable, *PYTEST, "--with-mpi"], np_)
+    run_job([MPIEXEC, "-n", str(np_), sys.executable, *PYTEST], np_)

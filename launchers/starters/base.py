@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +40,7 @@ class Starter:
     # takes the whole job instead and returns its exit status (mpiexec)
     run_job: Callable[[LaunchConfig], int] | None = None
     remote: bool = False  # starts ranks on other hosts (a choice of --launcher)
+    hide: re.Pattern[bytes] | None = None  # its own lines on a rank's stderr, not shown
 
 
 WRAPPER_MODULE = "launchers.remote"

@@ -10,6 +10,7 @@ rank's partial lines reach tbrun at once; --mpi=none: no PMI for a rank of tbcol
 from __future__ import annotations
 
 import os
+import re
 import shutil
 
 from launchers.config import LaunchConfig
@@ -32,4 +33,7 @@ def command(spec: RankSpec, cfg: LaunchConfig) -> RankCommand:
     return wrapped(spec, srun_command(spec.host.name, cfg.python), os.environ)
 
 
-STARTER = Starter("srun", command=command, remote=True)
+# srun's report of the task's end, which tbrun reports itself (and 143 for ranks it stopped)
+_OWN_WORDS = re.compile(rb"^srun: error: \S+: task \d+: (Exited with exit code \d+|Killed|"
+                        rb"Terminated)\r?\n?$", re.MULTILINE)
+STARTER = Starter("srun", command=command, remote=True, hide=_OWN_WORDS)

@@ -1,26 +1,18 @@
-"""Tests in this folder run inside every rank of a job, all ranks in step (SPMD):
+"""Tests in this folder run inside every rank of a job, all ranks in step (SPMD), on
+tbcoll's pytest plugin (tbcoll.testing: the `comm` fixture, the `spmd` marker):
 
-    mpiexec -n 4 python -m pytest --with-mpi tests/spmd        # the mpi backend
-    tbrun -np 4 -m pytest -p no:pytest_mpi tests/spmd          # tbrun's backend (tcp)
+    mpiexec -n 4 python -m pytest tests/spmd        # the mpi backend
+    tbrun -np 4 -m pytest tests/spmd                # tbrun's backend (shm here)
 
-Each module is marked `mpi` (pytest-mpi), so a plain `pytest` run skips them; tests/test_spmd.py
-launches both forms for np 1..4.
+A plain `pytest` run does not collect them (tests/conftest.py); tests/test_spmd.py launches
+both forms for np 1..4.
 """
 
 import functools
 
 import numpy as np
-import pytest
 
-import tbcoll
 from tbcoll.dtypes import DTYPES, OPS
-
-
-@pytest.fixture(scope="session")
-def comm():
-    with tbcoll.init() as world:
-        yield world
-
 
 # Inputs are small integers, so every dtype holds every partial result exactly and the
 # order in which an algorithm reduces cannot change the answer.

@@ -6,7 +6,7 @@ import pytest
 from tbcoll.bench.descriptors import DESCRIPTORS
 from tbcoll.bench.harness import sweep
 
-pytestmark = pytest.mark.mpi  # runs inside every rank of a job; see conftest.py
+pytestmark = pytest.mark.spmd  # runs inside every rank of a job; see conftest.py
 
 SIZES = [8, 100, 4096]
 

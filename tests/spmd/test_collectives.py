@@ -7,7 +7,7 @@ from tbcoll.dtypes import DTYPES, OPS
 
 from .conftest import BIG_BYTES, counts, expected_reduction, rank_input
 
-pytestmark = pytest.mark.mpi  # runs inside every rank of a job; see conftest.py
+pytestmark = pytest.mark.spmd  # runs inside every rank of a job; see conftest.py
 
 DTYPE_NAMES = list(DTYPES)
 BIG_DTYPES = ["float32", "bfloat16", "int8"]

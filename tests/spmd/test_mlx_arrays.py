@@ -5,7 +5,7 @@ import pytest
 
 mx = pytest.importorskip("mlx.core")
 
-pytestmark = pytest.mark.mpi  # runs inside every rank of a job; see conftest.py
+pytestmark = pytest.mark.spmd  # runs inside every rank of a job; see conftest.py
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int32", "float16"])
