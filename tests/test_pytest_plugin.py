@@ -67,7 +67,7 @@ def _pytest(*args: str) -> list[str]:
 @pytest.mark.parametrize("backend", ["shm", "tcp"])
 def test_one_report_that_every_rank_agrees_on(tmp_path, backend):
     tests = _write(tmp_path, USER_TESTS)
-    done = tbrun("-np", "2", "--backend", backend, *_pytest("-rs", str(tests)), timeout=120,
+    done = tbrun("-np", "2", "--backend", backend, *_pytest("-rfs", str(tests)), timeout=120,
                  cwd=tmp_path)
     assert done.returncode == 1, done.stdout + done.stderr
     summaries = re.findall(r"\] (.*) in [\d.]+s", done.stdout)
