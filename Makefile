@@ -20,13 +20,16 @@ demo: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
-# The multi-host tests (tests/test_multihost.py) run an sshd per network namespace. As root
-# with apt-get (CI), install what they need; elsewhere they skip and say why.
+# The multi-host tests (tests/test_multihost.py, tests/test_slurm.py) run an sshd, or a
+# slurmd, per network namespace. As root with apt-get (CI), install what they need; elsewhere
+# they skip and say why.
 cluster-tools:
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
-	    { [ ! -x /usr/sbin/sshd ] || ! command -v ip >/dev/null; }; then \
+	    { [ ! -x /usr/sbin/sshd ] || ! command -v ip >/dev/null || \
+	      [ ! -x /usr/sbin/slurmd ] || [ ! -x /usr/sbin/munged ]; }; then \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
-	    apt-get install -y -qq openssh-server openssh-client iproute2 >/dev/null; \
+	    apt-get install -y -qq openssh-server openssh-client iproute2 slurm-wlm munge \
+	    >/dev/null; \
 	fi
 
 test: lint cluster-tools

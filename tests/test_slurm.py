@@ -160,3 +160,12 @@ def test_failing_rank_ends_the_allocation_with_its_status(slurm, script):
     assert slurm.run("squeue", "--noheader", "--steps").stdout.strip() == ""
     left = slurm.run("pgrep", "-f", str(script)).stdout.split()
     assert left == [], "ranks outlived the job"
+
+
+def test_failing_rank_fails_the_batch_job_with_its_status(slurm, script, tmp_path):
+    batch = tmp_path / "job.sh"
+    batch.write_text(f"#!/bin/sh\n#SBATCH -n 3\nFAIL_RANK=2 exec {TBRUN} {script}\n")
+    out = tmp_path / "job.out"
+    done = slurm.run("sbatch", "--wait", f"--output={out}", str(batch), cwd=REPO)
+    assert done.returncode == 3, (done.stderr, out.read_text())
+    assert "rank 2 on n1" in out.read_text() and "exited with status 3" in out.read_text()
