@@ -1,30 +1,33 @@
-"""tbcoll: collectives for SPMD jobs started by tbrun, over shared memory, TCP, MPI and MLX."""
+"""tbcoll: collectives for SPMD jobs started by tbrun, over shared memory, TCP, MPI and MLX.
 
-from tbcoll.bootstrap import init
-from tbcoll.comm import Communicator
-from tbcoll.env import LaunchInfo, launch_info
-from tbcoll.errors import (
-    AuthenticationError,
-    CommError,
-    HostfileError,
-    LaunchError,
-    RendezvousError,
-    TbcollError,
-)
-from tbcoll.rendezvous import Store
+The names below load on first use (PEP 562), so that tbrun, which needs only the launch
+contract, the store and the errors, starts without importing numpy.
+"""
+
+from importlib import import_module
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "AuthenticationError",
-    "CommError",
-    "Communicator",
-    "HostfileError",
-    "LaunchError",
-    "LaunchInfo",
-    "RendezvousError",
-    "Store",
-    "TbcollError",
-    "init",
-    "launch_info",
-]
+_HOMES = {
+    "init": "tbcoll.bootstrap",
+    "Communicator": "tbcoll.comm",
+    "LaunchInfo": "tbcoll.env",
+    "launch_info": "tbcoll.env",
+    "Store": "tbcoll.rendezvous",
+    **dict.fromkeys(("AuthenticationError", "CommError", "HostfileError", "LaunchError",
+                     "PeerError", "PeerLostError", "PeerTimeoutError", "RendezvousError",
+                     "TbcollError"), "tbcoll.errors"),
+}
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str) -> object:
+    if name not in _HOMES:
+        raise AttributeError(f"module 'tbcoll' has no attribute {name!r}")
+    value = getattr(import_module(_HOMES[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_HOMES])
