@@ -41,11 +41,23 @@ def to_numpy(x: Any) -> tuple[np.ndarray, Callable[[np.ndarray], Any]]:
         mx = _mlx_core()
         if x.dtype == mx.bfloat16:
             array = np.asarray(x.view(mx.uint16)).view(ml_dtypes.bfloat16)
-            return array, lambda result: mx.array(result.view(np.uint16)).view(mx.bfloat16)
+            return array, restorer(True, array.dtype)
         array = np.asarray(x)
         check_dtype(array.dtype)
         return array, mx.array
     raise TypeError(f"expected a numpy or mlx array, got {type(x).__name__}")
+
+
+def restorer(mlx: bool, dtype: np.dtype) -> Callable[[np.ndarray], Any]:
+    """What to_numpy gives with an x of this kind and dtype, for a rank that has none (the
+    non-roots of scatter learn both from the root)."""
+    if not mlx:
+        return _unchanged
+    import mlx.core as mx  # the root's x was an mlx array: mlx is installed
+
+    if dtype == ml_dtypes.bfloat16:
+        return lambda result: mx.array(result.view(np.uint16)).view(mx.bfloat16)
+    return mx.array
 
 
 def contiguous_flat(array: np.ndarray) -> np.ndarray:

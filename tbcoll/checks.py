@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from tbcoll.algorithms import FAMILIES, rd
+from tbcoll.algorithms import COLLECTIVES, NAMES, rd
 from tbcoll.dtypes import DTYPE_CODES, OP_CODES
 from tbcoll.transports.base import P2P
 
-_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "barrier")
-_ALGORITHMS = (*FAMILIES, "native")
+_COLLECTIVES = COLLECTIVES
+_ALGORITHMS = NAMES
 _MAX_DIMS = 6
 _FIELDS = 6 + _MAX_DIMS  # collective, op, dtype, root, ndim, algorithm, dims...
 

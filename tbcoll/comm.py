@@ -15,18 +15,22 @@ from typing import Any
 import numpy as np
 
 from tbcoll import tuning
-from tbcoll.algorithms import FAMILIES, rd
-from tbcoll.arrays import contiguous_flat, is_mlx, may_overlap, same_buffer, to_numpy
+from tbcoll.algorithms import ALGORITHMS, COLLECTIVES, FAMILIES, function, rd, tree
+from tbcoll.arrays import (
+    contiguous_flat,
+    is_mlx,
+    may_overlap,
+    restorer,
+    same_buffer,
+    to_numpy,
+)
 from tbcoll.checks import verify_calls_match
-from tbcoll.dtypes import OPS, reducer
+from tbcoll.dtypes import DTYPE_CODES, DTYPES, OPS, reducer
 from tbcoll.env import algorithm_overrides, check_mode
 from tbcoll.errors import CommError, PeerError, TbcollError
 from tbcoll.rendezvous import report_peer_failure
 from tbcoll.transports.base import Group
 
-COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "barrier")
-_DATA_ALGORITHMS = ("ring", "mesh", "rd", "native")
-ALGORITHMS = {name: _DATA_ALGORITHMS for name in COLLECTIVES} | {"barrier": ("rd", "native")}
 MAX_TAG = 32767  # the largest tag every MPI must support
 
 
@@ -42,6 +46,15 @@ def _flat(array: np.ndarray) -> np.ndarray:
     return array if array.ndim == 1 else array.reshape(-1)
 
 
+def _split(flat: np.ndarray, counts: np.ndarray) -> list[np.ndarray]:
+    """flat cut into consecutive blocks of these sizes."""
+    bounds = np.concatenate(([0], np.cumsum(counts)))
+    return [flat[bounds[j]:bounds[j + 1]] for j in range(len(counts))]
+
+
+_HEADER = 11  # scatter's header: dtype code, ndim, mlx, then up to 8 dimensions
+
+
 class Communicator:
     """A group of ranks that run collectives together. Use tbcoll.init() to get the world."""
 
@@ -53,7 +66,7 @@ class Communicator:
         self.local_rank, self.node_rank = local_rank, node_rank
         self.backend = backend
         self._table = getattr(group, "tuning", backend)  # the tuning table it follows
-        self._overrides = algorithm_overrides(COLLECTIVES)
+        self._overrides = algorithm_overrides(ALGORITHMS)
         for collective, algorithm in self._overrides.items():
             self._check_algorithm(collective, algorithm, "TBCOLL_ALGO")
         self._check_calls = check_mode()
@@ -201,6 +214,153 @@ class Communicator:
             work = partial(rd.barrier, self._group.coll)
         self._run("barrier", work, None, algorithm=name)
 
+    def all_to_all(self, x: Any, counts: Any = None, algorithm: str | None = None,
+                   out: np.ndarray | None = None) -> Any:
+        """Send block j of x (along axis 0) to rank j; return the blocks from ranks 0..size-1
+        in order. Without counts x.shape[0] must divide by size. With counts (the rows of x for
+        each rank, in order, summing to x.shape[0]: mixture-of-experts routing) blocks may
+        differ in size and the result is (rows received, the count from each rank)."""
+        array, restore = to_numpy(x)
+        if array.ndim == 0:
+            raise ValueError("all_to_all needs x with at least one dimension")
+        row = int(np.prod(array.shape[1:], dtype=np.int64))
+        if counts is None:
+            if array.shape[0] % self.size:
+                raise ValueError(f"all_to_all needs x.shape[0] divisible by the communicator "
+                                 f"size {self.size}; got shape {array.shape} (or give counts)")
+            send_counts = np.full(self.size, array.shape[0] // self.size, np.int64)
+        else:
+            send_counts = self._counts(counts, array.shape[0])
+        name = self._choose("all_to_all", array.nbytes, algorithm)
+        recv_counts = send_counts
+        result = None
+
+        def work() -> None:
+            nonlocal recv_counts, result
+            if counts is not None:  # first, how many rows each rank sends this one
+                recv_counts = np.empty(self.size, np.int64)
+                self._all_to_all_flat(name, send_counts, recv_counts, np.ones(self.size, np.int64),
+                                      np.ones(self.size, np.int64))
+            shape = (int(recv_counts.sum()), *array.shape[1:])
+            result = self._output(x, out, shape, array.dtype)
+            send = array.copy() if may_overlap(result, array) else array
+            self._all_to_all_flat(name, contiguous_flat(send), _flat(result), send_counts * row,
+                                  recv_counts * row)
+
+        # with counts the ranks' row counts differ: the check compares all but them
+        described = array if counts is None else array[:0]
+        self._run("all_to_all", work, described, algorithm=name)
+        return restore(result) if counts is None else (restore(result), recv_counts)
+
+    def gather(self, x: Any, root: int = 0, algorithm: str | None = None,
+               out: np.ndarray | None = None) -> Any:
+        """Concatenate every rank's x along axis 0 at root (out is used there); others get
+        None."""
+        array, restore = to_numpy(x)
+        self._check_rank(root, "root")
+        shape = self._gathered_shape(array)
+        result = self._output(x, out, shape, array.dtype) if self.rank == root else None
+        name = self._choose("gather", array.nbytes * self.size, algorithm)
+        mine = contiguous_flat(array)
+        if result is not None and may_overlap(mine, result):
+            mine = mine.copy()
+
+        def work() -> None:
+            if self.size == 1:
+                _flat(result)[:] = mine
+            elif name == "native":
+                self._group.native.gather(mine, None if result is None else _flat(result), root)
+            else:
+                v = (self.rank - root) % self.size
+                blocks = (np.empty(tree.subtree(self.size, v) * mine.size, mine.dtype)
+                          if result is None or root else _flat(result))
+                function("gather", name)(self._group.coll, mine, blocks, root)
+                if result is not None and root:  # blocks are in order relative to the root
+                    _flat(result)[:] = np.roll(blocks.reshape(self.size, -1), root, 0).ravel()
+
+        self._run("gather", work if mine.size else None, array, root=root, algorithm=name)
+        return None if result is None else restore(result)
+
+    def scatter(self, x: Any, root: int = 0, algorithm: str | None = None,
+                out: np.ndarray | None = None) -> Any:
+        """Split root's x along axis 0 into size blocks and give rank j block j; the other
+        ranks pass None (their x is not read): root tells them the shape and dtype."""
+        self._check_rank(root, "root")
+        header = np.zeros(_HEADER, np.int64)
+        if self.rank == root:
+            array, _ = to_numpy(x)
+            if array.ndim == 0 or array.shape[0] % self.size or array.ndim > _HEADER - 3:
+                raise ValueError(f"scatter needs root's x.shape[0] divisible by the "
+                                 f"communicator size {self.size} (and at most {_HEADER - 3} "
+                                 f"dimensions); got shape {array.shape}")
+            header[:3] = DTYPE_CODES[array.dtype], array.ndim, is_mlx(x)
+            header[3:3 + array.ndim] = (array.shape[0] // self.size, *array.shape[1:])
+        name = self._choose("scatter", 0, algorithm)
+        result = None
+
+        def work() -> None:
+            nonlocal result
+            self._broadcast_flat(header, root)
+            dtype = list(DTYPES.values())[header[0]]
+            shape = tuple(int(d) for d in header[3:3 + header[1]])
+            try:
+                result = self._output(None, out, shape, dtype)
+            except (TypeError, ValueError):
+                result = np.empty(shape, dtype)  # take part; the error comes after
+            block = result.size
+            if self.rank == root:
+                send = contiguous_flat(array)
+                if root and name != "native":  # the algorithms take blocks relative to root
+                    send = np.roll(send.reshape(self.size, -1), -root, 0).ravel()
+            if self.size == 1:
+                _flat(result)[:] = send
+            elif block == 0:
+                pass
+            elif name == "native":
+                self._group.native.scatter(send if self.rank == root else None, _flat(result),
+                                           root)
+            else:
+                v = (self.rank - root) % self.size
+                blocks = send if self.rank == root else np.empty(
+                    tree.subtree(self.size, v) * block, dtype)
+                function("scatter", name)(self._group.coll, blocks, block, root)
+                _flat(result)[:] = blocks[:block]
+
+        self._run("scatter", work, None, root=root, algorithm=name)
+        if out is not None and result is not out:
+            self._output(None, out, result.shape, result.dtype)  # raises, saying what is wrong
+        return restorer(bool(header[2]), result.dtype)(result)
+
+    def reduce(self, x: Any, op: str = "sum", root: int = 0, algorithm: str | None = None,
+               out: np.ndarray | None = None) -> Any:
+        """Reduce x elementwise over all ranks with op; root gets the result (out is used
+        there), the others None."""
+        array, restore = to_numpy(x)
+        ufunc = reducer(op)
+        self._check_rank(root, "root")
+        result = self._output(x, out, array.shape, array.dtype) if self.rank == root else None
+        name = self._choose("reduce", array.nbytes, algorithm)
+        if self.size == 1 or array.size == 0:
+            work = None
+            if result is not None:
+                np.copyto(result, array)
+        elif name == "native":
+            send = contiguous_flat(array)
+            if result is not None and may_overlap(send, result):
+                send = send.copy()
+            work = partial(self._group.native.reduce, send,
+                           None if result is None else _flat(result), op, root)
+        else:
+            data = np.array(array, order="C").reshape(-1)  # the algorithms combine in place
+
+            def work() -> None:
+                function("reduce", name)(self._group.coll, data, ufunc, root)
+                if result is not None:
+                    _flat(result)[:] = data
+
+        self._run("reduce", work, array, op, root=root, algorithm=name)
+        return None if result is None else restore(result)
+
     # --- point to point ------------------------------------------------------------------
 
     def send(self, x: Any, dst: int, tag: int = 0) -> None:
@@ -251,8 +411,8 @@ class Communicator:
 
     def algorithms(self, collective: str) -> tuple[str, ...]:
         """The algorithms this communicator can run collective with."""
-        native = () if self._group.native is None else ("native",)
-        return tuple(a for a in ALGORITHMS[collective] if a != "native") + native
+        return tuple(a for a in ALGORITHMS[collective]
+                     if a != "native" or self._has_native(collective))
 
     def describe(self) -> str:
         """Who this rank is and which algorithm each collective uses at which size."""
@@ -312,9 +472,44 @@ class Communicator:
         if algorithm not in allowed:
             raise ValueError(f"{where}={algorithm!r} is not an algorithm of {collective}; "
                              f"use one of {', '.join(allowed)}")
-        if algorithm == "native" and self._group.native is None:
+        if algorithm == "native" and not self._has_native(collective):
             raise ValueError(f"{where}='native': the {self.backend} transport has no native "
                              f"{collective}; use one of {', '.join(allowed[:-1])}")
+
+    def _has_native(self, collective: str) -> bool:
+        return self._group.native is not None and collective in self._group.native.offers
+
+    def _counts(self, counts: Any, rows: int) -> np.ndarray:
+        """all_to_all's counts, checked: one non-negative int per rank, summing to rows."""
+        found = np.asarray(counts)
+        if found.shape != (self.size,) or found.dtype.kind not in "iu" or (found < 0).any():
+            raise ValueError(f"all_to_all counts must be {self.size} non-negative ints (rows "
+                             f"for each rank); got {counts!r}")
+        if int(found.sum()) != rows:
+            raise ValueError(f"all_to_all counts sum to {int(found.sum())} but x has {rows} "
+                             "rows")
+        return found.astype(np.int64)
+
+    def _all_to_all_flat(self, name: str, send: np.ndarray, recv: np.ndarray,
+                         send_counts: np.ndarray, recv_counts: np.ndarray) -> None:
+        """all_to_all of 1-D buffers; counts in elements per rank."""
+        if self.size == 1:
+            recv[:] = send
+        elif name == "native":
+            self._group.native.all_to_all(send, recv, send_counts, recv_counts)
+        else:
+            function("all_to_all", name)(self._group.coll, _split(send, send_counts),
+                                         _split(recv, recv_counts))
+
+    def _broadcast_flat(self, buf: np.ndarray, root: int) -> None:
+        """broadcast of a small 1-D buffer (scatter's header), by the broadcast's own choice."""
+        if self.size == 1:
+            return
+        name = self._choose("broadcast", buf.nbytes, None)
+        if name == "native":
+            self._group.native.broadcast(buf, root)
+        else:
+            function("broadcast", name)(self._group.coll, buf, root)
 
     def _output(self, x: Any, out: np.ndarray | None, shape: tuple, dtype: np.dtype) -> np.ndarray:
         """The array a result goes into: out, checked, or a new one."""

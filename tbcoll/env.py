@@ -45,7 +45,7 @@ import hashlib
 import json
 import math
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from tbcoll.errors import TbcollError
@@ -167,22 +167,27 @@ def unlaunched_slurm_task(environ: Mapping[str, str] | None = None) -> str | Non
             "the allocation (salloc/sbatch: `tbrun script.py` takes its nodes and tasks)")
 
 
-def algorithm_overrides(collectives: Iterable[str],
+def algorithm_overrides(algorithms: Mapping[str, Sequence[str]],
                         environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """TBCOLL_ALGO as {collective: algorithm}: "ring" applies to all, "all_reduce=rd" to one."""
+    """TBCOLL_ALGO as {collective: algorithm}: "ring" applies to every collective that has a
+    ring algorithm, "all_reduce=rd" to one. algorithms: each collective's algorithms."""
     env = os.environ if environ is None else environ
     text = env.get("TBCOLL_ALGO", "").strip()
-    known = list(collectives)
     if not text:
         return {}
     if "=" not in text:
-        return dict.fromkeys(known, text)
+        chosen = {name: text for name, known in algorithms.items() if text in known}
+        if not chosen:
+            names = sorted({a for known in algorithms.values() for a in known})
+            raise TbcollError(f"TBCOLL_ALGO={text!r} is no collective's algorithm; use one of "
+                              f"{', '.join(names)}, or COLLECTIVE=ALGORITHM")
+        return chosen
     overrides = {}
     for item in text.split(","):
         name, sep, algorithm = item.strip().partition("=")
-        if not sep or name not in known:
+        if not sep or name not in algorithms:
             raise TbcollError(f"TBCOLL_ALGO={text!r}: {item!r} is not COLLECTIVE=ALGORITHM with "
-                              f"COLLECTIVE one of {', '.join(known)}")
+                              f"COLLECTIVE one of {', '.join(algorithms)}")
         overrides[name] = algorithm
     return overrides
 

@@ -35,6 +35,15 @@ TABLES: dict[str, dict[str, list[Rule]]] = {
 }
 for _backend in ("shm", "mpi", "mlx"):
     TABLES[_backend] = {name: [(None, None, "native")] for name in TABLES["tcp"]}
+# all_to_all and the rooted collectives (not measured yet): every block at once where few
+# ranks share the links, else one partner per step; binomial trees. Natives only on mpi.
+_OTHERS: dict[str, list[Rule]] = {
+    "all_to_all": [(None, 4, "mesh"), (None, None, "pairwise")],
+    **{name: [(None, None, "tree")] for name in ("gather", "scatter", "reduce")},
+}
+for _backend in ("tcp", "shm", "mlx"):
+    TABLES[_backend].update(_OTHERS)
+TABLES["mpi"].update({name: [(None, None, "native")] for name in _OTHERS})
 
 
 def choose(backend: str, collective: str, nbytes: int, size: int) -> str:

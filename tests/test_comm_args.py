@@ -68,10 +68,12 @@ def test_unknown_backend():
 
 
 def test_algorithm_overrides_from_the_environment(monkeypatch):
-    names = ("all_reduce", "all_gather")
+    names = {"all_reduce": ("ring", "rd"), "all_gather": ("ring",), "gather": ("tree",)}
     assert algorithm_overrides(names, {}) == {}
     assert algorithm_overrides(names, {"TBCOLL_ALGO": "ring"}) == {
-        "all_reduce": "ring", "all_gather": "ring"}
+        "all_reduce": "ring", "all_gather": "ring"}  # gather has no ring: its own choice
+    with pytest.raises(TbcollError, match="'rign' is no collective's algorithm"):
+        algorithm_overrides(names, {"TBCOLL_ALGO": "rign"})
     assert algorithm_overrides(names, {"TBCOLL_ALGO": "all_gather=mesh"}) == {
         "all_gather": "mesh"}
     with pytest.raises(TbcollError, match="'bcast=rd' is not COLLECTIVE=ALGORITHM"):

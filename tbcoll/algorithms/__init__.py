@@ -1,10 +1,29 @@
 """Collective algorithms written once over the P2P interface of tbcoll.transports.base.
 
-Each family module (ring, mesh, rd) offers all_reduce, all_gather, reduce_scatter and
-broadcast on 1-D contiguous numpy buffers; rd also offers barrier. Ranks are the
-communicator's. No module here imports a transport.
+ALGORITHMS is the one list of which algorithm can run which collective; MODULES says where
+each lives: a module offers a function named after each collective it runs (ring, mesh and
+rd the four data collectives, rd also barrier; mesh, pairwise and tree the all-to-all and
+rooted ones). "native" is the transport's own (transports.base.Native). Buffers are 1-D
+contiguous numpy arrays; ranks are the communicator's. No module here imports a transport.
 """
 
-from tbcoll.algorithms import mesh, rd, ring
+from tbcoll.algorithms import mesh, pairwise, rd, ring, tree
 
-FAMILIES = {"ring": ring, "mesh": mesh, "rd": rd}
+MODULES = {"ring": ring, "mesh": mesh, "rd": rd, "pairwise": pairwise, "tree": tree}
+FAMILIES = {name: MODULES[name] for name in ("ring", "mesh", "rd")}  # tuned by bench.model
+
+_DATA = ("ring", "mesh", "rd", "native")
+_ROOTED = ("tree", "mesh", "native")
+ALGORITHMS: dict[str, tuple[str, ...]] = {
+    "all_reduce": _DATA, "all_gather": _DATA, "reduce_scatter": _DATA, "broadcast": _DATA,
+    "barrier": ("rd", "native"),
+    "all_to_all": ("pairwise", "mesh", "native"),
+    "gather": _ROOTED, "scatter": _ROOTED, "reduce": _ROOTED,
+}
+COLLECTIVES = tuple(ALGORITHMS)
+NAMES = (*MODULES, "native")  # every algorithm's name
+
+
+def function(collective: str, algorithm: str):  # noqa: ANN201 (the algorithm's own signature)
+    """The function that runs collective with algorithm (not "native")."""
+    return getattr(MODULES[algorithm], collective)

@@ -55,3 +55,48 @@ def broadcast(p2p: P2P, data: np.ndarray, root: int) -> None:
         p2p.waitall([p2p.isend(data, j, _TAG) for j in _others(p2p)])
     else:
         p2p.waitall([p2p.irecv(data, root, _TAG)])
+
+
+def all_to_all(p2p: P2P, send: list[np.ndarray], recv: list[np.ndarray]) -> None:
+    """Every block at once: send[j] to rank j, recv[i] from rank i (zero-size ones skipped)."""
+    np.copyto(recv[p2p.rank], send[p2p.rank])
+    others = _others(p2p)
+    requests = [p2p.irecv(recv[j], j, _TAG) for j in others if recv[j].size]
+    requests += [p2p.isend(send[j], j, _TAG) for j in others if send[j].size]
+    p2p.waitall(requests)
+
+
+def gather(p2p: P2P, mine: np.ndarray, blocks: np.ndarray, root: int) -> None:
+    """The root receives every rank's block straight into blocks, in order of rank relative
+    to the root (its own first), as tree.gather leaves them."""
+    b, p = mine.size, p2p.size
+    if p2p.rank != root:
+        p2p.waitall([p2p.isend(mine, root, _TAG)])
+        return
+    blocks[:b] = mine
+    p2p.waitall([p2p.irecv(blocks[(j - root) % p * b:((j - root) % p + 1) * b], j, _TAG)
+                 for j in _others(p2p)])
+
+
+def scatter(p2p: P2P, blocks: np.ndarray, block: int, root: int) -> None:
+    """The root sends each rank its block (blocks in order of rank relative to the root, as
+    for tree.scatter); afterwards blocks[:block] is this rank's."""
+    p = p2p.size
+    if p2p.rank != root:
+        p2p.waitall([p2p.irecv(blocks[:block], root, _TAG)])
+        return
+    p2p.waitall([p2p.isend(blocks[(j - root) % p * block:((j - root) % p + 1) * block], j, _TAG)
+                 for j in _others(p2p)])
+
+
+def reduce(p2p: P2P, data: np.ndarray, combine: np.ufunc, root: int) -> None:
+    """Every rank sends its data to the root, which combines them as they land."""
+    if p2p.rank != root:
+        p2p.waitall([p2p.isend(data, root, _TAG)])
+        return
+    others = _others(p2p)
+    incoming = np.empty((len(others), data.size), data.dtype)
+    receives = [p2p.irecv(incoming[i], j, _TAG) for i, j in enumerate(others)]
+    for i, request in enumerate(receives):
+        p2p.waitall([request])
+        combine(data, incoming[i], out=data)

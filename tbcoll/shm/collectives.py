@@ -97,6 +97,7 @@ class Layout:
 
 class ShmNative:
     """Native collectives over one mapped segment; every rank of the group calls each."""
+    offers = frozenset(("all_reduce", "all_gather", "reduce_scatter", "broadcast", "barrier"))
 
     def __init__(self, segment: Segment, rank: int, size: int, timeout: float) -> None:
         self.segment, self.rank, self.size, self._timeout = segment, rank, size, timeout

@@ -32,7 +32,10 @@ class P2P(Protocol):
 
 
 class Native(Protocol):
-    """Collectives a transport implements itself (e.g. MPI_Allreduce)."""
+    """Collectives a transport implements itself (e.g. MPI_Allreduce): those named in
+    `offers`, of tbcoll.algorithms.COLLECTIVES; the others run tbcoll's algorithms."""
+
+    offers: frozenset[str]
 
     def all_reduce(self, send: np.ndarray, recv: np.ndarray, op: str) -> None: ...
 
@@ -43,6 +46,16 @@ class Native(Protocol):
     def broadcast(self, buf: np.ndarray, root: int) -> None: ...
 
     def barrier(self) -> None: ...
+
+    # where offered; counts in elements per rank, the root's buffer None elsewhere
+    def all_to_all(self, send: np.ndarray, recv: np.ndarray, send_counts: np.ndarray,
+                   recv_counts: np.ndarray) -> None: ...
+
+    def gather(self, send: np.ndarray, recv: np.ndarray | None, root: int) -> None: ...
+
+    def scatter(self, send: np.ndarray | None, recv: np.ndarray, root: int) -> None: ...
+
+    def reduce(self, send: np.ndarray, recv: np.ndarray | None, op: str, root: int) -> None: ...
 
 
 class Group(Protocol):

@@ -107,6 +107,7 @@ class MlxNative:
     """The world's collectives as MLX runs them, and what tbcoll adds on top."""
 
     takes_mlx = True  # small_all_reduce and small_all_gather take mlx arrays unconverted
+    offers = frozenset(("all_reduce", "all_gather", "reduce_scatter", "broadcast", "barrier"))
 
     def __init__(self, group: mx.distributed.Group, watchdog: Watchdog) -> None:
         self._group, self._eval = group, watchdog.eval

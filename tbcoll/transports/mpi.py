@@ -121,6 +121,9 @@ def _bfloat16_op(ufunc: np.ufunc) -> MPI.Op:
 
 
 class MpiNative:
+    offers = frozenset(("all_reduce", "all_gather", "reduce_scatter", "broadcast", "barrier",
+                        "all_to_all", "gather", "scatter", "reduce"))
+
     def __init__(self, comm: MPI.Comm, timeout: float) -> None:
         self._comm, self._timeout = comm, timeout
         self._bfloat16_ops: dict[str, MPI.Op] = {}
@@ -170,6 +173,29 @@ class MpiNative:
     def barrier(self) -> None:
         self._finish(self._comm.Ibarrier(), "MPI_Barrier")
 
+    def all_to_all(self, send: np.ndarray, recv: np.ndarray, send_counts: np.ndarray,
+                   recv_counts: np.ndarray) -> None:
+        """Counts in elements per rank; MPI_Alltoall where they are all equal."""
+        if (send_counts == send_counts[0]).all() and (recv_counts == send_counts[0]).all():
+            self._finish(self._comm.Ialltoall(self._spec(send), self._spec(recv)),
+                         "MPI_Alltoall")
+            return
+        self._finish(self._comm.Ialltoallv(self._counted(send, send_counts),
+                                           self._counted(recv, recv_counts)), "MPI_Alltoallv")
+
+    def gather(self, send: np.ndarray, recv: np.ndarray | None, root: int) -> None:
+        self._finish(self._comm.Igather(self._spec(send), self._spec(recv) if recv is not None
+                                        else None, root), "MPI_Gather")
+
+    def scatter(self, send: np.ndarray | None, recv: np.ndarray, root: int) -> None:
+        self._finish(self._comm.Iscatter(self._spec(send) if send is not None else None,
+                                         self._spec(recv), root), "MPI_Scatter")
+
+    def reduce(self, send: np.ndarray, recv: np.ndarray | None, op: str, root: int) -> None:
+        self._finish(self._comm.Ireduce(self._spec(send), self._spec(recv) if recv is not None
+                                        else None, self._op(op, send.dtype), root),
+                     "MPI_Reduce")
+
     def _finish(self, request: MPI.Request, what: str) -> None:
         _wait((request,), self._timeout, what)
 
@@ -177,6 +203,12 @@ class MpiNative:
         for op in self._bfloat16_ops.values():
             op.Free()
         self._bfloat16_ops.clear()
+
+    def _counted(self, array: np.ndarray, counts: np.ndarray) -> list:
+        """[buffer, counts, displacements, datatype] for the v-collectives."""
+        displacements = np.concatenate(([0], np.cumsum(counts)[:-1]))
+        buffer = array.view(np.uint16) if array.dtype == _BFLOAT16 else array
+        return [buffer, (counts.tolist(), displacements.tolist()), _DATATYPES[array.dtype]]
 
     def _spec(self, array: np.ndarray | None) -> object:
         if array is None:
