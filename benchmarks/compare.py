@@ -28,6 +28,7 @@ import numpy as np
 
 BIN = Path(sys.executable).parent
 PEER_OPS = ("sum", "max")  # what the harness needs of a peer: the collective, and max of times
+MLX_HAS = ("all_reduce", "all_gather")  # the collectives MlxPeer offers
 
 
 class MpiPeer:
@@ -49,6 +50,30 @@ class MpiPeer:
         out = np.empty(x.size * self.size, x.dtype) if out is None else out
         self._comm.Allgather(x, out)
         return out
+
+    def all_to_all(self, x, algorithm=None, out=None):
+        out = np.empty_like(x) if out is None else out
+        self._comm.Alltoall(x, out)
+        return out
+
+    def gather(self, x, root=0, algorithm=None, out=None):
+        if self.rank == root and out is None:
+            out = np.empty(x.size * self.size, x.dtype)
+        self._comm.Gather(x, out if self.rank == root else None, root)
+        return out if self.rank == root else None
+
+    def scatter(self, x, root=0, algorithm=None, out=None):
+        # mpi4py, as MPI, needs the receive buffer's size on every rank; the harness's out=
+        out = np.empty(x.size // self.size, x.dtype) if out is None else out
+        self._comm.Scatter(x if self.rank == root else None, out, root)
+        return out
+
+    def reduce(self, x, op="sum", root=0, algorithm=None, out=None):
+        if self.rank == root and out is None:
+            out = np.empty_like(x)
+        mpi_op = {"sum": self._mpi.SUM, "max": self._mpi.MAX}[op]
+        self._comm.Reduce(x, out if self.rank == root else None, mpi_op, root)
+        return out if self.rank == root else None
 
     def barrier(self):
         self._comm.Barrier()
@@ -184,8 +209,8 @@ def plot(summary: dict, collective: str, np_: int, path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("-np", type=int, default=2)
-    parser.add_argument("--collective", choices=["all_reduce", "all_gather"],
-                        default="all_reduce")
+    parser.add_argument("--collective", choices=[*MLX_HAS, "all_to_all", "gather", "scatter",
+                                                 "reduce"], default="all_reduce")
     parser.add_argument("-b", "--minbytes", default="8")
     parser.add_argument("-e", "--maxbytes", default="16M")
     parser.add_argument("-f", "--stepfactor", type=float, default=16)
@@ -208,6 +233,9 @@ def main() -> None:
     worker_args = ["--collective", args.collective, "--sizes", ",".join(map(str, steps)),
                    "--iters", str(args.iters), "--warmup", str(args.warmup)]
     systems = args.systems.split(",")
+    if args.collective not in MLX_HAS and "mlx" in systems:
+        systems.remove("mlx")
+        print(f"# mlx left out: MLX has no {args.collective}")
     rows: list[dict] = []
     for round_ in range(args.rounds):
         for system in systems if round_ % 2 == 0 else reversed(systems):

@@ -215,11 +215,13 @@ class Communicator:
         self._run("barrier", work, None, algorithm=name)
 
     def all_to_all(self, x: Any, counts: Any = None, algorithm: str | None = None,
-                   out: np.ndarray | None = None) -> Any:
+                   out: np.ndarray | None = None, recv_counts: Any = None) -> Any:
         """Send block j of x (along axis 0) to rank j; return the blocks from ranks 0..size-1
         in order. Without counts x.shape[0] must divide by size. With counts (the rows of x for
         each rank, in order, summing to x.shape[0]: mixture-of-experts routing) blocks may
-        differ in size and the result is (rows received, the count from each rank)."""
+        differ in size and the result is (rows received, the count from each rank); the ranks
+        first tell each other their counts, unless every rank passes recv_counts (the rows it
+        will get from each rank, e.g. when sending results back the way they came)."""
         array, restore = to_numpy(x)
         if array.ndim == 0:
             raise ValueError("all_to_all needs x with at least one dimension")
@@ -232,12 +234,18 @@ class Communicator:
         else:
             send_counts = self._counts(counts, array.shape[0])
         name = self._choose("all_to_all", array.nbytes, algorithm)
-        recv_counts = send_counts
+        told = recv_counts is not None
+        if told:
+            if counts is None:
+                raise ValueError("all_to_all's recv_counts go with counts")
+            recv_counts = self._counts(recv_counts, None)
+        else:
+            recv_counts = send_counts
         result = None
 
         def work() -> None:
             nonlocal recv_counts, result
-            if counts is not None:  # first, how many rows each rank sends this one
+            if counts is not None and not told:  # first, how many rows each rank sends here
                 recv_counts = np.empty(self.size, np.int64)
                 self._all_to_all_flat(name, send_counts, recv_counts, np.ones(self.size, np.int64),
                                       np.ones(self.size, np.int64))
@@ -479,13 +487,14 @@ class Communicator:
     def _has_native(self, collective: str) -> bool:
         return self._group.native is not None and collective in self._group.native.offers
 
-    def _counts(self, counts: Any, rows: int) -> np.ndarray:
-        """all_to_all's counts, checked: one non-negative int per rank, summing to rows."""
+    def _counts(self, counts: Any, rows: int | None) -> np.ndarray:
+        """all_to_all's counts, checked: one non-negative int per rank, summing to rows (if
+        given)."""
         found = np.asarray(counts)
         if found.shape != (self.size,) or found.dtype.kind not in "iu" or (found < 0).any():
             raise ValueError(f"all_to_all counts must be {self.size} non-negative ints (rows "
                              f"for each rank); got {counts!r}")
-        if int(found.sum()) != rows:
+        if rows is not None and int(found.sum()) != rows:
             raise ValueError(f"all_to_all counts sum to {int(found.sum())} but x has {rows} "
                              "rows")
         return found.astype(np.int64)

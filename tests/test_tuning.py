@@ -3,7 +3,7 @@
 import pytest
 
 from tbcoll import tuning
-from tbcoll.comm import ALGORITHMS
+from tbcoll.algorithms import ALGORITHMS
 
 
 @pytest.mark.parametrize("nbytes, size, expected", [

@@ -115,5 +115,56 @@ BARRIER = Collective(
     out_shape=lambda count, p: 0,
 )
 
+
+
+def _at_root(result: Any, dtype: np.dtype) -> np.ndarray:
+    """A rooted collective's result: None on the other ranks, which expect nothing."""
+    return np.zeros(0, dtype) if result is None else result
+
+
+def _blocks_for(rank: int, p: int, count: int, dtype: np.dtype) -> np.ndarray:
+    """What all_to_all gives rank: block `rank` of every rank's input, in rank order."""
+    return np.concatenate([np.split(_values(k, count, dtype), p)[rank] for k in range(p)])
+
+
+ALL_TO_ALL = Collective(  # nbytes is each rank's input; 1/p of it goes to each rank
+    "all_to_all", lambda p: (p - 1) / p, False,
+    inputs=lambda r, p, n, d: _values(r, _count(n, d, p), d),
+    expected=lambda r, p, n, d, op: _blocks_for(r, p, _count(n, d, p), d),
+    run=lambda comm, x, op, algorithm, out: comm.all_to_all(x, algorithm=algorithm, out=out),
+    out_shape=lambda count, p: count,
+)
+
+GATHER = Collective(  # to rank 0; nbytes is the gathered result, as for all_gather
+    "gather", lambda p: (p - 1) / p, False,
+    inputs=lambda r, p, n, d: _values(r, _count(n, d, p) // p, d),
+    expected=lambda r, p, n, d, op: np.concatenate(
+        [_values(k, _count(n, d, p) // p, d) for k in range(p)]) if r == 0 else np.zeros(0, d),
+    run=lambda comm, x, op, algorithm, out: _at_root(
+        comm.gather(x, 0, algorithm=algorithm, out=out if comm.rank == 0 else None), x.dtype),
+    out_shape=lambda count, p: count * p,
+)
+
+SCATTER = Collective(  # from rank 0; nbytes is the root's whole buffer
+    "scatter", lambda p: (p - 1) / p, False,
+    inputs=lambda r, p, n, d: _values(0, _count(n, d, p), d),
+    expected=lambda r, p, n, d, op: np.split(_values(0, _count(n, d, p), d), p)[r],
+    run=lambda comm, x, op, algorithm, out: comm.scatter(
+        x if comm.rank == 0 else None, 0, algorithm=algorithm, out=out),
+    out_shape=lambda count, p: count // p,
+)
+
+REDUCE = Collective(  # to rank 0
+    "reduce", lambda p: 1.0, True,
+    inputs=lambda r, p, n, d: _values(r, _count(n, d), d),
+    expected=lambda r, p, n, d, op: _reduced(p, _count(n, d), d, op) if r == 0
+    else np.zeros(0, d),
+    run=lambda comm, x, op, algorithm, out: _at_root(
+        comm.reduce(x, op, 0, algorithm=algorithm, out=out if comm.rank == 0 else None),
+        x.dtype),
+    out_shape=lambda count, p: count,
+)
+
 DESCRIPTORS = {c.name: c for c in
-               (ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, BROADCAST, SENDRECV, BARRIER)}
+               (ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, BROADCAST, ALL_TO_ALL, GATHER, SCATTER,
+                REDUCE, SENDRECV, BARRIER)}

@@ -121,7 +121,7 @@ def _measure(comm: Any, desc: Collective, nbytes: int, dtype: np.dtype, op: str,
     if desc.name == "sendrecv":
         slowest = [t / 2 for t in slowest]  # a round trip carried the message twice
     median = statistics.median(slowest)
-    size = x.nbytes if desc.name != "all_gather" else x.nbytes * comm.size
+    size = x.nbytes * comm.size if desc.name in ("all_gather", "gather") else x.nbytes
     algbw = size / median / 1e9 if median > 0 and size else 0.0
     return Row(desc.name, size, size // dtype.itemsize, str(dtype),
                op if desc.has_op else "none", algorithm, in_place, median * 1e6,

@@ -49,6 +49,9 @@ class TestAllToAll:
             start = sum(sent[:r])
             want.append(contribution(i, sum(sent), "float32")[start:start + sent[r]])
         assert np.array_equal(got, np.concatenate(want))
+        # back the way they came, the counts known on both sides (MoE's combine)
+        back, returned = comm.all_to_all(got, received, algorithm=algorithm, recv_counts=counts)
+        assert np.array_equal(back, x) and returned.tolist() == counts
 
     def test_out_and_bad_arguments(self, comm, algorithm):
         usable(comm, "all_to_all", algorithm)
