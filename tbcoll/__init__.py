@@ -14,6 +14,8 @@ _HOMES = {
     "LaunchInfo": "tbcoll.env",
     "launch_info": "tbcoll.env",
     "Store": "tbcoll.rendezvous",
+    "Request": "tbcoll.requests",
+    "wait_all": "tbcoll.requests",
     **dict.fromkeys(("AuthenticationError", "CommError", "HostfileError", "LaunchError",
                      "PeerError", "PeerLostError", "PeerTimeoutError", "RendezvousError",
                      "TbcollError"), "tbcoll.errors"),

@@ -29,6 +29,7 @@ from tbcoll.dtypes import DTYPE_CODES, DTYPES, OPS, reducer
 from tbcoll.env import algorithm_overrides, check_mode
 from tbcoll.errors import CommError, PeerError, TbcollError
 from tbcoll.rendezvous import report_peer_failure
+from tbcoll.requests import Progress, Request, in_order
 from tbcoll.transports.base import Group
 
 MAX_TAG = 32767  # the largest tag every MPI must support
@@ -71,6 +72,7 @@ class Communicator:
             self._check_algorithm(collective, algorithm, "TBCOLL_ALGO")
         self._check_calls = check_mode()
         self._closed = False
+        self._progress: Progress | None = None  # made by the first non-blocking call
         # A transport may offer one-call paths for small all_reduce and all_gather, taken for
         # algorithm "native" (asked for, or the default here) unless per-call checks are on.
         self._small = {name: None if self._check_calls else
@@ -84,6 +86,7 @@ class Communicator:
 
     # --- collectives ---------------------------------------------------------------------
 
+    @in_order
     def all_reduce(self, x: Any, op: str = "sum", algorithm: str | None = None,
                    out: np.ndarray | None = None) -> Any:
         """Reduce x elementwise over all ranks with op; every rank gets the result."""
@@ -121,6 +124,7 @@ class Communicator:
         self._run("all_reduce", work, array, op, algorithm=name)
         return restore(result)
 
+    @in_order
     def all_gather(self, x: Any, algorithm: str | None = None,
                    out: np.ndarray | None = None) -> Any:
         """Concatenate every rank's x along axis 0 (a 0-d x gives shape (size,))."""
@@ -156,6 +160,7 @@ class Communicator:
         self._run("all_gather", work, array, algorithm=name)
         return restore(result)
 
+    @in_order
     def reduce_scatter(self, x: Any, op: str = "sum", algorithm: str | None = None,
                        out: np.ndarray | None = None) -> Any:
         """Reduce x over all ranks and return this rank's block of it along axis 0."""
@@ -185,6 +190,7 @@ class Communicator:
             _flat(result)[:] = scratch[self.rank * block:(self.rank + 1) * block]
         return restore(result)
 
+    @in_order
     def broadcast(self, x: Any, root: int = 0, algorithm: str | None = None,
                   out: np.ndarray | None = None) -> Any:
         """Return root's x on every rank (x gives the shape and dtype on the others)."""
@@ -203,6 +209,7 @@ class Communicator:
         self._run("broadcast", work, array, root=root, algorithm=name)
         return restore(result)
 
+    @in_order
     def barrier(self) -> None:
         """Return once every rank has entered the barrier."""
         name = self._choose("barrier", 0, None)
@@ -214,6 +221,7 @@ class Communicator:
             work = partial(rd.barrier, self._group.coll)
         self._run("barrier", work, None, algorithm=name)
 
+    @in_order
     def all_to_all(self, x: Any, counts: Any = None, algorithm: str | None = None,
                    out: np.ndarray | None = None, recv_counts: Any = None) -> Any:
         """Send block j of x (along axis 0) to rank j; return the blocks from ranks 0..size-1
@@ -260,6 +268,7 @@ class Communicator:
         self._run("all_to_all", work, described, algorithm=name)
         return restore(result) if counts is None else (restore(result), recv_counts)
 
+    @in_order
     def gather(self, x: Any, root: int = 0, algorithm: str | None = None,
                out: np.ndarray | None = None) -> Any:
         """Concatenate every rank's x along axis 0 at root (out is used there); others get
@@ -289,6 +298,7 @@ class Communicator:
         self._run("gather", work if mine.size else None, array, root=root, algorithm=name)
         return None if result is None else restore(result)
 
+    @in_order
     def scatter(self, x: Any, root: int = 0, algorithm: str | None = None,
                 out: np.ndarray | None = None) -> Any:
         """Split root's x along axis 0 into size blocks and give rank j block j; the other
@@ -339,6 +349,7 @@ class Communicator:
             self._output(None, out, result.shape, result.dtype)  # raises, saying what is wrong
         return restorer(bool(header[2]), result.dtype)(result)
 
+    @in_order
     def reduce(self, x: Any, op: str = "sum", root: int = 0, algorithm: str | None = None,
                out: np.ndarray | None = None) -> Any:
         """Reduce x elementwise over all ranks with op; root gets the result (out is used
@@ -369,8 +380,39 @@ class Communicator:
         self._run("reduce", work, array, op, root=root, algorithm=name)
         return None if result is None else restore(result)
 
+    # --- non-blocking: each returns a tbcoll.Request (tbcoll/requests.py) ------------------
+
+    def iall_reduce(self, x: Any, op: str = "sum", algorithm: str | None = None,
+                    out: np.ndarray | None = None) -> Request:
+        return self._submit("all_reduce", self.all_reduce, x, op, algorithm, out)
+
+    def iall_gather(self, x: Any, algorithm: str | None = None,
+                    out: np.ndarray | None = None) -> Request:
+        return self._submit("all_gather", self.all_gather, x, algorithm, out)
+
+    def ireduce_scatter(self, x: Any, op: str = "sum", algorithm: str | None = None,
+                        out: np.ndarray | None = None) -> Request:
+        return self._submit("reduce_scatter", self.reduce_scatter, x, op, algorithm, out)
+
+    def ibroadcast(self, x: Any, root: int = 0, algorithm: str | None = None,
+                   out: np.ndarray | None = None) -> Request:
+        return self._submit("broadcast", self.broadcast, x, root, algorithm, out)
+
+    def iall_to_all(self, x: Any, counts: Any = None, algorithm: str | None = None,
+                    out: np.ndarray | None = None, recv_counts: Any = None) -> Request:
+        return self._submit("all_to_all", self.all_to_all, x, counts, algorithm, out,
+                            recv_counts)
+
+    def _submit(self, what: str, method: Callable[..., Any], *args: Any) -> Request:
+        if self._closed:
+            raise TbcollError(f"{what} on a closed communicator")
+        if self._progress is None:
+            self._progress = Progress(f"tbcoll-progress-{self.backend}-{self.rank}")
+        return self._progress.submit(what, partial(method, *args))
+
     # --- point to point ------------------------------------------------------------------
 
+    @in_order
     def send(self, x: Any, dst: int, tag: int = 0) -> None:
         """Send x to rank dst; returns once x may be reused."""
         array, _ = to_numpy(x)
@@ -379,6 +421,7 @@ class Communicator:
             p2p = self._group.p2p
             p2p.waitall([p2p.isend(contiguous_flat(array), dst, tag)])
 
+    @in_order
     def recv(self, out_or_like: Any, src: int, tag: int = 0) -> Any:
         """Receive from rank src into a numpy array (filled in place and returned), or, given
         an mlx array, into a new mlx array of its shape and dtype."""
@@ -395,6 +438,7 @@ class Communicator:
 
     # --- communicators -------------------------------------------------------------------
 
+    @in_order
     def split(self, color: int | None, key: int = 0) -> Communicator | None:
         """Split into sub-communicators, one per color, ranked by (key, rank); collective.
 
@@ -436,6 +480,8 @@ class Communicator:
 
     def close(self) -> None:
         if not self._closed:
+            if self._progress is not None:
+                self._progress.stop()  # what was started finishes first
             self._closed = True
             self._group.close()
 

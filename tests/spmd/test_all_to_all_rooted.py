@@ -4,6 +4,7 @@ against numpy, on every rank: each algorithm x dtype, every root, empty and odd 
 import numpy as np
 import pytest
 
+import tbcoll
 from tbcoll.dtypes import DTYPES
 
 from .conftest import expected_reduction, rank_input
@@ -128,3 +129,35 @@ def test_scatter_returns_mlx_where_root_gave_mlx(comm):
     got = comm.scatter(whole, 0)
     assert isinstance(got, mx.array) and got.dtype == mx.bfloat16
     assert got.tolist() == [2.0 * comm.rank, 2.0 * comm.rank + 1]
+
+
+class TestNonBlocking:
+    def test_results_equal_the_blocking_calls_interleaved_with_them(self, comm):
+        n, r = comm.size, comm.rank
+        requests = [comm.iall_reduce(np.full(4, r + 1.0)), comm.iall_gather(np.array([r])),
+                    comm.ireduce_scatter(np.ones(2 * n, np.int32)),
+                    comm.ibroadcast(np.full(3, r), root=n - 1),
+                    comm.iall_to_all(np.arange(n) + 10 * r)]
+        assert comm.all_reduce(np.ones(1))[0] == n  # waits for the queued ones, in order
+        late = comm.iall_reduce(np.arange(3.0), op="max")
+        results = tbcoll.wait_all([*requests, late])
+        assert results[0].tolist() == [n * (n + 1) / 2] * 4
+        assert results[1].tolist() == list(range(n))
+        assert results[2].tolist() == [n, n]
+        assert results[3].tolist() == [n - 1] * 3
+        assert results[4].tolist() == [10 * i + r for i in range(n)]
+        assert results[5].tolist() == [0.0, 1.0, 2.0]
+        assert all(request.test() for request in requests)
+
+    def test_counts_out_and_errors_arrive_at_wait(self, comm):
+        n, r = comm.size, comm.rank
+        out = np.empty(4, np.float64)
+        request = comm.iall_reduce(np.ones(4), out=out)
+        assert request.wait() is out and (out == n).all()
+        counts = [1] * n
+        got, received = comm.iall_to_all(np.full(n, r, np.int64), counts).wait()
+        assert got.tolist() == list(range(n)) and received.tolist() == counts
+        bad = comm.iall_reduce(np.ones(2), op="xor")
+        with pytest.raises(ValueError, match="xor"):
+            bad.wait()
+        assert comm.all_reduce(np.ones(1))[0] == n  # still in step afterwards
