@@ -51,23 +51,28 @@ def ranks_phrase(ranks: Sequence[int]) -> str:
 
 
 def suspects(followers: Mapping[int, Sequence[int]], alive: Collection[int],
-             name: Callable[[int], str]) -> list[str]:
+             name: Callable[[int], str],
+             broken: Collection[tuple[int, int]] = ()) -> list[str]:
     """Lines naming what the followers (rank -> the ranks it failed because of) failed
-    because of, when no rank failed by itself: the ranks most blamed that did not fail
-    because of others themselves (frozen, or cut off unnoticed), else each link whose two
-    ends lost each other (a pulled cable)."""
+    because of, when no rank failed by itself: each link whose ends lost each other, or whose
+    one end found the link itself dead (broken: (rank, peer) pairs; a pulled cable, whose
+    far end may not notice for seconds), and the ranks most blamed otherwise, that did not
+    fail because of others themselves (frozen, or cut off unnoticed)."""
+    cut = {frozenset(pair) for pair in broken} | {
+        frozenset((a, b)) for a, peers in followers.items() for b in peers
+        if a in followers.get(b, ())}
     blamed: dict[int, int] = {}
-    for peers in followers.values():
+    for rank, peers in followers.items():
         for peer in peers:
-            if peer not in followers:  # a follower's peer may have followed too: 0 <- 1 <- 2
+            # a follower's peer may have followed too: 0 <- 1 <- 2
+            if peer not in followers and frozenset((rank, peer)) not in cut:
                 blamed[peer] = blamed.get(peer, 0) + 1
+    lines = [f"the link between {name(a)} and {name(b)} failed (see the ranks' messages for "
+             "its addresses)" for a, b in sorted(tuple(sorted(pair)) for pair in cut)]
     if blamed:
         most = max(blamed.values())
         state = {True: "still runs: frozen, stopped, or cut off from them?", False: "had ended"}
-        return [f"{name(rank)} did not answer: {plural(most, 'rank')} failed waiting for it "
-                f"or on losing it; it {state[rank in alive]}"
-                for rank in sorted(r for r, n in blamed.items() if n == most)]
-    return [f"the link between {name(a)} and {name(b)} failed: each lost the other (see their "
-            "messages for its addresses)"
-            for a, peers in sorted(followers.items()) for b in peers
-            if a < b and a in followers.get(b, ())]
+        lines += [f"{name(rank)} did not answer: {plural(most, 'rank')} failed waiting for it "
+                  f"or on losing it; it {state[rank in alive]}"
+                  for rank in sorted(r for r, n in blamed.items() if n == most)]
+    return lines

@@ -42,7 +42,7 @@ from launchers.diagnose import (
 )
 from launchers.output import STREAMS, OutputRouter
 from launchers.stdin import InputForwarder
-from tbcoll.errors import LaunchError
+from tbcoll.errors import LINK_DOWN, LaunchError
 
 TIMEOUT_STATUS = 124  # as timeout(1) does
 PDEATHSIG = sys.platform.startswith("linux")  # children can be told to die with tbrun
@@ -137,6 +137,7 @@ class Supervisor:
         self._peer_failure = peer_failure
         self._on_spawn = on_spawn
         self._followers: dict[int, tuple[int, ...]] = {}  # rank -> the ranks it failed on
+        self._broken: set[tuple[int, int]] = set()  # (rank, peer): it found their link dead
         self._input = InputForwarder(
             stdin_fd if any(c.stdin and not c.launcher for c in commands) else None, log)
         self._kill_at: float | None = None  # SIGKILL deadline once teardown has begun
@@ -320,6 +321,8 @@ class Supervisor:
             report = self._peer_failure(rank)
             if report is not None:
                 self._followers[rank] = report[1]
+                if LINK_DOWN in report[0]:
+                    self._broken.update((rank, peer) for peer in report[1])
             own = report is None and not (self._tearing_down and (
                 proc.returncode < 0 or proc.returncode in _TEARDOWN_STATUSES))
             if self._status is not None and not own:
@@ -349,7 +352,7 @@ class Supervisor:
     def _name_suspects(self) -> None:
         """Name what the followers failed because of, when no rank failed by itself."""
         for line in suspects(self._followers, self._alive(),
-                             lambda rank: self._by_rank[rank].name):
+                             lambda rank: self._by_rank[rank].name, self._broken):
             self._log(line)
 
     def _drain(self, selector: selectors.BaseSelector, rank: int) -> None:

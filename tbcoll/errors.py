@@ -22,6 +22,11 @@ class PeerLostError(PeerError):
     """A peer went away (its connection closed, its process died) during an operation."""
 
 
+# in a PeerLostError's message where the link itself was found dead (a pulled cable), not the
+# peer: tbrun then names the link, even from one end's report alone
+LINK_DOWN = "the link is down"
+
+
 class PeerTimeoutError(PeerError):
     """Peers did not take part in an operation within TBCOLL_TIMEOUT (frozen, stuck, or
     cut off without the connection noticing)."""

@@ -57,7 +57,9 @@ class Progress:
 
     def __init__(self, name: str) -> None:
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._lock = threading.Lock()  # held while a call runs on the transport
+        # held while a call runs on the transport; re-entered by calls made inside one (split
+        # all_gathers)
+        self._lock = threading.RLock()
         self._idle = threading.Condition()
         self._pending = 0
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable
 
 from tbcoll.auth import HANDSHAKE_TIMEOUT, Doorman, accept_handshake, connect_proven
 from tbcoll.env import LaunchInfo, format_hostport, parse_hostport
-from tbcoll.errors import AuthenticationError, CommError
+from tbcoll.errors import LINK_DOWN, AuthenticationError, CommError
 from tbcoll.rendezvous import Store
 from tbcoll.topology import route_source
 from tbcoll.transports.stream import Peer, StreamEndpoint, StreamTransport
@@ -176,7 +176,7 @@ def _unanswered(sock: socket.socket) -> str | None:
     fields = _TCP_INFO.unpack_from(info)
     retransmits, unacked = fields[2], fields[12]
     if unacked and retransmits >= _DEAD_AFTER_RTOS:
-        return f"{retransmits} retransmissions unanswered: the link is down"
+        return f"{retransmits} retransmissions unanswered: {LINK_DOWN}"
     return None
 
 
