@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -45,6 +46,7 @@ from tbcoll.env import launch_info, launcher_world_size, started_by_mpiexec
 _REPORT_BYTES = 4096  # what a rank's failure message may take in the exchange
 _PASSED, _FAILED, _SKIPPED = 0, 1, 2
 _world = None  # the session's communicator, once a test asked for it
+_silenced = False  # this rank's terminal report was removed (not rank 0)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -88,6 +90,16 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         reporter = config.pluginmanager.get_plugin("terminalreporter")
         if reporter is not None:  # rank 0 speaks for all: the outcomes agree
             config.pluginmanager.unregister(reporter)
+            global _silenced
+            _silenced = True
+
+
+def pytest_collectreport(report: pytest.CollectReport) -> None:
+    """A rank that prints nothing still says why it could not collect a module (its outcome
+    is not exchanged: the others would only see it leave)."""
+    if report.failed and _silenced:
+        sys.stderr.write(f"tbcoll.testing: rank {_rank()} could not collect {report.nodeid}:\n"
+                         f"{report.longreprtext}\n")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

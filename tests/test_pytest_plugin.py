@@ -113,3 +113,18 @@ def test_pytest_mpi_markers_under_backend_mpi_keep_working(tmp_path):
                  timeout=120, cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "1 passed" in done.stdout
+
+
+def test_a_rank_that_cannot_collect_still_says_why(tmp_path):
+    tests = _write(tmp_path, """
+        import os
+        if os.environ["TBCOLL_RANK"] == "1":
+            raise ImportError("only on rank 1")
+
+        def test_meets(comm):
+            comm.barrier()
+    """)
+    done = tbrun("-np", "2", "--comm-timeout", "20", *_pytest(str(tests)), timeout=120,
+                 cwd=tmp_path)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "rank 1 could not collect" in done.stderr and "only on rank 1" in done.stderr
