@@ -29,7 +29,7 @@ from tbcoll.dtypes import DTYPE_CODES, DTYPES, OPS, reducer
 from tbcoll.env import algorithm_overrides, check_mode
 from tbcoll.errors import CommError, PeerError, TbcollError
 from tbcoll.rendezvous import report_peer_failure
-from tbcoll.requests import Progress, Request, in_order
+from tbcoll.requests import P2PRequest, Progress, Request, in_order
 from tbcoll.transports.base import Group
 
 MAX_TAG = 32767  # the largest tag every MPI must support
@@ -403,12 +403,40 @@ class Communicator:
         return self._submit("all_to_all", self.all_to_all, x, counts, algorithm, out,
                             recv_counts)
 
-    def _submit(self, what: str, method: Callable[..., Any], *args: Any) -> Request:
+    def isend(self, x: Any, dst: int, tag: int = 0) -> Request:
+        """send without waiting; wait() returns None once x may be reused."""
+        array, _ = to_numpy(x)
+        self._check_peer(dst, "dst", tag)
+        flat = contiguous_flat(array)
+        return self._start(f"send to rank {dst}", lambda p2p: p2p.isend(flat, dst, tag),
+                           lambda: None)
+
+    def irecv(self, out_or_like: Any, src: int, tag: int = 0) -> Request:
+        """recv without waiting; wait() returns what recv would (out filled, or a new mlx
+        array)."""
+        target, restore = self._receive_into(out_or_like, src, tag)
+        return self._start(f"recv from rank {src}",
+                           lambda p2p: p2p.irecv(target.reshape(-1), src, tag),
+                           lambda: restore(target))
+
+    def _progress_thread(self, what: str) -> Progress:
         if self._closed:
             raise TbcollError(f"{what} on a closed communicator")
         if self._progress is None:
             self._progress = Progress(f"tbcoll-progress-{self.backend}-{self.rank}")
-        return self._progress.submit(what, partial(method, *args))
+        return self._progress
+
+    def _submit(self, what: str, method: Callable[..., Any], *args: Any) -> Request:
+        return self._progress_thread(what).submit(what, partial(method, *args))
+
+    def _start(self, what: str, start: Callable[[Any], Any], finish: Callable[[], Any]
+               ) -> Request:
+        progress = self._progress_thread(what)
+        name = partial(self._named_error, what)
+        return progress.start(P2PRequest(what, progress, self._group.p2p, finish, name), start)
+
+    def _named_error(self, what: str, error: Exception) -> Exception:
+        return self._named(error, what) if isinstance(error, CommError) else error
 
     # --- point to point ------------------------------------------------------------------
 
@@ -425,16 +453,20 @@ class Communicator:
     def recv(self, out_or_like: Any, src: int, tag: int = 0) -> Any:
         """Receive from rank src into a numpy array (filled in place and returned), or, given
         an mlx array, into a new mlx array of its shape and dtype."""
-        template, restore = to_numpy(out_or_like)
-        self._check_peer(src, "src", tag)
-        if is_mlx(out_or_like):
-            target = np.empty(template.shape, template.dtype)
-        else:
-            target = self._output(None, template, template.shape, template.dtype)
+        target, restore = self._receive_into(out_or_like, src, tag)
         with self._errors(f"recv from rank {src}"):
             p2p = self._group.p2p
             p2p.waitall([p2p.irecv(target.reshape(-1), src, tag)])
         return restore(target)
+
+    def _receive_into(self, out_or_like: Any, src: int,
+                      tag: int) -> tuple[np.ndarray, Callable[[np.ndarray], Any]]:
+        """recv's checked arguments: the array to fill, and what turns it into the result."""
+        template, restore = to_numpy(out_or_like)
+        self._check_peer(src, "src", tag)
+        if is_mlx(out_or_like):
+            return np.empty(template.shape, template.dtype), restore
+        return self._output(None, template, template.shape, template.dtype), restore
 
     # --- communicators -------------------------------------------------------------------
 

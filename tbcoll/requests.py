@@ -47,6 +47,52 @@ class Request:
         return f"<tbcoll.Request {self.what}, {'done' if self.test() else 'in flight'}>"
 
 
+class P2PRequest(Request):
+    """An isend or irecv: started on the progress thread in its turn (a start never waits),
+    then completed by whoever waits: wait() lets the queued calls run first, then waits on the
+    transport, which moves every message in flight meanwhile; test() takes one look."""
+
+    def __init__(self, what: str, progress: Progress, p2p: Any,
+                 finish: Callable[[], Any], name_error: Callable[[Exception], Exception]) -> None:
+        super().__init__(what)
+        self._progress, self._p2p, self._finish_with = progress, p2p, finish
+        self._name_error = name_error
+        self._started = threading.Event()
+        self._transfer: Any = None
+        self._start_error: BaseException | None = None
+
+    def _start(self, start: Callable[[Any], Any]) -> None:
+        try:
+            self._transfer = start(self._p2p)
+        except BaseException as e:  # noqa: BLE001 (raised by wait)
+            self._start_error = e
+        self._started.set()
+
+    def test(self) -> bool:
+        if self._done.is_set():
+            return True
+        if not self._started.is_set():
+            return False
+        if self._start_error is None and not self._progress.try_run(
+                lambda: self._p2p.test([self._transfer])):
+            return False
+        self.wait()  # done: take its result (or error) now
+        return True
+
+    def wait(self) -> Any:
+        if not self._done.is_set():
+            self._started.wait()
+            error, result = self._start_error, None
+            if error is None:
+                try:
+                    self._progress.run(lambda: self._p2p.waitall([self._transfer]))
+                    result = self._finish_with()
+                except Exception as e:  # noqa: BLE001 (named, then raised below)
+                    error = self._name_error(e)
+            self._finish(result, error)
+        return super().wait()
+
+
 def wait_all(requests: Iterable[Request]) -> list[Any]:
     """Wait for every request; their results, in order (the first error is raised)."""
     return [request.wait() for request in list(requests)]
@@ -72,6 +118,22 @@ class Progress:
         self._queue.put((request, call))
         return request
 
+    def start(self, request: P2PRequest, start: Callable[[Any], Any]) -> P2PRequest:
+        """Start a send or receive in its turn on the progress thread (it never waits there)."""
+        with self._idle:
+            self._pending += 1
+        self._queue.put((None, functools.partial(request._start, start)))
+        return request
+
+    def try_run(self, call: Callable[[], Any]) -> Any:
+        """call() if nothing is queued and the transport is free now, else False."""
+        if self._pending or not self._lock.acquire(blocking=False):
+            return False
+        try:
+            return call()
+        finally:
+            self._lock.release()
+
     def run(self, call: Callable[[], Any]) -> Any:
         """A blocking call: after every queued one, on the caller's thread."""
         if threading.current_thread() is self._thread:
@@ -95,7 +157,8 @@ class Progress:
                     result = call()
             except BaseException as e:  # noqa: BLE001 (handed to whoever waits)
                 error = e
-            request._finish(result, error)
+            if request is not None:
+                request._finish(result, error)
             with self._idle:
                 self._pending -= 1
                 self._idle.notify_all()

@@ -30,6 +30,10 @@ class P2P(Protocol):
     def waitall(self, requests: Sequence[object]) -> None:
         """Block until every request has completed; CommError on a lost peer or timeout."""
 
+    def test(self, requests: Sequence[object]) -> bool:
+        """Move what can move now, without waiting; True once every request has completed
+        (CommError as for waitall)."""
+
 
 class Native(Protocol):
     """Collectives a transport implements itself (e.g. MPI_Allreduce): those named in

@@ -60,11 +60,27 @@ class MpiEndpoint:
         self._receiving[id(request)] = (request, buf.nbytes, peer)
         return request
 
+    def test(self, requests: Sequence[MPI.Request]) -> bool:
+        statuses = [MPI.Status() for _ in requests]
+        try:
+            if not MPI.Request.Testall(list(requests), statuses):
+                return False
+        except MPI.Exception as e:
+            raise CommError(f"MPI failed in send/recv: {e.Get_error_string()}") from None
+        self._check_counts(requests, statuses)
+        return True
+
     def waitall(self, requests: Sequence[MPI.Request]) -> None:
+        receiving = any(id(r) in self._receiving for r in requests)
+        statuses = [MPI.Status() for _ in requests] if receiving else None  # see _poll
+        _wait(requests, self._timeout, "send/recv", statuses)
+        if receiving:
+            self._check_counts(requests, statuses)
+
+    def _check_counts(self, requests: Sequence[MPI.Request],
+                      statuses: list[MPI.Status]) -> None:
         receives = [(i, self._receiving.pop(id(r))) for i, r in enumerate(requests)
                     if id(r) in self._receiving]
-        statuses = [MPI.Status() for _ in requests] if receives else None
-        _wait(requests, self._timeout, "send/recv", statuses)
         for i, (_, expected, source) in receives:
             got = statuses[i].Get_count(MPI.BYTE)
             if got != expected:

@@ -192,6 +192,25 @@ class StreamTransport:
                 if readable:
                     self._pump_in(peer)
 
+    def test(self, requests: Sequence[_Send | _Recv]) -> bool:
+        for peer in list(self._writing):
+            self._pump_out(peer)
+        for peer, readable, writable in self._ready(0.0):
+            if writable:
+                self._pump_out(peer)
+            if readable:
+                self._pump_in(peer)
+        for request in requests:
+            if request.done:
+                continue
+            if request.error:
+                raise CommError(request.error)
+            if request.peer.lost:
+                raise PeerLostError(f"lost connection to rank {request.peer.rank} "
+                                    f"({request.peer.lost})", (request.peer.rank,))
+            return False
+        return True
+
     # --- moving bytes --------------------------------------------------------------------
 
     def _pump_out(self, peer: Peer) -> None:
@@ -338,7 +357,7 @@ class StreamEndpoint:
     def __init__(self, transport: StreamTransport, context: int, members: list[int]) -> None:
         self._transport, self._context, self._members = transport, context, members
         self.rank, self.size = members.index(transport.rank), len(members)
-        self.waitall = transport.waitall
+        self.waitall, self.test = transport.waitall, transport.test
 
     def isend(self, buf: np.ndarray, peer: int, tag: int) -> _Send:
         return self._transport.isend(buf, self._members[peer], self._context, tag)

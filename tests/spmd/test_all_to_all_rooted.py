@@ -161,3 +161,32 @@ class TestNonBlocking:
         with pytest.raises(ValueError, match="xor"):
             bad.wait()
         assert comm.all_reduce(np.ones(1))[0] == n  # still in step afterwards
+
+    def test_isend_irecv_cross_without_deadlock(self, comm):
+        """Every rank posts its receive before its send, then waits for both: the transport
+        moves both while either waits."""
+        if comm.size == 1:
+            pytest.skip("send/recv need another rank")
+        r, n = comm.rank, comm.size
+        right, left = (r + 1) % n, (r - 1) % n
+        big = np.full(1 << 19, r, np.float32)  # more than a socket or ring holds
+        got = np.empty_like(big)
+        receives = [comm.irecv(got, left, tag=3), comm.irecv(np.empty(2, np.int64), left, tag=4)]
+        sends = [comm.isend(np.array([r, -r]), right, tag=4), comm.isend(big, right, tag=3)]
+        results = tbcoll.wait_all(receives + sends)
+        assert results[0] is got and (got == left).all()
+        assert results[1].tolist() == [left, -left] and results[2:] == [None, None]
+
+    def test_test_polls_to_completion_beside_collectives(self, comm):
+        if comm.size == 1:
+            pytest.skip("send/recv need another rank")
+        r, n = comm.rank, comm.size
+        right, left = (r + 1) % n, (r - 1) % n
+        pending = comm.iall_reduce(np.ones(2))
+        receive = comm.irecv(np.empty(3), left)
+        comm.send(np.full(3, float(r)), right)
+        assert comm.all_reduce(np.ones(1))[0] == n
+        while not receive.test():
+            pass
+        assert receive.wait().tolist() == [float(left)] * 3
+        assert pending.wait().tolist() == [n, n]
