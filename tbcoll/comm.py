@@ -242,6 +242,11 @@ class Communicator:
         else:
             send_counts = self._counts(counts, array.shape[0])
         name = self._choose("all_to_all", array.nbytes, algorithm)
+        if name == "bruck" and counts is not None:
+            if algorithm == "bruck":
+                raise ValueError("all_to_all algorithm='bruck' needs blocks of one size; "
+                                 "with counts use pairwise, mesh or native")
+            name = "pairwise"  # the table's choice for equal blocks
         told = recv_counts is not None
         if told:
             if counts is None:

@@ -36,9 +36,11 @@ TABLES: dict[str, dict[str, list[Rule]]] = {
 for _backend in ("shm", "mpi", "mlx"):
     TABLES[_backend] = {name: [(None, None, "native")] for name in TABLES["tcp"]}
 # all_to_all and the rooted collectives (not measured yet): every block at once where few
-# ranks share the links, else one partner per step; binomial trees. Natives only on mpi.
+# ranks share the links; past that Bruck's log2(p) steps for small messages (its choice
+# applies without counts: with counts pairwise runs instead), else one partner per step;
+# binomial trees. Natives only on mpi.
 _OTHERS: dict[str, list[Rule]] = {
-    "all_to_all": [(None, 4, "mesh"), (None, None, "pairwise")],
+    "all_to_all": [(None, 4, "mesh"), (16 << 10, None, "bruck"), (None, None, "pairwise")],
     **{name: [(None, None, "tree")] for name in ("gather", "scatter", "reduce")},
 }
 for _backend in ("tcp", "shm", "mlx"):

@@ -2,14 +2,15 @@
 
 ALGORITHMS is the one list of which algorithm can run which collective; MODULES says where
 each lives: a module offers a function named after each collective it runs (ring, mesh and
-rd the four data collectives, rd also barrier; mesh, pairwise and tree the all-to-all and
-rooted ones). "native" is the transport's own (transports.base.Native). Buffers are 1-D
+rd the four data collectives, rd also barrier; mesh, pairwise, bruck and tree the all-to-all
+and rooted ones). "native" is the transport's own (transports.base.Native). Buffers are 1-D
 contiguous numpy arrays; ranks are the communicator's. No module here imports a transport.
 """
 
-from tbcoll.algorithms import mesh, pairwise, rd, ring, tree
+from tbcoll.algorithms import bruck, mesh, pairwise, rd, ring, tree
 
-MODULES = {"ring": ring, "mesh": mesh, "rd": rd, "pairwise": pairwise, "tree": tree}
+MODULES = {"ring": ring, "mesh": mesh, "rd": rd, "pairwise": pairwise, "bruck": bruck,
+           "tree": tree}
 FAMILIES = {name: MODULES[name] for name in ("ring", "mesh", "rd")}  # tuned by bench.model
 
 _DATA = ("ring", "mesh", "rd", "native")
@@ -17,7 +18,7 @@ _ROOTED = ("tree", "mesh", "native")
 ALGORITHMS: dict[str, tuple[str, ...]] = {
     "all_reduce": _DATA, "all_gather": _DATA, "reduce_scatter": _DATA, "broadcast": _DATA,
     "barrier": ("rd", "native"),
-    "all_to_all": ("pairwise", "mesh", "native"),
+    "all_to_all": ("pairwise", "bruck", "mesh", "native"),
     "gather": _ROOTED, "scatter": _ROOTED, "reduce": _ROOTED,
 }
 COLLECTIVES = tuple(ALGORITHMS)

@@ -24,7 +24,7 @@ def contribution(rank, rows, dtype, salt=0):
     return rank_input(rank, rows * 3, np.dtype(DTYPES[dtype]), "max", salt).reshape(rows, 3)
 
 
-@pytest.mark.parametrize("algorithm", ["pairwise", "mesh", "native"])
+@pytest.mark.parametrize("algorithm", ["pairwise", "bruck", "mesh", "native"])
 class TestAllToAll:
     @pytest.mark.parametrize("dtype", DTYPE_NAMES)
     @pytest.mark.parametrize("rows_per_rank", [0, 1, 5])
@@ -39,6 +39,10 @@ class TestAllToAll:
     def test_counted_blocks_as_moe_routing_sends_them(self, comm, algorithm):
         """Rank r sends (r + j) % 3 rows to rank j: some blocks empty, sizes unequal."""
         usable(comm, "all_to_all", algorithm)
+        if algorithm == "bruck":
+            with pytest.raises(ValueError, match="blocks of one size"):
+                comm.all_to_all(np.ones(comm.size), [1] * comm.size, algorithm="bruck")
+            return
         n, r = comm.size, comm.rank
         counts = [(r + j) % 3 for j in range(n)]
         x = contribution(r, sum(counts), "float32")
