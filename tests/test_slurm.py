@@ -111,14 +111,19 @@ def test_salloc_tbrun_takes_the_allocation_without_np(slurm, script):
     assert len({e["netns"] for e in found.values()}) == 2
 
 
+def sbatch(slurm, folder, command: str) -> tuple[int, str]:
+    """Run a batch script of 3 tasks that runs command, to its end: (status, its output)."""
+    batch, out = folder / "job.sh", folder / "job.out"
+    batch.write_text(f"#!/bin/sh\n#SBATCH -n 3\n{command}\n")
+    done = slurm.run("sbatch", "--wait", f"--output={out}", str(batch), cwd=REPO)
+    return done.returncode, done.stderr + out.read_text()
+
+
 def test_sbatch_script_runs_tbrun_on_the_first_node(slurm, script, tmp_path):
     """The batch step runs on n0: its ranks are tbrun's children, n1's start through srun."""
-    batch = tmp_path / "job.sh"
-    batch.write_text(f"#!/bin/sh\n#SBATCH -n 3\nexec {TBRUN} {script}\n")
-    out = tmp_path / "job.out"
-    done = slurm.run("sbatch", "--wait", f"--output={out}", str(batch), cwd=REPO)
-    assert done.returncode == 0, (done.stderr, out.read_text())
-    found = results(out.read_text())
+    status, output = sbatch(slurm, tmp_path, f"exec {TBRUN} {script}")
+    assert status == 0, output
+    found = results(output)
     assert_world(found, 3)
     assert [found[r]["node"] for r in range(3)] == ["n0", "n0", "n1"]
 
@@ -167,9 +172,6 @@ def test_failing_rank_ends_the_allocation_with_its_status(slurm, script):
 
 
 def test_failing_rank_fails_the_batch_job_with_its_status(slurm, script, tmp_path):
-    batch = tmp_path / "job.sh"
-    batch.write_text(f"#!/bin/sh\n#SBATCH -n 3\nFAIL_RANK=2 exec {TBRUN} {script}\n")
-    out = tmp_path / "job.out"
-    done = slurm.run("sbatch", "--wait", f"--output={out}", str(batch), cwd=REPO)
-    assert done.returncode == 3, (done.stderr, out.read_text())
-    assert "rank 2 on n1" in out.read_text() and "exited with status 3" in out.read_text()
+    status, output = sbatch(slurm, tmp_path, f"FAIL_RANK=2 exec {TBRUN} {script}")
+    assert status == 3, output
+    assert "rank 2 on n1" in output and "exited with status 3" in output

@@ -11,6 +11,7 @@ both forms for np 1..4.
 import functools
 
 import numpy as np
+import pytest
 
 from tbcoll.dtypes import DTYPES, OPS
 
@@ -37,6 +38,12 @@ def expected_reduction(size: int, count: int, dtype: np.dtype, op: str, salt: in
 def counts(size: int) -> list[int]:
     """Element counts worth testing: empty, one, p-1, a prime."""
     return sorted({0, 1, size - 1, 1009})
+
+
+def usable(comm, collective: str, algorithm: str) -> None:
+    """Skip unless this communicator can run collective with algorithm."""
+    if algorithm not in comm.algorithms(collective):
+        pytest.skip(f"the {comm.backend} transport has no {algorithm} {collective}")
 
 
 BIG_BYTES = 3 << 20  # "several MB", for a few dtypes: all_reduce of it crosses segments

@@ -7,16 +7,11 @@ import pytest
 import tbcoll
 from tbcoll.dtypes import DTYPES
 
-from .conftest import expected_reduction, rank_input
+from .conftest import expected_reduction, rank_input, usable
 
 pytestmark = pytest.mark.spmd  # runs inside every rank of a job; see conftest.py
 
 DTYPE_NAMES = list(DTYPES)
-
-
-def usable(comm, collective, algorithm):
-    if algorithm not in comm.algorithms(collective):
-        pytest.skip(f"the {comm.backend} transport has no {algorithm} {collective}")
 
 
 def contribution(rank, rows, dtype, salt=0):

@@ -5,17 +5,12 @@ import pytest
 
 from tbcoll.dtypes import DTYPES, OPS
 
-from .conftest import BIG_BYTES, counts, expected_reduction, rank_input
+from .conftest import BIG_BYTES, counts, expected_reduction, rank_input, usable
 
 pytestmark = pytest.mark.spmd  # runs inside every rank of a job; see conftest.py
 
 DTYPE_NAMES = list(DTYPES)
 BIG_DTYPES = ["float32", "bfloat16", "int8"]
-
-
-def usable(comm, collective, algorithm):
-    if algorithm not in comm.algorithms(collective):
-        pytest.skip(f"the {comm.backend} transport has no {algorithm} {collective}")
 
 
 def assert_equal(got, want, what):
