@@ -7,6 +7,7 @@ and runs it. A CommError from below is raised again naming the collective and th
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import partial
@@ -54,6 +55,17 @@ def _split(flat: np.ndarray, counts: np.ndarray) -> list[np.ndarray]:
 
 
 _HEADER = 11  # scatter's header: dtype code, ndim, mlx, then up to 8 dimensions
+
+
+class _ArgumentsChecked(Exception):  # noqa: N818 (a signal, not an error)
+    """A non-blocking call's arguments passed the method's checks (see Communicator._submit)."""
+
+
+class _Checking(threading.local):
+    active = False  # this thread only checks a call's arguments: it moves no data
+
+
+_checking = _Checking()
 
 
 class Communicator:
@@ -389,23 +401,23 @@ class Communicator:
 
     def iall_reduce(self, x: Any, op: str = "sum", algorithm: str | None = None,
                     out: np.ndarray | None = None) -> Request:
-        return self._submit("all_reduce", self.all_reduce, x, op, algorithm, out)
+        return self._submit("all_reduce", Communicator.all_reduce, x, op, algorithm, out)
 
     def iall_gather(self, x: Any, algorithm: str | None = None,
                     out: np.ndarray | None = None) -> Request:
-        return self._submit("all_gather", self.all_gather, x, algorithm, out)
+        return self._submit("all_gather", Communicator.all_gather, x, algorithm, out)
 
     def ireduce_scatter(self, x: Any, op: str = "sum", algorithm: str | None = None,
                         out: np.ndarray | None = None) -> Request:
-        return self._submit("reduce_scatter", self.reduce_scatter, x, op, algorithm, out)
+        return self._submit("reduce_scatter", Communicator.reduce_scatter, x, op, algorithm, out)
 
     def ibroadcast(self, x: Any, root: int = 0, algorithm: str | None = None,
                    out: np.ndarray | None = None) -> Request:
-        return self._submit("broadcast", self.broadcast, x, root, algorithm, out)
+        return self._submit("broadcast", Communicator.broadcast, x, root, algorithm, out)
 
     def iall_to_all(self, x: Any, counts: Any = None, algorithm: str | None = None,
                     out: np.ndarray | None = None, recv_counts: Any = None) -> Request:
-        return self._submit("all_to_all", self.all_to_all, x, counts, algorithm, out,
+        return self._submit("all_to_all", Communicator.all_to_all, x, counts, algorithm, out,
                             recv_counts)
 
     def isend(self, x: Any, dst: int, tag: int = 0) -> Request:
@@ -432,7 +444,17 @@ class Communicator:
         return self._progress
 
     def _submit(self, what: str, method: Callable[..., Any], *args: Any) -> Request:
-        return self._progress_thread(what).submit(what, partial(method, *args))
+        """Queue method(*args) on the progress thread, its arguments checked here first: the
+        method runs up to where it would move data (bad arguments raise at the call)."""
+        progress = self._progress_thread(what)
+        _checking.active = True
+        try:
+            method.__wrapped__(self, *args)  # not in_order's wrapper: no wait for the queue
+        except _ArgumentsChecked:
+            pass
+        finally:
+            _checking.active = False
+        return progress.submit(what, partial(method, self, *args))
 
     def _start(self, what: str, start: Callable[[Any], Any], finish: Callable[[], Any]
                ) -> Request:
@@ -553,6 +575,8 @@ class Communicator:
             algorithm == "native" or algorithm is None and self._native_by_default[collective])
 
     def _run_small(self, collective: str, *args: Any) -> np.ndarray | None:
+        if _checking.active:
+            raise _ArgumentsChecked
         try:
             return self._small[collective](*args)
         except CommError as e:
@@ -635,6 +659,8 @@ class Communicator:
              op: str | None = None, root: int = -1, algorithm: str = "native") -> None:
         """Run work() (None: nothing to move) as this collective: with TBCOLL_CHECK first
         compare the call across ranks, and name the collective in any CommError."""
+        if _checking.active:
+            raise _ArgumentsChecked
         try:
             if self._check_calls and self.size > 1:
                 verify_calls_match(self._group.coll, collective, array, op, root, algorithm)

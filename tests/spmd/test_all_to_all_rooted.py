@@ -148,7 +148,7 @@ class TestNonBlocking:
         assert results[5].tolist() == [0.0, 1.0, 2.0]
         assert all(request.test() for request in requests)
 
-    def test_counts_out_and_errors_arrive_at_wait(self, comm):
+    def test_counts_out_and_argument_errors_at_the_call(self, comm):
         n, r = comm.size, comm.rank
         out = np.empty(4, np.float64)
         request = comm.iall_reduce(np.ones(4), out=out)
@@ -156,9 +156,10 @@ class TestNonBlocking:
         counts = [1] * n
         got, received = comm.iall_to_all(np.full(n, r, np.int64), counts).wait()
         assert got.tolist() == list(range(n)) and received.tolist() == counts
-        bad = comm.iall_reduce(np.ones(2), op="xor")
-        with pytest.raises(ValueError, match="xor"):
-            bad.wait()
+        with pytest.raises(ValueError, match="xor"):  # at the call, as for blocking calls
+            comm.iall_reduce(np.ones(2), op="xor")
+        with pytest.raises(ValueError, match="divisible"):
+            comm.ireduce_scatter(np.ones(n + 1))
         assert comm.all_reduce(np.ones(1))[0] == n  # still in step afterwards
 
     def test_isend_irecv_cross_without_deadlock(self, comm):
