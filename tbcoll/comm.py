@@ -30,7 +30,7 @@ from tbcoll.dtypes import DTYPE_CODES, DTYPES, OPS, reducer
 from tbcoll.env import algorithm_overrides, check_mode
 from tbcoll.errors import CommError, PeerError, TbcollError
 from tbcoll.rendezvous import report_peer_failure
-from tbcoll.requests import P2PRequest, Progress, Request, in_order
+from tbcoll.requests import P2PRequest, Progress, Request, keep_in_order
 from tbcoll.transports.base import Group
 
 MAX_TAG = 32767  # the largest tag every MPI must support
@@ -55,6 +55,11 @@ def _split(flat: np.ndarray, counts: np.ndarray) -> list[np.ndarray]:
 
 
 _HEADER = 11  # scatter's header: dtype code, ndim, mlx, then up to 8 dimensions
+
+
+# what waits for queued non-blocking calls once a communicator has any (tbcoll/requests.py)
+_IN_ORDER = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "barrier", "all_to_all",
+             "gather", "scatter", "reduce", "send", "recv", "split")
 
 
 class _ArgumentsChecked(Exception):  # noqa: N818 (a signal, not an error)
@@ -98,7 +103,6 @@ class Communicator:
 
     # --- collectives ---------------------------------------------------------------------
 
-    @in_order
     def all_reduce(self, x: Any, op: str = "sum", algorithm: str | None = None,
                    out: np.ndarray | None = None) -> Any:
         """Reduce x elementwise over all ranks with op; every rank gets the result."""
@@ -136,7 +140,6 @@ class Communicator:
         self._run("all_reduce", work, array, op, algorithm=name)
         return restore(result)
 
-    @in_order
     def all_gather(self, x: Any, algorithm: str | None = None,
                    out: np.ndarray | None = None) -> Any:
         """Concatenate every rank's x along axis 0 (a 0-d x gives shape (size,))."""
@@ -172,7 +175,6 @@ class Communicator:
         self._run("all_gather", work, array, algorithm=name)
         return restore(result)
 
-    @in_order
     def reduce_scatter(self, x: Any, op: str = "sum", algorithm: str | None = None,
                        out: np.ndarray | None = None) -> Any:
         """Reduce x over all ranks and return this rank's block of it along axis 0."""
@@ -202,7 +204,6 @@ class Communicator:
             _flat(result)[:] = scratch[self.rank * block:(self.rank + 1) * block]
         return restore(result)
 
-    @in_order
     def broadcast(self, x: Any, root: int = 0, algorithm: str | None = None,
                   out: np.ndarray | None = None) -> Any:
         """Return root's x on every rank (x gives the shape and dtype on the others)."""
@@ -221,7 +222,6 @@ class Communicator:
         self._run("broadcast", work, array, root=root, algorithm=name)
         return restore(result)
 
-    @in_order
     def barrier(self) -> None:
         """Return once every rank has entered the barrier."""
         name = self._choose("barrier", 0, None)
@@ -233,7 +233,6 @@ class Communicator:
             work = partial(rd.barrier, self._group.coll)
         self._run("barrier", work, None, algorithm=name)
 
-    @in_order
     def all_to_all(self, x: Any, counts: Any = None, algorithm: str | None = None,
                    out: np.ndarray | None = None, recv_counts: Any = None) -> Any:
         """Send block j of x (along axis 0) to rank j; return the blocks from ranks 0..size-1
@@ -285,7 +284,6 @@ class Communicator:
         self._run("all_to_all", work, described, algorithm=name)
         return restore(result) if counts is None else (restore(result), recv_counts)
 
-    @in_order
     def gather(self, x: Any, root: int = 0, algorithm: str | None = None,
                out: np.ndarray | None = None) -> Any:
         """Concatenate every rank's x along axis 0 at root (out is used there); others get
@@ -315,7 +313,6 @@ class Communicator:
         self._run("gather", work if mine.size else None, array, root=root, algorithm=name)
         return None if result is None else restore(result)
 
-    @in_order
     def scatter(self, x: Any, root: int = 0, algorithm: str | None = None,
                 out: np.ndarray | None = None) -> Any:
         """Split root's x along axis 0 into size blocks and give rank j block j; the other
@@ -366,7 +363,6 @@ class Communicator:
             self._output(None, out, result.shape, result.dtype)  # raises, saying what is wrong
         return restorer(bool(header[2]), result.dtype)(result)
 
-    @in_order
     def reduce(self, x: Any, op: str = "sum", root: int = 0, algorithm: str | None = None,
                out: np.ndarray | None = None) -> Any:
         """Reduce x elementwise over all ranks with op; root gets the result (out is used
@@ -441,6 +437,7 @@ class Communicator:
             raise TbcollError(f"{what} on a closed communicator")
         if self._progress is None:
             self._progress = Progress(f"tbcoll-progress-{self.backend}-{self.rank}")
+            keep_in_order(self, _IN_ORDER, self._progress)
         return self._progress
 
     def _submit(self, what: str, method: Callable[..., Any], *args: Any) -> Request:
@@ -449,7 +446,7 @@ class Communicator:
         progress = self._progress_thread(what)
         _checking.active = True
         try:
-            method.__wrapped__(self, *args)  # not in_order's wrapper: no wait for the queue
+            method(self, *args)  # the class's method: no wait for the queue
         except _ArgumentsChecked:
             pass
         finally:
@@ -467,7 +464,6 @@ class Communicator:
 
     # --- point to point ------------------------------------------------------------------
 
-    @in_order
     def send(self, x: Any, dst: int, tag: int = 0) -> None:
         """Send x to rank dst; returns once x may be reused."""
         array, _ = to_numpy(x)
@@ -476,7 +472,6 @@ class Communicator:
             p2p = self._group.p2p
             p2p.waitall([p2p.isend(contiguous_flat(array), dst, tag)])
 
-    @in_order
     def recv(self, out_or_like: Any, src: int, tag: int = 0) -> Any:
         """Receive from rank src into a numpy array (filled in place and returned), or, given
         an mlx array, into a new mlx array of its shape and dtype."""
@@ -497,7 +492,6 @@ class Communicator:
 
     # --- communicators -------------------------------------------------------------------
 
-    @in_order
     def split(self, color: int | None, key: int = 0) -> Communicator | None:
         """Split into sub-communicators, one per color, ranked by (key, rank); collective.
 

@@ -164,15 +164,13 @@ class Progress:
                 self._idle.notify_all()
 
 
-def in_order(method: Callable) -> Callable:
-    """A Communicator method that waits for the communicator's queued non-blocking calls
-    first (none queued, none ever made: straight through)."""
-
-    @functools.wraps(method)
-    def ordered(self, *args: Any, **kwargs: Any) -> Any:
-        progress = self._progress
-        if progress is None:
-            return method(self, *args, **kwargs)
-        return progress.run(functools.partial(method, self, *args, **kwargs))
-
-    return ordered
+def keep_in_order(obj: object, names: Iterable[str], progress: Progress) -> None:
+    """From now on, obj's methods `names` wait for its queued non-blocking calls first (on the
+    progress thread itself they run straight through). Installed on the instance when its
+    first non-blocking call is made, so that a communicator that never makes one pays
+    nothing."""
+    for name in names:
+        method = getattr(obj, name)
+        setattr(obj, name, functools.wraps(method)(
+            lambda *args, _method=method, **kwargs: progress.run(
+                functools.partial(_method, *args, **kwargs))))

@@ -159,7 +159,7 @@ class TestNonBlocking:
         with pytest.raises(ValueError, match="xor"):  # at the call, as for blocking calls
             comm.iall_reduce(np.ones(2), op="xor")
         with pytest.raises(ValueError, match="divisible"):
-            comm.ireduce_scatter(np.ones(n + 1))
+            comm.ireduce_scatter(np.float64(1.0))  # no axis 0 to split
         assert comm.all_reduce(np.ones(1))[0] == n  # still in step afterwards
 
     def test_isend_irecv_cross_without_deadlock(self, comm):
