@@ -119,3 +119,18 @@ def test_exports_never_show_on_a_command_line(script):
               env={**os.environ, "SECRET": "hunter2"})  # -x NAME: tbrun's own value
     assert p.returncode == 0, p.stderr
     assert tagged_lines(p.stdout) == {0: ["hunter2 0"], 1: ["hunter2 0"]}
+
+
+def test_a_cut_short_abort_is_still_pinned_on_the_rank_that_raised(capfd):
+    """Hydra's teardown may cut the aborting rank's "MPI_Abort" line and its own exit codes:
+    the rank whose Python traceback came through is then named (seen once in CI)."""
+    from launchers.output import OutputRouter
+    from launchers.starters.mpiexec import MPIEXEC, explain_failure
+
+    output = OutputRouter(3, True, None)
+    output.write(2, "err", b"Traceback (most recent call last):\n  ...\nValueError: boom\n")
+    output.write(MPIEXEC, "err", b"some words of mpiexec's\n")
+    assert explain_failure(1, 3, [0, 0, 0], output) == 1
+    output.close()
+    assert "tbrun: rank 2 exited with status 1 (its Python exception, above)" in \
+        capfd.readouterr().err

@@ -123,6 +123,7 @@ def run_mpi(cfg: LaunchConfig) -> int:
 
 MPIEXEC = -1  # mpiexec's own output: passed on untagged
 _ABORT = re.compile(r"application called MPI_Abort\(\w+, (-?\d+)\) - process (\d+)")
+_TRACEBACK = "Traceback (most recent call last):"
 _EXIT_CODES = "Exit codes:"  # Hydra's -print-all-exitcodes: then "[host] s,s,..." per host
 _HOST_CODES = re.compile(r"^(?:.*Exit codes: )?\[[^\]]*\] ([\d,]+)$", re.MULTILINE)
 
@@ -166,6 +167,13 @@ def explain_failure(status: int, nprocs: int, placement: list[int], output: Outp
              or [r for r, s in failed.items() if s != 128 + signal.SIGKILL]
              or list(failed))
     if not first:
+        # Hydra's teardown can cut the aborting rank's last line and its own report; a rank
+        # that printed a Python traceback is then the one whose exception aborted the job
+        raised = [r for r in range(nprocs) if _TRACEBACK in output.stderr_tail(r)]
+        if len(raised) == 1:
+            log(f"rank {raised[0]} {describe_exit(status)} (its Python exception, above); "
+                "mpiexec stopped the other ranks")
+            return status
         log(f"mpiexec exited with status {status}; MPICH named no rank that failed")
         return status
     rank = first[0]
