@@ -41,10 +41,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tbcoll.env import launch_info, launcher_world_size, started_by_mpiexec
+from tbcoll.env import (
+    launch_info,
+    launcher_world_size,
+    started_by_mpiexec,
+    torchrun_names_from_mpi,
+)
 
 _REPORT_BYTES = 4096  # what a rank's failure message may take in the exchange
-_PASSED, _FAILED, _SKIPPED = 0, 1, 2
+_FAILED = 1  # the first byte of a rank's row in the exchange
 _world = None  # the session's communicator, once a test asked for it
 _silenced = False  # this rank's terminal report was removed (not rank 0)
 
@@ -69,10 +74,7 @@ def _rank() -> int:
     info = launch_info()
     if info is not None:
         return info.rank
-    for name in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK"):
-        if os.environ.get(name, "").isdigit():
-            return int(os.environ[name])
-    return 0
+    return int(torchrun_names_from_mpi(os.environ).get("RANK", 0))
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -85,12 +87,12 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(trylast=True)
 def pytest_sessionstart(session: pytest.Session) -> None:
+    global _silenced
     config = session.config
     if _launched_size() > 1 and _rank() != 0 and not config.getoption("all_ranks"):
         reporter = config.pluginmanager.get_plugin("terminalreporter")
         if reporter is not None:  # rank 0 speaks for all: the outcomes agree
             config.pluginmanager.unregister(reporter)
-            global _silenced
             _silenced = True
 
 
