@@ -47,6 +47,7 @@ from tbcoll.env import (
     started_by_mpiexec,
     torchrun_names_from_mpi,
 )
+from tbcoll.errors import CommError
 
 _REPORT_BYTES = 4096  # what a rank's failure message may take in the exchange
 _FAILED = 1  # the first byte of a rank's row in the exchange
@@ -138,9 +139,16 @@ def comm():
     yield _world
 
 
-def pytest_sessionfinish(session: pytest.Session) -> None:
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """After every report is printed: the ranks leave together. The first rank to exit with
+    failed tests would make tbrun stop the others, cutting rank 0's report short."""
     global _world
     if _world is not None:
+        sys.stdout.flush()
+        try:
+            _world.barrier()
+        except CommError:
+            pass  # a rank is gone: nothing to wait for
         _world.close()
         _world = None
 
