@@ -83,7 +83,7 @@ class Communicator:
         self._world_ranks = tuple(range(self.size)) if world_ranks is None else world_ranks
         self.local_rank, self.node_rank = local_rank, node_rank
         self.backend = backend
-        self._table = getattr(group, "tuning", backend)  # the tuning table it follows
+        self._table = group.tuning  # the tuning table it follows
         self._overrides = algorithm_overrides(ALGORITHMS)
         for collective, algorithm in self._overrides.items():
             self._check_algorithm(collective, algorithm, "TBCOLL_ALGO")
@@ -92,11 +92,11 @@ class Communicator:
         self._progress: Progress | None = None  # made by the first non-blocking call
         # A transport may offer one-call paths for small all_reduce and all_gather, taken for
         # algorithm "native" (asked for, or the default here) unless per-call checks are on.
-        self._small = {name: None if self._check_calls else
-                       getattr(group.native, f"small_{name}", None)
-                       for name in ("all_reduce", "all_gather")}
+        native = None if self._check_calls else group.native
+        self._small = {"all_reduce": native and native.direct_all_reduce,
+                       "all_gather": native and native.direct_all_gather}
         # ... and may take mlx arrays there as they are (the mlx transport: no copies).
-        self._small_takes_mlx = getattr(group.native, "takes_mlx", False)
+        self._small_takes_mlx = group.native is not None and group.native.takes_mlx
         self._native_by_default = {
             name: (self._overrides.get(name) or tuning.choose(self._table, name, 0, self.size))
             == "native" for name in self._small}
@@ -529,7 +529,7 @@ class Communicator:
             else:
                 rule = tuning.describe(self._table, collective)
             lines.append(f"  {collective}: {rule}")
-        return "\n".join(lines + getattr(self._group, "describe_links", list)())
+        return "\n".join(lines + self._group.describe_links())
 
     def close(self) -> None:
         if not self._closed:

@@ -98,6 +98,7 @@ class Layout:
 class ShmNative:
     """Native collectives over one mapped segment; every rank of the group calls each."""
     offers = frozenset(("all_reduce", "all_gather", "reduce_scatter", "broadcast", "barrier"))
+    takes_mlx = False
 
     def __init__(self, segment: Segment, rank: int, size: int, timeout: float) -> None:
         self.segment, self.rank, self.size, self._timeout = segment, rank, size, timeout
@@ -115,17 +116,18 @@ class ShmNative:
                      for offset in self._set_offsets]
         self._views: dict[tuple[int, np.dtype], tuple[np.ndarray, np.ndarray]] = {}
         self._seq = 0
-        if isinstance(self.flags, AtomicFlags):
-            self.small_all_reduce = self._small_all_reduce
-            self.small_all_gather = self._small_all_gather
+        atomic = isinstance(self.flags, AtomicFlags)  # the one-call paths need the C module
+        self.direct_all_reduce = self._direct_all_reduce if atomic else None
+        self.direct_all_gather = self._direct_all_gather if atomic else None
+        if atomic:
             # With more ranks than cores, a waiting rank must give its core away quickly:
             # 50 polls instead of 500 took 8 B all_reduce at np=4 on 2 cores from 35 to 21 us.
             atomics.set_spin(500 if size <= cores() else 50)
 
     # --- the collectives -----------------------------------------------------------------
 
-    def _small_all_reduce(self, x: np.ndarray, op: str,
-                          out: np.ndarray | None) -> np.ndarray | None:
+    def _direct_all_reduce(self, x: np.ndarray, op: str,
+                           out: np.ndarray | None) -> np.ndarray | None:
         """all_reduce of a small contiguous array in one C call, into out (checked by the
         caller) or a new array; None when x does not qualify."""
         dtype = DTYPE_CODES.get(x.dtype)
@@ -135,7 +137,7 @@ class ShmNative:
         return self._small_round(x, np.empty_like(x) if out is None else out, dtype, code,
                                  _SMALL_ALL_REDUCE[dtype][code] | x.nbytes)
 
-    def _small_all_gather(self, x: np.ndarray, out: np.ndarray | None) -> np.ndarray | None:
+    def _direct_all_gather(self, x: np.ndarray, out: np.ndarray | None) -> np.ndarray | None:
         """all_gather likewise; out, if given, holds size blocks like x (checked by caller)."""
         dtype = DTYPE_CODES.get(x.dtype)
         if dtype is None or x.nbytes > SINGLE_PASS_BYTES or not x.flags.c_contiguous:

@@ -11,8 +11,8 @@ matched in the order they were sent (non-overtaking, as in MPI).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Protocol
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -40,6 +40,12 @@ class Native(Protocol):
     `offers`, of tbcoll.algorithms.COLLECTIVES; the others run tbcoll's algorithms."""
 
     offers: frozenset[str]
+    # One-call paths the Communicator takes for all_reduce and all_gather with algorithm
+    # "native" (x, op, out) / (x, out) -> the result, or None where x does not qualify (the
+    # general path then runs); None where the transport has none.
+    direct_all_reduce: Callable[[Any, str, Any], Any] | None
+    direct_all_gather: Callable[[Any, Any], Any] | None
+    takes_mlx: bool  # the direct paths take mlx arrays as they are (no copy either way)
 
     def all_reduce(self, send: np.ndarray, recv: np.ndarray, op: str) -> None: ...
 
@@ -63,6 +69,7 @@ class Native(Protocol):
 
 
 class Group(Protocol):
+    tuning: str  # the table of tbcoll.tuning its algorithm choices follow
     rank: int
     size: int
     local_rank: int
@@ -79,5 +86,8 @@ class Group(Protocol):
         Every rank of this group calls it; `context` is the maximum of all their
         context_hint() values; ranks with color None get None.
         """
+
+    def describe_links(self) -> list[str]:
+        """Lines for Communicator.describe(): what carries each pair of ranks (may be none)."""
 
     def close(self) -> None: ...

@@ -106,14 +106,14 @@ class Watchdog:
 class MlxNative:
     """The world's collectives as MLX runs them, and what tbcoll adds on top."""
 
-    takes_mlx = True  # small_all_reduce and small_all_gather take mlx arrays unconverted
+    takes_mlx = True  # direct_all_reduce and direct_all_gather take mlx arrays unconverted
     offers = frozenset(("all_reduce", "all_gather", "reduce_scatter", "broadcast", "barrier"))
 
     def __init__(self, group: mx.distributed.Group, watchdog: Watchdog) -> None:
         self._group, self._eval = group, watchdog.eval
         self._sum_scatter = True  # until the backend says it has none (ring)
 
-    def small_all_reduce(self, x: object, op: str, out: object) -> mx.array | None:
+    def direct_all_reduce(self, x: object, op: str, out: object) -> mx.array | None:
         """The Communicator's one-call path for an mlx array: MLX's own collective on it, no
         copy either way (None: take the general path, e.g. for numpy arrays or prod)."""
         if not isinstance(x, mx.array) or x.dtype not in _DTYPES or op not in _NATIVE_OPS:
@@ -122,7 +122,7 @@ class MlxNative:
         self._eval("all_reduce", result)
         return result
 
-    def small_all_gather(self, x: object, out: object) -> mx.array | None:
+    def direct_all_gather(self, x: object, out: object) -> mx.array | None:
         if not isinstance(x, mx.array) or x.dtype not in _DTYPES:
             return None
         result = mx.distributed.all_gather(x.reshape(1) if x.ndim == 0 else x, group=self._group)
@@ -132,7 +132,7 @@ class MlxNative:
     def all_reduce(self, send: np.ndarray | None, recv: np.ndarray, op: str) -> None:
         x = to_mlx(recv if send is None else send)
         if op in _NATIVE_OPS:
-            return from_mlx(self.small_all_reduce(x, op, None), recv)
+            return from_mlx(self.direct_all_reduce(x, op, None), recv)
         # prod: every rank's block, multiplied in rank order as every rank does
         gathered = mx.distributed.all_gather(x[None], group=self._group)
         self._eval("all_reduce", gathered)
@@ -143,7 +143,7 @@ class MlxNative:
             reducer(op)(recv, block, out=recv)
 
     def all_gather(self, send: np.ndarray, recv: np.ndarray) -> None:
-        from_mlx(self.small_all_gather(to_mlx(send), None), recv)
+        from_mlx(self.direct_all_gather(to_mlx(send), None), recv)
 
     def reduce_scatter(self, send: np.ndarray, recv: np.ndarray, op: str) -> None:
         if op == "sum" and self._sum_scatter:

@@ -139,12 +139,13 @@ def _bfloat16_op(ufunc: np.ufunc) -> MPI.Op:
 class MpiNative:
     offers = frozenset(("all_reduce", "all_gather", "reduce_scatter", "broadcast", "barrier",
                         "all_to_all", "gather", "scatter", "reduce"))
+    takes_mlx = False
 
     def __init__(self, comm: MPI.Comm, timeout: float) -> None:
         self._comm, self._timeout = comm, timeout
         self._bfloat16_ops: dict[str, MPI.Op] = {}
 
-    def small_all_reduce(self, x: np.ndarray, op: str,
+    def direct_all_reduce(self, x: np.ndarray, op: str,
                          out: np.ndarray | None) -> np.ndarray | None:
         """The Communicator's one-call path (any size here): straight to MPI_Allreduce."""
         if x.dtype not in _DATATYPES or not x.flags.c_contiguous:
@@ -160,7 +161,7 @@ class MpiNative:
         self.all_reduce(send, out, op)
         return out
 
-    def small_all_gather(self, x: np.ndarray, out: np.ndarray | None) -> np.ndarray | None:
+    def direct_all_gather(self, x: np.ndarray, out: np.ndarray | None) -> np.ndarray | None:
         if x.dtype not in _DATATYPES or not x.flags.c_contiguous or (
                 out is not None and may_overlap(x, out)):
             return None
@@ -245,6 +246,8 @@ class MpiGroup:
     """A communicator's view of MPI: its own MPI communicator for user messages, a duplicate
     for collectives (so that their messages never match each other's)."""
 
+    tuning = "mpi"
+
     def __init__(self, comm: MPI.Comm, timeout: float) -> None:
         self._comm, self._timeout = comm, timeout
         self._coll_comm = comm.Dup()
@@ -261,6 +264,9 @@ class MpiGroup:
         # MPI orders the new ranks by (key, old rank), as Communicator.split does.
         sub = self._comm.Split(MPI.UNDEFINED if color is None else color, key)
         return None if sub == MPI.COMM_NULL else MpiGroup(sub, self._timeout)
+
+    def describe_links(self) -> list[str]:
+        return []  # MPI routes the messages itself
 
     def close(self) -> None:
         if MPI.Is_finalized():

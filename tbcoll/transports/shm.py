@@ -99,6 +99,8 @@ class _Names:
 class ShmGroup:
     """A communicator's view of the shm transport."""
 
+    tuning = "shm"
+
     def __init__(self, segment: Segment, rank: int, members: list[int], names: _Names,
                  timeout: float) -> None:
         self.members, self._names, self._timeout = members, names, timeout
@@ -122,6 +124,9 @@ class ShmGroup:
         size = Layout(len(members)).total
         segment = _share_segment(self.coll, self.rank, members, self._names.prefix, size)
         return ShmGroup(segment, members.index(self.rank), world, self._names, self._timeout)
+
+    def describe_links(self) -> list[str]:
+        return []  # every pair shares this host's memory
 
     def close(self) -> None:
         self._stream.close()
