@@ -25,7 +25,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-ALGORITHMS = ("ring", "mesh", "rd")
+from tbcoll.algorithms import FAMILIES
+
+ALGORITHMS = tuple(FAMILIES)  # the families of tbcoll.algorithms this model prices
 
 
 def cost(collective: str, algorithm: str, p: int) -> tuple[float, float]:

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 import tbcoll
+from tbcoll.algorithms import ALGORITHMS
 from tbcoll.dtypes import DTYPES
 
 from .conftest import expected_reduction, rank_input, usable
@@ -19,7 +20,7 @@ def contribution(rank, rows, dtype, salt=0):
     return rank_input(rank, rows * 3, np.dtype(DTYPES[dtype]), "max", salt).reshape(rows, 3)
 
 
-@pytest.mark.parametrize("algorithm", ["pairwise", "bruck", "mesh", "native"])
+@pytest.mark.parametrize("algorithm", ALGORITHMS["all_to_all"])
 class TestAllToAll:
     @pytest.mark.parametrize("dtype", DTYPE_NAMES)
     @pytest.mark.parametrize("rows_per_rank", [0, 1, 5])
@@ -66,7 +67,7 @@ class TestAllToAll:
                 comm.all_to_all(np.ones(comm.size + 1))
 
 
-@pytest.mark.parametrize("algorithm", ["tree", "mesh", "native"])
+@pytest.mark.parametrize("algorithm", ALGORITHMS["gather"])  # scatter, reduce: the same
 class TestRooted:
     @pytest.mark.parametrize("dtype", DTYPE_NAMES)
     def test_gather_every_root(self, comm, algorithm, dtype):

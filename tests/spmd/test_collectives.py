@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from tbcoll.algorithms import ALGORITHMS
 from tbcoll.dtypes import DTYPES, OPS
 
 from .conftest import BIG_BYTES, counts, expected_reduction, rank_input, usable
@@ -18,7 +19,7 @@ def assert_equal(got, want, what):
     assert np.array_equal(got.view(np.uint8), want.view(np.uint8)), what
 
 
-@pytest.mark.parametrize("algorithm", ["ring", "mesh", "rd", "native"])
+@pytest.mark.parametrize("algorithm", ALGORITHMS["all_reduce"])
 class TestAllReduce:
     @pytest.mark.parametrize("dtype", DTYPE_NAMES)
     def test_every_op_and_size(self, comm, algorithm, dtype):
@@ -70,7 +71,7 @@ class TestAllReduce:
         np.testing.assert_allclose(got, reference, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("algorithm", ["ring", "mesh", "rd", "native"])
+@pytest.mark.parametrize("algorithm", ALGORITHMS["all_gather"])
 class TestAllGather:
     @pytest.mark.parametrize("dtype", DTYPE_NAMES)
     def test_every_size(self, comm, algorithm, dtype):
@@ -93,7 +94,7 @@ class TestAllGather:
         assert_equal(scalars, np.arange(comm.size) * 1.5, "0-d")
 
 
-@pytest.mark.parametrize("algorithm", ["ring", "mesh", "rd", "native"])
+@pytest.mark.parametrize("algorithm", ALGORITHMS["reduce_scatter"])
 class TestReduceScatter:
     @pytest.mark.parametrize("dtype", DTYPE_NAMES)
     def test_every_op_and_size(self, comm, algorithm, dtype):
@@ -118,7 +119,7 @@ class TestReduceScatter:
         assert_equal(out, want[comm.rank * block:(comm.rank + 1) * block], "big 2-d")
 
 
-@pytest.mark.parametrize("algorithm", ["ring", "mesh", "rd", "native"])
+@pytest.mark.parametrize("algorithm", ALGORITHMS["broadcast"])
 class TestBroadcast:
     @pytest.mark.parametrize("dtype", DTYPE_NAMES)
     def test_every_root_and_size(self, comm, algorithm, dtype):
