@@ -78,7 +78,23 @@ def _rank() -> int:
     return int(torchrun_names_from_mpi(os.environ).get("RANK", 0))
 
 
+def _no_mpi_world(what: str) -> pytest.UsageError | None:
+    """The error for pytest-mpi's tests in a tbrun job whose ranks are no MPI ranks."""
+    info = launch_info()
+    if info is None or info.size == 1 or info.backend == "mpi":
+        return None
+    return pytest.UsageError(
+        f"{what}: pytest-mpi's tests use mpi4py's world, a world of one under tbrun --backend "
+        f"{info.backend}: run them with `tbrun --backend mpi ... python -m pytest --with-mpi`, "
+        "or mark them @pytest.mark.spmd and use tbcoll.testing's comm fixture")
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
+    # before pytest-mpi starts MPI in each rank (a singleton MPI that the job's teardown
+    # could kill with its shared memory left behind)
+    if config.getoption("with_mpi", default=False) and (error := _no_mpi_world("--with-mpi")):
+        raise error
     config.addinivalue_line(
         "markers", "spmd(min_size=1, max_size=None): an SPMD test, run by every rank of a job "
         "(tbrun -np N python -m pytest); skipped on every rank outside those world sizes")
@@ -106,14 +122,10 @@ def pytest_collectreport(report: pytest.CollectReport) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    info = launch_info()
     marked = [item.nodeid for item in items if item.get_closest_marker("mpi")]
-    if info is not None and info.size > 1 and info.backend != "mpi" and marked:
-        raise pytest.UsageError(
-            f"{len(marked)} tests are marked for pytest-mpi (e.g. {marked[0]}), whose tests "
-            f"use mpi4py's world, a world of one under tbrun --backend {info.backend}: run "
-            "them with `tbrun --backend mpi ... python -m pytest --with-mpi`, or mark them "
-            "@pytest.mark.spmd and use tbcoll.testing's comm fixture")
+    if marked and (error := _no_mpi_world(f"{len(marked)} tests are marked for pytest-mpi "
+                                          f"(e.g. {marked[0]})")):
+        raise error
     size = _launched_size()
     for item in items:
         marker = item.get_closest_marker("spmd")
