@@ -113,17 +113,19 @@ class Progress:
 
     def submit(self, what: str, call: Callable[[], Any]) -> Request:
         request = Request(what)
-        with self._idle:
-            self._pending += 1
-        self._queue.put((request, call))
+        self._enqueue(request, call)
         return request
 
     def start(self, request: P2PRequest, start: Callable[[Any], Any]) -> P2PRequest:
         """Start a send or receive in its turn on the progress thread (it never waits there)."""
+        self._enqueue(None, functools.partial(request._start, start))
+        return request
+
+    def _enqueue(self, request: Request | None, call: Callable[[], Any]) -> None:
+        """call() in its turn; its result or error goes to request (None: nobody waits)."""
         with self._idle:
             self._pending += 1
-        self._queue.put((None, functools.partial(request._start, start)))
-        return request
+        self._queue.put((request, call))
 
     def try_run(self, call: Callable[[], Any]) -> Any:
         """call() if nothing is queued and the transport is free now, else False."""
