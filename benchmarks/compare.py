@@ -26,6 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
+from tbcoll.bench.descriptors import DESCRIPTORS
+
 BIN = Path(sys.executable).parent
 PEER_OPS = ("sum", "max")  # what the harness needs of a peer: the collective, and max of times
 MLX_HAS = ("all_reduce", "all_gather")  # the collectives MlxPeer offers
@@ -49,6 +51,26 @@ class MpiPeer:
     def all_gather(self, x, algorithm=None, out=None):
         out = np.empty(x.size * self.size, x.dtype) if out is None else out
         self._comm.Allgather(x, out)
+        return out
+
+    def reduce_scatter(self, x, op="sum", algorithm=None, out=None):
+        out = np.empty(x.size // self.size, x.dtype) if out is None else out
+        mpi_op = {"sum": self._mpi.SUM, "max": self._mpi.MAX}[op]
+        self._comm.Reduce_scatter_block(x, out, mpi_op)
+        return out
+
+    def broadcast(self, x, root=0, algorithm=None, out=None):
+        out = x.copy() if out is None else out
+        if self.rank == root and out is not x:
+            out[:] = x
+        self._comm.Bcast(out, root)
+        return out
+
+    def send(self, x, dst, tag=0):
+        self._comm.Send(x, dst, tag)
+
+    def recv(self, out, src, tag=0):
+        self._comm.Recv(out, src, tag)
         return out
 
     def all_to_all(self, x, algorithm=None, out=None):
@@ -109,14 +131,15 @@ class MlxPeer:
 
 
 def worker(system: str, collective: str, sizes: list[int], iters: int, warmup: int) -> None:
-    from tbcoll.bench.descriptors import DESCRIPTORS
     from tbcoll.bench.harness import sweep
 
     if system.startswith("tbcoll"):
         import tbcoll
 
         comm = tbcoll.init(system.split("-")[1])
-        algorithms = ["default", *comm.algorithms(collective)]
+        algorithms = ["default"]
+        if DESCRIPTORS[collective].chooses:
+            algorithms += comm.algorithms(collective)
     else:
         comm = MpiPeer() if system == "mpi4py" else MlxPeer()
         algorithms = ["native"]
@@ -209,8 +232,7 @@ def plot(summary: dict, collective: str, np_: int, path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("-np", type=int, default=2)
-    parser.add_argument("--collective", choices=[*MLX_HAS, "all_to_all", "gather", "scatter",
-                                                 "reduce"], default="all_reduce")
+    parser.add_argument("--collective", choices=list(DESCRIPTORS), default="all_reduce")
     parser.add_argument("-b", "--minbytes", default="8")
     parser.add_argument("-e", "--maxbytes", default="16M")
     parser.add_argument("-f", "--stepfactor", type=float, default=16)

@@ -8,8 +8,7 @@ and runs it. A CommError from below is raised again naming the collective and th
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -90,36 +89,40 @@ class Communicator:
         self._check_calls = check_mode()
         self._closed = False
         self._progress: Progress | None = None  # made by the first non-blocking call
-        # A transport may offer one-call paths for small all_reduce and all_gather, taken for
-        # algorithm "native" (asked for, or the default here) unless per-call checks are on.
+        # A transport may offer one-call paths (Native.direct_*), taken for algorithm
+        # "native" (asked for, or the default here) unless per-call checks are on.
         native = None if self._check_calls else group.native
-        self._small = {"all_reduce": native and native.direct_all_reduce,
-                       "all_gather": native and native.direct_all_gather}
+        self._direct = {"all_reduce": native and native.direct_all_reduce,
+                        "all_gather": native and native.direct_all_gather,
+                        "broadcast": native and native.direct_broadcast,
+                        "reduce_scatter": native and native.direct_reduce_scatter}
         # ... and may take mlx arrays there as they are (the mlx transport: no copies).
-        self._small_takes_mlx = group.native is not None and group.native.takes_mlx
-        self._native_by_default = {
-            name: (self._overrides.get(name) or tuning.choose(self._table, name, 0, self.size))
-            == "native" for name in self._small}
+        self._direct_takes_mlx = group.native is not None and group.native.takes_mlx
+        # the paths calls without algorithm= take: where "native" is the default at any size
+        self._direct_default = {
+            name: path if (self._overrides.get(name) or tuning.choose(
+                self._table, name, 0, self.size)) == "native" else None
+            for name, path in self._direct.items()}
 
     # --- collectives ---------------------------------------------------------------------
 
     def all_reduce(self, x: Any, op: str = "sum", algorithm: str | None = None,
                    out: np.ndarray | None = None) -> Any:
         """Reduce x elementwise over all ranks with op; every rank gets the result."""
-        fast = op in OPS and self._fast("all_reduce", algorithm)
+        fast = self._direct_path("all_reduce", algorithm) if op in OPS else None
         if fast and type(x) is np.ndarray:  # the latency-critical case: no conversions
             if out is not None and not _plain_out(out, x.shape, x.dtype):
                 self._output(x, out, x.shape, x.dtype)  # raises, saying what is wrong
-            result = self._run_small("all_reduce", x, op, out)
+            result = self._run_direct(fast, "all_reduce", x, op, out)
             if result is not None:
                 return result
-        if fast and out is None and self._small_takes_mlx and is_mlx(x):
-            result = self._run_small("all_reduce", x, op, None)  # no conversion at all
+        if fast and out is None and self._direct_takes_mlx and is_mlx(x):
+            result = self._run_direct(fast, "all_reduce", x, op, None)  # no conversion at all
             if result is not None:
                 return result
         array, restore = to_numpy(x)
         if fast and array is not x and out is None:  # e.g. an mlx array
-            result = self._run_small("all_reduce", array, op, None)
+            result = self._run_direct(fast, "all_reduce", array, op, None)
             if result is not None:
                 return restore(result)
         ufunc = reducer(op)
@@ -143,20 +146,20 @@ class Communicator:
     def all_gather(self, x: Any, algorithm: str | None = None,
                    out: np.ndarray | None = None) -> Any:
         """Concatenate every rank's x along axis 0 (a 0-d x gives shape (size,))."""
-        fast = self._fast("all_gather", algorithm)
+        fast = self._direct_path("all_gather", algorithm)
         if fast and type(x) is np.ndarray:
             if out is not None and not _plain_out(out, self._gathered_shape(x), x.dtype):
                 self._output(x, out, self._gathered_shape(x), x.dtype)  # raises
-            result = self._run_small("all_gather", x, out)
+            result = self._run_direct(fast, "all_gather", x, out)
             if result is not None:
                 return result
-        if fast and out is None and self._small_takes_mlx and is_mlx(x):
-            result = self._run_small("all_gather", x, None)
+        if fast and out is None and self._direct_takes_mlx and is_mlx(x):
+            result = self._run_direct(fast, "all_gather", x, None)
             if result is not None:
                 return result
         array, restore = to_numpy(x)
         if fast and array is not x and out is None:
-            result = self._run_small("all_gather", array, None)
+            result = self._run_direct(fast, "all_gather", array, None)
             if result is not None:
                 return restore(result)
         result = self._output(x, out, self._gathered_shape(array), array.dtype)
@@ -178,6 +181,13 @@ class Communicator:
     def reduce_scatter(self, x: Any, op: str = "sum", algorithm: str | None = None,
                        out: np.ndarray | None = None) -> Any:
         """Reduce x over all ranks and return this rank's block of it along axis 0."""
+        fast = self._direct_path("reduce_scatter", algorithm)
+        if fast and type(x) is np.ndarray and op in OPS and (
+                out is None or _plain_out(out, (x.shape[0] // self.size, *x.shape[1:]) if x.ndim
+                                          else (), x.dtype)):
+            result = self._run_direct(fast, "reduce_scatter", x, op, out)
+            if result is not None:
+                return result
         array, restore = to_numpy(x)
         ufunc = reducer(op)
         if array.ndim == 0 or array.shape[0] % self.size:
@@ -207,6 +217,12 @@ class Communicator:
     def broadcast(self, x: Any, root: int = 0, algorithm: str | None = None,
                   out: np.ndarray | None = None) -> Any:
         """Return root's x on every rank (x gives the shape and dtype on the others)."""
+        fast = self._direct_path("broadcast", algorithm)
+        if (fast and type(x) is np.ndarray and type(root) is int and 0 <= root < self.size
+                and (out is None or _plain_out(out, x.shape, x.dtype))):
+            result = self._run_direct(fast, "broadcast", x, root, out)
+            if result is not None:
+                return result
         array, restore = to_numpy(x)
         self._check_rank(root, "root")
         result = self._output(x, out, array.shape, array.dtype)
@@ -468,17 +484,20 @@ class Communicator:
         """Send x to rank dst; returns once x may be reused."""
         array, _ = to_numpy(x)
         self._check_peer(dst, "dst", tag)
-        with self._errors(f"send to rank {dst}"):
-            p2p = self._group.p2p
-            p2p.waitall([p2p.isend(contiguous_flat(array), dst, tag)])
+        try:  # (not a context manager: ~1 us of an 8 B message's few)
+            self._group.p2p.send(_flat(array) if array.flags.c_contiguous
+                                 else contiguous_flat(array), dst, tag)
+        except CommError as e:
+            raise self._named(e, f"send to rank {dst}") from e
 
     def recv(self, out_or_like: Any, src: int, tag: int = 0) -> Any:
         """Receive from rank src into a numpy array (filled in place and returned), or, given
         an mlx array, into a new mlx array of its shape and dtype."""
         target, restore = self._receive_into(out_or_like, src, tag)
-        with self._errors(f"recv from rank {src}"):
-            p2p = self._group.p2p
-            p2p.waitall([p2p.irecv(target.reshape(-1), src, tag)])
+        try:
+            self._group.p2p.recv(_flat(target), src, tag)
+        except CommError as e:
+            raise self._named(e, f"recv from rank {src}") from e
         return restore(target)
 
     def _receive_into(self, out_or_like: Any, src: int,
@@ -486,6 +505,7 @@ class Communicator:
         """recv's checked arguments: the array to fill, and what turns it into the result."""
         template, restore = to_numpy(out_or_like)
         self._check_peer(src, "src", tag)
+
         if is_mlx(out_or_like):
             return np.empty(template.shape, template.dtype), restore
         return self._output(None, template, template.shape, template.dtype), restore
@@ -536,6 +556,7 @@ class Communicator:
             if self._progress is not None:
                 self._progress.stop()  # what was started finishes first
             self._closed = True
+            self._direct = self._direct_default = dict.fromkeys(self._direct)
             self._group.close()
 
     def __enter__(self) -> Communicator:
@@ -563,16 +584,17 @@ class Communicator:
         """all_gather's result: size copies of x along axis 0 (a 0-d x gives (size,))."""
         return (self.size * array.shape[0], *array.shape[1:]) if array.ndim else (self.size,)
 
-    def _fast(self, collective: str, algorithm: str | None) -> bool:
-        """Whether the transport's one-call path may serve this call."""
-        return self._small[collective] is not None and not self._closed and (
-            algorithm == "native" or algorithm is None and self._native_by_default[collective])
+    def _direct_path(self, collective: str, algorithm: str | None) -> Callable | None:
+        """The transport's one-call path this call may take, if any."""
+        if algorithm is None:
+            return self._direct_default[collective]
+        return self._direct[collective] if algorithm == "native" else None
 
-    def _run_small(self, collective: str, *args: Any) -> np.ndarray | None:
+    def _run_direct(self, path: Callable, collective: str, *args: Any) -> np.ndarray | None:
         if _checking.active:
             raise _ArgumentsChecked
         try:
-            return self._small[collective](*args)
+            return path(*args)
         except CommError as e:
             raise self._named(e, collective) from e
 
@@ -646,6 +668,9 @@ class Communicator:
         if not isinstance(tag, (int, np.integer)) or not 0 <= tag <= MAX_TAG:
             raise ValueError(f"tag={tag!r} must be an int in 0..{MAX_TAG}")
         self._check_rank(peer, what)
+        if self._closed:
+            raise TbcollError(f"{'send to' if what == 'dst' else 'recv from'} rank {peer} on a "
+                              "closed communicator")
         if peer == self.rank:
             raise ValueError(f"{what}={peer} is this rank; send/recv need another rank")
 
@@ -662,15 +687,6 @@ class Communicator:
                 work()
         except CommError as e:
             raise self._named(e, collective) from e
-
-    @contextmanager
-    def _errors(self, what: str) -> Iterator[None]:
-        if self._closed:
-            raise TbcollError(f"{what} on a closed communicator")
-        try:
-            yield
-        except CommError as e:
-            raise self._named(e, what) from e
 
     def _named(self, error: CommError, what: str) -> CommError:
         """error again, naming the operation and this rank. A failure caused by peers also

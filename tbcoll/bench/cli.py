@@ -94,10 +94,9 @@ def main(collective: str, minbytes: str, maxbytes: str, stepfactor: float, iters
         if steps[-1] != parse_size(maxbytes) and comm.rank == 0:
             print(f"tbcoll-bench: -e {maxbytes} is not on the ladder -b {minbytes} x "
                   f"{stepfactor:g}^k; the sweep stops at {steps[-1]} bytes", file=sys.stderr)
-        if collective == "sendrecv" and comm.size < 2:
-            raise click.UsageError("sendrecv needs at least 2 ranks")
-        known = ["default"] if collective == "sendrecv" else [  # sendrecv: nothing to choose
-            "default", *comm.algorithms(collective)]
+        if comm.size < desc.min_ranks:
+            raise click.UsageError(f"{collective} needs at least {desc.min_ranks} ranks")
+        known = ["default", *comm.algorithms(collective)] if desc.chooses else ["default"]
         algorithms = known if algorithm == "all" else algorithm.split(",")
         for name in algorithms:
             if name not in known:

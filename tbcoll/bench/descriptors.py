@@ -40,6 +40,11 @@ class Collective:
     expected: Callable[[int, int, int, np.dtype, str], np.ndarray]  # (rank, p, nbytes, ...)
     run: Callable[..., Any]  # (comm, x, op, algorithm, out) -> result
     out_shape: Callable[[int, int], int]  # (input count, p) -> result count
+    in_place: str = ""  # "whole": x is out; "block": x is this rank's block of out; "": none
+    gathers: bool = False  # the row's size is the gathered result (p times each input)
+    legs: int = 1  # one-way messages per call: the row's time is per message
+    min_ranks: int = 1
+    chooses: bool = True  # has algorithms to choose from (tbcoll's registry)
 
 
 def _count(nbytes: int, dtype: np.dtype, multiple: int = 1) -> int:
@@ -53,7 +58,7 @@ ALL_REDUCE = Collective(
     expected=lambda r, p, n, d, op: _reduced(p, _count(n, d), d, op),
     run=lambda comm, x, op, algorithm, out: comm.all_reduce(x, op=op, algorithm=algorithm,
                                                             out=out),
-    out_shape=lambda count, p: count,
+    out_shape=lambda count, p: count, in_place="whole",
 )
 
 ALL_GATHER = Collective(  # nbytes is the gathered result; each rank sends 1/p of it
@@ -62,7 +67,7 @@ ALL_GATHER = Collective(  # nbytes is the gathered result; each rank sends 1/p o
     expected=lambda r, p, n, d, op: np.concatenate(
         [_values(k, _count(n, d, p) // p, d) for k in range(p)]),
     run=lambda comm, x, op, algorithm, out: comm.all_gather(x, algorithm=algorithm, out=out),
-    out_shape=lambda count, p: count * p,
+    out_shape=lambda count, p: count * p, in_place="block", gathers=True,
 )
 
 REDUCE_SCATTER = Collective(  # nbytes is each rank's input; each gets back 1/p of it
@@ -80,7 +85,7 @@ BROADCAST = Collective(  # from rank 0
     expected=lambda r, p, n, d, op: _values(0, _count(n, d), d),
     run=lambda comm, x, op, algorithm, out: comm.broadcast(x, root=0, algorithm=algorithm,
                                                            out=out),
-    out_shape=lambda count, p: count,
+    out_shape=lambda count, p: count, in_place="whole",
 )
 
 
@@ -99,12 +104,12 @@ def _ping_pong(comm: Any, x: np.ndarray, op: str, algorithm: str | None,
     return buf
 
 
-SENDRECV = Collective(  # time is a round trip; report halves it (one-way), as OSU does
+SENDRECV = Collective(  # a call is a round trip; rows give one way (legs=2), as OSU does
     "sendrecv", lambda p: 1.0, False,
     inputs=lambda r, p, n, d: _values(0, _count(n, d), d),
     expected=lambda r, p, n, d, op: _values(0, _count(n, d), d),
     run=_ping_pong,
-    out_shape=lambda count, p: count,
+    out_shape=lambda count, p: count, legs=2, min_ranks=2, chooses=False,
 )
 
 BARRIER = Collective(
@@ -142,7 +147,7 @@ GATHER = Collective(  # to rank 0; nbytes is the gathered result, as for all_gat
         [_values(k, _count(n, d, p) // p, d) for k in range(p)]) if r == 0 else np.zeros(0, d),
     run=lambda comm, x, op, algorithm, out: _at_root(
         comm.gather(x, 0, algorithm=algorithm, out=out if comm.rank == 0 else None), x.dtype),
-    out_shape=lambda count, p: count * p,
+    out_shape=lambda count, p: count * p, gathers=True,
 )
 
 SCATTER = Collective(  # from rank 0; nbytes is the root's whole buffer

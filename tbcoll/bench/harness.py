@@ -18,8 +18,6 @@ import numpy as np
 
 from tbcoll.bench.descriptors import Collective
 
-IN_PLACE_CAPABLE = {"all_reduce", "all_gather", "broadcast"}
-
 
 @dataclass(frozen=True)
 class Row:
@@ -30,7 +28,7 @@ class Row:
     redop: str
     algorithm: str
     inplace: bool
-    time_us: float  # median; one-way for sendrecv
+    time_us: float  # median, per message (desc.legs)
     min_us: float
     max_us: float
     algbw: float  # GB/s
@@ -57,7 +55,7 @@ def _buffers(desc: Collective, comm: Any, nbytes: int, dtype: np.dtype, in_place
     if not in_place:
         out = np.empty(desc.out_shape(data.size, comm.size), dtype)
         return data, out, lambda: None
-    if desc.name == "all_gather":  # the input is this rank's block of the output
+    if desc.in_place == "block":  # the input is this rank's block of the output
         out = np.empty(data.size * comm.size, dtype)
         x = out[comm.rank * data.size:(comm.rank + 1) * data.size]
         x[:] = data
@@ -82,7 +80,7 @@ def _wrong(result: Any, expected: np.ndarray) -> int:
 
 def runs_in_place(desc: Collective, modes: Sequence[bool]) -> list[bool]:
     """The in-place modes a collective really runs (sendrecv and the like have none)."""
-    return [m for m in modes if not m or desc.name in IN_PLACE_CAPABLE]
+    return [m for m in modes if not m or desc.in_place]
 
 
 def sweep(comm: Any, desc: Collective, sizes: Iterable[int], dtype: np.dtype, op: str,
@@ -118,10 +116,9 @@ def _measure(comm: Any, desc: Collective, nbytes: int, dtype: np.dtype, op: str,
                    desc.expected(comm.rank, comm.size, nbytes, dtype, op))
     slowest = [float(t) for t in comm.all_reduce(np.array(per_call), op="max")]
     wrong = int(comm.all_reduce(np.array([wrong], np.int64))[0])
-    if desc.name == "sendrecv":
-        slowest = [t / 2 for t in slowest]  # a round trip carried the message twice
+    slowest = [t / desc.legs for t in slowest]
     median = statistics.median(slowest)
-    size = x.nbytes * comm.size if desc.name in ("all_gather", "gather") else x.nbytes
+    size = x.nbytes * comm.size if desc.gathers else x.nbytes
     algbw = size / median / 1e9 if median > 0 and size else 0.0
     return Row(desc.name, size, size // dtype.itemsize, str(dtype),
                op if desc.has_op else "none", algorithm, in_place, median * 1e6,

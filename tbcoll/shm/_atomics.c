@@ -298,42 +298,52 @@ static void reduce_slots(const char *slots, Py_ssize_t slot_bytes, Py_ssize_t si
 }
 
 /*
- * small_round(segment, flags, line, size, rank, seq, slots, slot_bytes, src, dst,
- *             dtype, op, stage, budget, signature) -> stage
+ * shm_round(segment, flags, line, size, rank, seq, slots, slot_bytes, src, src_stride,
+ *           dst, dst_stride, kind, dtype, op, root, stage, budget, signature) -> stage
  *
- * One single-pass round of the shm transport (see tbcoll/shm/collectives.py): wait until
- * every rank's ARRIVE flag is >= seq-1 (the data set is free), copy src into this rank's
- * slot, store ARRIVE = seq (release), wait until every flag is >= seq (acquire), then
- * either reduce all slots into dst with op 0..3 (all_reduce), or with op -1 copy every
- * slot into dst one after the other (all_gather: dst holds size times src). stage 1 starts
- * from the beginning, stage 2 resumes at the second wait; the result is 0 when done, else
- * the stage whose wait ran out of budget, or 3 when the ranks' calls differ: each rank puts
- * its call's signature (collective, dtype, op, bytes) in its flag line with its data, and
- * compares everyone's before using anyone's data (see collectives.py, signatures).
+ * One round of the shm transport's collectives (see tbcoll/shm/collectives.py): wait until
+ * every rank's ARRIVE flag is >= seq-1 (the data set is free), copy this rank's data into its
+ * slot, put the call's signature in its flag line, store ARRIVE = seq (release), wait for the
+ * flags it needs to reach seq (acquire), compare the signatures, then produce its result:
+ *   ALL_REDUCE      src -> slot; dst = all slots reduced with op, in rank order;
+ *   ALL_GATHER      src -> slot; slot k -> dst + k * dst_stride (dst.len fits them);
+ *   REDUCE_SCATTER  size pieces of dst.len bytes at src + k * src_stride -> slot, one after
+ *                   the other; dst = piece `rank` of every slot reduced, in rank order;
+ *   BROADCAST       the root: src -> slot (and -> dst if dst is another buffer), and done;
+ *                   the others wait for the root's flag alone and copy its slot into dst;
+ *   BARRIER         flags only.
+ * stage 1 starts from the beginning, stage 2 resumes at the second wait. The result is 0 when
+ * done, else the stage whose wait ran out of budget, or 3 when the ranks' calls differ (each
+ * rank's signature (collective, dtype, op, root, bytes) is compared with every other's that
+ * it waited for, before anyone's data is used). Large copies run without the GIL.
  */
+enum { ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, BROADCAST, BARRIER, KINDS };
 #define SIGNATURE_OFFSET 16 /* bytes into a rank's flag line: after ARRIVE and DONE */
+#define NOGIL_BYTES (32 << 10) /* copies at least this large release the GIL */
 
-static PyObject *small_round(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+static PyObject *shm_round(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     /* METH_FASTCALL with plain conversions: this call is on the latency-critical path. */
-    if (nargs != 15) {
-        PyErr_SetString(PyExc_TypeError, "small_round takes 15 arguments");
+    if (nargs != 19) {
+        PyErr_SetString(PyExc_TypeError, "shm_round takes 19 arguments");
         return NULL;
     }
-    PyObject *segment_obj = args[0], *src_obj = args[8], *dst_obj = args[9];
+    PyObject *segment_obj = args[0], *src_obj = args[8], *dst_obj = args[10];
     Py_ssize_t flags = PyLong_AsSsize_t(args[1]), line = PyLong_AsSsize_t(args[2]),
                size = PyLong_AsSsize_t(args[3]), rank = PyLong_AsSsize_t(args[4]),
-               slots = PyLong_AsSsize_t(args[6]), slot_bytes = PyLong_AsSsize_t(args[7]);
+               slots = PyLong_AsSsize_t(args[6]), slot_bytes = PyLong_AsSsize_t(args[7]),
+               src_stride = PyLong_AsSsize_t(args[9]), dst_stride = PyLong_AsSsize_t(args[11]);
     unsigned long long seq = PyLong_AsUnsignedLongLong(args[5]);
-    long dtype = PyLong_AsLong(args[10]), op = PyLong_AsLong(args[11]),
-         stage = PyLong_AsLong(args[12]);
-    double budget = PyFloat_AsDouble(args[13]);
-    uint64_t signature = (uint64_t)PyLong_AsUnsignedLongLong(args[14]);
+    long kind = PyLong_AsLong(args[12]), dtype = PyLong_AsLong(args[13]),
+         op = PyLong_AsLong(args[14]), root = PyLong_AsLong(args[15]),
+         stage = PyLong_AsLong(args[16]);
+    double budget = PyFloat_AsDouble(args[17]);
+    uint64_t signature = (uint64_t)PyLong_AsUnsignedLongLong(args[18]);
     if (PyErr_Occurred())
         return NULL;
-    if (dtype < 0 || dtype > 8 || op < -1 || op > 3 || size < 1 || rank < 0 || rank >= size ||
-        (stage != 1 && stage != 2)) {
-        PyErr_SetString(PyExc_ValueError, "bad dtype, op, size, rank or stage");
+    if (kind < 0 || kind >= KINDS || dtype < 0 || dtype > 8 || op < 0 || op > 3 || size < 1 ||
+        rank < 0 || rank >= size || root < 0 || root >= size || (stage != 1 && stage != 2)) {
+        PyErr_SetString(PyExc_ValueError, "bad kind, dtype, op, size, rank, root or stage");
         return NULL;
     }
     Py_buffer segment, src, dst;
@@ -349,57 +359,310 @@ static PyObject *small_round(PyObject *self, PyObject *const *args, Py_ssize_t n
         return NULL;
     }
     int result = -1;
-    if (dst.len != (op < 0 ? size : 1) * src.len || src.len > slot_bytes ||
-        src.len % ITEMSIZE[dtype] ||
-        flags < 0 || flags % 8 || line % 8 || line < SIGNATURE_OFFSET + 16 ||
-        flags + size * line > segment.len ||
-        slots < 0 || slots + size * slot_bytes > segment.len) {
+    const Py_ssize_t item = ITEMSIZE[dtype];
+    /* bytes of this rank's slot that the round fills, and checks that every copy stays
+     * inside its buffer */
+    Py_ssize_t piece = kind == REDUCE_SCATTER || (kind == BROADCAST && rank != root) ? dst.len
+                                                                                   : src.len;
+    Py_ssize_t filled = kind == REDUCE_SCATTER ? size * piece : kind == BARRIER ? 0 : piece;
+    int fits = filled <= slot_bytes && piece % item == 0;
+    if (kind == ALL_REDUCE)
+        fits = fits && dst.len == piece;
+    else if (kind == ALL_GATHER)  /* the strides matter only where they are used */
+        fits = fits && dst_stride >= piece && (size - 1) * dst_stride + piece <= dst.len;
+    else if (kind == REDUCE_SCATTER)
+        fits = fits && src_stride >= piece && (size - 1) * src_stride + piece <= src.len;
+    if (!fits || flags < 0 || flags % 8 || line % 8 || line < SIGNATURE_OFFSET + 16 ||
+        flags + size * line > segment.len || slots < 0 ||
+        slots + size * slot_bytes > segment.len) {
         PyErr_SetString(PyExc_ValueError, "buffers do not fit the segment");
         goto done;
     }
-    char *base = (char *)segment.buf;
-    const char *flag_base = base + flags;
+    char *base = (char *)segment.buf, *mine = base + slots + rank * slot_bytes;
+    const char *flag_base = base + flags, *src_bytes = (const char *)src.buf;
+    char *dst_bytes = (char *)dst.buf;
     /* Two signature words alternate like the data sets: a rank can be one round ahead, never
      * two (it waits for every flag >= seq-1 first), so round seq's word is not overwritten
      * while a slow rank still reads it. */
     Py_ssize_t signature_at = flags + SIGNATURE_OFFSET + (Py_ssize_t)(seq & 1) * 8;
+    int waits_for_all = kind != BROADCAST;
     if (stage == 1) {
         if (!wait_flags(flag_base, line, size, seq - 1, budget)) {
             result = 1;
             goto done;
         }
-        memcpy(base + slots + rank * slot_bytes, src.buf, (size_t)src.len);
+        if (kind != BARRIER && (kind != BROADCAST || rank == root)) {
+            Py_ssize_t pieces = kind == REDUCE_SCATTER ? size : 1;
+            if (filled >= NOGIL_BYTES) {
+                Py_BEGIN_ALLOW_THREADS
+                for (Py_ssize_t k = 0; k < pieces; k++)
+                    memcpy(mine + k * piece, src_bytes + k * src_stride, (size_t)piece);
+                Py_END_ALLOW_THREADS
+            } else {
+                for (Py_ssize_t k = 0; k < pieces; k++)
+                    memcpy(mine + k * piece, src_bytes + k * src_stride, (size_t)piece);
+            }
+        }
         __atomic_store_n((uint64_t *)(base + signature_at + rank * line), signature,
                          __ATOMIC_RELAXED);
         /* release: the slot's bytes and the signature become visible no later than the flag */
         __atomic_store_n((uint64_t *)(base + flags + rank * line), (uint64_t)seq,
                          __ATOMIC_RELEASE);
+        if (kind == BROADCAST && rank == root) {
+            if (dst.buf != src.buf)  /* the root's own result; out may overlap x */
+                memmove(dst_bytes, src_bytes, (size_t)(dst.len < piece ? dst.len : piece));
+            result = 0;  /* the root waits for nobody: the next round's first wait holds its
+                          * set until every rank has read it */
+            goto done;
+        }
     }
-    if (!wait_flags(flag_base, line, size, seq, budget)) {  /* acquire, inside all_reached */
+    /* acquire, inside all_reached: everything the flags' writers stored before is visible */
+    if (!(waits_for_all ? wait_flags(flag_base, line, size, seq, budget)
+                        : wait_flags(flag_base + root * line, line, 1, seq, budget))) {
         result = 2;
         goto done;
     }
-    /* after the acquire: every rank's signature for this round is in place */
-    for (Py_ssize_t k = 0; k < size; k++) {
+    for (Py_ssize_t k = waits_for_all ? 0 : root; k < (waits_for_all ? size : root + 1); k++) {
         if (__atomic_load_n((uint64_t *)(base + signature_at + k * line), __ATOMIC_RELAXED) !=
             signature) {
             result = 3;
             goto done;
         }
     }
-    if (op < 0) {
+    const char *all = base + slots;
+    Py_ssize_t moved = kind == ALL_GATHER ? size * piece : kind == BARRIER ? 0 : filled;
+    PyThreadState *saved = moved >= NOGIL_BYTES ? PyEval_SaveThread() : NULL;
+    switch (kind) {
+    case ALL_REDUCE:
+        reduce_slots(all, slot_bytes, size, dst_bytes, piece / item, (int)dtype, (int)op);
+        break;
+    case ALL_GATHER:
         for (Py_ssize_t k = 0; k < size; k++)
-            memcpy((char *)dst.buf + k * src.len, base + slots + k * slot_bytes, (size_t)src.len);
-    } else {
-        reduce_slots(base + slots, slot_bytes, size, (char *)dst.buf, src.len / ITEMSIZE[dtype],
-                     (int)dtype, (int)op);
+            memcpy(dst_bytes + k * dst_stride, all + k * slot_bytes, (size_t)piece);
+        break;
+    case REDUCE_SCATTER:
+        reduce_slots(all + rank * piece, slot_bytes, size, dst_bytes, piece / item, (int)dtype,
+                     (int)op);
+        break;
+    case BROADCAST:
+        memcpy(dst_bytes, all + root * slot_bytes, (size_t)piece);
+        break;
     }
+    if (saved)
+        PyEval_RestoreThread(saved);
     result = 0;
 done:
     PyBuffer_Release(&dst);
     PyBuffer_Release(&src);
     PyBuffer_Release(&segment);
     return result < 0 ? NULL : PyLong_FromLong(result);
+}
+
+/* --- point-to-point: the byte rings of tbcoll/shm/pipe.py -------------------------------
+ *
+ * A ring at `at` in the segment: the producer's head counter (u64), a line further the
+ * consumer's tail counter, two lines further `capacity` bytes of data; byte k of the stream
+ * lives at data[k % capacity]. The producer copies bytes in, then stores head (release); the
+ * consumer loads head (acquire) before copying them out, then stores tail (release); the
+ * producer loads tail (acquire) before reusing space. Both counters only grow.
+ */
+#define RING_LINE 128
+#define RING_DATA (2 * RING_LINE)
+
+static void ring_copy_in(char *data, Py_ssize_t capacity, uint64_t at, const char *from,
+                         Py_ssize_t n)
+{
+    Py_ssize_t start = (Py_ssize_t)(at % (uint64_t)capacity), first = capacity - start;
+    if (first > n)
+        first = n;
+    memcpy(data + start, from, (size_t)first);
+    memcpy(data, from + first, (size_t)(n - first));
+}
+
+static void ring_copy_out(const char *data, Py_ssize_t capacity, uint64_t at, char *to,
+                          Py_ssize_t n)
+{
+    Py_ssize_t start = (Py_ssize_t)(at % (uint64_t)capacity), first = capacity - start;
+    if (first > n)
+        first = n;
+    memcpy(to, data + start, (size_t)first);
+    memcpy(to + first, data, (size_t)(n - first));
+}
+
+static int ring_at(PyObject *obj, Py_buffer *view, Py_ssize_t at, Py_ssize_t capacity,
+                   char **ring)
+{
+    if (PyObject_GetBuffer(obj, view, PyBUF_WRITABLE) < 0)
+        return -1;
+    if (at < 0 || at % 8 || capacity <= 0 || at + RING_DATA + capacity > view->len) {
+        PyBuffer_Release(view);
+        PyErr_SetString(PyExc_ValueError, "the ring lies outside the segment");
+        return -1;
+    }
+    *ring = (char *)view->buf + at;
+    return 0;
+}
+
+/* Copy as many of n bytes as there is room for now; returns how many. Safe without the GIL. */
+static Py_ssize_t ring_fill(char *ring, Py_ssize_t capacity, uint64_t *head, const char *from,
+                            Py_ssize_t n)
+{
+    uint64_t tail = __atomic_load_n((uint64_t *)(ring + RING_LINE), __ATOMIC_ACQUIRE);
+    Py_ssize_t room = capacity - (Py_ssize_t)(*head - tail), take = n < room ? n : room;
+    if (take <= 0)
+        return 0;
+    ring_copy_in(ring + RING_DATA, capacity, *head, from, take);
+    *head += (uint64_t)take;
+    __atomic_store_n((uint64_t *)ring, *head, __ATOMIC_RELEASE);  /* the bytes, then head */
+    return take;
+}
+
+/* Copy n bytes into the ring as room appears, waiting for room at most budget seconds at a
+ * time; returns how many went in. Called with the GIL (wait_flags releases it to wait). It
+ * waits for a quarter of the ring (or what is left) rather than for any room: copies in
+ * pieces of a few bytes, each a cache line bounced between the cores, took 2 MB messages
+ * from 4 to 1.8 GB/s. */
+static Py_ssize_t ring_put(char *ring, Py_ssize_t capacity, uint64_t *head, const char *from,
+                           Py_ssize_t n, double budget)
+{
+    Py_ssize_t done = 0;
+    while (done < n) {
+        Py_ssize_t want = n - done < capacity / 4 ? n - done : capacity / 4;
+        uint64_t tail = __atomic_load_n((uint64_t *)(ring + RING_LINE), __ATOMIC_ACQUIRE);
+        if (capacity - (Py_ssize_t)(*head - tail) < want &&
+            !wait_flags(ring + RING_LINE, 8, 1, *head + (uint64_t)want - (uint64_t)capacity,
+                        budget))
+            break;
+        Py_ssize_t took;
+        if (n - done >= NOGIL_BYTES) {
+            Py_BEGIN_ALLOW_THREADS
+            took = ring_fill(ring, capacity, head, from + done, n - done);
+            Py_END_ALLOW_THREADS
+        } else {
+            took = ring_fill(ring, capacity, head, from + done, n - done);
+        }
+        done += took;
+    }
+    return done;
+}
+
+/*
+ * ring_send(segment, at, capacity, head, header, payload, budget) -> head
+ * The producer writes a message (header, then payload) as room allows, waiting for room at
+ * most budget seconds at a time; the caller sees from the new head how much went in and
+ * leaves the rest to tbcoll.transports.stream (which reads while it waits: no deadlock when
+ * two ranks send each other more than a ring holds).
+ */
+static PyObject *ring_send(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "ring_send takes 7 arguments");
+        return NULL;
+    }
+    Py_ssize_t at = PyLong_AsSsize_t(args[1]), capacity = PyLong_AsSsize_t(args[2]);
+    uint64_t head = (uint64_t)PyLong_AsUnsignedLongLong(args[3]);
+    double budget = PyFloat_AsDouble(args[6]);
+    if (PyErr_Occurred())
+        return NULL;
+    Py_buffer segment, header, payload;
+    char *ring;
+    if (ring_at(args[0], &segment, at, capacity, &ring) < 0)
+        return NULL;
+    if (PyObject_GetBuffer(args[4], &header, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&segment);
+        return NULL;
+    }
+    if (PyObject_GetBuffer(args[5], &payload, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&header);
+        PyBuffer_Release(&segment);
+        return NULL;
+    }
+    if (ring_put(ring, capacity, &head, header.buf, header.len, budget) == header.len)
+        ring_put(ring, capacity, &head, payload.buf, payload.len, budget);
+    PyBuffer_Release(&payload);
+    PyBuffer_Release(&header);
+    PyBuffer_Release(&segment);
+    return PyLong_FromUnsignedLongLong(head);
+}
+
+static uint64_t big_endian(const unsigned char *p, int n)
+{
+    uint64_t v = 0;
+    for (int i = 0; i < n; i++)
+        v = v << 8 | p[i];
+    return v;
+}
+
+/*
+ * ring_recv(segment, at, capacity, tail, context, tag, dst, budget) -> (tail, copied)
+ * The consumer takes the next message if it is (context, tag) with dst.len bytes of payload,
+ * copying the payload straight into dst. copied is -1 when no whole header came within budget,
+ * -2 when the next message is another one (nothing is consumed: the stream engine takes it),
+ * else how many payload bytes arrived (all of them unless the budget ran out first).
+ */
+static PyObject *ring_recv(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "ring_recv takes 8 arguments");
+        return NULL;
+    }
+    Py_ssize_t at = PyLong_AsSsize_t(args[1]), capacity = PyLong_AsSsize_t(args[2]);
+    uint64_t tail = (uint64_t)PyLong_AsUnsignedLongLong(args[3]);
+    unsigned long context = PyLong_AsUnsignedLong(args[4]), tag = PyLong_AsUnsignedLong(args[5]);
+    double budget = PyFloat_AsDouble(args[7]);
+    if (PyErr_Occurred())
+        return NULL;
+    Py_buffer segment, dst;
+    char *ring;
+    if (ring_at(args[0], &segment, at, capacity, &ring) < 0)
+        return NULL;
+    if (PyObject_GetBuffer(args[6], &dst, PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(&segment);
+        return NULL;
+    }
+    const char *head_word = ring, *data = ring + RING_DATA;
+    uint64_t *tail_word = (uint64_t *)(ring + RING_LINE);
+    Py_ssize_t copied = -1;
+    unsigned char header[16];
+    if (wait_flags(head_word, 8, 1, tail + sizeof header, budget)) {  /* acquire */
+        ring_copy_out(data, capacity, tail, (char *)header, sizeof header);
+        if (big_endian(header, 4) != context || big_endian(header + 4, 4) != tag ||
+            big_endian(header + 8, 8) != (uint64_t)dst.len) {
+            copied = -2;
+        } else {
+            tail += sizeof header;
+            copied = 0;
+            PyThreadState *saved = dst.len >= NOGIL_BYTES ? PyEval_SaveThread() : NULL;
+            while (copied < dst.len) {
+                Py_ssize_t ready = (Py_ssize_t)(__atomic_load_n((const uint64_t *)head_word,
+                                                                __ATOMIC_ACQUIRE) - tail);
+                Py_ssize_t want = dst.len - copied < capacity / 4 ? dst.len - copied
+                                                                  : capacity / 4;
+                if (ready < want) {  /* in large pieces, as ring_put writes them */
+                    /* wait_flags releases the GIL itself: take it back around the call */
+                    if (saved)
+                        PyEval_RestoreThread(saved);
+                    int more = wait_flags(head_word, 8, 1, tail + (uint64_t)want, budget);
+                    saved = saved ? PyEval_SaveThread() : NULL;
+                    if (!more)
+                        break;
+                    continue;
+                }
+                Py_ssize_t take = dst.len - copied < ready ? dst.len - copied : ready;
+                ring_copy_out(data, capacity, tail, (char *)dst.buf + copied, take);
+                copied += take;
+                tail += (uint64_t)take;
+                /* release: the bytes are out before the producer may reuse their space */
+                __atomic_store_n(tail_word, tail, __ATOMIC_RELEASE);
+            }
+            if (saved)
+                PyEval_RestoreThread(saved);
+            __atomic_store_n(tail_word, tail, __ATOMIC_RELEASE);  /* the header, if no payload */
+        }
+    }
+    PyBuffer_Release(&dst);
+    PyBuffer_Release(&segment);
+    return Py_BuildValue("(Kn)", (unsigned long long)tail, copied);
 }
 
 static PyObject *set_spin(PyObject *self, PyObject *args)
@@ -416,8 +679,12 @@ static PyMethodDef methods[] = {
     {"load_acquire", load_acquire, METH_VARARGS, "Load the word at offset with acquire order."},
     {"store_release", store_release, METH_VARARGS, "Store value at offset with release order."},
     {"wait_all", wait_all, METH_VARARGS, "Wait until every flag is >= target (or budget)."},
-    {"small_round", (PyCFunction)(void (*)(void))small_round, METH_FASTCALL,
-     "One single-pass all_reduce or all_gather round."},
+    {"shm_round", (PyCFunction)(void (*)(void))shm_round, METH_FASTCALL,
+     "One round of a native shm collective."},
+    {"ring_send", (PyCFunction)(void (*)(void))ring_send, METH_FASTCALL,
+     "Write a message into a point-to-point ring as space allows."},
+    {"ring_recv", (PyCFunction)(void (*)(void))ring_recv, METH_FASTCALL,
+     "Take the next message from a ring if it is the one expected."},
     {NULL, NULL, 0, NULL},
 };
 

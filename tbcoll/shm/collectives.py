@@ -17,7 +17,7 @@ mismatched calls (4 elements against 8, all_reduce against barrier) raise a Comm
 every rank that waited, where they used to return garbage. It costs a store and p loads.
 
 all_reduce of up to SINGLE_PASS_BYTES: one phase; every rank reduces all p slots itself, in
-rank order, so every rank gets the same bits (small ones in one C call, _atomics.c). Larger:
+rank order, so every rank gets the same bits (in C: tbcoll.shm.rounds). Larger:
 rank r copies in the parts of each chunk the others reduce, reduces its own 1/p (its own part
 read from its own buffer) into the result area, flags DONE, and everyone copies it out.
 """
@@ -55,13 +55,6 @@ def signature(collective: str, dtype: np.dtype, op: str | None, nbytes: int,
             | _CALLS.index(collective) + 1 << 47 | (root + 1) % (1 << 14) << 50)
 
 
-# The one-call paths' signatures less the byte count, per dtype (and op) code: computing one
-# in full on each call cost ~0.8 us of a 2.6 us 8 B all_reduce; these cost ~0.1 us.
-_SMALL_ALL_REDUCE = [[signature("all_reduce", dtype, op, 0) for op in OP_CODES]
-                     for dtype in DTYPE_CODES]
-_SMALL_ALL_GATHER = [signature("all_gather", dtype, None, 0) for dtype in DTYPE_CODES]
-
-
 def _render(word: int) -> str:
     collective = _CALLS[(word >> 47 & 7) - 1]
     if collective == "barrier":
@@ -95,19 +88,27 @@ class Layout:
         return self.pipes + (source * size + dest) * self.pipe_bytes
 
 
+def use_atomics() -> bool:
+    """Whether flags are the C module's atomics (else the portable LockedFlags)."""
+    return shm_flags() != "python" and atomics_available()
+
+
 class ShmNative:
-    """Native collectives over one mapped segment; every rank of the group calls each."""
+    """Native collectives over one mapped segment; every rank of the group calls each.
+
+    Rounds in Python, for any flags; tbcoll.shm.rounds.AtomicShmNative runs them in C."""
     offers = frozenset(("all_reduce", "all_gather", "reduce_scatter", "broadcast", "barrier"))
     takes_mlx = False
+    # see AtomicShmNative
+    direct_all_reduce = direct_all_gather = direct_broadcast = direct_reduce_scatter = None
 
     def __init__(self, segment: Segment, rank: int, size: int, timeout: float) -> None:
         self.segment, self.rank, self.size, self._timeout = segment, rank, size, timeout
         self.layout = Layout(size)
         buffer = segment.buffer
-        if shm_flags() == "python" or not atomics_available():
-            self.flags: AtomicFlags | LockedFlags = LockedFlags(buffer, segment.lock_fd)
-        else:
-            self.flags = AtomicFlags(buffer)
+        atomic = use_atomics()
+        self.flags: AtomicFlags | LockedFlags = (AtomicFlags(buffer) if atomic
+                                                 else LockedFlags(buffer, segment.lock_fd))
         self.pids = np.frombuffer(buffer, np.int64, size, self.layout.pids)
         self._lines = np.frombuffer(buffer, np.uint64, size * LINE // 8,
                                     self.layout.flags).reshape(size, LINE // 8)
@@ -116,53 +117,12 @@ class ShmNative:
                      for offset in self._set_offsets]
         self._views: dict[tuple[int, np.dtype], tuple[np.ndarray, np.ndarray]] = {}
         self._seq = 0
-        atomic = isinstance(self.flags, AtomicFlags)  # the one-call paths need the C module
-        self.direct_all_reduce = self._direct_all_reduce if atomic else None
-        self.direct_all_gather = self._direct_all_gather if atomic else None
         if atomic:
             # With more ranks than cores, a waiting rank must give its core away quickly:
             # 50 polls instead of 500 took 8 B all_reduce at np=4 on 2 cores from 35 to 21 us.
             atomics.set_spin(500 if size <= cores() else 50)
 
     # --- the collectives -----------------------------------------------------------------
-
-    def _direct_all_reduce(self, x: np.ndarray, op: str,
-                           out: np.ndarray | None) -> np.ndarray | None:
-        """all_reduce of a small contiguous array in one C call, into out (checked by the
-        caller) or a new array; None when x does not qualify."""
-        dtype = DTYPE_CODES.get(x.dtype)
-        if dtype is None or x.nbytes > SINGLE_PASS_BYTES or not x.flags.c_contiguous:
-            return None
-        code = OP_CODES[op]
-        return self._small_round(x, np.empty_like(x) if out is None else out, dtype, code,
-                                 _SMALL_ALL_REDUCE[dtype][code] | x.nbytes)
-
-    def _direct_all_gather(self, x: np.ndarray, out: np.ndarray | None) -> np.ndarray | None:
-        """all_gather likewise; out, if given, holds size blocks like x (checked by caller)."""
-        dtype = DTYPE_CODES.get(x.dtype)
-        if dtype is None or x.nbytes > SINGLE_PASS_BYTES or not x.flags.c_contiguous:
-            return None
-        if out is None:
-            shape = (self.size * x.shape[0], *x.shape[1:]) if x.ndim else (self.size,)
-            out = np.empty(shape, x.dtype)
-        return self._small_round(x, out, dtype, -1, _SMALL_ALL_GATHER[dtype] | x.nbytes)
-
-    def _small_round(self, x: np.ndarray, out: np.ndarray, dtype: int, op: int,
-                     call: int) -> np.ndarray:
-        """One single-pass round in C (_atomics.small_round): copy in, flag, wait, compare the
-        calls' signatures, then reduce (op >= 0) or gather (op -1) every slot into out."""
-        src, dst = (x, out) if dtype > 1 else (x.view(np.uint16), out.view(np.uint16))
-        self._seq = s = self._seq + 1
-        stage = 1
-        while True:  # once, unless a slow peer: then wait in Python, which notices dead ranks
-            stage = atomics.small_round(  # and timeouts, and resume
-                self.segment.buffer, self.layout.flags, LINE, self.size, self.rank, s,
-                self._set_offsets[s & 1], SLOT, src, dst, dtype, op, stage, WAIT_SLICE, call)
-            if not stage:
-                return out
-            if stage == 3:
-                self._agree(s, call, range(self.size))  # raises, naming every rank's call
-            self._wait_all(_ARRIVE, s - 1 if stage == 1 else s)
 
     def all_reduce(self, send: np.ndarray | None, recv: np.ndarray, op: str) -> None:
         data = recv if send is None else send

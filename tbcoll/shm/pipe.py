@@ -13,7 +13,7 @@ ShmDuplex pairs two rings into the Channel that tbcoll.transports.stream drives.
 
 from __future__ import annotations
 
-from tbcoll.shm.flags import AtomicFlags, LockedFlags
+from tbcoll.shm.flags import AtomicFlags, LockedFlags, atomics
 
 LINE = 128
 
@@ -24,6 +24,7 @@ class Ring:
     def __init__(self, buffer: memoryview, flags: AtomicFlags | LockedFlags, base: int,
                  capacity: int) -> None:
         self._flags, self._capacity = flags, capacity
+        self._buffer, self._base = buffer, base  # for the C paths (AtomicFlags only)
         self._head_at, self._tail_at = base, base + LINE
         self._data: memoryview | None = buffer[base + self.CONTROL:base + self.CONTROL + capacity]
         self._head = flags.load(self._head_at)  # our own counter, as the producer or consumer
@@ -56,6 +57,24 @@ class Ring:
             self._tail += n
             self._flags.store(self._tail_at, self._tail)
         return n
+
+    def send(self, header: bytes, payload: object, budget: float) -> int:
+        """Producer, in C: write header and payload as room allows, waiting for room at most
+        budget seconds at a time; return how many bytes went in."""
+        head = atomics.ring_send(self._buffer, self._base, self._capacity, self._head, header,
+                                 payload, budget)
+        written, self._head = head - self._head, head
+        return written
+
+    def receive(self, context: int, tag: int, view: object, budget: float) -> int:
+        """Consumer, in C: take the next message if it is (context, tag) with as many bytes
+        as view (any buffer) holds, its payload straight into view; return the payload bytes
+        that arrived, -1 if no
+        whole header came within budget, -2 if the next message is another (left in place).
+        """
+        self._tail, copied = atomics.ring_recv(self._buffer, self._base, self._capacity,
+                                               self._tail, context, tag, view, budget)
+        return copied
 
     def readable(self) -> bool:
         return self._flags.load(self._head_at) != self._tail

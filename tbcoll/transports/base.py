@@ -27,6 +27,12 @@ class P2P(Protocol):
     def irecv(self, buf: np.ndarray, peer: int, tag: int) -> object:
         """Start receiving exactly buf.nbytes bytes from peer into buf."""
 
+    def send(self, buf: np.ndarray, peer: int, tag: int) -> None:
+        """isend and waitall in one (a transport may do it in one step)."""
+
+    def recv(self, buf: np.ndarray, peer: int, tag: int) -> None:
+        """irecv and waitall in one."""
+
     def waitall(self, requests: Sequence[object]) -> None:
         """Block until every request has completed; CommError on a lost peer or timeout."""
 
@@ -40,12 +46,14 @@ class Native(Protocol):
     `offers`, of tbcoll.algorithms.COLLECTIVES; the others run tbcoll's algorithms."""
 
     offers: frozenset[str]
-    # One-call paths the Communicator takes for all_reduce and all_gather with algorithm
-    # "native" (x, op, out) / (x, out) -> the result, or None where x does not qualify (the
-    # general path then runs); None where the transport has none.
-    direct_all_reduce: Callable[[Any, str, Any], Any] | None
-    direct_all_gather: Callable[[Any, Any], Any] | None
-    takes_mlx: bool  # the direct paths take mlx arrays as they are (no copy either way)
+    # One-call paths the Communicator takes with algorithm "native" for a numpy x (out
+    # checked; root in range) -> the result, or None where x does not qualify (the general
+    # path then runs); None where the transport has none.
+    direct_all_reduce: Callable[[Any, str, Any], Any] | None  # (x, op, out)
+    direct_all_gather: Callable[[Any, Any], Any] | None  # (x, out)
+    direct_broadcast: Callable[[Any, int, Any], Any] | None  # (x, root, out)
+    direct_reduce_scatter: Callable[[Any, str, Any], Any] | None  # (x, op, out)
+    takes_mlx: bool  # direct_all_reduce/all_gather take mlx arrays as they are (no copies)
 
     def all_reduce(self, send: np.ndarray, recv: np.ndarray, op: str) -> None: ...
 

@@ -108,6 +108,7 @@ class MlxNative:
 
     takes_mlx = True  # direct_all_reduce and direct_all_gather take mlx arrays unconverted
     offers = frozenset(("all_reduce", "all_gather", "reduce_scatter", "broadcast", "barrier"))
+    direct_broadcast = direct_reduce_scatter = None
 
     def __init__(self, group: mx.distributed.Group, watchdog: Watchdog) -> None:
         self._group, self._eval = group, watchdog.eval

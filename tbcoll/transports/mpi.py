@@ -60,6 +60,12 @@ class MpiEndpoint:
         self._receiving[id(request)] = (request, buf.nbytes, peer)
         return request
 
+    def send(self, buf: np.ndarray, peer: int, tag: int) -> None:
+        self.waitall([self.isend(buf, peer, tag)])
+
+    def recv(self, buf: np.ndarray, peer: int, tag: int) -> None:
+        self.waitall([self.irecv(buf, peer, tag)])
+
     def test(self, requests: Sequence[MPI.Request]) -> bool:
         statuses = [MPI.Status() for _ in requests]
         try:
@@ -140,6 +146,7 @@ class MpiNative:
     offers = frozenset(("all_reduce", "all_gather", "reduce_scatter", "broadcast", "barrier",
                         "all_to_all", "gather", "scatter", "reduce"))
     takes_mlx = False
+    direct_broadcast = direct_reduce_scatter = None
 
     def __init__(self, comm: MPI.Comm, timeout: float) -> None:
         self._comm, self._timeout = comm, timeout

@@ -20,8 +20,9 @@ import numpy as np
 from tbcoll.env import LaunchInfo, comm_timeout, segment_prefix, single_host
 from tbcoll.errors import CommError
 from tbcoll.rendezvous import Store
-from tbcoll.shm.collectives import WAIT_SLICE, Layout, ShmNative, alive
+from tbcoll.shm.collectives import WAIT_SLICE, Layout, ShmNative, alive, use_atomics
 from tbcoll.shm.pipe import Ring, ShmDuplex
+from tbcoll.shm.rounds import AtomicShmNative
 from tbcoll.shm.segment import MAX_NAME, Segment
 from tbcoll.transports.base import P2P
 from tbcoll.transports.stream import Peer, StreamEndpoint, StreamTransport
@@ -30,6 +31,7 @@ _SETUP_TAG = 30000
 _SPINS = 50  # polls of the rings before a waiting rank starts to yield its core
 _YIELD_FOR = 2e-3  # seconds of yielding before it starts to nap
 _LONGEST_NAP = 1e-4
+_ROOM_WAIT = 2e-3  # how long a blocking send waits in C for room before the engine takes over
 
 
 class ShmStream(StreamTransport):
@@ -47,6 +49,40 @@ class ShmStream(StreamTransport):
                     for peer in range(size) if peer != rank}
         super().__init__(rank, size, channels, timeout)
         self._native = native
+        self._in_c = use_atomics()  # blocking send and recv in one C call (Ring.send, receive)
+
+    def send(self, buf: np.ndarray, dest: int, context: int, tag: int) -> None:
+        """The whole message in one C call when nothing is queued before it; what does not fit
+        within _ROOM_WAIT goes on through the engine, which reads while it waits."""
+        peer = self._peers.get(dest)
+        if not self._in_c or peer is None or peer.sendq or peer.lost:
+            super().send(buf, dest, context, tag)
+            return
+        header = self._header(context, tag, buf.nbytes)
+        written = peer.channel.outgoing.send(header, buf, _ROOM_WAIT)
+        if written < len(header) + buf.nbytes:
+            payload = memoryview(buf.view(np.uint8))
+            rest = ([memoryview(header)[written:], payload] if written < len(header)
+                    else [payload[written - len(header):]])
+            self.waitall([self._queue(peer, [view for view in rest if view.nbytes])])
+
+    def recv(self, buf: np.ndarray, source: int, context: int, tag: int) -> None:
+        """The next message from source in one C call, straight into buf, when it is this
+        one and the engine holds nothing from source for it; else (another message first, a
+        slow sender) the engine goes on from where C left off."""
+        peer = self._peers.get(source)
+        if (not self._in_c or peer is None or peer.lost or peer.target is not None
+                or peer.start != peer.end or peer.unexpected.get((context, tag))
+                or peer.posted.get((context, tag))):
+            super().recv(buf, source, context, tag)
+            return
+        copied = peer.channel.incoming.receive(context, tag, buf, WAIT_SLICE)
+        if copied == buf.nbytes:
+            return
+        if copied < 0:  # nothing yet, or another message first
+            super().recv(buf, source, context, tag)
+            return
+        self._finish_recv(peer, memoryview(buf.view(np.uint8)), copied)  # its first bytes are in
 
     def _ready(self, timeout: float) -> Iterable[tuple[Peer, bool, bool]]:
         started = time.monotonic()
@@ -104,7 +140,8 @@ class ShmGroup:
     def __init__(self, segment: Segment, rank: int, members: list[int], names: _Names,
                  timeout: float) -> None:
         self.members, self._names, self._timeout = members, names, timeout
-        self.native = ShmNative(segment, rank, len(members), timeout)
+        native = AtomicShmNative if use_atomics() else ShmNative
+        self.native = native(segment, rank, len(members), timeout)
         self.native.pids[rank] = os.getpid()  # read by peers' slow waits, long after
         self._stream = ShmStream(self.native, timeout)
         ranks = list(range(len(members)))

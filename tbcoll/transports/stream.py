@@ -129,9 +129,15 @@ class StreamTransport:
     def isend(self, buf: np.ndarray, dest: int, context: int, tag: int) -> _Send:
         peer = self._live_peer(dest)
         payload = _bytes_of(buf)
-        views = [memoryview(_HEADER.pack(context, tag, payload.nbytes))]
+        views = [memoryview(self._header(context, tag, payload.nbytes))]
         if payload.nbytes:
             views.append(payload)
+        return self._queue(peer, views)
+
+    _header = staticmethod(_HEADER.pack)  # (context, tag, nbytes) -> a message's header
+
+    def _queue(self, peer: Peer, views: list[memoryview]) -> _Send:
+        """Send these bytes after whatever is queued for peer."""
         request = _Send(peer, views)
         peer.sendq.append(request)
         if len(peer.sendq) == 1:
@@ -157,6 +163,21 @@ class StreamTransport:
             raise PeerLostError(f"lost connection to rank {source} ({peer.lost})", (source,))
         peer.posted[context, tag].append(request)
         return request
+
+    def _finish_recv(self, peer: Peer, view: memoryview, arrived: int) -> None:
+        """Wait for the rest of a message to peer whose header and first `arrived` bytes of
+        payload (into view) were taken by a subclass's own path."""
+        request = _Recv(peer, view)
+        peer.target, peer.target_owner = view[arrived:], request
+        self.waitall([request])
+
+    def send(self, buf: np.ndarray, dest: int, context: int, tag: int) -> None:
+        """isend and wait (a transport may move a whole message in one call: shm)."""
+        self.waitall([self.isend(buf, dest, context, tag)])
+
+    def recv(self, buf: np.ndarray, source: int, context: int, tag: int) -> None:
+        """irecv and wait (likewise)."""
+        self.waitall([self.irecv(buf, source, context, tag)])
 
     # --- waiting -------------------------------------------------------------------------
 
@@ -358,6 +379,12 @@ class StreamEndpoint:
         self._transport, self._context, self._members = transport, context, members
         self.rank, self.size = members.index(transport.rank), len(members)
         self.waitall, self.test = transport.waitall, transport.test
+
+    def send(self, buf: np.ndarray, peer: int, tag: int) -> None:
+        self._transport.send(buf, self._members[peer], self._context, tag)
+
+    def recv(self, buf: np.ndarray, peer: int, tag: int) -> None:
+        self._transport.recv(buf, self._members[peer], self._context, tag)
 
     def isend(self, buf: np.ndarray, peer: int, tag: int) -> _Send:
         return self._transport.isend(buf, self._members[peer], self._context, tag)

@@ -3,7 +3,6 @@
 import numpy as np
 import pytest
 
-from tbcoll.algorithms import ALGORITHMS
 from tbcoll.bench.descriptors import DESCRIPTORS
 from tbcoll.bench.harness import sweep
 
@@ -14,17 +13,18 @@ SIZES = [8, 100, 4096]
 
 @pytest.mark.parametrize("name", list(DESCRIPTORS))
 def test_every_row_is_right(comm, name):
-    if name == "sendrecv" and comm.size < 2:
-        pytest.skip("sendrecv needs two ranks")
-    collective = name if name in ALGORITHMS else "broadcast"  # sendrecv: none of its own
-    algorithms = ["default", *(["native"] if "native" in comm.algorithms(collective) else [])]
+    desc = DESCRIPTORS[name]
+    if comm.size < desc.min_ranks:
+        pytest.skip(f"{name} needs {desc.min_ranks} ranks")
+    has_native = desc.chooses and "native" in comm.algorithms(name)
+    algorithms = ["default", *(["native"] if has_native else [])]
     for dtype in (np.dtype(np.float32), np.dtype(np.int8)):
-        rows = sweep(comm, DESCRIPTORS[name], SIZES, dtype, "max", algorithms, [False, True],
+        rows = sweep(comm, desc, SIZES, dtype, "max", algorithms, [False, True],
                      iters=2, warmup=1, system="test", repeats=2)
         assert rows and all(r.wrong == 0 for r in rows), [r for r in rows if r.wrong]
         for r in rows:
             assert r.ranks == comm.size and r.min_us <= r.time_us <= r.max_us
-            assert r.busbw == pytest.approx(r.algbw * DESCRIPTORS[name].bus_factor(comm.size))
+            assert r.busbw == pytest.approx(r.algbw * desc.bus_factor(comm.size))
 
 
 class _Corrupting:
