@@ -8,7 +8,10 @@ MPI_Allgather) under mpiexec, and MLX's all_sum / all_gather under `tbrun --back
 (which sets what MLX's own launcher would: ring here; jaccl from a hostfile with RDMA
 devices). Not under MLX's launcher itself: on 2 cores it busy-polls, and the same MLX worker
 ran 10-35x slower under it (../shared/FACTS.md). Every job runs the same sweep through
-tbcoll.bench's harness, which checks every result. The report gives, per size, each system's
+tbcoll.bench's harness, which checks every result; inside a job the algorithms take turns
+batch by batch. With --interleave the systems launched alike share one job and take turns
+batch by batch too (tbcoll-mpi with mpi4py; tbcoll-mlx with mlx): the fairest comparison on a
+noisy machine. The report gives, per size, each system's
 median time and tbcoll's best time divided by each peer's (below 1: tbcoll is faster), and
 optionally a PNG plot of latency and bus bandwidth against size.
 """
@@ -30,7 +33,7 @@ from tbcoll.bench.descriptors import DESCRIPTORS
 
 BIN = Path(sys.executable).parent
 PEER_OPS = ("sum", "max")  # what the harness needs of a peer: the collective, and max of times
-MLX_HAS = ("all_reduce", "all_gather")  # the collectives MlxPeer offers
+MLX_HAS = ("all_reduce", "all_gather", "barrier")  # the collectives MlxPeer offers
 
 
 class MpiPeer:
@@ -130,40 +133,60 @@ class MlxPeer:
         self._run(self._mx.distributed.all_sum, np.zeros(1, np.float32))
 
 
-def worker(system: str, collective: str, sizes: list[int], iters: int, warmup: int) -> None:
-    from tbcoll.bench.harness import sweep
+# how each system is launched: (launcher, tbrun's --backend); under --interleave the
+# systems that share a launch run in one job, batch by batch in turns
+LAUNCH = {"tbcoll-shm": ("tbrun", "shm"), "tbcoll-tcp": ("tbrun", "tcp"),
+          "tbcoll-mlx": ("tbrun", "mlx"), "mlx": ("tbrun", "mlx"),
+          "tbcoll-mpi": ("mpiexec", None), "mpi4py": ("mpiexec", None)}
 
-    if system.startswith("tbcoll"):
-        import tbcoll
 
-        comm = tbcoll.init(system.split("-")[1])
-        algorithms = ["default"]
-        if DESCRIPTORS[collective].chooses:
-            algorithms += comm.algorithms(collective)
-    else:
-        comm = MpiPeer() if system == "mpi4py" else MlxPeer()
-        algorithms = ["native"]
-    rows = sweep(comm, DESCRIPTORS[collective], sizes, np.dtype(np.float32), "sum", algorithms,
-                 [False], iters, warmup, system)
-    if comm.rank == 0:
+def worker(systems: list[str], collective: str, sizes: list[int], iters: int,
+           warmup: int) -> None:
+    from tbcoll.bench.harness import sweep_interleaved
+
+    desc = DESCRIPTORS[collective]
+    contenders = []
+    for system in systems:
+        if system.startswith("tbcoll"):
+            import tbcoll
+
+            comm = tbcoll.init(LAUNCH[system][1] or "mpi")
+            algorithms = ["default", *(comm.algorithms(collective) if desc.chooses else ())]
+        else:
+            comm = MpiPeer() if system == "mpi4py" else MlxPeer()
+            algorithms = ["native"]
+        contenders += [(system, comm, algorithm) for algorithm in algorithms]
+    rows = sweep_interleaved(contenders, desc, sizes, np.dtype(np.float32), "sum", [False],
+                             iters, warmup)
+    if contenders[0][1].rank == 0:
         print("ROWS " + json.dumps([r.as_dict() for r in rows]), flush=True)
 
 
-def launch(system: str, np_: int, worker_args: list[str]) -> list[dict]:
-    me = [__file__, "--worker", system, *worker_args]
-    if system in ("tbcoll-mpi", "mpi4py"):
+def launch(systems: list[str], np_: int, worker_args: list[str]) -> list[dict]:
+    me = [__file__, "--worker", ",".join(systems), *worker_args]
+    launcher, backend = LAUNCH[systems[0]]
+    if launcher == "mpiexec":
         argv = [str(BIN / "mpiexec"), "-n", str(np_), sys.executable, *me]
-    else:  # tbcoll-shm, tbcoll-tcp, tbcoll-mlx, and MLX's own (mlx)
-        backend = "mlx" if system == "mlx" else system.split("-")[1]
+    else:
         argv = [str(BIN / "tbrun"), "-np", str(np_), "--no-tag-output", "--backend", backend,
                 sys.executable, *me]
     env = {k: v for k, v in os.environ.items() if k != "TBCOLL_ALGO"}
     p = subprocess.run(argv, capture_output=True, text=True, timeout=3600, env=env)
     lines = [line for line in p.stdout.splitlines() if line.startswith("ROWS ")]
     if p.returncode or not lines:
-        raise SystemExit(f"{system} failed ({p.returncode}):\n{p.stdout[-3000:]}\n"
-                         f"{p.stderr[-3000:]}")
+        raise SystemExit(f"{', '.join(systems)} failed ({p.returncode}):\n"
+                         f"{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
     return json.loads(lines[0][len("ROWS "):])
+
+
+def jobs(systems: list[str], interleave: bool) -> list[list[str]]:
+    """The jobs of one round: a system each, or with interleave one per launch."""
+    if not interleave:
+        return [[system] for system in systems]
+    by_launch: dict[tuple, list[str]] = {}
+    for system in systems:
+        by_launch.setdefault(LAUNCH[system], []).append(system)
+    return list(by_launch.values())
 
 
 def summarise(rows: list[dict]) -> dict[tuple[str, int], dict]:
@@ -240,13 +263,16 @@ def main() -> None:
     parser.add_argument("-w", "--warmup", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--systems", default="tbcoll-shm,tbcoll-tcp,tbcoll-mpi,mpi4py,mlx")
+    parser.add_argument("--interleave", action="store_true",
+                        help="systems launched alike share one job, taking turns batch by "
+                        "batch (tbcoll-mpi with mpi4py, tbcoll-mlx with mlx)")
     parser.add_argument("--plot", type=Path, help="write a PNG of latency and busbw")
     parser.add_argument("--json", type=Path, help="write every row of every round")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--sizes", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        worker(args.worker, args.collective, [int(s) for s in args.sizes.split(",")],
+        worker(args.worker.split(","), args.collective, [int(s) for s in args.sizes.split(",")],
                args.iters, args.warmup)
         return
     from tbcoll.bench.cli import parse_size, sizes
@@ -259,9 +285,10 @@ def main() -> None:
         systems.remove("mlx")
         print(f"# mlx left out: MLX has no {args.collective}")
     rows: list[dict] = []
+    round_jobs = jobs(systems, args.interleave)
     for round_ in range(args.rounds):
-        for system in systems if round_ % 2 == 0 else reversed(systems):
-            rows += launch(system, args.np, worker_args)
+        for job in round_jobs if round_ % 2 == 0 else reversed(round_jobs):
+            rows += launch(job, args.np, worker_args)
     summary = summarise(rows)
     print(report(summary, args.collective, args.np))
     if args.json:

@@ -38,8 +38,10 @@ MAX_TAG = 32767  # the largest tag every MPI must support
 def _plain_out(out: Any, shape: tuple, dtype: np.dtype) -> bool:
     """out is a numpy array a result of this shape and dtype can go into (a quick test; the
     full one, with its error messages, is Communicator._output)."""
-    return (type(out) is np.ndarray and out.shape == shape and out.dtype == dtype
-            and out.flags.c_contiguous and out.flags.writeable)
+    if type(out) is not np.ndarray or out.shape != shape or out.dtype != dtype:
+        return False
+    flags = out.flags
+    return flags.c_contiguous and flags.writeable
 
 
 def _flat(array: np.ndarray) -> np.ndarray:
@@ -113,7 +115,12 @@ class Communicator:
         if fast and type(x) is np.ndarray:  # the latency-critical case: no conversions
             if out is not None and not _plain_out(out, x.shape, x.dtype):
                 self._output(x, out, x.shape, x.dtype)  # raises, saying what is wrong
-            result = self._run_direct(fast, "all_reduce", x, op, out)
+            if _checking.active:  # _run_direct's work, inline: 0.4 us of a 3 us call
+                raise _ArgumentsChecked
+            try:
+                result = fast(x, op, out)
+            except CommError as e:
+                raise self._named(e, "all_reduce") from e
             if result is not None:
                 return result
         if fast and out is None and self._direct_takes_mlx and is_mlx(x):

@@ -12,6 +12,7 @@ import statistics
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -87,33 +88,59 @@ def sweep(comm: Any, desc: Collective, sizes: Iterable[int], dtype: np.dtype, op
           algorithms: Sequence[str], in_place_modes: Sequence[bool], iters: int, warmup: int,
           system: str, progress: Callable[[], None] = lambda: None, repeats: int = 5
           ) -> list[Row]:
+    """One system's algorithms, interleaved batch by batch."""
+    return sweep_interleaved([(system, comm, algorithm) for algorithm in algorithms], desc,
+                             sizes, dtype, op, in_place_modes, iters, warmup, progress, repeats)
+
+
+Contender = tuple[str, Any, str]  # (system, comm: tbcoll's or a peer's adapter, algorithm)
+
+
+def sweep_interleaved(contenders: Sequence[Contender], desc: Collective, sizes: Iterable[int],
+                      dtype: np.dtype, op: str, in_place_modes: Sequence[bool], iters: int,
+                      warmup: int, progress: Callable[[], None] = lambda: None,
+                      repeats: int = 5) -> list[Row]:
+    """A row per contender, size and in-place mode. At each size the contenders take turns
+    batch by batch (A B A B ...), so that the machine's noise falls on all of them alike;
+    contenders may be different systems in one job (tbcoll's mpi transport and mpi4py under
+    one mpiexec)."""
     rows = []
     for nbytes in sizes:
-        for algorithm in algorithms:
-            for in_place in runs_in_place(desc, in_place_modes):
-                rows.append(_measure(comm, desc, nbytes, dtype, op, algorithm, in_place, iters,
-                                     warmup, repeats, system))
+        for in_place in runs_in_place(desc, in_place_modes):
+            for row in _measure(contenders, desc, nbytes, dtype, op, in_place, iters, warmup,
+                                repeats):
+                rows.append(row)
                 progress()
     return rows
 
 
-def _measure(comm: Any, desc: Collective, nbytes: int, dtype: np.dtype, op: str,
-             algorithm: str, in_place: bool, iters: int, warmup: int, repeats: int,
-             system: str) -> Row:
-    x, out, refill = _buffers(desc, comm, nbytes, dtype, in_place, op)
-    chosen = None if algorithm == "default" else algorithm
-    for _ in range(warmup):
-        desc.run(comm, x, op, chosen, out)
-    per_call = []
+def _measure(contenders: Sequence[Contender], desc: Collective, nbytes: int, dtype: np.dtype,
+             op: str, in_place: bool, iters: int, warmup: int, repeats: int) -> list[Row]:
+    runs = []  # per contender: a call with its buffers, and what _row needs
+    for system, comm, algorithm in contenders:
+        x, out, refill = _buffers(desc, comm, nbytes, dtype, in_place, op)
+        call = partial(desc.run, comm, x, op, None if algorithm == "default" else algorithm,
+                       out)
+        for _ in range(warmup):
+            call()
+        runs.append((call, comm, (system, algorithm, x, refill), []))
     for _ in range(repeats):
-        comm.barrier()
-        started = time.perf_counter()
-        for _ in range(iters):
-            desc.run(comm, x, op, chosen, out)
-        per_call.append((time.perf_counter() - started) / iters)
+        for call, comm, _, times in runs:
+            comm.barrier()
+            started = time.perf_counter()
+            for _ in range(iters):
+                call()
+            times.append((time.perf_counter() - started) / iters)
+    return [_row(desc, comm, *about, call, op, nbytes, dtype, in_place, times)
+            for call, comm, about, times in runs]
+
+
+def _row(desc: Collective, comm: Any, system: str, algorithm: str, x: np.ndarray,
+         refill: Callable[[], None], call: Callable[[], Any], op: str, nbytes: int,
+         dtype: np.dtype, in_place: bool, per_call: list[float]) -> Row:
+    """Check one more call of the contender and make its row from its batches' times."""
     refill()
-    wrong = _wrong(desc.run(comm, x, op, chosen, out),
-                   desc.expected(comm.rank, comm.size, nbytes, dtype, op))
+    wrong = _wrong(call(), desc.expected(comm.rank, comm.size, nbytes, dtype, op))
     slowest = [float(t) for t in comm.all_reduce(np.array(per_call), op="max")]
     wrong = int(comm.all_reduce(np.array([wrong], np.int64))[0])
     slowest = [t / desc.legs for t in slowest]
