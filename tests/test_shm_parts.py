@@ -1,4 +1,4 @@
-"""The shm transport's parts on their own: segments and both kinds of flags."""
+"""The shm transport's parts on their own: segments, both kinds of flags, the rings."""
 
 import _posixshmem
 import mmap
@@ -6,10 +6,13 @@ import os
 import threading
 import time
 
+import numpy as np
 import pytest
 
 from tbcoll.shm.flags import AtomicFlags, LockedFlags, atomics_available
+from tbcoll.shm.pipe import Ring
 from tbcoll.shm.segment import Segment, SegmentSpaceError
+from tbcoll.transports.stream import _HEADER
 
 
 @pytest.fixture
@@ -103,3 +106,55 @@ def test_planted_names_are_passed_over(tmp_path, monkeypatch):
     finally:
         _posixshmem.shm_unlink(planted_shm)
         os.unlink(seg._lock_path(planted_link))
+
+
+@pytest.mark.skipif(not atomics_available(), reason="the C extension was not built")
+class TestRingInC:
+    """Ring.send and Ring.receive (the C paths of blocking send/recv) against Ring's Python
+    producer and consumer, which the stream engine uses: the same bytes, the same counters."""
+
+    CAPACITY = 256
+
+    def rings(self, segment):
+        flags = AtomicFlags(segment.buffer)
+        return (Ring(segment.buffer, flags, 0, self.CAPACITY),
+                Ring(segment.buffer, flags, 0, self.CAPACITY))
+
+    def test_messages_round_the_ring_many_times(self, segment):
+        producer, consumer = self.rings(segment)
+        for n in range(1, 90, 7):  # odd sizes: headers and payloads wrap at every offset
+            payload = np.arange(n, dtype=np.uint8)
+            assert producer.send(_HEADER.pack(3, n, n), payload, 0.1) == 16 + n
+            got = np.empty(n, np.uint8)
+            assert consumer.receive(3, n, got, 0.1) == n
+            assert np.array_equal(got, payload)
+        assert not consumer.readable()
+
+    def test_another_message_first_is_left_for_the_engine(self, segment):
+        producer, consumer = self.rings(segment)
+        producer.send(_HEADER.pack(1, 5, 4), np.arange(4, dtype=np.uint8), 0.1)
+        assert consumer.receive(1, 6, np.empty(4, np.uint8), 0.1) == -2  # another tag
+        assert consumer.receive(1, 5, np.empty(3, np.uint8), 0.1) == -2  # another size
+        view = memoryview(bytearray(20))  # the engine reads it whole, from the start
+        assert consumer.read_into(view) == 20 and bytes(view[16:]) == bytes(range(4))
+
+    def test_an_empty_ring_times_out(self, segment):
+        _, consumer = self.rings(segment)
+        started = time.monotonic()
+        assert consumer.receive(0, 0, np.empty(1, np.uint8), 0.05) == -1
+        assert 0.04 < time.monotonic() - started < 2
+
+    def test_a_message_larger_than_the_ring_goes_in_as_room_allows(self, segment):
+        producer, consumer = self.rings(segment)
+        payload = np.arange(1000, dtype=np.uint16).view(np.uint8)
+        written = producer.send(_HEADER.pack(0, 0, payload.nbytes), payload, 0.01)
+        assert written == self.CAPACITY  # full: the rest is the caller's (the engine's)
+        got = np.empty(payload.nbytes, np.uint8)
+        copied = consumer.receive(0, 0, got, 0.01)  # takes what came, then runs out of time
+        assert copied == self.CAPACITY - 16
+        rest = memoryview(payload)[copied:]
+        while rest.nbytes:  # the Python producer and consumer finish the message
+            took = producer.write([rest])
+            consumer.read_into(memoryview(got)[payload.nbytes - rest.nbytes:][:took])
+            rest = rest[took:]
+        assert np.array_equal(got, payload)
