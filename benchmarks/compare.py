@@ -11,9 +11,9 @@ ran 10-35x slower under it (../shared/FACTS.md). Every job runs the same sweep t
 tbcoll.bench's harness, which checks every result; inside a job the algorithms take turns
 batch by batch. With --interleave the systems launched alike share one job and take turns
 batch by batch too (tbcoll-mpi with mpi4py; tbcoll-mlx with mlx): the fairest comparison on a
-noisy machine. The report gives, per size, each system's
-median time and tbcoll's best time divided by each peer's (below 1: tbcoll is faster), and
-optionally a PNG plot of latency and bus bandwidth against size.
+noisy machine. The report gives, per size, each system's median time and tbcoll's best time
+divided by each peer's (below 1: tbcoll is faster), and optionally a PNG plot of latency and
+bus bandwidth against size.
 """
 
 from __future__ import annotations

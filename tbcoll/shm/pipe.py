@@ -69,9 +69,8 @@ class Ring:
     def receive(self, context: int, tag: int, view: object, budget: float) -> int:
         """Consumer, in C: take the next message if it is (context, tag) with as many bytes
         as view (any buffer) holds, its payload straight into view; return the payload bytes
-        that arrived, -1 if no
-        whole header came within budget, -2 if the next message is another (left in place).
-        """
+        that arrived, -1 if no whole header came within budget, -2 if the next message is
+        another (left in place)."""
         self._tail, copied = atomics.ring_recv(self._buffer, self._base, self._capacity,
                                                self._tail, context, tag, view, budget)
         return copied

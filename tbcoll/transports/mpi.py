@@ -99,11 +99,6 @@ def _wait(requests: Sequence[MPI.Request], timeout: float, what: str,
     """Poll the requests to completion; CommError once timeout has passed, or for MPI's
     own errors (a message longer than its buffer: MPI_ERR_TRUNCATE)."""
     try:
-        if len(requests) == 1 and statuses is None:  # the usual case: done after a few looks
-            test = requests[0].Test
-            for _ in range(_SPINS_PER_CHECK):
-                if test():
-                    return
         _poll(requests, timeout, what, statuses)
     except MPI.Exception as e:
         codes = [e.Get_error_class()]
@@ -160,17 +155,21 @@ class MpiNative:
     def direct_all_reduce(self, x: np.ndarray, op: str,
                          out: np.ndarray | None) -> np.ndarray | None:
         """The Communicator's one-call path (any size here): straight to MPI_Allreduce."""
-        if x.dtype not in _DATATYPES or x.dtype == _BFLOAT16 or not x.flags.c_contiguous:
-            return None  # (bfloat16 needs its own op: the general path)
+        if x.dtype not in _DATATYPES or not x.flags.c_contiguous:
+            return None
         if out is None:
             out, send = np.empty_like(x), x
         elif not may_overlap(out, x):
             send = x
         elif same_buffer(out, x):
-            send = MPI.IN_PLACE
+            send = None
         else:
             return None  # MPI forbids aliased buffers; the general path copies x first
-        _wait((self._comm.Iallreduce(send, out, _OPS[op]),), self._timeout, "MPI_Allreduce")
+        if x.dtype == _BFLOAT16:  # a 2-byte carrier and an op of its own: all_reduce's
+            self.all_reduce(send, out, op)
+        else:  # straight to MPI: all_reduce's _spec and _op cost ~0.3 us of a 3 us call
+            _wait((self._comm.Iallreduce(MPI.IN_PLACE if send is None else send, out,
+                                         _OPS[op]),), self._timeout, "MPI_Allreduce")
         return out
 
     def direct_all_gather(self, x: np.ndarray, out: np.ndarray | None) -> np.ndarray | None:

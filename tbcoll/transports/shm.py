@@ -49,7 +49,8 @@ class ShmStream(StreamTransport):
                     for peer in range(size) if peer != rank}
         super().__init__(rank, size, channels, timeout)
         self._native = native
-        self._in_c = use_atomics()  # blocking send and recv in one C call (Ring.send, receive)
+        # blocking send and recv in one C call each (Ring.send, Ring.receive) need the C module
+        self._in_c = isinstance(native, AtomicShmNative)
 
     def send(self, buf: np.ndarray, dest: int, context: int, tag: int) -> None:
         """The whole message in one C call when nothing is queued before it; what does not fit
