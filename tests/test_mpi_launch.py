@@ -134,3 +134,24 @@ def test_a_cut_short_abort_is_still_pinned_on_the_rank_that_raised(capfd):
     output.close()
     assert "tbrun: rank 2 exited with status 1 (its Python exception, above)" in \
         capfd.readouterr().err
+
+
+def test_a_ranks_own_report_names_it_when_mpich_said_nothing(tmp_path, monkeypatch, capfd):
+    """sys.exit(3) leaves no traceback: the report the rank wrote before aborting names it
+    (Hydra's teardown cut everything else twice in CI)."""
+    from launchers import mpirank
+    from launchers.output import OutputRouter
+    from launchers.starters.mpiexec import explain_failure, reported
+
+    job_dir = tmp_path / "job"
+    job_dir.mkdir(mode=0o700)
+    monkeypatch.setenv(mpirank.REPORTS, str(job_dir))
+    mpirank.report_failure("2", 3)
+    output = OutputRouter(3, True, None)
+    assert explain_failure(3, 3, [0, 0, 0], output, reported(job_dir)) == 3
+    output.close()
+    assert "tbrun: rank 2 exited with status 3;" in capfd.readouterr().err
+
+    job_dir.chmod(0o755)  # a directory others could write to is not written in
+    mpirank.report_failure("1", 4)
+    assert reported(job_dir) == [(2, 3)]

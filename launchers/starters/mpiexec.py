@@ -28,6 +28,7 @@ from launchers.config import LaunchConfig, thread_limits
 from launchers.diagnose import describe_exit
 from launchers.hosts import LOOPBACK, free_port, plan_job, ssh_options
 from launchers.janitor import janitor_for
+from launchers.mpirank import REPORTS
 from launchers.output import STREAMS, OutputRouter, log
 from launchers.shmclean import mpich_segments, remove_unmapped
 from launchers.starters.base import Starter
@@ -44,10 +45,12 @@ def find_mpiexec(python: str) -> str:
     return found
 
 
-def mpiexec_command(cfg: LaunchConfig, mpiexec: str, outputs: str, ssh: str | None,
-                    launch_host: str | None, master_addr: str) -> tuple[list[str], dict[str, str]]:
+def mpiexec_command(cfg: LaunchConfig, mpiexec: str, outputs: str, reports: str,
+                    ssh: str | None, launch_host: str | None,
+                    master_addr: str) -> tuple[list[str], dict[str, str]]:
     """The mpiexec argv for the job, and the variables to add to its environment; outputs:
-    Hydra's file pattern with %s for out/err."""
+    Hydra's file pattern with %s for out/err; reports: where failing ranks write their status
+    (launchers.mpirank)."""
     if cfg.stdin not in ("0", "none"):
         raise LaunchError(f"--stdin {cfg.stdin}: under --backend mpi, mpiexec (Hydra) forwards "
                           "standard input to rank 0 only; use --stdin 0 or --stdin none")
@@ -68,7 +71,7 @@ def mpiexec_command(cfg: LaunchConfig, mpiexec: str, outputs: str, ssh: str | No
     env = {**{name: os.environ.get(name, value) for name, value in limits.items()},
            "MASTER_ADDR": master_addr, "MASTER_PORT": str(free_port(LOOPBACK)),
            **cfg.exports, "PYTHONUNBUFFERED": "1",
-           "TBCOLL_TIMEOUT": f"{cfg.comm_timeout:g}"}
+           "TBCOLL_TIMEOUT": f"{cfg.comm_timeout:g}", REPORTS: reports}
     program = list(cfg.program)
     if program[0] == cfg.python:
         program[1:1] = ["-m", "launchers.mpirank", cfg.stdin]
@@ -89,8 +92,8 @@ def run_mpi(cfg: LaunchConfig) -> int:
                 options = ssh_options(cfg.connect_timeout)
                 Path(ssh).write_text(f"#!/bin/sh\nexec {shlex.join([*cfg.ssh, *options])} \"$@\"\n")
                 os.chmod(ssh, 0o700)
-            argv, env = mpiexec_command(cfg, mpiexec, str(job_dir / "%s-%%r"), ssh, launch_host,
-                                        plan.master_addr)
+            argv, env = mpiexec_command(cfg, mpiexec, str(job_dir / "%s-%%r"), str(job_dir),
+                                        ssh, launch_host, plan.master_addr)
             if cfg.dry_run:
                 print(shlex.join(argv))
                 for name, value in env.items():
@@ -113,7 +116,8 @@ def run_mpi(cfg: LaunchConfig) -> int:
             before = mpich_segments()
             status = supervisor.run()
             if status and supervisor.launcher_failed:
-                status = explain_failure(status, cfg.nprocs, placement_of(cfg), output)
+                status = explain_failure(status, cfg.nprocs, placement_of(cfg), output,
+                                         reported(job_dir))
             if status:
                 remove_unmapped(mpich_segments() - before, log)
             return status
@@ -151,11 +155,29 @@ def rank_statuses(placement: list[int], report: str) -> dict[int, int]:
     return statuses
 
 
-def explain_failure(status: int, nprocs: int, placement: list[int], output: OutputRouter) -> int:
+def reported(job_dir: Path) -> list[tuple[int, int]]:
+    """(rank, status) that ranks on this host wrote before aborting (launchers.mpirank), the
+    first to fail first."""
+    reports = []
+    for path in sorted(job_dir.glob("failed-*"), key=lambda path: path.stat().st_mtime_ns):
+        try:
+            reports.append((int(path.name.removeprefix("failed-")), int(path.read_text())))
+        except ValueError:
+            pass  # killed while writing it
+    return reports
+
+
+def explain_failure(status: int, nprocs: int, placement: list[int], output: OutputRouter,
+                    reports: list[tuple[int, int]] = ()) -> int:
     """Name the rank whose failure ended the job and return its status (tbrun's convention:
-    128+N for signal N). MPICH's words: the rank that called MPI_Abort (mpi4py's runner does
-    on an exception or a non-zero exit) failed first; else a rank that exited non-zero by
-    itself; else a rank killed by a signal other than the SIGKILL Hydra ends the rest with."""
+    128+N for signal N). A rank's own report (see `reported`) is surest; then MPICH's words:
+    the rank that called MPI_Abort (mpi4py's runner does on an exception or a non-zero exit)
+    failed first; else a rank that exited non-zero by itself; else a rank killed by a signal
+    other than the SIGKILL Hydra ends the rest with."""
+    if reports:
+        rank, code = reports[0]
+        log(f"rank {rank} {describe_exit(code)}; mpiexec stopped the other ranks")
+        return code
     for rank in range(nprocs):
         if found := _ABORT.search(output.stderr_tail(rank)):
             code = int(found.group(1)) & 0xFF
