@@ -283,11 +283,17 @@ class StreamTransport:
                 rest = peer.end - peer.start
                 peer.stage[:rest] = peer.stage[peer.start:peer.end]
                 peer.start, peer.end = 0, rest
+            wanted = _STAGE - peer.end
             got = self._recv_into(peer, peer.stage_view[peer.end:])
             if not got:
                 return
             peer.end += got
             self._parse(peer)
+            if got < wanted and peer.target is None:
+                # It took all there was and ended on a message's end: the next ready() says
+                # when more comes, sparing a read that would find nothing (a syscall and a
+                # BlockingIOError per small message). Within a message, read on.
+                return
 
     def _recv_into(self, peer: Peer, view: memoryview) -> int:
         """Read what the socket has into view; 0 if nothing is ready or the peer is gone."""
