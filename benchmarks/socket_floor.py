@@ -1,0 +1,113 @@
+"""tbcoll's tcp transport against the floor under it: a bare Python socket on loopback.
+
+    python benchmarks/socket_floor.py --rounds 5
+
+In turns (A B A B ...): two processes ping-ponging over one TCP socket (TCP_NODELAY,
+recv_into a preallocated buffer: the least Python can do per message), blocking in recv and
+then polling (MSG_DONTWAIT in a loop, as tbcoll's tcp transport does for its first 50 us),
+then `tbrun -np 2 --backend tcp tbcoll-bench` all_reduce and sendrecv. Prints, per size, the
+medians over rounds of half the bare round trips and of tbcoll's times, and tbcoll's over the
+bare ones (issue 14's goal: 8 B all_reduce at np=2 within 1.2x half a bare round trip). A
+blocking receiver pays the wake-up of an idle core, which varies with what ran just before;
+the polling one does not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+BIN = Path(sys.executable).parent
+SIZES = (8, 64, 512, 4096)
+
+
+def bare_half_round_trip(nbytes: int, iters: int, poll: bool) -> float:
+    """Median over iters of half a round trip of nbytes between two processes, in us."""
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+        child = os.fork()
+        if child == 0:
+            try:
+                with socket.create_connection(("127.0.0.1", port)) as sock:
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                    echo(sock, nbytes, iters, poll)
+            finally:
+                os._exit(0)
+        sock, _ = server.accept()
+    with sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        times = echo(sock, nbytes, iters, poll, timed=True)
+    os.waitpid(child, 0)
+    return statistics.median(times) / 2 * 1e6
+
+
+def echo(sock: socket.socket, nbytes: int, iters: int, poll: bool,
+         timed: bool = False) -> list[float]:
+    """Send then receive nbytes iters times (timed) or receive then send (the other end)."""
+    buf = memoryview(bytearray(nbytes))
+    flags = socket.MSG_DONTWAIT if poll else 0
+    times = []
+    for _ in range(iters):
+        start = time.perf_counter()
+        if timed:
+            sock.sendall(buf)
+        got = 0
+        while got < nbytes:
+            try:
+                got += sock.recv_into(buf[got:], 0, flags)
+            except BlockingIOError:
+                pass
+        if not timed:
+            sock.sendall(buf)
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def tbcoll_times(collective: str, iters: int) -> dict[int, float]:
+    """tbcoll-bench's time per call (us) for each size, over tcp at np=2."""
+    with tempfile.TemporaryDirectory() as tmp:
+        rows = Path(tmp) / "rows.json"
+        subprocess.run([str(BIN / "tbrun"), "-np", "2", "--backend", "tcp",
+                        str(BIN / "tbcoll-bench"), collective, "-b", str(SIZES[0]),
+                        "-e", str(SIZES[-1]), "-f", "8", "-n", str(iters), "--inplace", "no",
+                        "--json", str(rows)], check=True, capture_output=True)
+        return {row["size"]: row["time_us"] for row in json.loads(rows.read_text())}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("-n", "--iters", type=int, default=2000)
+    args = parser.parse_args()
+    bare = {poll: {n: [] for n in SIZES} for poll in (False, True)}
+    ours = {c: {n: [] for n in SIZES} for c in ("all_reduce", "sendrecv")}
+    for _ in range(args.rounds):
+        for n in SIZES:
+            for poll, times in bare.items():
+                times[n].append(bare_half_round_trip(n, args.iters, poll))
+        for collective, times in ours.items():
+            for n, t in tbcoll_times(collective, args.iters).items():
+                times[n].append(t)
+    print(f"# np=2 over loopback TCP, medians over {args.rounds} rounds, us")
+    print("| size B | bare, blocking | bare, polling | tbcoll all_reduce | / blocking "
+          "| / polling | tbcoll sendrecv (one way) | / blocking | / polling |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for n in SIZES:
+        blocking, polling = (statistics.median(bare[poll][n]) for poll in (False, True))
+        cells = [f"{n}", f"{blocking:.1f}", f"{polling:.1f}"]
+        for collective in ("all_reduce", "sendrecv"):
+            ours_n = statistics.median(ours[collective][n])
+            cells += [f"{ours_n:.1f}", f"{ours_n / blocking:.2f}", f"{ours_n / polling:.2f}"]
+        print(f"| {' | '.join(cells)} |")
+
+
+if __name__ == "__main__":
+    main()
