@@ -217,6 +217,22 @@ def check_mode(environ: Mapping[str, str] | None = None) -> bool:
     return env.get("TBCOLL_CHECK", "").strip().lower() in ("1", "true", "yes", "on")
 
 
+def link_delay(environ: Mapping[str, str] | None = None) -> float:
+    """TBCOLL_LINK_DELAY_US: a one-way latency the tcp transport adds to every message, in
+    seconds (0: none), to emulate a slower link (benchmarks/tp_latency.py)."""
+    env = os.environ if environ is None else environ
+    text = env.get("TBCOLL_LINK_DELAY_US", "").strip()
+    if not text:
+        return 0.0
+    try:
+        micros = float(text)
+    except ValueError:
+        micros = math.nan
+    if not (math.isfinite(micros) and micros >= 0):
+        raise TbcollError(f"TBCOLL_LINK_DELAY_US={text!r}: give a number of microseconds >= 0")
+    return micros * 1e-6
+
+
 def shm_flags(environ: Mapping[str, str] | None = None) -> str:
     """TBCOLL_SHM_FLAGS: 'atomic' (the C extension, default) or 'python' (portable locks)."""
     env = os.environ if environ is None else environ

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Iterable
 
 from tbcoll.auth import HANDSHAKE_TIMEOUT, Doorman, accept_handshake, connect_proven
-from tbcoll.env import LaunchInfo, format_hostport, parse_hostport
+from tbcoll.env import LaunchInfo, format_hostport, link_delay, parse_hostport
 from tbcoll.errors import LINK_DOWN, AuthenticationError, CommError
 from tbcoll.rendezvous import Store
 from tbcoll.topology import route_source
@@ -339,5 +339,9 @@ def open_world(info: LaunchInfo | None, prefix: str) -> TcpGroup:
     with Store.from_launch(info) as store:
         sockets = connect_mesh(info.rank, info.size, listen_hosts(info), peer_route(info),
                                store, info.token, info.timeout, prefix)
-    transport = TcpTransport(info.rank, info.size, sockets, info.timeout)
+    if delay := link_delay():
+        from tbcoll.transports.delayed import DelayedTcpTransport
+        transport = DelayedTcpTransport(info.rank, info.size, sockets, info.timeout, delay=delay)
+    else:
+        transport = TcpTransport(info.rank, info.size, sockets, info.timeout)
     return TcpGroup(transport, 0, list(range(info.size)), True)
