@@ -218,8 +218,9 @@ def check_mode(environ: Mapping[str, str] | None = None) -> bool:
 
 
 def link_delay(environ: Mapping[str, str] | None = None) -> float:
-    """TBCOLL_LINK_DELAY_US: a one-way latency the tcp transport adds to every message, in
-    seconds (0: none), to emulate a slower link (benchmarks/tp_latency.py)."""
+    """TBCOLL_LINK_DELAY_US: the one-way latency of an emulated link, in seconds (0: none):
+    the tcp transport lets no message arrive sooner after it was sent
+    (tbcoll.transports.delayed, benchmarks/tp_latency.py)."""
     env = os.environ if environ is None else environ
     text = env.get("TBCOLL_LINK_DELAY_US", "").strip()
     if not text:

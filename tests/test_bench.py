@@ -116,3 +116,41 @@ def test_tp_decode_refuses_bad_options_before_measuring():
     assert p.returncode == 2
     assert "--ranks 4: cannot split layers (2) across 4 ranks" in p.stderr
     assert p.stdout == ""  # nothing was measured
+
+
+def test_planner_prices_decoding_by_bytes_read_and_messages():
+    from tbcoll.bench.planner import Link, Shape, plan
+
+    shape = Shape(hidden=1024, ffn=4096, heads=16, kv_heads=4, layers=10, vocab=1000,
+                  dtype_bytes=2)
+    # per layer: q and o 1024x1024, k and v 1024x256, gate/up/down 1024x4096
+    assert shape.layer_bytes == 2 * (2 * 1024 * 1024 + 2 * 1024 * 256 + 3 * 1024 * 4096)
+    bandwidth = 1e11
+    (one,) = plan(shape, 1, bandwidth, Link(0.0, 0.0))
+    assert one.compute == pytest.approx(shape.weight_bytes / bandwidth) and one.comm == 0
+    link = Link(alpha=1e-4, beta=0.0, allreduce=3e-5)  # a measured all-reduce wins over alpha
+    tp, pp = plan(shape, 4, bandwidth, link)
+    assert tp.compute == pytest.approx(one.compute / 4) and pp.compute == one.compute
+    # TP: 2 all-reduces a layer, then the logits gathered (mesh: 1 step of alpha)
+    assert tp.comm == pytest.approx(2 * 10 * 3e-5 + 1e-4)
+    # PP: 3 hand-overs of the hidden state, then the token back (one all-reduce's time)
+    assert pp.comm == pytest.approx(3 * 1e-4 + 3e-5)
+    assert tp.tokens_per_s == pytest.approx(1 / (tp.compute + tp.comm))
+
+
+def test_planner_command_line(tmp_path, capsys):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"hidden_size": 512, "intermediate_size": 1408,
+                                  "num_attention_heads": 8, "num_key_value_heads": 4,
+                                  "num_hidden_layers": 8, "vocab_size": 32000}))
+    model.main(["plan", "--config", str(config), "--layers", "16", "-N", "1,2",
+                "--gbps-memory", "100", "--alpha-us", "300", "--dtype", "float32"])
+    out = capsys.readouterr().out
+    assert "# 16 layers, hidden 512, float32" in out
+    rows = [line.split("|")[1:-1] for line in out.splitlines() if re.match(r"\| \d", line)]
+    assert [(r[0].strip(), r[1].strip()) for r in rows] == [("1", "tp"), ("2", "tp"), ("2", "pp")]
+    tp2, pp2 = (float(r[2]) for r in rows[1:])
+    assert pp2 > tp2  # 32 all-reduces of 300 us a token cost more than the reads TP saves
+    with pytest.raises(SystemExit):
+        model.main(["plan", "--config", str(tmp_path / "missing.json"), "--gbps-memory", "1",
+                    "--alpha-us", "1"])

@@ -13,6 +13,7 @@ a collective for another size, rank count or link, e.g. Thunderbolt 5 RDMA figur
     python -m tbcoll.bench.model --alpha-us 3 --gbps 8 -np 4 --predict 16K
     python -m tbcoll.bench.model --fit rows.json                  # from tbcoll-bench --json
     python -m tbcoll.bench.model --fit rows.json -np 8 --predict 1M   # fitted, elsewhere
+    python -m tbcoll.bench.model plan --help     # decoding tokens/s, TP against PP
 """
 
 from __future__ import annotations
@@ -90,6 +91,14 @@ def fits_from_rows(rows: Sequence[dict]) -> dict[tuple[str, str, int], Fit]:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    import sys
+
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["plan"]:
+        from tbcoll.bench.planner import main as plan
+
+        plan(argv[1:])
+        return
     import click
 
     from tbcoll.bench.cli import parse_size  # the sizes tbcoll-bench takes: 8, 16K, 4M

@@ -347,6 +347,11 @@ class StreamTransport:
     def _finish_message(self, peer: Peer) -> None:
         owner = peer.target_owner
         peer.target = peer.target_owner = None
+        self._complete(owner)
+
+    @staticmethod
+    def _complete(owner: _Recv | _Unexpected) -> None:
+        """A message has arrived whole: its receive is done (or waits as unexpected)."""
         owner.done = True
         if isinstance(owner, _Unexpected) and owner.waiter is not None:
             owner.waiter.view[:] = owner.data

@@ -1,0 +1,162 @@
+"""Tokens/s of greedy decoding (one sequence) split over N machines: tensor parallel against
+pipeline parallel, from the model's shape, each machine's memory bandwidth and the link.
+
+Decoding one token reads every weight once, so a machine's compute time is the bytes it
+holds divided by its memory bandwidth. Tensor parallel (tbcoll.tp.llama, mlx-lm's sharding):
+each machine reads 1/N of the weights, and each layer all-reduces the hidden state twice, then
+the logits are gathered. Pipeline parallel: the token passes through the machines in turn, so
+every weight is still read in sequence; each boundary costs one message of the hidden state,
+and the chosen token goes back by broadcast.
+
+A message of n bytes costs alpha + n * beta; a small all-reduce costs its algorithm's steps
+(tbcoll.bench.model: recursive doubling below a few KB), or a measured time per call
+(--allreduce-us, e.g. MLX's all_sum over Thunderbolt RDMA, which costs more than the raw link).
+
+    python -m tbcoll.bench.model plan --config config.json -N 4 --gbps-memory 819 --alpha-us 30
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from tbcoll.bench.model import predict
+
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "int8": 1, "q4": 0.5625}
+# TinyLlama-1.1B's config.json, the default shape
+TINYLLAMA = dict(hidden_size=2048, intermediate_size=5632, num_attention_heads=32,
+                 num_key_value_heads=4, num_hidden_layers=22, vocab_size=32000)
+SHAPE_FLAGS = {"--layers": "num_hidden_layers", "--hidden": "hidden_size",
+               "--ffn": "intermediate_size", "--heads": "num_attention_heads",
+               "--kv-heads": "num_key_value_heads", "--vocab": "vocab_size"}
+
+
+@dataclass(frozen=True)
+class Shape:
+    hidden: int
+    ffn: int
+    heads: int
+    kv_heads: int
+    layers: int
+    vocab: int
+    dtype_bytes: float
+
+    @classmethod
+    def from_config(cls, config: dict, dtype_bytes: float) -> Shape:
+        """From a Hugging Face config.json's fields."""
+        return cls(config["hidden_size"], config["intermediate_size"],
+                   config["num_attention_heads"],
+                   config.get("num_key_value_heads", config["num_attention_heads"]),
+                   config["num_hidden_layers"], config["vocab_size"], dtype_bytes)
+
+    @property
+    def layer_bytes(self) -> float:
+        kv = self.hidden // self.heads * self.kv_heads
+        params = 2 * self.hidden * self.hidden + 2 * self.hidden * kv + 3 * self.hidden * self.ffn
+        return params * self.dtype_bytes
+
+    @property
+    def head_bytes(self) -> float:
+        """The output projection, read for every token (the embedding is one row)."""
+        return self.vocab * self.hidden * self.dtype_bytes
+
+    @property
+    def weight_bytes(self) -> float:
+        return self.layers * self.layer_bytes + self.head_bytes
+
+
+@dataclass(frozen=True)
+class Link:
+    alpha: float  # seconds per message
+    beta: float  # seconds per byte
+    allreduce: float | None = None  # seconds per small all-reduce, if measured
+
+    def message(self, nbytes: float) -> float:
+        return self.alpha + nbytes * self.beta
+
+    def all_reduce(self, n: int, nbytes: float) -> float:
+        if self.allreduce is not None:
+            return self.allreduce
+        return min(predict("all_reduce", algorithm, n, nbytes, self.alpha, self.beta)
+                   for algorithm in ("rd", "ring", "mesh"))
+
+    def all_gather(self, n: int, nbytes: float) -> float:
+        """nbytes: the gathered result."""
+        return min(predict("all_gather", algorithm, n, nbytes, self.alpha, self.beta)
+                   for algorithm in ("rd", "ring", "mesh"))
+
+
+@dataclass(frozen=True)
+class Plan:
+    mode: str
+    machines: int
+    compute: float  # seconds per token
+    comm: float
+
+    @property
+    def tokens_per_s(self) -> float:
+        return 1.0 / (self.compute + self.comm)
+
+    @property
+    def comm_share(self) -> float:
+        return self.comm / (self.compute + self.comm)
+
+
+def plan(shape: Shape, machines: int, bandwidth: float, link: Link) -> list[Plan]:
+    """bandwidth: each machine's memory bandwidth, bytes/s. TP, then PP (machines > 1)."""
+    n = machines
+    hidden_bytes = shape.hidden * shape.dtype_bytes
+    if n == 1:
+        return [Plan("tp", 1, shape.weight_bytes / bandwidth, 0.0)]
+    tp_comm = (2 * shape.layers * link.all_reduce(n, hidden_bytes)
+               + link.all_gather(n, shape.vocab * 4))  # float32 logits
+    pp_comm = (n - 1) * link.message(hidden_bytes) + link.all_reduce(n, 8)  # token: broadcast
+    return [Plan("tp", n, shape.weight_bytes / n / bandwidth, tp_comm),
+            Plan("pp", n, shape.weight_bytes / bandwidth, pp_comm)]
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m tbcoll.bench.model plan",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", metavar="JSON", help="a Hugging Face config.json "
+                        "(default: TinyLlama-1.1B's shape); the flags below override it")
+    for flag, field in SHAPE_FLAGS.items():
+        parser.add_argument(flag, type=int, dest=field, metavar="N")
+    parser.add_argument("--dtype", default="bfloat16", choices=DTYPE_BYTES)
+    parser.add_argument("-N", "--machines", default="1,2,4", metavar="N,N,...")
+    parser.add_argument("--gbps-memory", type=float, required=True,
+                        help="each machine's memory bandwidth, GB/s (M3 Ultra: 819)")
+    parser.add_argument("--alpha-us", type=float, required=True,
+                        help="one-way latency of a message, us")
+    parser.add_argument("--gbps-link", type=float, default=10.0,
+                        help="link bandwidth, GB/s (default %(default)s)")
+    parser.add_argument("--allreduce-us", type=float,
+                        help="measured time of a small all-reduce, us (else from alpha)")
+    args = parser.parse_args(argv)
+    try:
+        config = json.loads(Path(args.config).read_text()) if args.config else TINYLLAMA
+        config = {**config, **{field: getattr(args, field) for field in SHAPE_FLAGS.values()
+                               if getattr(args, field) is not None}}
+        shape = Shape.from_config(config, DTYPE_BYTES[args.dtype])
+        machines = [int(n) for n in args.machines.split(",")]
+    except (OSError, ValueError, KeyError) as e:
+        parser.error(f"{e}")
+    if min(machines) < 1 or args.gbps_memory <= 0 or args.alpha_us < 0 or args.gbps_link <= 0:
+        parser.error("machines and bandwidths must be positive, --alpha-us at least 0")
+    link = Link(args.alpha_us * 1e-6, 1 / (args.gbps_link * 1e9),
+                None if args.allreduce_us is None else args.allreduce_us * 1e-6)
+    print(f"# {shape.layers} layers, hidden {shape.hidden}, {args.dtype}: "
+          f"{shape.weight_bytes / 1e9:.2f} GB of weights; {args.gbps_memory:g} GB/s memory, "
+          f"link alpha {args.alpha_us:g} us, {args.gbps_link:g} GB/s"
+          + (f", all-reduce {args.allreduce_us:g} us" if args.allreduce_us else ""))
+    print("| machines | mode | tokens/s | speed-up | ms/token | comm share |")
+    print("|---:|---|---:|---:|---:|---:|")
+    base = None
+    for n in machines:
+        for p in plan(shape, n, args.gbps_memory * 1e9, link):
+            base = base or p.tokens_per_s
+            print(f"| {n} | {p.mode} | {p.tokens_per_s:.1f} | {p.tokens_per_s / base:.2f}x | "
+                  f"{(p.compute + p.comm) * 1e3:.2f} | {p.comm_share:.0%} |")
