@@ -15,6 +15,7 @@ from launchers.config import LaunchConfig, parse_exports, read_hosts, resolve_pr
 from launchers.job import run
 from launchers.starters import REMOTE
 from tbcoll.env import BACKENDS, DEFAULT_TIMEOUT
+from tbcoll.env import comm_timeout as tbcoll_comm_timeout
 from tbcoll.errors import LaunchError, TbcollError
 from tbcoll.topology import MAX_RANKS
 
@@ -135,6 +136,9 @@ def tbrun(nprocs: int | None, hostfile: str | None, hosts: str | None, map_by: s
                                              and int(stdin) < nprocs):
         raise LaunchError(f"--stdin {stdin}: give a rank (0..{nprocs - 1}), all or none")
     masters = {"MASTER_ADDR": master_addr, "MASTER_PORT": master_port and str(master_port)}
+    exported = parse_exports(exports, os.environ)
+    if "TBCOLL_TIMEOUT" in exported:  # the contract's variable: tbrun would overwrite it
+        comm_timeout = _exported_timeout(exported.pop("TBCOLL_TIMEOUT"), comm_timeout)
     cfg = LaunchConfig(
         nprocs=nprocs,
         program=resolve_program(program, args, python, module),
@@ -146,7 +150,7 @@ def tbrun(nprocs: int | None, hostfile: str | None, hosts: str | None, map_by: s
         comm_timeout=comm_timeout,
         # the hostfile's "envs" (MLX's JSON hostfile), then -x, which wins
         exports={**dict(e.split("=", 1) for e in (topology.envs if topology else ())),
-                 **parse_exports(exports, os.environ),
+                 **exported,
                  **{name: value for name, value in masters.items() if value}},
         store_port=store_port,
         dry_run=dry_run,
@@ -160,6 +164,16 @@ def tbrun(nprocs: int | None, hostfile: str | None, hosts: str | None, map_by: s
         launcher=launcher,
     )
     return run(cfg)
+
+
+def _exported_timeout(value: str, comm_timeout: float) -> float:
+    """-x TBCOLL_TIMEOUT=S means --comm-timeout S; both, differing, are refused."""
+    seconds = tbcoll_comm_timeout(None, {"TBCOLL_TIMEOUT": value})
+    given = click.get_current_context().get_parameter_source("comm_timeout")
+    if given is not click.core.ParameterSource.DEFAULT and seconds != comm_timeout:
+        raise LaunchError(f"-x TBCOLL_TIMEOUT={value} and --comm-timeout {comm_timeout:g} "
+                          "disagree; give one")
+    return seconds
 
 
 @click.command(context_settings=_SETTINGS)

@@ -61,6 +61,11 @@ def test_every_rank_gets_the_contract(script):
         assert out["info"] == [rank, 3, rank, "tcp", 42.0]
 
 
+def test_an_exported_timeout_is_the_comm_timeout(script):
+    """-x TBCOLL_TIMEOUT=S, as mpirun users pass variables, is not overwritten by the default."""
+    ranks = run_print_env(script, "-x", "TBCOLL_TIMEOUT=7")
+    assert {out["env"]["TBCOLL_TIMEOUT"] for out in ranks.values()} == {"7"}
+
 def test_thread_limits_only_when_ranks_share_a_host_and_unset(script):
     alone = run_print_env(script, np=1)
     assert alone[0]["env"]["OMP_NUM_THREADS"] is None
