@@ -4,15 +4,15 @@ prediction (tbcoll.bench.planner). Needs root.
 
     sudo python benchmarks/tp_latency.py --hosts 1,2,4 --delays 0,4,30,300 --plot tp.png
 
-Hosts are network namespaces (tests/netns.py), each rank one host, joined by veth cables;
-every rank gets one BLAS thread, so a host is one core (this machine's cores are shared: with
-more hosts than cores the planner is told each host's share). The decoder is tbcoll.tp.llama
+Hosts are network namespaces (tests/netns.py), each rank one host, joined by veth cables; every
+rank gets one BLAS thread, so a host is one core (the hosts share this machine's cores and
+memory: the planner is told the bandwidth each host achieved). The decoder is tbcoll.tp.llama
 in benchmarks/tp_decode.py's worker (tp: two all_reduce per layer per token; pp: the layers
 split in stages, send/recv between them), on a random checkpoint of a Llama shape: by default
 TinyLlama's proportions at a quarter of its width (hidden 512, 8 layers), which on one core
 here takes about what TinyLlama takes on an M3 Ultra per layer, so that the links matter as
-much as they do there; --shape tinyllama for the real width. Every run's tokens must equal
-the one-host run's.
+much as they do there; --shape tinyllama for the real width. Every run's tokens must equal the
+one-host run's.
 
 First the emulation's accuracy: an 8 B ping-pong between two hosts at each delay, and the
 time of an all_reduce of the hidden state on each host count. Then per (hosts, delay, mode)
@@ -108,7 +108,6 @@ def main() -> None:
                         "the table gives each row's median (default %(default)s)")
     parser.add_argument("--shape", choices=SHAPES, default="quarter")
     parser.add_argument("--layers", type=int, help="override the shape's layer count")
-    parser.add_argument("--cores", type=int, default=2, help="this machine's cores (shared)")
     parser.add_argument("--plot", metavar="PNG")
     parser.add_argument("--json", metavar="FILE", help="write every row")
     args = parser.parse_args()
