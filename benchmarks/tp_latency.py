@@ -14,13 +14,14 @@ here takes about what TinyLlama takes on an M3 Ultra per layer, so that the link
 much as they do there; --shape tinyllama for the real width. Every run's tokens must equal the
 one-host run's.
 
-First the emulation's accuracy: an 8 B ping-pong between two hosts at each delay, and the
-time of an all_reduce of the hidden state on each host count. Then per (hosts, delay, mode)
-tokens/s, communication share, and the planner's tokens/s, given: the memory bandwidth each
-host achieved (TP: bytes of weights per rank / compute time per token of the delay-0 TP run
-on that many hosts, which share this machine's memory; PP, whose stages take turns: the
-one-host run's), the ping-pong's one-way time as alpha, and the measured all_reduce. The
-delay-0 TP rows calibrate compute; every other row checks the planner.
+First the emulation's accuracy: an 8 B ping-pong between two hosts at each delay, and the time
+of an all_reduce of the hidden state on each host count. Then per (hosts, delay, mode) the
+median over rounds (every row once a round, in turns) of tokens/s and communication share, and
+the planner's tokens/s, given: the memory bandwidth each host achieved (TP: bytes of weights
+per rank / compute time per token of the delay-0 TP run on that many hosts, which share this
+machine's memory; PP, whose stages take turns: the one-host run's), the ping-pong's one-way
+time as alpha, and the measured all_reduce. The delay-0 TP rows calibrate compute; every other
+row checks the planner.
 """
 
 from __future__ import annotations
