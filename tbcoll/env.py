@@ -202,13 +202,18 @@ def comm_timeout(info: LaunchInfo | None, environ: Mapping[str, str] | None = No
 
 def _seconds(text: str, name: str) -> float:
     """A positive, finite number of seconds (inf would overflow every deadline)."""
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = math.nan
+    seconds = _number(text)
     if not (math.isfinite(seconds) and seconds > 0):
         raise TbcollError(f"{name}={text!r}: give a positive, finite number of seconds")
     return seconds
+
+
+def _number(text: str) -> float:
+    """float(text), or NaN (which every bound refuses) where text is not a number."""
+    try:
+        return float(text)
+    except ValueError:
+        return math.nan
 
 
 def check_mode(environ: Mapping[str, str] | None = None) -> bool:
@@ -225,10 +230,7 @@ def link_delay(environ: Mapping[str, str] | None = None) -> float:
     text = env.get("TBCOLL_LINK_DELAY_US", "").strip()
     if not text:
         return 0.0
-    try:
-        micros = float(text)
-    except ValueError:
-        micros = math.nan
+    micros = _number(text)
     if not (math.isfinite(micros) and micros >= 0):
         raise TbcollError(f"TBCOLL_LINK_DELAY_US={text!r}: give a number of microseconds >= 0")
     return micros * 1e-6

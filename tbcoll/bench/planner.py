@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from tbcoll.bench.model import predict
+from tbcoll.bench.model import ALGORITHMS, predict
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "int8": 1, "q4": 0.5625}
 # TinyLlama-1.1B's config.json, the default shape
@@ -80,13 +80,16 @@ class Link:
     def all_reduce(self, n: int, nbytes: float) -> float:
         if self.allreduce is not None:
             return self.allreduce
-        return min(predict("all_reduce", algorithm, n, nbytes, self.alpha, self.beta)
-                   for algorithm in ("rd", "ring", "mesh"))
+        return self._best("all_reduce", n, nbytes)
 
     def all_gather(self, n: int, nbytes: float) -> float:
         """nbytes: the gathered result."""
-        return min(predict("all_gather", algorithm, n, nbytes, self.alpha, self.beta)
-                   for algorithm in ("rd", "ring", "mesh"))
+        return self._best("all_gather", n, nbytes)
+
+    def _best(self, collective: str, n: int, nbytes: float) -> float:
+        """The time of the fastest algorithm the alpha-beta model prices."""
+        return min(predict(collective, algorithm, n, nbytes, self.alpha, self.beta)
+                   for algorithm in ALGORITHMS)
 
 
 @dataclass(frozen=True)
