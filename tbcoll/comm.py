@@ -24,6 +24,7 @@ from tbcoll.arrays import (
     same_buffer,
     to_numpy,
 )
+from tbcoll.calls import signature
 from tbcoll.checks import verify_calls_match
 from tbcoll.dtypes import DTYPE_CODES, DTYPES, OPS, reducer
 from tbcoll.env import algorithm_overrides, check_mode
@@ -89,6 +90,7 @@ class Communicator:
         for collective, algorithm in self._overrides.items():
             self._check_algorithm(collective, algorithm, "TBCOLL_ALGO")
         self._check_calls = check_mode()
+        self._seq = 0  # collective calls made on this communicator (tbcoll.calls)
         self._closed = False
         self._progress: Progress | None = None  # made by the first non-blocking call
         # A transport may offer one-call paths (Native.direct_*), taken for algorithm
@@ -122,6 +124,7 @@ class Communicator:
             except CommError as e:
                 raise self._named(e, "all_reduce") from e
             if result is not None:
+                self._seq += 1
                 return result
         if fast and out is None and self._direct_takes_mlx and is_mlx(x):
             result = self._run_direct(fast, "all_reduce", x, op, None)  # no conversion at all
@@ -601,9 +604,12 @@ class Communicator:
         if _checking.active:
             raise _ArgumentsChecked
         try:
-            return path(*args)
+            result = path(*args)
         except CommError as e:
             raise self._named(e, collective) from e
+        if result is not None:
+            self._seq += 1
+        return result
 
     def _check_algorithm(self, collective: str, algorithm: str, where: str) -> None:
         allowed = ALGORITHMS[collective]
@@ -683,15 +689,23 @@ class Communicator:
 
     def _run(self, collective: str, work: Callable[[], None] | None, array: np.ndarray | None,
              op: str | None = None, root: int = -1, algorithm: str = "native") -> None:
-        """Run work() (None: nothing to move) as this collective: with TBCOLL_CHECK first
-        compare the call across ranks, and name the collective in any CommError."""
+        """Run work() (None: nothing to move) as this collective: tell the transport the call
+        (whose signature it compares across ranks), with TBCOLL_CHECK first compare the call
+        in full, and name the collective in any CommError."""
         if _checking.active:
             raise _ArgumentsChecked
+        self._seq += 1
         try:
-            if self._check_calls and self.size > 1:
-                verify_calls_match(self._group.coll, collective, array, op, root, algorithm)
+            if self.size > 1:
+                if self._check_calls:  # (its messages go as part of the call before)
+                    verify_calls_match(self._group.coll, collective, array, op, root, algorithm)
+                self._group.begin_call(self._seq, signature(
+                    collective, None if array is None else array.dtype, op,
+                    0 if array is None else array.nbytes, root, algorithm))
             if work is not None:
                 work()
+            if self.size > 1:
+                self._group.end_call()
         except CommError as e:
             raise self._named(e, collective) from e
 

@@ -147,13 +147,15 @@ def test_tbrun_removes_a_dead_jobs_segments(script):
 @pytest.mark.parametrize("flags", ["atomic", "python"])
 @pytest.mark.parametrize("calls, expected", [
     ("comm.all_reduce(np.ones(4 if comm.rank == 0 else 8, np.float32))",
-     "rank 0: all_reduce(float32, 16 B, op=sum); rank 1: all_reduce(float32, 32 B, op=sum)"),
+     "rank 0: all_reduce(float32, 16 B, op=sum, algorithm=native); "
+     "rank 1: all_reduce(float32, 32 B, op=sum, algorithm=native)"),
     ("comm.barrier() if comm.rank == 0 else comm.all_reduce(np.ones(4))",
-     "rank 0: barrier(); rank 1: all_reduce(float64, 32 B, op=sum)"),
+     "rank 0: barrier(algorithm=native); rank 1: all_reduce(float64, 32 B, op=sum"),
     ("comm.all_reduce(np.ones((1 << 18) * (1 + comm.rank), np.float32))",
-     "rank 0: all_reduce(float32, 1048576 B, op=sum); rank 1: all_reduce(float32, 2097152 B"),
+     "rank 0: all_reduce(float32, 1048576 B, op=sum, algorithm=native); "
+     "rank 1: all_reduce(float32, 2097152 B"),
     ("comm.all_gather(np.ones(3 + comm.rank, np.int32))",
-     "rank 0: all_gather(int32, 12 B); rank 1: all_gather(int32, 16 B)"),
+     "rank 0: all_gather(int32, 12 B, algorithm=native); rank 1: all_gather(int32, 16 B"),
 ])
 def test_shm_catches_mismatched_calls_without_check_mode(script, flags, calls, expected):
     """Without TBCOLL_CHECK, 4 elements against 8 used to give rank 1 [2,2,2,2,1,1,1,1] and

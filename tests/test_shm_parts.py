@@ -124,34 +124,38 @@ class TestRingInC:
         producer, consumer = self.rings(segment)
         for n in range(1, 90, 7):  # odd sizes: headers and payloads wrap at every offset
             payload = np.arange(n, dtype=np.uint8)
-            assert producer.send(_HEADER.pack(3, n, n), payload, 0.1) == 16 + n
+            assert producer.send(_HEADER.pack(3, n, n, 0, 0), payload, 0.1) == 32 + n
             got = np.empty(n, np.uint8)
-            assert consumer.receive(3, n, got, 0.1) == n
+            assert consumer.receive(_HEADER.pack(3, n, n, 0, 0), got, 0.1) == n
             assert np.array_equal(got, payload)
         assert not consumer.readable()
 
     def test_another_message_first_is_left_for_the_engine(self, segment):
         producer, consumer = self.rings(segment)
-        producer.send(_HEADER.pack(1, 5, 4), np.arange(4, dtype=np.uint8), 0.1)
-        assert consumer.receive(1, 6, np.empty(4, np.uint8), 0.1) == -2  # another tag
-        assert consumer.receive(1, 5, np.empty(3, np.uint8), 0.1) == -2  # another size
-        view = memoryview(bytearray(20))  # the engine reads it whole, from the start
-        assert consumer.read_into(view) == 20 and bytes(view[16:]) == bytes(range(4))
+        producer.send(_HEADER.pack(1, 5, 4, 2, 9), np.arange(4, dtype=np.uint8), 0.1)
+        got = np.empty(4, np.uint8)
+        assert consumer.receive(_HEADER.pack(1, 6, 4, 2, 9), got, 0.1) == -2  # another tag
+        assert consumer.receive(_HEADER.pack(1, 5, 3, 2, 9), got[:3], 0.1) == -2  # size
+        assert consumer.receive(_HEADER.pack(1, 5, 4, 2, 8), got, 0.1) == -2  # another call
+        assert consumer.receive(_HEADER.pack(1, 5, 4, 3, 9), got, 0.1) == -2  # another seq
+        view = memoryview(bytearray(36))  # the engine reads it whole, from the start
+        assert consumer.read_into(view) == 36 and bytes(view[32:]) == bytes(range(4))
 
     def test_an_empty_ring_times_out(self, segment):
         _, consumer = self.rings(segment)
         started = time.monotonic()
-        assert consumer.receive(0, 0, np.empty(1, np.uint8), 0.05) == -1
+        assert consumer.receive(_HEADER.pack(0, 0, 1, 0, 0), np.empty(1, np.uint8), 0.05) == -1
         assert 0.04 < time.monotonic() - started < 2
 
     def test_a_message_larger_than_the_ring_goes_in_as_room_allows(self, segment):
         producer, consumer = self.rings(segment)
         payload = np.arange(1000, dtype=np.uint16).view(np.uint8)
-        written = producer.send(_HEADER.pack(0, 0, payload.nbytes), payload, 0.01)
+        header = _HEADER.pack(0, 0, payload.nbytes, 0, 0)
+        written = producer.send(header, payload, 0.01)
         assert written == self.CAPACITY  # full: the rest is the caller's (the engine's)
         got = np.empty(payload.nbytes, np.uint8)
-        copied = consumer.receive(0, 0, got, 0.01)  # takes what came, then runs out of time
-        assert copied == self.CAPACITY - 16
+        copied = consumer.receive(header, got, 0.01)  # takes what came, then runs out of time
+        assert copied == self.CAPACITY - 32
         rest = memoryview(payload)[copied:]
         while rest.nbytes:  # the Python producer and consumer finish the message
             took = producer.write([rest])

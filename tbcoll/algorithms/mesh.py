@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from tbcoll.algorithms import acks
 from tbcoll.algorithms.layout import chunk_bounds
 from tbcoll.transports.base import P2P
 
@@ -51,10 +52,13 @@ def all_reduce(p2p: P2P, data: np.ndarray, reduce: np.ufunc) -> None:
 
 
 def broadcast(p2p: P2P, data: np.ndarray, root: int) -> None:
+    """The root sends to every rank, which acknowledges (tbcoll.algorithms.acks)."""
     if p2p.rank == root:
-        p2p.waitall([p2p.isend(data, j, _TAG) for j in _others(p2p)])
+        others = _others(p2p)
+        p2p.waitall(acks.expect(p2p, others) + [p2p.isend(data, j, _TAG) for j in others])
     else:
         p2p.waitall([p2p.irecv(data, root, _TAG)])
+        p2p.waitall(acks.give(p2p, [root]))
 
 
 def all_to_all(p2p: P2P, send: list[np.ndarray], recv: list[np.ndarray]) -> None:
@@ -70,12 +74,14 @@ def gather(p2p: P2P, mine: np.ndarray, blocks: np.ndarray, root: int) -> None:
     """The root receives every rank's block straight into blocks, in order of rank relative
     to the root (its own first), as tree.gather leaves them."""
     b, p = mine.size, p2p.size
-    if p2p.rank != root:
-        p2p.waitall([p2p.isend(mine, root, _TAG)])
+    if p2p.rank != root:  # a pure sender: the root acknowledges (tbcoll.algorithms.acks)
+        p2p.waitall(acks.expect(p2p, [root]) + [p2p.isend(mine, root, _TAG)])
         return
     blocks[:b] = mine
+    others = _others(p2p)
     p2p.waitall([p2p.irecv(blocks[(j - root) % p * b:((j - root) % p + 1) * b], j, _TAG)
-                 for j in _others(p2p)])
+                 for j in others])
+    p2p.waitall(acks.give(p2p, others))
 
 
 def scatter(p2p: P2P, blocks: np.ndarray, block: int, root: int) -> None:
@@ -84,15 +90,18 @@ def scatter(p2p: P2P, blocks: np.ndarray, block: int, root: int) -> None:
     p = p2p.size
     if p2p.rank != root:
         p2p.waitall([p2p.irecv(blocks[:block], root, _TAG)])
+        p2p.waitall(acks.give(p2p, [root]))
         return
-    p2p.waitall([p2p.isend(blocks[(j - root) % p * block:((j - root) % p + 1) * block], j, _TAG)
-                 for j in _others(p2p)])
+    others = _others(p2p)  # the root, a pure sender, hears back (tbcoll.algorithms.acks)
+    p2p.waitall(acks.expect(p2p, others)
+                + [p2p.isend(blocks[(j - root) % p * block:((j - root) % p + 1) * block], j,
+                             _TAG) for j in others])
 
 
 def reduce(p2p: P2P, data: np.ndarray, combine: np.ufunc, root: int) -> None:
     """Every rank sends its data to the root, which combines them as they land."""
-    if p2p.rank != root:
-        p2p.waitall([p2p.isend(data, root, _TAG)])
+    if p2p.rank != root:  # a pure sender: the root acknowledges (tbcoll.algorithms.acks)
+        p2p.waitall(acks.expect(p2p, [root]) + [p2p.isend(data, root, _TAG)])
         return
     others = _others(p2p)
     incoming = np.empty((len(others), data.size), data.dtype)
@@ -100,3 +109,4 @@ def reduce(p2p: P2P, data: np.ndarray, combine: np.ufunc, root: int) -> None:
     for i, request in enumerate(receives):
         p2p.waitall([request])
         combine(data, incoming[i], out=data)
+    p2p.waitall(acks.give(p2p, others))

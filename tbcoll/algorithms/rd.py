@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from tbcoll.algorithms import acks
 from tbcoll.transports.base import P2P
 
 _TAG = 3
@@ -102,19 +103,25 @@ def all_gather(p2p: P2P, data: np.ndarray) -> None:
 
 
 def broadcast(p2p: P2P, data: np.ndarray, root: int) -> None:
-    """A binomial tree: in round k, every rank that has the data sends it 2^k further."""
+    """A binomial tree: in round k, every rank that has the data sends it 2^k further; the
+    root's children acknowledge (tbcoll.algorithms.acks)."""
     p = p2p.size
     position = (p2p.rank - root) % p
     lowest = position & -position if position else 1 << p.bit_length()
+    sends = []
     if position:
         parent = position - lowest
         p2p.waitall([p2p.irecv(data, (parent + root) % p, _TAG)])
-    sends = []
-    bit = lowest >> 1
+        if parent == 0:
+            sends += acks.give(p2p, [root])
+    bit, children = lowest >> 1, []
     while bit:
         if position + bit < p:
-            sends.append(p2p.isend(data, (position + bit + root) % p, _TAG))
+            children.append((position + bit + root) % p)
         bit >>= 1
+    if not position:
+        sends += acks.expect(p2p, children)
+    sends += [p2p.isend(data, child, _TAG) for child in children]
     p2p.waitall(sends)
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from tbcoll.algorithms import acks
 from tbcoll.algorithms.layout import chunk_bounds, segments
 from tbcoll.transports.base import P2P
 
@@ -73,17 +74,20 @@ def all_gather(p2p: P2P, data: np.ndarray) -> None:
 
 
 def broadcast(p2p: P2P, data: np.ndarray, root: int) -> None:
-    """A pipelined chain from root: each segment is forwarded as soon as it arrives."""
+    """A pipelined chain from root: each segment is forwarded as soon as it arrives; the
+    root's follower acknowledges (tbcoll.algorithms.acks)."""
     p = p2p.size
     position = (p2p.rank - root) % p
     previous, following = (p2p.rank - 1) % p, (p2p.rank + 1) % p
     seg = max(1, SEGMENT_BYTES // max(1, data.itemsize))
     pieces = [data[a:b] for a, b in segments(0, data.size, seg)]
     receives = [p2p.irecv(piece, previous, _TAG) for piece in pieces] if position else []
-    sends = []
+    sends = acks.expect(p2p, [following]) if position == 0 and p > 1 else []
     for i, piece in enumerate(pieces):
         if receives:
             p2p.waitall([receives[i]])
         if position < p - 1:
             sends.append(p2p.isend(piece, following, _TAG))
+    if position == 1:
+        sends += acks.give(p2p, [previous])
     p2p.waitall(sends)

@@ -309,8 +309,11 @@ static void reduce_slots(const char *slots, Py_ssize_t slot_bytes, Py_ssize_t si
  *   ALL_GATHER      src -> slot; slot k -> dst + k * dst_stride (dst.len fits them);
  *   REDUCE_SCATTER  size pieces of dst.len bytes at src + k * src_stride -> slot, one after
  *                   the other; dst = piece `rank` of every slot reduced, in rank order;
- *   BROADCAST       the root: src -> slot (and -> dst if dst is another buffer), and done;
- *                   the others wait for the root's flag alone and copy its slot into dst;
+ *   BROADCAST       the root: src -> slot (and -> dst if dst is another buffer), then it
+ *                   waits for every rank's flag like the other kinds, to compare their
+ *                   signatures: a rank that names another root is seen at this call (the
+ *                   others arrive before they wait, so this costs the root little); the
+ *                   others wait for the root's flag alone and copy its slot into dst;
  *   BARRIER         flags only.
  * stage 1 starts from the beginning, stage 2 resumes at the second wait. The result is 0 when
  * done, else the stage whose wait ran out of budget, or 3 when the ranks' calls differ (each
@@ -385,7 +388,7 @@ static PyObject *shm_round(PyObject *self, PyObject *const *args, Py_ssize_t nar
      * two (it waits for every flag >= seq-1 first), so round seq's word is not overwritten
      * while a slow rank still reads it. */
     Py_ssize_t signature_at = flags + SIGNATURE_OFFSET + (Py_ssize_t)(seq & 1) * 8;
-    int waits_for_all = kind != BROADCAST;
+    int waits_for_all = kind != BROADCAST || rank == root;
     if (stage == 1) {
         if (!wait_flags(flag_base, line, size, seq - 1, budget)) {
             result = 1;
@@ -408,13 +411,12 @@ static PyObject *shm_round(PyObject *self, PyObject *const *args, Py_ssize_t nar
         /* release: the slot's bytes and the signature become visible no later than the flag */
         __atomic_store_n((uint64_t *)(base + flags + rank * line), (uint64_t)seq,
                          __ATOMIC_RELEASE);
-        if (kind == BROADCAST && rank == root) {
-            if (dst.buf != src.buf)  /* the root's own result; out may overlap x */
-                memmove(dst_bytes, src_bytes, (size_t)(dst.len < piece ? dst.len : piece));
-            result = 0;  /* the root waits for nobody: the next round's first wait holds its
-                          * set until every rank has read it */
-            goto done;
-        }
+        if (kind == BROADCAST && rank == root && dst.buf != src.buf)
+            /* the root's own result (out may overlap x). The root's slot stays valid for the
+             * readers however far the root runs: its next write to this data set comes two
+             * rounds on, after the first wait of round seq+2, which needs every rank's flag
+             * >= seq+1, stored only after that rank has copied its result out of round seq. */
+            memmove(dst_bytes, src_bytes, (size_t)(dst.len < piece ? dst.len : piece));
     }
     /* acquire, inside all_reached: everything the flags' writers stored before is visible */
     if (!(waits_for_all ? wait_flags(flag_base, line, size, seq, budget)
@@ -430,7 +432,8 @@ static PyObject *shm_round(PyObject *self, PyObject *const *args, Py_ssize_t nar
         }
     }
     const char *all = base + slots;
-    Py_ssize_t moved = kind == ALL_GATHER ? size * piece : kind == BARRIER ? 0 : filled;
+    int copies_out = kind != BARRIER && (kind != BROADCAST || rank != root);
+    Py_ssize_t moved = !copies_out ? 0 : kind == ALL_GATHER ? size * piece : filled;
     PyThreadState *saved = moved >= NOGIL_BYTES ? PyEval_SaveThread() : NULL;
     switch (kind) {
     case ALL_REDUCE:
@@ -445,7 +448,8 @@ static PyObject *shm_round(PyObject *self, PyObject *const *args, Py_ssize_t nar
                      (int)op);
         break;
     case BROADCAST:
-        memcpy(dst_bytes, all + root * slot_bytes, (size_t)piece);
+        if (rank != root)
+            memcpy(dst_bytes, all + root * slot_bytes, (size_t)piece);
         break;
     }
     if (saved)
@@ -456,6 +460,56 @@ done:
     PyBuffer_Release(&src);
     PyBuffer_Release(&segment);
     return result < 0 ? NULL : PyLong_FromLong(result);
+}
+
+/*
+ * gathered_reduce(src, block, size, header, dst, dtype, op) -> -1, or a rank
+ * src holds size blocks of `block` bytes, one per rank in rank order, each the rank's call
+ * (`header` bytes, e.g. its tbcoll.calls signature) and then its data. When every header
+ * equals the first, dst = the data reduced with op in rank order (every rank that does this
+ * gets the same bits, with numpy's semantics: see reduce_slots) and the result is -1; else
+ * the first rank whose header differs, dst untouched. The mpi transport's small all_reduce
+ * (an MPI_Allgather of each rank's call and data) ends here.
+ */
+static PyObject *gathered_reduce(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "gathered_reduce takes 7 arguments");
+        return NULL;
+    }
+    Py_ssize_t block = PyLong_AsSsize_t(args[1]), size = PyLong_AsSsize_t(args[2]),
+               header = PyLong_AsSsize_t(args[3]);
+    long dtype = PyLong_AsLong(args[5]), op = PyLong_AsLong(args[6]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (dtype < 0 || dtype > 8 || op < 0 || op > 3 || size < 1 || header < 0 || block < header) {
+        PyErr_SetString(PyExc_ValueError, "bad dtype, op, size, header or block");
+        return NULL;
+    }
+    Py_buffer src, dst;
+    if (PyObject_GetBuffer(args[0], &src, PyBUF_SIMPLE) < 0)
+        return NULL;
+    if (PyObject_GetBuffer(args[4], &dst, PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(&src);
+        return NULL;
+    }
+    long differs = -1;
+    Py_ssize_t data = block - header;
+    if (src.len < size * block || dst.len != data || data % ITEMSIZE[dtype]) {
+        PyErr_SetString(PyExc_ValueError, "src does not hold size blocks of dst's bytes");
+        differs = -2;
+    } else {
+        const char *base = (const char *)src.buf;
+        for (Py_ssize_t k = 1; k < size && differs < 0; k++)
+            if (memcmp(base, base + k * block, (size_t)header) != 0)
+                differs = (long)k;
+        if (differs < 0)
+            reduce_slots(base + header, block, size, (char *)dst.buf, data / ITEMSIZE[dtype],
+                         (int)dtype, (int)op);
+    }
+    PyBuffer_Release(&dst);
+    PyBuffer_Release(&src);
+    return differs == -2 ? NULL : PyLong_FromLong(differs);
 }
 
 /* --- point-to-point: the byte rings of tbcoll/shm/pipe.py -------------------------------
@@ -594,40 +648,54 @@ static uint64_t big_endian(const unsigned char *p, int n)
 }
 
 /*
- * ring_recv(segment, at, capacity, tail, context, tag, dst, budget) -> (tail, copied)
- * The consumer takes the next message if it is (context, tag) with dst.len bytes of payload,
- * copying the payload straight into dst. copied is -1 when no whole header came within budget,
- * -2 when the next message is another one (nothing is consumed: the stream engine takes it),
- * else how many payload bytes arrived (all of them unless the budget ran out first).
+ * ring_recv(segment, at, capacity, tail, header, dst, budget) -> (tail, copied)
+ * The consumer takes the next message if its header is `header` (the stream engine's, see
+ * tbcoll/transports/stream.py: context, tag, payload bytes = dst.len, and the call), copying
+ * the payload straight into dst. copied is -1 when no whole header came within budget, -2 when
+ * the next message is another one (nothing is consumed: the stream engine takes it and says
+ * what differs), else how many payload bytes arrived (all of them unless the budget ran out).
  */
+#define HEADER_BYTES 32
+
 static PyObject *ring_recv(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 8) {
-        PyErr_SetString(PyExc_TypeError, "ring_recv takes 8 arguments");
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "ring_recv takes 7 arguments");
         return NULL;
     }
     Py_ssize_t at = PyLong_AsSsize_t(args[1]), capacity = PyLong_AsSsize_t(args[2]);
     uint64_t tail = (uint64_t)PyLong_AsUnsignedLongLong(args[3]);
-    unsigned long context = PyLong_AsUnsignedLong(args[4]), tag = PyLong_AsUnsignedLong(args[5]);
-    double budget = PyFloat_AsDouble(args[7]);
+    double budget = PyFloat_AsDouble(args[6]);
     if (PyErr_Occurred())
         return NULL;
-    Py_buffer segment, dst;
+    Py_buffer segment, expected, dst;
     char *ring;
     if (ring_at(args[0], &segment, at, capacity, &ring) < 0)
         return NULL;
-    if (PyObject_GetBuffer(args[6], &dst, PyBUF_WRITABLE) < 0) {
+    if (PyObject_GetBuffer(args[4], &expected, PyBUF_SIMPLE) < 0) {
         PyBuffer_Release(&segment);
+        return NULL;
+    }
+    if (PyObject_GetBuffer(args[5], &dst, PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(&expected);
+        PyBuffer_Release(&segment);
+        return NULL;
+    }
+    if (expected.len != HEADER_BYTES ||
+        big_endian((const unsigned char *)expected.buf + 8, 8) != (uint64_t)dst.len) {
+        PyBuffer_Release(&dst);
+        PyBuffer_Release(&expected);
+        PyBuffer_Release(&segment);
+        PyErr_SetString(PyExc_ValueError, "the header is not a 32-byte header for dst");
         return NULL;
     }
     const char *head_word = ring, *data = ring + RING_DATA;
     uint64_t *tail_word = (uint64_t *)(ring + RING_LINE);
     Py_ssize_t copied = -1;
-    unsigned char header[16];
+    unsigned char header[HEADER_BYTES];
     if (wait_flags(head_word, 8, 1, tail + sizeof header, budget)) {  /* acquire */
         ring_copy_out(data, capacity, tail, (char *)header, sizeof header);
-        if (big_endian(header, 4) != context || big_endian(header + 4, 4) != tag ||
-            big_endian(header + 8, 8) != (uint64_t)dst.len) {
+        if (memcmp(header, expected.buf, sizeof header) != 0) {
             copied = -2;
         } else {
             tail += sizeof header;
@@ -661,6 +729,7 @@ static PyObject *ring_recv(PyObject *self, PyObject *const *args, Py_ssize_t nar
         }
     }
     PyBuffer_Release(&dst);
+    PyBuffer_Release(&expected);
     PyBuffer_Release(&segment);
     return Py_BuildValue("(Kn)", (unsigned long long)tail, copied);
 }
@@ -681,6 +750,8 @@ static PyMethodDef methods[] = {
     {"wait_all", wait_all, METH_VARARGS, "Wait until every flag is >= target (or budget)."},
     {"shm_round", (PyCFunction)(void (*)(void))shm_round, METH_FASTCALL,
      "One round of a native shm collective."},
+    {"gathered_reduce", (PyCFunction)(void (*)(void))gathered_reduce, METH_FASTCALL,
+     "Check gathered calls and reduce the gathered data in rank order."},
     {"ring_send", (PyCFunction)(void (*)(void))ring_send, METH_FASTCALL,
      "Write a message into a point-to-point ring as space allows."},
     {"ring_recv", (PyCFunction)(void (*)(void))ring_recv, METH_FASTCALL,

@@ -29,7 +29,8 @@ import time
 
 import numpy as np
 
-from tbcoll.dtypes import DTYPE_CODES, OP_CODES, OPS
+from tbcoll.calls import mismatch, signature
+from tbcoll.dtypes import OPS
 from tbcoll.env import shm_flags
 from tbcoll.errors import CommError, PeerLostError, PeerTimeoutError
 from tbcoll.shm.flags import AtomicFlags, LockedFlags, atomics, atomics_available
@@ -42,30 +43,6 @@ SINGLE_PASS_BYTES = 64 << 10  # measured: single pass wins at 64 KiB for np=4, t
 _ARRIVE, _DONE = 0, 8  # byte offsets inside a rank's flag line
 _SIGNATURE = 2  # the first of two signature words (8-byte) in a rank's flag line: round s
 # uses word _SIGNATURE + s % 2, as the data sets alternate (the C path's SIGNATURE_OFFSET)
-_CALLS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "barrier")
-_DTYPES = list(DTYPE_CODES)
-_OP_NAMES = list(OP_CODES)
-
-
-def signature(collective: str, dtype: np.dtype, op: str | None, nbytes: int,
-              root: int = -1) -> int:
-    """A call as one non-zero 64-bit word: bytes (40 bits), dtype, op, collective, root."""
-    return ((nbytes & (1 << 40) - 1) | (DTYPE_CODES.get(dtype, 15) + 1) % 16 << 40
-            | (-1 if op is None else OP_CODES[op]) + 1 << 44
-            | _CALLS.index(collective) + 1 << 47 | (root + 1) % (1 << 14) << 50)
-
-
-def _render(word: int) -> str:
-    collective = _CALLS[(word >> 47 & 7) - 1]
-    if collective == "barrier":
-        return "barrier()"
-    dtype, op, root = (word >> 40 & 15) - 1, (word >> 44 & 7) - 1, (word >> 50) - 1
-    args = [f"{_DTYPES[dtype] if 0 <= dtype < len(_DTYPES) else '?'}, {word & (1 << 40) - 1} B"]
-    if op >= 0:
-        args.append(f"op={_OP_NAMES[op]}")
-    if root >= 0:
-        args.append(f"root={root}")
-    return f"{collective}({', '.join(args)})"
 WAIT_SLICE = 0.05  # seconds between looks for dead peers and the deadline
 
 
@@ -196,9 +173,11 @@ class ShmNative:
             hi = min(lo + step, buf.size)
             call = signature("broadcast", buf.dtype, None, buf.nbytes, root) if lo == 0 else 0
             s, slots, _ = self._begin(buf.dtype, call)
-            if self.rank == root:
+            if self.rank == root:  # it waits for everyone too, to compare their calls
                 slots[root, :hi - lo] = buf[lo:hi]
                 self._arrive(s)
+                self._wait_all(_ARRIVE, s)
+                self._agree(s, call, range(self.size))
             else:
                 self._arrive(s)
                 self._wait(self._flag(root, _ARRIVE), LINE, 1, s, [root])
@@ -206,7 +185,7 @@ class ShmNative:
                 buf[lo:hi] = slots[root, :hi - lo]
 
     def barrier(self) -> None:
-        call = signature("barrier", np.dtype(np.uint8), None, 0)
+        call = signature("barrier")
         s, _, _ = self._begin(np.dtype(np.uint8), call)
         self._arrive(s)
         self._wait_all(_ARRIVE, s)
@@ -245,11 +224,7 @@ class ShmNative:
         words = self._lines[:, _SIGNATURE + s % 2]  # loads after the wait's acquire
         if all(int(words[r]) == call for r in ranks):
             return
-        calls = "; ".join(f"rank {r}: {_render(int(words[r]))}"
-                          for r in sorted({*ranks, self.rank}))
-        raise CommError(f"the ranks' calls do not match ({calls}); every rank must make the "
-                        "same collective calls, with the same sizes, in the same order "
-                        "(TBCOLL_CHECK=1 compares them in full)")
+        raise CommError(mismatch({r: int(words[r]) for r in {*ranks, self.rank}}))
 
     def _flag(self, rank: int, word: int) -> int:
         return self.layout.flags + rank * LINE + word

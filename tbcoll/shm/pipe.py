@@ -66,13 +66,13 @@ class Ring:
         written, self._head = head - self._head, head
         return written
 
-    def receive(self, context: int, tag: int, view: object, budget: float) -> int:
-        """Consumer, in C: take the next message if it is (context, tag) with as many bytes
-        as view (any buffer) holds, its payload straight into view; return the payload bytes
-        that arrived, -1 if no whole header came within budget, -2 if the next message is
-        another (left in place)."""
+    def receive(self, header: bytes, view: object, budget: float) -> int:
+        """Consumer, in C: take the next message if its header is this one (the stream
+        engine's: context, tag, as many bytes as view holds, call), its payload straight into
+        view (any buffer); return the payload bytes that arrived, -1 if no whole header came
+        within budget, -2 if the next message is another (left in place)."""
         self._tail, copied = atomics.ring_recv(self._buffer, self._base, self._capacity,
-                                               self._tail, context, tag, view, budget)
+                                               self._tail, header, view, budget)
         return copied
 
     def readable(self) -> bool:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from tbcoll.calls import signature
 from tbcoll.dtypes import DTYPE_CODES, OP_CODES
 from tbcoll.shm.collectives import (
     _ARRIVE,
@@ -20,7 +21,6 @@ from tbcoll.shm.collectives import (
     SLOT,
     WAIT_SLICE,
     ShmNative,
-    signature,
 )
 from tbcoll.shm.flags import atomics
 
@@ -152,7 +152,7 @@ class AtomicShmNative(ShmNative):
 
     def barrier(self) -> None:
         self._round(BARRIER, _NO_BYTES, 0, _NO_BYTES, 0, _BYTES, 0, 0,
-                    signature("barrier", np.dtype(np.uint8), None, 0))
+                    signature("barrier"))
 
     def _round(self, kind: int, src: np.ndarray, src_stride: int, dst: np.ndarray,
                dst_stride: int, dtype: int, op: int, root: int, call: int) -> None:
@@ -164,9 +164,10 @@ class AtomicShmNative(ShmNative):
                 self._buffer, self._flags_at, LINE, self.size, self.rank, s,
                 self._set_offsets[s & 1], SLOT, src, src_stride, dst, dst_stride, kind, dtype,
                 op, root, stage, WAIT_SLICE, call):
+            follows = kind == BROADCAST and self.rank != root  # waits for the root alone
             if stage == 3:
-                self._agree(s, call, [root] if kind == BROADCAST else range(self.size))
-            if stage == 2 and kind == BROADCAST:
+                self._agree(s, call, [root] if follows else range(self.size))
+            if stage == 2 and follows:
                 self._wait(self._flag(root, _ARRIVE), LINE, 1, s, [root])
             else:
                 self._wait_all(_ARRIVE, s - 1 if stage == 1 else s)

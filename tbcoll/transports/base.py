@@ -20,6 +20,10 @@ import numpy as np
 class P2P(Protocol):
     rank: int
     size: int
+    # True where the ranks' calls are compared only where a message arrives (the stream
+    # transports): the rooted algorithms' pure senders then wait for an acknowledgement
+    # (tbcoll.algorithms.acks)
+    acknowledge: bool
 
     def isend(self, buf: np.ndarray, peer: int, tag: int) -> object:
         """Start sending buf to peer; buf must not change until the request completes."""
@@ -84,6 +88,16 @@ class Group(Protocol):
     p2p: P2P
     coll: P2P
     native: Native | None
+
+    def begin_call(self, seq: int, signature: int) -> None:
+        """This rank is about to run a collective: its number on this communicator (1, 2,
+        ...) and its tbcoll.calls signature. The transport compares it with the other ranks'
+        calls where it can, so that a difference fails the call (CommError naming both) rather
+        than returning an answer computed with another rank's different call."""
+
+    def end_call(self) -> None:
+        """The call begun last has moved its data: raise CommError now if the ranks' calls
+        differed (where the transport compares them beside the data, as mpi does)."""
 
     def context_hint(self) -> int:
         """A number this rank offers towards naming a new sub-group (see split)."""

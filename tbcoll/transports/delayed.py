@@ -23,6 +23,7 @@ import struct
 import time
 from collections.abc import Iterable
 
+from tbcoll.calls import NO_CALL
 from tbcoll.transports.stream import Peer, _Recv, _Send, _Unexpected
 from tbcoll.transports.tcp import TcpTransport
 
@@ -48,12 +49,14 @@ class DelayedTcpTransport(TcpTransport):
         self._arrivals = 0  # ties in _due keep their order
 
     def _queue(self, peer: Peer, views: list[memoryview]) -> _Send:
-        stamp = self._header(_STAMP_CONTEXT, 0, _STAMP.size) + _STAMP.pack(time.perf_counter())
+        stamp = (self._header(_STAMP_CONTEXT, 0, _STAMP.size, *NO_CALL)
+                 + _STAMP.pack(time.perf_counter()))
         return super()._queue(peer, [memoryview(stamp), *views])
 
-    def _begin_message(self, peer: Peer, context: int, tag: int, nbytes: int) -> None:
+    def _begin_message(self, peer: Peer, context: int, tag: int, nbytes: int,
+                       call: tuple[int, int]) -> None:
         if context != _STAMP_CONTEXT:
-            super()._begin_message(peer, context, tag, nbytes)
+            super()._begin_message(peer, context, tag, nbytes, call)
             return
         owner = _Stamp()
         peer.target, peer.target_owner = memoryview(owner.data), owner

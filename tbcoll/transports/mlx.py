@@ -183,6 +183,7 @@ class MlxGroup:
         self.p2p, self.coll = tcp.p2p, tcp.coll
         self.rank, self.size = tcp.rank, tcp.size
         self.context_hint, self.split = tcp.context_hint, tcp.split  # sub-groups are tcp's
+        self.begin_call, self.end_call = tcp.begin_call, tcp.end_call
         self.describe_links = tcp.describe_links
 
     def close(self) -> None:

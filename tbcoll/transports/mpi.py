@@ -11,11 +11,20 @@ MPI. MPICH's Iallreduce polled costs what its Allreduce does (3-4 us at 8 B, np=
 here), so the bound is free. A rank that dies is normally reported sooner by mpiexec, which
 ends the whole job. (Split and communicator set-up stay blocking: MPI has no non-blocking
 MPI_Comm_split.)
+
+MPI returns garbage, not an error, when the ranks' calls differ (another count, dtype, op or
+root). So every collective carries its tbcoll.calls signature: a small all_reduce (the
+latency-critical one) is an MPI_Allgather of each rank's signature and data, checked and
+reduced here in rank order (which also gives numpy's NaN-propagating max and min, which
+MPICH's MPI_MAX is not, and the same bits on every rank); every other call runs an
+MPI_Iallreduce of the signatures beside its own and fails, naming each rank's call, when they
+differ. Larger max and min of floats use an operation of numpy's for the same reason.
 """
 
 from __future__ import annotations
 
 import os
+import struct
 import time
 from collections.abc import Sequence
 
@@ -23,9 +32,11 @@ import ml_dtypes
 import numpy as np
 
 from tbcoll.arrays import may_overlap, same_buffer
-from tbcoll.dtypes import reducer
+from tbcoll.calls import mismatch, signature
+from tbcoll.dtypes import DTYPE_CODES, OP_CODES, reducer
 from tbcoll.env import LaunchInfo, comm_timeout, launcher_world_size
 from tbcoll.errors import CommError, TbcollError
+from tbcoll.shm.flags import atomics  # gathered_reduce (None without a compiler)
 
 try:
     from mpi4py import MPI
@@ -39,14 +50,62 @@ _DATATYPES = {
     np.dtype(np.float64): MPI.DOUBLE, np.dtype(np.int8): MPI.INT8_T,
     np.dtype(np.int16): MPI.INT16_T, np.dtype(np.int32): MPI.INT32_T,
     np.dtype(np.int64): MPI.INT64_T, np.dtype(np.uint8): MPI.UINT8_T,
-    _BFLOAT16: MPI.UINT16_T,  # a 2-byte carrier; reductions use _bfloat16_op
+    _BFLOAT16: MPI.UINT16_T,  # a 2-byte carrier; reductions use numpy's op (_numpy_op)
 }
 _SPINS_PER_CHECK = 256
+_GATHERED_BYTES = 8 << 10  # all_reduce up to this per rank: one MPI_Allgather (see above)
+_WORD = struct.Struct("=Q")  # a signature, as it travels before a rank's data
+_ALL_ONES = (1 << 64) - 1
+
+
+class CallCheck:
+    """The ranks' calls compared beside the data: an MPI_Iallreduce (MAX) of each rank's
+    signature and its complement, started just before the call's own collective (MPI matches
+    a communicator's collectives in the order every rank starts them) and polled with it. The
+    calls agree iff both maxima are this rank's own words; when they do not, every rank sees
+    it (the maxima are the same everywhere) and all gather each other's signatures to say
+    what differs."""
+
+    def __init__(self, comm: MPI.Comm, timeout: float) -> None:
+        self._comm, self._timeout = comm, timeout
+        self._mine = np.zeros(2, np.uint64)
+        self._most = np.zeros(2, np.uint64)
+        self._request: MPI.Request | None = None
+
+    def start(self, word: int) -> None:
+        self._mine[0], self._mine[1] = word, word ^ _ALL_ONES
+        self._request = self._comm.Iallreduce(self._mine, self._most, MPI.MAX)
+
+    def poll(self) -> None:
+        """During a data wait: raise at once if the check came back showing different calls
+        (the data of mismatched calls may never arrive)."""
+        if self._request is not None and self._request.Test():
+            self._conclude()
+
+    def finish(self) -> None:
+        if self._request is not None:
+            _wait((self._request,), self._timeout, "the comparison of the ranks' calls")
+            self._conclude()
+
+    def _conclude(self) -> None:
+        self._request = None
+        if self._most.tobytes() != self._mine.tobytes():
+            raise CommError(differing_calls(self._comm, int(self._mine[0]), self._timeout))
+
+
+def differing_calls(comm: MPI.Comm, word: int, timeout: float) -> str:
+    """What every rank called, once the ranks know their calls differ (all of them call this)."""
+    words = np.empty(comm.Get_size(), np.uint64)
+    _wait((comm.Iallgather(np.array([word], np.uint64), words),), timeout,
+          "the exchange of the ranks' calls")
+    return mismatch({rank: int(w) for rank, w in enumerate(words)})
 
 
 class MpiEndpoint:
-    def __init__(self, comm: MPI.Comm, timeout: float) -> None:
-        self._comm, self._timeout = comm, timeout
+    acknowledge = False  # calls are compared beside the data (CallCheck)
+
+    def __init__(self, comm: MPI.Comm, timeout: float, check: CallCheck | None = None) -> None:
+        self._comm, self._timeout, self._check = comm, timeout, check
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         # receives in flight: id(request) -> (request, bytes expected, source). MPI takes a
         # shorter message than the buffer without a word: tbcoll checks the count.
@@ -79,7 +138,7 @@ class MpiEndpoint:
     def waitall(self, requests: Sequence[MPI.Request]) -> None:
         receiving = any(id(r) in self._receiving for r in requests)
         statuses = [MPI.Status() for _ in requests] if receiving else None  # see _poll
-        _wait(requests, self._timeout, "send/recv", statuses)
+        _wait(requests, self._timeout, "send/recv", statuses, self._check)
         if receiving:
             self._check_counts(requests, statuses)
 
@@ -95,11 +154,12 @@ class MpiEndpoint:
 
 
 def _wait(requests: Sequence[MPI.Request], timeout: float, what: str,
-          statuses: list[MPI.Status] | None = None) -> None:
+          statuses: list[MPI.Status] | None = None, check: CallCheck | None = None) -> None:
     """Poll the requests to completion; CommError once timeout has passed, or for MPI's
-    own errors (a message longer than its buffer: MPI_ERR_TRUNCATE)."""
+    own errors (a message longer than its buffer: MPI_ERR_TRUNCATE), or as soon as the check
+    of the call in progress shows that the ranks' calls differ."""
     try:
-        _poll(requests, timeout, what, statuses)
+        _poll(requests, timeout, what, statuses, check)
     except MPI.Exception as e:
         codes = [e.Get_error_class()]
         if codes[0] == MPI.ERR_IN_STATUS and statuses:  # Testall: each status says its own
@@ -112,7 +172,7 @@ def _wait(requests: Sequence[MPI.Request], timeout: float, what: str,
 
 
 def _poll(requests: Sequence[MPI.Request], timeout: float, what: str,
-          statuses: list[MPI.Status] | None) -> None:
+          statuses: list[MPI.Status] | None, check: CallCheck | None) -> None:
     # One request is polled by itself: Testall converts its list on every call, which made
     # a polled Iallreduce ~1 us slower than a blocking Allreduce at 8 B.
     if len(requests) == 1 and statuses is None:
@@ -125,6 +185,8 @@ def _poll(requests: Sequence[MPI.Request], timeout: float, what: str,
     while not done():
         spins += 1
         if spins % _SPINS_PER_CHECK == 0:
+            if check is not None:
+                check.poll()
             os.sched_yield()  # let an oversubscribed peer run
             now = time.monotonic()
             deadline = deadline or now + timeout
@@ -133,10 +195,14 @@ def _poll(requests: Sequence[MPI.Request], timeout: float, what: str,
                                 f"for {what}: a rank is late, stopped or gone")
 
 
-def _bfloat16_op(ufunc: np.ufunc) -> MPI.Op:
+_NUMPY_OPS = ("max", "min")  # of floats, numpy's (see MpiNative._op)
+
+
+def _numpy_op(ufunc: np.ufunc, dtype: np.dtype) -> MPI.Op:
+    """ufunc as an MPI operation on arrays of dtype (bfloat16 travels as uint16)."""
     def apply(inbuf: object, inoutbuf: object, datatype: MPI.Datatype) -> None:
-        incoming = np.frombuffer(inbuf, _BFLOAT16)
-        accumulated = np.frombuffer(inoutbuf, _BFLOAT16)
+        incoming = np.frombuffer(inbuf, dtype)
+        accumulated = np.frombuffer(inoutbuf, dtype)
         ufunc(incoming, accumulated, out=accumulated)
 
     return MPI.Op.Create(apply, commute=True)
@@ -148,15 +214,25 @@ class MpiNative:
     takes_mlx = False
     direct_broadcast = direct_reduce_scatter = None
 
-    def __init__(self, comm: MPI.Comm, timeout: float) -> None:
-        self._comm, self._timeout = comm, timeout
-        self._bfloat16_ops: dict[str, MPI.Op] = {}
+    def __init__(self, comm: MPI.Comm, timeout: float, check: CallCheck) -> None:
+        self._comm, self._timeout, self._check = comm, timeout, check
+        self._size = comm.Get_size()
+        self._numpy_ops: dict[tuple[str, np.dtype], MPI.Op] = {}
+        self._calls: dict[tuple[np.dtype, str, int], int] = {}  # all_reduce signatures
+        self._scratch: tuple[int, np.ndarray, np.ndarray] | None = None  # (block, send, all)
 
     def direct_all_reduce(self, x: np.ndarray, op: str,
-                         out: np.ndarray | None) -> np.ndarray | None:
-        """The Communicator's one-call path (any size here): straight to MPI_Allreduce."""
+                          out: np.ndarray | None) -> np.ndarray | None:
+        """The Communicator's one-call path (any size here): one MPI_Allgather of the ranks'
+        calls and data when small, else MPI_Allreduce beside a CallCheck."""
         if x.dtype not in _DATATYPES or not x.flags.c_contiguous:
             return None
+        key = (x.dtype, op, x.nbytes)
+        word = self._calls.get(key)
+        if word is None:
+            word = self._calls[key] = signature("all_reduce", x.dtype, op, x.nbytes)
+        if x.nbytes <= _GATHERED_BYTES and atomics is not None:
+            return self._gathered_all_reduce(x, op, out, word)
         if out is None:
             out, send = np.empty_like(x), x
         elif not may_overlap(out, x):
@@ -165,11 +241,33 @@ class MpiNative:
             send = None
         else:
             return None  # MPI forbids aliased buffers; the general path copies x first
-        if x.dtype == _BFLOAT16:  # a 2-byte carrier and an op of its own: all_reduce's
-            self.all_reduce(send, out, op)
+        self._check.start(word)
+        if x.dtype == _BFLOAT16 or op in _NUMPY_OPS and x.dtype.kind == "f":
+            self.all_reduce(send, out, op)  # an op of numpy's: all_reduce's _op
         else:  # straight to MPI: all_reduce's _spec and _op cost ~0.3 us of a 3 us call
             _wait((self._comm.Iallreduce(MPI.IN_PLACE if send is None else send, out,
-                                         _OPS[op]),), self._timeout, "MPI_Allreduce")
+                                         _OPS[op]),), self._timeout, "MPI_Allreduce",
+                  check=self._check)
+        self._check.finish()
+        return out
+
+    def _gathered_all_reduce(self, x: np.ndarray, op: str, out: np.ndarray | None,
+                             word: int) -> np.ndarray:
+        """Each rank's signature and data to every rank in one MPI_Allgather; then, if the
+        signatures agree, the data reduced in rank order (tbcoll.shm._atomics)."""
+        block = _WORD.size + x.nbytes  # keeps every rank's data aligned for its dtype
+        if self._scratch is None or self._scratch[0] != block:
+            self._scratch = (block, np.empty(block, np.uint8),
+                             np.empty(self._size * block, np.uint8))
+        _, send, gathered = self._scratch
+        _WORD.pack_into(send, 0, word)
+        send[_WORD.size:] = x.reshape(-1).view(np.uint8)
+        _wait((self._comm.Iallgather(send, gathered),), self._timeout, "MPI_Allgather")
+        out = np.empty_like(x) if out is None else out
+        if atomics.gathered_reduce(gathered, block, self._size, _WORD.size, out,
+                                   DTYPE_CODES[x.dtype], OP_CODES[op]) >= 0:
+            calls = gathered.reshape(self._size, block)[:, :_WORD.size].copy().view(np.uint64)
+            raise CommError(mismatch({rank: int(w) for rank, w in enumerate(calls[:, 0])}))
         return out
 
     def direct_all_gather(self, x: np.ndarray, out: np.ndarray | None) -> np.ndarray | None:
@@ -177,9 +275,11 @@ class MpiNative:
                 out is not None and may_overlap(x, out)):
             return None
         if out is None:
-            out = np.empty((self._comm.Get_size() * x.shape[0], *x.shape[1:]) if x.ndim
-                           else (self._comm.Get_size(),), x.dtype)
+            out = np.empty((self._size * x.shape[0], *x.shape[1:]) if x.ndim
+                           else (self._size,), x.dtype)
+        self._check.start(signature("all_gather", x.dtype, None, x.nbytes))
         self.all_gather(x, out)
+        self._check.finish()
         return out
 
     def all_reduce(self, send: np.ndarray | None, recv: np.ndarray, op: str) -> None:
@@ -225,12 +325,12 @@ class MpiNative:
                      "MPI_Reduce")
 
     def _finish(self, request: MPI.Request, what: str) -> None:
-        _wait((request,), self._timeout, what)
+        _wait((request,), self._timeout, what, check=self._check)
 
     def close(self) -> None:
-        for op in self._bfloat16_ops.values():
+        for op in self._numpy_ops.values():
             op.Free()
-        self._bfloat16_ops.clear()
+        self._numpy_ops.clear()
 
     def _counted(self, array: np.ndarray, counts: np.ndarray) -> list:
         """[buffer, counts, displacements, datatype] for the v-collectives."""
@@ -246,11 +346,14 @@ class MpiNative:
         return array  # mpi4py reads the MPI datatype from the buffer's format
 
     def _op(self, op: str, dtype: np.dtype) -> MPI.Op:
-        if dtype != _BFLOAT16:
+        """MPI's op, or numpy's where MPI has none (bfloat16) or differs (max and min of
+        floats: MPICH's drops a NaN where numpy's keeps it)."""
+        if dtype != _BFLOAT16 and (op not in _NUMPY_OPS or dtype.kind != "f"):
             return _OPS[op]
-        if op not in self._bfloat16_ops:
-            self._bfloat16_ops[op] = _bfloat16_op(reducer(op))
-        return self._bfloat16_ops[op]
+        key = (op, dtype)
+        if key not in self._numpy_ops:
+            self._numpy_ops[key] = _numpy_op(reducer(op), dtype)
+        return self._numpy_ops[key]
 
 
 class MpiGroup:
@@ -262,10 +365,17 @@ class MpiGroup:
     def __init__(self, comm: MPI.Comm, timeout: float) -> None:
         self._comm, self._timeout = comm, timeout
         self._coll_comm = comm.Dup()
+        self._check = CallCheck(self._coll_comm, timeout)
         self.p2p = MpiEndpoint(comm, timeout)
-        self.coll = MpiEndpoint(self._coll_comm, timeout)
-        self.native = MpiNative(self._coll_comm, timeout)
+        self.coll = MpiEndpoint(self._coll_comm, timeout, self._check)
+        self.native = MpiNative(self._coll_comm, timeout, self._check)
         self.rank, self.size = self.p2p.rank, self.p2p.size
+
+    def begin_call(self, seq: int, signature: int) -> None:
+        self._check.start(signature)
+
+    def end_call(self) -> None:
+        self._check.finish()
 
     def context_hint(self) -> int:
         return 0  # MPI names its communicators itself

@@ -17,6 +17,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from tbcoll.calls import NO_CALL
 from tbcoll.env import LaunchInfo, comm_timeout, segment_prefix, single_host
 from tbcoll.errors import CommError
 from tbcoll.rendezvous import Store
@@ -52,14 +53,15 @@ class ShmStream(StreamTransport):
         # blocking send and recv in one C call each (Ring.send, Ring.receive) need the C module
         self._in_c = isinstance(native, AtomicShmNative)
 
-    def send(self, buf: np.ndarray, dest: int, context: int, tag: int) -> None:
+    def send(self, buf: np.ndarray, dest: int, context: int, tag: int,
+             call: tuple[int, int] = NO_CALL) -> None:
         """The whole message in one C call when nothing is queued before it; what does not fit
         within _ROOM_WAIT goes on through the engine, which reads while it waits."""
         peer = self._peers.get(dest)
         if not self._in_c or peer is None or peer.sendq or peer.lost:
-            super().send(buf, dest, context, tag)
+            super().send(buf, dest, context, tag, call)
             return
-        header = self._header(context, tag, buf.nbytes)
+        header = self._header(context, tag, buf.nbytes, *call)
         written = peer.channel.outgoing.send(header, buf, _ROOM_WAIT)
         if written < len(header) + buf.nbytes:
             payload = memoryview(buf.view(np.uint8))
@@ -67,21 +69,24 @@ class ShmStream(StreamTransport):
                     else [payload[written - len(header):]])
             self.waitall([self._queue(peer, [view for view in rest if view.nbytes])])
 
-    def recv(self, buf: np.ndarray, source: int, context: int, tag: int) -> None:
+    def recv(self, buf: np.ndarray, source: int, context: int, tag: int,
+             call: tuple[int, int] = NO_CALL) -> None:
         """The next message from source in one C call, straight into buf, when it is this
-        one and the engine holds nothing from source for it; else (another message first, a
-        slow sender) the engine goes on from where C left off."""
+        one (context, tag, size and call) and the engine holds nothing from source for it;
+        else (another message first, a slow sender) the engine goes on from where C left
+        off, and says what was wrong if anything was."""
         peer = self._peers.get(source)
         if (not self._in_c or peer is None or peer.lost or peer.target is not None
                 or peer.start != peer.end or peer.unexpected.get((context, tag))
-                or peer.posted.get((context, tag))):
-            super().recv(buf, source, context, tag)
+                or peer.posted.get((context, tag)) or self._mismatch):
+            super().recv(buf, source, context, tag, call)
             return
-        copied = peer.channel.incoming.receive(context, tag, buf, WAIT_SLICE)
+        copied = peer.channel.incoming.receive(self._header(context, tag, buf.nbytes, *call),
+                                               buf, WAIT_SLICE)
         if copied == buf.nbytes:
             return
         if copied < 0:  # nothing yet, or another message first
-            super().recv(buf, source, context, tag)
+            super().recv(buf, source, context, tag, call)
             return
         self._finish_recv(peer, memoryview(buf.view(np.uint8)), copied)  # its first bytes are in
 
@@ -149,6 +154,12 @@ class ShmGroup:
         self.p2p = StreamEndpoint(self._stream, 0, ranks)
         self.coll = StreamEndpoint(self._stream, 1, ranks)
         self.rank, self.size = rank, len(members)
+        # the algorithms' messages carry the call; the native rounds compare their own
+        # signatures in the flag lines
+        self.begin_call = self.coll.begin_call
+
+    def end_call(self) -> None:
+        pass
 
     def context_hint(self) -> int:
         return self._names.next_context

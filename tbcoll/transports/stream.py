@@ -4,8 +4,13 @@ Each pair of ranks has one byte stream (a Channel: a TCP socket, or a ring buffe
 memory) that offers non-blocking sendmsg and recv_into, raising BlockingIOError when it
 cannot move a byte now. On it:
 
-Wire: a message is a 16-byte header (context u32, tag u32, nbytes u64) and its payload.
-Receives are matched per (peer, context, tag) in the order messages were sent. A message that
+Wire: a message is a 32-byte header (context u32, tag u32, nbytes u64, seq u64, call u64)
+and its payload. Receives are matched per (peer, context, tag) in the order messages were
+sent. A collective's messages carry its call (seq, its number on the communicator, and call,
+its tbcoll.calls signature; a user's messages carry 0, 0): a message of another call than
+the one a rank runs, met as it arrives or as a receive takes it, fails the wait with a
+CommError naming both calls, where the ranks would otherwise compute with each other's
+different calls. A message that
 arrives before its receive is posted waits in an 'unexpected' buffer and is copied when the
 receive is posted; otherwise its payload is read straight into the destination. Reads go
 through a small staging buffer, so one read can bring several small messages, and large
@@ -26,9 +31,10 @@ from typing import Protocol
 
 import numpy as np
 
+from tbcoll.calls import MISMATCH_ADVICE, NO_CALL, mismatch
 from tbcoll.errors import CommError, PeerLostError, PeerTimeoutError
 
-_HEADER = struct.Struct("!IIQ")
+_HEADER = struct.Struct("!IIQQQ")
 _STAGE = 256 << 10  # staging buffer per stream
 _DIRECT = 16 << 10  # a payload remainder this large is read straight into its destination
 
@@ -51,20 +57,20 @@ class _Send:
 
 
 class _Recv:
-    __slots__ = ("peer", "view", "done", "error")
+    __slots__ = ("peer", "view", "call", "done", "error")
 
-    def __init__(self, peer: Peer, view: memoryview) -> None:
-        # error: why it can never complete (a message of another size came for it)
-        self.peer, self.view, self.done, self.error = peer, view, False, None
+    def __init__(self, peer: Peer, view: memoryview, call: tuple[int, int] = NO_CALL) -> None:
+        # error: why it can never complete (a message of another size or call came for it)
+        self.peer, self.view, self.call, self.done, self.error = peer, view, call, False, None
 
 
 class _Unexpected:
     """A message that arrived before its receive was posted."""
 
-    __slots__ = ("data", "done", "waiter")
+    __slots__ = ("data", "call", "done", "waiter")
 
-    def __init__(self, nbytes: int) -> None:
-        self.data, self.done, self.waiter = bytearray(nbytes), False, None
+    def __init__(self, nbytes: int, call: tuple[int, int] = NO_CALL) -> None:
+        self.data, self.call, self.done, self.waiter = bytearray(nbytes), call, False, None
 
 
 class Peer:
@@ -100,6 +106,8 @@ class StreamTransport:
         self.next_context = 2  # contexts 0 and 1 belong to the world group
         self._peers = {peer: Peer(peer, channel) for peer, channel in channels.items()}
         self._writing: set[Peer] = set()
+        self._calls: dict[int, tuple[int, int]] = {}  # context -> the call this rank runs
+        self._mismatch: str | None = None  # calls found to differ: every wait fails with it
 
     def _ready(self, timeout: float) -> Iterable[tuple[Peer, bool, bool]]:
         """Wait up to timeout seconds; return (peer, readable, writable) for ready streams."""
@@ -126,15 +134,22 @@ class StreamTransport:
 
     # --- posting -------------------------------------------------------------------------
 
-    def isend(self, buf: np.ndarray, dest: int, context: int, tag: int) -> _Send:
+    def begin_call(self, context: int, call: tuple[int, int]) -> None:
+        """This rank now runs call (seq, signature) on context: a message of the same seq with
+        another signature, or of an earlier seq (one this rank's calls never took), shows
+        that the ranks' calls differ."""
+        self._calls[context] = call
+
+    def isend(self, buf: np.ndarray, dest: int, context: int, tag: int,
+              call: tuple[int, int] = NO_CALL) -> _Send:
         peer = self._live_peer(dest)
         payload = _bytes_of(buf)
-        views = [memoryview(self._header(context, tag, payload.nbytes))]
+        views = [memoryview(self._header(context, tag, payload.nbytes, *call))]
         if payload.nbytes:
             views.append(payload)
         return self._queue(peer, views)
 
-    _header = staticmethod(_HEADER.pack)  # (context, tag, nbytes) -> a message's header
+    _header = staticmethod(_HEADER.pack)  # (context, tag, nbytes, seq, call) -> a header
 
     def _queue(self, peer: Peer, views: list[memoryview]) -> _Send:
         """Send these bytes after whatever is queued for peer."""
@@ -144,14 +159,17 @@ class StreamTransport:
             self._pump_out(peer)
         return request
 
-    def irecv(self, buf: np.ndarray, source: int, context: int, tag: int) -> _Recv:
+    def irecv(self, buf: np.ndarray, source: int, context: int, tag: int,
+              call: tuple[int, int] = NO_CALL) -> _Recv:
         peer = self._peers.get(source)
         if peer is None:
             raise CommError(f"rank {self.rank} has no connection to rank {source}")
-        request = _Recv(peer, _bytes_of(buf))
+        request = _Recv(peer, _bytes_of(buf), call)
         early = peer.unexpected.get((context, tag))
         if early:
             message = early.popleft()
+            if message.call != call:
+                raise CommError(self._call_error(peer.rank, message.call, call))
             self._check_size(peer, context, tag, len(message.data), request.view.nbytes)
             if message.done:
                 request.view[:] = message.data
@@ -171,13 +189,15 @@ class StreamTransport:
         peer.target, peer.target_owner = view[arrived:], request
         self.waitall([request])
 
-    def send(self, buf: np.ndarray, dest: int, context: int, tag: int) -> None:
+    def send(self, buf: np.ndarray, dest: int, context: int, tag: int,
+             call: tuple[int, int] = NO_CALL) -> None:
         """isend and wait (a transport may move a whole message in one call: shm)."""
-        self.waitall([self.isend(buf, dest, context, tag)])
+        self.waitall([self.isend(buf, dest, context, tag, call)])
 
-    def recv(self, buf: np.ndarray, source: int, context: int, tag: int) -> None:
+    def recv(self, buf: np.ndarray, source: int, context: int, tag: int,
+             call: tuple[int, int] = NO_CALL) -> None:
         """irecv and wait (likewise)."""
-        self.waitall([self.irecv(buf, source, context, tag)])
+        self.waitall([self.irecv(buf, source, context, tag, call)])
 
     # --- waiting -------------------------------------------------------------------------
 
@@ -186,6 +206,8 @@ class StreamTransport:
         while True:
             for peer in list(self._writing):
                 self._pump_out(peer)
+            if self._mismatch:
+                raise CommError(self._mismatch)
             pending = [r for r in requests if not r.done]
             if not pending:
                 return
@@ -221,6 +243,8 @@ class StreamTransport:
                 self._pump_out(peer)
             if readable:
                 self._pump_in(peer)
+        if self._mismatch:
+            raise CommError(self._mismatch)
         for request in requests:
             if request.done:
                 continue
@@ -320,24 +344,30 @@ class StreamTransport:
                 continue
             if peer.end - peer.start < _HEADER.size:
                 return
-            context, tag, nbytes = _HEADER.unpack_from(peer.stage, peer.start)
+            context, tag, nbytes, seq, call = _HEADER.unpack_from(peer.stage, peer.start)
             peer.start += _HEADER.size
-            self._begin_message(peer, context, tag, nbytes)
+            self._begin_message(peer, context, tag, nbytes, (seq, call))
 
-    def _begin_message(self, peer: Peer, context: int, tag: int, nbytes: int) -> None:
+    def _begin_message(self, peer: Peer, context: int, tag: int, nbytes: int,
+                       call: tuple[int, int]) -> None:
+        if call[1] and not self._mismatch and (running := self._calls.get(context)) and (
+                call[0] < running[0] or call[0] == running[0] and call[1] != running[1]):
+            self._mismatch = self._call_error(peer.rank, call, running)
         waiting = peer.posted.get((context, tag))
-        if waiting and waiting[0].view.nbytes != nbytes:
+        if waiting and (waiting[0].view.nbytes != nbytes or waiting[0].call != call):
             # The receive fails (its waitall says why); the message is read and dropped, so
             # the stream stays in step for whatever comes next.
             failed = waiting.popleft()
-            failed.error = self._size_error(peer, context, tag, nbytes, failed.view.nbytes)
-            owner = _Unexpected(nbytes)
+            failed.error = (self._call_error(peer.rank, call, failed.call)
+                            if failed.call != call else
+                            self._size_error(peer, context, tag, nbytes, failed.view.nbytes))
+            owner = _Unexpected(nbytes, call)
             view = memoryview(owner.data)
         elif waiting:
             owner: _Recv | _Unexpected = waiting.popleft()
             view = owner.view
         else:
-            owner = _Unexpected(nbytes)
+            owner = _Unexpected(nbytes, call)
             peer.unexpected[context, tag].append(owner)
             view = memoryview(owner.data)
         peer.target, peer.target_owner = view, owner
@@ -360,6 +390,15 @@ class StreamTransport:
     def _check_size(self, peer: Peer, context: int, tag: int, sent: int, expected: int) -> None:
         if sent != expected:
             raise CommError(self._size_error(peer, context, tag, sent, expected))
+
+    def _call_error(self, sender: int, sent: tuple[int, int], running: tuple[int, int]) -> str:
+        """Rank sender's message of call `sent` met this rank running call `running`."""
+        if sent[1] == 0 or running[1] == 0:  # a user's message against a collective's
+            which = "a send/recv message" if sent[1] == 0 else f"collective call #{sent[0]}"
+            return (f"rank {sender} sent {which} where rank {self.rank} expected "
+                    f"{'a send/recv message' if running[1] == 0 else 'a collective'}: "
+                    f"{MISMATCH_ADVICE}")
+        return mismatch({sender: sent, self.rank: running})
 
     def _size_error(self, peer: Peer, context: int, tag: int, sent: int, expected: int) -> str:
         return (f"rank {peer.rank} sent {sent} bytes where rank {self.rank} expected {expected} "
@@ -386,19 +425,29 @@ class StreamTransport:
 class StreamEndpoint:
     """P2P over the transport within one communicator: one context, ranks mapped to world."""
 
+    # pure senders of a rooted collective wait for an acknowledgement (see tbcoll.algorithms):
+    # a message's call is compared only where it arrives
+    acknowledge = True
+
     def __init__(self, transport: StreamTransport, context: int, members: list[int]) -> None:
         self._transport, self._context, self._members = transport, context, members
         self.rank, self.size = members.index(transport.rank), len(members)
         self.waitall, self.test = transport.waitall, transport.test
+        self._call = NO_CALL
+
+    def begin_call(self, seq: int, signature: int) -> None:
+        """The collective call whose messages follow (see StreamTransport.begin_call)."""
+        self._call = (seq, signature)
+        self._transport.begin_call(self._context, self._call)
 
     def send(self, buf: np.ndarray, peer: int, tag: int) -> None:
-        self._transport.send(buf, self._members[peer], self._context, tag)
+        self._transport.send(buf, self._members[peer], self._context, tag, self._call)
 
     def recv(self, buf: np.ndarray, peer: int, tag: int) -> None:
-        self._transport.recv(buf, self._members[peer], self._context, tag)
+        self._transport.recv(buf, self._members[peer], self._context, tag, self._call)
 
     def isend(self, buf: np.ndarray, peer: int, tag: int) -> _Send:
-        return self._transport.isend(buf, self._members[peer], self._context, tag)
+        return self._transport.isend(buf, self._members[peer], self._context, tag, self._call)
 
     def irecv(self, buf: np.ndarray, peer: int, tag: int) -> _Recv:
-        return self._transport.irecv(buf, self._members[peer], self._context, tag)
+        return self._transport.irecv(buf, self._members[peer], self._context, tag, self._call)

@@ -306,6 +306,10 @@ class TcpGroup:
         self.p2p = StreamEndpoint(transport, context, members)
         self.coll = StreamEndpoint(transport, context + 1, members)
         self.rank, self.size = self.p2p.rank, self.p2p.size
+        self.begin_call = self.coll.begin_call  # every message of a call carries it
+
+    def end_call(self) -> None:
+        pass  # compared as messages arrive
 
     def context_hint(self) -> int:
         return self._transport.next_context
