@@ -58,6 +58,15 @@ def render(word: int) -> str:
     return f"{collective}({', '.join(args)})"
 
 
+FIELDS = {"collective": (60, 4), "algorithm": (57, 3), "dtype": (53, 4), "op": (50, 3),
+          "root": (38, 12), "bytes": (0, 38)}  # name: (lowest bit, bits)
+
+
+def fields_in(bits: int) -> list[str]:
+    """The fields of a signature that these bits touch (e.g. where the ranks' calls differ)."""
+    return [name for name, (low, width) in FIELDS.items() if bits >> low & (1 << width) - 1]
+
+
 MISMATCH_ADVICE = ("every rank must make the same collective calls, with the same sizes, "
                    "dtypes, ops, roots and algorithms, in the same order (TBCOLL_CHECK=1 "
                    "compares shapes too)")

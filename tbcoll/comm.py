@@ -39,10 +39,8 @@ MAX_TAG = 32767  # the largest tag every MPI must support
 def _plain_out(out: Any, shape: tuple, dtype: np.dtype) -> bool:
     """out is a numpy array a result of this shape and dtype can go into (a quick test; the
     full one, with its error messages, is Communicator._output)."""
-    if type(out) is not np.ndarray or out.shape != shape or out.dtype != dtype:
-        return False
-    flags = out.flags
-    return flags.c_contiguous and flags.writeable
+    return (type(out) is np.ndarray and out.shape == shape and out.dtype == dtype
+            and out.flags.carray)  # C-contiguous, aligned and writeable
 
 
 def _flat(array: np.ndarray) -> np.ndarray:

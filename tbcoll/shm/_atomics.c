@@ -512,6 +512,39 @@ static PyObject *gathered_reduce(PyObject *self, PyObject *const *args, Py_ssize
     return differs == -2 ? NULL : PyLong_FromLong(differs);
 }
 
+/* put_call(dst, word, src): dst = the 8-byte word (native order), then src's bytes: a
+ * rank's block of the mpi transport's small all_reduce, in one call (~0.1 us; numpy's slice
+ * assignment took ~0.9 us of a 3 us call). */
+static PyObject *put_call(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "put_call takes 3 arguments");
+        return NULL;
+    }
+    uint64_t word = (uint64_t)PyLong_AsUnsignedLongLong(args[1]);
+    if (PyErr_Occurred())
+        return NULL;
+    Py_buffer dst, src;
+    if (PyObject_GetBuffer(args[0], &dst, PyBUF_WRITABLE) < 0)
+        return NULL;
+    if (PyObject_GetBuffer(args[2], &src, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&dst);
+        return NULL;
+    }
+    int fits = dst.len == (Py_ssize_t)sizeof word + src.len;
+    if (fits) {
+        memcpy(dst.buf, &word, sizeof word);
+        memcpy((char *)dst.buf + sizeof word, src.buf, (size_t)src.len);
+    }
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&dst);
+    if (!fits) {
+        PyErr_SetString(PyExc_ValueError, "dst must hold 8 bytes and src's");
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
 /* --- point-to-point: the byte rings of tbcoll/shm/pipe.py -------------------------------
  *
  * A ring at `at` in the segment: the producer's head counter (u64), a line further the
@@ -750,6 +783,8 @@ static PyMethodDef methods[] = {
     {"wait_all", wait_all, METH_VARARGS, "Wait until every flag is >= target (or budget)."},
     {"shm_round", (PyCFunction)(void (*)(void))shm_round, METH_FASTCALL,
      "One round of a native shm collective."},
+    {"put_call", (PyCFunction)(void (*)(void))put_call, METH_FASTCALL,
+     "Write a call's word and then a buffer's bytes."},
     {"gathered_reduce", (PyCFunction)(void (*)(void))gathered_reduce, METH_FASTCALL,
      "Check gathered calls and reduce the gathered data in rank order."},
     {"ring_send", (PyCFunction)(void (*)(void))ring_send, METH_FASTCALL,

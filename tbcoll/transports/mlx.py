@@ -15,6 +15,13 @@ by the next all_sum as its data. MLX's ring backend cannot split a group either.
 
 MLX cannot interrupt a wait for a lost peer; a watchdog thread ends this rank with a
 CommError on stderr once an operation has waited TBCOLL_TIMEOUT, so tbrun tears the job down.
+
+MLX's collectives match the ranks' calls by order alone: all_sum on one rank and all_max on
+another, or other sizes, would return each its own wrong answer. So each native collective
+carries its call's tbcoll.calls signature in lanes beside the data (LANES values of 0 and 1,
+one pair per bit, reduced or gathered with it), which show after the call whether every rank
+made the same call; if not, every rank raises a CommError saying in which fields the calls
+differ. The lanes cost a copy of the data into the collective's buffer.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from collections.abc import Callable
 import ml_dtypes
 import numpy as np
 
+from tbcoll.calls import MISMATCH_ADVICE, fields_in, render, signature
 from tbcoll.dtypes import reducer
 from tbcoll.env import LaunchInfo, comm_timeout
 from tbcoll.errors import CommError, PeerLostError, TbcollError
@@ -45,6 +53,17 @@ _DTYPES = {mx.float16, mx.bfloat16, mx.float32, mx.float64, mx.int8, mx.int16, m
            mx.int64, mx.uint8}  # tbcoll's dtypes (tbcoll.dtypes)
 _NATIVE_OPS = {"sum": mx.distributed.all_sum, "max": mx.distributed.all_max,
                "min": mx.distributed.all_min}
+_BITS = 64  # of a signature
+LANES = 2 * _BITS  # per bit j, lane j holds the bit and lane 64 + j its complement
+
+
+def _word(lanes: np.ndarray) -> int:
+    """The signature whose lanes (one rank's, gathered) these are."""
+    return sum(1 << j for j in np.flatnonzero(lanes[:_BITS]).tolist())
+
+
+def _numpy_dtype(x: mx.array) -> np.dtype:
+    return _BFLOAT16 if x.dtype == mx.bfloat16 else np.dtype(str(x.dtype).rpartition(".")[2])
 
 
 def to_mlx(array: np.ndarray) -> mx.array:
@@ -79,10 +98,22 @@ class Watchdog:
         self._busy = (what, time.monotonic())
         try:
             mx.eval(*arrays)
-        except RuntimeError as e:  # e.g. the ring backend's socket to a peer failed
-            raise PeerLostError(f"{what} failed in MLX: {e}") from e
+        except RuntimeError as e:  # a peer's socket failed (ring backend), or MLX refused
+            loss = self._lost_peer()
+            if loss is None:
+                raise CommError(f"{what} failed in MLX: {e}") from e
+            raise PeerLostError(f"{what} failed in MLX: {e}; lost rank {loss[0]} ({loss[1]})",
+                                (loss[0],)) from e
         finally:
             self._busy = None
+
+    def _lost_peer(self) -> tuple[int, str] | None:
+        """A peer tbcoll's connections show gone, looking for up to a second (MLX's own
+        socket may notice a dead peer a little before tbcoll's)."""
+        deadline = time.monotonic() + 1.0
+        while (loss := self._silent_loss()) is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return loss
 
     def _watch(self) -> None:
         while True:
@@ -112,46 +143,43 @@ class MlxNative:
 
     def __init__(self, group: mx.distributed.Group, watchdog: Watchdog) -> None:
         self._group, self._eval = group, watchdog.eval
+        self._size = group.size()
         self._sum_scatter = True  # until the backend says it has none (ring)
+        self.call = 0  # the signature of the call the Communicator began (MlxGroup.begin_call)
+        self._lanes: dict[tuple[int, mx.Dtype], mx.array] = {}
 
     def direct_all_reduce(self, x: object, op: str, out: object) -> mx.array | None:
         """The Communicator's one-call path for an mlx array: MLX's own collective on it, no
-        copy either way (None: take the general path, e.g. for numpy arrays or prod)."""
+        copy back (None: take the general path, e.g. for numpy arrays or prod)."""
         if not isinstance(x, mx.array) or x.dtype not in _DTYPES or op not in _NATIVE_OPS:
             return None
-        result = _NATIVE_OPS[op](x, group=self._group)
-        self._eval("all_reduce", result)
-        return result
+        return self._reduced(x, op, signature("all_reduce", _numpy_dtype(x), op, x.nbytes),
+                             "all_reduce")
 
     def direct_all_gather(self, x: object, out: object) -> mx.array | None:
         if not isinstance(x, mx.array) or x.dtype not in _DTYPES:
             return None
-        result = mx.distributed.all_gather(x.reshape(1) if x.ndim == 0 else x, group=self._group)
-        self._eval("all_gather", result)
-        return result
+        return self._gathered(x, signature("all_gather", _numpy_dtype(x), None, x.nbytes))
 
     def all_reduce(self, send: np.ndarray | None, recv: np.ndarray, op: str) -> None:
         x = to_mlx(recv if send is None else send)
         if op in _NATIVE_OPS:
-            return from_mlx(self.direct_all_reduce(x, op, None), recv)
+            return from_mlx(self._reduced(x, op, self.call, "all_reduce"), recv)
         # prod: every rank's block, multiplied in rank order as every rank does
-        gathered = mx.distributed.all_gather(x[None], group=self._group)
-        self._eval("all_reduce", gathered)
-        blocks = np.empty((self._group.size(), *recv.shape), recv.dtype)
+        gathered = self._gathered(x[None], self.call)
+        blocks = np.empty((self._size, *recv.shape), recv.dtype)
         from_mlx(gathered, blocks)
         np.copyto(recv, blocks[0])
         for block in blocks[1:]:
             reducer(op)(recv, block, out=recv)
 
     def all_gather(self, send: np.ndarray, recv: np.ndarray) -> None:
-        from_mlx(self.direct_all_gather(to_mlx(send), None), recv)
+        from_mlx(self._gathered(to_mlx(send), self.call), recv)
 
     def reduce_scatter(self, send: np.ndarray, recv: np.ndarray, op: str) -> None:
         if op == "sum" and self._sum_scatter:
             try:
-                result = mx.distributed.sum_scatter(to_mlx(send), group=self._group)
-                self._eval("reduce_scatter", result)
-                return from_mlx(result, recv)
+                return from_mlx(self._scattered(to_mlx(send), self.call), recv)
             except CommError as e:
                 if "not supported" not in str(e):
                     raise
@@ -164,11 +192,76 @@ class MlxNative:
     def broadcast(self, buf: np.ndarray, root: int) -> None:
         raw = buf.view(np.uint8)
         mine = raw if self._group.rank() == root else np.zeros_like(raw)
-        self.all_reduce(mine, raw, "sum")  # one non-zero term per byte: exact
+        # one non-zero term per byte: exact; the lanes carry the root each rank named
+        from_mlx(self._reduced(to_mlx(mine), "sum", self.call, "broadcast"), raw)
 
     def barrier(self) -> None:
-        self._eval("barrier", mx.distributed.all_sum(mx.zeros((1,), mx.uint8),
-                                                     group=self._group))
+        self._reduced(mx.zeros((1,), mx.uint8), "sum", self.call, "barrier")
+
+    # --- the lanes (see the module docstring) ----------------------------------------------
+
+    def _reduced(self, x: mx.array, op: str, call: int, what: str) -> mx.array:
+        """x reduced with op over the ranks, after checking that every rank made call."""
+        both = _NATIVE_OPS[op](mx.concatenate([self._lanes_of(call, x.dtype), x.reshape(-1)]),
+                               group=self._group)
+        self._eval(what, both)
+        self._check(both[:LANES], op, call, what)
+        return both[LANES:].reshape(x.shape)
+
+    def _gathered(self, x: mx.array, call: int) -> mx.array:
+        rows = x.reshape(1) if x.ndim == 0 else x
+        both = mx.distributed.all_gather(
+            mx.concatenate([self._lanes_of(call, x.dtype), rows.reshape(-1)]), group=self._group)
+        self._eval("all_gather", both)
+        blocks = both.reshape(self._size, -1)
+        lanes = np.asarray(blocks[:, :LANES].astype(mx.int32))
+        if (lanes != lanes[self._group.rank()]).any():
+            self._differ("all_gather", call, int(np.bitwise_or.reduce(
+                [_word(row) ^ call for row in lanes])))
+        return blocks[:, LANES:].reshape(self._size * rows.shape[0], *rows.shape[1:])
+
+    def _scattered(self, x: mx.array, call: int) -> mx.array:
+        """sum_scatter of x, each rank's block with the lanes in front."""
+        blocks = x.reshape(self._size, -1)
+        lanes = mx.broadcast_to(self._lanes_of(call, x.dtype), (self._size, LANES))
+        both = mx.distributed.sum_scatter(mx.concatenate([lanes, blocks], axis=1).reshape(-1),
+                                          group=self._group)
+        self._eval("reduce_scatter", both)
+        self._check(both[:LANES], "sum", call, "reduce_scatter")
+        return both[LANES:].reshape(x.shape[0] // self._size, *x.shape[1:])
+
+    def _lanes_of(self, call: int, dtype: mx.Dtype) -> mx.array:
+        lanes = self._lanes.get((call, dtype))
+        if lanes is None:
+            bits = np.array([call >> j & 1 for j in range(_BITS)], np.int32)
+            lanes = mx.array(np.concatenate([bits, 1 - bits])).astype(dtype)
+            if len(self._lanes) > 256:
+                self._lanes.clear()
+            self._lanes[call, dtype] = lanes
+        return lanes
+
+    def _check(self, lanes: mx.array, op: str, call: int, what: str) -> None:
+        """Reduced lanes agree where every rank's bit was the same: a sum of (p, 0) or (0, p),
+        a max or min of one 1 and one 0 per pair."""
+        seen = np.asarray(lanes.astype(mx.int32))
+        ones, zeros = seen[:_BITS], seen[_BITS:]
+        if op == "sum":  # a bit some ranks have: (k, p - k); anything else: mixed-up calls
+            same = (ones == self._size) & (zeros == 0) | (ones == 0) & (zeros == self._size)
+            clean = (ones >= 0) & (zeros >= 0) & (ones + zeros == self._size)
+        else:  # a bit some ranks have: (1, 1) for max, (0, 0) for min
+            same = ones + zeros == 1
+            clean = same | (ones == zeros) & (ones == (op == "max"))
+        if not same.all():
+            bits = sum(1 << j for j in np.flatnonzero(~same).tolist())
+            self._differ(what, call, bits if clean.all() else 0)
+
+    def _differ(self, what: str, call: int, bits: int) -> None:
+        """bits: where the calls differ; 0 where MLX combined different collectives or sizes
+        and the lanes say only that they differ."""
+        where = (f"in {', '.join(fields_in(bits))}" if bits else
+                 "(MLX combined different collectives or sizes)")
+        raise CommError(f"the ranks' calls do not match: over MLX, {what} found that they "
+                        f"differ {where} (this rank: {render(call)}); {MISMATCH_ADVICE}")
 
 
 class MlxGroup:
@@ -183,8 +276,11 @@ class MlxGroup:
         self.p2p, self.coll = tcp.p2p, tcp.coll
         self.rank, self.size = tcp.rank, tcp.size
         self.context_hint, self.split = tcp.context_hint, tcp.split  # sub-groups are tcp's
-        self.begin_call, self.end_call = tcp.begin_call, tcp.end_call
-        self.describe_links = tcp.describe_links
+        self.end_call, self.describe_links = tcp.end_call, tcp.describe_links
+
+    def begin_call(self, seq: int, signature: int) -> None:
+        self._tcp.begin_call(seq, signature)  # for the algorithms
+        self.native.call = signature  # for the lanes of the natives
 
     def close(self) -> None:
         self._tcp.close()  # MLX keeps its group for the life of the process
