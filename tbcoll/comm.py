@@ -29,8 +29,9 @@ from tbcoll.checks import verify_calls_match
 from tbcoll.dtypes import DTYPE_CODES, DTYPES, OPS, reducer
 from tbcoll.env import algorithm_overrides, check_mode
 from tbcoll.errors import CommError, PeerError, TbcollError
+from tbcoll.ownership import Guard, entry, track
 from tbcoll.rendezvous import report_peer_failure
-from tbcoll.requests import P2PRequest, Progress, Request, keep_in_order
+from tbcoll.requests import P2PRequest, Progress, Request
 from tbcoll.transports.base import Group
 
 MAX_TAG = 32767  # the largest tag every MPI must support
@@ -57,9 +58,10 @@ def _split(flat: np.ndarray, counts: np.ndarray) -> list[np.ndarray]:
 _HEADER = 11  # scatter's header: dtype code, ndim, mlx, then up to 8 dimensions
 
 
-# what waits for queued non-blocking calls once a communicator has any (tbcoll/requests.py)
-_IN_ORDER = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "barrier", "all_to_all",
-             "gather", "scatter", "reduce", "send", "recv", "split")
+def _body(method: Callable[..., Any]) -> Callable[..., Any]:
+    """A public method without its tbcoll.ownership.entry wrapper: what the progress thread
+    runs (it neither takes the guard nor waits for itself)."""
+    return method.__wrapped__
 
 
 class _ArgumentsChecked(Exception):  # noqa: N818 (a signal, not an error)
@@ -88,6 +90,8 @@ class Communicator:
         for collective, algorithm in self._overrides.items():
             self._check_algorithm(collective, algorithm, "TBCOLL_ALGO")
         self._check_calls = check_mode()
+        self._guard, self._forked = Guard(), False  # see tbcoll.ownership
+        track(self)
         self._seq = 0  # collective calls made on this communicator (tbcoll.calls)
         self._closed = False
         self._progress: Progress | None = None  # made by the first non-blocking call
@@ -108,6 +112,7 @@ class Communicator:
 
     # --- collectives ---------------------------------------------------------------------
 
+    @entry(ordered=True)
     def all_reduce(self, x: Any, op: str = "sum", algorithm: str | None = None,
                    out: np.ndarray | None = None) -> Any:
         """Reduce x elementwise over all ranks with op; every rank gets the result."""
@@ -151,6 +156,7 @@ class Communicator:
         self._run("all_reduce", work, array, op, algorithm=name)
         return restore(result)
 
+    @entry(ordered=True)
     def all_gather(self, x: Any, algorithm: str | None = None,
                    out: np.ndarray | None = None) -> Any:
         """Concatenate every rank's x along axis 0 (a 0-d x gives shape (size,))."""
@@ -186,6 +192,7 @@ class Communicator:
         self._run("all_gather", work, array, algorithm=name)
         return restore(result)
 
+    @entry(ordered=True)
     def reduce_scatter(self, x: Any, op: str = "sum", algorithm: str | None = None,
                        out: np.ndarray | None = None) -> Any:
         """Reduce x over all ranks and return this rank's block of it along axis 0."""
@@ -222,6 +229,7 @@ class Communicator:
             _flat(result)[:] = scratch[self.rank * block:(self.rank + 1) * block]
         return restore(result)
 
+    @entry(ordered=True)
     def broadcast(self, x: Any, root: int = 0, algorithm: str | None = None,
                   out: np.ndarray | None = None) -> Any:
         """Return root's x on every rank (x gives the shape and dtype on the others)."""
@@ -246,6 +254,7 @@ class Communicator:
         self._run("broadcast", work, array, root=root, algorithm=name)
         return restore(result)
 
+    @entry(ordered=True)
     def barrier(self) -> None:
         """Return once every rank has entered the barrier."""
         name = self._choose("barrier", 0, None)
@@ -257,6 +266,7 @@ class Communicator:
             work = partial(rd.barrier, self._group.coll)
         self._run("barrier", work, None, algorithm=name)
 
+    @entry(ordered=True)
     def all_to_all(self, x: Any, counts: Any = None, algorithm: str | None = None,
                    out: np.ndarray | None = None, recv_counts: Any = None) -> Any:
         """Send block j of x (along axis 0) to rank j; return the blocks from ranks 0..size-1
@@ -308,6 +318,7 @@ class Communicator:
         self._run("all_to_all", work, described, algorithm=name)
         return restore(result) if counts is None else (restore(result), recv_counts)
 
+    @entry(ordered=True)
     def gather(self, x: Any, root: int = 0, algorithm: str | None = None,
                out: np.ndarray | None = None) -> Any:
         """Concatenate every rank's x along axis 0 at root (out is used there); others get
@@ -337,6 +348,7 @@ class Communicator:
         self._run("gather", work if mine.size else None, array, root=root, algorithm=name)
         return None if result is None else restore(result)
 
+    @entry(ordered=True)
     def scatter(self, x: Any, root: int = 0, algorithm: str | None = None,
                 out: np.ndarray | None = None) -> Any:
         """Split root's x along axis 0 into size blocks and give rank j block j; the other
@@ -387,6 +399,7 @@ class Communicator:
             self._output(None, out, result.shape, result.dtype)  # raises, saying what is wrong
         return restorer(bool(header[2]), result.dtype)(result)
 
+    @entry(ordered=True)
     def reduce(self, x: Any, op: str = "sum", root: int = 0, algorithm: str | None = None,
                out: np.ndarray | None = None) -> Any:
         """Reduce x elementwise over all ranks with op; root gets the result (out is used
@@ -419,27 +432,34 @@ class Communicator:
 
     # --- non-blocking: each returns a tbcoll.Request (tbcoll/requests.py) ------------------
 
+    @entry(ordered=False)
     def iall_reduce(self, x: Any, op: str = "sum", algorithm: str | None = None,
                     out: np.ndarray | None = None) -> Request:
-        return self._submit("all_reduce", Communicator.all_reduce, x, op, algorithm, out)
+        return self._submit("all_reduce", _body(Communicator.all_reduce), x, op, algorithm, out)
 
+    @entry(ordered=False)
     def iall_gather(self, x: Any, algorithm: str | None = None,
                     out: np.ndarray | None = None) -> Request:
-        return self._submit("all_gather", Communicator.all_gather, x, algorithm, out)
+        return self._submit("all_gather", _body(Communicator.all_gather), x, algorithm, out)
 
+    @entry(ordered=False)
     def ireduce_scatter(self, x: Any, op: str = "sum", algorithm: str | None = None,
                         out: np.ndarray | None = None) -> Request:
-        return self._submit("reduce_scatter", Communicator.reduce_scatter, x, op, algorithm, out)
+        return self._submit("reduce_scatter", _body(Communicator.reduce_scatter), x, op,
+                            algorithm, out)
 
+    @entry(ordered=False)
     def ibroadcast(self, x: Any, root: int = 0, algorithm: str | None = None,
                    out: np.ndarray | None = None) -> Request:
-        return self._submit("broadcast", Communicator.broadcast, x, root, algorithm, out)
+        return self._submit("broadcast", _body(Communicator.broadcast), x, root, algorithm, out)
 
+    @entry(ordered=False)
     def iall_to_all(self, x: Any, counts: Any = None, algorithm: str | None = None,
                     out: np.ndarray | None = None, recv_counts: Any = None) -> Request:
-        return self._submit("all_to_all", Communicator.all_to_all, x, counts, algorithm, out,
+        return self._submit("all_to_all", _body(Communicator.all_to_all), x, counts, algorithm, out,
                             recv_counts)
 
+    @entry(ordered=False)
     def isend(self, x: Any, dst: int, tag: int = 0) -> Request:
         """send without waiting; wait() returns None once x may be reused."""
         array, _ = to_numpy(x)
@@ -448,6 +468,7 @@ class Communicator:
         return self._start(f"send to rank {dst}", lambda p2p: p2p.isend(flat, dst, tag),
                            lambda: None)
 
+    @entry(ordered=False)
     def irecv(self, out_or_like: Any, src: int, tag: int = 0) -> Request:
         """recv without waiting; wait() returns what recv would (out filled, or a new mlx
         array)."""
@@ -459,9 +480,8 @@ class Communicator:
     def _progress_thread(self, what: str) -> Progress:
         if self._closed:
             raise TbcollError(f"{what} on a closed communicator")
-        if self._progress is None:
+        if self._progress is None:  # from now on blocking calls wait for the queued ones
             self._progress = Progress(f"tbcoll-progress-{self.backend}-{self.rank}")
-            keep_in_order(self, _IN_ORDER, self._progress)
         return self._progress
 
     def _submit(self, what: str, method: Callable[..., Any], *args: Any) -> Request:
@@ -488,6 +508,7 @@ class Communicator:
 
     # --- point to point ------------------------------------------------------------------
 
+    @entry(ordered=True)
     def send(self, x: Any, dst: int, tag: int = 0) -> None:
         """Send x to rank dst; returns once x may be reused."""
         array, _ = to_numpy(x)
@@ -498,6 +519,7 @@ class Communicator:
         except CommError as e:
             raise self._named(e, f"send to rank {dst}") from e
 
+    @entry(ordered=True)
     def recv(self, out_or_like: Any, src: int, tag: int = 0) -> Any:
         """Receive from rank src into a numpy array (filled in place and returned), or, given
         an mlx array, into a new mlx array of its shape and dtype."""
@@ -520,6 +542,7 @@ class Communicator:
 
     # --- communicators -------------------------------------------------------------------
 
+    @entry(ordered=True)
     def split(self, color: int | None, key: int = 0) -> Communicator | None:
         """Split into sub-communicators, one per color, ranked by (key, rank); collective.
 
@@ -560,6 +583,8 @@ class Communicator:
         return "\n".join(lines + self._group.describe_links())
 
     def close(self) -> None:
+        if self._forked:  # a child of os.fork(): the connections are the parent's
+            self._closed = True
         if not self._closed:
             if self._progress is not None:
                 self._progress.stop()  # what was started finishes first

@@ -165,14 +165,3 @@ class Progress:
                 self._pending -= 1
                 self._idle.notify_all()
 
-
-def keep_in_order(obj: object, names: Iterable[str], progress: Progress) -> None:
-    """From now on, obj's methods `names` wait for its queued non-blocking calls first (on the
-    progress thread itself they run straight through). Installed on the instance when its
-    first non-blocking call is made, so that a communicator that never makes one pays
-    nothing."""
-    for name in names:
-        method = getattr(obj, name)
-        setattr(obj, name, functools.wraps(method)(
-            lambda *args, _method=method, **kwargs: progress.run(
-                functools.partial(_method, *args, **kwargs))))

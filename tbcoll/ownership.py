@@ -1,0 +1,100 @@
+"""Who may call a communicator: one thread at a time, of the process that made it.
+
+A rank's calls pair with the other ranks' in the order the rank makes them. Two threads of
+one rank calling the same communicator at once would pair their calls with the other ranks'
+in an order nobody chose (all_reduce(a) on one rank adding to all_reduce(b) on another) and,
+on shm, tear each other's results: the second thread's call raises at once instead. Use one
+communicator per thread (comm.split) or let one thread make the calls; non-blocking calls
+(iall_reduce, ...) are the way to overlap. A blocking call made while non-blocking ones are
+queued waits for them (tbcoll.requests.Progress), so that the collectives keep their order.
+
+A child made by os.fork() inherits the rank's communicators, but it is not that rank: its
+calls raise, and its close() leaves the parent's connections and segments alone.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from tbcoll.errors import TbcollError
+
+
+class Guard:
+    """Held by the user thread whose call runs (the progress thread never takes it)."""
+
+    __slots__ = ("lock", "owner", "call")
+
+    def __init__(self) -> None:
+        self.lock: Any = threading.Lock()
+        self.owner: int | None = None  # that thread's ident
+        self.call = ""  # what it called
+
+
+def entry(ordered: bool) -> Callable[[Callable], Callable]:
+    """A public method: one caller at a time; ordered: after the queued non-blocking calls."""
+
+    def decorate(method: Callable) -> Callable:
+        name = method.__name__
+
+        @functools.wraps(method)
+        def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+            guard = self._guard
+            if not guard.lock.acquire(False):
+                if guard.owner != threading.get_ident():
+                    raise TbcollError(
+                        f"rank {self.rank}: {name} was called on a communicator that another "
+                        f"thread is using ({guard.call}): calls on one communicator must come "
+                        "from one thread at a time, since each rank's calls pair with the "
+                        "others' in the order they are made (use comm.split for a "
+                        "communicator per thread, or the non-blocking calls)")
+                return method(self, *args, **kwargs)  # a call inside a call (split)
+            guard.owner, guard.call = threading.get_ident(), name
+            try:
+                progress = self._progress
+                if ordered and progress is not None:
+                    return progress.run(functools.partial(method, self, *args, **kwargs))
+                return method(self, *args, **kwargs)
+            finally:
+                guard.owner = None
+                guard.lock.release()
+
+        return call
+
+    return decorate
+
+
+class _ForkedLock:
+    """A communicator's lock in a child made by os.fork(): every call raises."""
+
+    def __init__(self, rank: int, parent: int) -> None:
+        self._rank, self._parent = rank, parent
+
+    def acquire(self, blocking: bool = True) -> bool:
+        raise TbcollError(
+            f"this communicator belongs to rank {self._rank}, process {self._parent}; a child "
+            f"made by os.fork() (this is process {os.getpid()}) cannot take the rank's place "
+            "in collectives: compute in the child and hand results back to the parent, or "
+            "start the child's own job with tbrun")
+
+
+_live: weakref.WeakSet = weakref.WeakSet()  # every communicator of this process
+
+
+def track(communicator: Any) -> None:
+    """Watch communicator for os.fork() (see _after_fork_in_child)."""
+    _live.add(communicator)
+
+
+def _after_fork_in_child() -> None:
+    parent = os.getppid()
+    for communicator in list(_live):
+        communicator._guard.lock = _ForkedLock(communicator.rank, parent)
+        communicator._forked = True
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
