@@ -35,6 +35,7 @@ from tbcoll.requests import P2PRequest, Progress, Request
 from tbcoll.transports.base import Group
 
 MAX_TAG = 32767  # the largest tag every MPI must support
+_INT64 = 1 << 63
 
 
 def _plain_out(out: Any, shape: tuple, dtype: np.dtype) -> bool:
@@ -90,8 +91,8 @@ class Communicator:
         for collective, algorithm in self._overrides.items():
             self._check_algorithm(collective, algorithm, "TBCOLL_ALGO")
         self._check_calls = check_mode()
-        self._guard, self._forked = Guard(), False  # see tbcoll.ownership
-        track(self)
+        self._guard = Guard()  # see tbcoll.ownership
+        self._release = track(self, group)
         self._seq = 0  # collective calls made on this communicator (tbcoll.calls)
         self._closed = False
         self._progress: Progress | None = None  # made by the first non-blocking call
@@ -548,17 +549,25 @@ class Communicator:
 
         Ranks that pass color=None take part but get None back.
         """
-        if color is not None and (not isinstance(color, (int, np.integer)) or color < 0):
-            raise ValueError(f"split color must be a non-negative int or None, got {color!r}")
+        if color is not None and (not isinstance(color, (int, np.integer))
+                                  or not 0 <= color < _INT64):
+            raise ValueError(f"split color must be an int in 0..2**63-1 or None, got {color!r}")
         if not isinstance(key, (int, np.integer)):
             raise TypeError(f"split key must be an int, got {key!r}")
+        if not -_INT64 <= key < _INT64:
+            raise ValueError(f"split key must be an int in -2**63..2**63-1, got {key!r}")
+        if self._closed:
+            raise TbcollError("split on a closed communicator")
         mine = np.array([-1 if color is None else color, key, self._group.context_hint(),
                          self.node_rank], np.int64)
         table = self.all_gather(mine).reshape(self.size, 4)
         members = [] if color is None else sorted(
             (int(table[r, 1]), r) for r in range(self.size) if table[r, 0] == color)
         ranks = [r for _, r in members]
-        sub = self._group.split(color, key, ranks, int(table[:, 2].max()))
+        # the transport gets the color's index among the colors named (MPI takes C ints)
+        colors = sorted({int(c) for c in table[:, 0] if c >= 0})
+        sub = self._group.split(None if color is None else colors.index(color), key, ranks,
+                                int(table[:, 2].max()))
         if sub is None:
             return None
         local_rank = [r for r in ranks if table[r, 3] == self.node_rank].index(self.rank)
@@ -583,14 +592,14 @@ class Communicator:
         return "\n".join(lines + self._group.describe_links())
 
     def close(self) -> None:
-        if self._forked:  # a child of os.fork(): the connections are the parent's
+        if self._guard.forked:  # a child of os.fork(): the connections are the parent's
             self._closed = True
         if not self._closed:
             if self._progress is not None:
                 self._progress.stop()  # what was started finishes first
             self._closed = True
             self._direct = self._direct_default = dict.fromkeys(self._direct)
-            self._group.close()
+            self._release()
 
     def __enter__(self) -> Communicator:
         return self
@@ -696,7 +705,8 @@ class Communicator:
         return out
 
     def _check_rank(self, rank: int, what: str) -> None:
-        if not isinstance(rank, (int, np.integer)) or not 0 <= rank < self.size:
+        if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or not (
+                0 <= rank < self.size):
             raise ValueError(f"{what}={rank!r} is not a rank of this communicator "
                              f"(0..{self.size - 1})")
 

@@ -86,6 +86,8 @@ class ShmNative:
         atomic = use_atomics()
         self.flags: AtomicFlags | LockedFlags = (AtomicFlags(buffer) if atomic
                                                  else LockedFlags(buffer, segment.lock_fd))
+        if atomic:
+            segment.drop_lock()
         self.pids = np.frombuffer(buffer, np.int64, size, self.layout.pids)
         self._lines = np.frombuffer(buffer, np.uint64, size * LINE // 8,
                                     self.layout.flags).reshape(size, LINE // 8)

@@ -94,10 +94,17 @@ class Segment:
             except FileNotFoundError:
                 pass
 
+    def drop_lock(self) -> None:
+        """Close the lock file now: only the portable flags (LockedFlags) take locks, and a
+        descriptor per communicator adds up (macOS allows a process 256 by default)."""
+        if self.lock_fd >= 0:
+            os.close(self.lock_fd)
+            self.lock_fd = -1
+
     def close(self) -> None:
         self.buffer.release()
         self._map.close()
-        os.close(self.lock_fd)
+        self.drop_lock()
 
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)

@@ -105,8 +105,9 @@ class Group(Protocol):
     def split(self, color: int | None, key: int, members: list[int], context: int) -> Group | None:
         """Make the sub-group of this group's ranks `members` (in new rank order), collectively.
 
-        Every rank of this group calls it; `context` is the maximum of all their
-        context_hint() values; ranks with color None get None.
+        Every rank of this group calls it; color is the index of this rank's color among the
+        colors named (small: MPI takes C ints), None for ranks that get no group (they get
+        None); `context` is the maximum of all their context_hint() values.
         """
 
     def describe_links(self) -> list[str]:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import os
 import struct
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import ml_dtypes
 import numpy as np
@@ -380,7 +380,7 @@ class MpiGroup:
 
     def __init__(self, comm: MPI.Comm, timeout: float) -> None:
         self._comm, self._timeout = comm, timeout
-        self._coll_comm = comm.Dup()
+        self._coll_comm = _made(comm.Dup)
         self._check = CallCheck(self._coll_comm, timeout)
         self.p2p = MpiEndpoint(comm, timeout)
         self.coll = MpiEndpoint(self._coll_comm, timeout, self._check)
@@ -398,8 +398,10 @@ class MpiGroup:
 
     def split(self, color: int | None, key: int, members: list[int],
               context: int) -> MpiGroup | None:
-        # MPI orders the new ranks by (key, old rank), as Communicator.split does.
-        sub = self._comm.Split(MPI.UNDEFINED if color is None else color, key)
+        # MPI takes C ints; the new ranks in the order members gives them
+        position = members.index(self.rank) if color is not None else 0
+        sub = _made(lambda: self._comm.Split(MPI.UNDEFINED if color is None else color,
+                                             position))
         return None if sub == MPI.COMM_NULL else MpiGroup(sub, self._timeout)
 
     def describe_links(self) -> list[str]:
@@ -411,6 +413,17 @@ class MpiGroup:
         self.native.close()
         self._coll_comm.Free()
         self._comm.Free()
+
+
+def _made(make: Callable[[], MPI.Comm]) -> MPI.Comm:
+    """A new MPI communicator; CommError, saying what to do, where MPI has no more (MPICH
+    gives a process about 2000, and each tbcoll communicator takes two)."""
+    try:
+        return make()
+    except MPI.Exception as e:
+        raise CommError(f"MPI could not make another communicator ({e.Get_error_string()}"
+                        "); close the sub-communicators you no longer need (comm.close(), or "
+                        "`with comm.split(...) as sub:`); each takes two of MPI's") from None
 
 
 def open_world(info: LaunchInfo | None) -> tuple[MpiGroup, int, int]:
