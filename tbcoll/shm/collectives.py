@@ -46,6 +46,21 @@ _SIGNATURE = 2  # the first of two signature words (8-byte) in a rank's flag lin
 WAIT_SLICE = 0.05  # seconds between looks for dead peers and the deadline
 
 
+_PREFAULT_BYTES = 4 << 20
+_PAGE = 4096
+
+
+def prefault(array: np.ndarray) -> None:
+    """Touch every page of a large result before the rounds write it (a write of the value
+    each page holds: the contents stay). A rank that takes page faults inside the rounds, a
+    megabyte at a time, holds up every rank at each round: a fresh 300 MB result took 1.5-2.7 s
+    that way against 0.1-0.2 s touched first, in parallel on every rank (measured here, in a
+    VM where first-touch faults are slow)."""
+    if array.nbytes >= _PREFAULT_BYTES:
+        pages = array.reshape(-1).view(np.uint8)[::_PAGE]
+        pages[...] = pages
+
+
 def _round_up(n: int, to: int) -> int:
     return -(-n // to) * to
 
@@ -105,6 +120,7 @@ class ShmNative:
 
     def all_reduce(self, send: np.ndarray | None, recv: np.ndarray, op: str) -> None:
         data = recv if send is None else send
+        prefault(recv)
         ufunc = OPS[op]
         single_pass = data.nbytes <= SINGLE_PASS_BYTES
         step = SLOT // data.itemsize

@@ -21,6 +21,7 @@ from tbcoll.shm.collectives import (
     SLOT,
     WAIT_SLICE,
     ShmNative,
+    prefault,
 )
 from tbcoll.shm.flags import atomics
 
@@ -127,6 +128,7 @@ class AtomicShmNative(ShmNative):
 
     def all_gather(self, send: np.ndarray, recv: np.ndarray) -> None:
         """Rank k's block is slot k; each chunk of the blocks goes in place in recv."""
+        prefault(recv)
         src, dst, block = _bytes(send), _bytes(recv), send.nbytes
         call = signature("all_gather", send.dtype, None, send.nbytes)
         for lo in range(0, block, SLOT):
@@ -135,6 +137,7 @@ class AtomicShmNative(ShmNative):
 
     def reduce_scatter(self, send: np.ndarray, recv: np.ndarray, op: str) -> None:
         """Each round carries a piece of every rank's block: slot k holds rank k's pieces."""
+        prefault(recv)
         src, dst, block = _bytes(send), _bytes(recv), recv.nbytes
         step = SLOT // self.size // send.itemsize * send.itemsize
         dtype, code = DTYPE_CODES[send.dtype], OP_CODES[op]
@@ -144,6 +147,7 @@ class AtomicShmNative(ShmNative):
                         call if lo == 0 else 0)
 
     def broadcast(self, buf: np.ndarray, root: int) -> None:
+        prefault(buf)
         data = _bytes(buf)
         call = signature("broadcast", buf.dtype, None, buf.nbytes, root)
         for lo in range(0, buf.nbytes, SLOT):
