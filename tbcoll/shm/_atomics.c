@@ -309,11 +309,11 @@ static void reduce_slots(const char *slots, Py_ssize_t slot_bytes, Py_ssize_t si
  *   ALL_GATHER      src -> slot; slot k -> dst + k * dst_stride (dst.len fits them);
  *   REDUCE_SCATTER  size pieces of dst.len bytes at src + k * src_stride -> slot, one after
  *                   the other; dst = piece `rank` of every slot reduced, in rank order;
- *   BROADCAST       the root: src -> slot (and -> dst if dst is another buffer), then it
- *                   waits for every rank's flag like the other kinds, to compare their
- *                   signatures: a rank that names another root is seen at this call (the
- *                   others arrive before they wait, so this costs the root little); the
- *                   others wait for the root's flag alone and copy its slot into dst;
+ *   BROADCAST       the root: src -> slot (and -> dst if dst is another buffer); the others
+ *                   copy the root's slot into dst. Every rank waits for every flag, as in
+ *                   the other kinds, to compare every rank's signature: a rank that names
+ *                   another root fails the call on every rank (the non-roots arrive before
+ *                   they wait, so this costs the root little);
  *   BARRIER         flags only.
  * stage 1 starts from the beginning, stage 2 resumes at the second wait. The result is 0 when
  * done, else the stage whose wait ran out of budget, or 3 when the ranks' calls differ (each
@@ -388,7 +388,6 @@ static PyObject *shm_round(PyObject *self, PyObject *const *args, Py_ssize_t nar
      * two (it waits for every flag >= seq-1 first), so round seq's word is not overwritten
      * while a slow rank still reads it. */
     Py_ssize_t signature_at = flags + SIGNATURE_OFFSET + (Py_ssize_t)(seq & 1) * 8;
-    int waits_for_all = kind != BROADCAST || rank == root;
     if (stage == 1) {
         if (!wait_flags(flag_base, line, size, seq - 1, budget)) {
             result = 1;
@@ -419,12 +418,11 @@ static PyObject *shm_round(PyObject *self, PyObject *const *args, Py_ssize_t nar
             memmove(dst_bytes, src_bytes, (size_t)(dst.len < piece ? dst.len : piece));
     }
     /* acquire, inside all_reached: everything the flags' writers stored before is visible */
-    if (!(waits_for_all ? wait_flags(flag_base, line, size, seq, budget)
-                        : wait_flags(flag_base + root * line, line, 1, seq, budget))) {
+    if (!wait_flags(flag_base, line, size, seq, budget)) {
         result = 2;
         goto done;
     }
-    for (Py_ssize_t k = waits_for_all ? 0 : root; k < (waits_for_all ? size : root + 1); k++) {
+    for (Py_ssize_t k = 0; k < size; k++) {
         if (__atomic_load_n((uint64_t *)(base + signature_at + k * line), __ATOMIC_RELAXED) !=
             signature) {
             result = 3;

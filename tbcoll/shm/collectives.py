@@ -191,15 +191,12 @@ class ShmNative:
             hi = min(lo + step, buf.size)
             call = signature("broadcast", buf.dtype, None, buf.nbytes, root) if lo == 0 else 0
             s, slots, _ = self._begin(buf.dtype, call)
-            if self.rank == root:  # it waits for everyone too, to compare their calls
+            if self.rank == root:
                 slots[root, :hi - lo] = buf[lo:hi]
-                self._arrive(s)
-                self._wait_all(_ARRIVE, s)
-                self._agree(s, call, range(self.size))
-            else:
-                self._arrive(s)
-                self._wait(self._flag(root, _ARRIVE), LINE, 1, s, [root])
-                self._agree(s, call, [root])  # only the root is waited for
+            self._arrive(s)
+            self._wait_all(_ARRIVE, s)  # every rank: to compare every rank's call
+            self._agree(s, call, range(self.size))
+            if self.rank != root:
                 buf[lo:hi] = slots[root, :hi - lo]
 
     def barrier(self) -> None:

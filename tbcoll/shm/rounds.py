@@ -168,10 +168,6 @@ class AtomicShmNative(ShmNative):
                 self._buffer, self._flags_at, LINE, self.size, self.rank, s,
                 self._set_offsets[s & 1], SLOT, src, src_stride, dst, dst_stride, kind, dtype,
                 op, root, stage, WAIT_SLICE, call):
-            follows = kind == BROADCAST and self.rank != root  # waits for the root alone
             if stage == 3:
-                self._agree(s, call, [root] if follows else range(self.size))
-            if stage == 2 and follows:
-                self._wait(self._flag(root, _ARRIVE), LINE, 1, s, [root])
-            else:
-                self._wait_all(_ARRIVE, s - 1 if stage == 1 else s)
+                self._agree(s, call, range(self.size))
+            self._wait_all(_ARRIVE, s - 1 if stage == 1 else s)

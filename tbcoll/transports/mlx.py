@@ -201,12 +201,23 @@ class MlxNative:
     # --- the lanes (see the module docstring) ----------------------------------------------
 
     def _reduced(self, x: mx.array, op: str, call: int, what: str) -> mx.array:
-        """x reduced with op over the ranks, after checking that every rank made call."""
-        both = _NATIVE_OPS[op](mx.concatenate([self._lanes_of(call, x.dtype), x.reshape(-1)]),
-                               group=self._group)
+        """x reduced with op over the ranks, after checking that every rank made call. MLX's
+        all_max and all_min drop a NaN that numpy's maximum and minimum keep: for floats a
+        mask of the NaNs travels too (as 1, or -1 for min, so that any rank's NaN wins)."""
+        flat = x.reshape(-1)
+        parts = [self._lanes_of(call, x.dtype), flat]
+        nans = op != "sum" and mx.issubdtype(x.dtype, mx.floating)
+        if nans:
+            mask = mx.isnan(flat).astype(x.dtype)
+            parts.append(mask if op == "max" else -mask)
+        both = _NATIVE_OPS[op](mx.concatenate(parts), group=self._group)
         self._eval(what, both)
         self._check(both[:LANES], op, call, what)
-        return both[LANES:].reshape(x.shape)
+        result = both[LANES:LANES + flat.size]
+        if nans:
+            result = mx.where(both[LANES + flat.size:] != 0, mx.array(float("nan"), x.dtype),
+                              result)
+        return result.reshape(x.shape)
 
     def _gathered(self, x: mx.array, call: int) -> mx.array:
         rows = x.reshape(1) if x.ndim == 0 else x

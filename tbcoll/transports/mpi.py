@@ -421,9 +421,11 @@ def _made(make: Callable[[], MPI.Comm]) -> MPI.Comm:
     try:
         return make()
     except MPI.Exception as e:
-        raise CommError(f"MPI could not make another communicator ({e.Get_error_string()}"
-                        "); close the sub-communicators you no longer need (comm.close(), or "
-                        "`with comm.split(...) as sub:`); each takes two of MPI's") from None
+        # MPICH's message is its error stack; the last line says what ran out
+        why = e.Get_error_string().strip().splitlines()[-1].rpartition("): ")[2]
+        raise CommError(f"MPI could not make another communicator ({why}); close the "
+                        "sub-communicators you no longer need (comm.close(), or `with "
+                        "comm.split(...) as sub:`); each takes two of MPI's") from None
 
 
 def open_world(info: LaunchInfo | None) -> tuple[MpiGroup, int, int]:
