@@ -6,6 +6,8 @@
   the others get SIGTERM, then SIGKILL after a grace period;
 - SIGINT, SIGTERM and SIGHUP sent to tbrun are forwarded to every rank, then the same teardown;
 - a job past its --timeout is torn down the same way and exits with status 124;
+- a job whose standard output lost its reader (`tbrun ... | head -1`) is torn down the same
+  way and exits with status 141, as a writer killed by SIGPIPE in a shell pipeline;
 - each rank also dies if tbrun itself is killed: on Linux by PR_SET_PDEATHSIG, elsewhere
   (macOS) and on remote hosts through launchers.remote, below.
 
@@ -45,6 +47,7 @@ from launchers.stdin import InputForwarder
 from tbcoll.errors import LINK_DOWN, LaunchError
 
 TIMEOUT_STATUS = 124  # as timeout(1) does
+STDOUT_CLOSED_STATUS = 128 + signal.SIGPIPE  # as the shell reports a writer SIGPIPE killed
 PDEATHSIG = sys.platform.startswith("linux")  # children can be told to die with tbrun
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _POLL = 0.5  # backstop for SIGCHLD wake-ups; exits are normally seen at once
@@ -141,6 +144,7 @@ class Supervisor:
         self._input = InputForwarder(
             stdin_fd if any(c.stdin and not c.launcher for c in commands) else None, log)
         self._kill_at: float | None = None  # SIGKILL deadline once teardown has begun
+        self._stdout_lost = False  # tbrun's stdout lost its reader, and the job was told
 
     def run(self, after_spawn: Callable[[], None] = lambda: None) -> int:
         """Start every rank, supervise until all have exited, return the job's exit status.
@@ -238,6 +242,9 @@ class Supervisor:
                 else:
                     self._pump(selector, key)
             self._output.flush_due()
+            if self._output.stdout_closed and not self._stdout_lost:
+                self._stdout_lost = True
+                self._stop_for_closed_stdout()
             self._handle_signals()
             self._reap(selector)
             now = time.monotonic()
@@ -301,6 +308,21 @@ class Supervisor:
             self._log(f"got {name}; forwarding {forward.name} to "
                       f"{plural(len(self._alive()), 'rank')}")
             self._begin_teardown(128 + signum, forward)
+
+    def _stop_for_closed_stdout(self) -> None:
+        """What a shell pipeline expects of a writer whose reader left: stop, status 141.
+        The ranks' output has nowhere to go; a failure already being torn down keeps its
+        status, and ranks that all ended well still lost output (141 as well)."""
+        if self._tearing_down:
+            return
+        self._log("standard output was closed; stopping the job")
+        if self._alive():
+            followed = self._provisional  # a follower's failure still waits for its culprit
+            self._begin_teardown(STDOUT_CLOSED_STATUS if self._status is None else self._status,
+                                 signal.SIGTERM)
+            self._provisional = followed
+        elif self._status is None:
+            self._status = STDOUT_CLOSED_STATUS
 
     def _reap(self, selector: selectors.BaseSelector) -> None:
         for rank, proc in self._procs.items():
