@@ -31,7 +31,8 @@ from tbcoll.rendezvous import StoreServer
 
 
 def rank_commands(cfg: LaunchConfig, plan: JobPlan, store_port: int, token: str,
-                  master_port: int, mlx: MlxVariables | None, files_dir: Path) -> list[RankCommand]:
+                  master_port: int, mlx: MlxVariables | None, files_dir: Path,
+                  job: str) -> list[RankCommand]:
     """One command per rank, in rank order, each from its host's starter."""
     n = cfg.nprocs
     commands = []
@@ -41,7 +42,7 @@ def rank_commands(cfg: LaunchConfig, plan: JobPlan, store_port: int, token: str,
             info = LaunchInfo(rank=rank, size=n, local_rank=local_rank, local_size=len(host.ranks),
                               node_rank=node, backend=cfg.backend,
                               store=(host.store_host, store_port), token=token,
-                              topology=plan.topology, timeout=cfg.comm_timeout)
+                              topology=plan.topology, timeout=cfg.comm_timeout, job=job)
             env = {**cfg.exports, "PYTHONUNBUFFERED": "1",
                    **worker_env(info, (plan.master_addr, master_port)),
                    **master_overrides(cfg.exports), **(mlx.for_rank(rank) if mlx else {})}
@@ -50,6 +51,12 @@ def rank_commands(cfg: LaunchConfig, plan: JobPlan, store_port: int, token: str,
                             rank in stdin_ranks(cfg.stdin, n))
             commands.append(starter.command(spec, cfg))
     return sorted(commands, key=lambda c: c.rank)
+
+
+def new_job_id() -> str:
+    """TBCOLL_JOB: random, so that no other job carries it; not a secret (any process of the
+    user can read it), unlike the token."""
+    return os.urandom(8).hex()
 
 
 def mlx_variables(cfg: LaunchConfig, plan: JobPlan) -> MlxVariables | None:
@@ -71,7 +78,8 @@ def mlx_variables(cfg: LaunchConfig, plan: JobPlan) -> MlxVariables | None:
 def dry_run(cfg: LaunchConfig, plan: JobPlan) -> int:
     """Print each rank's command and the variables tbrun would set, and start nothing."""
     commands = rank_commands(cfg, plan, cfg.store_port, "<made at launch>", 0,
-                             mlx_variables(cfg, plan), Path("<job directory>"))
+                             mlx_variables(cfg, plan), Path("<job directory>"),
+                             "<made at launch>")
     print("# port 0: a free port is chosen at launch")
     for cmd in commands:
         print(f"{cmd.name}: {shlex.join(cmd.argv)}")
@@ -108,20 +116,21 @@ def run(cfg: LaunchConfig) -> int:
             "--store-port, or 0 for any free port"
         ) from e
     job_dir = Path(tempfile.mkdtemp(prefix="tbrun-"))  # 0700: the job's private files
-    with janitor_for(job_dir, segments=segment_prefix(token)) as janitor:
+    job = new_job_id()
+    with janitor_for(job_dir, segments=segment_prefix(token), job=job) as janitor:
         try:
             mlx = mlx_variables(cfg, plan)
             for name, content in (mlx.files if mlx else {}).items():
                 (job_dir / f"{name}.json").write_text(content)
             commands = rank_commands(cfg, plan, store.port, token, free_port(LOOPBACK), mlx,
-                                     job_dir)
+                                     job_dir, job)
             hide = {starter_for(cfg, host).hide for host in plan.hosts} - {None}
             output = OutputRouter(cfg.nprocs, cfg.tag_output, cfg.output_dir,
                                   hide=hide.pop() if hide else None)
             supervisor = Supervisor(commands, output, timeout=cfg.timeout, grace=cfg.grace,
                                     log=log, stdin_fd=standard_input(),
                                     peer_failure=store.peer_failure,
-                                    on_spawn=janitor.watch_group)
+                                    on_spawn=janitor.watch_group, job=job)
             return supervisor.run(after_spawn=store.start)
         finally:
             store.close()

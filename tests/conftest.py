@@ -76,11 +76,13 @@ def write_pids(folder, name, *pids):
 """
 
 
-def read_pids(folder: Path, files: int, timeout: float = 20) -> list[int]:
-    """The pids in folder's .pid files (see WRITE_PIDS), once there are `files` of them."""
+def read_pids(folder: Path, files: int, timeout: float = 20, pattern: str = "*") -> list[int]:
+    """The pids in folder's .pid files (see WRITE_PIDS), once there are `files` of them; of
+    those, the ones of the files whose names match pattern."""
     wait_for(lambda: len(list(folder.glob("*.pid"))) == files, timeout,
              f"{files} pid files in {folder}")
-    return [int(pid) for path in sorted(folder.glob("*.pid")) for pid in path.read_text().split()]
+    return [int(pid) for path in sorted(folder.glob(f"{pattern}.pid"))
+            for pid in path.read_text().split()]
 
 
 def leftover_segments() -> list[str]:
