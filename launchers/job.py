@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import errno
 import os
 import shlex
 import shutil
@@ -20,14 +19,15 @@ from launchers.mlxvars import (
     ring_variables,
 )
 from launchers.output import OutputRouter, log
+from launchers.reaper import new_job_id
 from launchers.shmclean import remove_job_segments
 from launchers.starters import RankSpec, starter_for
 from launchers.stdin import standard_input, stdin_ranks
+from launchers.store import serve_store
 from launchers.supervisor import RankCommand, Supervisor
 from tbcoll.auth import new_token
-from tbcoll.env import LaunchInfo, format_hostport, segment_prefix, worker_env
+from tbcoll.env import LaunchInfo, segment_prefix, worker_env
 from tbcoll.errors import LaunchError
-from tbcoll.rendezvous import StoreServer
 
 
 def rank_commands(cfg: LaunchConfig, plan: JobPlan, store_port: int, token: str,
@@ -51,12 +51,6 @@ def rank_commands(cfg: LaunchConfig, plan: JobPlan, store_port: int, token: str,
                             rank in stdin_ranks(cfg.stdin, n))
             commands.append(starter.command(spec, cfg))
     return sorted(commands, key=lambda c: c.rank)
-
-
-def new_job_id() -> str:
-    """TBCOLL_JOB: random, so that no other job carries it; not a secret (any process of the
-    user can read it), unlike the token."""
-    return os.urandom(8).hex()
 
 
 def mlx_variables(cfg: LaunchConfig, plan: JobPlan) -> MlxVariables | None:
@@ -105,16 +99,7 @@ def run(cfg: LaunchConfig) -> int:
         return dry_run(cfg, plan_job(cfg.hostfile, cfg.nprocs, cfg.map_by, route=False))
     plan = plan_job(cfg.hostfile, cfg.nprocs, cfg.map_by)
     token = new_token()
-    try:
-        store = StoreServer(token, plan.store_hosts, cfg.store_port, log=log,
-                            clients=cfg.nprocs)
-    except OSError as e:
-        reason = "address already in use" if e.errno == errno.EADDRINUSE else e.strerror
-        where = " and ".join(format_hostport(h, cfg.store_port) for h in plan.store_hosts)
-        raise LaunchError(
-            f"cannot listen on {where} for the rendezvous store: {reason}; choose another "
-            "--store-port, or 0 for any free port"
-        ) from e
+    store = serve_store(token, plan, cfg.store_port, cfg.nprocs)
     job_dir = Path(tempfile.mkdtemp(prefix="tbrun-"))  # 0700: the job's private files
     job = new_job_id()
     with janitor_for(job_dir, segments=segment_prefix(token), job=job) as janitor:

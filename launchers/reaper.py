@@ -42,6 +42,12 @@ class Proc:
     zombie: bool
 
 
+def new_job_id() -> str:
+    """A job's TBCOLL_JOB: random, so that no other job carries it; not a secret (every
+    process of the user can read it), unlike the job's token."""
+    return os.urandom(8).hex()
+
+
 def set_subreaper(on: bool) -> bool | None:
     """Make this process a child subreaper (or stop being one); returns what it was before,
     None where there is no such thing (not Linux), so that the caller can put it back."""

@@ -35,8 +35,9 @@ For scripts written for torchrun the same facts go out as RANK, WORLD_SIZE, LOCA
 LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT. MASTER_PORT is a free port left for the
 script's own use (torch.distributed binds it on rank 0), not the store's port. A user's own
 MASTER_ADDR or MASTER_PORT (tbrun -x, --master-addr, --master-port) wins. Under tbrun
---backend mpi, each Python rank gets RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE from
-MPI's own variables (`torchrun_names_from_mpi`), MASTER_ADDR and MASTER_PORT from tbrun.
+--backend mpi every rank gets the same contract too (TBCOLL_BACKEND=mpi): mpiexec gives all
+ranks one environment, so launchers/mpirank.py computes each rank's values in the rank, from
+MPI's own variables (`torchrun_names_from_mpi`) and the resolved topology, with worker_env().
 
 With --backend mlx, also what mlx.launch gives MLX's own backends (launchers/mlxvars.py), so
 that an unmodified MLX script runs.
