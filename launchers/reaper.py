@@ -22,6 +22,7 @@ after its start time was checked again: a pid reused meanwhile is never signalle
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import signal
 import sys
@@ -107,15 +108,13 @@ def kill(procs: Iterable[Proc], sig: int = signal.SIGKILL) -> int:
     for proc in procs:
         try:
             fd = os.pidfd_open(proc.pid)
-        except OSError:
-            continue  # gone (or too old a kernel: then nothing is signalled blindly)
+        except OSError as e:
+            if e.errno == errno.ENOSYS and _unchanged(proc):  # Linux before 5.3: a small race
+                sent += _send(os.kill, proc.pid, sig)
+            continue  # else it is gone
         try:
-            again = _stat(proc.pid)
-            if again is not None and again.started == proc.started:
-                signal.pidfd_send_signal(fd, sig)
-                sent += 1
-        except OSError:
-            pass  # it ended meanwhile, or is not this user's
+            if _unchanged(proc):
+                sent += _send(signal.pidfd_send_signal, fd, sig)
         finally:
             os.close(fd)
     return sent
@@ -150,6 +149,21 @@ def sweep(find: Callable[[Mapping[int, Proc]], Iterable[Proc]], own: Collection[
             return killed
         killed += kill(found)
         time.sleep(_ROUND_PAUSE)
+
+
+def _unchanged(proc: Proc) -> bool:
+    """The process with proc's pid is still proc (a pid is reused once its process ends)."""
+    again = _stat(proc.pid)
+    return again is not None and again.started == proc.started
+
+
+def _send(send: Callable[[int, int], None], target: int, sig: int) -> int:
+    """send(target, sig); 1 if it was sent."""
+    try:
+        send(target, sig)
+        return 1
+    except OSError:
+        return 0  # it ended meanwhile, or is not this user's
 
 
 def _stat(pid: int) -> Proc | None:

@@ -231,7 +231,7 @@ def test_ctrl_c_reaches_remote_ranks(cluster, script):
     p.send_signal(signal.SIGINT)
     code, out, err = finish(p, timeout=30)
     assert code == 128 + signal.SIGINT
-    assert sorted(tagged_lines(out)) == list(range(HOSTS))
+    assert sorted(tagged_lines(out)) == list(range(HOSTS)), out + err
     assert all(lines == ["interrupted"] for lines in tagged_lines(out).values()), out
     assert_no_rank_left(cluster)
 
