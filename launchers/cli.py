@@ -114,7 +114,7 @@ def tbrun(nprocs: int | None, hostfile: str | None, hosts: str | None, map_by: s
 
     Each rank gets the launch contract in its environment: TBCOLL_RANK, TBCOLL_SIZE,
     TBCOLL_LOCAL_RANK, TBCOLL_LOCAL_SIZE, TBCOLL_NODE_RANK, TBCOLL_BACKEND, TBCOLL_STORE,
-    TBCOLL_TOKEN, TBCOLL_HOSTFILE, TBCOLL_TIMEOUT, and torchrun's RANK, WORLD_SIZE,
+    TBCOLL_TOKEN, TBCOLL_HOSTFILE, TBCOLL_TIMEOUT, TBCOLL_JOB, and torchrun's RANK, WORLD_SIZE,
     LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT. Also PYTHONUNBUFFERED=1, and
     OMP_NUM_THREADS=1 (and the BLAS equivalents) where unset and several ranks share a host.
     """

@@ -2,12 +2,14 @@
 launchers.janitor`, started by tbrun in a session of its own before any rank.
 
 tbrun tells it, one line each on its stdin, what a dead tbrun would leave: "group PGID" (a
-rank's process group: the rank and whatever it started), "folder PATH" (the job's private
-folder), "shm PREFIX" (the job's shared-memory names), "mpich" (MPICH's shared memory that
-ranks create during the job), and "done" when tbrun has cleaned up itself. End of file
-without "done" means tbrun died: the janitor kills every group with SIGKILL, removes the
-folders and the job's shared memory, and exits. PR_SET_PDEATHSIG kills only the rank itself,
-and exists on Linux only.
+rank's process group: the rank and whatever it started), "job ID" (the job's TBCOLL_JOB, which
+every process of the job inherits), "folder PATH" (the job's private folder), "shm PREFIX"
+(the job's shared-memory names), "mpich" (MPICH's shared memory that ranks create during the
+job), and "done" when tbrun has cleaned up itself. End of file without "done" means tbrun
+died: the janitor kills every group with SIGKILL, then every process of this user that still
+carries the job's cookie (on Linux: a child that left its rank's group for a session of its
+own, a daemon; launchers.reaper), removes the folders and the job's shared memory, and exits.
+PR_SET_PDEATHSIG kills only the rank itself, and exists on Linux only.
 """
 
 from __future__ import annotations
@@ -21,7 +23,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from launchers.reaper import carrying, sweep
 from launchers.shmclean import mpich_segments, remove_job_segments, remove_unmapped
+from tbcoll.env import job_marks
+
+_PATIENCE = 5.0  # seconds the sweep may go on killing a job that keeps forking
 
 
 class Janitor:
@@ -33,6 +39,9 @@ class Janitor:
 
     def watch_group(self, pgid: int) -> None:
         self._say(f"group {pgid}")
+
+    def watch_job(self, job: str) -> None:
+        self._say(f"job {job}")
 
     def watch_folder(self, path: str | Path) -> None:
         self._say(f"folder {path}")
@@ -58,14 +67,16 @@ class Janitor:
 
 
 @contextmanager
-def janitor_for(folder: Path, segments: str | None = None, mpich: bool = False
-                ) -> Iterator[Janitor]:
+def janitor_for(folder: Path, segments: str | None = None, mpich: bool = False,
+                job: str | None = None) -> Iterator[Janitor]:
     """A janitor that knows the job's folder (and its shared-memory prefix, or that MPICH's
-    shared memory is to be watched) and is dismissed when the block ends: put tbrun's own
-    clean-up inside the block."""
+    shared memory is to be watched, and the job's TBCOLL_JOB) and is dismissed when the block
+    ends: put tbrun's own clean-up inside the block."""
     janitor = Janitor()
     try:
         janitor.watch_folder(folder)
+        if job is not None:
+            janitor.watch_job(job)
         if segments is not None:
             janitor.watch_segments(segments)
         if mpich:
@@ -77,7 +88,7 @@ def janitor_for(folder: Path, segments: str | None = None, mpich: bool = False
 
 def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is tbrun's to handle
-    groups, folders, prefixes = [], [], []
+    groups, folders, prefixes, jobs = [], [], [], []
     mpich_before = None
     for raw in sys.stdin.buffer:
         kind, _, value = raw.decode(errors="replace").rstrip("\n").partition(" ")
@@ -85,6 +96,8 @@ def main() -> None:
             return
         if kind == "group" and value.isdigit():
             groups.append(int(value))
+        elif kind == "job" and value:
+            jobs.append(job_marks(value))
         elif kind == "folder":
             folders.append(value)
         elif kind == "shm":
@@ -96,6 +109,8 @@ def main() -> None:
             os.killpg(pgid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+    for marks in jobs:  # what left the groups: this user's processes with the job's cookie
+        sweep(lambda table, marks=marks: carrying(marks, table), (), _PATIENCE)
     for folder in folders:
         shutil.rmtree(folder, ignore_errors=True)
     for prefix in prefixes:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import errno
 import os
 import shlex
 import shutil
@@ -20,18 +19,20 @@ from launchers.mlxvars import (
     ring_variables,
 )
 from launchers.output import OutputRouter, log
+from launchers.reaper import new_job_id
 from launchers.shmclean import remove_job_segments
 from launchers.starters import RankSpec, starter_for
 from launchers.stdin import standard_input, stdin_ranks
+from launchers.store import serve_store
 from launchers.supervisor import RankCommand, Supervisor
 from tbcoll.auth import new_token
-from tbcoll.env import LaunchInfo, format_hostport, segment_prefix, worker_env
+from tbcoll.env import LaunchInfo, segment_prefix, worker_env
 from tbcoll.errors import LaunchError
-from tbcoll.rendezvous import StoreServer
 
 
 def rank_commands(cfg: LaunchConfig, plan: JobPlan, store_port: int, token: str,
-                  master_port: int, mlx: MlxVariables | None, files_dir: Path) -> list[RankCommand]:
+                  master_port: int, mlx: MlxVariables | None, files_dir: Path,
+                  job: str) -> list[RankCommand]:
     """One command per rank, in rank order, each from its host's starter."""
     n = cfg.nprocs
     commands = []
@@ -41,7 +42,7 @@ def rank_commands(cfg: LaunchConfig, plan: JobPlan, store_port: int, token: str,
             info = LaunchInfo(rank=rank, size=n, local_rank=local_rank, local_size=len(host.ranks),
                               node_rank=node, backend=cfg.backend,
                               store=(host.store_host, store_port), token=token,
-                              topology=plan.topology, timeout=cfg.comm_timeout)
+                              topology=plan.topology, timeout=cfg.comm_timeout, job=job)
             env = {**cfg.exports, "PYTHONUNBUFFERED": "1",
                    **worker_env(info, (plan.master_addr, master_port)),
                    **master_overrides(cfg.exports), **(mlx.for_rank(rank) if mlx else {})}
@@ -71,7 +72,8 @@ def mlx_variables(cfg: LaunchConfig, plan: JobPlan) -> MlxVariables | None:
 def dry_run(cfg: LaunchConfig, plan: JobPlan) -> int:
     """Print each rank's command and the variables tbrun would set, and start nothing."""
     commands = rank_commands(cfg, plan, cfg.store_port, "<made at launch>", 0,
-                             mlx_variables(cfg, plan), Path("<job directory>"))
+                             mlx_variables(cfg, plan), Path("<job directory>"),
+                             "<made at launch>")
     print("# port 0: a free port is chosen at launch")
     for cmd in commands:
         print(f"{cmd.name}: {shlex.join(cmd.argv)}")
@@ -97,31 +99,23 @@ def run(cfg: LaunchConfig) -> int:
         return dry_run(cfg, plan_job(cfg.hostfile, cfg.nprocs, cfg.map_by, route=False))
     plan = plan_job(cfg.hostfile, cfg.nprocs, cfg.map_by)
     token = new_token()
-    try:
-        store = StoreServer(token, plan.store_hosts, cfg.store_port, log=log,
-                            clients=cfg.nprocs)
-    except OSError as e:
-        reason = "address already in use" if e.errno == errno.EADDRINUSE else e.strerror
-        where = " and ".join(format_hostport(h, cfg.store_port) for h in plan.store_hosts)
-        raise LaunchError(
-            f"cannot listen on {where} for the rendezvous store: {reason}; choose another "
-            "--store-port, or 0 for any free port"
-        ) from e
+    store = serve_store(token, plan, cfg.store_port, cfg.nprocs)
     job_dir = Path(tempfile.mkdtemp(prefix="tbrun-"))  # 0700: the job's private files
-    with janitor_for(job_dir, segments=segment_prefix(token)) as janitor:
+    job = new_job_id()
+    with janitor_for(job_dir, segments=segment_prefix(token), job=job) as janitor:
         try:
             mlx = mlx_variables(cfg, plan)
             for name, content in (mlx.files if mlx else {}).items():
                 (job_dir / f"{name}.json").write_text(content)
             commands = rank_commands(cfg, plan, store.port, token, free_port(LOOPBACK), mlx,
-                                     job_dir)
+                                     job_dir, job)
             hide = {starter_for(cfg, host).hide for host in plan.hosts} - {None}
             output = OutputRouter(cfg.nprocs, cfg.tag_output, cfg.output_dir,
                                   hide=hide.pop() if hide else None)
             supervisor = Supervisor(commands, output, timeout=cfg.timeout, grace=cfg.grace,
                                     log=log, stdin_fd=standard_input(),
                                     peer_failure=store.peer_failure,
-                                    on_spawn=janitor.watch_group)
+                                    on_spawn=janitor.watch_group, job=job)
             return supervisor.run(after_spawn=store.start)
         finally:
             store.close()

@@ -1,45 +1,140 @@
-"""What each Python rank of `tbrun --backend mpi` runs under: `python -m launchers.mpirank
-STDIN PROGRAM...`, where STDIN is the rank that reads the job's input ("none": no rank).
+"""What each rank of `tbrun --backend mpi` runs under: `python -m launchers.mpirank STDIN
+PROGRAM...` for a Python program, `python -m launchers.mpirank --exec STDIN PROGRAM...` for
+any other, where STDIN is the rank that reads the job's input ("none": no rank).
 
-It gives the rank torchrun's names (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE) from
-MPI's own variables, gives every other rank /dev/null as stdin (Hydra leaves their stdin
-open with nothing ever arriving, so a read would hang), then runs PROGRAM with mpi4py's
-runner, so that an uncaught exception or a non-zero exit in one rank aborts the job at once
-(MPI_Abort) instead of leaving the others waiting. Before it aborts, a rank on tbrun's host
-writes its status into tbrun's job directory (TBCOLL_MPI_REPORTS): Hydra's teardown can cut
-the rank's last lines and Hydra's own exit codes, and tbrun must still name the rank.
+mpiexec gives every rank the same environment; this wrapper makes it the rank's own launch
+contract (tbcoll.env.worker_env), as tbrun gives it on every other backend. Its rank and the
+job's size come from MPI's own variables (PMI_RANK, PMI_SIZE: torchrun_names_from_mpi); the
+rest from what tbrun wrote for the whole job in TBCOLL_MPI_LAUNCH (MpiJob, below; removed from
+the rank's environment here): its host, hence its node and local rank, from the resolved
+topology, which lists each host's ranks as Hydra places them (-rankmap), and the store's
+address as that host reaches tbrun. The token travels in that variable, never on a command
+line. Under a plain mpiexec (no TBCOLL_MPI_LAUNCH) the rank gets torchrun's RANK, WORLD_SIZE,
+LOCAL_RANK and LOCAL_WORLD_SIZE only.
+
+Every rank but STDIN gets /dev/null as stdin (Hydra leaves their stdin open with nothing ever
+arriving, so a read would hang). Then a Python PROGRAM runs with mpi4py's runner, so that an
+uncaught exception or a non-zero exit in one rank aborts the job at once (MPI_Abort) instead
+of leaving the others waiting; any other program replaces this process (exec), and Hydra
+reports its exit. Before a Python rank aborts, a rank on tbrun's host writes its status into
+tbrun's job directory (TBCOLL_MPI_REPORTS): Hydra's teardown can cut the rank's last lines and
+Hydra's own exit codes, and tbrun must still name the rank.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import sys
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
 
-from tbcoll.env import torchrun_names_from_mpi
+from tbcoll.env import LaunchInfo, parse_hostport, torchrun_names_from_mpi, worker_env
+from tbcoll.errors import TbcollError
+
+LAUNCH = "TBCOLL_MPI_LAUNCH"
+REPORTS = "TBCOLL_MPI_REPORTS"
+
+
+@dataclass(frozen=True)
+class MpiJob:
+    """What tbrun tells every rank of an mpi job: the launch contract but for what differs
+    per rank, and the store's address per node."""
+
+    size: int
+    backend: str
+    stores: tuple[str, ...]  # host:port of tbrun's store as each node (topology order) has it
+    token: str
+    topology: dict  # TBCOLL_HOSTFILE
+    timeout: float
+    job: str  # TBCOLL_JOB
+    master: tuple[str, int]  # tbrun's MASTER_ADDR and MASTER_PORT
+    master_overrides: dict[str, str] = field(default_factory=dict)  # the user's, which win
+
+    def encode(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+    @classmethod
+    def decode(cls, text: str) -> MpiJob:
+        fields = json.loads(text)
+        fields["stores"], fields["master"] = tuple(fields["stores"]), tuple(fields["master"])
+        return cls(**fields)
+
+    def rank_env(self, rank: int) -> dict[str, str]:
+        """The contract of one rank (its own values where ranks differ)."""
+        for node, host in enumerate(self.topology["hosts"]):
+            if rank in host["ranks"]:
+                info = LaunchInfo(rank=rank, size=self.size, local_rank=host["ranks"].index(rank),
+                                  local_size=len(host["ranks"]), node_rank=node,
+                                  backend=self.backend,
+                                  store=parse_hostport(self.stores[node], LAUNCH),
+                                  token=self.token, topology=self.topology,
+                                  timeout=self.timeout, job=self.job)
+                return {**worker_env(info, self.master), **self.master_overrides}
+        raise TbcollError(f"rank {rank} is on none of the job's hosts ({LAUNCH})")
+
+
+def rank_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """The variables this rank gets: the whole contract in a tbrun job, torchrun's names from
+    MPI's under a plain mpiexec."""
+    names = torchrun_names_from_mpi(environ)
+    if LAUNCH not in environ:
+        return names
+    if not names.get("RANK", "").isdigit():
+        raise TbcollError("mpiexec gave this process no rank (PMI_RANK): launchers.mpirank "
+                          "runs the ranks of tbrun --backend mpi only")
+    try:
+        job = MpiJob.decode(environ[LAUNCH])
+    except (ValueError, KeyError, TypeError) as e:
+        raise TbcollError(f"{LAUNCH} is not what tbrun writes ({e})") from None
+    rank = int(names["RANK"])
+    if names.get("WORLD_SIZE") != str(job.size):
+        raise TbcollError(f"MPI says this is rank {rank} of {names.get('WORLD_SIZE', '?')}, "
+                          f"but tbrun started {job.size} ranks")
+    return job.rank_env(rank)
 
 
 def main() -> None:
-    stdin_rank = sys.argv.pop(1)
-    names = torchrun_names_from_mpi(os.environ)
+    args = sys.argv[1:]
+    execute = args[:1] == ["--exec"]
+    if execute:
+        args = args[1:]
+    stdin_rank, program = args[0], args[1:]
+    try:
+        names = rank_environment(os.environ)
+    except TbcollError as e:
+        print(f"tbrun: launchers.mpirank: {e}", file=sys.stderr, flush=True)
+        sys.exit(2)
+    os.environ.pop(LAUNCH, None)  # the token stays in TBCOLL_TOKEN alone
     os.environ.update(names)
-    if names.get("RANK") != stdin_rank:
+    rank = names.get("RANK")
+    if rank != stdin_rank:
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
         os.close(null)
+    if execute:
+        try:
+            os.execvp(program[0], program)
+        except OSError as e:
+            print(f"tbrun: rank {rank}: cannot run {program[0]}: {e.strerror}", file=sys.stderr,
+                  flush=True)
+            report_failure(rank, 127)
+            sys.exit(127)
+    sys.argv[1:] = program
     from mpi4py.run import main as run_with_mpi4py
 
     try:
         run_with_mpi4py()  # reads sys.argv[1:]: the program and its arguments
     except SystemExit as exc:
         if exc.code not in (None, 0):
-            report_failure(names.get("RANK"), exc.code if isinstance(exc.code, int) else 1)
+            report_failure(rank, exc.code if isinstance(exc.code, int) else 1)
         raise
     except KeyboardInterrupt:
-        report_failure(names.get("RANK"), 130)
+        report_failure(rank, 130)
         raise
     except BaseException:
-        report_failure(names.get("RANK"), 1)
+        report_failure(rank, 1)
         raise
 
 
@@ -60,9 +155,6 @@ def report_failure(rank: str | None, status: int) -> None:
             f.write(f"{status & 0xFF}\n")
     except OSError:
         pass  # tbrun falls back on MPICH's words
-
-
-REPORTS = "TBCOLL_MPI_REPORTS"
 
 
 if __name__ == "__main__":

@@ -37,7 +37,10 @@ def log(message: str) -> None:
     """tbrun's own messages, on its stderr, each on a line of its own."""
     if _active is not None:
         _active.end_line("err")
-    print(f"tbrun: {message}", file=sys.stderr, flush=True)
+    try:
+        print(f"tbrun: {message}", file=sys.stderr, flush=True)
+    except BrokenPipeError:
+        pass  # nobody reads tbrun's stderr any more (`tbrun ... 2>&1 | head`)
 
 
 class _Sink:
@@ -47,12 +50,17 @@ class _Sink:
         self.fd = fd
         self.owner: Key | None = None  # the key whose last piece did not end its line
         self.last_write = 0.0
+        self.closed = False  # its reader went away (`tbrun ... | head -1`)
 
     def write(self, data: bytes) -> None:
+        if self.closed:
+            return
         try:
             _write_all(self.fd, data)
         except BrokenPipeError:
-            pass  # our reader went away (e.g. `tbrun ... | head`); keep supervising
+            # The supervisor ends the job, as SIGPIPE ends a writer in a shell pipeline; what
+            # is written meanwhile has nowhere to go.
+            self.closed = True
 
 
 class OutputRouter:
@@ -116,6 +124,11 @@ class OutputRouter:
         """The stream closed: pass on what is left, and end its line."""
         key = (rank, stream)
         self._flush(key, self._clock(), final=True)
+
+    @property
+    def stdout_closed(self) -> bool:
+        """tbrun's standard output has no reader any more: the job should end."""
+        return self._sinks["out"].closed
 
     def stderr_tail(self, rank: int) -> str:
         """The last few KB a rank wrote to stderr (for hints in tbrun's failure messages)."""

@@ -8,6 +8,13 @@ pass on to the rank's process group ("TERM", "INT"), or the rank's input where "
 true (else the rank reads /dev/null). End of file means tbrun or the ssh connection is gone,
 and the rank is killed: the remote twin of PR_SET_PDEATHSIG. The rank's output goes straight
 to ssh's channels; the exit status is the rank's (128+N for signal N).
+
+When the rank has ended (by itself or killed), what it started is killed too: its process
+group and, on Linux, what left that group (launchers.reaper): this wrapper is a child
+subreaper, so the rank's orphans (a child in a session of its own, a double-forked daemon)
+become its children, reaped as they end; and on this host every process of this user that
+carries this rank's marks (TBCOLL_JOB and TBCOLL_RANK: the job's other ranks here have
+wrappers of their own).
 """
 
 from __future__ import annotations
@@ -22,7 +29,11 @@ import sys
 import tempfile
 import threading
 
+from launchers.reaper import carrying, descendants, set_subreaper, sweep
 from launchers.stdin import read_frames
+from tbcoll.env import rank_marks
+
+_PATIENCE = 5.0  # seconds the sweep may go on killing what keeps forking
 
 
 def _fail(message: str, status: int) -> None:
@@ -82,6 +93,24 @@ def _signal_group(pid: int, sig: signal.Signals) -> None:
         pass
 
 
+def _wait_reaping(proc: subprocess.Popen) -> int:
+    """Wait for the rank, reaping the orphans adopted meanwhile; its Popen returncode."""
+    while True:
+        child, status = os.waitpid(-1, 0)
+        if child == proc.pid:
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            return proc.returncode
+
+
+def _end_leftovers(pid: int, env: dict[str, str]) -> None:
+    """SIGKILL what the rank left: its process group, then what left the group."""
+    _signal_group(pid, signal.SIGKILL)
+    marks = rank_marks(env)
+    me = os.getpid()
+    sweep(lambda table: {p.pid: p for p in [*descendants(me, table), *carrying(marks, table)]
+                         }.values(), (), _PATIENCE)
+
+
 def main() -> None:
     line, rest = _read_setup()
     try:
@@ -92,6 +121,7 @@ def main() -> None:
         _fail(f"launchers.remote expects tbrun's set-up line on stdin ({e})", 2)
     if not os.path.isdir(cwd):
         _fail(f"working directory {cwd} does not exist here; give tbrun --cwd DIR", 2)
+    set_subreaper(True)  # the rank's orphans become this wrapper's children (Linux)
     with tempfile.TemporaryDirectory(prefix="tbrun-") as folder:  # mode 0700
         for name, content in setup.get("files", {}).items():
             path = os.path.join(folder, f"{name}.json")
@@ -109,7 +139,8 @@ def main() -> None:
             threading.Thread(target=_feed_input, args=(proc.stdin, feed), daemon=True).start()
         threading.Thread(target=_follow_orders, args=(proc.pid, rest, feed),
                          daemon=True).start()
-        status = proc.wait()
+        status = _wait_reaping(proc)
+        _end_leftovers(proc.pid, env)
     sys.exit(status if status >= 0 else 128 - status)
 
 

@@ -6,8 +6,14 @@
   the others get SIGTERM, then SIGKILL after a grace period;
 - SIGINT, SIGTERM and SIGHUP sent to tbrun are forwarded to every rank, then the same teardown;
 - a job past its --timeout is torn down the same way and exits with status 124;
+- a job whose standard output lost its reader (`tbrun ... | head -1`) is torn down the same
+  way and exits with status 141, as a writer killed by SIGPIPE in a shell pipeline;
 - each rank also dies if tbrun itself is killed: on Linux by PR_SET_PDEATHSIG, elsewhere
-  (macOS) and on remote hosts through launchers.remote, below.
+  (macOS) and on remote hosts through launchers.remote, below;
+- what the ranks started outside their process groups (a child in a session of its own, a
+  double-forked daemon) is killed when the job ends (Linux): tbrun is a child subreaper, so
+  those orphans stay its descendants, and each carries the job's cookie (TBCOLL_JOB) in its
+  environment (launchers.reaper); launchers.janitor does the same should tbrun be killed.
 
 A rank with a set-up line runs under launchers.remote (on a remote host through ssh): its
 set-up goes on stdin, then signals and the rank's input as frames (launchers.stdin), and for
@@ -41,10 +47,13 @@ from launchers.diagnose import (
     suspects,
 )
 from launchers.output import STREAMS, OutputRouter
+from launchers.reaper import carrying, descendants, processes, reap_adopted, set_subreaper, sweep
 from launchers.stdin import InputForwarder
+from tbcoll.env import job_marks
 from tbcoll.errors import LINK_DOWN, LaunchError
 
 TIMEOUT_STATUS = 124  # as timeout(1) does
+STDOUT_CLOSED_STATUS = 128 + signal.SIGPIPE  # as the shell reports a writer SIGPIPE killed
 PDEATHSIG = sys.platform.startswith("linux")  # children can be told to die with tbrun
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _POLL = 0.5  # backstop for SIGCHLD wake-ups; exits are normally seen at once
@@ -55,6 +64,9 @@ _TEARDOWN_STATUSES = (128 + signal.SIGINT, 128 + signal.SIGKILL, 128 + signal.SI
 # seconds a follower's failure waits for the failure it followed: the far end of a broken link
 # sees it up to a dead-link check period (1 s) after the near end
 _FOLLOWER_WAIT = 2.0
+# seconds the sweep of what the ranks left behind may go on killing (a process that keeps
+# forking); it normally ends after one or two rounds of a few milliseconds
+_STRAY_PATIENCE = 5.0
 
 
 @dataclass(frozen=True)
@@ -110,14 +122,15 @@ class Supervisor:
                  keepalive: Sequence[int] = (), stdin_fd: int | None = None,
                  peer_failure: Callable[[int], tuple[str, tuple[int, ...]] | None]
                  = lambda rank: None,
-                 on_spawn: Callable[[int], None] = lambda pgid: None) -> None:
+                 on_spawn: Callable[[int], None] = lambda pgid: None,
+                 job: str = "") -> None:
         """streams: more (rank, "out"/"err") -> readable fd to route, beside the commands'
         pipes (e.g. FIFOs mpiexec writes); keepalive: write ends of those held open so that
         they do not end before their writer opens them, closed once every command exited;
         stdin_fd: tbrun's standard input, forwarded to the commands with stdin set;
         peer_failure(rank): what the rank reported before failing because of peers (the
         error, and those peers), or None; on_spawn(pgid): a process group was started (for
-        launchers.janitor)."""
+        launchers.janitor); job: the job's TBCOLL_JOB, whose carriers are killed at the end."""
         self._commands = commands
         self._streams = dict(streams or {})
         self._keepalive = list(keepalive)
@@ -141,6 +154,12 @@ class Supervisor:
         self._input = InputForwarder(
             stdin_fd if any(c.stdin and not c.launcher for c in commands) else None, log)
         self._kill_at: float | None = None  # SIGKILL deadline once teardown has begun
+        self._stdout_lost = False  # tbrun's stdout lost its reader, and the job was told
+        self._job_marks = job_marks(job)
+        self._helpers: set[int] = set()  # tbrun's children before the ranks (the janitor)
+        self._adopting = False  # tbrun is a subreaper: orphans of the job become its children
+        self._child_exited = False  # SIGCHLD came: an adopted orphan may wait to be reaped
+        self._next_reaping = 0.0
 
     def run(self, after_spawn: Callable[[], None] = lambda: None) -> int:
         """Start every rank, supervise until all have exited, return the job's exit status.
@@ -159,6 +178,10 @@ class Supervisor:
         old_handlers[signal.SIGTTIN] = signal.signal(signal.SIGTTIN, signal.SIG_IGN)
         selector = selectors.DefaultSelector()
         selector.register(wake_r, selectors.EVENT_READ)
+        was_subreaper = set_subreaper(True)
+        self._adopting = was_subreaper is not None
+        me = os.getpid()
+        self._helpers = {p.pid for p in processes().values() if p.ppid == me}
         for key, fd in self._streams.items():
             os.set_blocking(fd, False)
             selector.register(fd, selectors.EVENT_READ, key)
@@ -173,6 +196,9 @@ class Supervisor:
             self._kill_groups(signal.SIGKILL)  # no process of the job outlives tbrun
             for proc in self._procs.values():
                 proc.wait()
+            self._kill_strays()
+            if was_subreaper is not None:
+                set_subreaper(was_subreaper)
             self._input.close()
             for key in list(selector.get_map().values()):
                 if key.data in self._streams:
@@ -186,7 +212,9 @@ class Supervisor:
         return self._status or 0
 
     def _on_signal(self, signum: int, frame: object) -> None:
-        if signum != signal.SIGCHLD:
+        if signum == signal.SIGCHLD:
+            self._child_exited = True
+        else:
             self._pending_signals.append(signum)
 
     def _spawn(self, selector: selectors.BaseSelector) -> None:
@@ -238,9 +266,17 @@ class Supervisor:
                 else:
                     self._pump(selector, key)
             self._output.flush_due()
+            if self._output.stdout_closed and not self._stdout_lost:
+                self._stdout_lost = True
+                self._stop_for_closed_stdout()
             self._handle_signals()
             self._reap(selector)
             now = time.monotonic()
+            if self._adopting and self._child_exited and now >= self._next_reaping:
+                # a scan of /proc: at most once per _POLL, however many ranks end at once
+                self._child_exited = False
+                self._next_reaping = now + _POLL
+                reap_adopted(self._own())
             if self._follower_deadline is not None and now >= self._follower_deadline:
                 self._name_suspects()
                 self._log(f"stopping the other {plural(len(self._alive()), 'rank')}")
@@ -268,7 +304,8 @@ class Supervisor:
                 if drain_until is None:
                     # Descendants may still hold a pipe open: end them, then drain briefly.
                     self._kill_groups(signal.SIGKILL)
-                    drain_until = now + 1.0
+                    self._kill_strays()
+                    drain_until = time.monotonic() + 1.0
                 elif now >= drain_until:
                     return
 
@@ -301,6 +338,21 @@ class Supervisor:
             self._log(f"got {name}; forwarding {forward.name} to "
                       f"{plural(len(self._alive()), 'rank')}")
             self._begin_teardown(128 + signum, forward)
+
+    def _stop_for_closed_stdout(self) -> None:
+        """What a shell pipeline expects of a writer whose reader left: stop, status 141.
+        The ranks' output has nowhere to go; a failure already being torn down keeps its
+        status, and ranks that all ended well still lost output (141 as well)."""
+        if self._tearing_down:
+            return
+        self._log("standard output was closed; stopping the job")
+        if self._alive():
+            followed = self._provisional  # a follower's failure still waits for its culprit
+            self._begin_teardown(STDOUT_CLOSED_STATUS if self._status is None else self._status,
+                                 signal.SIGTERM)
+            self._provisional = followed
+        elif self._status is None:
+            self._status = STDOUT_CLOSED_STATUS
 
     def _reap(self, selector: selectors.BaseSelector) -> None:
         for rank, proc in self._procs.items():
@@ -369,6 +421,22 @@ class Supervisor:
         self._tearing_down = True
         self._kill_groups(sig)
         self._kill_at = time.monotonic() + self._grace
+
+    def _own(self) -> set[int]:
+        """tbrun's children whose exit status someone here still waits for."""
+        return self._helpers | {p.pid for p in self._procs.values() if p.returncode is None}
+
+    def _kill_strays(self) -> None:
+        """SIGKILL what the ranks left outside their process groups (Linux): tbrun's
+        descendants but its helpers (orphans it adopted as subreaper, and theirs), and this
+        user's processes that carry the job's cookie; reap the adopted."""
+        def strays(table):
+            found = {p.pid: p for p in descendants(os.getpid(), table, spare=self._own())}
+            found.update((p.pid, p) for p in carrying(self._job_marks, table)
+                         if p.pid not in self._helpers)
+            return found.values()
+
+        sweep(strays, self._own(), _STRAY_PATIENCE)
 
     def _alive(self) -> list[int]:
         return [rank for rank, proc in self._procs.items() if proc.returncode is None]

@@ -18,6 +18,9 @@ reads or writes these variables.
                                    "links": [null, "192.168.0.1"]}, ...]}
                        (one host "localhost" with no addr when no hosts were given)
     TBCOLL_TIMEOUT     seconds a wait may last before it raises (default 300)
+    TBCOLL_JOB         random id of the job (not a secret); every process of the job inherits
+                       it, and tbrun and its janitor kill what still carries it when the job
+                       ends (launchers/reaper.py)
 
 Read by the library as well, set by the user:
 
@@ -32,8 +35,9 @@ For scripts written for torchrun the same facts go out as RANK, WORLD_SIZE, LOCA
 LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT. MASTER_PORT is a free port left for the
 script's own use (torch.distributed binds it on rank 0), not the store's port. A user's own
 MASTER_ADDR or MASTER_PORT (tbrun -x, --master-addr, --master-port) wins. Under tbrun
---backend mpi, each Python rank gets RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE from
-MPI's own variables (`torchrun_names_from_mpi`), MASTER_ADDR and MASTER_PORT from tbrun.
+--backend mpi every rank gets the same contract too (TBCOLL_BACKEND=mpi): mpiexec gives all
+ranks one environment, so launchers/mpirank.py computes each rank's values in the rank, from
+MPI's own variables (`torchrun_names_from_mpi`) and the resolved topology, with worker_env().
 
 With --backend mlx, also what mlx.launch gives MLX's own backends (launchers/mlxvars.py), so
 that an unmodified MLX script runs.
@@ -69,6 +73,7 @@ class LaunchInfo:
     token: str
     topology: dict
     timeout: float
+    job: str = ""  # TBCOLL_JOB
 
 
 def worker_env(info: LaunchInfo, master: tuple[str, int]) -> dict[str, str]:
@@ -84,6 +89,7 @@ def worker_env(info: LaunchInfo, master: tuple[str, int]) -> dict[str, str]:
         "TBCOLL_TOKEN": info.token,
         "TBCOLL_HOSTFILE": json.dumps(info.topology, separators=(",", ":")),
         "TBCOLL_TIMEOUT": f"{info.timeout:g}",
+        "TBCOLL_JOB": info.job,
         "RANK": str(info.rank),
         "WORLD_SIZE": str(info.size),
         "LOCAL_RANK": str(info.local_rank),
@@ -128,12 +134,30 @@ def launch_info(environ: Mapping[str, str] | None = None) -> LaunchInfo | None:
         token=_required(env, "TBCOLL_TOKEN"),
         topology=_json(env, "TBCOLL_HOSTFILE"),
         timeout=comm_timeout(None, env),
+        job=env.get("TBCOLL_JOB", ""),
     )
     if not 0 <= info.rank < info.size:
         raise TbcollError(f"TBCOLL_RANK={info.rank} is outside 0..{info.size - 1} (TBCOLL_SIZE)")
     if info.backend not in BACKENDS:
         raise TbcollError(f"TBCOLL_BACKEND={info.backend!r} is not one of {', '.join(BACKENDS)}")
     return info
+
+
+def job_marks(job: str, environ: Mapping[str, str] | None = None) -> tuple[bytes, ...]:
+    """The entries of /proc/<pid>/environ that mark a process of job `job` (TBCOLL_JOB) and,
+    given a rank's environment, of that rank alone (its TBCOLL_RANK as well): what tbrun, its
+    janitor and launchers.remote look for to kill what a job left behind. () for no job."""
+    if not job:
+        return ()
+    marks = (f"TBCOLL_JOB={job}".encode(),)
+    if environ is not None and "TBCOLL_RANK" in environ:
+        marks += (f"TBCOLL_RANK={environ['TBCOLL_RANK']}".encode(),)
+    return marks
+
+
+def rank_marks(environ: Mapping[str, str]) -> tuple[bytes, ...]:
+    """job_marks of the rank whose environment this is; () where it has no TBCOLL_JOB."""
+    return job_marks(environ.get("TBCOLL_JOB", ""), environ)
 
 
 def started_by_mpiexec(environ: Mapping[str, str] | None = None) -> bool:

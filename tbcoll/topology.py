@@ -54,7 +54,8 @@ class Hostfile:
     def from_file(cls, path: str | Path) -> Hostfile:
         path = Path(path)
         try:
-            text = path.read_text()
+            # utf-8-sig: a byte-order mark (Windows editors write one) is no part of a name
+            text = path.read_text(encoding="utf-8-sig")
         except OSError as e:
             raise HostfileError(f"{path}: cannot read the hostfile ({e.strerror})") from None
         except UnicodeDecodeError as e:

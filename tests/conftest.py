@@ -64,6 +64,27 @@ def wait_for(predicate, timeout: float, what: str) -> None:
         time.sleep(0.02)
 
 
+# Rank scripts record pids with write_pids: a .pid file appears (by rename) only once it is
+# complete, so a test that sees it reads every pid it was meant to hold.
+WRITE_PIDS = """
+def write_pids(folder, name, *pids):
+    import os
+    path = os.path.join(folder, str(name))
+    with open(path + ".tmp", "w") as f:
+        f.write(" ".join(map(str, pids)) + "\\n")
+    os.replace(path + ".tmp", path + ".pid")
+"""
+
+
+def read_pids(folder: Path, files: int, timeout: float = 20, pattern: str = "*") -> list[int]:
+    """The pids in folder's .pid files (see WRITE_PIDS), once there are `files` of them; of
+    those, the ones of the files whose names match pattern."""
+    wait_for(lambda: len(list(folder.glob("*.pid"))) == files, timeout,
+             f"{files} pid files in {folder}")
+    return [int(pid) for path in sorted(folder.glob(f"{pattern}.pid"))
+            for pid in path.read_text().split()]
+
+
 def leftover_segments() -> list[str]:
     """tbcoll's shared-memory names in /dev/shm (none can be listed on macOS)."""
     shm = Path("/dev/shm")

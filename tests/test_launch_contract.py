@@ -13,7 +13,7 @@ from .conftest import REPO, tagged_lines, tbrun
 
 CONTRACT = ["TBCOLL_RANK", "TBCOLL_SIZE", "TBCOLL_LOCAL_RANK", "TBCOLL_LOCAL_SIZE",
             "TBCOLL_NODE_RANK", "TBCOLL_BACKEND", "TBCOLL_STORE", "TBCOLL_TOKEN",
-            "TBCOLL_HOSTFILE", "TBCOLL_TIMEOUT", "RANK", "WORLD_SIZE", "LOCAL_RANK",
+            "TBCOLL_HOSTFILE", "TBCOLL_TIMEOUT", "TBCOLL_JOB", "RANK", "WORLD_SIZE", "LOCAL_RANK",
             "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "PYTHONUNBUFFERED",
             "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "FROM_X", "HOME"]
 
@@ -41,6 +41,8 @@ def test_every_rank_gets_the_contract(script):
                           "--comm-timeout", "42")
     tokens = {r["env"]["TBCOLL_TOKEN"] for r in ranks.values()}
     assert len(tokens) == 1 and len(tokens.pop()) == 64
+    jobs = {r["env"]["TBCOLL_JOB"] for r in ranks.values()}
+    assert len(jobs) == 1 and len(jobs.pop()) == 16  # one random id for the whole job
     for rank, out in ranks.items():
         env = out["env"]
         assert env["TBCOLL_RANK"] == env["RANK"] == env["TBCOLL_LOCAL_RANK"] == str(rank)
@@ -120,9 +122,10 @@ def test_hello_example():
 
 def test_launch_info_round_trip_and_errors():
     info = LaunchInfo(rank=1, size=2, local_rank=1, local_size=2, node_rank=0, backend="shm",
-                      store=("::1", 5000), token="t", topology={"hosts": []}, timeout=7.5)
+                      store=("::1", 5000), token="t", topology={"hosts": []}, timeout=7.5,
+                      job="1a2b")
     env = worker_env(info, ("127.0.0.1", 6000))
-    assert env["TBCOLL_STORE"] == "[::1]:5000"
+    assert env["TBCOLL_STORE"] == "[::1]:5000" and env["TBCOLL_JOB"] == "1a2b"
     assert launch_info(env) == info
     assert launch_info({}) is None
     with pytest.raises(TbcollError, match="TBCOLL_RANK=5 is outside 0..1"):

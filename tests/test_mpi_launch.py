@@ -7,6 +7,8 @@ import time
 
 import pytest
 
+from tbcoll.errors import TbcollError
+
 from .conftest import mpich_segments, pid_alive, tagged_lines, tbrun
 
 pytest.importorskip("mpi4py")
@@ -155,3 +157,75 @@ def test_a_ranks_own_report_names_it_when_mpich_said_nothing(tmp_path, monkeypat
     job_dir.chmod(0o755)  # a directory others could write to is not written in
     mpirank.report_failure("1", 4)
     assert reported(job_dir) == [(2, 3)]
+
+
+CONTRACT = ("TBCOLL_RANK", "TBCOLL_SIZE", "TBCOLL_LOCAL_RANK", "TBCOLL_LOCAL_SIZE",
+            "TBCOLL_NODE_RANK", "TBCOLL_BACKEND", "TBCOLL_STORE", "TBCOLL_TOKEN",
+            "TBCOLL_HOSTFILE", "TBCOLL_TIMEOUT", "TBCOLL_JOB", "RANK", "WORLD_SIZE",
+            "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+@pytest.mark.parametrize("program", ["python", "sh"])
+def test_mpi_ranks_get_the_whole_launch_contract(script, program):
+    """mpiexec gives every rank the same environment: launchers.mpirank makes it each rank's
+    own contract, for a Python rank and for any other program alike."""
+    if program == "python":
+        argv = [script("import os\nfor item in os.environ.items(): print('='.join(item))")]
+    else:
+        argv = ["sh", "-c", "env"]
+    p = tbrun("--backend", "mpi", "-np", 2, "--comm-timeout", 42, *argv, timeout=60)
+    assert p.returncode == 0, p.stdout + p.stderr
+    lines = tagged_lines(p.stdout)
+    assert sorted(lines) == [0, 1]
+    seen = {rank: dict(line.split("=", 1) for line in rank_lines if "=" in line)
+            for rank, rank_lines in lines.items()}
+    for rank, env in seen.items():
+        assert [name for name in CONTRACT if name not in env] == []
+        assert env["TBCOLL_RANK"] == env["RANK"] == str(rank)
+        assert env["TBCOLL_LOCAL_RANK"] == env["LOCAL_RANK"] == str(rank)
+        assert env["TBCOLL_SIZE"] == env["WORLD_SIZE"] == "2"
+        assert env["TBCOLL_LOCAL_SIZE"] == env["LOCAL_WORLD_SIZE"] == "2"
+        assert env["TBCOLL_NODE_RANK"] == "0" and env["TBCOLL_BACKEND"] == "mpi"
+        assert env["TBCOLL_TIMEOUT"] == "42" and env["MASTER_ADDR"] == "127.0.0.1"
+        host, port = env["TBCOLL_STORE"].rsplit(":", 1)
+        assert host == "127.0.0.1" and int(port) > 0 and int(env["MASTER_PORT"]) > 0
+        assert json.loads(env["TBCOLL_HOSTFILE"]) == {
+            "hosts": [{"name": "localhost", "ranks": [0, 1]}]}
+        assert len(env["TBCOLL_TOKEN"]) == 64 and len(env["TBCOLL_JOB"]) == 16
+        assert "TBCOLL_MPI_LAUNCH" not in env  # tbrun's note to the wrapper, token included
+    for shared in ("TBCOLL_TOKEN", "TBCOLL_JOB", "TBCOLL_STORE", "MASTER_PORT"):
+        assert seen[0][shared] == seen[1][shared]
+
+
+def test_mpi_ranks_reach_the_store(script):
+    """TBCOLL_STORE is tbrun's store under --backend mpi too: tcp's rendezvous goes through it,
+    and tbcoll.init() still picks MPI."""
+    p = tbrun("--backend", "mpi", "-np", 2, script("""
+        import numpy as np
+        import tbcoll
+        with tbcoll.init() as comm, tbcoll.init(backend="tcp") as tcp:
+            total = tcp.all_reduce(np.array([tcp.rank + 1.0]))
+            print(comm.backend, tcp.backend, comm.rank == tcp.rank, total[0])
+    """), timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert tagged_lines(p.stdout) == {0: ["mpi tcp True 3.0"], 1: ["mpi tcp True 3.0"]}
+
+
+def test_the_rank_wrapper_places_ranks_by_the_topology():
+    """Node and local rank, and the store as the rank's host reaches it, follow from the
+    hosts' ranks (here --map-by node over two hosts), with MPI's rank and size."""
+    from launchers.mpirank import LAUNCH, MpiJob, rank_environment
+
+    topology = {"hosts": [{"name": "a", "ranks": [0, 2], "addr": "10.0.0.1"},
+                          {"name": "b", "ranks": [1, 3], "addr": "10.0.0.2"}]}
+    job = MpiJob(size=4, backend="mpi", stores=("127.0.0.1:7000", "10.0.0.1:7000"), token="t",
+                 topology=topology, timeout=9.0, job="j", master=("10.0.0.1", 7001),
+                 master_overrides={"MASTER_PORT": "29500"})
+    env = rank_environment({"PMI_RANK": "3", "PMI_SIZE": "4", LAUNCH: job.encode()})
+    assert (env["TBCOLL_RANK"], env["TBCOLL_NODE_RANK"], env["TBCOLL_LOCAL_RANK"],
+            env["TBCOLL_LOCAL_SIZE"], env["TBCOLL_STORE"]) == ("3", "1", "1", "2", "10.0.0.1:7000")
+    assert (env["LOCAL_RANK"], env["MASTER_ADDR"], env["MASTER_PORT"]) == ("1", "10.0.0.1", "29500")
+    with pytest.raises(TbcollError, match="MPI says this is rank 3 of 2, but tbrun started 4"):
+        rank_environment({"PMI_RANK": "3", "PMI_SIZE": "2", LAUNCH: job.encode()})
+    assert rank_environment({"PMI_RANK": "1", "PMI_SIZE": "4"}) == {  # a plain mpiexec
+        "RANK": "1", "WORLD_SIZE": "4"}

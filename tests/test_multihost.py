@@ -132,6 +132,38 @@ def test_mpi_job_over_three_hosts(cluster, script):
     assert_no_rank_left(cluster)
 
 
+def test_mpi_ranks_across_hosts_get_their_contract_and_the_store(cluster, script):
+    """Under --backend mpi each rank's node and local rank follow from where Hydra placed it,
+    and TBCOLL_STORE is tbrun's store at the address its host reaches: tcp meets there."""
+    pytest.importorskip("mpi4py")
+    hosts = ",".join(f"{cluster.address(i)}:2" for i in range(HOSTS))
+    network_only = ["-x", "MPIR_CVAR_NOLOCAL=1", "-x", "UCX_TLS=tcp,self"]
+    code, out, err = finish(tbrun_on(cluster, "--backend", "mpi", "-H", hosts, "--map-by", "node",
+                                     *network_only, script("""
+        import json, os
+        import numpy as np
+        import tbcoll
+
+        with tbcoll.init() as comm, tbcoll.init(backend="tcp") as tcp:
+            total = tcp.all_reduce(np.array([1.0]))
+            print(json.dumps({"rank": comm.rank, "backend": comm.backend, "total": total[0],
+                              "node": int(os.environ["TBCOLL_NODE_RANK"]),
+                              "local": int(os.environ["TBCOLL_LOCAL_RANK"]),
+                              "store": os.environ["TBCOLL_STORE"],
+                              "netns": os.readlink("/proc/self/ns/net")}))
+        """)))
+    assert code == 0, out + err
+    got = results(out)
+    assert sorted(got) == list(range(2 * HOSTS))
+    for rank, r in got.items():
+        assert (r["backend"], r["total"]) == ("mpi", 2.0 * HOSTS)
+        assert (r["node"], r["local"]) == (rank % HOSTS, rank // HOSTS)
+        host = r["store"].rpartition(":")[0]
+        assert host == "127.0.0.1" if r["node"] == 0 else host != "127.0.0.1", r
+    assert_one_namespace_per_host(got, HOSTS)
+    assert_no_rank_left(cluster)
+
+
 def test_tcp_uses_the_cable_between_each_pair_of_hosts(cluster, script, tmp_path):
     hostfile = cluster.mesh_hostfile(tmp_path)
     code, out, err = finish(tbrun_on(cluster, "--hostfile", hostfile, "--backend", "tcp",
@@ -199,7 +231,7 @@ def test_ctrl_c_reaches_remote_ranks(cluster, script):
     p.send_signal(signal.SIGINT)
     code, out, err = finish(p, timeout=30)
     assert code == 128 + signal.SIGINT
-    assert sorted(tagged_lines(out)) == list(range(HOSTS))
+    assert sorted(tagged_lines(out)) == list(range(HOSTS)), out + err
     assert all(lines == ["interrupted"] for lines in tagged_lines(out).values()), out
     assert_no_rank_left(cluster)
 
@@ -212,6 +244,43 @@ def test_remote_ranks_die_with_a_killed_tbrun(cluster, script):
     p.kill()  # SIGKILL: tbrun cannot tear anything down itself
     p.wait()
     assert_no_rank_left(cluster)  # ssh's end of file made launchers.remote kill each rank
+
+
+@pytest.mark.parametrize("end", ["normal", "kill -9"])
+def test_what_ranks_detach_dies_on_every_host(cluster, script, end):
+    """Each rank leaves a child in a session of its own and a double-forked daemon: on the
+    remote hosts launchers.remote (their subreaper) kills them when its rank ends, or when
+    tbrun is gone; on tbrun's host tbrun does, or its janitor after kill -9."""
+    p = tbrun_on(cluster, "-H", ",".join(cluster.address(i) for i in range(HOSTS)), script("""
+        import os, subprocess, sys, time
+        subprocess.Popen(["sleep", "1000"], start_new_session=True)
+        if os.fork() == 0:
+            os.setsid()
+            if os.fork() == 0:
+                os.execvp("sleep", ["sleep", "1000"])
+            os._exit(0)
+        os.wait()
+        print("up", flush=True)
+        if sys.argv[1] == "stay":
+            time.sleep(60)
+        """), "end" if end == "normal" else "stay")
+    try:
+        if end == "normal":
+            code, out, err = finish(p)
+            assert code == 0 and len(out.splitlines()) == HOSTS, out + err
+        else:
+            for _ in range(HOSTS):
+                assert p.stdout.readline(), p.stderr.read()
+            p.kill()
+            p.wait()
+        assert_no_rank_left(cluster)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        for i in range(HOSTS):  # what a failure left in the test's own namespaces
+            for pid in cluster.pids(i):
+                os.kill(pid, signal.SIGKILL)
 
 
 def test_timeout_stops_remote_ranks(cluster, script):

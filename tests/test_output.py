@@ -4,9 +4,11 @@ import os
 import subprocess
 import time
 
+import pytest
+
 from launchers.output import OutputRouter
 
-from .conftest import TBRUN, tagged_lines, tbrun
+from .conftest import TBRUN, WRITE_PIDS, pid_alive, read_pids, tagged_lines, tbrun, wait_for
 
 TWO_STREAMS = """
 import os, sys
@@ -87,6 +89,45 @@ def test_no_tag_output_passes_bytes_at_once(script):
                        stdin=subprocess.DEVNULL, timeout=30)
     assert p.returncode == 0, p.stderr
     assert p.stdout == b"50%\r100%\n"
+
+
+CHATTY = WRITE_PIDS + """
+import os, sys
+write_pids(sys.argv[1], os.environ["RANK"], os.getpid())
+while True:
+    print("chatter from rank", os.environ["RANK"], flush=True)
+"""
+
+
+@pytest.mark.parametrize("stderr", ["apart", "same pipe"])
+def test_a_closed_stdout_ends_the_job_as_sigpipe_would(script, tmp_path, stderr):
+    """`tbrun -np 2 chatty.py | head -1` (and `2>&1 | head -1`): once the reader is gone
+    the job stops, and tbrun exits with 141 (128+SIGPIPE) as a shell pipeline expects."""
+    piddir = tmp_path / "pids"
+    piddir.mkdir()
+    proc = subprocess.Popen(
+        [TBRUN, "-np", "2", str(script(CHATTY)), str(piddir)], stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE if stderr == "apart" else subprocess.STDOUT)
+    try:
+        pids = read_pids(piddir, 2)
+        assert proc.stdout.readline().startswith(b"[")  # head -1: one line, then it leaves
+        proc.stdout.close()
+        closed = time.monotonic()
+        status = proc.wait(timeout=20)
+        took = time.monotonic() - closed
+        err = proc.stderr.read().decode() if proc.stderr else ""
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if proc.stderr:
+            proc.stderr.close()
+    assert status == 128 + 13, err
+    assert took < 5
+    if stderr == "apart":
+        assert err.splitlines() == ["tbrun: standard output was closed; stopping the job"]
+    wait_for(lambda: not any(map(pid_alive, pids)), 5, f"ranks {pids} to end")
 
 
 class FakeClock:

@@ -12,22 +12,31 @@ import pytest
 
 from launchers.stdin import frame
 
-from .conftest import TBRUN, pid_alive, tagged_lines, tbrun, wait_for
+from .conftest import (
+    TBRUN,
+    WRITE_PIDS,
+    pid_alive,
+    read_pids,
+    tagged_lines,
+    tbrun,
+    wait_for,
+)
 
-# Each rank records its pid and a grandchild's pid in PIDDIR, then runs the given body.
-RANK_WITH_CHILD = """
-import os, signal, subprocess, sys, time
+# Each rank records its pid and a grandchild's pid in PIDDIR (a file that appears whole, by
+# rename), then runs the given body; started() counts the ranks that have.
+RANK_WITH_CHILD = WRITE_PIDS + """
+import glob, os, signal, subprocess, sys, time
 piddir, rank = sys.argv[1], int(os.environ["RANK"])
 child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-with open(os.path.join(piddir, f"{{rank}}.pid"), "w") as f:
-    f.write(f"{{os.getpid()}} {{child.pid}}")
+write_pids(piddir, rank, os.getpid(), child.pid)
+def started():
+    return len(glob.glob(os.path.join(piddir, "*.pid")))
 {body}
 """
 
 
 def job_pids(piddir, np):
-    wait_for(lambda: len(list(piddir.glob("*.pid"))) == np, 20, "every rank to start")
-    return [int(p) for f in piddir.glob("*.pid") for p in f.read_text().split()]
+    return read_pids(piddir, np)
 
 
 def assert_all_gone(pids):
@@ -52,7 +61,7 @@ def finish(proc, timeout=30):
 def test_failing_rank_status_and_teardown_of_everything(script, tmp_path):
     body = """
 if rank == 1:
-    while len(os.listdir(piddir)) < 3:
+    while started() < 3:
         time.sleep(0.01)
     sys.exit(3)
 time.sleep(60)
@@ -110,7 +119,7 @@ def test_ranks_that_ignore_sigterm_get_sigkill(script, tmp_path):
     body = """
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
 if rank == 0:
-    while len(os.listdir(piddir)) < 2:
+    while started() < 2:
         time.sleep(0.01)
     sys.exit(1)
 time.sleep(60)
@@ -192,6 +201,145 @@ def test_a_killed_tbrun_leaves_no_process_and_no_file(script, tmp_path, backend)
                 os.kill(pid, signal.SIGKILL)
 
 
+# A rank that leaves four processes outside its process group, each `sleep 1000`: a child in
+# a session of its own, a child in a group of its own, a classic double-forked daemon, and a
+# child in a session of its own with an empty environment (no TBCOLL_JOB: only its subreaper
+# can find it). The rank ends at once ("end") or sleeps ("stay").
+RANK_WITH_ESCAPEES = WRITE_PIDS + """
+import os, subprocess, sys, time
+piddir, rank, then = sys.argv[1], os.environ["RANK"], sys.argv[2]
+session = subprocess.Popen(["sleep", "1000"], start_new_session=True)
+group = subprocess.Popen(["sleep", "1000"], process_group=0)
+bare = subprocess.Popen(["/bin/sleep", "1000"], start_new_session=True, env={})
+write_pids(piddir, f"bare-{rank}", bare.pid)
+if os.fork() == 0:  # the daemon: fork, setsid, fork again, and the middle one exits
+    os.setsid()
+    if os.fork() == 0:
+        write_pids(piddir, f"daemon-{rank}", os.getpid())
+        os.execvp("sleep", ["sleep", "1000"])
+    os._exit(0)
+os.wait()
+deadline = time.monotonic() + 20
+while not os.path.exists(os.path.join(piddir, f"daemon-{rank}.pid")):  # it wrote its pid
+    assert time.monotonic() < deadline, "the daemon never wrote its pid"
+    time.sleep(0.01)
+write_pids(piddir, f"rank-{rank}", session.pid, group.pid)
+if then == "stay":
+    time.sleep(1000)
+"""
+
+ESCAPEES_GONE_WITHIN = 5  # seconds
+
+
+def kill_leftovers(pids):
+    for pid in pids:
+        if pid_alive(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"),
+                    reason="macOS has no subreaper and no /proc: these processes survive there")
+@pytest.mark.parametrize("end", ["normal", "kill -9"])
+def test_nothing_a_rank_detached_outlives_the_job(script, tmp_path, end):
+    """A session, a process group, a daemon of a rank's own: tbrun is their subreaper and
+    kills them when the job ends; after kill -9 of tbrun its janitor finds them by the job's
+    cookie (TBCOLL_JOB) in their environment."""
+    piddir = tmp_path / "pids"
+    piddir.mkdir()
+    proc = subprocess.Popen(
+        [TBRUN, "-np", "2", str(script(RANK_WITH_ESCAPEES)), str(piddir),
+         "end" if end == "normal" else "stay"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+    pids = []
+    try:
+        pids = read_pids(piddir, 6)  # rank-R: session and group children; daemon-R; bare-R
+        bare = read_pids(piddir, 6, pattern="bare-*")
+        assert len(pids) == 8 and len(bare) == 2
+        if end == "kill -9":
+            assert all(map(pid_alive, pids))
+            os.kill(proc.pid, signal.SIGKILL)
+            pids = [pid for pid in pids if pid not in bare]  # nothing can find them then
+        ended = time.monotonic()
+        status, _, err = finish(proc)
+        assert status == (0 if end == "normal" else -signal.SIGKILL), err
+        wait_for(lambda: not any(map(pid_alive, pids)), ESCAPEES_GONE_WITHIN,
+                 f"the processes the ranks left ({pids}) to end")
+        print(f"left-overs gone {time.monotonic() - ended:.3f} s after tbrun ended or was killed")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        kill_leftovers(read_pids(piddir, 6))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="no subreaper but on Linux")
+def test_tbrun_reaps_the_orphans_it_adopts(script, tmp_path):
+    """Short-lived daemons of a rank end as tbrun's children: tbrun reaps them during the
+    job, so that no zombie piles up."""
+    piddir = tmp_path / "pids"
+    piddir.mkdir()
+    path = script(WRITE_PIDS + """
+import os, sys, time
+daemons = []
+for _ in range(5):
+    reader, writer = os.pipe()
+    if os.fork() == 0:  # fork, setsid, fork: the daemon tells its pid and ends
+        os.setsid()
+        if os.fork() == 0:
+            os.write(writer, str(os.getpid()).encode())
+            os._exit(0)
+        os._exit(0)
+    os.close(writer)
+    os.wait()
+    daemons.append(int(os.read(reader, 32)))
+write_pids(sys.argv[1], os.environ["RANK"], *daemons)
+time.sleep(1000)
+""")
+    proc = subprocess.Popen([TBRUN, "-np", "2", str(path), str(piddir)], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        daemons = read_pids(piddir, 2)
+        assert len(daemons) == 10
+        wait_for(lambda: not any(os.path.exists(f"/proc/{pid}") for pid in daemons), 5,
+                 f"tbrun to reap the daemons {daemons}")
+        assert proc.poll() is None  # while the job runs
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        finish(proc)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"),
+                    reason="macOS has no subreaper and no /proc: these processes survive there")
+@pytest.mark.parametrize("end", ["normal", "tbrun gone"])
+def test_the_rank_wrapper_leaves_nothing_of_its_rank(tmp_path, end):
+    """launchers.remote (a remote rank's wrapper) is its rank's subreaper: when the rank ends,
+    or tbrun goes away, what the rank detached is killed as well."""
+    piddir = tmp_path / "pids"
+    piddir.mkdir()
+    (tmp_path / "rank.py").write_text(RANK_WITH_ESCAPEES)
+    wrapper = subprocess.Popen([sys.executable, "-m", "launchers.remote"], stdin=subprocess.PIPE,
+                               stderr=subprocess.PIPE)
+    setup = {"argv": [sys.executable, str(tmp_path / "rank.py"), str(piddir),
+                      "end" if end == "normal" else "stay"],
+             "cwd": str(tmp_path), "env": {"RANK": "0", "TBCOLL_RANK": "0",
+                                           "TBCOLL_JOB": "test-wrapper"}, "defaults": {}}
+    pids = []
+    try:
+        wrapper.stdin.write(json.dumps(setup).encode() + b"\n")
+        wrapper.stdin.flush()
+        pids = read_pids(piddir, 3)
+        if end == "tbrun gone":
+            wrapper.stdin.close()  # what a killed tbrun, or a dropped ssh, looks like
+        assert wrapper.wait(timeout=20) == (0 if end == "normal" else 128 + signal.SIGKILL)
+        wait_for(lambda: not any(map(pid_alive, pids)), ESCAPEES_GONE_WITHIN,
+                 f"the processes the rank left ({pids}) to end")
+    finally:
+        if wrapper.poll() is None:
+            wrapper.kill()
+            wrapper.wait()
+        kill_leftovers(pids)
+
+
 def start_wrapped(tmp_path, body: str) -> tuple[subprocess.Popen, int]:
     """launchers.remote running `body` (which writes its pid to tmp_path/pid) as tbrun runs
     a remote rank, and on macOS a local one; returns the wrapper and the rank's pid."""
@@ -202,15 +350,15 @@ def start_wrapped(tmp_path, body: str) -> tuple[subprocess.Popen, int]:
     wrapper.stdin.write(json.dumps(setup).encode() + b"\n")
     wrapper.stdin.flush()
     pidfile = tmp_path / "pid"
-    wait_for(pidfile.exists, 20, "the wrapped rank to start")
-    time.sleep(0.1)
+    wait_for(pidfile.exists, 20, "the wrapped rank to start")  # written whole, by rename
     return wrapper, int(pidfile.read_text())
 
 
 RANK = ("import os, signal, sys, time\n"
         "assert open(os.environ['MLX_HOSTFILE']).read() == '[]'\n"
         "signal.signal(signal.SIGTERM, lambda *a: sys.exit(42))\n"
-        "open('pid', 'w').write(str(os.getpid()))\n"
+        "open('pid.tmp', 'w').write(str(os.getpid()))\n"
+        "os.replace('pid.tmp', 'pid')\n"
         "time.sleep(60)\n")
 
 

@@ -96,6 +96,17 @@ def test_list_and_missing_file_errors(tmp_path):
         Hostfile.from_file(tmp_path / "missing")
 
 
+def test_a_byte_order_mark_is_not_part_of_the_first_host(tmp_path):
+    """Windows editors (Notepad) start UTF-8 files with a byte-order mark."""
+    text = tmp_path / "hosts"
+    text.write_bytes(b"\xef\xbb\xbflocalhost slots=2\nmac2.local:1\n")
+    assert [(h.name, h.slots) for h in Hostfile.from_file(text).hosts] == [
+        ("localhost", 2), ("mac2.local", 1)]
+    mlx = tmp_path / "hosts.json"
+    mlx.write_bytes(b"\xef\xbb\xbf" + json.dumps([{"ssh": "mac1", "ips": ["10.0.0.1"]}]).encode())
+    assert [h.name for h in Hostfile.from_file(mlx).hosts] == ["mac1"]
+
+
 def test_links_and_the_layout_ranks_read(tmp_path):
     path = write(tmp_path, json.dumps([
         {"ssh": "root@a", "ips": ["10.0.0.1"], "links": [None, "192.168.7.1", "192.168.8.1"]},

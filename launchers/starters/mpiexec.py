@@ -3,14 +3,17 @@ a handful of Macs (and under Slurm), so that an unmodified mpi4py program runs.
 
 tbrun keeps its own output handling: Hydra writes each rank's stdout and stderr into a FIFO
 of tbrun's (-outfile-pattern, -errfile-pattern), which tbrun tags line by line as for any
-job; Hydra's -prepend-rank would tag each write instead, splitting lines. Python programs run
-under launchers.mpirank (torchrun's names, stdin for one rank, mpi4py's runner), so that a
-rank that fails aborts the job; Hydra then tears it down. tbrun names the rank that failed
+job; Hydra's -prepend-rank would tag each write instead, splitting lines. Every rank runs
+under launchers.mpirank, which gives it the whole launch contract (from MPI's own variables
+and what tbrun wrote for the job: mpiexec gives every rank the same environment) and stdin
+for one rank only; Python programs then run under mpi4py's runner, so that a rank that fails
+aborts the job, and Hydra tears it down; other programs replace the wrapper. tbrun serves the
+rendezvous store (TBCOLL_STORE) as for any job. tbrun names the rank that failed
 from MPICH's own words (a rank's "MPI_Abort(..., N) - process R", Hydra's
 -print-all-exitcodes) and reports its status as for any job (128+N for signal N). tbrun adds
 --timeout and forwards signals to mpiexec; Hydra forwards tbrun's stdin to rank 0.
 
-The variables of the job (-x, MASTER_ADDR, ...) go in mpiexec's environment, which Hydra
+The variables of the job (-x, the token, ...) go in mpiexec's environment, which Hydra
 passes to every rank, never on its command line, where any local user could read them.
 """
 
@@ -24,15 +27,19 @@ import signal
 import tempfile
 from pathlib import Path
 
-from launchers.config import LaunchConfig, thread_limits
+from launchers.config import LaunchConfig, master_overrides, thread_limits
 from launchers.diagnose import describe_exit
-from launchers.hosts import LOOPBACK, free_port, plan_job, ssh_options
+from launchers.hosts import LOOPBACK, JobPlan, free_port, plan_job, ssh_options
 from launchers.janitor import janitor_for
-from launchers.mpirank import REPORTS
+from launchers.mpirank import LAUNCH, REPORTS, MpiJob
 from launchers.output import STREAMS, OutputRouter, log
+from launchers.reaper import new_job_id
 from launchers.shmclean import mpich_segments, remove_unmapped
 from launchers.starters.base import Starter
+from launchers.store import serve_store
 from launchers.supervisor import RankCommand, Supervisor
+from tbcoll.auth import new_token
+from tbcoll.env import format_hostport
 from tbcoll.errors import LaunchError
 
 
@@ -45,9 +52,18 @@ def find_mpiexec(python: str) -> str:
     return found
 
 
+def mpi_job(cfg: LaunchConfig, plan: JobPlan, store_port: int, token: str, job: str) -> MpiJob:
+    """What every rank's launchers.mpirank needs to give it the launch contract."""
+    return MpiJob(size=cfg.nprocs, backend=cfg.backend,
+                  stores=tuple(format_hostport(h.store_host, store_port) for h in plan.hosts),
+                  token=token, topology=plan.topology, timeout=cfg.comm_timeout, job=job,
+                  master=(plan.master_addr, free_port(LOOPBACK)),
+                  master_overrides=master_overrides(cfg.exports))
+
+
 def mpiexec_command(cfg: LaunchConfig, mpiexec: str, outputs: str, reports: str,
                     ssh: str | None, launch_host: str | None,
-                    master_addr: str) -> tuple[list[str], dict[str, str]]:
+                    job: MpiJob) -> tuple[list[str], dict[str, str]]:
     """The mpiexec argv for the job, and the variables to add to its environment; outputs:
     Hydra's file pattern with %s for out/err; reports: where failing ranks write their status
     (launchers.mpirank)."""
@@ -69,12 +85,12 @@ def mpiexec_command(cfg: LaunchConfig, mpiexec: str, outputs: str, reports: str,
             argv += ["-localhost", launch_host]
     limits = thread_limits(max(placement.count(h) for h in set(placement)))
     env = {**{name: os.environ.get(name, value) for name, value in limits.items()},
-           "MASTER_ADDR": master_addr, "MASTER_PORT": str(free_port(LOOPBACK)),
-           **cfg.exports, "PYTHONUNBUFFERED": "1",
-           "TBCOLL_TIMEOUT": f"{cfg.comm_timeout:g}", REPORTS: reports}
+           **cfg.exports, "PYTHONUNBUFFERED": "1", REPORTS: reports, LAUNCH: job.encode()}
     program = list(cfg.program)
-    if program[0] == cfg.python:
+    if program[0] == cfg.python:  # mpi4py's runner in the wrapper's own interpreter
         program[1:1] = ["-m", "launchers.mpirank", cfg.stdin]
+    else:  # the wrapper sets the rank's contract, then execs the program
+        program[0:0] = [cfg.python, "-m", "launchers.mpirank", "--exec", cfg.stdin]
     return [*argv, *program], env
 
 
@@ -83,17 +99,22 @@ def run_mpi(cfg: LaunchConfig) -> int:
     plan = plan_job(cfg.hostfile, cfg.nprocs, cfg.map_by, route=not cfg.dry_run)
     remote = [h for h in plan.hosts if not h.local]
     launch_host = remote[0].store_host if remote else None
+    token = "<made at launch>" if cfg.dry_run else new_token()
+    job, store = new_job_id(), None
     job_dir = Path(tempfile.mkdtemp(prefix="tbrun-"))  # 0700
-    with janitor_for(job_dir, mpich=not cfg.dry_run) as janitor:
+    with janitor_for(job_dir, mpich=not cfg.dry_run, job=job) as janitor:
         try:
+            if not cfg.dry_run:
+                store = serve_store(token, plan, cfg.store_port, cfg.nprocs)
             ssh = None
             if remote and cfg.launcher == "ssh":
                 ssh = str(job_dir / "ssh")
                 options = ssh_options(cfg.connect_timeout)
                 Path(ssh).write_text(f"#!/bin/sh\nexec {shlex.join([*cfg.ssh, *options])} \"$@\"\n")
                 os.chmod(ssh, 0o700)
+            launch = mpi_job(cfg, plan, store.port if store else cfg.store_port, token, job)
             argv, env = mpiexec_command(cfg, mpiexec, str(job_dir / "%s-%%r"), str(job_dir),
-                                        ssh, launch_host, plan.master_addr)
+                                        ssh, launch_host, launch)
             if cfg.dry_run:
                 print(shlex.join(argv))
                 for name, value in env.items():
@@ -112,9 +133,9 @@ def run_mpi(cfg: LaunchConfig) -> int:
                                   hide=re.compile(_HOST_CODES.pattern.encode(), re.MULTILINE))
             supervisor = Supervisor([command], output, timeout=cfg.timeout, grace=cfg.grace,
                                     log=log, streams=streams, keepalive=keepalive,
-                                    on_spawn=janitor.watch_group)
+                                    on_spawn=janitor.watch_group, job=job)
             before = mpich_segments()
-            status = supervisor.run()
+            status = supervisor.run(after_spawn=store.start)
             if status and supervisor.launcher_failed:
                 status = explain_failure(status, cfg.nprocs, placement_of(cfg), output,
                                          reported(job_dir))
@@ -122,6 +143,8 @@ def run_mpi(cfg: LaunchConfig) -> int:
                 remove_unmapped(mpich_segments() - before, log)
             return status
         finally:
+            if store is not None:
+                store.close()
             shutil.rmtree(job_dir, ignore_errors=True)
 
 
