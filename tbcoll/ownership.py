@@ -15,11 +15,9 @@ connections and segments (release_when_collected).
 
 from __future__ import annotations
 
-import functools
 import os
 import threading
 import weakref
-from collections.abc import Callable
 from typing import Any
 
 from tbcoll.errors import TbcollError
@@ -28,46 +26,21 @@ from tbcoll.errors import TbcollError
 class Guard:
     """Held by the user thread whose call runs (the progress thread never takes it)."""
 
-    __slots__ = ("lock", "owner", "call", "forked")
+    __slots__ = ("lock", "call", "forked")
 
     def __init__(self) -> None:
         self.lock: Any = threading.Lock()
-        self.owner: int | None = None  # that thread's ident
-        self.call = ""  # what it called
+        self.call: Any = ""  # what the holder called (a name, or a tbcoll.collectives.Call)
         self.forked = False  # this process is a child of the one that made the communicator
 
-
-def entry(ordered: bool) -> Callable[[Callable], Callable]:
-    """A public method: one caller at a time; ordered: after the queued non-blocking calls."""
-
-    def decorate(method: Callable) -> Callable:
-        name = method.__name__
-
-        @functools.wraps(method)
-        def call(self: Any, *args: Any, **kwargs: Any) -> Any:
-            guard = self._guard
-            if not guard.lock.acquire(False):
-                if guard.owner != threading.get_ident():
-                    raise TbcollError(
-                        f"rank {self.rank}: {name} was called on a communicator that another "
-                        f"thread is using ({guard.call}): calls on one communicator must come "
-                        "from one thread at a time, since each rank's calls pair with the "
-                        "others' in the order they are made (use comm.split for a "
-                        "communicator per thread, or the non-blocking calls)")
-                return method(self, *args, **kwargs)  # a call inside a call (split)
-            guard.owner, guard.call = threading.get_ident(), name
-            try:
-                progress = self._progress
-                if ordered and progress is not None:
-                    return progress.run(functools.partial(method, self, *args, **kwargs))
-                return method(self, *args, **kwargs)
-            finally:
-                guard.owner = None
-                guard.lock.release()
-
-        return call
-
-    return decorate
+    def busy(self, rank: int, what: str) -> TbcollError:
+        """The error for a call that finds the lock held by another thread."""
+        running = getattr(getattr(self.call, "kind", None), "name", self.call)
+        return TbcollError(
+            f"rank {rank}: {what} was called on a communicator that another thread is using "
+            f"({running}): calls on one communicator must come from one thread at a time, "
+            "since each rank's calls pair with the others' in the order they are made (use "
+            "comm.split for a communicator per thread, or the non-blocking calls)")
 
 
 class _ForkedLock:

@@ -55,6 +55,15 @@ def choose(backend: str, collective: str, nbytes: int, size: int) -> str:
     raise AssertionError(f"the {backend} table for {collective} has no catch-all rule")
 
 
+def fixed(backend: str, collective: str, size: int) -> str | None:
+    """The algorithm for every message size at this many ranks, or None where the size
+    decides (then `choose` runs at each call)."""
+    for max_bytes, max_ranks, algorithm in TABLES[backend][collective]:
+        if max_ranks is None or size <= max_ranks:
+            return algorithm if max_bytes is None else None
+    return None
+
+
 def describe(backend: str, collective: str) -> str:
     """The rules as a phrase, e.g. 'rd up to 256 KiB, then mesh up to 4 ranks, then ring'."""
     parts = []

@@ -64,20 +64,25 @@ class AtomicShmNative(ShmNative):
 
     # --- one-call paths (Native.direct_*): the Communicator's latency-critical cases -------
 
-    def direct_all_reduce(self, x: np.ndarray, op: str,
+    def direct_all_reduce(self, x: np.ndarray, op: str, root: int,
                           out: np.ndarray | None) -> np.ndarray | None:
         """all_reduce of a small contiguous array in one C call, into out (checked by the
         caller) or a new array; None when x does not qualify."""
         dtype = _code(x.dtype)
-        if dtype is None or x.nbytes > SINGLE_PASS_BYTES or not x.flags.c_contiguous:
+        if dtype is None or x.nbytes > SINGLE_PASS_BYTES:
             return None
-        out = np.empty_like(x) if out is None else out
+        if out is None:
+            out = np.empty_like(x)
         code = OP_CODES[op]
-        self._round(ALL_REDUCE, x, 0, out, 0, dtype, code, 0,
-                    _ALL_REDUCE[dtype][code] | x.nbytes)
+        try:  # (the C module refuses a non-contiguous x: cheaper than asking numpy first)
+            self._round(ALL_REDUCE, x, 0, out, 0, dtype, code, 0,
+                        _ALL_REDUCE[dtype][code] | x.nbytes)
+        except BufferError:
+            return None  # the general path copies x
         return out
 
-    def direct_all_gather(self, x: np.ndarray, out: np.ndarray | None) -> np.ndarray | None:
+    def direct_all_gather(self, x: np.ndarray, op: None, root: int,
+                          out: np.ndarray | None) -> np.ndarray | None:
         """all_gather likewise; out, if given, holds size blocks like x (checked by caller)."""
         dtype = _code(x.dtype)
         if dtype is None or x.nbytes > SLOT or not x.flags.c_contiguous:
@@ -89,7 +94,7 @@ class AtomicShmNative(ShmNative):
                     _ALL_GATHER[dtype] | x.nbytes)
         return out
 
-    def direct_broadcast(self, x: np.ndarray, root: int,
+    def direct_broadcast(self, x: np.ndarray, op: None, root: int,
                          out: np.ndarray | None) -> np.ndarray | None:
         dtype = _code(x.dtype)
         if dtype is None or x.nbytes > SLOT or not x.flags.c_contiguous:
@@ -103,7 +108,7 @@ class AtomicShmNative(ShmNative):
                     call | x.nbytes)
         return out
 
-    def direct_reduce_scatter(self, x: np.ndarray, op: str,
+    def direct_reduce_scatter(self, x: np.ndarray, op: str, root: int,
                               out: np.ndarray | None) -> np.ndarray | None:
         dtype = _code(x.dtype)
         if (dtype is None or x.nbytes > SLOT or not x.flags.c_contiguous or not x.ndim
@@ -161,13 +166,15 @@ class AtomicShmNative(ShmNative):
     def _round(self, kind: int, src: np.ndarray, src_stride: int, dst: np.ndarray,
                dst_stride: int, dtype: int, op: int, root: int, call: int) -> None:
         """One round in C; when a peer is slow, wait in Python (which notices dead ranks and
-        the deadline) and resume."""
-        self._seq = s = self._seq + 1
-        stage = 1
+        the deadline) and resume. A buffer the C module refuses (BufferError: not
+        contiguous) raises before the round touches the segment, and it stays to come."""
+        s, stage = self._seq + 1, 1
         while stage := atomics.shm_round(
                 self._buffer, self._flags_at, LINE, self.size, self.rank, s,
                 self._set_offsets[s & 1], SLOT, src, src_stride, dst, dst_stride, kind, dtype,
                 op, root, stage, WAIT_SLICE, call):
+            self._seq = s
             if stage == 3:
                 self._agree(s, call, range(self.size))
             self._wait_all(_ARRIVE, s - 1 if stage == 1 else s)
+        self._seq = s

@@ -50,14 +50,16 @@ class Native(Protocol):
     `offers`, of tbcoll.algorithms.COLLECTIVES; the others run tbcoll's algorithms."""
 
     offers: frozenset[str]
-    # One-call paths the Communicator takes with algorithm "native" for a numpy x (out
-    # checked; root in range) -> the result, or None where x does not qualify (the general
-    # path then runs); None where the transport has none.
-    direct_all_reduce: Callable[[Any, str, Any], Any] | None  # (x, op, out)
-    direct_all_gather: Callable[[Any, Any], Any] | None  # (x, out)
-    direct_broadcast: Callable[[Any, int, Any], Any] | None  # (x, root, out)
-    direct_reduce_scatter: Callable[[Any, str, Any], Any] | None  # (x, op, out)
-    takes_mlx: bool  # direct_all_reduce/all_gather take mlx arrays as they are (no copies)
+    # One-call paths the Communicator takes with algorithm "native", each called as
+    # path(x, op, root, out) (op None and root -1 where the collective has none; out checked,
+    # root in range) -> the result, or None where x does not qualify (the general path then
+    # runs); None where the transport has none. x is a numpy array, or an mlx array where
+    # takes_mlx (the mlx transport: no copies either way).
+    direct_all_reduce: Callable[[Any, str, int, Any], Any] | None
+    direct_all_gather: Callable[[Any, None, int, Any], Any] | None
+    direct_broadcast: Callable[[Any, None, int, Any], Any] | None
+    direct_reduce_scatter: Callable[[Any, str, int, Any], Any] | None
+    takes_mlx: bool
 
     def all_reduce(self, send: np.ndarray, recv: np.ndarray, op: str) -> None: ...
 

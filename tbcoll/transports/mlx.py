@@ -148,7 +148,7 @@ class MlxNative:
         self.call = 0  # the signature of the call the Communicator began (MlxGroup.begin_call)
         self._lanes: dict[tuple[int, mx.Dtype], mx.array] = {}
 
-    def direct_all_reduce(self, x: object, op: str, out: object) -> mx.array | None:
+    def direct_all_reduce(self, x: object, op: str, root: int, out: object) -> mx.array | None:
         """The Communicator's one-call path for an mlx array: MLX's own collective on it, no
         copy back (None: take the general path, e.g. for numpy arrays or prod)."""
         if not isinstance(x, mx.array) or x.dtype not in _DTYPES or op not in _NATIVE_OPS:
@@ -156,7 +156,7 @@ class MlxNative:
         return self._reduced(x, op, signature("all_reduce", _numpy_dtype(x), op, x.nbytes),
                              "all_reduce")
 
-    def direct_all_gather(self, x: object, out: object) -> mx.array | None:
+    def direct_all_gather(self, x: object, op: None, root: int, out: object) -> mx.array | None:
         if not isinstance(x, mx.array) or x.dtype not in _DTYPES:
             return None
         return self._gathered(x, signature("all_gather", _numpy_dtype(x), None, x.nbytes))

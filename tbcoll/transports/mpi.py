@@ -223,7 +223,7 @@ class MpiNative:
         self._plans: dict[tuple[np.dtype, str, int], tuple[int, int, int, int]] = {}
         self._scratch = (0, _NO_BYTES, _NO_BYTES)  # _gathered_all_reduce's (block, send, all)
 
-    def direct_all_reduce(self, x: np.ndarray, op: str,
+    def direct_all_reduce(self, x: np.ndarray, op: str, root: int,
                           out: np.ndarray | None) -> np.ndarray | None:
         """The Communicator's one-call path (any size here): one MPI_Allgather of the ranks'
         calls and data when small, else MPI_Allreduce beside a CallCheck."""
@@ -286,7 +286,8 @@ class MpiNative:
             raise CommError(mismatch({rank: int(w) for rank, w in enumerate(calls[:, 0])}))
         return out
 
-    def direct_all_gather(self, x: np.ndarray, out: np.ndarray | None) -> np.ndarray | None:
+    def direct_all_gather(self, x: np.ndarray, op: None, root: int,
+                          out: np.ndarray | None) -> np.ndarray | None:
         if x.dtype not in _DATATYPES or not x.flags.c_contiguous or (
                 out is not None and may_overlap(x, out)):
             return None

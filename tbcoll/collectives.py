@@ -1,0 +1,592 @@
+"""The collectives, one registry entry each: what a call of it needs of the Communicator's one
+dispatch (tbcoll.comm.Communicator._run).
+
+An entry's `call` checks a public call's arguments where the user made it and returns a Call
+(the input as numpy, where the result goes, op, root, the algorithm chosen). The dispatch then
+takes the first that applies of: a world of one (`alone`), the transport's one-call path
+(`direct`, named by DIRECT), its native collective (`native`), the registry's algorithm
+(`algorithm`), and returns `finish`'s result. `prepare` makes the buffers the last two need.
+Nothing else in tbcoll knows what a collective does with its buffers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from tbcoll.algorithms import tree
+from tbcoll.arrays import contiguous_flat, is_mlx, may_overlap, restorer, same_buffer, to_numpy
+from tbcoll.calls import signature
+from tbcoll.dtypes import DTYPE_CODES, DTYPES, OPS, reducer
+
+if TYPE_CHECKING:
+    from tbcoll.comm import Communicator
+
+
+class Call:
+    """One collective call as this rank made it, its arguments checked."""
+
+    __slots__ = ("kind", "x", "array", "out", "op", "root", "algorithm", "restore", "state")
+
+    def __init__(self, kind: Collective, x: Any, array: np.ndarray | None, out: Any, op: str | None,
+                 root: int, algorithm: str, restore: Callable[[np.ndarray], Any],
+                 state: Any = None) -> None:
+        self.kind, self.x, self.array, self.out, self.op = kind, x, array, out, op
+        self.root, self.algorithm, self.restore, self.state = root, algorithm, restore, state
+
+
+def _unchanged(result: np.ndarray) -> np.ndarray:
+    return result
+
+
+# ids of the dtype objects of tbcoll.dtypes, which live as long as the process: a lookup by
+# id costs a fraction of hashing a dtype (~0.15 us), on the latency-critical path
+_KNOWN = frozenset(id(dtype) for dtype in DTYPE_CODES)
+
+
+def as_numpy(x: Any) -> tuple[np.ndarray, Callable[[np.ndarray], Any]]:
+    """tbcoll.arrays.to_numpy, with a numpy array of a known dtype taken as it is at once."""
+    if type(x) is np.ndarray and id(x.dtype) in _KNOWN:
+        return x, _unchanged
+    return to_numpy(x)
+
+
+def plain_out(out: Any, shape: tuple, dtype: np.dtype) -> bool:
+    """out is a numpy array a result of this shape and dtype can go into (a quick test; the
+    full one, with its error messages, is `output`)."""
+    return (type(out) is np.ndarray and out.shape == shape and out.dtype == dtype
+            and out.flags.carray)  # C-contiguous, aligned and writeable
+
+
+def output(x: Any, out: Any, shape: tuple, dtype: np.dtype) -> np.ndarray | None:
+    """out, checked (None stays None: the path that runs makes the result)."""
+    if out is None:
+        return None
+    if is_mlx(x):
+        raise TypeError("out= is not supported for mlx arrays (they are immutable); "
+                        "use the returned array")
+    if plain_out(out, shape, dtype):
+        return out
+    if not isinstance(out, np.ndarray):
+        raise TypeError(f"out must be a numpy array, got {type(out).__name__}")
+    if out.shape != tuple(shape) or out.dtype != dtype:
+        raise ValueError(f"out has shape {out.shape} and dtype {out.dtype}; "
+                         f"expected shape {tuple(shape)} and dtype {dtype}")
+    if not (out.flags.c_contiguous and out.flags.writeable):
+        raise ValueError("out must be C-contiguous and writeable")
+    return out
+
+
+def result_of(call: Call, shape: tuple, dtype: np.dtype) -> np.ndarray:
+    return np.empty(shape, dtype) if call.out is None else call.out
+
+
+def flat(array: np.ndarray) -> np.ndarray:
+    """A 1-D view of a C-contiguous array."""
+    return array if array.ndim == 1 else array.reshape(-1)
+
+
+def check_rank(rank: Any, size: int, what: str) -> None:
+    if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or not (
+            0 <= rank < size):
+        raise ValueError(f"{what}={rank!r} is not a rank of this communicator (0..{size - 1})")
+
+
+def gathered_shape(array: np.ndarray, size: int) -> tuple[int, ...]:
+    """size copies of array along axis 0 (a 0-d array gives (size,))."""
+    return (size * array.shape[0], *array.shape[1:]) if array.ndim else (size,)
+
+
+class Collective:
+    """A registry entry; see the module docstring. The defaults suit a collective of one
+    input array and one result."""
+
+    name = ""
+
+    def signature(self, call: Call) -> int:
+        array = call.array
+        return signature(self.name, None if array is None else array.dtype, call.op,
+                         0 if array is None else array.nbytes, call.root, call.algorithm)
+
+    def described(self, call: Call) -> np.ndarray | None:
+        """What TBCOLL_CHECK compares (dtype and shape)."""
+        return call.array
+
+    def run_direct(self, comm: Communicator, path: Callable, call: Call) -> Any:
+        """The transport's one-call path for an x that is not a numpy array (the dispatch
+        calls it itself for those): an mlx array unconverted where the transport takes them,
+        else its numpy view."""
+        if comm._direct_takes_mlx and (result := path(call.x, call.op, call.root,
+                                                      None)) is not None:
+            return result
+        result = path(call.array, call.op, call.root, None)
+        return None if result is None else call.restore(result)
+
+    def alone(self, comm: Communicator, call: Call) -> Any:
+        """A world of one: prepare's buffers hold the answer (prepare knows size 1)."""
+        self.prepare(comm, call)
+        return self.finish(comm, call)
+
+    def prepare(self, comm: Communicator, call: Call) -> None:
+        """Make the buffers native and algorithm need (call.state). A call it makes of its own
+        (comm._run) comes before this call in the communicator's sequence."""
+
+    def finish(self, comm: Communicator, call: Call) -> Any:
+        return call.restore(call.state)
+
+
+class AllReduce(Collective):
+    name = "all_reduce"
+
+    def call(self, comm: Communicator, x: Any, op: str, algorithm: str | None,
+             out: Any) -> Call:
+        # the latency-critical call: as_numpy, plain_out and _choose's common cases inline
+        # (each a function call, 0.1-0.2 us of a 2 us call)
+        if type(x) is np.ndarray and id(x.dtype) in _KNOWN:
+            array, restore = x, _unchanged
+            if out is not None and not (type(out) is np.ndarray and out.dtype is x.dtype
+                                        and out.shape == x.shape and out.flags.carray):
+                out = output(x, out, x.shape, x.dtype)
+        else:
+            array, restore = to_numpy(x)
+            out = output(x, out, array.shape, array.dtype)
+        if op not in OPS:
+            reducer(op)  # raises, naming the ops
+        name = (algorithm is None and comm._fixed[self.name]
+                or comm._choose(self.name, array.nbytes, algorithm))
+        return Call(self, x, array, out, op, -1, name, restore)
+
+    def alone(self, comm: Communicator, call: Call) -> Any:
+        result = call.array.copy() if call.out is None else call.out
+        if result is not call.array:
+            np.copyto(result, call.array)
+        return call.restore(result)
+
+    def prepare(self, comm: Communicator, call: Call) -> None:
+        """The result, and what native reads (None: the result, in place). The algorithms
+        reduce in place in the result, which therefore starts as a copy of x."""
+        array = call.array
+        result = result_of(call, array.shape, array.dtype)
+        in_place = same_buffer(result, array)
+        if not in_place and may_overlap(result, array):
+            array = array.copy()  # out overlaps x some other way: read from a copy
+        if not in_place and (call.algorithm != "native" or comm.size == 1 or not array.size):
+            np.copyto(result, array)
+        call.state = (result, None if in_place else contiguous_flat(array))
+
+    def native(self, comm: Communicator, call: Call) -> None:
+        result, send = call.state
+        if result.size:
+            comm._group.native.all_reduce(send, flat(result), call.op)
+
+    def algorithm(self, comm: Communicator, call: Call, run: Callable) -> None:
+        result, _ = call.state
+        if result.size:
+            run(comm._group.coll, flat(result), reducer(call.op))
+
+    def finish(self, comm: Communicator, call: Call) -> Any:
+        return call.restore(call.state[0])
+
+
+class AllGather(Collective):
+    name = "all_gather"
+
+    def call(self, comm: Communicator, x: Any, algorithm: str | None, out: Any) -> Call:
+        array, restore = as_numpy(x)
+        shape = gathered_shape(array, comm.size)
+        out = output(x, out, shape, array.dtype)
+        return Call(self, x, array, out, None, -1,
+                    comm._choose(self.name, array.nbytes * comm.size, algorithm), restore)
+
+    def prepare(self, comm: Communicator, call: Call) -> None:
+        """The result and this rank's block (in place in the result, but for native, which
+        takes it apart)."""
+        result = result_of(call, gathered_shape(call.array, comm.size), call.array.dtype)
+        mine = contiguous_flat(call.array)
+        if may_overlap(mine, result):  # e.g. x is this rank's block of out already
+            mine = mine.copy()
+        if call.algorithm != "native" or comm.size == 1 or not mine.size:
+            flat(result)[comm.rank * mine.size:(comm.rank + 1) * mine.size] = mine
+        call.state = (result, mine)
+
+    def native(self, comm: Communicator, call: Call) -> None:
+        result, mine = call.state
+        if mine.size:
+            comm._group.native.all_gather(mine, flat(result))
+
+    def algorithm(self, comm: Communicator, call: Call, run: Callable) -> None:
+        result, mine = call.state
+        if mine.size:
+            run(comm._group.coll, flat(result))
+
+    def finish(self, comm: Communicator, call: Call) -> Any:
+        return call.restore(call.state[0])
+
+
+class ReduceScatter(Collective):
+    name = "reduce_scatter"
+
+    def call(self, comm: Communicator, x: Any, op: str, algorithm: str | None,
+             out: Any) -> Call:
+        array, restore = as_numpy(x)
+        if op not in OPS:
+            reducer(op)
+        if array.ndim == 0 or array.shape[0] % comm.size:
+            raise ValueError(f"reduce_scatter needs x.shape[0] divisible by the communicator "
+                             f"size {comm.size}; got shape {array.shape}")
+        out = output(x, out, (array.shape[0] // comm.size, *array.shape[1:]), array.dtype)
+        return Call(self, x, array, out, op, -1, comm._choose(self.name, array.nbytes, algorithm),
+                    restore)
+
+    def prepare(self, comm: Communicator, call: Call) -> None:
+        """The result, and the input (a copy where out overlaps it: the transports read x
+        while they write out)."""
+        array = call.array
+        result = result_of(call, (array.shape[0] // comm.size, *array.shape[1:]), array.dtype)
+        if may_overlap(result, array):
+            array = array.copy()
+        if comm.size == 1:
+            np.copyto(result, array)
+        call.state = (result, array)
+
+    def native(self, comm: Communicator, call: Call) -> None:
+        result, array = call.state
+        if array.size:
+            comm._group.native.reduce_scatter(contiguous_flat(array), flat(result), call.op)
+
+    def algorithm(self, comm: Communicator, call: Call, run: Callable) -> None:
+        result, array = call.state
+        if array.size:  # the algorithms reduce the whole buffer in place: a copy
+            scratch = np.array(array, order="C").reshape(-1)
+            run(comm._group.coll, scratch, reducer(call.op))
+            block = scratch.size // comm.size
+            flat(result)[:] = scratch[comm.rank * block:(comm.rank + 1) * block]
+
+    def finish(self, comm: Communicator, call: Call) -> Any:
+        return call.restore(call.state[0])
+
+
+class Broadcast(Collective):
+    name = "broadcast"
+
+    def call(self, comm: Communicator, x: Any, root: int, algorithm: str | None,
+             out: Any) -> Call:
+        array, restore = as_numpy(x)
+        check_rank(root, comm.size, "root")
+        out = output(x, out, array.shape, array.dtype)
+        return Call(self, x, array, out, None, int(root),
+                    comm._choose(self.name, array.nbytes, algorithm), restore)
+
+    def prepare(self, comm: Communicator, call: Call) -> None:
+        call.state = result = result_of(call, call.array.shape, call.array.dtype)
+        if comm.rank == call.root and result is not call.array:
+            np.copyto(result, call.array)
+
+    def native(self, comm: Communicator, call: Call) -> None:
+        if call.array.size:
+            comm._group.native.broadcast(flat(call.state), call.root)
+
+    def algorithm(self, comm: Communicator, call: Call, run: Callable) -> None:
+        if call.array.size:
+            run(comm._group.coll, flat(call.state), call.root)
+
+
+class Barrier(Collective):
+    name = "barrier"
+
+    def call(self, comm: Communicator) -> Call:
+        return Call(self, None, None, None, None, -1, comm._choose(self.name, 0, None),
+                    _unchanged)
+
+    def finish(self, comm: Communicator, call: Call) -> None:
+        return None
+
+    def native(self, comm: Communicator, call: Call) -> None:
+        comm._group.native.barrier()
+
+    def algorithm(self, comm: Communicator, call: Call, run: Callable) -> None:
+        run(comm._group.coll)
+
+
+class _Counts:
+    """all_to_all's counts: rows to each rank, from each rank (None: not known yet), and the
+    elements per row."""
+
+    __slots__ = ("send", "recv", "row", "given", "told", "result")
+
+    def __init__(self, send: np.ndarray, recv: np.ndarray | None, row: int, given: bool,
+                 told: bool) -> None:
+        self.send, self.recv, self.row, self.given, self.told = send, recv, row, given, told
+        self.result: np.ndarray | None = None
+
+
+def _counts(counts: Any, size: int, rows: int | None) -> np.ndarray:
+    """all_to_all's counts, checked: one non-negative int per rank, summing to rows (if
+    given)."""
+    found = np.asarray(counts)
+    if found.shape != (size,) or found.dtype.kind not in "iu" or (found < 0).any():
+        raise ValueError(f"all_to_all counts must be {size} non-negative ints (rows for each "
+                         f"rank); got {counts!r}")
+    if rows is not None and int(found.sum()) != rows:
+        raise ValueError(f"all_to_all counts sum to {int(found.sum())} but x has {rows} rows")
+    return found.astype(np.int64)
+
+
+def _split(data: np.ndarray, counts: np.ndarray) -> list[np.ndarray]:
+    """data cut into consecutive blocks of these sizes."""
+    bounds = np.concatenate(([0], np.cumsum(counts)))
+    return [data[bounds[j]:bounds[j + 1]] for j in range(len(counts))]
+
+
+class AllToAll(Collective):
+    """Without counts, equal blocks; with counts (rows for each rank), the ranks first tell
+    each other their counts, unless every rank passes recv_counts."""
+
+    name = "all_to_all"
+
+    def call(self, comm: Communicator, x: Any, counts: Any, algorithm: str | None, out: Any,
+             recv_counts: Any) -> Call:
+        array, restore = as_numpy(x)
+        size = comm.size
+        if array.ndim == 0:
+            raise ValueError("all_to_all needs x with at least one dimension")
+        row = int(np.prod(array.shape[1:], dtype=np.int64))
+        if counts is None:
+            if array.shape[0] % size:
+                raise ValueError(f"all_to_all needs x.shape[0] divisible by the communicator "
+                                 f"size {size}; got shape {array.shape} (or give counts)")
+            send = np.full(size, array.shape[0] // size, np.int64)
+        else:
+            send = _counts(counts, size, array.shape[0])
+        name = comm._choose(self.name, array.nbytes, algorithm)
+        if name == "bruck" and counts is not None:
+            if algorithm == "bruck":
+                raise ValueError("all_to_all algorithm='bruck' needs blocks of one size; "
+                                 "with counts use pairwise, mesh or native")
+            name = "pairwise"  # the table's choice for equal blocks
+        told = recv_counts is not None
+        if told and counts is None:
+            raise ValueError("all_to_all's recv_counts go with counts")
+        recv = _counts(recv_counts, size, None) if told else None if counts is not None else send
+        if counts is None or told:
+            out = output(x, out, (int(recv.sum()), *array.shape[1:]), array.dtype)
+        return Call(self, x, array, out, None, -1, name, restore,
+                    _Counts(send, recv, row, counts is not None, told))
+
+    def signature(self, call: Call) -> int:
+        """With counts the ranks' row counts differ: the bytes are left out."""
+        return signature(self.name, call.array.dtype, None,
+                         0 if call.state.given else call.array.nbytes, -1, call.algorithm)
+
+    def described(self, call: Call) -> np.ndarray:
+        return call.array[:0] if call.state.given else call.array
+
+    def alone(self, comm: Communicator, call: Call) -> Any:
+        counts = call.state
+        counts.recv = counts.send
+        counts.result = result = result_of(call, call.array.shape, call.array.dtype)
+        if not same_buffer(result, call.array):
+            np.copyto(result, call.array)
+        return self.finish(comm, call)
+
+    def native(self, comm: Communicator, call: Call) -> None:
+        self._exchange(comm, call, lambda send, recv, send_counts, recv_counts:
+                       comm._group.native.all_to_all(send, recv, send_counts, recv_counts))
+
+    def algorithm(self, comm: Communicator, call: Call, run: Callable) -> None:
+        self._exchange(comm, call, lambda send, recv, send_counts, recv_counts:
+                       run(comm._group.coll, _split(send, send_counts), _split(recv, recv_counts)))
+
+    def _exchange(self, comm: Communicator, call: Call, move: Callable) -> None:
+        """First, where not told, how many rows each rank sends here (by the same means);
+        then the rows."""
+        counts, array = call.state, call.array
+        if counts.recv is None:
+            counts.recv = np.empty(comm.size, np.int64)
+            ones = np.ones(comm.size, np.int64)
+            move(counts.send, counts.recv, ones, ones)
+            call.out = output(call.x, call.out, (int(counts.recv.sum()), *array.shape[1:]),
+                              array.dtype)
+        counts.result = result = result_of(call, (int(counts.recv.sum()), *array.shape[1:]),
+                                           array.dtype)
+        send = array.copy() if may_overlap(result, array) else array
+        move(contiguous_flat(send), flat(result), counts.send * counts.row,
+             counts.recv * counts.row)
+
+    def finish(self, comm: Communicator, call: Call) -> Any:
+        counts = call.state
+        result = call.restore(counts.result)
+        return (result, counts.recv) if counts.given else result
+
+
+class Gather(Collective):
+    name = "gather"
+
+    def call(self, comm: Communicator, x: Any, root: int, algorithm: str | None,
+             out: Any) -> Call:
+        array, restore = as_numpy(x)
+        check_rank(root, comm.size, "root")
+        if comm.rank == root:
+            out = output(x, out, gathered_shape(array, comm.size), array.dtype)
+        return Call(self, x, array, out, None, int(root),
+                    comm._choose(self.name, array.nbytes * comm.size, algorithm), restore)
+
+    def prepare(self, comm: Communicator, call: Call) -> None:
+        """The root's result (None elsewhere) and this rank's block."""
+        result = None
+        if comm.rank == call.root:
+            result = result_of(call, gathered_shape(call.array, comm.size), call.array.dtype)
+        mine = contiguous_flat(call.array)
+        if result is not None and may_overlap(mine, result):
+            mine = mine.copy()
+        if comm.size == 1:
+            flat(result)[:] = mine
+        call.state = (result, mine)
+
+    def native(self, comm: Communicator, call: Call) -> None:
+        result, mine = call.state
+        if mine.size:
+            comm._group.native.gather(mine, None if result is None else flat(result), call.root)
+
+    def algorithm(self, comm: Communicator, call: Call, run: Callable) -> None:
+        """The trees and the mesh keep blocks in order of rank relative to the root."""
+        (result, mine), root = call.state, call.root
+        if not mine.size:
+            return
+        v = (comm.rank - root) % comm.size
+        blocks = (np.empty(tree.subtree(comm.size, v) * mine.size, mine.dtype)
+                  if result is None or root else flat(result))
+        run(comm._group.coll, mine, blocks, root)
+        if result is not None and root:
+            flat(result)[:] = np.roll(blocks.reshape(comm.size, -1), root, 0).ravel()
+
+    def finish(self, comm: Communicator, call: Call) -> Any:
+        result, _ = call.state
+        return None if result is None else call.restore(result)
+
+
+_HEADER = 11  # scatter's header: dtype code, ndim, mlx, then up to 8 dimensions
+
+
+class Scatter(Collective):
+    """Root's x split along axis 0; the others pass None and learn the shape and dtype from a
+    header the root broadcasts first."""
+
+    name = "scatter"
+
+    def call(self, comm: Communicator, x: Any, root: int, algorithm: str | None,
+             out: Any) -> Call:
+        check_rank(root, comm.size, "root")
+        header = np.zeros(_HEADER, np.int64)
+        array, restore = None, _unchanged
+        if comm.rank == root:
+            array, restore = as_numpy(x)
+            if array.ndim == 0 or array.shape[0] % comm.size or array.ndim > _HEADER - 3:
+                raise ValueError(f"scatter needs root's x.shape[0] divisible by the "
+                                 f"communicator size {comm.size} (and at most {_HEADER - 3} "
+                                 f"dimensions); got shape {array.shape}")
+            header[:3] = DTYPE_CODES[array.dtype], array.ndim, is_mlx(x)
+            header[3:3 + array.ndim] = (array.shape[0] // comm.size, *array.shape[1:])
+        return Call(self, x, array, out, None, int(root),
+                    comm._choose(self.name, 0, algorithm), restore, header)
+
+    def signature(self, call: Call) -> int:
+        """Only the root knows the dtype and size."""
+        return signature(self.name, None, None, 0, call.root, call.algorithm)
+
+    def described(self, call: Call) -> None:
+        return None
+
+    def prepare(self, comm: Communicator, call: Call) -> None:
+        """Broadcast the header (by the broadcast's own choice), then make the result."""
+        header = call.state
+        if comm.size > 1:
+            header = comm._run(BROADCAST.call(comm, header, call.root, None, None))
+        dtype = list(DTYPES.values())[header[0]]
+        shape = tuple(int(d) for d in header[3:3 + header[1]])
+        try:
+            result = output(None, call.out, shape, dtype)
+        except (TypeError, ValueError):
+            result = None  # take part; finish says what was wrong
+        if result is None:
+            result = np.empty(shape, dtype)
+        call.restore = restorer(bool(header[2]), dtype)
+        call.state = (header, result)
+        if comm.size == 1:
+            flat(result)[:] = contiguous_flat(call.array)
+
+    def native(self, comm: Communicator, call: Call) -> None:
+        _, result = call.state
+        if result.size:
+            send = contiguous_flat(call.array) if comm.rank == call.root else None
+            comm._group.native.scatter(send, flat(result), call.root)
+
+    def algorithm(self, comm: Communicator, call: Call, run: Callable) -> None:
+        """The algorithms take the root's blocks in order of rank relative to the root."""
+        _, result = call.state
+        block, root = result.size, call.root
+        if not block:
+            return
+        if comm.rank == root:
+            blocks = contiguous_flat(call.array)
+            if root:
+                blocks = np.roll(blocks.reshape(comm.size, -1), -root, 0).ravel()
+        else:
+            blocks = np.empty(tree.subtree(comm.size, (comm.rank - root) % comm.size) * block,
+                              result.dtype)
+        run(comm._group.coll, blocks, block, root)
+        flat(result)[:] = blocks[:block]
+
+    def finish(self, comm: Communicator, call: Call) -> Any:
+        _, result = call.state
+        if call.out is not None and result is not call.out:
+            output(None, call.out, result.shape, result.dtype)  # raises, saying what is wrong
+        return call.restore(result)
+
+
+class Reduce(Collective):
+    name = "reduce"
+
+    def call(self, comm: Communicator, x: Any, op: str, root: int, algorithm: str | None,
+             out: Any) -> Call:
+        array, restore = as_numpy(x)
+        if op not in OPS:
+            reducer(op)
+        check_rank(root, comm.size, "root")
+        if comm.rank == root:
+            out = output(x, out, array.shape, array.dtype)
+        return Call(self, x, array, out, op, int(root),
+                    comm._choose(self.name, array.nbytes, algorithm), restore)
+
+    def prepare(self, comm: Communicator, call: Call) -> None:
+        if comm.rank == call.root:
+            call.state = result = result_of(call, call.array.shape, call.array.dtype)
+            if comm.size == 1 or not call.array.size:
+                np.copyto(result, call.array)
+
+    def native(self, comm: Communicator, call: Call) -> None:
+        if call.array.size:
+            send, result = contiguous_flat(call.array), call.state
+            if result is not None and may_overlap(send, result):
+                send = send.copy()
+            comm._group.native.reduce(send, None if result is None else flat(result),
+                                      call.op, call.root)
+
+    def algorithm(self, comm: Communicator, call: Call, run: Callable) -> None:
+        if call.array.size:
+            data = np.array(call.array, order="C").reshape(-1)  # combined in place
+            run(comm._group.coll, data, reducer(call.op), call.root)
+            if call.state is not None:
+                flat(call.state)[:] = data
+
+    def finish(self, comm: Communicator, call: Call) -> Any:
+        return None if call.state is None else call.restore(call.state)
+
+
+ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER = AllReduce(), AllGather(), ReduceScatter()
+BROADCAST, BARRIER, ALL_TO_ALL = Broadcast(), Barrier(), AllToAll()
+GATHER, SCATTER, REDUCE = Gather(), Scatter(), Reduce()
+ENTRIES = {entry.name: entry for entry in (ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, BROADCAST,
+                                           BARRIER, ALL_TO_ALL, GATHER, SCATTER, REDUCE)}
