@@ -1,5 +1,7 @@
 """Every collective against numpy, on every rank: each algorithm x dtype x op x size."""
 
+import time
+
 import numpy as np
 import pytest
 
@@ -141,13 +143,18 @@ class TestBroadcast:
 
 
 class TestBarrier:
-    def test_nobody_leaves_before_everyone_arrived(self, comm):
-        # Each rank bumps a counter after the barrier; nobody may see another's bump before
-        # it has bumped its own, which would be possible only if someone left early.
-        for round_ in range(20):
-            before = comm.all_reduce(np.array([round_]), op="min")
+    def test_nobody_leaves_before_the_last_rank_arrives(self, comm):
+        """In each round one rank comes 0.1 s late; every rank notes when it entered and left
+        (CLOCK_MONOTONIC: one clock for every process of a host), and afterwards they compare:
+        a barrier that did nothing would let the others leave before the late one came."""
+        for late in range(min(comm.size, 3)):
+            if comm.rank == late:
+                time.sleep(0.1)
+            entered = time.monotonic()
             comm.barrier()
-            assert before[0] == round_
+            left = time.monotonic()
+            times = comm.all_gather(np.array([entered, left]))
+            assert times[1::2].min() >= times[0::2].max(), (late, times)
 
 
 class TestSendRecv:
