@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tbcoll.shm.flags import AtomicFlags, LockedFlags, atomics_available
-from tbcoll.shm.pipe import Ring
+from tbcoll.shm.pipe import OverwrittenRing, Ring
 from tbcoll.shm.segment import Segment, SegmentSpaceError
 from tbcoll.transports.stream import _HEADER
 
@@ -162,3 +162,40 @@ class TestRingInC:
             consumer.read_into(memoryview(got)[payload.nbytes - rest.nbytes:][:took])
             rest = rest[took:]
         assert np.array_equal(got, payload)
+
+    def test_a_ring_of_fewer_than_four_bytes_still_moves_every_byte(self, segment):
+        """A wait for a quarter of the ring waited for nothing below 4 bytes: a busy loop."""
+        flags = AtomicFlags(segment.buffer)
+        producer, consumer = Ring(segment.buffer, flags, 0, 3), Ring(segment.buffer, flags, 0, 3)
+        payload = np.arange(10, dtype=np.uint8)
+        sent, started = 0, time.monotonic()
+        got = bytearray()
+        while len(got) < 10:  # C fills as room allows; Python drains
+            sent += producer.send(b"", payload[sent:], 0.01)
+            view = memoryview(bytearray(3))
+            got += view[:consumer.read_into(view)]
+            assert time.monotonic() - started < 5
+        assert bytes(got) == payload.tobytes()
+
+    def test_an_overwritten_counter_is_an_error_not_a_copy(self, segment):
+        """The consumer used to trust the producer's head and copy that many bytes."""
+        producer, consumer = self.rings(segment)
+        header = _HEADER.pack(1, 2, 8, 0, 0)
+        producer.send(header, np.zeros(8, np.uint8), 0.1)
+        AtomicFlags(segment.buffer).store(0, 10 * self.CAPACITY)  # the head, overwritten
+        with pytest.raises(OverwrittenRing):
+            consumer.receive(header, np.empty(8, np.uint8), 0.1)
+        with pytest.raises(OverwrittenRing):
+            consumer.read_into(memoryview(bytearray(8)))
+
+
+@pytest.mark.skipif(not atomics_available(), reason="the C extension was not built")
+@pytest.mark.parametrize("stride", [-8, 1 << 62])
+def test_a_round_refuses_strides_outside_its_buffers(segment, stride):
+    """A negative stride, or one whose product with the ranks overflows, passed the bounds
+    check of an all-gather round (kind 1) and wrote outside the result."""
+    from tbcoll.shm.flags import atomics
+    src, dst = np.zeros(8, np.uint8), np.zeros(64, np.uint8)
+    with pytest.raises(ValueError, match="do not fit"):
+        atomics.shm_round(segment.buffer, 0, 128, 4, 0, 1, 1024, 256, src, 0, dst, stride,
+                          1, 8, 0, 0, 1, 0.01, 1)

@@ -321,6 +321,15 @@ static void reduce_slots(const char *slots, Py_ssize_t slot_bytes, Py_ssize_t si
  * it waited for, before anyone's data is used). Large copies run without the GIL.
  */
 enum { ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, BROADCAST, BARRIER, KINDS };
+
+/* Whether `count` pieces of `piece` bytes, `stride` bytes apart, lie inside `len` bytes:
+ * the stride no less than the piece (nor negative), and no product that could overflow. */
+static int strided_fits(Py_ssize_t stride, Py_ssize_t piece, Py_ssize_t count, Py_ssize_t len)
+{
+    if (piece < 0 || stride < piece || piece > len)
+        return 0;
+    return count <= 1 || stride <= (len - piece) / (count - 1);
+}
 #define SIGNATURE_OFFSET 16 /* bytes into a rank's flag line: after ARRIVE and DONE */
 #define NOGIL_BYTES (32 << 10) /* copies at least this large release the GIL */
 
@@ -372,9 +381,9 @@ static PyObject *shm_round(PyObject *self, PyObject *const *args, Py_ssize_t nar
     if (kind == ALL_REDUCE)
         fits = fits && dst.len == piece;
     else if (kind == ALL_GATHER)  /* the strides matter only where they are used */
-        fits = fits && dst_stride >= piece && (size - 1) * dst_stride + piece <= dst.len;
+        fits = fits && strided_fits(dst_stride, piece, size, dst.len);
     else if (kind == REDUCE_SCATTER)
-        fits = fits && src_stride >= piece && (size - 1) * src_stride + piece <= src.len;
+        fits = fits && strided_fits(src_stride, piece, size, src.len);
     if (!fits || flags < 0 || flags % 8 || line % 8 || line < SIGNATURE_OFFSET + 16 ||
         flags + size * line > segment.len || slots < 0 ||
         slots + size * slot_bytes > segment.len) {
@@ -574,6 +583,14 @@ static void ring_copy_out(const char *data, Py_ssize_t capacity, uint64_t at, ch
     memcpy(to + first, data, (size_t)(n - first));
 }
 
+/* What a waiting producer or consumer waits for at least: a quarter of the ring (see
+ * ring_put), at least a byte, or a ring of fewer than 4 bytes would wait for nothing and spin
+ * for ever. */
+static Py_ssize_t quarter(Py_ssize_t capacity)
+{
+    return capacity / 4 > 0 ? capacity / 4 : 1;
+}
+
 static int ring_at(PyObject *obj, Py_buffer *view, Py_ssize_t at, Py_ssize_t capacity,
                    char **ring)
 {
@@ -612,7 +629,7 @@ static Py_ssize_t ring_put(char *ring, Py_ssize_t capacity, uint64_t *head, cons
 {
     Py_ssize_t done = 0;
     while (done < n) {
-        Py_ssize_t want = n - done < capacity / 4 ? n - done : capacity / 4;
+        Py_ssize_t want = n - done < quarter(capacity) ? n - done : quarter(capacity);
         uint64_t tail = __atomic_load_n((uint64_t *)(ring + RING_LINE), __ATOMIC_ACQUIRE);
         if (capacity - (Py_ssize_t)(*head - tail) < want &&
             !wait_flags(ring + RING_LINE, 8, 1, *head + (uint64_t)want - (uint64_t)capacity,
@@ -684,7 +701,9 @@ static uint64_t big_endian(const unsigned char *p, int n)
  * tbcoll/transports/stream.py: context, tag, payload bytes = dst.len, and the call), copying
  * the payload straight into dst. copied is -1 when no whole header came within budget, -2 when
  * the next message is another one (nothing is consumed: the stream engine takes it and says
- * what differs), else how many payload bytes arrived (all of them unless the budget ran out).
+ * what differs), -3 when the producer's counter says more bytes are waiting than the ring
+ * holds (the segment was overwritten: nothing is copied), else how many payload bytes
+ * arrived (all of them unless the budget ran out).
  */
 #define HEADER_BYTES 32
 
@@ -712,7 +731,7 @@ static PyObject *ring_recv(PyObject *self, PyObject *const *args, Py_ssize_t nar
         PyBuffer_Release(&segment);
         return NULL;
     }
-    if (expected.len != HEADER_BYTES ||
+    if (expected.len != HEADER_BYTES || capacity < HEADER_BYTES ||
         big_endian((const unsigned char *)expected.buf + 8, 8) != (uint64_t)dst.len) {
         PyBuffer_Release(&dst);
         PyBuffer_Release(&expected);
@@ -733,10 +752,14 @@ static PyObject *ring_recv(PyObject *self, PyObject *const *args, Py_ssize_t nar
             copied = 0;
             PyThreadState *saved = dst.len >= NOGIL_BYTES ? PyEval_SaveThread() : NULL;
             while (copied < dst.len) {
-                Py_ssize_t ready = (Py_ssize_t)(__atomic_load_n((const uint64_t *)head_word,
-                                                                __ATOMIC_ACQUIRE) - tail);
-                Py_ssize_t want = dst.len - copied < capacity / 4 ? dst.len - copied
-                                                                  : capacity / 4;
+                uint64_t head = __atomic_load_n((const uint64_t *)head_word, __ATOMIC_ACQUIRE);
+                if (head - tail > (uint64_t)capacity) {  /* the peer's counter is not one */
+                    copied = -3;
+                    break;
+                }
+                Py_ssize_t ready = (Py_ssize_t)(head - tail);
+                Py_ssize_t want = dst.len - copied < quarter(capacity) ? dst.len - copied
+                                                                       : quarter(capacity);
                 if (ready < want) {  /* in large pieces, as ring_put writes them */
                     /* wait_flags releases the GIL itself: take it back around the call */
                     if (saved)

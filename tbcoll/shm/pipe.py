@@ -18,6 +18,16 @@ from tbcoll.shm.flags import AtomicFlags, LockedFlags, atomics
 LINE = 128
 
 
+class OverwrittenRing(OSError):
+    """The producer's counter is not one a producer could have written: the segment was
+    overwritten (by a bug, or by another process of this user)."""
+
+    def __init__(self, available: int | None, capacity: int) -> None:
+        super().__init__(f"the ring's counters say {'more' if available is None else available}"
+                         f" bytes are waiting in a ring of {capacity}: the shared segment was "
+                         "overwritten")
+
+
 class Ring:
     CONTROL = 2 * LINE  # head line, tail line
 
@@ -48,6 +58,8 @@ class Ring:
     def read_into(self, view: memoryview) -> int:
         """Consumer: copy what has arrived, up to len(view) bytes; return how many."""
         available = self._flags.load(self._head_at) - self._tail
+        if not 0 <= available <= self._capacity:
+            raise OverwrittenRing(available, self._capacity)
         n = min(available, len(view))
         if n:
             start = self._tail % self._capacity
@@ -73,6 +85,8 @@ class Ring:
         within budget, -2 if the next message is another (left in place)."""
         self._tail, copied = atomics.ring_recv(self._buffer, self._base, self._capacity,
                                                self._tail, header, view, budget)
+        if copied == -3:
+            raise OverwrittenRing(None, self._capacity)
         return copied
 
     def readable(self) -> bool:

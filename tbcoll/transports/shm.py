@@ -19,7 +19,7 @@ import numpy as np
 
 from tbcoll.calls import NO_CALL
 from tbcoll.env import LaunchInfo, comm_timeout, segment_prefix, single_host
-from tbcoll.errors import CommError
+from tbcoll.errors import CommError, PeerLostError
 from tbcoll.rendezvous import Store
 from tbcoll.shm.collectives import WAIT_SLICE, Layout, ShmNative, alive, use_atomics
 from tbcoll.shm.pipe import Ring, ShmDuplex
@@ -81,8 +81,13 @@ class ShmStream(StreamTransport):
                 or peer.posted.get((context, tag)) or self._mismatch):
             super().recv(buf, source, context, tag, call)
             return
-        copied = peer.channel.incoming.receive(self._header(context, tag, buf.nbytes, *call),
-                                               buf, WAIT_SLICE)
+        try:
+            copied = peer.channel.incoming.receive(
+                self._header(context, tag, buf.nbytes, *call), buf, WAIT_SLICE)
+        except OSError as e:  # OverwrittenRing
+            self._lose(peer, str(e))
+            raise PeerLostError(f"lost the stream from rank {source} ({peer.lost})",
+                                (source,)) from e
         if copied == buf.nbytes:
             return
         if copied < 0:  # nothing yet, or another message first
