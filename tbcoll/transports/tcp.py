@@ -26,6 +26,7 @@ from tbcoll.env import LaunchInfo, format_hostport, link_delay, parse_hostport
 from tbcoll.errors import LINK_DOWN, AuthenticationError, CommError
 from tbcoll.rendezvous import Store
 from tbcoll.topology import route_source
+from tbcoll.transports.delayed import DelayedChannel
 from tbcoll.transports.stream import Peer, StreamEndpoint, StreamTransport
 from tbcoll.wire import recv_exactly
 
@@ -51,8 +52,13 @@ class TcpTransport(StreamTransport):
     """Point-to-point messages between world ranks over one TCP connection per pair."""
 
     def __init__(self, rank: int, size: int, sockets: dict[int, socket.socket],
-                 timeout: float) -> None:
-        super().__init__(rank, size, sockets, timeout)
+                 timeout: float, delay: float = 0.0) -> None:
+        """delay: TBCOLL_LINK_DELAY_US's emulated latency, in seconds (0: none)."""
+        channels = {peer: DelayedChannel(sock, delay) if delay else sock
+                    for peer, sock in sockets.items()}
+        super().__init__(rank, size, channels, timeout)
+        self._holding = [peer for peer in self._peers.values()
+                         if isinstance(peer.channel, DelayedChannel)]
         self._by_fd: dict[int, Peer] = {}
         self._links: dict[int, str] = {}  # peer -> "this end -> that end", for messages
         self._poller = select.poll()
@@ -83,6 +89,9 @@ class TcpTransport(StreamTransport):
         return None
 
     def _ready(self, timeout: float) -> Iterable[tuple[Peer, bool, bool]]:
+        return self._ready_or_due(timeout) if self._holding else self._polled(timeout)
+
+    def _polled(self, timeout: float) -> list[tuple[Peer, bool, bool]]:
         ready = self._poller.poll(0)
         if not ready and timeout > 0:
             end = time.perf_counter() + (0 if self._writing else _SPIN)
@@ -93,6 +102,28 @@ class TcpTransport(StreamTransport):
                 ready = self._poller.poll(1000 * timeout)
         return [(self._by_fd[fd], bool(events & _READ_EVENTS), bool(events & select.POLLOUT))
                 for fd, events in ready]
+
+    def _ready_or_due(self, timeout: float) -> list[tuple[Peer, bool, bool]]:
+        """_ready where channels hold bytes back (DelayedChannel): a held message's due time
+        ends the wait too, met by spinning (yielding the core) within a millisecond of it,
+        where poll() would add its 30-50 us wake-up."""
+        end = time.perf_counter() + timeout
+        while True:
+            dues = [(peer, peer.channel.due()) for peer in self._holding if not peer.lost]
+            due_now = [(peer, True, False) for peer, due in dues if due is not None and due <= 0]
+            soonest = min((due for _, due in dues if due is not None), default=None)
+            left = end - time.perf_counter()
+            if due_now or left <= 0 or soonest is None or soonest >= 1e-3:
+                # the sockets, as without held bytes (their spin included), until one is due
+                wait = 0.0 if due_now else max(0.0, min(left, soonest or left))
+                ready = self._polled(wait)
+                if ready or due_now or time.perf_counter() >= end:
+                    return due_now + [r for r in ready if r[0] not in dict(due_now)]
+                continue
+            ready = self._polled(0.0)
+            if ready:
+                return ready
+            os.sched_yield()
 
     def _write_interest(self, peer: Peer, want: bool) -> None:
         self._poller.modify(peer.channel, _READ_EVENTS | (select.POLLOUT if want else 0))
@@ -343,9 +374,5 @@ def open_world(info: LaunchInfo | None, prefix: str) -> TcpGroup:
     with Store.from_launch(info) as store:
         sockets = connect_mesh(info.rank, info.size, listen_hosts(info), peer_route(info),
                                store, info.token, info.timeout, prefix)
-    if delay := link_delay():
-        from tbcoll.transports.delayed import DelayedTcpTransport
-        transport = DelayedTcpTransport(info.rank, info.size, sockets, info.timeout, delay=delay)
-    else:
-        transport = TcpTransport(info.rank, info.size, sockets, info.timeout)
+    transport = TcpTransport(info.rank, info.size, sockets, info.timeout, link_delay())
     return TcpGroup(transport, 0, list(range(info.size)), True)
