@@ -8,8 +8,9 @@ import sys
 
 import click
 import pytest
+from click.testing import CliRunner
 
-from tbcoll.bench import model
+from tbcoll.bench import model, model_cli
 from tbcoll.bench.cli import parse_size, sizes
 
 from .conftest import REPO, tbrun
@@ -70,21 +71,29 @@ def test_fit_recovers_alpha_and_beta(algorithm, p):
     assert result.max_error < 1e-9
 
 
-def test_model_command_line(tmp_path, capsys):
+def _model(*argv: str) -> str:
+    """`python -m tbcoll.bench.model ARGV`'s output (a usage error: SystemExit 2)."""
+    result = CliRunner().invoke(model_cli.main, list(argv))
+    if result.exit_code:
+        raise SystemExit(result.exit_code)
+    return result.output
+
+
+def test_model_command_line(tmp_path):
     rows = [{"collective": "all_reduce", "algorithm": "ring", "ranks": 4, "inplace": False,
              "size": n, "time_us": 1e6 * model.predict("all_reduce", "ring", 4, n, 5e-6, 1e-9)}
             for n in (8, 4096, 1 << 20)]
     path = tmp_path / "rows.json"
     path.write_text(json.dumps(rows))
-    model.main(["--fit", str(path)])
     assert "all_reduce ring np=4: alpha 5.00 us, beta 1.0000 ns/B (1.00 GB/s)" in \
-        capsys.readouterr().out
-    model.main(["--alpha-us", "3", "--gbps", "8", "-np", "4", "--predict", "16K"])
-    assert "predicted all_reduce ring np=4 16384 B: 21.07 us" in capsys.readouterr().out
-    model.main(["--fit", str(path), "-np", "8", "--predict", "1M"])
+        _model("fit", str(path))
+    assert "predicted all_reduce ring np=4 16384 B: 21.07 us" in \
+        _model("predict", "--alpha-us", "3", "--gbps", "8", "-np", "4", "16K")
     expected = model.predict("all_reduce", "ring", 8, 1 << 20, 5e-6, 1e-9) * 1e6
     assert f"predicted all_reduce ring np=8 1048576 B: {expected:.2f} us" in \
-        capsys.readouterr().out
+        _model("fit", str(path), "-np", "8", "--predict", "1M")
+    with pytest.raises(SystemExit):
+        _model("predict", "--alpha-us", "3", "--gbps", "8", "lots")  # not a size
 
 
 def test_in_place_reductions_stay_quiet_and_checked():
@@ -138,19 +147,18 @@ def test_planner_prices_decoding_by_bytes_read_and_messages():
     assert tp.tokens_per_s == pytest.approx(1 / (tp.compute + tp.comm))
 
 
-def test_planner_command_line(tmp_path, capsys):
+def test_planner_command_line(tmp_path):
     config = tmp_path / "config.json"
     config.write_text(json.dumps({"hidden_size": 512, "intermediate_size": 1408,
                                   "num_attention_heads": 8, "num_key_value_heads": 4,
                                   "num_hidden_layers": 8, "vocab_size": 32000}))
-    model.main(["plan", "--config", str(config), "--layers", "16", "-N", "1,2",
-                "--gbps-memory", "100", "--alpha-us", "300", "--dtype", "float32"])
-    out = capsys.readouterr().out
+    out = _model("plan", "--config", str(config), "--layers", "16", "-N", "1,2",
+                 "--gbps-memory", "100", "--alpha-us", "300", "--dtype", "float32")
     assert "# 16 layers, hidden 512, float32" in out
     rows = [line.split("|")[1:-1] for line in out.splitlines() if re.match(r"\| \d", line)]
     assert [(r[0].strip(), r[1].strip()) for r in rows] == [("1", "tp"), ("2", "tp"), ("2", "pp")]
     tp2, pp2 = (float(r[2]) for r in rows[1:])
     assert pp2 > tp2  # 32 all-reduces of 300 us a token cost more than the reads TP saves
     with pytest.raises(SystemExit):
-        model.main(["plan", "--config", str(tmp_path / "missing.json"), "--gbps-memory", "1",
-                    "--alpha-us", "1"])
+        _model("plan", "--config", str(tmp_path / "missing.json"), "--gbps-memory", "1",
+               "--alpha-us", "1")

@@ -10,16 +10,14 @@ Fit: the medians of a sweep (one algorithm, one p) give t = a + b*n by least squ
 relative errors; alpha = a / steps and beta = b / (bytes per byte of n). Predict: the time of
 a collective for another size, rank count or link, e.g. Thunderbolt 5 RDMA figures:
 
-    python -m tbcoll.bench.model --alpha-us 3 --gbps 8 -np 4 --predict 16K
-    python -m tbcoll.bench.model --fit rows.json                  # from tbcoll-bench --json
-    python -m tbcoll.bench.model --fit rows.json -np 8 --predict 1M   # fitted, elsewhere
+    python -m tbcoll.bench.model predict --alpha-us 3 --gbps 8 -np 4 16K
+    python -m tbcoll.bench.model fit rows.json                  # from tbcoll-bench --json
     python -m tbcoll.bench.model plan --help     # decoding tokens/s, TP against PP
+(tbcoll.bench.model_cli: the command line)
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -90,48 +88,8 @@ def fits_from_rows(rows: Sequence[dict]) -> dict[tuple[str, str, int], Fit]:
             if len(points) >= 2}
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    import sys
 
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["plan"]:
-        from tbcoll.bench.planner import main as plan
+if __name__ == "__main__":  # the command line is tbcoll.bench.model_cli's
+    from tbcoll.bench.model_cli import main
 
-        plan(argv[1:])
-        return
-    import click
-
-    from tbcoll.bench.cli import parse_size  # the sizes tbcoll-bench takes: 8, 16K, 4M
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--fit", metavar="JSON", help="fit the rows of a tbcoll-bench --json")
-    parser.add_argument("--alpha-us", type=float, help="latency per step, microseconds")
-    parser.add_argument("--gbps", type=float, help="link bandwidth, GB/s (beta = 1/that)")
-    parser.add_argument("-np", type=int, default=4, help="ranks to predict for")
-    parser.add_argument("--predict", metavar="SIZE", help="message size to predict (8, 16K, 4M)")
-    parser.add_argument("--collective", default="all_reduce")
-    args = parser.parse_args(argv)
-    try:
-        nbytes = parse_size(args.predict) if args.predict else None
-    except click.BadParameter as e:  # e.g. "lots" is not a size like 8, 64K, 16M or 1G
-        parser.error(f"--predict: {e}")
-
-    def show(collective: str, algorithm: str, alpha: float, beta: float) -> None:
-        t = predict(collective, algorithm, args.np, nbytes, alpha, beta)
-        print(f"  predicted {collective} {algorithm} np={args.np} {nbytes} B: {t * 1e6:.2f} us "
-              f"(algbw {nbytes / t / 1e9 if t else math.inf:.2f} GB/s)")
-
-    if args.fit:
-        with open(args.fit) as f:
-            for (collective, algorithm, p), result in fits_from_rows(json.load(f)).items():
-                print(f"{collective} {algorithm} np={p}: {result.describe()}")
-                if nbytes is not None:
-                    show(collective, algorithm, result.alpha, result.beta)
-        return
-    if args.alpha_us is None or args.gbps is None or nbytes is None:
-        parser.error("give --fit JSON, or --alpha-us, --gbps and --predict SIZE")
-    for algorithm in ALGORITHMS:
-        show(args.collective, algorithm, args.alpha_us * 1e-6, 1 / (args.gbps * 1e9))
-
-
-if __name__ == "__main__":
     main()

@@ -17,11 +17,7 @@ A message of n bytes costs alpha + n * beta; a small all-reduce costs its algori
 
 from __future__ import annotations
 
-import argparse
-import json
-from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 from tbcoll.bench.model import ALGORITHMS, predict
 
@@ -119,47 +115,3 @@ def plan(shape: Shape, machines: int, bandwidth: float, link: Link) -> list[Plan
     pp_comm = (n - 1) * link.message(hidden_bytes) + link.all_reduce(n, 8)  # token: broadcast
     return [Plan("tp", n, shape.weight_bytes / n / bandwidth, tp_comm),
             Plan("pp", n, shape.weight_bytes / bandwidth, pp_comm)]
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m tbcoll.bench.model plan",
-                                     description=__doc__.split("\n\n")[0])
-    parser.add_argument("--config", metavar="JSON", help="a Hugging Face config.json "
-                        "(default: TinyLlama-1.1B's shape); the flags below override it")
-    for flag, field in SHAPE_FLAGS.items():
-        parser.add_argument(flag, type=int, dest=field, metavar="N")
-    parser.add_argument("--dtype", default="bfloat16", choices=DTYPE_BYTES)
-    parser.add_argument("-N", "--machines", default="1,2,4", metavar="N,N,...")
-    parser.add_argument("--gbps-memory", type=float, required=True,
-                        help="each machine's memory bandwidth, GB/s (M3 Ultra: 819)")
-    parser.add_argument("--alpha-us", type=float, required=True,
-                        help="one-way latency of a message, us")
-    parser.add_argument("--gbps-link", type=float, default=10.0,
-                        help="link bandwidth, GB/s (default %(default)s)")
-    parser.add_argument("--allreduce-us", type=float,
-                        help="measured time of a small all-reduce, us (else from alpha)")
-    args = parser.parse_args(argv)
-    try:
-        config = json.loads(Path(args.config).read_text()) if args.config else TINYLLAMA
-        config = {**config, **{field: getattr(args, field) for field in SHAPE_FLAGS.values()
-                               if getattr(args, field) is not None}}
-        shape = Shape.from_config(config, DTYPE_BYTES[args.dtype])
-        machines = [int(n) for n in args.machines.split(",")]
-    except (OSError, ValueError, KeyError) as e:
-        parser.error(f"{e}")
-    if min(machines) < 1 or args.gbps_memory <= 0 or args.alpha_us < 0 or args.gbps_link <= 0:
-        parser.error("machines and bandwidths must be positive, --alpha-us at least 0")
-    link = Link(args.alpha_us * 1e-6, 1 / (args.gbps_link * 1e9),
-                None if args.allreduce_us is None else args.allreduce_us * 1e-6)
-    print(f"# {shape.layers} layers, hidden {shape.hidden}, {args.dtype}: "
-          f"{shape.weight_bytes / 1e9:.2f} GB of weights; {args.gbps_memory:g} GB/s memory, "
-          f"link alpha {args.alpha_us:g} us, {args.gbps_link:g} GB/s"
-          + (f", all-reduce {args.allreduce_us:g} us" if args.allreduce_us else ""))
-    print("| machines | mode | tokens/s | speed-up | ms/token | comm share |")
-    print("|---:|---|---:|---:|---:|---:|")
-    base = None
-    for n in machines:
-        for p in plan(shape, n, args.gbps_memory * 1e9, link):
-            base = base or p.tokens_per_s
-            print(f"| {n} | {p.mode} | {p.tokens_per_s:.1f} | {p.tokens_per_s / base:.2f}x | "
-                  f"{(p.compute + p.comm) * 1e3:.2f} | {p.comm_share:.0%} |")
