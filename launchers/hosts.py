@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from tbcoll.errors import LaunchError
-from tbcoll.topology import Hostfile, route_source
+from tbcoll.topology import Hostfile, Layout, route_source
 
 LOOPBACK = "127.0.0.1"
 _LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
@@ -29,7 +29,7 @@ class HostPlan:
 @dataclass(frozen=True)
 class JobPlan:
     hosts: tuple[HostPlan, ...]
-    topology: dict  # TBCOLL_HOSTFILE
+    topology: Layout  # TBCOLL_HOSTFILE
     master_addr: str  # MASTER_ADDR: rank 0's host
 
     @property
@@ -42,24 +42,23 @@ def plan_job(hostfile: Hostfile | None, nprocs: int, map_by: str, route: bool = 
     """route False (a dry run): leave the store's address for remote hosts as a placeholder
     instead of looking up the route to them."""
     if hostfile is None:
-        topology = {"hosts": [{"name": "localhost", "ranks": list(range(nprocs))}]}
         return JobPlan((HostPlan("localhost", tuple(range(nprocs)), True, LOOPBACK),),
-                       topology, LOOPBACK)
+                       Layout.local(nprocs), LOOPBACK)
     topology = hostfile.layout(nprocs, map_by)
-    entries = topology["hosts"]
-    local = [is_this_machine(h["name"]) for h in entries]
+    entries = topology.hosts
+    local = [is_this_machine(h.name) for h in entries]
     if not all(local):
         for entry, here in zip(entries, local, strict=True):
-            if here and entry["addr"] in _LOOPBACK_NAMES:
-                raise LaunchError(f"{hostfile.source}: host {entry['name']!r} is a loopback name, "
+            if here and entry.addr in _LOOPBACK_NAMES:
+                raise LaunchError(f"{hostfile.source}: host {entry.name!r} is a loopback name, "
                                   "which the other hosts cannot reach; name this machine by an "
                                   "address or host name they can")
     hosts = tuple(
-        HostPlan(entry["name"], tuple(entry["ranks"]), here,
-                 LOOPBACK if here else address_towards(entry["name"], entry["addr"]) if route
-                 else f"<address towards {entry['name']}>")
+        HostPlan(entry.name, entry.ranks, here,
+                 LOOPBACK if here else address_towards(entry.name, entry.addr) if route
+                 else f"<address towards {entry.name}>")
         for entry, here in zip(entries, local, strict=True))
-    master = LOOPBACK if all(local) else entries[0]["addr"]
+    master = LOOPBACK if all(local) else entries[0].addr
     return JobPlan(hosts, topology, master)
 
 

@@ -65,7 +65,7 @@ def mlx_variables(cfg: LaunchConfig, plan: JobPlan) -> MlxVariables | None:
     if len(plan.hosts) == 1:
         return ring_variables([(LOOPBACK, free_port(LOOPBACK)) for _ in range(cfg.nprocs)])
     # as mlx.launch does: each rank's host address, ports counting up from 32323
-    address = {rank: entry["addr"] for entry in plan.topology["hosts"] for rank in entry["ranks"]}
+    address = {rank: host.addr for host in plan.topology.hosts for rank in host.ranks}
     return ring_variables([(address[rank], FIRST_PORT + rank) for rank in range(cfg.nprocs)])
 
 

@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass, field
 
 from tbcoll.env import LaunchInfo, parse_hostport, torchrun_names_from_mpi, worker_env
 from tbcoll.errors import TbcollError
+from tbcoll.topology import Layout
 
 LAUNCH = "TBCOLL_MPI_LAUNCH"
 REPORTS = "TBCOLL_MPI_REPORTS"
@@ -46,27 +47,29 @@ class MpiJob:
     backend: str
     stores: tuple[str, ...]  # host:port of tbrun's store as each node (topology order) has it
     token: str
-    topology: dict  # TBCOLL_HOSTFILE
+    topology: Layout  # TBCOLL_HOSTFILE
     timeout: float
     job: str  # TBCOLL_JOB
     master: tuple[str, int]  # tbrun's MASTER_ADDR and MASTER_PORT
     master_overrides: dict[str, str] = field(default_factory=dict)  # the user's, which win
 
     def encode(self) -> str:
-        return json.dumps(asdict(self), separators=(",", ":"))
+        return json.dumps({**asdict(self), "topology": self.topology.to_json()},
+                          separators=(",", ":"))
 
     @classmethod
     def decode(cls, text: str) -> MpiJob:
         fields = json.loads(text)
         fields["stores"], fields["master"] = tuple(fields["stores"]), tuple(fields["master"])
+        fields["topology"] = Layout.from_json(fields["topology"])
         return cls(**fields)
 
     def rank_env(self, rank: int) -> dict[str, str]:
         """The contract of one rank (its own values where ranks differ)."""
-        for node, host in enumerate(self.topology["hosts"]):
-            if rank in host["ranks"]:
-                info = LaunchInfo(rank=rank, size=self.size, local_rank=host["ranks"].index(rank),
-                                  local_size=len(host["ranks"]), node_rank=node,
+        for node, host in enumerate(self.topology.hosts):
+            if rank in host.ranks:
+                info = LaunchInfo(rank=rank, size=self.size, local_rank=host.ranks.index(rank),
+                                  local_size=len(host.ranks), node_rank=node,
                                   backend=self.backend,
                                   store=parse_hostport(self.stores[node], LAUNCH),
                                   token=self.token, topology=self.topology,

@@ -46,13 +46,13 @@ that an unmodified MLX script runs.
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from tbcoll.errors import TbcollError
+from tbcoll.topology import Layout
 
 BACKENDS = ("auto", "shm", "tcp", "mpi", "mlx")
 DEFAULT_TIMEOUT = 300.0
@@ -71,7 +71,7 @@ class LaunchInfo:
     backend: str
     store: tuple[str, int]
     token: str
-    topology: dict
+    topology: Layout
     timeout: float
     job: str = ""  # TBCOLL_JOB
 
@@ -87,7 +87,7 @@ def worker_env(info: LaunchInfo, master: tuple[str, int]) -> dict[str, str]:
         "TBCOLL_BACKEND": info.backend,
         "TBCOLL_STORE": format_hostport(*info.store),
         "TBCOLL_TOKEN": info.token,
-        "TBCOLL_HOSTFILE": json.dumps(info.topology, separators=(",", ":")),
+        "TBCOLL_HOSTFILE": info.topology.to_json(),
         "TBCOLL_TIMEOUT": f"{info.timeout:g}",
         "TBCOLL_JOB": info.job,
         "RANK": str(info.rank),
@@ -132,7 +132,7 @@ def launch_info(environ: Mapping[str, str] | None = None) -> LaunchInfo | None:
         backend=_required(env, "TBCOLL_BACKEND"),
         store=parse_hostport(_required(env, "TBCOLL_STORE"), "TBCOLL_STORE"),
         token=_required(env, "TBCOLL_TOKEN"),
-        topology=_json(env, "TBCOLL_HOSTFILE"),
+        topology=_layout(env, "TBCOLL_HOSTFILE"),
         timeout=comm_timeout(None, env),
         job=env.get("TBCOLL_JOB", ""),
     )
@@ -279,7 +279,7 @@ def segment_prefix(token: str) -> str:
 
 
 def single_host(info: LaunchInfo) -> bool:
-    return len(info.topology.get("hosts", [])) <= 1
+    return info.topology.single_host
 
 
 def format_hostport(host: str, port: int) -> str:
@@ -309,8 +309,8 @@ def _int(env: Mapping[str, str], name: str) -> int:
         raise TbcollError(f"{name}={value!r} is not an integer") from None
 
 
-def _json(env: Mapping[str, str], name: str) -> dict:
+def _layout(env: Mapping[str, str], name: str) -> Layout:
     try:
-        return json.loads(_required(env, name))
-    except json.JSONDecodeError as e:
-        raise TbcollError(f"{name} is not valid JSON: {e}") from None
+        return Layout.from_json(_required(env, name))
+    except ValueError as e:  # (json's errors among them)
+        raise TbcollError(f"{name} is not a resolved topology: {e}") from None

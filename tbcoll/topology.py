@@ -153,20 +153,16 @@ class Hostfile:
             raise HostfileError(f"--map-by {map_by!r}: use slot or node")
         return order[:nprocs]
 
-    def layout(self, nprocs: int, map_by: str = "slot") -> dict:
+    def layout(self, nprocs: int, map_by: str = "slot") -> Layout:
         """The resolved topology the ranks read (TBCOLL_HOSTFILE): the hosts that take ranks,
         in hostfile order, each with its ranks, its address and its per-pair link addresses."""
         placement = self.placement(nprocs, map_by)
         used = [i for i in range(len(self.hosts)) if i in placement]
-        hosts = []
-        for i in used:
-            host = self.hosts[i]
-            entry = {"name": host.name, "ranks": [r for r, h in enumerate(placement) if h == i],
-                     "addr": host.address}
-            if host.links:
-                entry["links"] = [host.links[j] for j in used]
-            hosts.append(entry)
-        return {"hosts": hosts}
+        return Layout(tuple(
+            JobHost(self.hosts[i].name, tuple(r for r, h in enumerate(placement) if h == i),
+                    self.hosts[i].address,
+                    tuple(self.hosts[i].links[j] for j in used) if self.hosts[i].links else ())
+            for i in used))
 
     def is_full_mesh(self) -> bool:
         """Whether every pair of hosts has an RDMA device between them (cabled as a mesh)."""
@@ -174,6 +170,61 @@ class Hostfile:
         return n > 1 and all(len(h.rdma) == n and all(
             (dev is None) == (j == i) for j, dev in enumerate(h.rdma))
             for i, h in enumerate(self.hosts))
+
+
+@dataclass(frozen=True)
+class JobHost:
+    """A host of a job as its ranks see it."""
+
+    name: str
+    ranks: tuple[int, ...]
+    addr: str | None = None  # where the other hosts reach it (None: one host, no address)
+    links: tuple[str | None, ...] = ()  # links[j]: its address on the cable to the job's host j
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The resolved topology of a job (TBCOLL_HOSTFILE): the hosts that run ranks, in order.
+
+    As JSON: {"hosts": [{"name": "mac1", "ranks": [0, 1], "addr": "10.0.1.1",
+                         "links": [null, "192.168.0.1"]}, ...]}
+    """
+
+    hosts: tuple[JobHost, ...]
+
+    @classmethod
+    def local(cls, nprocs: int) -> Layout:
+        """Every rank on this machine (no hosts were given)."""
+        return cls((JobHost("localhost", tuple(range(nprocs))),))
+
+    @classmethod
+    def from_json(cls, text: str) -> Layout:
+        """ValueError (a json.JSONDecodeError, KeyError or TypeError inside) if it is none."""
+        try:
+            return cls(tuple(
+                JobHost(h["name"], tuple(h["ranks"]), h.get("addr"), tuple(h.get("links", ())))
+                for h in json.loads(text)["hosts"]))
+        except (KeyError, TypeError, AttributeError) as e:
+            raise ValueError(f"not a resolved topology ({type(e).__name__}: {e})") from None
+
+    def to_json(self) -> str:
+        hosts = []
+        for host in self.hosts:
+            entry = {"name": host.name, "ranks": list(host.ranks)}
+            if host.addr is not None:
+                entry["addr"] = host.addr
+            if host.links:
+                entry["links"] = list(host.links)
+            hosts.append(entry)
+        return json.dumps({"hosts": hosts}, separators=(",", ":"))
+
+    @property
+    def single_host(self) -> bool:
+        return len(self.hosts) <= 1
+
+    def node_of(self, rank: int) -> int | None:
+        """The index of the host that runs rank."""
+        return next((i for i, host in enumerate(self.hosts) if rank in host.ranks), None)
 
 
 def route_source(host: str) -> str:

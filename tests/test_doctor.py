@@ -63,7 +63,7 @@ def test_json_hostfile_for_macs_in_a_mesh_reads_back():
                                 "links": ["192.168.1.1", None, "192.168.1.2"]}
     hostfile = Hostfile.from_json(text, "written")
     assert hostfile.is_full_mesh()
-    assert hostfile.layout(3)["hosts"][2]["links"] == ["192.168.2.1", "192.168.2.2", None]
+    assert hostfile.layout(3).hosts[2].links == ("192.168.2.1", "192.168.2.2", None)
 
 
 def test_doctor_passes_a_well_set_up_mac_cluster():

@@ -8,6 +8,7 @@ import pytest
 
 from tbcoll import TbcollError
 from tbcoll.env import LaunchInfo, launch_info, worker_env
+from tbcoll.topology import Layout
 
 from .conftest import REPO, tagged_lines, tbrun
 
@@ -122,7 +123,7 @@ def test_hello_example():
 
 def test_launch_info_round_trip_and_errors():
     info = LaunchInfo(rank=1, size=2, local_rank=1, local_size=2, node_rank=0, backend="shm",
-                      store=("::1", 5000), token="t", topology={"hosts": []}, timeout=7.5,
+                      store=("::1", 5000), token="t", topology=Layout(()), timeout=7.5,
                       job="1a2b")
     env = worker_env(info, ("127.0.0.1", 6000))
     assert env["TBCOLL_STORE"] == "[::1]:5000" and env["TBCOLL_JOB"] == "1a2b"

@@ -8,6 +8,7 @@ import time
 import pytest
 
 from tbcoll.errors import TbcollError
+from tbcoll.topology import JobHost, Layout
 
 from .conftest import mpich_segments, pid_alive, tagged_lines, tbrun
 
@@ -216,8 +217,7 @@ def test_the_rank_wrapper_places_ranks_by_the_topology():
     hosts' ranks (here --map-by node over two hosts), with MPI's rank and size."""
     from launchers.mpirank import LAUNCH, MpiJob, rank_environment
 
-    topology = {"hosts": [{"name": "a", "ranks": [0, 2], "addr": "10.0.0.1"},
-                          {"name": "b", "ranks": [1, 3], "addr": "10.0.0.2"}]}
+    topology = Layout((JobHost("a", (0, 2), "10.0.0.1"), JobHost("b", (1, 3), "10.0.0.2")))
     job = MpiJob(size=4, backend="mpi", stores=("127.0.0.1:7000", "10.0.0.1:7000"), token="t",
                  topology=topology, timeout=9.0, job="j", master=("10.0.0.1", 7001),
                  master_overrides={"MASTER_PORT": "29500"})

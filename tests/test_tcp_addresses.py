@@ -1,17 +1,20 @@
 """Which addresses a tcp rank listens on and connects to, from the resolved topology."""
 
+import json
 import socket
 
 import pytest
 
 from tbcoll.env import LaunchInfo
+from tbcoll.topology import Layout
 from tbcoll.transports.tcp import listen_hosts, peer_route
 
 
 def info(node_rank, hosts, store="127.0.0.1"):
     return LaunchInfo(rank=0, size=sum(len(h["ranks"]) for h in hosts), local_rank=0,
                       local_size=1, node_rank=node_rank, backend="tcp", store=(store, 1),
-                      token="t", topology={"hosts": hosts}, timeout=1.0)
+                      token="t", topology=Layout.from_json(json.dumps({"hosts": hosts})),
+                      timeout=1.0)
 
 
 MESH = [{"name": "a", "ranks": [0], "addr": "10.0.0.1", "links": [None, "192.168.0.1"]},

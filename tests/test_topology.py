@@ -6,7 +6,7 @@ import re
 import pytest
 
 from tbcoll.errors import HostfileError
-from tbcoll.topology import Hostfile
+from tbcoll.topology import Hostfile, Layout
 
 from .conftest import REPO
 
@@ -113,13 +113,18 @@ def test_links_and_the_layout_ranks_read(tmp_path):
         {"ssh": "b", "links": ["192.168.7.2", None, None]},
         {"ssh": "c", "ips": ["10.0.0.3"]}]))
     layout = Hostfile.from_file(path).layout(3)
-    assert layout == {"hosts": [
+    as_json = {"hosts": [
         {"name": "root@a", "ranks": [0], "addr": "10.0.0.1",
          "links": [None, "192.168.7.1", "192.168.8.1"]},
         {"name": "b", "ranks": [1], "addr": "b", "links": ["192.168.7.2", None, None]},
         {"name": "c", "ranks": [2], "addr": "10.0.0.3"}]}
+    assert json.loads(layout.to_json()) == as_json  # TBCOLL_HOSTFILE, as the ranks read it
+    assert Layout.from_json(layout.to_json()) == layout
+    assert layout.node_of(2) == 2 and layout.node_of(3) is None
+    with pytest.raises(ValueError, match="not a resolved topology"):
+        Layout.from_json('{"hosts": [{"ranks": [0]}]}')
     # hosts without ranks drop out, and so do their columns of links
-    assert Hostfile.from_file(path).layout(2)["hosts"][0]["links"] == [None, "192.168.7.1"]
+    assert Hostfile.from_file(path).layout(2).hosts[0].links == (None, "192.168.7.1")
 
 
 @pytest.mark.parametrize("links, message", [

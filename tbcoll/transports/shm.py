@@ -213,7 +213,7 @@ def open_world(info: LaunchInfo | None, prefix: str) -> ShmGroup:
     """Map the world's segment; the store tells the others when it exists and rank 0 when
     they have mapped it."""
     if info is not None and not single_host(info):
-        hosts = len(info.topology["hosts"])
+        hosts = len(info.topology.hosts)
         raise CommError(f"the shm backend needs every rank on one host, but this job spans "
                         f"{hosts} hosts: use --backend tcp")
     names = _Names(segment_prefix(info.token) if info else f"/tbc-p{os.getpid()}-")

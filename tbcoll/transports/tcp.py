@@ -285,16 +285,16 @@ def _accept_peer(sock: socket.socket, address: tuple, token: str, rank: int, siz
 
 def listen_hosts(info: LaunchInfo) -> list[str]:
     """The addresses this rank listens on: its host's, and its ends of the host's cables."""
-    hosts = info.topology.get("hosts", [])
+    hosts = info.topology.hosts
     if info.node_rank >= len(hosts):
         return ["127.0.0.1"]
     mine = hosts[info.node_rank]
-    address = mine.get("addr", "127.0.0.1")
+    address = mine.addr or "127.0.0.1"
     if len(hosts) > 1 and _is_loopback(address):
         # A host name that resolves to loopback on the host itself (Debian maps its own name
         # to 127.0.1.1): the others could not connect. Use the address that reaches tbrun.
         address = route_source(info.store[0])
-    links = [a for a in mine.get("links", []) if a]
+    links = [a for a in mine.links if a]
     return list(dict.fromkeys([address, *links]))
 
 
@@ -309,17 +309,16 @@ def _is_loopback(host: str) -> bool:
 def peer_route(info: LaunchInfo) -> Callable[[int], str | None]:
     """route(peer): the address to reach peer at, over the cable between the two hosts if the
     hostfile names one (each Thunderbolt cable is its own subnet), else the peer's host's."""
-    hosts = info.topology.get("hosts", [])
-    node_of = {rank: j for j, host in enumerate(hosts) for rank in host.get("ranks", [])}
+    hosts = info.topology.hosts
 
     def route(peer: int) -> str | None:
-        if peer not in node_of:
+        node = info.topology.node_of(peer)
+        if node is None:
             return None
-        host = hosts[node_of[peer]]
-        links = host.get("links", [])
-        if info.node_rank < len(links) and links[info.node_rank]:
-            return links[info.node_rank]
-        return host.get("addr")
+        host = hosts[node]
+        if info.node_rank < len(host.links) and host.links[info.node_rank]:
+            return host.links[info.node_rank]
+        return host.addr
 
     return route
 
