@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import itertools
 
+from tbcoll.backends import BACKENDS, TRANSPORTS
 from tbcoll.comm import Communicator
 from tbcoll.env import (
-    BACKENDS,
     launch_info,
     single_host,
     started_by_mpiexec,
     unlaunched_slurm_task,
 )
 from tbcoll.errors import TbcollError
-from tbcoll.transports import TRANSPORTS
+from tbcoll.transports import open_world
 
 _opened = itertools.count()  # store keys of each init() in a process stay apart
 
@@ -36,5 +36,5 @@ def init(backend: str | None = None) -> Communicator:
             raise ValueError(f"backend {backend!r} is not available in this version of tbcoll; "
                              f"use one of {', '.join(TRANSPORTS)}")
         raise ValueError(f"backend {backend!r} is not one of {', '.join(BACKENDS)}")
-    group, local_rank, node_rank = TRANSPORTS[backend](info, f"{backend}/{next(_opened)}")
+    group, local_rank, node_rank = open_world(backend, info, f"{backend}/{next(_opened)}")
     return Communicator(group, backend, local_rank, node_rank)

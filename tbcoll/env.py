@@ -51,10 +51,10 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from tbcoll.backends import BACKENDS
 from tbcoll.errors import TbcollError
 from tbcoll.topology import Layout
 
-BACKENDS = ("auto", "shm", "tcp", "mpi", "mlx")
 DEFAULT_TIMEOUT = 300.0
 _MPI_RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
 
@@ -276,6 +276,11 @@ def segment_prefix(token: str) -> str:
     telling it; a hash, so that the names do not reveal the token.
     """
     return f"/tbc-{hashlib.sha256(token.encode()).hexdigest()[:8]}-"
+
+
+def placement(info: LaunchInfo | None) -> tuple[int, int]:
+    """This rank's local rank and its node's index (0, 0 when running alone)."""
+    return (info.local_rank, info.node_rank) if info else (0, 0)
 
 
 def single_host(info: LaunchInfo) -> bool:

@@ -23,18 +23,8 @@ from __future__ import annotations
 Rule = tuple[int | None, int | None, str]
 
 _TCP: list[Rule] = [(256 << 10, None, "rd"), (None, 4, "mesh"), (None, None, "ring")]
-
-TABLES: dict[str, dict[str, list[Rule]]] = {
-    "tcp": {
-        "all_reduce": _TCP,
-        "all_gather": _TCP,
-        "reduce_scatter": _TCP,
-        "broadcast": [(256 << 10, None, "rd"), (None, None, "ring")],
-        "barrier": [(None, None, "rd")],
-    },
-}
-for _backend in ("shm", "mpi", "mlx"):
-    TABLES[_backend] = {name: [(None, None, "native")] for name in TABLES["tcp"]}
+_NATIVE: list[Rule] = [(None, None, "native")]
+_DATA = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "barrier")
 # all_to_all and the rooted collectives (not measured yet): every block at once where few
 # ranks share the links; past that Bruck's log2(p) steps for small messages (its choice
 # applies without counts: with counts pairwise runs instead), else one partner per step;
@@ -43,9 +33,16 @@ _OTHERS: dict[str, list[Rule]] = {
     "all_to_all": [(None, 4, "mesh"), (16 << 10, None, "bruck"), (None, None, "pairwise")],
     **{name: [(None, None, "tree")] for name in ("gather", "scatter", "reduce")},
 }
-for _backend in ("tcp", "shm", "mlx"):
-    TABLES[_backend].update(_OTHERS)
-TABLES["mpi"].update({name: [(None, None, "native")] for name in _OTHERS})
+
+# a table per transport group's `tuning` (tbcoll.transports.base.Group)
+TABLES: dict[str, dict[str, list[Rule]]] = {
+    "tcp": {"all_reduce": _TCP, "all_gather": _TCP, "reduce_scatter": _TCP,
+            "broadcast": [(256 << 10, None, "rd"), (None, None, "ring")],
+            "barrier": [(None, None, "rd")], **_OTHERS},
+    "shm": {**dict.fromkeys(_DATA, _NATIVE), **_OTHERS},
+    "mlx": {**dict.fromkeys(_DATA, _NATIVE), **_OTHERS},
+    "mpi": dict.fromkeys((*_DATA, *_OTHERS), _NATIVE),
+}
 
 
 def choose(backend: str, collective: str, nbytes: int, size: int) -> str:

@@ -219,8 +219,9 @@ def test_a_failing_remote_rank_takes_down_every_host(cluster, script):
 
 def test_ctrl_c_reaches_remote_ranks(cluster, script):
     p = tbrun_on(cluster, "-H", ",".join(cluster.address(i) for i in range(HOSTS)),
-                 script("import time\nprint('up', flush=True)\n"
-                        "try:\n    time.sleep(60)\n"
+                 # "up" inside the try: a SIGINT that came between the two used to miss it
+                 script("import time\n"
+                        "try:\n    print('up', flush=True)\n    time.sleep(60)\n"
                         "except KeyboardInterrupt:\n    print('interrupted', flush=True)\n"
                         "    raise SystemExit(5)\n"))
     started = []

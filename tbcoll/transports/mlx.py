@@ -297,7 +297,7 @@ class MlxGroup:
         self._tcp.close()  # MLX keeps its group for the life of the process
 
 
-def open_world(info: LaunchInfo | None, prefix: str) -> MlxGroup:
+def open_world(info: LaunchInfo | None, prefix: str) -> tuple[MlxGroup, int, int]:
     # Named, not "any": MLX left to choose may load an MPI it finds (mpich's, from PyPI).
     backend = ("jaccl" if "MLX_IBV_DEVICES" in os.environ else
                "ring" if "MLX_HOSTFILE" in os.environ else None)
@@ -309,6 +309,6 @@ def open_world(info: LaunchInfo | None, prefix: str) -> MlxGroup:
     if info is not None and group.size() != info.size:
         raise CommError(f"MLX sees a group of {group.size()} ranks but tbrun started "
                         f"{info.size}; start the job with `tbrun --backend mlx`")
-    beside = tcp.open_world(info, prefix)
+    beside, local_rank, node_rank = tcp.open_world(info, prefix)
     watchdog = Watchdog(group.rank(), comm_timeout(info), beside.silent_loss)
-    return MlxGroup(beside, MlxNative(group, watchdog), backend or "ring")
+    return MlxGroup(beside, MlxNative(group, watchdog), backend or "ring"), local_rank, node_rank

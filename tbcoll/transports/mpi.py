@@ -429,7 +429,8 @@ def _made(make: Callable[[], MPI.Comm]) -> MPI.Comm:
                         "comm.split(...) as sub:`); each takes two of MPI's") from None
 
 
-def open_world(info: LaunchInfo | None) -> tuple[MpiGroup, int, int]:
+def open_world(info: LaunchInfo | None, prefix: str) -> tuple[MpiGroup, int, int]:
+    """The world of MPI_COMM_WORLD (prefix: unused, MPI names its communicators itself)."""
     world = MPI.COMM_WORLD
     if info is not None and info.size != world.Get_size():
         raise CommError(

@@ -18,7 +18,7 @@ from collections.abc import Iterable
 import numpy as np
 
 from tbcoll.calls import NO_CALL
-from tbcoll.env import LaunchInfo, comm_timeout, segment_prefix, single_host
+from tbcoll.env import LaunchInfo, comm_timeout, placement, segment_prefix, single_host
 from tbcoll.errors import CommError, PeerLostError
 from tbcoll.rendezvous import Store
 from tbcoll.shm.collectives import WAIT_SLICE, Layout, ShmNative, alive, use_atomics
@@ -209,7 +209,7 @@ def _share_segment(p2p: P2P, rank: int, members: list[int], prefix: str, size: i
     return segment
 
 
-def open_world(info: LaunchInfo | None, prefix: str) -> ShmGroup:
+def open_world(info: LaunchInfo | None, prefix: str) -> tuple[ShmGroup, int, int]:
     """Map the world's segment; the store tells the others when it exists and rank 0 when
     they have mapped it."""
     if info is not None and not single_host(info):
@@ -235,4 +235,5 @@ def open_world(info: LaunchInfo | None, prefix: str) -> ShmGroup:
                 name = store.get(f"{prefix}/created").decode()
                 segment = Segment.attach(name, nbytes)
                 store.set(f"{prefix}/mapped/{rank}", b"")
-    return ShmGroup(segment, rank, list(range(size)), names, comm_timeout(info))
+    return (ShmGroup(segment, rank, list(range(size)), names, comm_timeout(info)),
+            *placement(info))

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Iterable
 
 from tbcoll.auth import HANDSHAKE_TIMEOUT, Doorman, accept_handshake, connect_proven
-from tbcoll.env import LaunchInfo, format_hostport, link_delay, parse_hostport
+from tbcoll.env import LaunchInfo, format_hostport, link_delay, parse_hostport, placement
 from tbcoll.errors import LINK_DOWN, AuthenticationError, CommError
 from tbcoll.rendezvous import Store
 from tbcoll.topology import route_source
@@ -366,8 +366,12 @@ class TcpGroup:
             self._transport.close()
 
 
-def open_world(info: LaunchInfo | None, prefix: str) -> TcpGroup:
+def open_world(info: LaunchInfo | None, prefix: str) -> tuple[TcpGroup, int, int]:
     """Connect every rank of the job (a single rank needs no store and no sockets)."""
+    return (_world(info, prefix), *placement(info))
+
+
+def _world(info: LaunchInfo | None, prefix: str) -> TcpGroup:
     if info is None or info.size == 1:
         return TcpGroup(TcpTransport(0, 1, {}, 0.0), 0, [0], True)
     with Store.from_launch(info) as store:
