@@ -1,3 +1,3 @@
-from launchers.cli import main
+from tbcoll.launch.cli import main
 
 main()

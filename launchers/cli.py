@@ -9,11 +9,11 @@ import sys
 from pathlib import Path
 
 import click
+from tbcoll.launch import slurm
+from tbcoll.launch.config import LaunchConfig, parse_exports, read_hosts, resolve_program
+from tbcoll.launch.job import run
+from tbcoll.launch.starters import REMOTE
 
-from launchers import slurm
-from launchers.config import LaunchConfig, parse_exports, read_hosts, resolve_program
-from launchers.job import run
-from launchers.starters import REMOTE
 from tbcoll.env import BACKENDS, DEFAULT_TIMEOUT
 from tbcoll.env import comm_timeout as tbcoll_comm_timeout
 from tbcoll.errors import LaunchError, TbcollError
@@ -185,7 +185,7 @@ def doctor(hostfile: str | None, hosts: str | None, python: str, ssh: str,
     addresses, MLX's jaccl where the hostfile names RDMA devices, and on macOS the
     Thunderbolt cables, rdma_ctl, an IPv4 address on each Thunderbolt interface, bridge0 off,
     and whether the cabling is a full mesh or a ring. Exit status 1 if a check failed."""
-    from launchers.cluster.doctor import run_doctor  # here: tbrun's start-up skips it
+    from tbcoll.launch.cluster.doctor import run_doctor  # here: tbrun's start-up skips it
 
     return run_doctor(read_hosts(hostfile, hosts), shlex.split(ssh), python, connect_timeout)
 
@@ -203,7 +203,7 @@ def write_hostfile(names: tuple[str, ...], slots: int | None, as_json: bool, out
                    python: str, ssh: str, connect_timeout: float) -> int:
     """Write a hostfile for HOST...: MPI text (HOST slots=N), or with --json MLX's JSON
     hostfile, each host probed over ssh (as mlx.distributed_config does on Macs)."""
-    from launchers.cluster.write_hostfile import json_hostfile, text_hostfile
+    from tbcoll.launch.cluster.write_hostfile import json_hostfile, text_hostfile
 
     text = (json_hostfile(names, shlex.split(ssh), python, connect_timeout) if as_json
             else text_hostfile(names, slots, shlex.split(ssh), python, connect_timeout))

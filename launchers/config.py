@@ -41,11 +41,11 @@ class LaunchConfig:
     hostfile: Hostfile | None = None  # None: every rank on this machine
     map_by: str = "slot"  # slot: fill each host in turn; node: deal ranks round the hosts
     cwd: str = "."  # working directory of the ranks, on every host
-    python: str = "python3"  # runs .py programs, and launchers.remote on remote hosts
+    python: str = "python3"  # runs .py programs, and tbcoll.launch.remote on remote hosts
     ssh: tuple[str, ...] = ("ssh",)
     connect_timeout: float = 10.0  # seconds ssh may take to reach a host
     stdin: str = "0"  # the rank that reads tbrun's standard input, "all" or "none"
-    launcher: str = "ssh"  # the starter of ranks on other hosts (launchers.starters)
+    launcher: str = "ssh"  # the starter of ranks on other hosts (tbcoll.launch.starters)
 
 
 def resolve_program(program: str, args: Sequence[str], python: str,

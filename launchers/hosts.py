@@ -109,8 +109,8 @@ def ssh_options(connect_timeout: float) -> list[str]:
 
 
 def ssh_command(ssh: Sequence[str], host: str, python: str, connect_timeout: float) -> list[str]:
-    """ssh argv that runs launchers.remote on host, with a dead host noticed within ~15 s."""
-    remote = shlex.join([python, "-m", "launchers.remote"])
+    """ssh argv that runs tbcoll.launch.remote on host, with a dead host noticed within ~15 s."""
+    remote = shlex.join([python, "-m", "tbcoll.launch.remote"])
     return [*ssh, *ssh_options(connect_timeout), "-o", "ServerAliveInterval=5",
             "-o", "ServerAliveCountMax=3", "-T", host, remote]
 
@@ -118,7 +118,7 @@ def ssh_command(ssh: Sequence[str], host: str, python: str, connect_timeout: flo
 def remote_setup(argv: Sequence[str], cwd: str, env: Mapping[str, str],
                  defaults: Mapping[str, str], files: Mapping[str, str],
                  stdin: bool = False) -> bytes:
-    """The line launchers.remote reads: env is set, defaults only where the host has none,
+    """The line tbcoll.launch.remote reads: env is set, defaults only where the host has none,
     each of files (variable -> content) is written to a private file the variable names, and
     with stdin the rank reads the input tbrun forwards (else /dev/null)."""
     return json.dumps({"argv": list(argv), "cwd": cwd, "env": dict(env),

@@ -1,5 +1,5 @@
 """What cleans up after a tbrun that was killed (kill -9, OOM killer): `python -m
-launchers.janitor`, started by tbrun in a session of its own before any rank.
+tbcoll.launch.janitor`, started by tbrun in a session of its own before any rank.
 
 tbrun tells it, one line each on its stdin, what a dead tbrun would leave: "group PGID" (a
 rank's process group: the rank and whatever it started), "job ID" (the job's TBCOLL_JOB, which
@@ -8,7 +8,7 @@ every process of the job inherits), "folder PATH" (the job's private folder), "s
 job), and "done" when tbrun has cleaned up itself. End of file without "done" means tbrun
 died: the janitor kills every group with SIGKILL, then every process of this user that still
 carries the job's cookie (on Linux: a child that left its rank's group for a session of its
-own, a daemon; launchers.reaper), removes the folders and the job's shared memory, and exits.
+own, a daemon; tbcoll.launch.reaper), removes the folders and the job's shared memory, and exits.
 PR_SET_PDEATHSIG kills only the rank itself, and exists on Linux only.
 """
 
@@ -23,8 +23,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from launchers.reaper import carrying, sweep
-from launchers.shmclean import mpich_segments, remove_job_segments, remove_unmapped
+from tbcoll.launch.reaper import carrying, sweep
+from tbcoll.launch.shmclean import mpich_segments, remove_job_segments, remove_unmapped
+
 from tbcoll.env import job_marks
 
 _PATIENCE = 5.0  # seconds the sweep may go on killing a job that keeps forking
@@ -34,7 +35,7 @@ class Janitor:
     """tbrun's side: start the janitor and tell it what to clean up should tbrun die."""
 
     def __init__(self) -> None:
-        self._proc = subprocess.Popen([sys.executable, "-m", "launchers.janitor"],
+        self._proc = subprocess.Popen([sys.executable, "-m", "tbcoll.launch.janitor"],
                                       stdin=subprocess.PIPE, start_new_session=True)
 
     def watch_group(self, pgid: int) -> None:

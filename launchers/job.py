@@ -8,23 +8,24 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from launchers.config import LaunchConfig, master_overrides, thread_limits
-from launchers.hosts import LOOPBACK, JobPlan, free_port, plan_job
-from launchers.janitor import janitor_for
-from launchers.mlxvars import (
+from tbcoll.launch.config import LaunchConfig, master_overrides, thread_limits
+from tbcoll.launch.hosts import LOOPBACK, JobPlan, free_port, plan_job
+from tbcoll.launch.janitor import janitor_for
+from tbcoll.launch.mlxvars import (
     FIRST_PORT,
     MlxVariables,
     choose_backend,
     jaccl_variables,
     ring_variables,
 )
-from launchers.output import OutputRouter, log
-from launchers.reaper import new_job_id
-from launchers.shmclean import remove_job_segments
-from launchers.starters import RankSpec, starter_for
-from launchers.stdin import standard_input, stdin_ranks
-from launchers.store import serve_store
-from launchers.supervisor import RankCommand, Supervisor
+from tbcoll.launch.output import OutputRouter, log
+from tbcoll.launch.reaper import new_job_id
+from tbcoll.launch.shmclean import remove_job_segments
+from tbcoll.launch.starters import RankSpec, starter_for
+from tbcoll.launch.stdin import standard_input, stdin_ranks
+from tbcoll.launch.store import serve_store
+from tbcoll.launch.supervisor import RankCommand, Supervisor
+
 from tbcoll.auth import new_token
 from tbcoll.env import LaunchInfo, segment_prefix, worker_env
 from tbcoll.errors import LaunchError

@@ -7,7 +7,7 @@ under `tbrun --backend mlx`:
   rank i uses to reach rank j, null on the diagonal), MLX_JACCL_COORDINATOR (ip:port of
   rank 0) and, for the ring variant, MLX_JACCL_RING=1.
 
-Files are given by content; tbrun writes them where each rank runs (launchers.remote on a
+Files are given by content; tbrun writes them where each rank runs (tbcoll.launch.remote on a
 remote host) and points the variable at the file.
 """
 

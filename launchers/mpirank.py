@@ -1,5 +1,5 @@
-"""What each rank of `tbrun --backend mpi` runs under: `python -m launchers.mpirank STDIN
-PROGRAM...` for a Python program, `python -m launchers.mpirank --exec STDIN PROGRAM...` for
+"""What each rank of `tbrun --backend mpi` runs under: `python -m tbcoll.launch.mpirank STDIN
+PROGRAM...` for a Python program, `python -m tbcoll.launch.mpirank --exec STDIN PROGRAM...` for
 any other, where STDIN is the rank that reads the job's input ("none": no rank).
 
 mpiexec gives every rank the same environment; this wrapper makes it the rank's own launch
@@ -85,7 +85,7 @@ def rank_environment(environ: Mapping[str, str]) -> dict[str, str]:
     if LAUNCH not in environ:
         return names
     if not names.get("RANK", "").isdigit():
-        raise TbcollError("mpiexec gave this process no rank (PMI_RANK): launchers.mpirank "
+        raise TbcollError("mpiexec gave this process no rank (PMI_RANK): tbcoll.launch.mpirank "
                           "runs the ranks of tbrun --backend mpi only")
     try:
         job = MpiJob.decode(environ[LAUNCH])
@@ -107,7 +107,7 @@ def main() -> None:
     try:
         names = rank_environment(os.environ)
     except TbcollError as e:
-        print(f"tbrun: launchers.mpirank: {e}", file=sys.stderr, flush=True)
+        print(f"tbrun: tbcoll.launch.mpirank: {e}", file=sys.stderr, flush=True)
         sys.exit(2)
     os.environ.pop(LAUNCH, None)  # the token stays in TBCOLL_TOKEN alone
     os.environ.update(names)

@@ -4,11 +4,11 @@ A rank's child that starts a session of its own (`Popen(start_new_session=True)`
 `process_group=0`) leaves the rank's process group, and a daemon that double-forks leaves its
 parent too: killpg and PR_SET_PDEATHSIG miss both. Two nets catch them:
 
-- the process that supervises a host's ranks (tbrun, or launchers.remote) makes itself a child
+- the process that supervises a host's ranks (tbrun, or tbcoll.launch.remote) makes itself a child
   subreaper (PR_SET_CHILD_SUBREAPER): an orphan of the job is reparented to it instead of to
   init, so it stays a descendant, found by walking /proc, and its zombie is reaped here;
 - every process of the job inherits the job's cookie, TBCOLL_JOB=<job id>, in its environment
-  (as Jenkins' BUILD_ID): when the supervisor is dead (kill -9 of tbrun), launchers.janitor
+  (as Jenkins' BUILD_ID): when the supervisor is dead (kill -9 of tbrun), tbcoll.launch.janitor
   finds them by reading /proc/<pid>/environ of this user's processes.
 
 What escapes both: a process that drops the cookie from its environment (env -i) while its

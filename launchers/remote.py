@@ -3,14 +3,14 @@
 tbrun sends one JSON line on stdin, {"argv", "cwd", "env", "defaults", "files", "stdin"}, so
 that the job's token never shows on a command line, then keeps stdin open. "files" maps a
 variable to the content of a file it should name (MLX's hostfiles); they live in a private
-temporary folder removed when the rank ends. Then come frames (launchers.stdin): a signal to
+temporary folder removed when the rank ends. Then come frames (tbcoll.launch.stdin): a signal to
 pass on to the rank's process group ("TERM", "INT"), or the rank's input where "stdin" is
 true (else the rank reads /dev/null). End of file means tbrun or the ssh connection is gone,
 and the rank is killed: the remote twin of PR_SET_PDEATHSIG. The rank's output goes straight
 to ssh's channels; the exit status is the rank's (128+N for signal N).
 
 When the rank has ended (by itself or killed), what it started is killed too: its process
-group and, on Linux, what left that group (launchers.reaper): this wrapper is a child
+group and, on Linux, what left that group (tbcoll.launch.reaper): this wrapper is a child
 subreaper, so the rank's orphans (a child in a session of its own, a double-forked daemon)
 become its children, reaped as they end; and on this host every process of this user that
 carries this rank's marks (TBCOLL_JOB and TBCOLL_RANK: the job's other ranks here have
@@ -29,8 +29,9 @@ import sys
 import tempfile
 import threading
 
-from launchers.reaper import carrying, descendants, set_subreaper, sweep
-from launchers.stdin import read_frames
+from tbcoll.launch.reaper import carrying, descendants, set_subreaper, sweep
+from tbcoll.launch.stdin import read_frames
+
 from tbcoll.env import rank_marks
 
 _PATIENCE = 5.0  # seconds the sweep may go on killing what keeps forking
@@ -118,7 +119,7 @@ def main() -> None:
         argv, cwd = list(setup["argv"]), setup["cwd"]
         env = {**setup["defaults"], **os.environ, **setup["env"]}
     except (ValueError, KeyError, TypeError) as e:
-        _fail(f"launchers.remote expects tbrun's set-up line on stdin ({e})", 2)
+        _fail(f"tbcoll.launch.remote expects tbrun's set-up line on stdin ({e})", 2)
     if not os.path.isdir(cwd):
         _fail(f"working directory {cwd} does not exist here; give tbrun --cwd DIR", 2)
     set_subreaper(True)  # the rank's orphans become this wrapper's children (Linux)

@@ -6,7 +6,7 @@ reading its own stdin while a rank has more than _HIGH_WATER bytes waiting, so a
 reads slowly slows the producer instead of filling tbrun's memory. End of file on tbrun's
 stdin closes each rank's input (EOF for the rank); it never ends the job.
 
-A wrapped rank (launchers.remote, on another host or on macOS) shares one pipe for its set-up
+A wrapped rank (tbcoll.launch.remote, on another host or on macOS) shares one pipe for its set-up
 line, the signals tbrun forwards and its input, so there everything after the set-up line is
 framed: a header line "KIND LENGTH\\n" and LENGTH bytes; kinds are "signal" (a signal's
 name) and "stdin" (input; length 0 is end of file). The wrapper reads every frame at once, so

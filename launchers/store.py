@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import errno
 
-from launchers.hosts import JobPlan
-from launchers.output import log
+from tbcoll.launch.hosts import JobPlan
+from tbcoll.launch.output import log
+
 from tbcoll.env import format_hostport
 from tbcoll.errors import LaunchError
 from tbcoll.rendezvous import StoreServer

@@ -1,7 +1,7 @@
 """Run the ranks of a job and keep them in line, as mpirun and torchrun do.
 
 - every rank gets its own process group, so teardown reaches whatever it spawned;
-- output is read by one select loop and routed line by line (launchers.output);
+- output is read by one select loop and routed line by line (tbcoll.launch.output);
 - the first rank to exit non-zero or die by a signal fails the job: its status is the job's,
   the others get SIGTERM, then SIGKILL after a grace period;
 - SIGINT, SIGTERM and SIGHUP sent to tbrun are forwarded to every rank, then the same teardown;
@@ -9,14 +9,14 @@
 - a job whose standard output lost its reader (`tbrun ... | head -1`) is torn down the same
   way and exits with status 141, as a writer killed by SIGPIPE in a shell pipeline;
 - each rank also dies if tbrun itself is killed: on Linux by PR_SET_PDEATHSIG, elsewhere
-  (macOS) and on remote hosts through launchers.remote, below;
+  (macOS) and on remote hosts through tbcoll.launch.remote, below;
 - what the ranks started outside their process groups (a child in a session of its own, a
   double-forked daemon) is killed when the job ends (Linux): tbrun is a child subreaper, so
   those orphans stay its descendants, and each carries the job's cookie (TBCOLL_JOB) in its
-  environment (launchers.reaper); launchers.janitor does the same should tbrun be killed.
+  environment (tbcoll.launch.reaper); tbcoll.launch.janitor does the same should tbrun be killed.
 
-A rank with a set-up line runs under launchers.remote (on a remote host through ssh): its
-set-up goes on stdin, then signals and the rank's input as frames (launchers.stdin), and for
+A rank with a set-up line runs under tbcoll.launch.remote (on a remote host through ssh): its
+set-up goes on stdin, then signals and the rank's input as frames (tbcoll.launch.stdin), and for
 SIGKILL tbrun closes that stdin, whose end of file makes the wrapper kill the rank.
 
 Which failure is the job's: the first rank to fail for its own reason. A rank that failed
@@ -38,7 +38,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from launchers.diagnose import (
+from tbcoll.launch.diagnose import (
     SSH_FAILED,
     describe_exit,
     hint,
@@ -46,9 +46,17 @@ from launchers.diagnose import (
     ranks_phrase,
     suspects,
 )
-from launchers.output import STREAMS, OutputRouter
-from launchers.reaper import carrying, descendants, processes, reap_adopted, set_subreaper, sweep
-from launchers.stdin import InputForwarder
+from tbcoll.launch.output import STREAMS, OutputRouter
+from tbcoll.launch.reaper import (
+    carrying,
+    descendants,
+    processes,
+    reap_adopted,
+    set_subreaper,
+    sweep,
+)
+from tbcoll.launch.stdin import InputForwarder
+
 from tbcoll.env import job_marks
 from tbcoll.errors import LINK_DOWN, LaunchError
 
@@ -76,7 +84,7 @@ class RankCommand:
     env: dict[str, str]
     cwd: str | None = None
     host: str = ""  # for messages; "" on this machine
-    setup: bytes | None = None  # for a remote rank: launchers.remote's set-up line
+    setup: bytes | None = None  # for a remote rank: tbcoll.launch.remote's set-up line
     label: str = ""  # for messages, instead of "rank N"
     # a launcher of the ranks (mpiexec): its output passes untagged, it reads tbrun's stdin
     # itself, and its caller explains its failure
@@ -130,7 +138,7 @@ class Supervisor:
         stdin_fd: tbrun's standard input, forwarded to the commands with stdin set;
         peer_failure(rank): what the rank reported before failing because of peers (the
         error, and those peers), or None; on_spawn(pgid): a process group was started (for
-        launchers.janitor); job: the job's TBCOLL_JOB, whose carriers are killed at the end."""
+        tbcoll.launch.janitor); job: the job's TBCOLL_JOB, whose carriers are killed at the end."""
         self._commands = commands
         self._streams = dict(streams or {})
         self._keepalive = list(keepalive)
@@ -362,7 +370,7 @@ class Supervisor:
             self._input.rank_exited(rank)
             if proc.returncode == 0 or self._culprit is not None:
                 continue
-            if cmd.launcher:  # its caller explains the failure (launchers.starters.mpiexec)
+            if cmd.launcher:  # its caller explains the failure (tbcoll.launch.starters.mpiexec)
                 if self._status is None:
                     self.launcher_failed = True
                     self._begin_teardown(_status_of(proc.returncode), signal.SIGTERM)
@@ -443,7 +451,7 @@ class Supervisor:
 
     def _kill_groups(self, sig: int) -> None:
         """Signal the process group of every rank: the rank and all it started. A wrapped
-        rank (launchers.remote) gets the signal's name on stdin, and for SIGKILL the end of
+        rank (tbcoll.launch.remote) gets the signal's name on stdin, and for SIGKILL the end of
         its stdin, on which the wrapper kills the rank's group; ssh is killed as well, in
         case its connection hangs."""
         for rank, proc in self._procs.items():

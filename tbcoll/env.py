@@ -146,7 +146,7 @@ def launch_info(environ: Mapping[str, str] | None = None) -> LaunchInfo | None:
 def job_marks(job: str, environ: Mapping[str, str] | None = None) -> tuple[bytes, ...]:
     """The entries of /proc/<pid>/environ that mark a process of job `job` (TBCOLL_JOB) and,
     given a rank's environment, of that rank alone (its TBCOLL_RANK as well): what tbrun, its
-    janitor and launchers.remote look for to kill what a job left behind. () for no job."""
+    janitor and tbcoll.launch.remote look for to kill what a job left behind. () for no job."""
     if not job:
         return ()
     marks = (f"TBCOLL_JOB={job}".encode(),)

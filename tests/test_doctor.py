@@ -5,10 +5,10 @@ import json
 import os
 
 import pytest
+from tbcoll.launch.cluster import thunderbolt
+from tbcoll.launch.cluster.doctor import checks
+from tbcoll.launch.cluster.write_hostfile import hostfile_from_facts
 
-from launchers.cluster import thunderbolt
-from launchers.cluster.doctor import checks
-from launchers.cluster.write_hostfile import hostfile_from_facts
 from tbcoll.topology import Host, Hostfile
 
 from .conftest import REPO, tbrun

@@ -5,8 +5,8 @@ import json
 import re
 
 import pytest
+from tbcoll.launch.mlxvars import choose_backend, jaccl_variables, ring_variables
 
-from launchers.mlxvars import choose_backend, jaccl_variables, ring_variables
 from tbcoll.errors import LaunchError
 from tbcoll.topology import Hostfile
 

@@ -127,8 +127,8 @@ def test_exports_never_show_on_a_command_line(script):
 def test_a_cut_short_abort_is_still_pinned_on_the_rank_that_raised(capfd):
     """Hydra's teardown may cut the aborting rank's "MPI_Abort" line and its own exit codes:
     the rank whose Python traceback came through is then named (seen once in CI)."""
-    from launchers.output import OutputRouter
-    from launchers.starters.mpiexec import MPIEXEC, explain_failure
+    from tbcoll.launch.output import OutputRouter
+    from tbcoll.launch.starters.mpiexec import MPIEXEC, explain_failure
 
     output = OutputRouter(3, True, None)
     output.write(2, "err", b"Traceback (most recent call last):\n  ...\nValueError: boom\n")
@@ -142,9 +142,9 @@ def test_a_cut_short_abort_is_still_pinned_on_the_rank_that_raised(capfd):
 def test_a_ranks_own_report_names_it_when_mpich_said_nothing(tmp_path, monkeypatch, capfd):
     """sys.exit(3) leaves no traceback: the report the rank wrote before aborting names it
     (Hydra's teardown cut everything else twice in CI)."""
-    from launchers import mpirank
-    from launchers.output import OutputRouter
-    from launchers.starters.mpiexec import explain_failure, reported
+    from tbcoll.launch import mpirank
+    from tbcoll.launch.output import OutputRouter
+    from tbcoll.launch.starters.mpiexec import explain_failure, reported
 
     job_dir = tmp_path / "job"
     job_dir.mkdir(mode=0o700)
@@ -168,7 +168,7 @@ CONTRACT = ("TBCOLL_RANK", "TBCOLL_SIZE", "TBCOLL_LOCAL_RANK", "TBCOLL_LOCAL_SIZ
 
 @pytest.mark.parametrize("program", ["python", "sh"])
 def test_mpi_ranks_get_the_whole_launch_contract(script, program):
-    """mpiexec gives every rank the same environment: launchers.mpirank makes it each rank's
+    """mpiexec gives every rank the same environment: tbcoll.launch.mpirank makes it each rank's
     own contract, for a Python rank and for any other program alike."""
     if program == "python":
         argv = [script("import os\nfor item in os.environ.items(): print('='.join(item))")]
@@ -215,7 +215,7 @@ def test_mpi_ranks_reach_the_store(script):
 def test_the_rank_wrapper_places_ranks_by_the_topology():
     """Node and local rank, and the store as the rank's host reaches it, follow from the
     hosts' ranks (here --map-by node over two hosts), with MPI's rank and size."""
-    from launchers.mpirank import LAUNCH, MpiJob, rank_environment
+    from tbcoll.launch.mpirank import LAUNCH, MpiJob, rank_environment
 
     topology = Layout((JobHost("a", (0, 2), "10.0.0.1"), JobHost("b", (1, 3), "10.0.0.2")))
     job = MpiJob(size=4, backend="mpi", stores=("127.0.0.1:7000", "10.0.0.1:7000"), token="t",

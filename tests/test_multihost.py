@@ -244,13 +244,13 @@ def test_remote_ranks_die_with_a_killed_tbrun(cluster, script):
         assert p.stdout.readline(), p.stderr.read()
     p.kill()  # SIGKILL: tbrun cannot tear anything down itself
     p.wait()
-    assert_no_rank_left(cluster)  # ssh's end of file made launchers.remote kill each rank
+    assert_no_rank_left(cluster)  # ssh's end of file made tbcoll.launch.remote kill each rank
 
 
 @pytest.mark.parametrize("end", ["normal", "kill -9"])
 def test_what_ranks_detach_dies_on_every_host(cluster, script, end):
     """Each rank leaves a child in a session of its own and a double-forked daemon: on the
-    remote hosts launchers.remote (their subreaper) kills them when its rank ends, or when
+    remote hosts tbcoll.launch.remote (their subreaper) kills them when its rank ends, or when
     tbrun is gone; on tbrun's host tbrun does, or its janitor after kill -9."""
     p = tbrun_on(cluster, "-H", ",".join(cluster.address(i) for i in range(HOSTS)), script("""
         import os, subprocess, sys, time

@@ -5,8 +5,7 @@ import subprocess
 import time
 
 import pytest
-
-from launchers.output import OutputRouter
+from tbcoll.launch.output import OutputRouter
 
 from .conftest import TBRUN, WRITE_PIDS, pid_alive, read_pids, tagged_lines, tbrun, wait_for
 

@@ -11,8 +11,8 @@ import subprocess
 import sys
 
 import pytest
+from tbcoll.launch.slurm import expand_counts, expand_hostlist
 
-from launchers.slurm import expand_counts, expand_hostlist
 from tbcoll.errors import HostfileError
 
 from . import netns, slurmcluster

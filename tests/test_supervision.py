@@ -9,8 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-
-from launchers.stdin import frame
+from tbcoll.launch.stdin import frame
 
 from .conftest import (
     TBRUN,
@@ -171,7 +170,7 @@ def test_a_rank_that_leaves_a_child_behind_does_not_hang_tbrun(script, tmp_path)
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux only")
 @pytest.mark.parametrize("backend", ["shm", pytest.param("mpi", id="mpiexec")])
 def test_a_killed_tbrun_leaves_no_process_and_no_file(script, tmp_path, backend):
-    """kill -9 of tbrun: its janitor (launchers.janitor) kills every rank's process group,
+    """kill -9 of tbrun: its janitor (tbcoll.launch.janitor) kills every rank's process group,
     what the ranks started included, and removes the job's folder and shared memory."""
     if backend == "mpi":
         pytest.importorskip("mpi4py")
@@ -312,13 +311,13 @@ time.sleep(1000)
                     reason="macOS has no subreaper and no /proc: these processes survive there")
 @pytest.mark.parametrize("end", ["normal", "tbrun gone"])
 def test_the_rank_wrapper_leaves_nothing_of_its_rank(tmp_path, end):
-    """launchers.remote (a remote rank's wrapper) is its rank's subreaper: when the rank ends,
+    """tbcoll.launch.remote (a remote rank's wrapper) is its rank's subreaper: when the rank ends,
     or tbrun goes away, what the rank detached is killed as well."""
     piddir = tmp_path / "pids"
     piddir.mkdir()
     (tmp_path / "rank.py").write_text(RANK_WITH_ESCAPEES)
-    wrapper = subprocess.Popen([sys.executable, "-m", "launchers.remote"], stdin=subprocess.PIPE,
-                               stderr=subprocess.PIPE)
+    wrapper = subprocess.Popen([sys.executable, "-m", "tbcoll.launch.remote"],
+                               stdin=subprocess.PIPE, stderr=subprocess.PIPE)
     setup = {"argv": [sys.executable, str(tmp_path / "rank.py"), str(piddir),
                       "end" if end == "normal" else "stay"],
              "cwd": str(tmp_path), "env": {"RANK": "0", "TBCOLL_RANK": "0",
@@ -341,10 +340,10 @@ def test_the_rank_wrapper_leaves_nothing_of_its_rank(tmp_path, end):
 
 
 def start_wrapped(tmp_path, body: str) -> tuple[subprocess.Popen, int]:
-    """launchers.remote running `body` (which writes its pid to tmp_path/pid) as tbrun runs
+    """tbcoll.launch.remote running `body` (which writes its pid to tmp_path/pid) as tbrun runs
     a remote rank, and on macOS a local one; returns the wrapper and the rank's pid."""
-    wrapper = subprocess.Popen([sys.executable, "-m", "launchers.remote"], stdin=subprocess.PIPE,
-                               stderr=subprocess.PIPE)
+    wrapper = subprocess.Popen([sys.executable, "-m", "tbcoll.launch.remote"],
+                               stdin=subprocess.PIPE, stderr=subprocess.PIPE)
     setup = {"argv": [sys.executable, "-c", body], "cwd": str(tmp_path), "env": {},
              "defaults": {}, "files": {"MLX_HOSTFILE": "[]"}}
     wrapper.stdin.write(json.dumps(setup).encode() + b"\n")
@@ -378,7 +377,7 @@ def test_the_rank_wrapper_kills_the_rank_when_tbrun_is_gone(tmp_path):
 
 
 def test_the_rank_wrapper_names_a_missing_directory(tmp_path):
-    wrapper = subprocess.run([sys.executable, "-m", "launchers.remote"], capture_output=True,
+    wrapper = subprocess.run([sys.executable, "-m", "tbcoll.launch.remote"], capture_output=True,
                              text=True, timeout=30, input=json.dumps(
                                  {"argv": ["true"], "cwd": "/no/such", "env": {},
                                   "defaults": {}}) + "\n")
@@ -387,13 +386,13 @@ def test_the_rank_wrapper_names_a_missing_directory(tmp_path):
 
 
 def test_wrapped_local_ranks_are_torn_down_as_on_macos(tmp_path):
-    """Without PR_SET_PDEATHSIG (macOS) local ranks run under launchers.remote; here the
+    """Without PR_SET_PDEATHSIG (macOS) local ranks run under tbcoll.launch.remote; here the
     same supervision runs that way on Linux: rank 0 fails, rank 1 ignores SIGTERM, so
     teardown must reach it through the end of its wrapper's stdin."""
-    from launchers.hosts import remote_setup
-    from launchers.output import OutputRouter
-    from launchers.starters.local import WRAPPER as LOCAL_WRAPPER
-    from launchers.supervisor import RankCommand, Supervisor
+    from tbcoll.launch.hosts import remote_setup
+    from tbcoll.launch.output import OutputRouter
+    from tbcoll.launch.starters.local import WRAPPER as LOCAL_WRAPPER
+    from tbcoll.launch.supervisor import RankCommand, Supervisor
 
     body = ("import os, signal, sys, time\n"
             "open(f'pid{os.environ[\"RANK\"]}', 'w').write(str(os.getpid()))\n"
@@ -416,10 +415,10 @@ def test_wrapped_local_ranks_are_torn_down_as_on_macos(tmp_path):
 def test_a_wrapped_rank_reads_tbruns_stdin(tmp_path):
     """Input, signals and the set-up share the wrapper's stdin (framed): the rank reads the
     input and its end, and a signal queued behind input the rank never reads still passes."""
-    from launchers.hosts import remote_setup
-    from launchers.output import OutputRouter
-    from launchers.starters.local import WRAPPER as LOCAL_WRAPPER
-    from launchers.supervisor import RankCommand, Supervisor
+    from tbcoll.launch.hosts import remote_setup
+    from tbcoll.launch.output import OutputRouter
+    from tbcoll.launch.starters.local import WRAPPER as LOCAL_WRAPPER
+    from tbcoll.launch.supervisor import RankCommand, Supervisor
 
     body = ("import os, sys\n"
             "data = sys.stdin.read()\n"

@@ -1,5 +1,6 @@
 """tbrun doctor: check what users of Mac clusters trip on, one line per check, each failure
-with its fix. Facts come from launchers.cluster.probe, run on every host (over ssh for remote ones).
+with its fix. Facts come from tbcoll.launch.cluster.probe, run on every host (over ssh for
+remote ones).
 Checks that need macOS say "skipped: macOS only" elsewhere; none passes without running.
 """
 
@@ -12,9 +13,10 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from launchers.cluster import thunderbolt
-from launchers.cluster.probe import probe
-from launchers.hosts import is_this_machine, ssh_options
+from tbcoll.launch.cluster import thunderbolt
+from tbcoll.launch.cluster.probe import probe
+from tbcoll.launch.hosts import is_this_machine, ssh_options
+
 from tbcoll.topology import Host, Hostfile
 
 PACKAGES = ("tbcoll", "mlx", "mpi4py", "numpy")
@@ -41,7 +43,7 @@ def gather(hosts: Sequence[Host], ssh: Sequence[str], python: str,
         if is_this_machine(host.name):
             return probe(addresses)
         argv = [*ssh, *ssh_options(connect_timeout), host.name, python, "-m",
-                "launchers.cluster.probe", *addresses]
+                "tbcoll.launch.cluster.probe", *addresses]
         try:
             p = subprocess.run(argv, capture_output=True, text=True, timeout=connect_timeout + 60)
         except subprocess.TimeoutExpired:

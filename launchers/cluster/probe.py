@@ -1,7 +1,8 @@
 """What a host has, as JSON on stdout: versions, and on macOS its Thunderbolt ports, their
 addresses, RDMA and the Thunderbolt Bridge. tbrun doctor and tbrun hostfile run it on every
-host (`python -m launchers.cluster.probe [ADDRESS...]`, over ssh for remote ones); each ADDRESS is
-tried with a TCP connection from this host, to tell which link addresses it reaches.
+host (`python -m tbcoll.launch.cluster.probe [ADDRESS...]`, over ssh for remote ones); each
+ADDRESS is tried with a TCP connection from this host, to tell which link addresses it
+reaches.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Thunderbolt cabling from what macOS reports (launchers.cluster.probe): which port of which
+"""Thunderbolt cabling from what macOS reports (tbcoll.launch.cluster.probe): which port of which
 host is cabled to which port of another, and the RDMA device and address at each end.
 
 system_profiler SPThunderboltDataType -json lists a bus per port, with the port's

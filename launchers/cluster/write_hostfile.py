@@ -10,9 +10,10 @@ import json
 import sys
 from collections.abc import Sequence
 
-from launchers.cluster import thunderbolt
-from launchers.cluster.doctor import gather
-from launchers.hosts import LOOPBACK, address_towards, is_this_machine
+from tbcoll.launch.cluster import thunderbolt
+from tbcoll.launch.cluster.doctor import gather
+from tbcoll.launch.hosts import LOOPBACK, address_towards, is_this_machine
+
 from tbcoll.errors import LaunchError
 from tbcoll.topology import Host
 

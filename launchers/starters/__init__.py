@@ -1,18 +1,18 @@
 """How a job's ranks are started: one module per way, one entry each in STARTERS.
 
 A starter either starts one rank at a time, each a process that tbrun's supervisor watches
-(local: a child of tbrun; ssh and srun: launchers.remote on another host, its set-up on stdin),
+(local: a child of tbrun; ssh and srun: tbcoll.launch.remote on another host, its set-up on stdin),
 or takes the whole job to another launcher (mpiexec, whose ranks find each other through PMI).
-Whichever ran, the supervisor (launchers.supervisor) does the rest: output, stdin, fail-fast,
+Whichever ran, the supervisor (tbcoll.launch.supervisor) does the rest: output, stdin, fail-fast,
 signals, timeouts.
 """
 
 from __future__ import annotations
 
-from launchers.config import LaunchConfig
-from launchers.hosts import HostPlan
-from launchers.starters import local, mpiexec, srun, ssh
-from launchers.starters.base import RankSpec, Starter
+from tbcoll.launch.config import LaunchConfig
+from tbcoll.launch.hosts import HostPlan
+from tbcoll.launch.starters import local, mpiexec, srun, ssh
+from tbcoll.launch.starters.base import RankSpec, Starter
 
 STARTERS: dict[str, Starter] = {s.name: s for s in (local.STARTER, ssh.STARTER, srun.STARTER,
                                                      mpiexec.STARTER)}

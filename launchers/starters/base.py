@@ -7,9 +7,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from launchers.config import LaunchConfig
-from launchers.hosts import HostPlan, remote_setup
-from launchers.supervisor import RankCommand
+from tbcoll.launch.config import LaunchConfig
+from tbcoll.launch.hosts import HostPlan, remote_setup
+from tbcoll.launch.supervisor import RankCommand
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,7 @@ class RankSpec:
     stdin: bool  # reads tbrun's standard input
 
     def setup(self) -> bytes:
-        """launchers.remote's set-up line for this rank."""
+        """tbcoll.launch.remote's set-up line for this rank."""
         return remote_setup(self.argv, self.cwd, self.env, self.defaults, self.files,
                             self.stdin)
 
@@ -43,10 +43,10 @@ class Starter:
     hide: re.Pattern[bytes] | None = None  # its own lines on a rank's stderr, not shown
 
 
-WRAPPER_MODULE = "launchers.remote"
+WRAPPER_MODULE = "tbcoll.launch.remote"
 
 
 def wrapped(spec: RankSpec, argv: Sequence[str], env: Mapping[str, str]) -> RankCommand:
-    """The rank run by launchers.remote through argv (ssh, srun), its set-up on stdin."""
+    """The rank run by tbcoll.launch.remote through argv (ssh, srun), its set-up on stdin."""
     return RankCommand(spec.rank, argv, dict(env), host=spec.host.name, setup=spec.setup(),
                        stdin=spec.stdin, runs=spec.argv[0])

@@ -1,15 +1,15 @@
 """Ranks on this machine: children of tbrun. On Linux PR_SET_PDEATHSIG ends them with tbrun;
-elsewhere (macOS) each runs under launchers.remote, which ends it when tbrun's pipe closes."""
+elsewhere (macOS) each runs under tbcoll.launch.remote, which ends it when tbrun's pipe closes."""
 
 from __future__ import annotations
 
 import os
 import sys
 
-from launchers.config import LaunchConfig
-from launchers.hosts import remote_setup
-from launchers.starters.base import WRAPPER_MODULE, RankSpec, Starter
-from launchers.supervisor import PDEATHSIG, RankCommand
+from tbcoll.launch.config import LaunchConfig
+from tbcoll.launch.hosts import remote_setup
+from tbcoll.launch.starters.base import WRAPPER_MODULE, RankSpec, Starter
+from tbcoll.launch.supervisor import PDEATHSIG, RankCommand
 
 WRAPPER = (sys.executable, "-m", WRAPPER_MODULE)
 

@@ -4,7 +4,7 @@ a handful of Macs (and under Slurm), so that an unmodified mpi4py program runs.
 tbrun keeps its own output handling: Hydra writes each rank's stdout and stderr into a FIFO
 of tbrun's (-outfile-pattern, -errfile-pattern), which tbrun tags line by line as for any
 job; Hydra's -prepend-rank would tag each write instead, splitting lines. Every rank runs
-under launchers.mpirank, which gives it the whole launch contract (from MPI's own variables
+under tbcoll.launch.mpirank, which gives it the whole launch contract (from MPI's own variables
 and what tbrun wrote for the job: mpiexec gives every rank the same environment) and stdin
 for one rank only; Python programs then run under mpi4py's runner, so that a rank that fails
 aborts the job, and Hydra tears it down; other programs replace the wrapper. tbrun serves the
@@ -27,17 +27,18 @@ import signal
 import tempfile
 from pathlib import Path
 
-from launchers.config import LaunchConfig, master_overrides, thread_limits
-from launchers.diagnose import describe_exit
-from launchers.hosts import LOOPBACK, JobPlan, free_port, plan_job, ssh_options
-from launchers.janitor import janitor_for
-from launchers.mpirank import LAUNCH, REPORTS, MpiJob
-from launchers.output import STREAMS, OutputRouter, log
-from launchers.reaper import new_job_id
-from launchers.shmclean import mpich_segments, remove_unmapped
-from launchers.starters.base import Starter
-from launchers.store import serve_store
-from launchers.supervisor import RankCommand, Supervisor
+from tbcoll.launch.config import LaunchConfig, master_overrides, thread_limits
+from tbcoll.launch.diagnose import describe_exit
+from tbcoll.launch.hosts import LOOPBACK, JobPlan, free_port, plan_job, ssh_options
+from tbcoll.launch.janitor import janitor_for
+from tbcoll.launch.mpirank import LAUNCH, REPORTS, MpiJob
+from tbcoll.launch.output import STREAMS, OutputRouter, log
+from tbcoll.launch.reaper import new_job_id
+from tbcoll.launch.shmclean import mpich_segments, remove_unmapped
+from tbcoll.launch.starters.base import Starter
+from tbcoll.launch.store import serve_store
+from tbcoll.launch.supervisor import RankCommand, Supervisor
+
 from tbcoll.auth import new_token
 from tbcoll.env import format_hostport
 from tbcoll.errors import LaunchError
@@ -53,7 +54,7 @@ def find_mpiexec(python: str) -> str:
 
 
 def mpi_job(cfg: LaunchConfig, plan: JobPlan, store_port: int, token: str, job: str) -> MpiJob:
-    """What every rank's launchers.mpirank needs to give it the launch contract."""
+    """What every rank's tbcoll.launch.mpirank needs to give it the launch contract."""
     return MpiJob(size=cfg.nprocs, backend=cfg.backend,
                   stores=tuple(format_hostport(h.store_host, store_port) for h in plan.hosts),
                   token=token, topology=plan.topology, timeout=cfg.comm_timeout, job=job,
@@ -66,7 +67,7 @@ def mpiexec_command(cfg: LaunchConfig, mpiexec: str, outputs: str, reports: str,
                     job: MpiJob) -> tuple[list[str], dict[str, str]]:
     """The mpiexec argv for the job, and the variables to add to its environment; outputs:
     Hydra's file pattern with %s for out/err; reports: where failing ranks write their status
-    (launchers.mpirank)."""
+    (tbcoll.launch.mpirank)."""
     if cfg.stdin not in ("0", "none"):
         raise LaunchError(f"--stdin {cfg.stdin}: under --backend mpi, mpiexec (Hydra) forwards "
                           "standard input to rank 0 only; use --stdin 0 or --stdin none")
@@ -88,9 +89,9 @@ def mpiexec_command(cfg: LaunchConfig, mpiexec: str, outputs: str, reports: str,
            **cfg.exports, "PYTHONUNBUFFERED": "1", REPORTS: reports, LAUNCH: job.encode()}
     program = list(cfg.program)
     if program[0] == cfg.python:  # mpi4py's runner in the wrapper's own interpreter
-        program[1:1] = ["-m", "launchers.mpirank", cfg.stdin]
+        program[1:1] = ["-m", "tbcoll.launch.mpirank", cfg.stdin]
     else:  # the wrapper sets the rank's contract, then execs the program
-        program[0:0] = [cfg.python, "-m", "launchers.mpirank", "--exec", cfg.stdin]
+        program[0:0] = [cfg.python, "-m", "tbcoll.launch.mpirank", "--exec", cfg.stdin]
     return [*argv, *program], env
 
 
@@ -179,7 +180,7 @@ def rank_statuses(placement: list[int], report: str) -> dict[int, int]:
 
 
 def reported(job_dir: Path) -> list[tuple[int, int]]:
-    """(rank, status) that ranks on this host wrote before aborting (launchers.mpirank), the
+    """(rank, status) that ranks on this host wrote before aborting (tbcoll.launch.mpirank), the
     first to fail first."""
     reports = []
     for path in sorted(job_dir.glob("failed-*"), key=lambda path: path.stat().st_mtime_ns):

@@ -1,5 +1,5 @@
 """Ranks on other nodes of a Slurm allocation through srun, as mpiexec's Slurm launcher does:
-one single-task step per rank running launchers.remote (set-up on stdin, as over ssh), so that
+one single-task step per rank running tbcoll.launch.remote (set-up on stdin, as over ssh), so that
 Slurm accounts, confines and cleans up the ranks, and no ssh access to the nodes is needed.
 
 --overlap: the steps share the allocation's CPUs with each other and with a step tbrun itself
@@ -13,9 +13,10 @@ import os
 import re
 import shutil
 
-from launchers.config import LaunchConfig
-from launchers.starters.base import WRAPPER_MODULE, RankSpec, Starter, wrapped
-from launchers.supervisor import RankCommand
+from tbcoll.launch.config import LaunchConfig
+from tbcoll.launch.starters.base import WRAPPER_MODULE, RankSpec, Starter, wrapped
+from tbcoll.launch.supervisor import RankCommand
+
 from tbcoll.errors import LaunchError
 
 

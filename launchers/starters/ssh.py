@@ -1,15 +1,15 @@
 """Ranks on another host through ssh (as mpirun's and mlx.launch's ssh launchers): one ssh per
-rank running launchers.remote, the job's variables in its set-up line on stdin, never on a
+rank running tbcoll.launch.remote, the job's variables in its set-up line on stdin, never on a
 command line."""
 
 from __future__ import annotations
 
 import os
 
-from launchers.config import LaunchConfig
-from launchers.hosts import ssh_command
-from launchers.starters.base import RankSpec, Starter, wrapped
-from launchers.supervisor import RankCommand
+from tbcoll.launch.config import LaunchConfig
+from tbcoll.launch.hosts import ssh_command
+from tbcoll.launch.starters.base import RankSpec, Starter, wrapped
+from tbcoll.launch.supervisor import RankCommand
 
 
 def command(spec: RankSpec, cfg: LaunchConfig) -> RankCommand:
