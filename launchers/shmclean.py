@@ -4,7 +4,6 @@ macOS cannot list shared memory at all, and there the ranks' own unlinking has t
 
 from __future__ import annotations
 
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -14,14 +13,12 @@ _UNMAP_WAIT = 2.0  # seconds killed ranks get to let go of their shared memory
 
 
 def remove_job_segments(prefix: str, log: Callable[[str], None]) -> None:
-    """Unlink the job's tbcoll segments and their lock files (prefix: segment_prefix)."""
-    name = prefix.lstrip("/")
-    for folder, pattern in ((_SHM, f"{name}*"), (Path(tempfile.gettempdir()), f"{name}*.lock")):
-        for path in folder.glob(pattern) if folder.is_dir() else ():
-            try:
-                path.unlink()
-            except OSError as e:
-                log(f"could not remove the job's shared-memory file {path}: {e}")
+    """Unlink the job's tbcoll segments (prefix: segment_prefix)."""
+    for path in _SHM.glob(f"{prefix.lstrip('/')}*") if _SHM.is_dir() else ():
+        try:
+            path.unlink()
+        except OSError as e:
+            log(f"could not remove the job's shared-memory file {path}: {e}")
 
 
 def mpich_segments() -> set[Path]:

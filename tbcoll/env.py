@@ -26,7 +26,6 @@ Read by the library as well, set by the user:
 
     TBCOLL_ALGO        force an algorithm: "ring", or per collective "all_reduce=rd,all_gather=mesh"
     TBCOLL_CHECK       1: before each collective, check across ranks that the calls agree
-    TBCOLL_SHM_FLAGS   python: use the shm transport's portable flags instead of its C atomics
 
 Under mpiexec there is no TBCOLL_RANK; MPI's own variables (PMI_RANK and PMI_SIZE of MPICH's
 Hydra, OMPI_COMM_WORLD_RANK of Open MPI, PMIX_RANK) say so, and init() picks the mpi backend.
@@ -258,15 +257,6 @@ def link_delay(environ: Mapping[str, str] | None = None) -> float:
     if not (math.isfinite(micros) and micros >= 0):
         raise TbcollError(f"TBCOLL_LINK_DELAY_US={text!r}: give a number of microseconds >= 0")
     return micros * 1e-6
-
-
-def shm_flags(environ: Mapping[str, str] | None = None) -> str:
-    """TBCOLL_SHM_FLAGS: 'atomic' (the C extension, default) or 'python' (portable locks)."""
-    env = os.environ if environ is None else environ
-    choice = env.get("TBCOLL_SHM_FLAGS", "atomic").strip().lower() or "atomic"
-    if choice not in ("atomic", "python"):
-        raise TbcollError(f"TBCOLL_SHM_FLAGS={choice!r} is not 'atomic' or 'python'")
-    return choice
 
 
 def segment_prefix(token: str) -> str:

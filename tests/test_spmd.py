@@ -43,12 +43,6 @@ def test_under_tbrun_with_mlx(np_):
     run_job(tbrun_pytest(np_, "mlx"), np_)
 
 
-def test_shm_portable_flags_agree_with_atomics():
-    """The same native shm tests pass with the pure-Python flags (TBCOLL_SHM_FLAGS=python)."""
-    run_job(tbrun_pytest(3, "shm", "-k", "native or Barrier or Ordering"), 3,
-            TBCOLL_SHM_FLAGS="python")
-
-
 @pytest.mark.skipif(not Path(MPIEXEC).exists(), reason="mpiexec not installed (tbcoll[mpi])")
 @pytest.mark.parametrize("np_", [1, 2, 3, 4])
 def test_under_mpiexec(np_):

@@ -228,9 +228,9 @@ static uint16_t float_to_bf16(float f)  /* round to nearest, ties to even, as ml
 #define REDUCE(T, ACC, LOAD, STORE, OP)                                                     \
     do {                                                                                    \
         T *o = (T *)out;                                                                    \
-        memcpy(o, slots, (size_t)n * sizeof(T));                                            \
+        memcpy(o, rows[0], (size_t)n * sizeof(T));                                          \
         for (Py_ssize_t k = 1; k < size; k++) {                                             \
-            const T *in = (const T *)(slots + k * slot_bytes);                              \
+            const T *in = (const T *)rows[k];                                               \
             for (Py_ssize_t i = 0; i < n; i++)                                              \
                 o[i] = STORE((ACC)OP((ACC)LOAD(o[i]), (ACC)LOAD(in[i])));                   \
         }                                                                                   \
@@ -249,9 +249,9 @@ static uint16_t float_to_bf16(float f)  /* round to nearest, ties to even, as ml
 #define REDUCE16(TO_F, FROM_F, OP)                                                          \
     do {                                                                                    \
         uint16_t *o = (uint16_t *)out;                                                      \
-        memcpy(o, slots, (size_t)n * 2);                                                    \
+        memcpy(o, rows[0], (size_t)n * 2);                                                  \
         for (Py_ssize_t k = 1; k < size; k++) {                                             \
-            const uint16_t *in = (const uint16_t *)(slots + k * slot_bytes);                \
+            const uint16_t *in = (const uint16_t *)rows[k];                                 \
             for (Py_ssize_t i = 0; i < n; i++) {                                            \
                 float a = TO_F(o[i]), b = TO_F(in[i]);                                      \
                 o[i] = FROM_F(OP(a, b));                                                    \
@@ -278,9 +278,11 @@ static uint16_t float_to_bf16(float f)  /* round to nearest, ties to even, as ml
 
 static const Py_ssize_t ITEMSIZE[] = {2, 2, 4, 8, 1, 2, 4, 8, 1};
 
-/* dtype codes follow tbcoll.dtypes.DTYPES; op codes follow tbcoll.dtypes.OPS. */
-static void reduce_slots(const char *slots, Py_ssize_t slot_bytes, Py_ssize_t size, char *out,
-                         Py_ssize_t n, int dtype, int op)
+/* out = rows[0] op rows[1] op ... in rank order (rows[k]: rank k's n elements); dtype codes
+ * follow tbcoll.dtypes.DTYPES, op codes tbcoll.dtypes.OPS. out must not be one of the rows
+ * but the first. */
+static void reduce_rows(const char *const *rows, Py_ssize_t size, char *out, Py_ssize_t n,
+                        int dtype, int op)
 {
     switch (dtype) {
     case 0: BY_OP16(half_to_float, float_to_half, OP_MAX_A, OP_MIN_A); break;
@@ -295,6 +297,18 @@ static void reduce_slots(const char *slots, Py_ssize_t slot_bytes, Py_ssize_t si
     case 7: BY_INT(int64_t, uint64_t); break;
     default: BY_OP(uint8_t, uint32_t, SAME, (uint8_t), OP_MAX_A, OP_MIN_A); break;
     }
+}
+
+#define MAX_RANKS 4096 /* of one shm segment: far past the cores of any host */
+
+/* The same, rank k's elements at slots + k * slot_bytes. */
+static void reduce_slots(const char *slots, Py_ssize_t slot_bytes, Py_ssize_t size, char *out,
+                         Py_ssize_t n, int dtype, int op)
+{
+    const char *rows[MAX_RANKS];
+    for (Py_ssize_t k = 0; k < size; k++)
+        rows[k] = slots + k * slot_bytes;
+    reduce_rows(rows, size, out, n, dtype, op);
 }
 
 /*
@@ -314,13 +328,22 @@ static void reduce_slots(const char *slots, Py_ssize_t slot_bytes, Py_ssize_t si
  *                   the other kinds, to compare every rank's signature: a rank that names
  *                   another root fails the call on every rank (the non-roots arrive before
  *                   they wait, so this costs the root little);
- *   BARRIER         flags only.
- * stage 1 starts from the beginning, stage 2 resumes at the second wait. The result is 0 when
- * done, else the stage whose wait ran out of budget, or 3 when the ranks' calls differ (each
- * rank's signature (collective, dtype, op, root, bytes) is compared with every other's that
- * it waited for, before anyone's data is used). Large copies run without the GIL.
+ *   BARRIER         flags only;
+ *   ALL_REDUCE_SPLIT  a chunk too large for one rank to reduce alone: rank r owns the
+ *                   elements [r*n/size, (r+1)*n/size) of its n; src but its own part ->
+ *                   slot; after the wait, the owned part of every slot (its own from src)
+ *                   reduced in rank order -> the result area behind the slots, then DONE =
+ *                   seq (release: the part is in place before the flag); once every DONE
+ *                   flag is seq (acquire), the result area -> dst. The result area of round
+ *                   seq is next written in round seq+2, after a wait for every ARRIVE flag
+ *                   >= seq+2, stored only by ranks that finished round seq.
+ * stage 1 starts from the beginning, stage 2 resumes at the second wait, stage 4 at the wait
+ * for the DONE flags (ALL_REDUCE_SPLIT). The result is 0 when done, else the stage whose wait
+ * ran out of budget, or 3 when the ranks' calls differ (each rank's signature, a
+ * tbcoll.calls word, is compared with every other's before anyone's data is used). Large
+ * copies and reductions run without the GIL.
  */
-enum { ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, BROADCAST, BARRIER, KINDS };
+enum { ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, BROADCAST, BARRIER, ALL_REDUCE_SPLIT, KINDS };
 
 /* Whether `count` pieces of `piece` bytes, `stride` bytes apart, lie inside `len` bytes:
  * the stride no less than the piece (nor negative), and no product that could overflow. */
@@ -330,7 +353,11 @@ static int strided_fits(Py_ssize_t stride, Py_ssize_t piece, Py_ssize_t count, P
         return 0;
     return count <= 1 || stride <= (len - piece) / (count - 1);
 }
-#define SIGNATURE_OFFSET 16 /* bytes into a rank's flag line: after ARRIVE and DONE */
+/* The layout of a rank's flag line, which tbcoll/shm/native.py checks at import: */
+#define LINE 128            /* bytes of a flag line (two cache lines on Apple's cores) */
+#define ARRIVE_OFFSET 0     /* the round this rank has arrived at */
+#define DONE_OFFSET 8       /* the round whose part of a split all-reduce this rank has done */
+#define SIGNATURE_OFFSET 16 /* two signature words, for rounds of each parity */
 #define NOGIL_BYTES (32 << 10) /* copies at least this large release the GIL */
 
 static PyObject *shm_round(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
@@ -354,7 +381,8 @@ static PyObject *shm_round(PyObject *self, PyObject *const *args, Py_ssize_t nar
     if (PyErr_Occurred())
         return NULL;
     if (kind < 0 || kind >= KINDS || dtype < 0 || dtype > 8 || op < 0 || op > 3 || size < 1 ||
-        rank < 0 || rank >= size || root < 0 || root >= size || (stage != 1 && stage != 2)) {
+        size > MAX_RANKS || rank < 0 || rank >= size || root < 0 || root >= size ||
+        (stage != 1 && stage != 2 && !(stage == 4 && kind == ALL_REDUCE_SPLIT))) {
         PyErr_SetString(PyExc_ValueError, "bad kind, dtype, op, size, rank, root or stage");
         return NULL;
     }
@@ -378,15 +406,15 @@ static PyObject *shm_round(PyObject *self, PyObject *const *args, Py_ssize_t nar
                                                                                    : src.len;
     Py_ssize_t filled = kind == REDUCE_SCATTER ? size * piece : kind == BARRIER ? 0 : piece;
     int fits = filled <= slot_bytes && piece % item == 0;
-    if (kind == ALL_REDUCE)
+    if (kind == ALL_REDUCE || kind == ALL_REDUCE_SPLIT)
         fits = fits && dst.len == piece;
     else if (kind == ALL_GATHER)  /* the strides matter only where they are used */
         fits = fits && strided_fits(dst_stride, piece, size, dst.len);
     else if (kind == REDUCE_SCATTER)
         fits = fits && strided_fits(src_stride, piece, size, src.len);
-    if (!fits || flags < 0 || flags % 8 || line % 8 || line < SIGNATURE_OFFSET + 16 ||
-        flags + size * line > segment.len || slots < 0 ||
-        slots + size * slot_bytes > segment.len) {
+    Py_ssize_t areas = kind == ALL_REDUCE_SPLIT ? size + 1 : size;  /* + the result area */
+    if (!fits || flags < 0 || flags % 8 || line != LINE || flags + size * line > segment.len ||
+        slots < 0 || slot_bytes < 0 || slots + areas * slot_bytes > segment.len) {
         PyErr_SetString(PyExc_ValueError, "buffers do not fit the segment");
         goto done;
     }
@@ -397,12 +425,23 @@ static PyObject *shm_round(PyObject *self, PyObject *const *args, Py_ssize_t nar
      * two (it waits for every flag >= seq-1 first), so round seq's word is not overwritten
      * while a slow rank still reads it. */
     Py_ssize_t signature_at = flags + SIGNATURE_OFFSET + (Py_ssize_t)(seq & 1) * 8;
+    /* ALL_REDUCE_SPLIT: the bytes [own_lo, own_hi) of the chunk are this rank's to reduce */
+    Py_ssize_t n = piece / item, own_lo = rank * n / size * item,
+               own_hi = (rank + 1) * n / size * item;
+    if (kind == ALL_REDUCE_SPLIT && stage == 4)
+        goto collect;
     if (stage == 1) {
         if (!wait_flags(flag_base, line, size, seq - 1, budget)) {
             result = 1;
             goto done;
         }
-        if (kind != BARRIER && (kind != BROADCAST || rank == root)) {
+        if (kind == ALL_REDUCE_SPLIT) {  /* all but its own part, which it reads from src */
+            PyThreadState *saved = filled >= NOGIL_BYTES ? PyEval_SaveThread() : NULL;
+            memcpy(mine, src_bytes, (size_t)own_lo);
+            memcpy(mine + own_hi, src_bytes + own_hi, (size_t)(piece - own_hi));
+            if (saved)
+                PyEval_RestoreThread(saved);
+        } else if (kind != BARRIER && (kind != BROADCAST || rank == root)) {
             Py_ssize_t pieces = kind == REDUCE_SCATTER ? size : 1;
             if (filled >= NOGIL_BYTES) {
                 Py_BEGIN_ALLOW_THREADS
@@ -458,9 +497,32 @@ static PyObject *shm_round(PyObject *self, PyObject *const *args, Py_ssize_t nar
         if (rank != root)
             memcpy(dst_bytes, all + root * slot_bytes, (size_t)piece);
         break;
+    case ALL_REDUCE_SPLIT: {
+        const char *rows[MAX_RANKS];
+        for (Py_ssize_t k = 0; k < size; k++)
+            rows[k] = (k == rank ? src_bytes : all + k * slot_bytes) + own_lo;
+        reduce_rows(rows, size, (char *)all + size * slot_bytes + own_lo,
+                    (own_hi - own_lo) / item, (int)dtype, (int)op);
+        break;
+    }
     }
     if (saved)
         PyEval_RestoreThread(saved);
+    if (kind == ALL_REDUCE_SPLIT) {
+        /* release: this rank's part of the result area is in place before its DONE flag */
+        __atomic_store_n((uint64_t *)(base + flags + rank * line + DONE_OFFSET), (uint64_t)seq,
+                         __ATOMIC_RELEASE);
+    collect:
+        /* acquire: every part another rank stored before its DONE flag is visible */
+        if (!wait_flags(flag_base + DONE_OFFSET, line, size, seq, budget)) {
+            result = 4;
+            goto done;
+        }
+        PyThreadState *copying = piece >= NOGIL_BYTES ? PyEval_SaveThread() : NULL;
+        memcpy(dst_bytes, base + slots + size * slot_bytes, (size_t)piece);
+        if (copying)
+            PyEval_RestoreThread(copying);
+    }
     result = 0;
 done:
     PyBuffer_Release(&dst);
@@ -817,4 +879,26 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_atomics", NULL, -1, methods};
 
-PyMODINIT_FUNC PyInit__atomics(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__atomics(void)
+{
+    PyObject *m = PyModule_Create(&module);
+    /* the layout Python shares with this file, checked at import by tbcoll/shm/native.py */
+    if (m == NULL || PyModule_AddIntConstant(m, "LINE", LINE) < 0 ||
+        PyModule_AddIntConstant(m, "ARRIVE_OFFSET", ARRIVE_OFFSET) < 0 ||
+        PyModule_AddIntConstant(m, "DONE_OFFSET", DONE_OFFSET) < 0 ||
+        PyModule_AddIntConstant(m, "SIGNATURE_OFFSET", SIGNATURE_OFFSET) < 0 ||
+        PyModule_AddIntConstant(m, "RING_CONTROL", RING_DATA) < 0 ||
+        PyModule_AddIntConstant(m, "RING_TAIL_OFFSET", RING_LINE) < 0 ||
+        PyModule_AddIntConstant(m, "HEADER_BYTES", HEADER_BYTES) < 0 ||
+        PyModule_AddIntConstant(m, "MAX_RANKS", MAX_RANKS) < 0 ||
+        PyModule_AddIntConstant(m, "ALL_REDUCE", ALL_REDUCE) < 0 ||
+        PyModule_AddIntConstant(m, "ALL_GATHER", ALL_GATHER) < 0 ||
+        PyModule_AddIntConstant(m, "REDUCE_SCATTER", REDUCE_SCATTER) < 0 ||
+        PyModule_AddIntConstant(m, "BROADCAST", BROADCAST) < 0 ||
+        PyModule_AddIntConstant(m, "BARRIER", BARRIER) < 0 ||
+        PyModule_AddIntConstant(m, "ALL_REDUCE_SPLIT", ALL_REDUCE_SPLIT) < 0) {
+        Py_XDECREF(m);
+        return NULL;
+    }
+    return m;
+}

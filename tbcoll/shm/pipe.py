@@ -13,7 +13,7 @@ ShmDuplex pairs two rings into the Channel that tbcoll.transports.stream drives.
 
 from __future__ import annotations
 
-from tbcoll.shm.flags import AtomicFlags, LockedFlags, atomics
+from tbcoll.shm.flags import AtomicFlags, atomics
 
 LINE = 128
 
@@ -31,10 +31,10 @@ class OverwrittenRing(OSError):
 class Ring:
     CONTROL = 2 * LINE  # head line, tail line
 
-    def __init__(self, buffer: memoryview, flags: AtomicFlags | LockedFlags, base: int,
+    def __init__(self, buffer: memoryview, flags: AtomicFlags, base: int,
                  capacity: int) -> None:
         self._flags, self._capacity = flags, capacity
-        self._buffer, self._base = buffer, base  # for the C paths (AtomicFlags only)
+        self._buffer, self._base = buffer, base  # for the C paths
         self._head_at, self._tail_at = base, base + LINE
         self._data: memoryview | None = buffer[base + self.CONTROL:base + self.CONTROL + capacity]
         self._head = flags.load(self._head_at)  # our own counter, as the producer or consumer

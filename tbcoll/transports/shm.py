@@ -1,6 +1,6 @@
 """Shared-memory transport: everything through one segment per communicator.
 
-Native collectives (the default here) are tbcoll.shm.collectives'; point-to-point messages,
+Native collectives (the default here) are tbcoll.shm.native's; point-to-point messages,
 which the user's send/recv and the ring, mesh and rd algorithms use, are the stream engine's
 (tbcoll.transports.stream) over one pair of byte rings per pair of ranks (tbcoll.shm.pipe).
 
@@ -21,9 +21,8 @@ from tbcoll.calls import NO_CALL
 from tbcoll.env import LaunchInfo, comm_timeout, placement, segment_prefix, single_host
 from tbcoll.errors import CommError, PeerLostError
 from tbcoll.rendezvous import Store
-from tbcoll.shm.collectives import WAIT_SLICE, Layout, ShmNative, alive, use_atomics
+from tbcoll.shm.native import WAIT_SLICE, Layout, ShmNative, alive, available
 from tbcoll.shm.pipe import Ring, ShmDuplex
-from tbcoll.shm.rounds import AtomicShmNative
 from tbcoll.shm.segment import MAX_NAME, Segment
 from tbcoll.transports.base import P2P
 from tbcoll.transports.stream import Peer, StreamEndpoint, StreamTransport
@@ -50,15 +49,13 @@ class ShmStream(StreamTransport):
                     for peer in range(size) if peer != rank}
         super().__init__(rank, size, channels, timeout)
         self._native = native
-        # blocking send and recv in one C call each (Ring.send, Ring.receive) need the C module
-        self._in_c = isinstance(native, AtomicShmNative)
 
     def send(self, buf: np.ndarray, dest: int, context: int, tag: int,
              call: tuple[int, int] = NO_CALL) -> None:
         """The whole message in one C call when nothing is queued before it; what does not fit
         within _ROOM_WAIT goes on through the engine, which reads while it waits."""
         peer = self._peers.get(dest)
-        if not self._in_c or peer is None or peer.sendq or peer.lost:
+        if peer is None or peer.sendq or peer.lost:
             super().send(buf, dest, context, tag, call)
             return
         header = self._header(context, tag, buf.nbytes, *call)
@@ -76,7 +73,7 @@ class ShmStream(StreamTransport):
         else (another message first, a slow sender) the engine goes on from where C left
         off, and says what was wrong if anything was."""
         peer = self._peers.get(source)
-        if (not self._in_c or peer is None or peer.lost or peer.target is not None
+        if (peer is None or peer.lost or peer.target is not None
                 or peer.start != peer.end or peer.unexpected.get((context, tag))
                 or peer.posted.get((context, tag)) or self._mismatch):
             super().recv(buf, source, context, tag, call)
@@ -151,8 +148,7 @@ class ShmGroup:
     def __init__(self, segment: Segment, rank: int, members: list[int], names: _Names,
                  timeout: float) -> None:
         self.members, self._names, self._timeout = members, names, timeout
-        native = AtomicShmNative if use_atomics() else ShmNative
-        self.native = native(segment, rank, len(members), timeout)
+        self.native = ShmNative(segment, rank, len(members), timeout)
         self.native.pids[rank] = os.getpid()  # read by peers' slow waits, long after
         self._stream = ShmStream(self.native, timeout)
         ranks = list(range(len(members)))
@@ -216,6 +212,7 @@ def open_world(info: LaunchInfo | None, prefix: str) -> tuple[ShmGroup, int, int
         hosts = len(info.topology.hosts)
         raise CommError(f"the shm backend needs every rank on one host, but this job spans "
                         f"{hosts} hosts: use --backend tcp")
+    available()  # before any rank makes a segment: the C module was built
     names = _Names(segment_prefix(info.token) if info else f"/tbc-p{os.getpid()}-")
     rank, size = (info.rank, info.size) if info else (0, 1)
     nbytes = Layout(size).total

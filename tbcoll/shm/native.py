@@ -1,0 +1,332 @@
+"""The shm transport's native collectives: one segment per communicator, flags and slots, and
+every round in one C call (tbcoll/shm/_atomics.c, shm_round: the protocol is written there
+once; this module drives it and checks at import that both sides agree on the layout).
+
+    segment = header (pids) | one flag line per rank | 2 data sets | pipes
+    data set = p slots of SLOT bytes (one per rank) + a result area of SLOT bytes
+    pipes = one byte ring per ordered pair of ranks, for point-to-point (tbcoll.shm.pipe)
+
+Every collective is a series of rounds numbered 1, 2, 3, ... on every rank alike; round s
+uses data set s % 2. Rank r stores its ARRIVE flag = s (release) once it has finished every
+earlier round and put its data for round s in place; a rank that needs the others' data
+waits (acquire) until their flags reach s. Before writing into a set, a rank waits until
+every flag has reached s - 1: everyone has then finished round s - 2, the last user of that
+set. Each call's first round carries its tbcoll.calls signature in every rank's flag line,
+compared after the wait and before anyone's data is used: ranks whose calls differ raise a
+CommError on every rank. A message larger than a slot takes one round per slot-sized chunk.
+
+all_reduce of up to SINGLE_PASS_BYTES: one round; every rank reduces all p slots itself, in
+rank order, so every rank gets the same bits. Larger, each chunk splits: rank r reduces its
+1/p of the chunk into the result area, flags DONE, and everyone copies the result out.
+
+When a round's wait runs out of its slice (a slow or gone peer), the C call returns and this
+module waits in Python, which notices dead ranks and the deadline, then resumes the round.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+
+from tbcoll.calls import mismatch, signature
+from tbcoll.dtypes import DTYPE_CODES, OP_CODES
+from tbcoll.errors import CommError, PeerLostError, PeerTimeoutError, TbcollError
+from tbcoll.shm.flags import AtomicFlags, atomics
+from tbcoll.shm.pipe import LINE, Ring
+from tbcoll.shm.segment import Segment
+
+SLOT = 1 << 20
+RING = 128 << 10  # bytes of each point-to-point ring
+SINGLE_PASS_BYTES = 64 << 10  # measured: single pass wins at 64 KiB for np=4, split at 256 KiB
+WAIT_SLICE = 0.05  # seconds between looks for dead peers and the deadline
+_ARRIVE, _DONE, _SIGNATURE = 0, 8, 16  # byte offsets inside a rank's flag line
+_BYTES = DTYPE_CODES[np.dtype(np.uint8)]  # what a round that only copies calls its data
+_NO_BYTES = np.empty(0, np.uint8)
+_PREFAULT_BYTES = 4 << 20
+_PAGE = 4096
+
+
+def _check_layout() -> None:
+    """The layout written in _atomics.c is this module's (a build of another version of the C
+    file would read other words of the segment)."""
+    if atomics is None:
+        return
+    ours = {"LINE": LINE, "ARRIVE_OFFSET": _ARRIVE, "DONE_OFFSET": _DONE,
+            "SIGNATURE_OFFSET": _SIGNATURE, "RING_CONTROL": Ring.CONTROL,
+            "RING_TAIL_OFFSET": LINE}
+    differs = {name: (value, getattr(atomics, name, None)) for name, value in ours.items()
+               if getattr(atomics, name, None) != value}
+    if differs:
+        raise ImportError(f"tbcoll.shm._atomics was built from another version of _atomics.c "
+                          f"(layout {differs}, this module's first): reinstall tbcoll")
+
+
+_check_layout()
+
+# The one-call paths' signatures less the byte count, per dtype (and op, or root) code:
+# computing one in full on each call cost ~0.7 us of a 3 us 8 B all_reduce.
+_ALL_REDUCE = [[signature("all_reduce", dtype, op, 0) for op in OP_CODES]
+               for dtype in DTYPE_CODES]
+_ALL_GATHER = [signature("all_gather", dtype, None, 0) for dtype in DTYPE_CODES]
+_REDUCE_SCATTER = [[signature("reduce_scatter", dtype, op, 0) for op in OP_CODES]
+                   for dtype in DTYPE_CODES]
+# dtype -> code by the registered dtype objects' ids (they live as long as the process, so
+# their ids stay theirs), ~0.15 us faster than hashing a dtype; another object equal to one
+# of them is looked up by value (_code).
+_CODE_BY_ID = {id(dtype): code for dtype, code in DTYPE_CODES.items()}
+
+
+def _code(dtype: np.dtype) -> int | None:
+    code = _CODE_BY_ID.get(id(dtype))
+    return DTYPE_CODES.get(dtype) if code is None else code
+
+
+def _bytes(array: np.ndarray) -> np.ndarray:
+    """A C-contiguous array's bytes, as a 1-D uint8 view, to cut into chunks. (The C module
+    takes arrays of any dtype as they are: it asks for no buffer format, which bfloat16
+    lacks.)"""
+    return array.reshape(-1).view(np.uint8)
+
+
+def prefault(array: np.ndarray) -> None:
+    """Touch every page of a large result before the rounds write it (a write of the value
+    each page holds: the contents stay). A rank that takes page faults inside the rounds, a
+    megabyte at a time, holds up every rank at each round: a fresh 300 MB result took 1.5-2.7 s
+    that way against 0.1-0.2 s touched first, in parallel on every rank (measured here, in a
+    VM where first-touch faults are slow)."""
+    if array.nbytes >= _PREFAULT_BYTES:
+        pages = array.reshape(-1).view(np.uint8)[::_PAGE]
+        pages[...] = pages
+
+
+def _round_up(n: int, to: int) -> int:
+    return -(-n // to) * to
+
+
+class Layout:
+    def __init__(self, size: int) -> None:
+        self.pids = LINE
+        self.flags = self.pids + _round_up(8 * size, LINE)
+        self.data = _round_up(self.flags + size * LINE, 4096)
+        self.set_bytes = (size + 1) * SLOT
+        self.pipes = self.data + 2 * self.set_bytes
+        self.pipe_bytes = Ring.CONTROL + RING
+        self.total = self.pipes + size * size * self.pipe_bytes
+
+    def pipe(self, source: int, dest: int, size: int) -> int:
+        """Where the ring from rank source to rank dest starts."""
+        return self.pipes + (source * size + dest) * self.pipe_bytes
+
+
+def available() -> None:
+    """Raise, saying what to do, where the C module was not built."""
+    if atomics is None:
+        raise TbcollError("the shm backend needs tbcoll's C extension (tbcoll.shm._atomics), "
+                          "which was not built: install a C compiler (xcode-select --install; "
+                          "apt-get install gcc) and reinstall tbcoll, or use --backend tcp")
+
+
+class ShmNative:
+    """Native collectives over one mapped segment; every rank of the group calls each."""
+
+    offers = frozenset(("all_reduce", "all_gather", "reduce_scatter", "broadcast", "barrier"))
+    takes_mlx = False
+
+    def __init__(self, segment: Segment, rank: int, size: int, timeout: float) -> None:
+        available()
+        if size > atomics.MAX_RANKS:
+            raise TbcollError(f"the shm backend runs at most {atomics.MAX_RANKS} ranks on a "
+                              f"host; got {size}")
+        self.segment, self.rank, self.size, self._timeout = segment, rank, size, timeout
+        self.layout = Layout(size)
+        buffer = segment.buffer
+        self.flags = AtomicFlags(buffer)
+        self.pids = np.frombuffer(buffer, np.int64, size, self.layout.pids)
+        self._lines = np.frombuffer(buffer, np.uint64, size * LINE // 8,
+                                    self.layout.flags).reshape(size, LINE // 8)
+        self._set_offsets = [self.layout.data + k * self.layout.set_bytes for k in (0, 1)]
+        self._flags_at, self._buffer = self.layout.flags, buffer
+        self._broadcast_calls: dict[tuple[int, int], int] = {}  # signatures less bytes
+        self._seq = 0
+        # With more ranks than cores, a waiting rank must give its core away quickly:
+        # 50 polls instead of 500 took 8 B all_reduce at np=4 on 2 cores from 35 to 21 us.
+        atomics.set_spin(500 if size <= cores() else 50)
+
+    # --- one-call paths (Native.direct_*): the Communicator's latency-critical cases -------
+
+    def direct_all_reduce(self, x: np.ndarray, op: str, root: int,
+                          out: np.ndarray | None) -> np.ndarray | None:
+        """all_reduce of a small contiguous array in one C call, into out (checked by the
+        caller) or a new array; None when x does not qualify."""
+        dtype = _code(x.dtype)
+        if dtype is None or x.nbytes > SINGLE_PASS_BYTES:
+            return None
+        if out is None:
+            out = np.empty_like(x)
+        code = OP_CODES[op]
+        try:  # (the C module refuses a non-contiguous x: cheaper than asking numpy first)
+            self._round(atomics.ALL_REDUCE, x, 0, out, 0, dtype, code, 0,
+                        _ALL_REDUCE[dtype][code] | x.nbytes)
+        except BufferError:
+            return None  # the general path copies x
+        return out
+
+    def direct_all_gather(self, x: np.ndarray, op: None, root: int,
+                          out: np.ndarray | None) -> np.ndarray | None:
+        """all_gather likewise; out, if given, holds size blocks like x (checked by caller)."""
+        dtype = _code(x.dtype)
+        if dtype is None or x.nbytes > SLOT or not x.flags.c_contiguous:
+            return None
+        if out is None:
+            shape = (self.size * x.shape[0], *x.shape[1:]) if x.ndim else (self.size,)
+            out = np.empty(shape, x.dtype)
+        self._round(atomics.ALL_GATHER, x, 0, out, x.nbytes, _BYTES, 0, 0,
+                    _ALL_GATHER[dtype] | x.nbytes)
+        return out
+
+    def direct_broadcast(self, x: np.ndarray, op: None, root: int,
+                         out: np.ndarray | None) -> np.ndarray | None:
+        dtype = _code(x.dtype)
+        if dtype is None or x.nbytes > SLOT or not x.flags.c_contiguous:
+            return None
+        out = np.empty_like(x) if out is None else out
+        call = self._broadcast_calls.get((dtype, root))
+        if call is None:
+            call = signature("broadcast", x.dtype, None, 0, root)
+            self._broadcast_calls[dtype, root] = call
+        self._round(atomics.BROADCAST, x, 0, out, 0, _BYTES, 0, root, call | x.nbytes)
+        return out
+
+    def direct_reduce_scatter(self, x: np.ndarray, op: str, root: int,
+                              out: np.ndarray | None) -> np.ndarray | None:
+        dtype = _code(x.dtype)
+        if (dtype is None or x.nbytes > SLOT or not x.flags.c_contiguous or not x.ndim
+                or x.shape[0] % self.size):
+            return None
+        if out is None:
+            out = np.empty((x.shape[0] // self.size, *x.shape[1:]), x.dtype)
+        code = OP_CODES[op]
+        self._round(atomics.REDUCE_SCATTER, x, out.nbytes, out, 0, dtype, code, 0,
+                    _REDUCE_SCATTER[dtype][code] | x.nbytes)
+        return out
+
+    # --- the collectives -----------------------------------------------------------------
+
+    def all_reduce(self, send: np.ndarray | None, recv: np.ndarray, op: str) -> None:
+        """send None: in place on recv. Past SINGLE_PASS_BYTES, split rounds of a slot each."""
+        data = recv if send is None else send
+        dtype, code = DTYPE_CODES[recv.dtype], OP_CODES[op]
+        call = signature("all_reduce", recv.dtype, op, recv.nbytes)
+        if recv.nbytes <= SINGLE_PASS_BYTES:
+            self._round(atomics.ALL_REDUCE, _bytes(data), 0, _bytes(recv), 0, dtype, code, 0,
+                        call)
+            return
+        prefault(recv)
+        src, dst = _bytes(data), _bytes(recv)
+        step = SLOT // recv.itemsize * recv.itemsize
+        for lo in range(0, recv.nbytes, step):
+            self._round(atomics.ALL_REDUCE_SPLIT, src[lo:lo + step], 0, dst[lo:lo + step], 0,
+                        dtype, code, 0, call if lo == 0 else 0)
+
+    def all_gather(self, send: np.ndarray, recv: np.ndarray) -> None:
+        """Rank k's block is slot k; each chunk of the blocks goes in place in recv."""
+        prefault(recv)
+        src, dst, block = _bytes(send), _bytes(recv), send.nbytes
+        call = signature("all_gather", send.dtype, None, send.nbytes)
+        for lo in range(0, block, SLOT):
+            self._round(atomics.ALL_GATHER, src[lo:lo + SLOT], 0, dst[lo:], block, _BYTES, 0, 0,
+                        call if lo == 0 else 0)
+
+    def reduce_scatter(self, send: np.ndarray, recv: np.ndarray, op: str) -> None:
+        """Each round carries a piece of every rank's block: slot k holds rank k's pieces."""
+        prefault(recv)
+        src, dst, block = _bytes(send), _bytes(recv), recv.nbytes
+        step = SLOT // self.size // send.itemsize * send.itemsize
+        dtype, code = DTYPE_CODES[send.dtype], OP_CODES[op]
+        call = signature("reduce_scatter", send.dtype, op, send.nbytes)
+        for lo in range(0, block, step):
+            self._round(atomics.REDUCE_SCATTER, src[lo:], block, dst[lo:lo + step], 0, dtype,
+                        code, 0, call if lo == 0 else 0)
+
+    def broadcast(self, buf: np.ndarray, root: int) -> None:
+        prefault(buf)
+        data = _bytes(buf)
+        call = signature("broadcast", buf.dtype, None, buf.nbytes, root)
+        for lo in range(0, buf.nbytes, SLOT):
+            chunk = data[lo:lo + SLOT]
+            self._round(atomics.BROADCAST, chunk, 0, chunk, 0, _BYTES, 0, root,
+                        call if lo == 0 else 0)
+
+    def barrier(self) -> None:
+        self._round(atomics.BARRIER, _NO_BYTES, 0, _NO_BYTES, 0, _BYTES, 0, 0,
+                    signature("barrier"))
+
+    def close(self) -> None:
+        self.pids = self._lines = None
+        self.segment.close()
+
+    # --- rounds and flags ----------------------------------------------------------------
+
+    def _round(self, kind: int, src: np.ndarray, src_stride: int, dst: np.ndarray,
+               dst_stride: int, dtype: int, op: int, root: int, call: int) -> None:
+        """One round in C; when a peer is slow, wait in Python (which notices dead ranks and
+        the deadline) and resume. A buffer the C module refuses (BufferError: not
+        contiguous) raises before the round touches the segment, and it stays to come."""
+        s, stage = self._seq + 1, 1
+        while stage := atomics.shm_round(
+                self._buffer, self._flags_at, LINE, self.size, self.rank, s,
+                self._set_offsets[s & 1], SLOT, src, src_stride, dst, dst_stride, kind, dtype,
+                op, root, stage, WAIT_SLICE, call):
+            self._seq = s
+            if stage == 3:
+                self._agree(s, call)
+            # stage 1: the set to be free; 2: the others' data; 4: their parts (DONE)
+            self._wait_all(_DONE if stage == 4 else _ARRIVE, s - 1 if stage == 1 else s)
+        self._seq = s
+
+    def _agree(self, s: int, call: int) -> None:
+        """After the wait of round s: raise if a rank's call differs from this one's."""
+        words = self._lines[:, (_SIGNATURE + 8 * (s % 2)) // 8]  # loads after the acquire
+        if all(int(word) == call for word in words):
+            return
+        raise CommError(mismatch({r: int(word) for r, word in enumerate(words)}))
+
+    def _flag(self, rank: int, word: int) -> int:
+        return self.layout.flags + rank * LINE + word
+
+    def _wait_all(self, word: int, target: int) -> None:
+        offset, ranks = self._flag(0, word), range(self.size)
+        deadline = time.monotonic() + self._timeout - WAIT_SLICE
+        while not self.flags.wait_all(offset, LINE, self.size, target, WAIT_SLICE):
+            late = [r for r in ranks if self.flags.load(offset + r * LINE) < target]
+            for rank in late:
+                pid = int(self.pids[rank])
+                if not alive(pid):
+                    raise PeerLostError(f"rank {rank} (pid {pid}) died", (rank,))
+            if time.monotonic() > deadline:
+                raise PeerTimeoutError(f"timed out after {self._timeout:g} s (TBCOLL_TIMEOUT) "
+                                       f"waiting for rank(s) {', '.join(map(str, late))}",
+                                       tuple(late))
+
+
+def cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS
+        return os.cpu_count() or 1
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a killed rank stays a zombie until its parent reaps it
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return True
