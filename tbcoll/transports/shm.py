@@ -55,7 +55,7 @@ class ShmStream(StreamTransport):
         """The whole message in one C call when nothing is queued before it; what does not fit
         within _ROOM_WAIT goes on through the engine, which reads while it waits."""
         peer = self._peers.get(dest)
-        if peer is None or peer.sendq or peer.lost:
+        if not self._sends_idle(peer):
             super().send(buf, dest, context, tag, call)
             return
         header = self._header(context, tag, buf.nbytes, *call)
@@ -73,9 +73,7 @@ class ShmStream(StreamTransport):
         else (another message first, a slow sender) the engine goes on from where C left
         off, and says what was wrong if anything was."""
         peer = self._peers.get(source)
-        if (peer is None or peer.lost or peer.target is not None
-                or peer.start != peer.end or peer.unexpected.get((context, tag))
-                or peer.posted.get((context, tag)) or self._mismatch):
+        if not self._receives_idle(peer, context, tag):
             super().recv(buf, source, context, tag, call)
             return
         try:

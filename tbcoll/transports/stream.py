@@ -182,6 +182,19 @@ class StreamTransport:
         peer.posted[context, tag].append(request)
         return request
 
+    def _sends_idle(self, peer: Peer | None) -> bool:
+        """A subclass may write a whole message to peer by a path of its own now: nothing
+        is queued before it and the stream is alive."""
+        return peer is not None and not peer.sendq and not peer.lost
+
+    def _receives_idle(self, peer: Peer | None, context: int, tag: int) -> bool:
+        """A subclass may take the next message from peer by a path of its own now: nothing
+        of the peer's is staged or half-read, no receive for (context, tag) is posted nor a
+        message for it held, and no difference of calls is pending."""
+        return (peer is not None and not peer.lost and peer.target is None
+                and peer.start == peer.end and not peer.unexpected.get((context, tag))
+                and not peer.posted.get((context, tag)) and not self._mismatch)
+
     def _finish_recv(self, peer: Peer, view: memoryview, arrived: int) -> None:
         """Wait for the rest of a message to peer whose header and first `arrived` bytes of
         payload (into view) were taken by a subclass's own path."""
