@@ -142,9 +142,22 @@ def test_srun_one_task_is_a_world_of_one(slurm, script):
     assert_world(results(done.stdout), 1)
 
 
+# Slurm 22.05's pmi2 plugin misreads some business cards of MPICH 5's PMI-2 client across
+# nodes ("value not properly terminated in client request", then MPI_Init fails; also seen by
+# ufs-community/ufs-weather-model#1732): the cards carry bytes of uninitialised memory, so
+# whether it happens depends on the processes' environment and memory. Seen here in 1 of 3
+# sessions, in every run of that session; another environment (one more variable) made it go.
+_PMI2_MISREAD = "mpi/pmi2: value not properly terminated in client request"
+
+
 def test_srun_pmi2_runs_the_mpi_backend_across_nodes(slurm, script):
-    done = slurm.run("srun", "--mpi=pmi2", "-N", "2", "-n", "2", sys.executable, str(script),
-                     cwd=REPO)
+    def srun(env: dict) -> subprocess.CompletedProcess:  # a failing task ends the step
+        return slurm.run("srun", "--mpi=pmi2", "--kill-on-bad-exit=1", "-N", "2", "-n", "2",
+                         sys.executable, str(script), cwd=REPO, env=env)
+
+    done = srun(slurm.env)
+    if done.returncode and _PMI2_MISREAD in done.stderr:  # Slurm's and MPICH's, not ours
+        done = srun({**slurm.env, "TBCOLL_PMI2_PAD": "x" * 64})
     assert done.returncode == 0, done.stderr
     found = results(done.stdout)
     assert_world(found, 2, "mpi")
