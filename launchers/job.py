@@ -4,13 +4,10 @@ from __future__ import annotations
 
 import os
 import shlex
-import shutil
-import tempfile
 from pathlib import Path
 
 from tbcoll.launch.config import LaunchConfig, master_overrides, thread_limits
 from tbcoll.launch.hosts import LOOPBACK, JobPlan, free_port, plan_job
-from tbcoll.launch.janitor import janitor_for
 from tbcoll.launch.mlxvars import (
     FIRST_PORT,
     MlxVariables,
@@ -19,15 +16,12 @@ from tbcoll.launch.mlxvars import (
     ring_variables,
 )
 from tbcoll.launch.output import OutputRouter, log
-from tbcoll.launch.reaper import new_job_id
-from tbcoll.launch.shmclean import remove_job_segments
+from tbcoll.launch.scope import UNMADE, job_scope
 from tbcoll.launch.starters import RankSpec, starter_for
 from tbcoll.launch.stdin import standard_input, stdin_ranks
-from tbcoll.launch.store import serve_store
 from tbcoll.launch.supervisor import RankCommand, Supervisor
 
-from tbcoll.auth import new_token
-from tbcoll.env import LaunchInfo, segment_prefix, worker_env
+from tbcoll.env import LaunchInfo, worker_env
 from tbcoll.errors import LaunchError
 
 
@@ -72,9 +66,8 @@ def mlx_variables(cfg: LaunchConfig, plan: JobPlan) -> MlxVariables | None:
 
 def dry_run(cfg: LaunchConfig, plan: JobPlan) -> int:
     """Print each rank's command and the variables tbrun would set, and start nothing."""
-    commands = rank_commands(cfg, plan, cfg.store_port, "<made at launch>", 0,
-                             mlx_variables(cfg, plan), Path("<job directory>"),
-                             "<made at launch>")
+    commands = rank_commands(cfg, plan, cfg.store_port, UNMADE, 0, mlx_variables(cfg, plan),
+                             Path("<job directory>"), UNMADE)
     print("# port 0: a free port is chosen at launch")
     for cmd in commands:
         print(f"{cmd.name}: {shlex.join(cmd.argv)}")
@@ -99,29 +92,17 @@ def run(cfg: LaunchConfig) -> int:
     if cfg.dry_run:
         return dry_run(cfg, plan_job(cfg.hostfile, cfg.nprocs, cfg.map_by, route=False))
     plan = plan_job(cfg.hostfile, cfg.nprocs, cfg.map_by)
-    token = new_token()
-    store = serve_store(token, plan, cfg.store_port, cfg.nprocs)
-    job_dir = Path(tempfile.mkdtemp(prefix="tbrun-"))  # 0700: the job's private files
-    job = new_job_id()
-    with janitor_for(job_dir, segments=segment_prefix(token), job=job) as janitor:
-        try:
-            mlx = mlx_variables(cfg, plan)
-            for name, content in (mlx.files if mlx else {}).items():
-                (job_dir / f"{name}.json").write_text(content)
-            commands = rank_commands(cfg, plan, store.port, token, free_port(LOOPBACK), mlx,
-                                     job_dir, job)
-            hide = {starter_for(cfg, host).hide for host in plan.hosts} - {None}
-            output = OutputRouter(cfg.nprocs, cfg.tag_output, cfg.output_dir,
-                                  hide=hide.pop() if hide else None)
-            supervisor = Supervisor(commands, output, timeout=cfg.timeout, grace=cfg.grace,
-                                    log=log, stdin_fd=standard_input(),
-                                    peer_failure=store.peer_failure,
-                                    on_spawn=janitor.watch_group, job=job)
-            return supervisor.run(after_spawn=store.start)
-        finally:
-            store.close()
-            shutil.rmtree(job_dir, ignore_errors=True)
-            remove_job_segments(segment_prefix(token), log)
-
-
-
+    with job_scope(plan, cfg.store_port, cfg.nprocs) as scope:
+        mlx = mlx_variables(cfg, plan)
+        for name, content in (mlx.files if mlx else {}).items():
+            (scope.folder / f"{name}.json").write_text(content)
+        commands = rank_commands(cfg, plan, scope.store.port, scope.token, free_port(LOOPBACK),
+                                 mlx, scope.folder, scope.job)
+        hide = {starter_for(cfg, host).hide for host in plan.hosts} - {None}
+        output = OutputRouter(cfg.nprocs, cfg.tag_output, cfg.output_dir,
+                              hide=hide.pop() if hide else None)
+        supervisor = Supervisor(commands, output, timeout=cfg.timeout, grace=cfg.grace,
+                                log=log, stdin_fd=standard_input(),
+                                peer_failure=scope.store.peer_failure,
+                                on_spawn=scope.janitor.watch_group, job=scope.job)
+        return supervisor.run(after_spawn=scope.store.start)

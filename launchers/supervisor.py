@@ -19,16 +19,14 @@ A rank with a set-up line runs under tbcoll.launch.remote (on a remote host thro
 set-up goes on stdin, then signals and the rank's input as frames (tbcoll.launch.stdin), and for
 SIGKILL tbrun closes that stdin, whose end of file makes the wrapper kill the rank.
 
-Which failure is the job's: the first rank to fail for its own reason. A rank that failed
-because of peers (lost, or silent past TBCOLL_TIMEOUT: tbcoll reports which to tbrun's store
-before raising) and a rank that died of the signal tbrun's teardown sent only stand in until
-that rank's exit is seen; if none is seen within two seconds, tbrun names the peers the others
-failed because of (a frozen rank never exits).
+Which failure is the job's, and when to stop the ranks, is decided by tbcoll.launch.verdict
+from the events the supervisor sees; the supervisor does the I/O.
 """
 
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import os
 import selectors
 import signal
@@ -38,14 +36,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from tbcoll.launch.diagnose import (
-    SSH_FAILED,
-    describe_exit,
-    hint,
-    plural,
-    ranks_phrase,
-    suspects,
-)
+from tbcoll.launch.diagnose import hint, plural
 from tbcoll.launch.output import STREAMS, OutputRouter
 from tbcoll.launch.reaper import (
     carrying,
@@ -56,22 +47,27 @@ from tbcoll.launch.reaper import (
     sweep,
 )
 from tbcoll.launch.stdin import InputForwarder
+from tbcoll.launch.verdict import (
+    AllExited,
+    Event,
+    Exited,
+    KillNow,
+    Log,
+    Signalled,
+    StdoutClosed,
+    Stop,
+    Tick,
+    Verdict,
+    judge,
+    status_of,
+)
 
 from tbcoll.env import job_marks
-from tbcoll.errors import LINK_DOWN, LaunchError
+from tbcoll.errors import LaunchError
 
-TIMEOUT_STATUS = 124  # as timeout(1) does
-STDOUT_CLOSED_STATUS = 128 + signal.SIGPIPE  # as the shell reports a writer SIGPIPE killed
 PDEATHSIG = sys.platform.startswith("linux")  # children can be told to die with tbrun
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _POLL = 0.5  # backstop for SIGCHLD wake-ups; exits are normally seen at once
-# A rank's status after tbrun's teardown signals (128+INT/KILL/TERM, through a wrapper) or
-# after tbrun killed its ssh: the teardown's doing, not the rank's own failure.
-_TEARDOWN_STATUSES = (128 + signal.SIGINT, 128 + signal.SIGKILL, 128 + signal.SIGTERM,
-                      SSH_FAILED)
-# seconds a follower's failure waits for the failure it followed: the far end of a broken link
-# sees it up to a dead-link check period (1 s) after the near end
-_FOLLOWER_WAIT = 2.0
 # seconds the sweep of what the ranks left behind may go on killing (a process that keeps
 # forking); it normally ends after one or two rounds of a few milliseconds
 _STRAY_PATIENCE = 5.0
@@ -101,10 +97,6 @@ class RankCommand:
         if self.label:
             return self.label
         return f"rank {self.rank} on {self.host}" if self.host else f"rank {self.rank}"
-
-
-def _status_of(returncode: int) -> int:
-    return returncode if returncode >= 0 else 128 - returncode
 
 
 def _die_with_parent_hook() -> Callable[[], None] | None:
@@ -143,31 +135,28 @@ class Supervisor:
         self._streams = dict(streams or {})
         self._keepalive = list(keepalive)
         self._output = output
-        self._timeout = timeout
         self._grace = grace
         self._log = log
         self._procs: dict[int, subprocess.Popen] = {}
         self._by_rank = {cmd.rank: cmd for cmd in commands}
         self._pending_signals: list[int] = []
-        self._status: int | None = None  # set by the first event that ends the job
-        self._culprit: int | None = None  # the rank whose own failure gave self._status
-        self._provisional = False  # self._status is a follower's, until the culprit's is seen
-        self.launcher_failed = False  # the job's status is a launcher's (mpiexec's) own
-        self._follower_deadline: float | None = None  # teardown after a follower's failure
-        self._tearing_down = False  # tbrun has signalled the ranks to stop
         self._peer_failure = peer_failure
         self._on_spawn = on_spawn
-        self._followers: dict[int, tuple[int, ...]] = {}  # rank -> the ranks it failed on
-        self._broken: set[tuple[int, int]] = set()  # (rank, peer): it found their link dead
         self._input = InputForwarder(
             stdin_fd if any(c.stdin and not c.launcher for c in commands) else None, log)
+        self._verdict = Verdict({cmd.rank: cmd.name for cmd in commands}, timeout)
         self._kill_at: float | None = None  # SIGKILL deadline once teardown has begun
-        self._stdout_lost = False  # tbrun's stdout lost its reader, and the job was told
+        self._stdout_lost = False  # tbrun's stdout lost its reader, and the verdict was told
         self._job_marks = job_marks(job)
         self._helpers: set[int] = set()  # tbrun's children before the ranks (the janitor)
         self._adopting = False  # tbrun is a subreaper: orphans of the job become its children
         self._child_exited = False  # SIGCHLD came: an adopted orphan may wait to be reaped
         self._next_reaping = 0.0
+
+    @property
+    def launcher_failed(self) -> bool:
+        """The job's status is a launcher's (mpiexec's) own, for its caller to explain."""
+        return self._verdict.launcher_failed
 
     def run(self, after_spawn: Callable[[], None] = lambda: None) -> int:
         """Start every rank, supervise until all have exited, return the job's exit status.
@@ -217,7 +206,7 @@ class Supervisor:
             os.close(wake_r)
             os.close(wake_w)
             self._output.close()
-        return self._status or 0
+        return self._verdict.status or 0
 
     def _on_signal(self, signum: int, frame: object) -> None:
         if signum == signal.SIGCHLD:
@@ -255,11 +244,11 @@ class Supervisor:
                 selector.register(pipe, selectors.EVENT_READ, (cmd.rank, stream))
 
     def _loop(self, selector: selectors.BaseSelector, wake_r: int) -> None:
-        job_deadline = None if not self._timeout else time.monotonic() + self._timeout
+        self._verdict = dataclasses.replace(self._verdict, started=time.monotonic())
         drain_until = None  # once every rank has exited, leftover pipes get a short while
         while True:
-            deadlines = [d for d in (job_deadline, self._kill_at, drain_until,
-                                     self._follower_deadline) if d is not None]
+            deadlines = [d for d in (self._verdict.deadline, self._kill_at, drain_until)
+                         if d is not None]
             wait = min([_POLL, *(d - time.monotonic() for d in deadlines)])
             if (at := self._output.next_deadline()) is not None:
                 wait = min(wait, at - time.monotonic())
@@ -276,8 +265,10 @@ class Supervisor:
             self._output.flush_due()
             if self._output.stdout_closed and not self._stdout_lost:
                 self._stdout_lost = True
-                self._stop_for_closed_stdout()
-            self._handle_signals()
+                self._tell(StdoutClosed(time.monotonic(), self._alive()))
+            while self._pending_signals:
+                self._tell(Signalled(self._pending_signals.pop(0), time.monotonic(),
+                                     self._alive()))
             self._reap(selector)
             now = time.monotonic()
             if self._adopting and self._child_exited and now >= self._next_reaping:
@@ -285,25 +276,15 @@ class Supervisor:
                 self._child_exited = False
                 self._next_reaping = now + _POLL
                 reap_adopted(self._own())
-            if self._follower_deadline is not None and now >= self._follower_deadline:
-                self._name_suspects()
-                self._log(f"stopping the other {plural(len(self._alive()), 'rank')}")
-                self._begin_teardown(self._status, signal.SIGTERM)
-                self._provisional = True  # the rank it followed may still show its own
-            if job_deadline is not None and now >= job_deadline and (
-                    self._status is None or self._follower_deadline is not None):
-                self._log(f"job exceeded --timeout {self._timeout:g} s; "
-                          f"stopping {plural(len(self._alive()), 'rank')}")
-                self._begin_teardown(TIMEOUT_STATUS, signal.SIGTERM)
+            if (at := self._verdict.deadline) is not None and now >= at:
+                self._tell(Tick(now, self._alive()))
             if self._kill_at is not None and now >= self._kill_at and self._alive():
                 self._log(f"{plural(len(self._alive()), 'rank')} still running "
                           f"{self._grace:g} s after SIGTERM; sending SIGKILL")
                 self._kill_groups(signal.SIGKILL)
                 self._kill_at = None
             if not self._alive():
-                if self._follower_deadline is not None:  # all ended while it waited
-                    self._follower_deadline = None
-                    self._name_suspects()
+                self._tell(AllExited(now))
                 while self._keepalive:  # the writers are gone: let their streams end
                     os.close(self._keepalive.pop())
                 self._input.stop(selector)  # nobody is left to read it
@@ -316,6 +297,18 @@ class Supervisor:
                     drain_until = time.monotonic() + 1.0
                 elif now >= drain_until:
                     return
+
+    def _tell(self, event: Event) -> None:
+        """Hand the verdict an event and carry out what it says."""
+        self._verdict, actions = judge(self._verdict, event)
+        for action in actions:
+            if isinstance(action, Log):
+                self._log(action.line)
+            elif isinstance(action, Stop):
+                self._kill_groups(action.sig)
+                self._kill_at = time.monotonic() + self._grace
+            elif isinstance(action, KillNow):
+                self._kill_groups(signal.SIGKILL)
 
     def _pump(self, selector: selectors.BaseSelector, key: selectors.SelectorKey) -> bool:
         """Route what one stream has; False when nothing was there or it ended."""
@@ -334,86 +327,25 @@ class Supervisor:
             self._output.end(rank, stream)
         return bool(data)
 
-    def _handle_signals(self) -> None:
-        while self._pending_signals:
-            signum = self._pending_signals.pop(0)
-            name = signal.Signals(signum).name
-            if self._tearing_down:
-                self._log(f"got {name} again; killing every rank now")
-                self._kill_groups(signal.SIGKILL)
-                continue
-            forward = signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM
-            self._log(f"got {name}; forwarding {forward.name} to "
-                      f"{plural(len(self._alive()), 'rank')}")
-            self._begin_teardown(128 + signum, forward)
-
-    def _stop_for_closed_stdout(self) -> None:
-        """What a shell pipeline expects of a writer whose reader left: stop, status 141.
-        The ranks' output has nowhere to go; a failure already being torn down keeps its
-        status, and ranks that all ended well still lost output (141 as well)."""
-        if self._tearing_down:
-            return
-        self._log("standard output was closed; stopping the job")
-        if self._alive():
-            followed = self._provisional  # a follower's failure still waits for its culprit
-            self._begin_teardown(STDOUT_CLOSED_STATUS if self._status is None else self._status,
-                                 signal.SIGTERM)
-            self._provisional = followed
-        elif self._status is None:
-            self._status = STDOUT_CLOSED_STATUS
-
     def _reap(self, selector: selectors.BaseSelector) -> None:
+        """Tell the verdict of each rank that ended non-zero, with what it left: its last
+        words (routed first), its report of peers it failed because of, a hint."""
         for rank, proc in self._procs.items():
             if proc.returncode is not None or proc.poll() is None:
                 continue
             cmd = self._by_rank[rank]
             self._input.rank_exited(rank)
-            if proc.returncode == 0 or self._culprit is not None:
+            if proc.returncode == 0:
                 continue
-            if cmd.launcher:  # its caller explains the failure (tbcoll.launch.starters.mpiexec)
-                if self._status is None:
-                    self.launcher_failed = True
-                    self._begin_teardown(_status_of(proc.returncode), signal.SIGTERM)
-                continue
-            if self._status is not None and not self._provisional:
-                continue  # ended by a signal to tbrun or --timeout: that is the job's status
-            self._drain(selector, rank)  # the rank's last words, for the hints below
-            report = self._peer_failure(rank)
-            if report is not None:
-                self._followers[rank] = report[1]
-                if LINK_DOWN in report[0]:
-                    self._broken.update((rank, peer) for peer in report[1])
-            own = report is None and not (self._tearing_down and (
-                proc.returncode < 0 or proc.returncode in _TEARDOWN_STATUSES))
-            if self._status is not None and not own:
-                continue  # a follower of the failure already reported
-            status = _status_of(proc.returncode)
-            message = f"{cmd.name} (pid {proc.pid}) {describe_exit(proc.returncode)}"
-            if report is not None:
-                message += (f", failing because of {ranks_phrase(report[1]) or 'peers'} "
-                            f"({report[0]})")
-            else:
-                message += hint(cmd.host, status, cmd.argv[-1], cmd.program,
-                                self._output.stderr_tail(rank))
-            others = len(self._alive())
-            if self._status is not None:  # the failure that a follower's stood for
-                message += f"; it failed first: the job's status is {status}"
-            elif not own:  # let the rank that failed first finish exiting, then stop
-                message += "; waiting briefly for the rank that failed first"
-                self._follower_deadline = time.monotonic() + _FOLLOWER_WAIT
-            elif others:
-                message += f"; stopping the other {plural(others, 'rank')}"
-            self._log(message)
-            self._status, self._provisional = status, not own
-            self._culprit = rank if own else None
-            if own and not self._tearing_down:
-                self._begin_teardown(status, signal.SIGTERM)
-
-    def _name_suspects(self) -> None:
-        """Name what the followers failed because of, when no rank failed by itself."""
-        for line in suspects(self._followers, self._alive(),
-                             lambda rank: self._by_rank[rank].name, self._broken):
-            self._log(line)
+            report = advice = None
+            if not cmd.launcher:
+                self._drain(selector, rank)
+                report = self._peer_failure(rank)
+                if report is None:
+                    advice = hint(cmd.host, status_of(proc.returncode), cmd.argv[-1], cmd.program,
+                                  self._output.stderr_tail(rank))
+            self._tell(Exited(rank, proc.pid, proc.returncode, time.monotonic(), self._alive(),
+                              report, advice or "", cmd.launcher))
 
     def _drain(self, selector: selectors.BaseSelector, rank: int) -> None:
         """Route what an exited rank's pipes still hold."""
@@ -421,14 +353,6 @@ class Supervisor:
             if isinstance(key.data, tuple) and key.data[0] == rank and key.data[1] in STREAMS:
                 while self._pump(selector, key):
                     pass
-
-    def _begin_teardown(self, status: int, sig: int) -> None:
-        self._status = status
-        self._provisional = False
-        self._follower_deadline = None
-        self._tearing_down = True
-        self._kill_groups(sig)
-        self._kill_at = time.monotonic() + self._grace
 
     def _own(self) -> set[int]:
         """tbrun's children whose exit status someone here still waits for."""
@@ -446,8 +370,8 @@ class Supervisor:
 
         sweep(strays, self._own(), _STRAY_PATIENCE)
 
-    def _alive(self) -> list[int]:
-        return [rank for rank, proc in self._procs.items() if proc.returncode is None]
+    def _alive(self) -> tuple[int, ...]:
+        return tuple(rank for rank, proc in self._procs.items() if proc.returncode is None)
 
     def _kill_groups(self, sig: int) -> None:
         """Signal the process group of every rank: the rank and all it started. A wrapped

@@ -24,22 +24,18 @@ import re
 import shlex
 import shutil
 import signal
-import tempfile
 from pathlib import Path
 
 from tbcoll.launch.config import LaunchConfig, master_overrides, thread_limits
 from tbcoll.launch.diagnose import describe_exit
 from tbcoll.launch.hosts import LOOPBACK, JobPlan, free_port, plan_job, ssh_options
-from tbcoll.launch.janitor import janitor_for
 from tbcoll.launch.mpirank import LAUNCH, REPORTS, MpiJob
 from tbcoll.launch.output import STREAMS, OutputRouter, log
-from tbcoll.launch.reaper import new_job_id
+from tbcoll.launch.scope import job_scope
 from tbcoll.launch.shmclean import mpich_segments, remove_unmapped
 from tbcoll.launch.starters.base import Starter
-from tbcoll.launch.store import serve_store
 from tbcoll.launch.supervisor import RankCommand, Supervisor
 
-from tbcoll.auth import new_token
 from tbcoll.env import format_hostport
 from tbcoll.errors import LaunchError
 
@@ -100,54 +96,44 @@ def run_mpi(cfg: LaunchConfig) -> int:
     plan = plan_job(cfg.hostfile, cfg.nprocs, cfg.map_by, route=not cfg.dry_run)
     remote = [h for h in plan.hosts if not h.local]
     launch_host = remote[0].store_host if remote else None
-    token = "<made at launch>" if cfg.dry_run else new_token()
-    job, store = new_job_id(), None
-    job_dir = Path(tempfile.mkdtemp(prefix="tbrun-"))  # 0700
-    with janitor_for(job_dir, mpich=not cfg.dry_run, job=job) as janitor:
-        try:
-            if not cfg.dry_run:
-                store = serve_store(token, plan, cfg.store_port, cfg.nprocs)
-            ssh = None
-            if remote and cfg.launcher == "ssh":
-                ssh = str(job_dir / "ssh")
-                options = ssh_options(cfg.connect_timeout)
-                Path(ssh).write_text(f"#!/bin/sh\nexec {shlex.join([*cfg.ssh, *options])} \"$@\"\n")
-                os.chmod(ssh, 0o700)
-            launch = mpi_job(cfg, plan, store.port if store else cfg.store_port, token, job)
-            argv, env = mpiexec_command(cfg, mpiexec, str(job_dir / "%s-%%r"), str(job_dir),
-                                        ssh, launch_host, launch)
-            if cfg.dry_run:
-                print(shlex.join(argv))
-                for name, value in env.items():
-                    print(f"    {name}={value}")
-                return 0
-            streams, keepalive = {}, []
-            for rank in range(cfg.nprocs):
-                for stream in STREAMS:
-                    path = job_dir / f"{stream}-{rank}"
-                    os.mkfifo(path, 0o600)
-                    streams[rank, stream] = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-                    keepalive.append(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
-            command = RankCommand(MPIEXEC, argv, {**os.environ, **env}, label="mpiexec",
-                                  launcher=True, stdin=cfg.stdin == "0")
-            output = OutputRouter(cfg.nprocs, cfg.tag_output, cfg.output_dir,
-                                  hide=re.compile(_HOST_CODES.pattern.encode(), re.MULTILINE))
-            supervisor = Supervisor([command], output, timeout=cfg.timeout, grace=cfg.grace,
-                                    log=log, streams=streams, keepalive=keepalive,
-                                    on_spawn=janitor.watch_group, job=job)
-            before = mpich_segments()
-            status = supervisor.run(after_spawn=store.start)
-            if status and supervisor.launcher_failed:
-                status = explain_failure(status, cfg.nprocs, placement_of(cfg), output,
-                                         reported(job_dir))
-            if status:
-                remove_unmapped(mpich_segments() - before, log)
-            return status
-        finally:
-            if store is not None:
-                store.close()
-            shutil.rmtree(job_dir, ignore_errors=True)
-
+    with job_scope(plan, cfg.store_port, cfg.nprocs, dry_run=cfg.dry_run, mpich=True) as scope:
+        ssh = None
+        if remote and cfg.launcher == "ssh":
+            ssh = str(scope.folder / "ssh")
+            options = ssh_options(cfg.connect_timeout)
+            Path(ssh).write_text(f"#!/bin/sh\nexec {shlex.join([*cfg.ssh, *options])} \"$@\"\n")
+            os.chmod(ssh, 0o700)
+        store_port = scope.store.port if scope.store else cfg.store_port
+        launch = mpi_job(cfg, plan, store_port, scope.token, scope.job)
+        argv, env = mpiexec_command(cfg, mpiexec, str(scope.folder / "%s-%%r"), str(scope.folder),
+                                    ssh, launch_host, launch)
+        if cfg.dry_run:
+            print(shlex.join(argv))
+            for name, value in env.items():
+                print(f"    {name}={value}")
+            return 0
+        streams, keepalive = {}, []
+        for rank in range(cfg.nprocs):
+            for stream in STREAMS:
+                path = scope.folder / f"{stream}-{rank}"
+                os.mkfifo(path, 0o600)
+                streams[rank, stream] = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+                keepalive.append(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+        command = RankCommand(MPIEXEC, argv, {**os.environ, **env}, label="mpiexec",
+                              launcher=True, stdin=cfg.stdin == "0")
+        output = OutputRouter(cfg.nprocs, cfg.tag_output, cfg.output_dir,
+                              hide=re.compile(_HOST_CODES.pattern.encode(), re.MULTILINE))
+        supervisor = Supervisor([command], output, timeout=cfg.timeout, grace=cfg.grace,
+                                log=log, streams=streams, keepalive=keepalive,
+                                on_spawn=scope.janitor.watch_group, job=scope.job)
+        before = mpich_segments()
+        status = supervisor.run(after_spawn=scope.store.start)
+        if status and supervisor.launcher_failed:
+            status = explain_failure(status, cfg.nprocs, placement_of(cfg), output,
+                                     reported(scope.folder))
+        if status:
+            remove_unmapped(mpich_segments() - before, log)
+        return status
 
 MPIEXEC = -1  # mpiexec's own output: passed on untagged
 _ABORT = re.compile(r"application called MPI_Abort\(\w+, (-?\d+)\) - process (\d+)")

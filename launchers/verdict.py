@@ -1,0 +1,260 @@
+"""Which failure is the job's, and when to stop the ranks: a pure function of what happened.
+
+The supervisor turns what it sees (a rank's exit, a signal to tbrun, the clock, a closed
+standard output) into events and hands each to `judge` with the verdict so far; `judge`
+returns the next verdict and what to do (log a line, stop the ranks, kill them now). It reads
+no clock, no process and no pipe, so every rule below is tested without processes
+(tests/test_verdict.py).
+
+The rules: the first rank to fail for its own reason fails the job, with its status. A rank
+that failed because of peers (it reported them to tbrun's store before raising) and a rank
+that died of the signal tbrun's teardown sent only stand in until that rank's exit is seen;
+if none is seen within FOLLOWER_WAIT, the job stops with the stand-in's status and the peers
+the others failed because of are named (a frozen rank never exits). A signal to tbrun, the
+--timeout and a closed standard output stop the job with their own statuses (128+N, 124, 141).
+A launcher's (mpiexec's) failure is its caller's to explain.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import signal
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from tbcoll.launch.diagnose import SSH_FAILED, describe_exit, plural, ranks_phrase, suspects
+
+from tbcoll.errors import LINK_DOWN
+
+TIMEOUT_STATUS = 124  # as timeout(1) does
+STDOUT_CLOSED_STATUS = 128 + signal.SIGPIPE  # as the shell reports a writer SIGPIPE killed
+# seconds a follower's failure waits for the failure it followed: the far end of a broken link
+# sees it up to a dead-link check period (1 s) after the near end
+FOLLOWER_WAIT = 2.0
+# A rank's status after tbrun's teardown signals (128+INT/KILL/TERM, through a wrapper) or
+# after tbrun killed its ssh: the teardown's doing, not the rank's own failure.
+_TEARDOWN_STATUSES = (128 + signal.SIGINT, 128 + signal.SIGKILL, 128 + signal.SIGTERM,
+                      SSH_FAILED)
+
+
+# --- events: what the supervisor saw, each with the time and the ranks still running ------
+
+@dataclass(frozen=True)
+class Exited:
+    """A rank (or the launcher) ended with a non-zero returncode (Popen's: -N for signal N)."""
+
+    rank: int
+    pid: int
+    returncode: int
+    now: float
+    alive: tuple[int, ...]
+    # what the rank reported before failing because of peers: (its error, those peers)
+    report: tuple[str, tuple[int, ...]] | None = None
+    hint: str = ""  # diagnose.hint's advice from the rank's last words, for its own failure
+    launcher: bool = False
+
+
+@dataclass(frozen=True)
+class Signalled:
+    """tbrun got SIGINT, SIGTERM or SIGHUP."""
+
+    signum: int
+    now: float
+    alive: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class StdoutClosed:
+    """tbrun's standard output lost its reader (`tbrun ... | head -1`)."""
+
+    now: float
+    alive: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Tick:
+    """Time passed (at least until Verdict.deadline, when there is one)."""
+
+    now: float
+    alive: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class AllExited:
+    """No rank runs any more."""
+
+    now: float
+    alive: tuple[int, ...] = ()
+
+
+Event = Exited | Signalled | StdoutClosed | Tick | AllExited
+
+
+# --- actions: what the supervisor is to do --------------------------------------------------
+
+@dataclass(frozen=True)
+class Log:
+    line: str
+
+
+@dataclass(frozen=True)
+class Stop:
+    """Send sig to every rank's process group; SIGKILL those left after the grace period."""
+
+    sig: int
+
+
+@dataclass(frozen=True)
+class KillNow:
+    """SIGKILL every rank's process group now."""
+
+
+Action = Log | Stop | KillNow
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The job's verdict so far; start with Verdict(names, timeout, started)."""
+
+    names: Mapping[int, str]  # rank -> how messages name it
+    timeout: float | None = None  # --timeout, seconds
+    started: float = 0.0
+    status: int | None = None  # the job's exit status, once something decided it
+    culprit: int | None = None  # the rank whose own failure gave the status
+    provisional: bool = False  # the status is a follower's, until its culprit's is seen
+    launcher_failed: bool = False  # the status is a launcher's (mpiexec's) own
+    follower_deadline: float | None = None  # stop the job then, if no culprit was seen
+    tearing_down: bool = False  # the ranks were told to stop
+    followers: tuple[tuple[int, tuple[int, ...]], ...] = ()  # rank -> the ranks it failed on
+    broken: frozenset[tuple[int, int]] = field(default_factory=frozenset)  # (rank, peer) links
+
+    @property
+    def deadline(self) -> float | None:
+        """When the verdict needs a Tick, if nothing else happens before."""
+        times = [self.follower_deadline]
+        if self.timeout and (self.status is None or self.follower_deadline is not None):
+            times.append(self.started + self.timeout)
+        return min((t for t in times if t is not None), default=None)
+
+    def name(self, rank: int) -> str:
+        return self.names.get(rank, f"rank {rank}")
+
+
+def judge(verdict: Verdict, event: Event) -> tuple[Verdict, list[Action]]:
+    """The verdict after event, and what to do about it."""
+    return _RULES[type(event)](verdict, event)
+
+
+def _stop(verdict: Verdict, status: int, sig: int, **changes) -> tuple[Verdict, list[Action]]:
+    """Begin the teardown with status as the job's."""
+    changes = {"provisional": False, **changes}
+    return dataclasses.replace(verdict, status=status, follower_deadline=None,
+                               tearing_down=True, **changes), [Stop(sig)]
+
+
+def _name_suspects(verdict: Verdict, alive: tuple[int, ...]) -> list[Action]:
+    """Name what the followers failed because of, when no rank failed by itself."""
+    return [Log(line) for line in suspects(dict(verdict.followers), alive, verdict.name,
+                                           verdict.broken)]
+
+
+def _exited(verdict: Verdict, e: Exited) -> tuple[Verdict, list[Action]]:
+    if verdict.culprit is not None:
+        return verdict, []
+    if e.launcher:  # its caller explains the failure (tbcoll.launch.starters.mpiexec)
+        if verdict.status is not None:
+            return verdict, []
+        return _stop(verdict, status_of(e.returncode), signal.SIGTERM, launcher_failed=True)
+    if verdict.status is not None and not verdict.provisional:
+        return verdict, []  # ended by a signal to tbrun or --timeout: that is the job's status
+    if e.report is not None:
+        verdict = dataclasses.replace(
+            verdict, followers=(*verdict.followers, (e.rank, e.report[1])),
+            broken=verdict.broken | ({(e.rank, peer) for peer in e.report[1]}
+                                     if LINK_DOWN in e.report[0] else set()))
+    own = e.report is None and not (verdict.tearing_down and (
+        e.returncode < 0 or e.returncode in _TEARDOWN_STATUSES))
+    if verdict.status is not None and not own:
+        return verdict, []  # a follower of the failure already reported
+    status = status_of(e.returncode)
+    message = f"{verdict.name(e.rank)} (pid {e.pid}) {describe_exit(e.returncode)}"
+    if e.report is not None:
+        message += f", failing because of {ranks_phrase(e.report[1]) or 'peers'} ({e.report[0]})"
+    else:
+        message += e.hint
+    changes: dict = {}
+    if verdict.status is not None:  # the failure that a follower's stood for
+        message += f"; it failed first: the job's status is {status}"
+    elif not own:  # let the rank that failed first finish exiting, then stop
+        message += "; waiting briefly for the rank that failed first"
+        changes["follower_deadline"] = e.now + FOLLOWER_WAIT
+    elif e.alive:
+        message += f"; stopping the other {plural(len(e.alive), 'rank')}"
+    verdict = dataclasses.replace(verdict, status=status, provisional=not own,
+                                  culprit=e.rank if own else None, **changes)
+    if own and not verdict.tearing_down:
+        verdict, actions = _stop(verdict, status, signal.SIGTERM)
+        return verdict, [Log(message), *actions]
+    return verdict, [Log(message)]
+
+
+def _signalled(verdict: Verdict, e: Signalled) -> tuple[Verdict, list[Action]]:
+    name = signal.Signals(e.signum).name
+    if verdict.tearing_down:
+        return verdict, [Log(f"got {name} again; killing every rank now"), KillNow()]
+    forward = signal.SIGINT if e.signum == signal.SIGINT else signal.SIGTERM
+    verdict, actions = _stop(verdict, 128 + e.signum, forward)
+    return verdict, [Log(f"got {name}; forwarding {forward.name} to "
+                         f"{plural(len(e.alive), 'rank')}"), *actions]
+
+
+def _stdout_closed(verdict: Verdict, e: StdoutClosed) -> tuple[Verdict, list[Action]]:
+    """What a shell pipeline expects of a writer whose reader left: stop, status 141. The
+    ranks' output has nowhere to go; a failure already being torn down keeps its status, and
+    ranks that all ended well still lost output (141 as well)."""
+    if verdict.tearing_down:
+        return verdict, []
+    log = Log("standard output was closed; stopping the job")
+    if e.alive:
+        # a follower's failure still waits for its culprit: it stays provisional
+        status = STDOUT_CLOSED_STATUS if verdict.status is None else verdict.status
+        verdict, actions = _stop(verdict, status, signal.SIGTERM,
+                                 provisional=verdict.provisional)
+        return verdict, [log, *actions]
+    if verdict.status is None:
+        verdict = dataclasses.replace(verdict, status=STDOUT_CLOSED_STATUS)
+    return verdict, [log]
+
+
+def _tick(verdict: Verdict, e: Tick) -> tuple[Verdict, list[Action]]:
+    actions: list[Action] = []
+    if verdict.follower_deadline is not None and e.now >= verdict.follower_deadline:
+        actions += _name_suspects(verdict, e.alive)
+        actions.append(Log(f"stopping the other {plural(len(e.alive), 'rank')}"))
+        # the rank it followed may still show its own failure: the status stays provisional
+        verdict, stop = _stop(verdict, verdict.status, signal.SIGTERM, provisional=True)
+        actions += stop
+    if verdict.timeout and e.now >= verdict.started + verdict.timeout and (
+            verdict.status is None or verdict.follower_deadline is not None):
+        actions.append(Log(f"job exceeded --timeout {verdict.timeout:g} s; stopping "
+                           f"{plural(len(e.alive), 'rank')}"))
+        verdict, stop = _stop(verdict, TIMEOUT_STATUS, signal.SIGTERM)
+        actions += stop
+    return verdict, actions
+
+
+def _all_exited(verdict: Verdict, e: AllExited) -> tuple[Verdict, list[Action]]:
+    if verdict.follower_deadline is None:
+        return verdict, []
+    # every rank ended while a follower's failure waited for its culprit
+    return (dataclasses.replace(verdict, follower_deadline=None),
+            _name_suspects(verdict, e.alive))
+
+
+_RULES = {Exited: _exited, Signalled: _signalled, StdoutClosed: _stdout_closed, Tick: _tick,
+          AllExited: _all_exited}
+
+
+def status_of(returncode: int) -> int:
+    """tbrun's status for a Popen returncode: 128+N for signal N."""
+    return returncode if returncode >= 0 else 128 - returncode

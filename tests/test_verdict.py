@@ -1,0 +1,150 @@
+"""tbrun's verdict (tbcoll.launch.verdict) on sequences of events, without processes."""
+
+import signal
+
+from tbcoll.launch.verdict import (
+    FOLLOWER_WAIT,
+    STDOUT_CLOSED_STATUS,
+    TIMEOUT_STATUS,
+    AllExited,
+    Exited,
+    KillNow,
+    Log,
+    Signalled,
+    StdoutClosed,
+    Stop,
+    Tick,
+    Verdict,
+    judge,
+)
+
+from tbcoll.errors import LINK_DOWN
+
+NAMES = {0: "rank 0", 1: "rank 1", 2: "rank 2"}
+
+
+def run(events, verdict=None):
+    """Fold events into a verdict; returns it and every action, in order."""
+    verdict = verdict or Verdict(NAMES, timeout=None, started=0.0)
+    actions = []
+    for event in events:
+        verdict, done = judge(verdict, event)
+        actions += done
+    return verdict, actions
+
+
+def lines(actions):
+    return [a.line for a in actions if isinstance(a, Log)]
+
+
+def stops(actions):
+    return [a.sig for a in actions if isinstance(a, Stop)]
+
+
+def test_first_rank_to_fail_by_itself_decides_and_the_teardown_victims_do_not():
+    verdict, actions = run([
+        Exited(1, 101, 3, now=1.0, alive=(0, 2), hint=" (a hint)"),
+        Exited(0, 100, -signal.SIGTERM, now=1.1, alive=(2,)),  # tbrun's SIGTERM
+        Exited(2, 102, 128 + signal.SIGTERM, now=1.2, alive=()),  # through a wrapper
+    ])
+    assert verdict.status == 3 and verdict.culprit == 1
+    assert lines(actions) == [
+        "rank 1 (pid 101) exited with status 3 (a hint); stopping the other 2 ranks"]
+    assert stops(actions) == [signal.SIGTERM]
+
+
+def test_a_follower_waits_for_the_rank_it_followed_which_then_decides():
+    verdict, actions = run([
+        Exited(1, 101, 1, now=5.0, alive=(0,), report=("lost rank 0", (0,))),
+    ])
+    assert verdict.status == 1 and verdict.provisional and verdict.culprit is None
+    assert verdict.deadline == 5.0 + FOLLOWER_WAIT and not stops(actions)
+    assert lines(actions) == ["rank 1 (pid 101) exited with status 1, failing because of "
+                              "rank 0 (lost rank 0); waiting briefly for the rank that failed "
+                              "first"]
+    verdict, actions = run([Exited(0, 100, -signal.SIGSEGV, now=5.5, alive=())], verdict)
+    assert verdict.status == 128 + signal.SIGSEGV and verdict.culprit == 0
+    assert not verdict.provisional and verdict.deadline is None
+    assert lines(actions) == ["rank 0 (pid 100) was killed by signal 11 (SIGSEGV); it failed "
+                              f"first: the job's status is {128 + signal.SIGSEGV}"]
+    assert stops(actions) == [signal.SIGTERM]
+
+
+def test_a_frozen_rank_is_named_when_the_wait_runs_out_and_its_teardown_does_not_count():
+    waiting, _ = run([Exited(1, 101, 1, now=5.0, alive=(0, 2), report=("timeout", (0,))),
+                      Exited(2, 102, 1, now=5.1, alive=(0,), report=("timeout", (0,)))])
+    before, actions = run([Tick(5.0 + FOLLOWER_WAIT - 0.1, alive=(0,))], waiting)
+    assert before == waiting and actions == []
+    verdict, actions = run([Tick(5.0 + FOLLOWER_WAIT, alive=(0,))], waiting)
+    assert lines(actions) == [
+        "rank 0 did not answer: 2 ranks failed waiting for it or on losing it; it still runs: "
+        "frozen, stopped, or cut off from them?", "stopping the other 1 rank"]
+    assert stops(actions) == [signal.SIGTERM] and verdict.status == 1 and verdict.provisional
+    # the frozen rank dies of the teardown's SIGKILL: that is not its own failure
+    verdict, actions = run([Exited(0, 100, -signal.SIGKILL, now=8.0, alive=())], verdict)
+    assert verdict.status == 1 and actions == []
+
+
+def test_both_ends_of_a_dead_link_name_the_link():
+    _, actions = run([
+        Exited(0, 100, 1, now=1.0, alive=(1,), report=(f"rank 1: {LINK_DOWN}", (1,))),
+        Exited(1, 101, 1, now=1.5, alive=(), report=("lost rank 0", (0,))),
+        AllExited(now=1.6),
+    ])
+    assert lines(actions)[-1].startswith("the link between rank 0 and rank 1 failed")
+    assert not stops(actions)  # every rank ended by itself
+
+
+def test_signals_to_tbrun_are_forwarded_then_escalated():
+    verdict, actions = run([Signalled(signal.SIGINT, now=1.0, alive=(0, 1)),
+                            Exited(0, 100, -signal.SIGINT, now=1.1, alive=(1,)),
+                            Signalled(signal.SIGTERM, now=1.2, alive=(1,))])
+    assert verdict.status == 128 + signal.SIGINT
+    assert lines(actions) == ["got SIGINT; forwarding SIGINT to 2 ranks",
+                              "got SIGTERM again; killing every rank now"]
+    assert stops(actions) == [signal.SIGINT] and isinstance(actions[-1], KillNow)
+
+
+def test_timeout_stops_a_job_that_nothing_else_stopped():
+    verdict = Verdict(NAMES, timeout=10.0, started=100.0)
+    assert verdict.deadline == 110.0
+    verdict, actions = run([Tick(109.0, alive=(0, 1))], verdict)
+    assert actions == [] and verdict.status is None
+    verdict, actions = run([Tick(110.0, alive=(0, 1))], verdict)
+    assert verdict.status == TIMEOUT_STATUS and stops(actions) == [signal.SIGTERM]
+    assert lines(actions) == ["job exceeded --timeout 10 s; stopping 2 ranks"]
+    assert verdict.deadline is None
+
+
+def test_timeout_also_ends_a_followers_wait_and_not_a_decided_failure():
+    decided, _ = run([Exited(0, 100, 2, now=101.0, alive=(1,))],
+                     Verdict(NAMES, timeout=10.0, started=100.0))
+    assert decided.deadline is None
+    waiting, _ = run([Exited(1, 101, 1, now=109.5, alive=(0,), report=("timeout", (0,)))],
+                     Verdict(NAMES, timeout=10.0, started=100.0))
+    assert waiting.deadline == 110.0  # before the follower's own wait ends
+    verdict, _ = run([Tick(110.0, alive=(0,))], waiting)
+    assert verdict.status == TIMEOUT_STATUS
+
+
+def test_a_closed_stdout_stops_the_job_with_141_unless_a_failure_already_does():
+    verdict, actions = run([StdoutClosed(now=1.0, alive=(0, 1))])
+    assert verdict.status == STDOUT_CLOSED_STATUS and stops(actions) == [signal.SIGTERM]
+    ended, actions = run([StdoutClosed(now=1.0, alive=())])
+    assert ended.status == STDOUT_CLOSED_STATUS and not stops(actions)
+    failed, _ = run([Exited(0, 100, 4, now=0.5, alive=(1,))])
+    verdict, actions = run([StdoutClosed(now=1.0, alive=(1,))], failed)
+    assert verdict.status == 4 and actions == []
+    # a follower still waiting keeps its provisional status and may still be overruled
+    waiting, _ = run([Exited(1, 101, 1, now=0.5, alive=(0,), report=("lost", (0,)))])
+    verdict, _ = run([StdoutClosed(now=1.0, alive=(0,)),
+                      Exited(0, 100, 9, now=1.1, alive=())], waiting)
+    assert verdict.status == 9
+
+
+def test_a_launchers_failure_is_marked_for_its_caller_to_explain():
+    verdict, actions = run([Exited(-1, 50, 7, now=1.0, alive=(), launcher=True)])
+    assert verdict.launcher_failed and verdict.status == 7 and lines(actions) == []
+    verdict, _ = run([Signalled(signal.SIGTERM, now=0.5, alive=(-1,)),
+                      Exited(-1, 50, 143, now=1.0, alive=(), launcher=True)])
+    assert not verdict.launcher_failed and verdict.status == 128 + signal.SIGTERM
