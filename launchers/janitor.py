@@ -1,7 +1,9 @@
-"""What cleans up after a tbrun that was killed (kill -9, OOM killer): `python -m
-tbcoll.launch.janitor`, started by tbrun in a session of its own before any rank.
+"""What cleans up after a tbrun that was killed (kill -9, OOM killer): a child of tbrun, forked
+(not a new interpreter: tbrun's modules are loaded already, and a fresh Python would cost
+~50 ms of CPU at every launch) into a session of its own before any rank and before tbrun has
+any thread.
 
-tbrun tells it, one line each on its stdin, what a dead tbrun would leave: "group PGID" (a
+tbrun tells it, one line each through a pipe, what a dead tbrun would leave: "group PGID" (a
 rank's process group: the rank and whatever it started), "job ID" (the job's TBCOLL_JOB, which
 every process of the job inherits), "folder PATH" (the job's private folder), "shm PREFIX"
 (the job's shared-memory names), "mpich" (MPICH's shared memory that ranks create during the
@@ -17,11 +19,10 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import BinaryIO
 
 from tbcoll.launch.reaper import carrying, sweep
 from tbcoll.launch.shmclean import mpich_segments, remove_job_segments, remove_unmapped
@@ -35,8 +36,20 @@ class Janitor:
     """tbrun's side: start the janitor and tell it what to clean up should tbrun die."""
 
     def __init__(self) -> None:
-        self._proc = subprocess.Popen([sys.executable, "-m", "tbcoll.launch.janitor"],
-                                      stdin=subprocess.PIPE, start_new_session=True)
+        read, write = os.pipe()  # close-on-exec: no rank inherits the write end
+        self._pid = os.fork()
+        if self._pid == 0:  # the janitor
+            status = 1
+            try:
+                os.setsid()  # tbrun's Ctrl-C and its group's signals are not the janitor's
+                os.close(write)
+                with open(read, "rb") as orders:
+                    main(orders)
+                status = 0
+            finally:
+                os._exit(status)  # never tbrun's exit handlers or buffers
+        os.close(read)
+        self._orders = open(write, "wb")  # closed by dismiss
 
     def watch_group(self, pgid: int) -> None:
         self._say(f"group {pgid}")
@@ -56,13 +69,13 @@ class Janitor:
     def dismiss(self) -> None:
         """tbrun cleaned up itself: the janitor leaves without touching anything."""
         self._say("done")
-        self._proc.stdin.close()
-        self._proc.wait()
+        self._orders.close()
+        os.waitpid(self._pid, 0)
 
     def _say(self, line: str) -> None:
         try:
-            self._proc.stdin.write(f"{line}\n".encode())
-            self._proc.stdin.flush()
+            self._orders.write(f"{line}\n".encode())
+            self._orders.flush()
         except OSError:
             pass  # it died: nothing more can be done here
 
@@ -87,11 +100,12 @@ def janitor_for(folder: Path, segments: str | None = None, mpich: bool = False,
         janitor.dismiss()
 
 
-def main() -> None:
+def main(orders: BinaryIO) -> None:
+    """Read tbrun's orders until "done" (leave) or their end (tbrun died: clean up)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is tbrun's to handle
     groups, folders, prefixes, jobs = [], [], [], []
     mpich_before = None
-    for raw in sys.stdin.buffer:
+    for raw in orders:
         kind, _, value = raw.decode(errors="replace").rstrip("\n").partition(" ")
         if kind == "done":
             return
@@ -118,7 +132,3 @@ def main() -> None:
         remove_job_segments(prefix, log=lambda message: None)
     if mpich_before is not None:
         remove_unmapped(mpich_segments() - mpich_before, log=lambda message: None)
-
-
-if __name__ == "__main__":
-    main()

@@ -26,7 +26,6 @@ from the events the supervisor sees; the supervisor does the I/O.
 from __future__ import annotations
 
 import ctypes
-import dataclasses
 import os
 import selectors
 import signal
@@ -244,7 +243,7 @@ class Supervisor:
                 selector.register(pipe, selectors.EVENT_READ, (cmd.rank, stream))
 
     def _loop(self, selector: selectors.BaseSelector, wake_r: int) -> None:
-        self._verdict = dataclasses.replace(self._verdict, started=time.monotonic())
+        self._verdict = self._verdict._replace(started=time.monotonic())
         drain_until = None  # once every rank has exited, leftover pipes get a short while
         while True:
             deadlines = [d for d in (self._verdict.deadline, self._kill_at, drain_until)

@@ -17,10 +17,9 @@ A launcher's (mpiexec's) failure is its caller's to explain.
 
 from __future__ import annotations
 
-import dataclasses
 import signal
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from tbcoll.launch.diagnose import SSH_FAILED, describe_exit, plural, ranks_phrase, suspects
 
@@ -39,8 +38,7 @@ _TEARDOWN_STATUSES = (128 + signal.SIGINT, 128 + signal.SIGKILL, 128 + signal.SI
 
 # --- events: what the supervisor saw, each with the time and the ranks still running ------
 
-@dataclass(frozen=True)
-class Exited:
+class Exited(NamedTuple):
     """A rank (or the launcher) ended with a non-zero returncode (Popen's: -N for signal N)."""
 
     rank: int
@@ -54,8 +52,7 @@ class Exited:
     launcher: bool = False
 
 
-@dataclass(frozen=True)
-class Signalled:
+class Signalled(NamedTuple):
     """tbrun got SIGINT, SIGTERM or SIGHUP."""
 
     signum: int
@@ -63,24 +60,21 @@ class Signalled:
     alive: tuple[int, ...]
 
 
-@dataclass(frozen=True)
-class StdoutClosed:
+class StdoutClosed(NamedTuple):
     """tbrun's standard output lost its reader (`tbrun ... | head -1`)."""
 
     now: float
     alive: tuple[int, ...]
 
 
-@dataclass(frozen=True)
-class Tick:
+class Tick(NamedTuple):
     """Time passed (at least until Verdict.deadline, when there is one)."""
 
     now: float
     alive: tuple[int, ...]
 
 
-@dataclass(frozen=True)
-class AllExited:
+class AllExited(NamedTuple):
     """No rank runs any more."""
 
     now: float
@@ -92,28 +86,24 @@ Event = Exited | Signalled | StdoutClosed | Tick | AllExited
 
 # --- actions: what the supervisor is to do --------------------------------------------------
 
-@dataclass(frozen=True)
-class Log:
+class Log(NamedTuple):
     line: str
 
 
-@dataclass(frozen=True)
-class Stop:
+class Stop(NamedTuple):
     """Send sig to every rank's process group; SIGKILL those left after the grace period."""
 
     sig: int
 
 
-@dataclass(frozen=True)
-class KillNow:
+class KillNow(NamedTuple):
     """SIGKILL every rank's process group now."""
 
 
 Action = Log | Stop | KillNow
 
 
-@dataclass(frozen=True)
-class Verdict:
+class Verdict(NamedTuple):
     """The job's verdict so far; start with Verdict(names, timeout, started)."""
 
     names: Mapping[int, str]  # rank -> how messages name it
@@ -126,7 +116,7 @@ class Verdict:
     follower_deadline: float | None = None  # stop the job then, if no culprit was seen
     tearing_down: bool = False  # the ranks were told to stop
     followers: tuple[tuple[int, tuple[int, ...]], ...] = ()  # rank -> the ranks it failed on
-    broken: frozenset[tuple[int, int]] = field(default_factory=frozenset)  # (rank, peer) links
+    broken: frozenset[tuple[int, int]] = frozenset()  # (rank, peer): links found dead
 
     @property
     def deadline(self) -> float | None:
@@ -148,7 +138,7 @@ def judge(verdict: Verdict, event: Event) -> tuple[Verdict, list[Action]]:
 def _stop(verdict: Verdict, status: int, sig: int, **changes) -> tuple[Verdict, list[Action]]:
     """Begin the teardown with status as the job's."""
     changes = {"provisional": False, **changes}
-    return dataclasses.replace(verdict, status=status, follower_deadline=None,
+    return verdict._replace(status=status, follower_deadline=None,
                                tearing_down=True, **changes), [Stop(sig)]
 
 
@@ -168,8 +158,8 @@ def _exited(verdict: Verdict, e: Exited) -> tuple[Verdict, list[Action]]:
     if verdict.status is not None and not verdict.provisional:
         return verdict, []  # ended by a signal to tbrun or --timeout: that is the job's status
     if e.report is not None:
-        verdict = dataclasses.replace(
-            verdict, followers=(*verdict.followers, (e.rank, e.report[1])),
+        verdict = verdict._replace(
+            followers=(*verdict.followers, (e.rank, e.report[1])),
             broken=verdict.broken | ({(e.rank, peer) for peer in e.report[1]}
                                      if LINK_DOWN in e.report[0] else set()))
     own = e.report is None and not (verdict.tearing_down and (
@@ -190,7 +180,7 @@ def _exited(verdict: Verdict, e: Exited) -> tuple[Verdict, list[Action]]:
         changes["follower_deadline"] = e.now + FOLLOWER_WAIT
     elif e.alive:
         message += f"; stopping the other {plural(len(e.alive), 'rank')}"
-    verdict = dataclasses.replace(verdict, status=status, provisional=not own,
+    verdict = verdict._replace(status=status, provisional=not own,
                                   culprit=e.rank if own else None, **changes)
     if own and not verdict.tearing_down:
         verdict, actions = _stop(verdict, status, signal.SIGTERM)
@@ -222,7 +212,7 @@ def _stdout_closed(verdict: Verdict, e: StdoutClosed) -> tuple[Verdict, list[Act
                                  provisional=verdict.provisional)
         return verdict, [log, *actions]
     if verdict.status is None:
-        verdict = dataclasses.replace(verdict, status=STDOUT_CLOSED_STATUS)
+        verdict = verdict._replace(status=STDOUT_CLOSED_STATUS)
     return verdict, [log]
 
 
@@ -247,7 +237,7 @@ def _all_exited(verdict: Verdict, e: AllExited) -> tuple[Verdict, list[Action]]:
     if verdict.follower_deadline is None:
         return verdict, []
     # every rank ended while a follower's failure waited for its culprit
-    return (dataclasses.replace(verdict, follower_deadline=None),
+    return (verdict._replace(follower_deadline=None),
             _name_suspects(verdict, e.alive))
 
 
