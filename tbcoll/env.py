@@ -245,6 +245,13 @@ def check_mode(environ: Mapping[str, str] | None = None) -> bool:
     return env.get("TBCOLL_CHECK", "").strip().lower() in ("1", "true", "yes", "on")
 
 
+def shm_cma(environ: Mapping[str, str] | None = None) -> bool:
+    """TBCOLL_SHM_CMA=0 (or false/no/off): shm moves large blocks through its segment, two
+    copies, instead of reading them from the other ranks' memory (tbcoll.shm.native)."""
+    env = os.environ if environ is None else environ
+    return env.get("TBCOLL_SHM_CMA", "").strip().lower() not in ("0", "false", "no", "off")
+
+
 def link_delay(environ: Mapping[str, str] | None = None) -> float:
     """TBCOLL_LINK_DELAY_US: the one-way latency of an emulated link, in seconds (0: none):
     the tcp transport lets no message arrive sooner after it was sent

@@ -13,10 +13,17 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <errno.h>
 #include <sched.h>
 #include <stdint.h>
 #include <string.h>
 #include <time.h>
+#ifdef __linux__
+#include <sys/uio.h> /* process_vm_readv */
+#define HAVE_CMA 1
+#else
+#define HAVE_CMA 0 /* macOS: no call reads another process's memory without privileges */
+#endif
 
 #if defined(__x86_64__) || defined(__i386__)
 #define CPU_RELAX() __builtin_ia32_pause()
@@ -859,7 +866,57 @@ static PyObject *set_spin(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/*
+ * cma_copy(pid, address, buffer, write) -> 0, or the errno that stopped it
+ *
+ * Copy len(buffer) bytes between `address` in process `pid` (a rank of the same user on this
+ * host) and buffer: from there into buffer, or with write true from buffer to there. Linux's
+ * cross-memory attach: one copy, by the kernel, without the GIL. The caller orders it with
+ * the other rank's flags (see tbcoll/shm/native.py, _cma_round): bytes read were stored by
+ * their owner before the release store of a flag that this rank acquired, and bytes written
+ * are published by this rank's own release store of a flag after the call returns. EPERM: a
+ * policy (Yama's ptrace_scope, a seccomp filter) forbids it; ESRCH: pid is gone; ENOSYS
+ * where the platform has no such call.
+ */
+static PyObject *cma_copy(PyObject *self, PyObject *args)
+{
+    long pid;
+    unsigned long long address;
+    Py_buffer buffer;
+    int write;
+    if (!PyArg_ParseTuple(args, "lKw*p", &pid, &address, &buffer, &write))
+        return NULL;
+    int error = ENOSYS;
+#if HAVE_CMA
+    error = 0;
+    Py_ssize_t done = 0;
+    Py_BEGIN_ALLOW_THREADS
+    while (done < buffer.len) {
+        struct iovec local = {(char *)buffer.buf + done, (size_t)(buffer.len - done)};
+        struct iovec remote = {(void *)(uintptr_t)(address + (unsigned long long)done),
+                               (size_t)(buffer.len - done)};
+        ssize_t moved = write ? process_vm_writev((pid_t)pid, &local, 1, &remote, 1, 0)
+                              : process_vm_readv((pid_t)pid, &local, 1, &remote, 1, 0);
+        if (moved < 0 && errno == EINTR)
+            continue;
+        if (moved <= 0) {
+            error = moved < 0 ? errno : EFAULT;
+            break;
+        }
+        done += moved;
+    }
+    Py_END_ALLOW_THREADS
+#else
+    (void)pid;
+    (void)address;
+    (void)write;
+#endif
+    PyBuffer_Release(&buffer);
+    return PyLong_FromLong(error);
+}
+
 static PyMethodDef methods[] = {
+    {"cma_copy", cma_copy, METH_VARARGS, "Copy bytes from or to another process (Linux)."},
     {"set_spin", set_spin, METH_VARARGS, "Set how many times a wait polls before yielding."},
     {"load_acquire", load_acquire, METH_VARARGS, "Load the word at offset with acquire order."},
     {"store_release", store_release, METH_VARARGS, "Store value at offset with release order."},
@@ -891,6 +948,7 @@ PyMODINIT_FUNC PyInit__atomics(void)
         PyModule_AddIntConstant(m, "RING_TAIL_OFFSET", RING_LINE) < 0 ||
         PyModule_AddIntConstant(m, "HEADER_BYTES", HEADER_BYTES) < 0 ||
         PyModule_AddIntConstant(m, "MAX_RANKS", MAX_RANKS) < 0 ||
+        PyModule_AddIntConstant(m, "HAVE_CMA", HAVE_CMA) < 0 ||
         PyModule_AddIntConstant(m, "ALL_REDUCE", ALL_REDUCE) < 0 ||
         PyModule_AddIntConstant(m, "ALL_GATHER", ALL_GATHER) < 0 ||
         PyModule_AddIntConstant(m, "REDUCE_SCATTER", REDUCE_SCATTER) < 0 ||

@@ -19,6 +19,14 @@ all_reduce of up to SINGLE_PASS_BYTES: one round; every rank reduces all p slots
 rank order, so every rank gets the same bits. Larger, each chunk splits: rank r reduces its
 1/p of the chunk into the result area, flags DONE, and everyone copies the result out.
 
+all_gather and broadcast of more than a slot on Linux move each block with one copy instead
+of two: the ranks exchange the addresses of their buffers in a round, each reads the blocks
+it needs straight from the owner's memory (cross-memory attach, _atomics.cma_read), and a
+last round tells every rank that every read is done and succeeded. Where a policy forbids
+such reads (Yama's ptrace_scope 1 or more between sibling processes, a seccomp filter) the
+ranks see it in that last round, take the slot rounds from then on, and say nothing: it is
+only slower. TBCOLL_SHM_CMA=0 turns it off.
+
 When a round's wait runs out of its slice (a slow or gone peer), the C call returns and this
 module waits in Python, which notices dead ranks and the deadline, then resumes the round.
 """
@@ -27,11 +35,14 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
+from functools import partial
 
 import numpy as np
 
 from tbcoll.calls import mismatch, signature
 from tbcoll.dtypes import DTYPE_CODES, OP_CODES
+from tbcoll.env import shm_cma
 from tbcoll.errors import CommError, PeerLostError, PeerTimeoutError, TbcollError
 from tbcoll.shm.flags import AtomicFlags, atomics
 from tbcoll.shm.pipe import LINE, Ring
@@ -45,6 +56,7 @@ _ARRIVE, _DONE, _SIGNATURE = 0, 8, 16  # byte offsets inside a rank's flag line
 _BYTES = DTYPE_CODES[np.dtype(np.uint8)]  # what a round that only copies calls its data
 _NO_BYTES = np.empty(0, np.uint8)
 _PREFAULT_BYTES = 4 << 20
+_INT64, _MIN = DTYPE_CODES[np.dtype(np.int64)], OP_CODES["min"]
 _PAGE = 4096
 
 
@@ -150,6 +162,9 @@ class ShmNative:
         self._flags_at, self._buffer = self.layout.flags, buffer
         self._broadcast_calls: dict[tuple[int, int], int] = {}  # signatures less bytes
         self._seq = 0
+        # blocks past a slot are read from their owners' memory (see the module docstring)
+        self._cma = bool(atomics.HAVE_CMA) and shm_cma()
+        self._addresses = np.empty(size, np.int64)  # the buffers of a _cma_round, per rank
         # With more ranks than cores, a waiting rank must give its core away quickly:
         # 50 polls instead of 500 took 8 B all_reduce at np=4 on 2 cores from 35 to 21 us.
         atomics.set_spin(500 if size <= cores() else 50)
@@ -235,6 +250,10 @@ class ShmNative:
         prefault(recv)
         src, dst, block = _bytes(send), _bytes(recv), send.nbytes
         call = signature("all_gather", send.dtype, None, send.nbytes)
+        if block > SLOT and self._cma_round(src, call, lambda copy: [
+                copy(k, dst[k * block:(k + 1) * block], 0, False) if k != self.rank
+                else np.copyto(dst[k * block:(k + 1) * block], src) for k in range(self.size)]):
+            return
         for lo in range(0, block, SLOT):
             self._round(atomics.ALL_GATHER, src[lo:lo + SLOT], 0, dst[lo:], block, _BYTES, 0, 0,
                         call if lo == 0 else 0)
@@ -254,6 +273,8 @@ class ShmNative:
         prefault(buf)
         data = _bytes(buf)
         call = signature("broadcast", buf.dtype, None, buf.nbytes, root)
+        if buf.nbytes > SLOT and self._cma_round(data, call, partial(self._spread, data, root)):
+            return
         for lo in range(0, buf.nbytes, SLOT):
             chunk = data[lo:lo + SLOT]
             self._round(atomics.BROADCAST, chunk, 0, chunk, 0, _BYTES, 0, root,
@@ -262,6 +283,54 @@ class ShmNative:
     def barrier(self) -> None:
         self._round(atomics.BARRIER, _NO_BYTES, 0, _NO_BYTES, 0, _BYTES, 0, 0,
                     signature("barrier"))
+
+    def _spread(self, data: np.ndarray, root: int,
+                copy: Callable[[int, np.ndarray, int, bool], None]) -> None:
+        """broadcast's copies, shared by the p ranks: the root writes the first 1/p of every
+        other rank's buffer while each of them reads the rest from the root's, so that every
+        core copies (p-1)/p of a buffer, not one reader the whole of it."""
+        head = data.nbytes // self.size
+        if self.rank == root:
+            for k in range(self.size):
+                if k != root:
+                    copy(k, data[:head], 0, True)
+        else:
+            copy(root, data[head:], head, False)
+
+    def _cma_round(self, mine: np.ndarray, call: int,
+                   copies: Callable[[Callable[[int, np.ndarray, int, bool], None]], object]
+                   ) -> bool:
+        """One copy per block (Linux): the ranks gather the address of each one's `mine` in
+        a round that compares their calls; copies(copy) then calls copy(k, part, offset,
+        write) for each part this rank moves: from rank k's `mine` at offset into part, or
+        with write from part to there; a last round tells every rank whether every copy
+        succeeded. False where one failed, and from then on on this communicator: the
+        caller's slot rounds then overwrite what was copied.
+
+        Why the bytes are whole where they land: bytes read were stored by their owner before
+        its release store of ARRIVE in the first round, which this rank's wait acquired
+        before reading (process_vm_readv comes after, in program order); bytes written reach
+        their owner no later than this rank's release store of ARRIVE in the last round,
+        which their owner acquires before it returns. No rank changes its `mine`, nor
+        returns, before the last round, which it leaves only once every rank has arrived
+        there, after its copies."""
+        if not self._cma:
+            return False
+        self._round(atomics.ALL_GATHER, np.array([mine.ctypes.data], np.int64), 0,
+                    self._addresses, 8, _BYTES, 0, 0, call)
+        failed = 0
+
+        def copy(rank: int, part: np.ndarray, offset: int, write: bool) -> None:
+            nonlocal failed
+            if not failed and part.nbytes:
+                failed = atomics.cma_copy(int(self.pids[rank]),
+                                          int(self._addresses[rank]) + offset, part, write)
+
+        copies(copy)
+        everyone_ok = np.array([0 if failed else 1], np.int64)
+        self._round(atomics.ALL_REDUCE, everyone_ok, 0, everyone_ok, 0, _INT64, _MIN, 0, 0)
+        self._cma = bool(everyone_ok[0])
+        return self._cma
 
     def close(self) -> None:
         self.pids = self._lines = None
