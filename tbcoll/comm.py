@@ -35,9 +35,12 @@ from tbcoll.collectives import (
     REDUCE_SCATTER,
     SCATTER,
     Call,
+    Collective,
     check_rank,
     flat,
+    gathered_shape,
     output,
+    plain_out,
 )
 from tbcoll.dtypes import OPS
 from tbcoll.env import algorithm_overrides, check_mode
@@ -88,49 +91,61 @@ class Communicator:
         # _dispatch's: the one-call paths by entry, where _run would take them (not alone)
         self._fast = {ENTRIES[name]: path if self.size > 1 else None
                       for name, path in self._direct.items()}
-        # all_reduce's one-call path where the tuning table takes it whatever the size
-        self._quick = self._fast[ALL_REDUCE] if self._fixed["all_reduce"] == "native" else None
+        # the one-call paths where the tuning table takes them whatever the size (_quickly)
+        self._quick = {entry: path if self._fixed[entry.name] == "native" else None
+                       for entry, path in self._fast.items()}
 
     # --- collectives: blocking, then non-blocking (each returns a tbcoll.Request) --------
 
     def all_reduce(self, x: Any, op: str = "sum", algorithm: str | None = None,
                    out: np.ndarray | None = None) -> Any:
         """Reduce x elementwise over all ranks with op; every rank gets the result."""
-        if (type(x) is np.ndarray and algorithm is None and (path := self._quick) is not None
+        if (type(x) is np.ndarray and algorithm is None
+                and (path := self._quick[ALL_REDUCE]) is not None
                 and id(x.dtype) in KNOWN_DTYPES and op in OPS and (out is None or (
                     type(out) is np.ndarray and out.dtype is x.dtype and out.shape == x.shape
-                    and out.flags.carray)) and self._progress is None
-                and self._guard.lock.acquire(False)):
-            # Tensor parallelism's call, twice per layer per token: the dispatch's first step
-            # (the transport's one-call path) taken before the call is described, as nothing
-            # needs describing when it applies (~0.7 us of a 2 us shm call); the checks above
-            # are ALL_REDUCE.call's and _dispatch's for this case.
-            self._guard.call = "all_reduce"
-            try:
-                result = path(x, op, -1, out)
-                if result is not None:
-                    self._seq += 1
-                    return result
-            except CommError as e:
-                raise self._named(e, "all_reduce") from e
-            finally:
-                self._guard.lock.release()
-            return self._dispatch(ALL_REDUCE.call(self, x, op, algorithm, out), direct=False)
+                    and out.flags.carray))):
+            result = self._quickly(ALL_REDUCE, path, x, op, -1, out)
+            if result is not None:
+                return result
         return self._dispatch(ALL_REDUCE.call(self, x, op, algorithm, out))
 
     def all_gather(self, x: Any, algorithm: str | None = None,
                    out: np.ndarray | None = None) -> Any:
         """Concatenate every rank's x along axis 0 (a 0-d x gives shape (size,))."""
+        if (type(x) is np.ndarray and algorithm is None
+                and (path := self._quick[ALL_GATHER]) is not None
+                and id(x.dtype) in KNOWN_DTYPES
+                and (out is None or plain_out(out, gathered_shape(x, self.size), x.dtype))):
+            result = self._quickly(ALL_GATHER, path, x, None, -1, out)
+            if result is not None:
+                return result
         return self._dispatch(ALL_GATHER.call(self, x, algorithm, out))
 
     def reduce_scatter(self, x: Any, op: str = "sum", algorithm: str | None = None,
                        out: np.ndarray | None = None) -> Any:
         """Reduce x over all ranks and return this rank's block of it along axis 0."""
+        if (type(x) is np.ndarray and algorithm is None
+                and (path := self._quick[REDUCE_SCATTER]) is not None
+                and id(x.dtype) in KNOWN_DTYPES and op in OPS and x.ndim
+                and not x.shape[0] % self.size and (out is None or plain_out(
+                    out, (x.shape[0] // self.size, *x.shape[1:]), x.dtype))):
+            result = self._quickly(REDUCE_SCATTER, path, x, op, -1, out)
+            if result is not None:
+                return result
         return self._dispatch(REDUCE_SCATTER.call(self, x, op, algorithm, out))
 
     def broadcast(self, x: Any, root: int = 0, algorithm: str | None = None,
                   out: np.ndarray | None = None) -> Any:
         """Return root's x on every rank (x gives the shape and dtype on the others)."""
+        if (type(x) is np.ndarray and algorithm is None and type(root) is int
+                and 0 <= root < self.size and (path := self._quick[BROADCAST]) is not None
+                and id(x.dtype) in KNOWN_DTYPES and (out is None or (
+                    type(out) is np.ndarray and out.dtype is x.dtype and out.shape == x.shape
+                    and out.flags.carray))):
+            result = self._quickly(BROADCAST, path, x, None, root, out)
+            if result is not None:
+                return result
         return self._dispatch(BROADCAST.call(self, x, root, algorithm, out))
 
     def barrier(self) -> None:
@@ -187,9 +202,31 @@ class Communicator:
 
     # --- the one path of a collective ----------------------------------------------------
 
-    def _dispatch(self, call: Call, direct: bool = True) -> Any:
-        """A blocking call: this thread's, after the queued non-blocking ones; direct: the
-        transport's one-call path may still take it (all_reduce tried it already when not)."""
+    def _quickly(self, kind: Collective, path: Callable, x: np.ndarray, op: str | None,
+                 root: int, out: np.ndarray | None) -> Any:
+        """The dispatch's first step, the transport's one-call path, taken before the call is
+        described, for the latency-critical calls (tensor parallelism's, twice per layer per
+        token): where it applies nothing needs describing, and describing costs ~0.7 us of a
+        2 us shm all_reduce. The caller has made _dispatch's and the entry's checks for this
+        case (a numpy array of a known dtype, a plain out or none, algorithm from the table).
+        None where the full path must run: x did not qualify, or the communicator is busy or
+        has calls queued (the full path then waits or raises)."""
+        guard = self._guard
+        if self._progress is not None or not guard.lock.acquire(False):
+            return None
+        guard.call = kind.name
+        try:
+            result = path(x, op, root, out)
+            if result is not None:
+                self._seq += 1
+            return result
+        except CommError as e:
+            raise self._named(e, kind.name) from e
+        finally:
+            guard.lock.release()
+
+    def _dispatch(self, call: Call) -> Any:
+        """A blocking call: this thread's, after the queued non-blocking ones."""
         guard = self._guard
         if not guard.lock.acquire(False):
             raise guard.busy(self.rank, call.kind.name)
@@ -199,7 +236,7 @@ class Communicator:
                 return self._progress.run(partial(self._run, call))
             # the transport's one-call path for a numpy array, as _run would take it, without
             # _run's frame (on the latency-critical path: ~10% of an 8 B shm all_reduce)
-            if direct and call.algorithm == "native" and type(call.x) is np.ndarray and (
+            if call.algorithm == "native" and type(call.x) is np.ndarray and (
                     path := self._fast[call.kind]) is not None:
                 try:
                     result = path(call.x, call.op, call.root, call.out)
@@ -209,7 +246,7 @@ class Communicator:
                     self._seq += 1
                     return result
                 return self._run(call, direct=False)  # x did not qualify: the general path
-            return self._run(call, direct)
+            return self._run(call)
         finally:
             guard.lock.release()
 
@@ -277,15 +314,13 @@ class Communicator:
         array, _ = to_numpy(x)
         self._check_peer(dst, "dst", tag)
         buf = flat(array) if array.flags.c_contiguous else contiguous_flat(array)
-        self._claimed("send", partial(self._p2p, f"send to rank {dst}", self._group.p2p.send,
-                                      buf, dst, tag), ordered=True)
+        self._move("send", self._group.p2p.send, buf, dst, tag)
 
     def recv(self, out_or_like: Any, src: int, tag: int = 0) -> Any:
         """Receive from rank src into a numpy array (filled in place and returned), or, given
         an mlx array, into a new mlx array of its shape and dtype."""
         target, restore = self._receive_into(out_or_like, src, tag)
-        self._claimed("recv", partial(self._p2p, f"recv from rank {src}", self._group.p2p.recv,
-                                      flat(target), src, tag), ordered=True)
+        self._move("recv", self._group.p2p.recv, flat(target), src, tag)
         return restore(target)
 
     def isend(self, x: Any, dst: int, tag: int = 0) -> Request:
@@ -304,11 +339,22 @@ class Communicator:
             f"recv from rank {src}", lambda p2p: p2p.irecv(flat(target), src, tag),
             lambda: restore(target)))
 
-    def _p2p(self, what: str, move: Callable, buf: np.ndarray, peer: int, tag: int) -> None:
+    def _move(self, what: str, move: Callable, buf: np.ndarray, peer: int, tag: int) -> None:
+        """A blocking send or recv: this thread's, after the queued non-blocking calls (no
+        partial or context manager here: ~1 us of an 8 B message's 2)."""
+        guard = self._guard
+        if not guard.lock.acquire(False):
+            raise guard.busy(self.rank, what)
+        guard.call = what
         try:
-            move(buf, peer, tag)
+            if self._progress is not None:
+                self._progress.run(partial(move, buf, peer, tag))
+            else:
+                move(buf, peer, tag)
         except CommError as e:
-            raise self._named(e, what) from e
+            raise self._named(e, f"{what} {'to' if what == 'send' else 'from'} rank {peer}") from e
+        finally:
+            guard.lock.release()
 
     def _start(self, what: str, start: Callable[[Any], Any], finish: Callable[[], Any]
                ) -> Request:
@@ -399,7 +445,7 @@ class Communicator:
             self._closed = True
             self._direct = dict.fromkeys(self._direct)
             self._fast = dict.fromkeys(self._fast)
-            self._quick = None
+            self._quick = dict.fromkeys(self._quick)
             self._fixed = dict.fromkeys(COLLECTIVES)  # every call goes to _choose, which refuses
             self._release()
 
