@@ -82,6 +82,12 @@ def _ssh_options(f):
                    "50 ms.")
 @click.option("--output-dir", type=click.Path(file_okay=False, path_type=Path), metavar="DIR",
               help="Also write each rank's output to DIR/rank-N.out and rank-N.err.")
+@click.option("--dump-dir", type=click.Path(file_okay=False, path_type=Path), metavar="DIR",
+              help="Where the ranks' dumps go when the job fails or on SIGUSR1 to tbrun "
+                   "(default: a new folder in the temporary directory, printed).")
+@click.option("--trace", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE",
+              help="Write a timeline of every collective of every rank to FILE (Chrome/"
+                   "Perfetto JSON); `python -m tbcoll.trace summary FILE` sums it up.")
 @click.option("--timeout", type=Seconds(min=0), default=0,
               help="Stop the job after this many seconds (0: never); exit status 124.")
 @click.option("--grace", type=Seconds(min=0), default=3.0,
@@ -105,7 +111,8 @@ def _ssh_options(f):
 def tbrun(nprocs: int | None, hostfile: str | None, hosts: str | None, map_by: str,
           backend: str, exports: tuple[str, ...], stdin: str, master_addr: str | None,
           master_port: int | None, tag_output: bool, output_dir: Path | None,
-          timeout: float, grace: float, comm_timeout: float, store_port: int, python: str,
+          dump_dir: Path | None, trace: Path | None, timeout: float, grace: float,
+          comm_timeout: float, store_port: int, python: str,
           cwd: str | None, ssh: str, connect_timeout: float, launcher: str | None,
           module: bool, dry_run: bool, program: str, args: tuple[str, ...]) -> int:
     """Start NP ranks of PROGRAM (a .py script, a module with -m, or an executable) and
@@ -145,13 +152,16 @@ def tbrun(nprocs: int | None, hostfile: str | None, hosts: str | None, map_by: s
         backend=backend,
         tag_output=tag_output,
         output_dir=output_dir,
+        dump_dir=dump_dir,
+        trace=trace,
         timeout=timeout or None,
         grace=grace,
         comm_timeout=comm_timeout,
         # the hostfile's "envs" (MLX's JSON hostfile), then -x, which wins
         exports={**dict(e.split("=", 1) for e in (topology.envs if topology else ())),
                  **exported,
-                 **{name: value for name, value in masters.items() if value}},
+                 **{name: value for name, value in masters.items() if value},
+                 **({"TBCOLL_TRACE": "1"} if trace else {})},
         store_port=store_port,
         dry_run=dry_run,
         hostfile=topology,

@@ -46,6 +46,8 @@ class LaunchConfig:
     connect_timeout: float = 10.0  # seconds ssh may take to reach a host
     stdin: str = "0"  # the rank that reads tbrun's standard input, "all" or "none"
     launcher: str = "ssh"  # the starter of ranks on other hosts (tbcoll.launch.starters)
+    dump_dir: Path | None = None  # where the ranks' dumps go (None: a new temporary folder)
+    trace: Path | None = None  # where the timeline of every rank's calls goes
 
 
 def resolve_program(program: str, args: Sequence[str], python: str,

@@ -92,7 +92,8 @@ def run(cfg: LaunchConfig) -> int:
     if cfg.dry_run:
         return dry_run(cfg, plan_job(cfg.hostfile, cfg.nprocs, cfg.map_by, route=False))
     plan = plan_job(cfg.hostfile, cfg.nprocs, cfg.map_by)
-    with job_scope(plan, cfg.store_port, cfg.nprocs) as scope:
+    with job_scope(plan, cfg.store_port, cfg.nprocs, dump_dir=cfg.dump_dir,
+                   trace=cfg.trace) as scope:
         mlx = mlx_variables(cfg, plan)
         for name, content in (mlx.files if mlx else {}).items():
             (scope.folder / f"{name}.json").write_text(content)
@@ -104,5 +105,6 @@ def run(cfg: LaunchConfig) -> int:
         supervisor = Supervisor(commands, output, timeout=cfg.timeout, grace=cfg.grace,
                                 log=log, stdin_fd=standard_input(),
                                 peer_failure=scope.store.peer_failure,
-                                on_spawn=scope.janitor.watch_group, job=scope.job)
+                                on_spawn=scope.janitor.watch_group, job=scope.job,
+                                postmortem=scope.postmortem)
         return supervisor.run(after_spawn=scope.store.start)

@@ -64,7 +64,7 @@ def _follow_orders(pid: int, rest: bytes, feed: queue.SimpleQueue | None) -> Non
 
     for kind, payload in read_frames(read):
         name = payload.decode(errors="replace")
-        if kind == "signal" and name in ("INT", "TERM", "HUP", "KILL"):
+        if kind == "signal" and name in ("INT", "TERM", "HUP", "KILL", "CONT"):
             _signal_group(pid, signal.Signals[f"SIG{name}"])
         elif kind == "stdin" and feed is not None:
             feed.put(payload)

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 from tbcoll.launch.diagnose import hint, plural
 from tbcoll.launch.output import STREAMS, OutputRouter
+from tbcoll.launch.postmortem import Postmortem
 from tbcoll.launch.reaper import (
     carrying,
     descendants,
@@ -48,6 +49,7 @@ from tbcoll.launch.reaper import (
 from tbcoll.launch.stdin import InputForwarder
 from tbcoll.launch.verdict import (
     AllExited,
+    Dump,
     Event,
     Exited,
     KillNow,
@@ -122,14 +124,15 @@ class Supervisor:
                  peer_failure: Callable[[int], tuple[str, tuple[int, ...]] | None]
                  = lambda rank: None,
                  on_spawn: Callable[[int], None] = lambda pgid: None,
-                 job: str = "") -> None:
+                 job: str = "", postmortem: Postmortem | None = None) -> None:
         """streams: more (rank, "out"/"err") -> readable fd to route, beside the commands'
         pipes (e.g. FIFOs mpiexec writes); keepalive: write ends of those held open so that
         they do not end before their writer opens them, closed once every command exited;
         stdin_fd: tbrun's standard input, forwarded to the commands with stdin set;
         peer_failure(rank): what the rank reported before failing because of peers (the
         error, and those peers), or None; on_spawn(pgid): a process group was started (for
-        tbcoll.launch.janitor); job: the job's TBCOLL_JOB, whose carriers are killed at the end."""
+        tbcoll.launch.janitor); job: the job's TBCOLL_JOB, whose carriers are killed at the end;
+        postmortem: gathers the ranks' dumps when the job fails and on SIGUSR1."""
         self._commands = commands
         self._streams = dict(streams or {})
         self._keepalive = list(keepalive)
@@ -151,6 +154,7 @@ class Supervisor:
         self._adopting = False  # tbrun is a subreaper: orphans of the job become its children
         self._child_exited = False  # SIGCHLD came: an adopted orphan may wait to be reaped
         self._next_reaping = 0.0
+        self._postmortem = postmortem
 
     @property
     def launcher_failed(self) -> bool:
@@ -167,7 +171,7 @@ class Supervisor:
         os.set_blocking(wake_r, False)
         os.set_blocking(wake_w, False)
         old_wakeup = signal.set_wakeup_fd(wake_w)
-        watched = (*_FORWARDED, signal.SIGCHLD)
+        watched = (*_FORWARDED, signal.SIGCHLD, signal.SIGUSR1)
         old_handlers = {sig: signal.signal(sig, self._on_signal) for sig in watched}
         # Reading a terminal from the background would stop tbrun (SIGTTIN); ignored, the
         # read fails with EIO instead and the forwarder says so.
@@ -266,8 +270,11 @@ class Supervisor:
                 self._stdout_lost = True
                 self._tell(StdoutClosed(time.monotonic(), self._alive()))
             while self._pending_signals:
-                self._tell(Signalled(self._pending_signals.pop(0), time.monotonic(),
-                                     self._alive()))
+                signum = self._pending_signals.pop(0)
+                if signum == signal.SIGUSR1:  # where is every rank? the job goes on
+                    self._gather("asked with SIGUSR1", resume=False)
+                else:
+                    self._tell(Signalled(signum, time.monotonic(), self._alive()))
             self._reap(selector)
             now = time.monotonic()
             if self._adopting and self._child_exited and now >= self._next_reaping:
@@ -308,6 +315,33 @@ class Supervisor:
                 self._kill_at = time.monotonic() + self._grace
             elif isinstance(action, KillNow):
                 self._kill_groups(signal.SIGKILL)
+            elif isinstance(action, Dump):
+                self._gather(action.reason, resume=True)
+
+    def _gather(self, reason: str, resume: bool) -> None:
+        """Have the ranks' dumps written and where each rank was said (tbcoll.launch.postmortem);
+        resume: first SIGCONT every rank, so that a stopped one answers too (the job is being
+        torn down: a rank that was stopped on purpose is stopped for good next)."""
+        if self._postmortem is None:
+            return
+        if resume:
+            self._kill_groups(signal.SIGCONT)
+        self._postmortem.gather(reason, self._running)
+
+    def _running(self) -> range | list[int]:
+        """The ranks whose process has not ended yet, looked at without reaping it (the loop
+        reaps, and tells the verdict); all ranks while a launcher (mpiexec) of them runs."""
+        running = []
+        for rank, proc in self._procs.items():
+            try:
+                if proc.returncode is None and os.waitid(
+                        os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
+                    if self._by_rank[rank].launcher:
+                        return range(self._postmortem.size)
+                    running.append(rank)
+            except ChildProcessError:
+                pass
+        return running
 
     def _pump(self, selector: selectors.BaseSelector, key: selectors.SelectorKey) -> bool:
         """Route what one stream has; False when nothing was there or it ended."""

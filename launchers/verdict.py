@@ -100,7 +100,14 @@ class KillNow(NamedTuple):
     """SIGKILL every rank's process group now."""
 
 
-Action = Log | Stop | KillNow
+class Dump(NamedTuple):
+    """Gather the ranks' dumps (tbcoll.dumps) before they are stopped, and say where each
+    rank was: the job is failing."""
+
+    reason: str
+
+
+Action = Log | Stop | KillNow | Dump
 
 
 class Verdict(NamedTuple):
@@ -135,11 +142,13 @@ def judge(verdict: Verdict, event: Event) -> tuple[Verdict, list[Action]]:
     return _RULES[type(event)](verdict, event)
 
 
-def _stop(verdict: Verdict, status: int, sig: int, **changes) -> tuple[Verdict, list[Action]]:
-    """Begin the teardown with status as the job's."""
+def _stop(verdict: Verdict, status: int, sig: int, dump: str = "",
+          **changes) -> tuple[Verdict, list[Action]]:
+    """Begin the teardown with status as the job's; first gather the ranks' dumps, saying
+    why, where dump says."""
     changes = {"provisional": False, **changes}
-    return verdict._replace(status=status, follower_deadline=None,
-                               tearing_down=True, **changes), [Stop(sig)]
+    return verdict._replace(status=status, follower_deadline=None, tearing_down=True,
+                            **changes), [*([Dump(dump)] if dump else []), Stop(sig)]
 
 
 def _name_suspects(verdict: Verdict, alive: tuple[int, ...]) -> list[Action]:
@@ -154,7 +163,8 @@ def _exited(verdict: Verdict, e: Exited) -> tuple[Verdict, list[Action]]:
     if e.launcher:  # its caller explains the failure (tbcoll.launch.starters.mpiexec)
         if verdict.status is not None:
             return verdict, []
-        return _stop(verdict, status_of(e.returncode), signal.SIGTERM, launcher_failed=True)
+        return _stop(verdict, status_of(e.returncode), signal.SIGTERM,
+                     f"{verdict.name(e.rank)} failed", launcher_failed=True)
     if verdict.status is not None and not verdict.provisional:
         return verdict, []  # ended by a signal to tbrun or --timeout: that is the job's status
     if e.report is not None:
@@ -183,7 +193,8 @@ def _exited(verdict: Verdict, e: Exited) -> tuple[Verdict, list[Action]]:
     verdict = verdict._replace(status=status, provisional=not own,
                                   culprit=e.rank if own else None, **changes)
     if own and not verdict.tearing_down:
-        verdict, actions = _stop(verdict, status, signal.SIGTERM)
+        verdict, actions = _stop(verdict, status, signal.SIGTERM,
+                                 f"{verdict.name(e.rank)} failed")
         return verdict, [Log(message), *actions]
     return verdict, [Log(message)]
 
@@ -222,13 +233,16 @@ def _tick(verdict: Verdict, e: Tick) -> tuple[Verdict, list[Action]]:
         actions += _name_suspects(verdict, e.alive)
         actions.append(Log(f"stopping the other {plural(len(e.alive), 'rank')}"))
         # the rank it followed may still show its own failure: the status stays provisional
-        verdict, stop = _stop(verdict, verdict.status, signal.SIGTERM, provisional=True)
+        verdict, stop = _stop(verdict, verdict.status, signal.SIGTERM,
+                              f"{ranks_phrase([r for r, _ in verdict.followers])} failed "
+                              "because of peers", provisional=True)
         actions += stop
     if verdict.timeout and e.now >= verdict.started + verdict.timeout and (
             verdict.status is None or verdict.follower_deadline is not None):
         actions.append(Log(f"job exceeded --timeout {verdict.timeout:g} s; stopping "
                            f"{plural(len(e.alive), 'rank')}"))
-        verdict, stop = _stop(verdict, TIMEOUT_STATUS, signal.SIGTERM)
+        verdict, stop = _stop(verdict, TIMEOUT_STATUS, signal.SIGTERM,
+                              f"the job exceeded --timeout {verdict.timeout:g} s")
         actions += stop
     return verdict, actions
 
@@ -238,7 +252,7 @@ def _all_exited(verdict: Verdict, e: AllExited) -> tuple[Verdict, list[Action]]:
         return verdict, []
     # every rank ended while a follower's failure waited for its culprit
     return (verdict._replace(follower_deadline=None),
-            _name_suspects(verdict, e.alive))
+            [*_name_suspects(verdict, e.alive), Dump("ranks failed because of peers")])
 
 
 _RULES = {Exited: _exited, Signalled: _signalled, StdoutClosed: _stdout_closed, Tick: _tick,

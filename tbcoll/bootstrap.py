@@ -6,6 +6,7 @@ import itertools
 
 from tbcoll.backends import BACKENDS, TRANSPORTS
 from tbcoll.comm import Communicator
+from tbcoll.dumps import start_listening
 from tbcoll.env import (
     launch_info,
     single_host,
@@ -37,4 +38,6 @@ def init(backend: str | None = None) -> Communicator:
                              f"use one of {', '.join(TRANSPORTS)}")
         raise ValueError(f"backend {backend!r} is not one of {', '.join(BACKENDS)}")
     group, local_rank, node_rank = open_world(backend, info, f"{backend}/{next(_opened)}")
-    return Communicator(group, backend, local_rank, node_rank)
+    world = Communicator(group, backend, local_rank, node_rank)
+    start_listening(info)  # for tbrun's requests of dumps (tbcoll.dumps)
+    return world

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
+from time import perf_counter
 from typing import Any
 
 import numpy as np
@@ -43,9 +44,11 @@ from tbcoll.collectives import (
     plain_out,
 )
 from tbcoll.dtypes import OPS
+from tbcoll.dumps import on_failure
 from tbcoll.env import algorithm_overrides, check_mode
 from tbcoll.errors import CommError, PeerError, TbcollError
 from tbcoll.ownership import Guard, track
+from tbcoll.recorder import new_ring, record_size, tracing
 from tbcoll.rendezvous import report_peer_failure
 from tbcoll.requests import P2PRequest, Progress, Request
 from tbcoll.transports.base import Group
@@ -76,6 +79,8 @@ class Communicator:
         self._guard = Guard()  # see tbcoll.ownership
         self._release = track(self, group)
         self._seq = 0  # collective calls made on this communicator (tbcoll.calls)
+        # the flight recorder (tbcoll.recorder): call seq goes to _ring[seq % len(_ring)]
+        self._ring = new_ring(record_size(), tracing(), self._world_ranks)
         self._closed = False
         self._progress: Progress | None = None  # made by the first non-blocking call
         # A transport may offer one-call paths (Native.direct_*), taken for algorithm
@@ -215,10 +220,15 @@ class Communicator:
         if self._progress is not None or not guard.lock.acquire(False):
             return None
         guard.call = kind.name
+        ring = self._ring
+        start = perf_counter() if ring is not None else 0.0
         try:
             result = path(x, op, root, out)
             if result is not None:
-                self._seq += 1
+                self._seq = seq = self._seq + 1
+                if ring is not None:
+                    ring[seq % len(ring)] = (seq, kind, x.dtype, x.nbytes, op, root, "native",
+                                             start, perf_counter())
             return result
         except CommError as e:
             raise self._named(e, kind.name) from e
@@ -238,12 +248,14 @@ class Communicator:
             # _run's frame (on the latency-critical path: ~10% of an 8 B shm all_reduce)
             if call.algorithm == "native" and type(call.x) is np.ndarray and (
                     path := self._fast[call.kind]) is not None:
+                start = perf_counter()
                 try:
                     result = path(call.x, call.op, call.root, call.out)
                 except CommError as e:
                     raise self._named(e, call.kind.name) from e
                 if result is not None:
                     self._seq += 1
+                    self._record(call, start)
                     return result
                 return self._run(call, direct=False)  # x did not qualify: the general path
             return self._run(call)
@@ -254,31 +266,45 @@ class Communicator:
         """The first path that applies: a world of one, the transport's one-call path (unless
         tried already), its native collective, the algorithm (see tbcoll.collectives)."""
         kind = call.kind
+        start = perf_counter()
         try:
             if self.size == 1:
                 self._seq += 1
-                return kind.alone(self, call)
+                result = kind.alone(self, call)
+                self._record(call, start)
+                return result
             native = call.algorithm == "native"
             if native and direct and (path := self._direct[kind.name]) is not None:
                 result = (path(call.x, call.op, call.root, call.out) if type(call.x) is np.ndarray
                           else kind.run_direct(self, path, call))
                 if result is not None:
                     self._seq += 1
+                    self._record(call, start)
                     return result
             kind.prepare(self, call)  # may make calls of its own first (scatter's header)
-            self._seq += 1
+            self._seq = seq = self._seq + 1  # (seq: the call's number, for tbcoll.dumps)
             if self._check_calls:
                 verify_calls_match(self._group.coll, kind.name, kind.described(call), call.op,
                                    call.root, call.algorithm)
-            self._group.begin_call(self._seq, kind.signature(call))
+            self._group.begin_call(seq, kind.signature(call))
             if native:
                 kind.native(self, call)
             else:
                 kind.algorithm(self, call, function(kind.name, call.algorithm))
             self._group.end_call()
-            return kind.finish(self, call)
+            result = kind.finish(self, call)
+            self._record(call, start)
+            return result
         except CommError as e:
             raise self._named(e, kind.name) from e
+
+    def _record(self, call: Call, start: float) -> None:
+        """Call number self._seq has completed: into the flight recorder (tbcoll.recorder)."""
+        if (ring := self._ring) is not None:
+            x = call.x if call.array is None else call.array
+            ring[self._seq % len(ring)] = (
+                self._seq, call.kind, getattr(x, "dtype", None), getattr(x, "nbytes", 0),
+                call.op, call.root, call.algorithm, start, perf_counter())
 
     def _submit(self, call: Call) -> Request:
         """A non-blocking call: checked and described already; queued in its turn."""
@@ -486,6 +512,7 @@ class Communicator:
         """error again, naming the operation and this rank. A failure caused by peers also
         tells tbrun which (in world ranks), so that it names them, not this rank."""
         message = f"{what} on rank {self.rank}: {error}"
+        on_failure(self, message)
         if not isinstance(error, PeerError):
             return CommError(message)
         peers = tuple(self._world_ranks[p] for p in error.peers if 0 <= p < self.size)

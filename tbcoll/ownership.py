@@ -69,6 +69,11 @@ def track(communicator: Any, group: Any) -> weakref.finalize:
     return weakref.finalize(communicator, _release, group, communicator._guard)
 
 
+def live_communicators() -> list[Any]:
+    """Every communicator of this process not yet collected."""
+    return list(_live)
+
+
 def _release(group: Any, guard: Guard) -> None:
     if not guard.forked:
         group.close()

@@ -91,6 +91,24 @@ class StoreServer:
         peers, _, what = value.decode(errors="replace").partition("\n")
         return what, tuple(int(p) for p in peers.split(",") if p.isascii() and p.isdigit())
 
+    def set(self, key: Key, value: Key) -> None:
+        """Set key here, in tbrun's own process, as a client's set would."""
+        with self._changed:
+            self._data[_b(key)] = _b(value)
+            self._changed.notify_all()
+
+    def get(self, key: Key) -> bytes | None:
+        """The value of key now (None: unset), read here in tbrun's own process."""
+        with self._changed:
+            return self._data.get(_b(key))
+
+    def wait(self, keys: Iterable[Key], timeout: float) -> bool:
+        """Wait here until every key is set (True) or timeout seconds have passed (False)."""
+        wanted = [_b(k) for k in keys]
+        with self._changed:
+            return self._changed.wait_for(lambda: all(k in self._data for k in wanted),
+                                          timeout=timeout)
+
     def start(self) -> StoreServer:
         for listener in self._listeners:
             threading.Thread(target=self._accept_loop, args=(listener,), name="tbcoll-store",

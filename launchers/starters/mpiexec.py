@@ -96,7 +96,8 @@ def run_mpi(cfg: LaunchConfig) -> int:
     plan = plan_job(cfg.hostfile, cfg.nprocs, cfg.map_by, route=not cfg.dry_run)
     remote = [h for h in plan.hosts if not h.local]
     launch_host = remote[0].store_host if remote else None
-    with job_scope(plan, cfg.store_port, cfg.nprocs, dry_run=cfg.dry_run, mpich=True) as scope:
+    with job_scope(plan, cfg.store_port, cfg.nprocs, dry_run=cfg.dry_run, mpich=True,
+                   dump_dir=cfg.dump_dir, trace=cfg.trace) as scope:
         ssh = None
         if remote and cfg.launcher == "ssh":
             ssh = str(scope.folder / "ssh")
@@ -125,7 +126,8 @@ def run_mpi(cfg: LaunchConfig) -> int:
                               hide=re.compile(_HOST_CODES.pattern.encode(), re.MULTILINE))
         supervisor = Supervisor([command], output, timeout=cfg.timeout, grace=cfg.grace,
                                 log=log, streams=streams, keepalive=keepalive,
-                                on_spawn=scope.janitor.watch_group, job=scope.job)
+                                on_spawn=scope.janitor.watch_group, job=scope.job,
+                                postmortem=scope.postmortem)
         before = mpich_segments()
         status = supervisor.run(after_spawn=scope.store.start)
         if status and supervisor.launcher_failed:

@@ -92,4 +92,9 @@ class Segment:
 
     def close(self) -> None:
         self.buffer.release()
-        self._map.close()
+        try:
+            self._map.close()
+        except BufferError:
+            # arrays still view the mapping (a traceback's frames hold them at exit after a
+            # failed call): it stays mapped until they go, or the process ends
+            pass

@@ -1,0 +1,105 @@
+"""tbrun's side of the ranks' dumps (tbcoll.dumps): ask the running ranks through the store,
+wait briefly for their answers, write every dump to a folder that outlives the job, and say
+where each rank was (tbcoll.launch.whereabouts).
+
+Ranks that failed in a call sent their dump before they exited; the ranks still running answer
+from a thread of theirs within milliseconds, whatever their main thread does. Only ranks that
+run tbcoll (their listener said so at init) are waited for, so a job of other programs loses
+no time; one that does not answer within DUMP_WAIT is named as silent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from tbcoll.launch.whereabouts import where
+
+from tbcoll.dumps import ANSWER_KEY, DUMP_KEY, LISTENING_KEY, REQUEST_KEY
+from tbcoll.rendezvous import StoreServer
+
+DUMP_WAIT = 3.0  # seconds the ranks get to answer a request for their dumps
+_PEEK = 0.05  # seconds between looks at which ranks still run, while waiting for answers
+
+
+class Postmortem:
+    def __init__(self, store: StoreServer, size: int, log: Callable[[str], None],
+                 folder: str | None = None) -> None:
+        """folder: where the dumps go (--dump-dir); by default a new private folder in the
+        temporary directory, one per request."""
+        self._store = store
+        self.size = size
+        self._log = log
+        self._folder = folder
+        self._asked = 0
+
+    def gather(self, reason: str, running: Callable[[], Sequence[int]]) -> Path | None:
+        """Ask the ranks that run tbcoll for their dumps, write down every dump there is and
+        log where each rank was; the folder written, None if no rank sent one. running():
+        the ranks whose process has not ended (those that end meanwhile are not waited for)."""
+        self._asked += 1
+        n = self._asked
+        self._store.set(REQUEST_KEY.format(n), reason)
+        deadline = time.monotonic() + DUMP_WAIT
+        while True:
+            silent = [r for r in running() if self._store.get(LISTENING_KEY.format(r))
+                      and self._store.get(ANSWER_KEY.format(n, r)) is None]
+            if not silent or time.monotonic() >= deadline:
+                break
+            self._store.wait([ANSWER_KEY.format(n, r) for r in silent], _PEEK)
+        dumps = {}
+        for rank in range(self.size):
+            if (text := self._store.get(DUMP_KEY.format(rank))) is not None:
+                try:
+                    dumps[rank] = json.loads(text)
+                except ValueError:
+                    self._log(f"rank {rank} sent a dump that is not JSON; left out")
+        if not dumps:
+            return None
+        folder = self._write(n, reason, dumps)
+        lines = where(dumps, silent)
+        if lines:
+            self._log(f"where each rank was ({reason}; dumps in {folder}):")
+            for line in lines:
+                self._log(line)
+        else:
+            self._log(f"no rank was in a call ({reason}); their dumps are in {folder}")
+        return folder
+
+    def _write(self, n: int, reason: str, dumps: dict[int, Any]) -> Path:
+        if self._folder is not None:
+            base = Path(self._folder)
+            base.mkdir(mode=0o700, parents=True, exist_ok=True)
+            folder = base / f"dump-{n}"
+            folder.mkdir(mode=0o700, exist_ok=True)
+        else:
+            folder = Path(tempfile.mkdtemp(prefix=f"tbrun-dump-{os.getpid()}-{n}-"))
+        for rank, dump in dumps.items():
+            (folder / f"rank-{rank}.json").write_text(json.dumps(dump, indent=1))
+        (folder / "stacks.txt").write_text(_stacks_text(reason, dumps))
+        return folder
+
+
+def _stacks_text(reason: str, dumps: dict[int, Any]) -> str:
+    """Every rank's threads and last calls, as a person reads them."""
+    out = [f"why: {reason}", ""]
+    for rank, dump in sorted(dumps.items()):
+        out.append(f"=== rank {rank} (pid {dump.get('pid')} on {dump.get('host')}): "
+                   f"{dump.get('reason')}")
+        for comm in dump.get("communicators", ()):
+            line = f"  communicator of ranks {comm['ranks']}: {comm['completed']} calls"
+            if calls := comm.get("calls", [])[-5:]:
+                line += ", last: " + ", ".join(f"{c['collective']} #{c['seq']}" for c in calls)
+            if now := comm.get("current"):
+                line += f"; now in {now['collective']} at {now['site']}"
+            out.append(line)
+        for stack in dump.get("stacks", ()):
+            out.append(f"  thread {stack['thread']}{' (main)' if stack.get('main') else ''}:")
+            out += [f"    {frame}" for frame in stack["frames"]]
+        out.append("")
+    return "\n".join(out)

@@ -1,0 +1,219 @@
+"""A rank's dump, and how it reaches tbrun: its communicators' recent calls (tbcoll.recorder),
+the call each is in now, with the user's line, and every thread's Python stack.
+
+A rank sends a dump to tbrun's store when a call of its fails (Communicator._named), and when
+tbrun asks: on a failure that tears the job down, on --timeout, and on demand (SIGUSR1 to
+tbrun). A thread of the rank waits on the store for tbrun's requests, so that a rank answers
+whatever its main thread is doing: waiting in a collective (tbcoll's waits release the GIL),
+computing, sleeping, or stopped (tbrun sends SIGCONT first). Through the store, dumps of ranks
+on other hosts come back the way everything else does, on every backend.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import json
+import os
+import socket
+import sys
+import threading
+import time
+import traceback
+from types import FrameType
+from typing import Any
+
+from tbcoll.env import LaunchInfo, launch_info
+from tbcoll.errors import TbcollError
+from tbcoll.ownership import live_communicators
+from tbcoll.recorder import call_site, clock_anchor, describe, frames, traced_rings, tracing
+from tbcoll.rendezvous import Store
+
+DUMP_KEY = "tbrun/dump/{}"  # rank -> its latest dump (JSON)
+LISTENING_KEY = "tbrun/dump-listening/{}"  # rank -> set once the rank answers requests
+REQUEST_KEY = "tbrun/dump-request/{}"  # n -> why tbrun asks, for n = 1, 2, ...
+ANSWER_KEY = "tbrun/dump-answer/{}/{}"  # (n, rank) -> set once the rank answered request n
+TRACE_KEY = "tbrun/trace/{}"  # rank -> every call it made (JSON), under tbrun --trace
+_LISTENER = "tbcoll-dumps"  # the thread that answers tbrun (left out of the dumps)
+_SEND_TIMEOUT = 2.0
+_LISTEN_PERIOD = 3600.0
+
+
+def snapshot(reason: str, failed: Any = None, error: str = "") -> dict[str, Any]:
+    """This process's dump now. failed: the communicator whose call raised error (its call in
+    progress is marked failed)."""
+    info = launch_info()
+    threads = {t.ident: t for t in threading.enumerate()}
+    stacks = sys._current_frames()
+    current = {}
+    for frame in stacks.values():
+        for comm, call in _calls_in(frame):
+            current.setdefault(id(comm), call)
+    comms = []
+    for comm in live_communicators():
+        entry = {"ranks": list(comm._world_ranks), "rank": comm.rank, "size": comm.size,
+                 "backend": comm.backend, "completed": comm._seq,
+                 "calls": [describe(e) for e in comm._ring.entries()] if comm._ring else [],
+                 "current": current.get(id(comm))}
+        if comm is failed and entry["current"] is not None:
+            entry["current"].update(state="failed", error=error)
+        comms.append(entry)
+    return {"rank": info.rank if info else None, "host": socket.gethostname(),
+            "pid": os.getpid(), "reason": reason, "clock": clock_anchor(), "communicators": comms,
+            "stacks": [{"thread": getattr(threads.get(ident), "name", str(ident)),
+                        "main": ident == threading.main_thread().ident,
+                        "site": call_site(frame), "frames": _stack(frame)}
+                       for ident, frame in stacks.items()
+                       if getattr(threads.get(ident), "name", "") != _LISTENER]}
+
+
+def _stack(frame: FrameType) -> list[str]:
+    """A thread's stack, outermost call first, a line each: file:line in function: code
+    (without this module's own frames: the dump being made)."""
+    while frame is not None and frame.f_code.co_filename == __file__:
+        frame = frame.f_back
+    return [f"{f.filename}:{f.lineno} in {f.name}" + (f": {f.line}" if f.line else "")
+            for f in traceback.extract_stack(frame)]
+
+
+def _calls_in(frame: FrameType) -> list[tuple[Any, dict[str, Any]]]:
+    """The communicator calls in progress on a thread's stack, innermost first (a call made
+    inside another: scatter's header), each as (communicator, what the call is): read from
+    the Communicator's frames, which hold it."""
+    from tbcoll.comm import Communicator  # which calls this module: imported when needed
+
+    readers = _readers()
+    found = []
+    for f in frames(frame):
+        describe_call = readers.get(f.f_code)
+        if describe_call is None:
+            continue
+        local = f.f_locals
+        comm = local.get("self")
+        if not isinstance(comm, Communicator):
+            continue
+        call = describe_call(local)
+        call.update(site=call_site(f), state="running")
+        if call.get("collective") not in ("send", "recv"):
+            call["seq"] = local.get("seq", comm._seq + 1)  # _run's once it counted the call
+        if local.get("start"):
+            call["start"] = local["start"]
+        found.append((comm, call))
+    return found
+
+
+def _array(x: Any, **more: Any) -> dict[str, Any]:
+    return {"dtype": str(x.dtype) if hasattr(x, "dtype") else None,
+            "bytes": int(getattr(x, "nbytes", 0)), **more}
+
+
+def _quick(local: dict) -> dict[str, Any]:
+    root = local.get("root", -1)
+    return {"collective": local["kind"].name, "op": local.get("op"), "algorithm": "native",
+            "root": root if root >= 0 else None, **_array(local.get("x"))}
+
+
+def _described(local: dict) -> dict[str, Any]:
+    call = local["call"]
+    root = call.root
+    return {"collective": call.kind.name, "op": call.op, "algorithm": call.algorithm,
+            "root": root if isinstance(root, int) and root >= 0 else None,
+            **_array(call.x if call.array is None else call.array)}
+
+
+def _moving(local: dict) -> dict[str, Any]:
+    return {"collective": local["what"], "peer": local["peer"], "tag": local["tag"],
+            **_array(local.get("buf"))}
+
+
+def _claimed(local: dict) -> dict[str, Any]:
+    return {"collective": local["what"]}
+
+
+@functools.cache
+def _readers() -> dict[Any, Any]:
+    """What each of the Communicator's frames says of the call it runs, by code object."""
+    from tbcoll.comm import Communicator
+
+    return {Communicator._quickly.__code__: _quick, Communicator._dispatch.__code__: _described,
+            Communicator._run.__code__: _described, Communicator._move.__code__: _moving,
+            Communicator._claimed.__code__: _claimed}
+
+
+def send(dump: dict[str, Any], store: Store | None = None) -> None:
+    """Give tbrun this rank's dump (nothing outside a tbrun job; a store that cannot be
+    reached is no reason for another error)."""
+    info = launch_info()
+    if info is None:
+        return
+    text = json.dumps(dump, default=str)
+    try:
+        if store is not None:
+            store.set(DUMP_KEY.format(info.rank), text)
+            return
+        with Store(*info.store, info.token, timeout=_SEND_TIMEOUT,
+                   connect_timeout=_SEND_TIMEOUT) as store:
+            store.set(DUMP_KEY.format(info.rank), text)
+    except (OSError, TbcollError):
+        pass
+
+
+def on_failure(comm: Any, message: str) -> None:
+    """A call of comm raised: tell tbrun where this rank was."""
+    send(snapshot(f"rank {comm._world_ranks[comm.rank]} failed: {message}", comm, message))
+
+
+_listening = threading.Lock()
+
+
+def start_listening(info: LaunchInfo | None) -> None:
+    """Answer tbrun's requests for dumps from a thread of this process (once per process),
+    and send the trace at exit under --trace."""
+    if info is None or not _listening.acquire(blocking=False):
+        return
+    if tracing():
+        atexit.register(send_trace)
+    threading.Thread(target=_listen, args=(info,), name=_LISTENER, daemon=True).start()
+
+
+def _listen(info: LaunchInfo) -> None:
+    try:
+        store = Store(*info.store, info.token, timeout=_LISTEN_PERIOD)
+    except TbcollError:
+        return
+    n = 1
+    try:
+        store.set(LISTENING_KEY.format(info.rank), "1")
+    except TbcollError:
+        return
+    while True:
+        asked = time.monotonic()
+        try:
+            reason = store.get(REQUEST_KEY.format(n)).decode(errors="replace")
+        except TbcollError:
+            if time.monotonic() - asked < _LISTEN_PERIOD:
+                return  # the store went away: the job is over
+            continue  # nothing asked within the period: ask again
+        send(snapshot(reason), store)
+        try:
+            store.set(ANSWER_KEY.format(n, info.rank), "1")
+        except TbcollError:
+            return
+        n += 1
+
+
+def send_trace() -> None:
+    """Under tbrun --trace: every call this process made, for tbrun's timeline."""
+    info = launch_info()
+    if info is None:
+        return
+    rings = traced_rings()
+    events = [{**describe(entry), "ranks": list(members), "site": site}
+              for members, ring in rings for entry, site in ring.every]
+    text = json.dumps({"rank": info.rank, "host": socket.gethostname(), "clock": clock_anchor(),
+                       "events": events}, default=str)
+    try:
+        with Store(*info.store, info.token, timeout=10.0, connect_timeout=10.0) as store:
+            store.set(TRACE_KEY.format(info.rank), text)
+    except (OSError, TbcollError):
+        pass
