@@ -132,8 +132,8 @@ def _verdicts(states: Mapping[int, dict[str, Any] | None],
     behind = sorted(r for r, s in states.items() if s is not None and r not in calls
                     and s["completed"] < latest)
     if behind:
-        verdicts.append(f"{ranks_phrase(behind)} did not enter {name} #{latest}, which "
-                        f"{ranks_phrase(sorted(common))} wait in")
+        verdicts.append(f"{ranks_phrase(behind)} did not enter {name} #{latest} "
+                        f"({ranks_phrase(sorted(common))} did)")
     earlier = sorted(r for r, c in numbered.items() if c["seq"] < latest)
     if earlier:
         verdicts.append(f"{ranks_phrase(earlier)} still in an earlier call than #{latest}")

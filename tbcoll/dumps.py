@@ -168,24 +168,23 @@ _listening = threading.Lock()
 
 def start_listening(info: LaunchInfo | None) -> None:
     """Answer tbrun's requests for dumps from a thread of this process (once per process),
-    and send the trace at exit under --trace."""
+    and send the trace at exit under --trace. The rank says it listens before init returns:
+    a request made from then on is answered."""
     if info is None or not _listening.acquire(blocking=False):
         return
     if tracing():
         atexit.register(send_trace)
-    threading.Thread(target=_listen, args=(info,), name=_LISTENER, daemon=True).start()
-
-
-def _listen(info: LaunchInfo) -> None:
     try:
         store = Store(*info.store, info.token, timeout=_LISTEN_PERIOD)
-    except TbcollError:
-        return
-    n = 1
-    try:
         store.set(LISTENING_KEY.format(info.rank), "1")
     except TbcollError:
         return
+    threading.Thread(target=_listen, args=(store, info.rank), name=_LISTENER,
+                     daemon=True).start()
+
+
+def _listen(store: Store, rank: int) -> None:
+    n = 1
     while True:
         asked = time.monotonic()
         try:
@@ -196,7 +195,7 @@ def _listen(info: LaunchInfo) -> None:
             continue  # nothing asked within the period: ask again
         send(snapshot(reason), store)
         try:
-            store.set(ANSWER_KEY.format(n, info.rank), "1")
+            store.set(ANSWER_KEY.format(n, rank), "1")
         except TbcollError:
             return
         n += 1

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -104,6 +106,18 @@ def no_shared_memory_left_behind():
     yield
     left = set(leftover_segments()) - before
     assert not left, f"segments left behind: {left}"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def dumps_removed():
+    """The dumps that failing jobs leave in the temporary directory for their users (see
+    tbcoll.launch.postmortem) are removed after the suite."""
+    def dumps() -> set[Path]:
+        return set(Path(tempfile.gettempdir()).glob("tbrun-dump-*"))
+    before = dumps()
+    yield
+    for folder in dumps() - before:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture

@@ -7,6 +7,7 @@ from tbcoll.launch.verdict import (
     STDOUT_CLOSED_STATUS,
     TIMEOUT_STATUS,
     AllExited,
+    Dump,
     Exited,
     KillNow,
     Log,
@@ -148,3 +149,23 @@ def test_a_launchers_failure_is_marked_for_its_caller_to_explain():
     verdict, _ = run([Signalled(signal.SIGTERM, now=0.5, alive=(-1,)),
                       Exited(-1, 50, 143, now=1.0, alive=(), launcher=True)])
     assert not verdict.launcher_failed and verdict.status == 128 + signal.SIGTERM
+
+
+def dumps(actions):
+    return [a.reason for a in actions if isinstance(a, Dump)]
+
+
+def test_the_ranks_dumps_are_gathered_before_a_failing_job_is_stopped_and_only_then():
+    _, actions = run([Exited(1, 101, 3, now=1.0, alive=(0, 2))])
+    assert dumps(actions) == ["rank 1 failed"]
+    assert [type(a) for a in actions] == [Log, Dump, Stop]  # asked before they are stopped
+    waiting, _ = run([Exited(1, 101, 1, now=5.0, alive=(0,), report=("timeout", (0,)))])
+    _, actions = run([Tick(5.0 + FOLLOWER_WAIT, alive=(0,))], waiting)
+    assert dumps(actions) == ["rank 1 failed because of peers"]
+    _, actions = run([AllExited(now=5.5)], waiting)  # the failure dumps they sent are read
+    assert dumps(actions) == ["ranks failed because of peers"]
+    _, actions = run([Tick(110.0, alive=(0, 1))], Verdict(NAMES, timeout=10.0, started=100.0))
+    assert dumps(actions) == ["the job exceeded --timeout 10 s"]
+    for event in (Signalled(signal.SIGINT, now=1.0, alive=(0, 1)),
+                  StdoutClosed(now=1.0, alive=(0, 1))):
+        assert dumps(run([event])[1]) == []  # stopped on purpose: nothing to explain
