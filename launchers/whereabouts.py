@@ -95,10 +95,16 @@ def _one_communicator(states: Mapping[int, dict[str, Any] | None],
 
 
 def _how_long(state: Mapping[str, Any]) -> str:
-    start, now = state["call"].get("start"), state["clock"].get("perf")
-    if not start or now is None or state["call"].get("state") == "failed":
+    """How long the rank had been in its call: since its start, or, where only the end of
+    the call before is known (the one-call paths time no start), at most since then."""
+    call, now = state["call"], state["clock"].get("perf")
+    if now is None or call.get("state") == "failed":
         return ""
-    return f" (for {now - start:.1f} s)"
+    if call.get("start"):
+        return f" (for {now - call['start']:.1f} s)"
+    if call.get("after"):
+        return f" (for at most {now - call['after']:.1f} s)"
+    return ""
 
 
 def _signature(call: Mapping[str, Any]) -> tuple:

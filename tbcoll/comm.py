@@ -81,6 +81,7 @@ class Communicator:
         self._seq = 0  # collective calls made on this communicator (tbcoll.calls)
         # the flight recorder (tbcoll.recorder): call seq goes to _ring[seq % len(_ring)]
         self._ring = new_ring(record_size(), tracing(), self._world_ranks)
+        self._ring_size = len(self._ring) if self._ring is not None else 0
         self._closed = False
         self._progress: Progress | None = None  # made by the first non-blocking call
         # A transport may offer one-call paths (Native.direct_*), taken for algorithm
@@ -96,9 +97,10 @@ class Communicator:
         # _dispatch's: the one-call paths by entry, where _run would take them (not alone)
         self._fast = {ENTRIES[name]: path if self.size > 1 else None
                       for name, path in self._direct.items()}
-        # the one-call paths where the tuning table takes them whatever the size (_quickly)
-        self._quick = {entry: path if self._fixed[entry.name] == "native" else None
-                       for entry, path in self._fast.items()}
+        # the one-call paths where the tuning table takes them whatever the size (_quickly);
+        # none under --trace, whose calls take the dispatch, which times their start too
+        self._quick = {entry: path if self._fixed[entry.name] == "native" and not tracing()
+                       else None for entry, path in self._fast.items()}
 
     # --- collectives: blocking, then non-blocking (each returns a tbcoll.Request) --------
 
@@ -107,10 +109,10 @@ class Communicator:
         """Reduce x elementwise over all ranks with op; every rank gets the result."""
         if (type(x) is np.ndarray and algorithm is None
                 and (path := self._quick[ALL_REDUCE]) is not None
-                and id(x.dtype) in KNOWN_DTYPES and op in OPS and (out is None or (
-                    type(out) is np.ndarray and out.dtype is x.dtype and out.shape == x.shape
+                and id(dtype := x.dtype) in KNOWN_DTYPES and op in OPS and (out is None or (
+                    type(out) is np.ndarray and out.dtype is dtype and out.shape == x.shape
                     and out.flags.carray))):
-            result = self._quickly(ALL_REDUCE, path, x, op, -1, out)
+            result = self._quickly(ALL_REDUCE, path, x, dtype, op, -1, out)
             if result is not None:
                 return result
         return self._dispatch(ALL_REDUCE.call(self, x, op, algorithm, out))
@@ -120,9 +122,9 @@ class Communicator:
         """Concatenate every rank's x along axis 0 (a 0-d x gives shape (size,))."""
         if (type(x) is np.ndarray and algorithm is None
                 and (path := self._quick[ALL_GATHER]) is not None
-                and id(x.dtype) in KNOWN_DTYPES
-                and (out is None or plain_out(out, gathered_shape(x, self.size), x.dtype))):
-            result = self._quickly(ALL_GATHER, path, x, None, -1, out)
+                and id(dtype := x.dtype) in KNOWN_DTYPES
+                and (out is None or plain_out(out, gathered_shape(x, self.size), dtype))):
+            result = self._quickly(ALL_GATHER, path, x, dtype, None, -1, out)
             if result is not None:
                 return result
         return self._dispatch(ALL_GATHER.call(self, x, algorithm, out))
@@ -132,10 +134,10 @@ class Communicator:
         """Reduce x over all ranks and return this rank's block of it along axis 0."""
         if (type(x) is np.ndarray and algorithm is None
                 and (path := self._quick[REDUCE_SCATTER]) is not None
-                and id(x.dtype) in KNOWN_DTYPES and op in OPS and x.ndim
+                and id(dtype := x.dtype) in KNOWN_DTYPES and op in OPS and x.ndim
                 and not x.shape[0] % self.size and (out is None or plain_out(
-                    out, (x.shape[0] // self.size, *x.shape[1:]), x.dtype))):
-            result = self._quickly(REDUCE_SCATTER, path, x, op, -1, out)
+                    out, (x.shape[0] // self.size, *x.shape[1:]), dtype))):
+            result = self._quickly(REDUCE_SCATTER, path, x, dtype, op, -1, out)
             if result is not None:
                 return result
         return self._dispatch(REDUCE_SCATTER.call(self, x, op, algorithm, out))
@@ -145,10 +147,10 @@ class Communicator:
         """Return root's x on every rank (x gives the shape and dtype on the others)."""
         if (type(x) is np.ndarray and algorithm is None and type(root) is int
                 and 0 <= root < self.size and (path := self._quick[BROADCAST]) is not None
-                and id(x.dtype) in KNOWN_DTYPES and (out is None or (
-                    type(out) is np.ndarray and out.dtype is x.dtype and out.shape == x.shape
+                and id(dtype := x.dtype) in KNOWN_DTYPES and (out is None or (
+                    type(out) is np.ndarray and out.dtype is dtype and out.shape == x.shape
                     and out.flags.carray))):
-            result = self._quickly(BROADCAST, path, x, None, root, out)
+            result = self._quickly(BROADCAST, path, x, dtype, None, root, out)
             if result is not None:
                 return result
         return self._dispatch(BROADCAST.call(self, x, root, algorithm, out))
@@ -207,8 +209,8 @@ class Communicator:
 
     # --- the one path of a collective ----------------------------------------------------
 
-    def _quickly(self, kind: Collective, path: Callable, x: np.ndarray, op: str | None,
-                 root: int, out: np.ndarray | None) -> Any:
+    def _quickly(self, kind: Collective, path: Callable, x: np.ndarray, dtype: np.dtype,
+                 op: str | None, root: int, out: np.ndarray | None) -> Any:
         """The dispatch's first step, the transport's one-call path, taken before the call is
         described, for the latency-critical calls (tensor parallelism's, twice per layer per
         token): where it applies nothing needs describing, and describing costs ~0.7 us of a
@@ -220,15 +222,13 @@ class Communicator:
         if self._progress is not None or not guard.lock.acquire(False):
             return None
         guard.call = kind.name
-        ring = self._ring
-        start = perf_counter() if ring is not None else 0.0
         try:
             result = path(x, op, root, out)
             if result is not None:
                 self._seq = seq = self._seq + 1
-                if ring is not None:
-                    ring[seq % len(ring)] = (seq, kind, x.dtype, x.nbytes, op, root, "native",
-                                             start, perf_counter())
+                if (ring := self._ring) is not None:  # its end time only: a clock read costs
+                    ring[seq % self._ring_size] = (seq, kind, dtype, x.nbytes, op, root,
+                                                   "native", None, perf_counter())
             return result
         except CommError as e:
             raise self._named(e, kind.name) from e
@@ -302,7 +302,7 @@ class Communicator:
         """Call number self._seq has completed: into the flight recorder (tbcoll.recorder)."""
         if (ring := self._ring) is not None:
             x = call.x if call.array is None else call.array
-            ring[self._seq % len(ring)] = (
+            ring[self._seq % self._ring_size] = (
                 self._seq, call.kind, getattr(x, "dtype", None), getattr(x, "nbytes", 0),
                 call.op, call.root, call.algorithm, start, perf_counter())
 

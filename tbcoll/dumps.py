@@ -98,6 +98,8 @@ def _calls_in(frame: FrameType) -> list[tuple[Any, dict[str, Any]]]:
             call["seq"] = local.get("seq", comm._seq + 1)  # _run's once it counted the call
         if local.get("start"):
             call["start"] = local["start"]
+        elif comm._ring and (last := comm._ring[comm._seq % comm._ring_size]) is not None:
+            call["after"] = last[-1]  # the one-call path times no start: the previous end
         found.append((comm, call))
     return found
 

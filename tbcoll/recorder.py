@@ -4,8 +4,11 @@ A job that hangs or diverges is explained by where each rank was: which call of 
 communicator (matched across ranks by its sequence number), with what, from which line of the
 user's code. Each communicator keeps its last TBCOLL_RECORD calls (default 512; 0: none) in a
 ring: the sequence number, the collective, dtype, bytes, op, root, algorithm, and the start and
-end times. Recording costs one tuple and two clock reads per call, nothing formatted: the
-8 B shm all_reduce takes ~2 us and the recorder must stay within its noise (RESULTS.md).
+end times. Recording costs a tuple and a clock read per call, nothing formatted: the 8 B shm
+all_reduce takes ~2 us and the recorder must stay within its noise (RESULTS.md). So the
+latency-critical one-call path (Communicator._quickly) records its end time only (a second
+clock read cost as much as the rest); the other paths, and every call under --trace, record
+both.
 
 What a rank is doing *now* is not recorded at all: the call in progress is read, when a dump
 is asked for, from the stacks of the process's threads (the Communicator's frames hold the
