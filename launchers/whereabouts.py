@@ -78,7 +78,7 @@ def _one_communicator(states: Mapping[int, dict[str, Any] | None],
     for rank, state in states.items():
         if state is None:
             label = "did not answer (frozen, or holding Python's lock?)" if rank in silent \
-                else "no dump (it had exited)"
+                else "no dump (exited before it was asked)"
         elif state["call"]:
             calls[rank] = state["call"]
             label = _label(state["call"]) + _how_long(state)

@@ -45,10 +45,10 @@ from tbcoll.collectives import (
 )
 from tbcoll.dtypes import OPS
 from tbcoll.dumps import on_failure
-from tbcoll.env import algorithm_overrides, check_mode
+from tbcoll.env import algorithm_overrides, check_mode, record_size, tracing
 from tbcoll.errors import CommError, PeerError, TbcollError
 from tbcoll.ownership import Guard, track
-from tbcoll.recorder import new_ring, record_size, tracing
+from tbcoll.recorder import new_ring
 from tbcoll.rendezvous import report_peer_failure
 from tbcoll.requests import P2PRequest, Progress, Request
 from tbcoll.transports.base import Group

@@ -23,10 +23,10 @@ import traceback
 from types import FrameType
 from typing import Any
 
-from tbcoll.env import LaunchInfo, launch_info
+from tbcoll.env import LaunchInfo, launch_info, tracing
 from tbcoll.errors import TbcollError
 from tbcoll.ownership import live_communicators
-from tbcoll.recorder import call_site, clock_anchor, describe, frames, traced_rings, tracing
+from tbcoll.recorder import call_site, clock_anchor, describe, frames, traced_rings
 from tbcoll.rendezvous import Store
 
 DUMP_KEY = "tbrun/dump/{}"  # rank -> its latest dump (JSON)

@@ -26,6 +26,8 @@ Read by the library as well, set by the user:
 
     TBCOLL_ALGO        force an algorithm: "ring", or per collective "all_reduce=rd,all_gather=mesh"
     TBCOLL_CHECK       1: before each collective, check across ranks that the calls agree
+    TBCOLL_RECORD      calls each communicator's flight recorder keeps (default 512; 0: off)
+    TBCOLL_TRACE       1 (set by tbrun --trace): keep every call for the job's timeline
 
 Under mpiexec there is no TBCOLL_RANK; MPI's own variables (PMI_RANK and PMI_SIZE of MPICH's
 Hydra, OMPI_COMM_WORLD_RANK of Open MPI, PMIX_RANK) say so, and init() picks the mpi backend.
@@ -55,6 +57,7 @@ from tbcoll.errors import TbcollError
 from tbcoll.topology import Layout
 
 DEFAULT_TIMEOUT = 300.0
+DEFAULT_RECORD = 512
 _MPI_RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
 
 
@@ -243,6 +246,24 @@ def check_mode(environ: Mapping[str, str] | None = None) -> bool:
     """TBCOLL_CHECK=1 (or true/yes): verify that every collective call matches across ranks."""
     env = os.environ if environ is None else environ
     return env.get("TBCOLL_CHECK", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def record_size(environ: Mapping[str, str] | None = None) -> int:
+    """TBCOLL_RECORD: how many calls each communicator remembers (0: the recorder is off)."""
+    env = os.environ if environ is None else environ
+    text = env.get("TBCOLL_RECORD", "").strip()
+    if not text:
+        return DEFAULT_RECORD
+    if not text.isdigit():
+        raise TbcollError(f"TBCOLL_RECORD={text!r}: give how many calls each communicator "
+                          "remembers, a whole number (0 turns the recorder off)")
+    return int(text)
+
+
+def tracing(environ: Mapping[str, str] | None = None) -> bool:
+    """TBCOLL_TRACE=1 (set by tbrun --trace): keep every call, with its call site."""
+    env = os.environ if environ is None else environ
+    return env.get("TBCOLL_TRACE", "") == "1"
 
 
 def shm_cma(environ: Mapping[str, str] | None = None) -> bool:

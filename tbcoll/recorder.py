@@ -26,32 +26,11 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from tbcoll.errors import TbcollError
-
-DEFAULT_RECORD = 512
 _PACKAGE = str(Path(__file__).resolve().parent) + os.sep
 
 # (seq, collective (a tbcoll.collectives.Collective), dtype, bytes, op, root, algorithm,
 #  start, end): the objects the call already had; perf_counter() times
 Entry = tuple
-
-
-def record_size(environ: Any = None) -> int:
-    """TBCOLL_RECORD: how many calls each communicator remembers (0: the recorder is off)."""
-    env = os.environ if environ is None else environ
-    text = env.get("TBCOLL_RECORD", "").strip()
-    if not text:
-        return DEFAULT_RECORD
-    if not text.isdigit():
-        raise TbcollError(f"TBCOLL_RECORD={text!r}: give how many calls each communicator "
-                          "remembers, a whole number (0 turns the recorder off)")
-    return int(text)
-
-
-def tracing(environ: Any = None) -> bool:
-    """TBCOLL_TRACE=1 (set by tbrun --trace): keep every call, with its call site."""
-    env = os.environ if environ is None else environ
-    return env.get("TBCOLL_TRACE", "") == "1"
 
 
 class Ring(list):
