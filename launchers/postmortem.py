@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from tbcoll.launch.diagnose import ranks_phrase
 from tbcoll.launch.whereabouts import where
 
 from tbcoll.dumps import ANSWER_KEY, DUMP_KEY, LISTENING_KEY, REQUEST_KEY
@@ -38,10 +39,12 @@ class Postmortem:
         self._folder = folder
         self._asked = 0
 
-    def gather(self, reason: str, running: Callable[[], Sequence[int]]) -> Path | None:
+    def gather(self, reason: str, running: Callable[[], Sequence[int]],
+               nudge: Callable[[list[int]], None] | None = None) -> Path | None:
         """Ask the ranks that run tbcoll for their dumps, write down every dump there is and
         log where each rank was; the folder written, None if no rank sent one. running():
-        the ranks whose process has not ended (those that end meanwhile are not waited for)."""
+        the ranks whose process has not ended (those that end meanwhile are not waited for);
+        nudge(ranks): make silent ranks write their stacks (tbcoll.dumps.STACKS_SIGNAL)."""
         self._asked += 1
         n = self._asked
         self._store.set(REQUEST_KEY.format(n), reason)
@@ -52,6 +55,10 @@ class Postmortem:
             if not silent or time.monotonic() >= deadline:
                 break
             self._store.wait([ANSWER_KEY.format(n, r) for r in silent], _PEEK)
+        if silent and nudge is not None:
+            nudge(silent)
+            self._log(f"{ranks_phrase(silent)} did not answer in {DUMP_WAIT:g} s: asked with "
+                      "SIGUSR2 for the Python stacks of its threads (on its stderr)")
         dumps = {}
         for rank in range(self.size):
             if (text := self._store.get(DUMP_KEY.format(rank))) is not None:

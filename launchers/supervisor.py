@@ -63,6 +63,7 @@ from tbcoll.launch.verdict import (
     status_of,
 )
 
+from tbcoll.dumps import STACKS_SIGNAL
 from tbcoll.env import job_marks
 from tbcoll.errors import LaunchError
 
@@ -326,7 +327,19 @@ class Supervisor:
             return
         if resume:
             self._kill_groups(signal.SIGCONT)
-        self._postmortem.gather(reason, self._running)
+        self._postmortem.gather(reason, self._running, self._ask_for_stacks)
+
+    def _ask_for_stacks(self, ranks: list[int]) -> None:
+        """Signal silent ranks to write their stacks to stderr (tbcoll.dumps), the rank's
+        process only: its children need not handle the signal. Ranks run here directly,
+        that is: not those behind a wrapper or a launcher."""
+        for rank in ranks:
+            cmd, proc = self._by_rank.get(rank), self._procs.get(rank)
+            if cmd is not None and proc is not None and cmd.setup is None and not cmd.launcher:
+                try:
+                    os.kill(proc.pid, STACKS_SIGNAL)
+                except (ProcessLookupError, PermissionError):
+                    pass
 
     def _running(self) -> range | list[int]:
         """The ranks whose process has not ended yet, looked at without reaping it (the loop

@@ -12,9 +12,11 @@ on other hosts come back the way everything else does, on every backend.
 from __future__ import annotations
 
 import atexit
+import faulthandler
 import functools
 import json
 import os
+import signal
 import socket
 import sys
 import threading
@@ -34,6 +36,7 @@ LISTENING_KEY = "tbrun/dump-listening/{}"  # rank -> set once the rank answers r
 REQUEST_KEY = "tbrun/dump-request/{}"  # n -> why tbrun asks, for n = 1, 2, ...
 ANSWER_KEY = "tbrun/dump-answer/{}/{}"  # (n, rank) -> set once the rank answered request n
 TRACE_KEY = "tbrun/trace/{}"  # rank -> every call it made (JSON), under tbrun --trace
+STACKS_SIGNAL = signal.SIGUSR2  # write every thread's stack to stderr (_stacks_on_signal)
 _LISTENER = "tbcoll-dumps"  # the thread that answers tbrun (left out of the dumps)
 _SEND_TIMEOUT = 2.0
 _LISTEN_PERIOD = 3600.0
@@ -176,6 +179,7 @@ def start_listening(info: LaunchInfo | None) -> None:
         return
     if tracing():
         atexit.register(send_trace)
+    _stacks_on_signal()
     try:
         store = Store(*info.store, info.token, timeout=_LISTEN_PERIOD)
         store.set(LISTENING_KEY.format(info.rank), "1")
@@ -183,6 +187,17 @@ def start_listening(info: LaunchInfo | None) -> None:
         return
     threading.Thread(target=_listen, args=(store, info.rank), name=_LISTENER,
                      daemon=True).start()
+
+
+def _stacks_on_signal() -> None:
+    """On STACKS_SIGNAL, write every thread's Python stack to stderr from the signal handler
+    itself (faulthandler): what tbrun asks of a rank whose dump thread did not answer, stuck
+    in C code that holds Python's lock. Not where the program handles that signal itself."""
+    try:
+        if signal.getsignal(STACKS_SIGNAL) == signal.SIG_DFL:
+            faulthandler.register(STACKS_SIGNAL, all_threads=True)
+    except (ValueError, OSError, RuntimeError):  # not the main thread; no stderr
+        pass
 
 
 def _listen(store: Store, rank: int) -> None:

@@ -188,3 +188,21 @@ def test_the_recorder_keeps_the_last_calls_and_can_be_turned_off(script):
     assert run("0").stdout.strip() == "[]"
     bad = run("many")
     assert bad.returncode == 1 and "TBCOLL_RECORD='many'" in bad.stderr
+
+
+def test_a_rank_stuck_in_c_code_that_holds_pythons_lock_still_shows_its_stack(script, tmp_path):
+    path = script("""
+        import ctypes, numpy as np, tbcoll
+        comm = tbcoll.init()
+        comm.all_reduce(np.ones(4))
+        if comm.rank == 1:
+            ctypes.PyDLL(None).sleep(30)  # C code that keeps Python's lock: no dump thread
+        comm.all_reduce(np.ones(4))
+    """)
+    p = tbrun("-np", 3, "--comm-timeout", 2, "--dump-dir", tmp_path, path, timeout=60,
+              cwd=tmp_path)
+    assert p.returncode == 1, p.stderr
+    assert "rank 1: did not answer (frozen, or holding Python's lock?)" in p.stderr
+    assert "rank 1 did not answer in 3 s: asked with SIGUSR2" in p.stderr
+    # faulthandler wrote its stack from the signal handler, lock or not
+    assert f'[1]   File "{path}", line 6 in <module>' in p.stdout + p.stderr
