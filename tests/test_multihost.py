@@ -402,3 +402,24 @@ def test_a_pulled_cable_ends_the_job_in_seconds_naming_it(cluster, script, tmp_p
     assert "tbrun: the link between rank 1 on" in err and "and rank 2 on" in err, err
     assert "rank 0 did not answer" not in err
     assert_no_rank_left(cluster)
+
+
+def test_where_every_rank_was_comes_back_from_every_host(cluster, script, tmp_path):
+    path = script("""
+        import os, signal, time, numpy as np, tbcoll
+        comm = tbcoll.init()
+        comm.all_reduce(np.ones(4))
+        if comm.rank == 1:
+            os.kill(os.getpid(), signal.SIGSTOP)  # tbrun's SIGCONT goes through ssh
+            time.sleep(60)
+        comm.all_reduce(np.ones(4))
+    """)
+    code, out, err = finish(tbrun_on(
+        cluster, "-H", ",".join(cluster.address(i) for i in range(HOSTS)), "--comm-timeout", 3,
+        "--dump-dir", tmp_path / "dumps", path), timeout=60)
+    assert code == 1, out + err
+    assert f"ranks 0, 2: all_reduce #2 float64 32 B at {path}:8 (failed)" in err
+    assert any(f"rank 1: not in a call (1 made), at {path}:{line}" in err for line in (6, 7))
+    dump = json.loads((tmp_path / "dumps" / "dump-1" / "rank-1.json").read_text())
+    assert dump["rank"] == 1 and any(s["main"] for s in dump["stacks"])
+    assert_no_rank_left(cluster)
