@@ -95,16 +95,11 @@ def _one_communicator(states: Mapping[int, dict[str, Any] | None],
 
 
 def _how_long(state: Mapping[str, Any]) -> str:
-    """How long the rank had been in its call: since its start, or, where only the end of
-    the call before is known (the one-call paths time no start), at most since then."""
+    """How long the rank had been in its call (the one-call paths time nothing)."""
     call, now = state["call"], state["clock"].get("perf")
-    if now is None or call.get("state") == "failed":
+    if now is None or not call.get("start") or call.get("state") == "failed":
         return ""
-    if call.get("start"):
-        return f" (for {now - call['start']:.1f} s)"
-    if call.get("after"):
-        return f" (for at most {now - call['after']:.1f} s)"
-    return ""
+    return f" (for {now - call['start']:.1f} s)"
 
 
 def _signature(call: Mapping[str, Any]) -> tuple:

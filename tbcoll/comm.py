@@ -12,6 +12,7 @@ is described at once and queued (tbcoll.requests).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from functools import partial
 from time import perf_counter
@@ -48,7 +49,7 @@ from tbcoll.dumps import on_failure
 from tbcoll.env import algorithm_overrides, check_mode, record_size, tracing
 from tbcoll.errors import CommError, PeerError, TbcollError
 from tbcoll.ownership import Guard, track
-from tbcoll.recorder import new_ring
+from tbcoll.recorder import call_site, new_ring, new_trace
 from tbcoll.rendezvous import report_peer_failure
 from tbcoll.requests import P2PRequest, Progress, Request
 from tbcoll.transports.base import Group
@@ -79,9 +80,10 @@ class Communicator:
         self._guard = Guard()  # see tbcoll.ownership
         self._release = track(self, group)
         self._seq = 0  # collective calls made on this communicator (tbcoll.calls)
-        # the flight recorder (tbcoll.recorder): call seq goes to _ring[seq % len(_ring)]
-        self._ring = new_ring(record_size(), tracing(), self._world_ranks)
-        self._ring_size = len(self._ring) if self._ring is not None else 0
+        # the flight recorder (tbcoll.recorder): call seq goes to _ring[seq % _ring_size]
+        self._ring_size = record_size()
+        self._ring = new_ring(self._ring_size)
+        self._trace = new_trace(tracing(), self._world_ranks)  # every call, under --trace
         self._closed = False
         self._progress: Progress | None = None  # made by the first non-blocking call
         # A transport may offer one-call paths (Native.direct_*), taken for algorithm
@@ -226,9 +228,8 @@ class Communicator:
             result = path(x, op, root, out)
             if result is not None:
                 self._seq = seq = self._seq + 1
-                if (ring := self._ring) is not None:  # its end time only: a clock read costs
-                    ring[seq % self._ring_size] = (seq, kind, dtype, x.nbytes, op, root,
-                                                   "native", None, perf_counter())
+                if (ring := self._ring) is not None:  # no times: a clock read costs as much
+                    ring[seq % self._ring_size] = (seq, kind, dtype, x.nbytes, op, root)
             return result
         except CommError as e:
             raise self._named(e, kind.name) from e
@@ -300,11 +301,13 @@ class Communicator:
 
     def _record(self, call: Call, start: float) -> None:
         """Call number self._seq has completed: into the flight recorder (tbcoll.recorder)."""
-        if (ring := self._ring) is not None:
-            x = call.x if call.array is None else call.array
-            ring[self._seq % self._ring_size] = (
-                self._seq, call.kind, getattr(x, "dtype", None), getattr(x, "nbytes", 0),
-                call.op, call.root, call.algorithm, start, perf_counter())
+        x = call.x if call.array is None else call.array
+        entry = (self._seq, call.kind, getattr(x, "dtype", None), getattr(x, "nbytes", 0),
+                 call.op, call.root, call.algorithm, start, perf_counter())
+        if self._ring is not None:
+            self._ring[self._seq % self._ring_size] = entry
+        if self._trace is not None:
+            self._trace.append((entry, call_site(sys._getframe(1))))
 
     def _submit(self, call: Call) -> Request:
         """A non-blocking call: checked and described already; queued in its turn."""

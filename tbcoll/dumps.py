@@ -28,7 +28,7 @@ from typing import Any
 from tbcoll.env import LaunchInfo, launch_info, tracing
 from tbcoll.errors import TbcollError
 from tbcoll.ownership import live_communicators
-from tbcoll.recorder import call_site, clock_anchor, describe, frames, traced_rings
+from tbcoll.recorder import call_site, clock_anchor, describe, entries, frames, traced
 from tbcoll.rendezvous import Store
 
 DUMP_KEY = "tbrun/dump/{}"  # rank -> its latest dump (JSON)
@@ -56,7 +56,7 @@ def snapshot(reason: str, failed: Any = None, error: str = "") -> dict[str, Any]
     for comm in live_communicators():
         entry = {"ranks": list(comm._world_ranks), "rank": comm.rank, "size": comm.size,
                  "backend": comm.backend, "completed": comm._seq,
-                 "calls": [describe(e) for e in comm._ring.entries()] if comm._ring else [],
+                 "calls": [describe(e) for e in entries(comm._ring)],
                  "current": current.get(id(comm))}
         if comm is failed and entry["current"] is not None:
             entry["current"].update(state="failed", error=error)
@@ -99,10 +99,8 @@ def _calls_in(frame: FrameType) -> list[tuple[Any, dict[str, Any]]]:
         call.update(site=call_site(f), state="running")
         if call.get("collective") not in ("send", "recv"):
             call["seq"] = local.get("seq", comm._seq + 1)  # _run's once it counted the call
-        if local.get("start"):
+        if local.get("start"):  # (the one-call path times nothing)
             call["start"] = local["start"]
-        elif comm._ring and (last := comm._ring[comm._seq % comm._ring_size]) is not None:
-            call["after"] = last[-1]  # the one-call path times no start: the previous end
         found.append((comm, call))
     return found
 
@@ -223,9 +221,8 @@ def send_trace() -> None:
     info = launch_info()
     if info is None:
         return
-    rings = traced_rings()
     events = [{**describe(entry), "ranks": list(members), "site": site}
-              for members, ring in rings for entry, site in ring.every]
+              for members, calls in traced() for entry, site in calls]
     text = json.dumps({"rank": info.rank, "host": socket.gethostname(), "clock": clock_anchor(),
                        "events": events}, default=str)
     try:

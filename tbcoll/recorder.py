@@ -6,9 +6,9 @@ user's code. Each communicator keeps its last TBCOLL_RECORD calls (default 512; 
 ring: the sequence number, the collective, dtype, bytes, op, root, algorithm, and the start and
 end times. Recording costs a tuple and a clock read per call, nothing formatted: the 8 B shm
 all_reduce takes ~2 us and the recorder must stay within its noise (RESULTS.md). So the
-latency-critical one-call path (Communicator._quickly) records its end time only (a second
-clock read cost as much as the rest); the other paths, and every call under --trace, record
-both.
+latency-critical one-call path (Communicator._quickly) records no time at all (a clock read
+costs as much as the rest of the record); the other paths, and every call under --trace,
+record both.
 
 What a rank is doing *now* is not recorded at all: the call in progress is read, when a dump
 is asked for, from the stacks of the process's threads (the Communicator's frames hold the
@@ -19,7 +19,6 @@ only under tbrun --trace (TBCOLL_TRACE=1), which keeps every call for the timeli
 from __future__ import annotations
 
 import os
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,44 +28,38 @@ from typing import Any
 _PACKAGE = str(Path(__file__).resolve().parent) + os.sep
 
 # (seq, collective (a tbcoll.collectives.Collective), dtype, bytes, op, root, algorithm,
-#  start, end): the objects the call already had; perf_counter() times
+#  start, end): the objects the call already had; perf_counter() times. The one-call path
+#  records (seq, collective, dtype, bytes, op, root) alone: algorithm "native", no times.
 Entry = tuple
 
 
-class Ring(list):
-    """The last len(self) calls: entry seq goes to index seq % len(self), so the Communicator
-    writes `ring[seq % n] = entry` inline (no method call on the latency-critical path)."""
-
-    def entries(self) -> list[Entry]:
-        """The calls held, oldest first."""
-        return sorted((e for e in self if e is not None), key=lambda e: e[0])
+def new_ring(size: int) -> list[Entry | None] | None:
+    """A communicator's recorder: a plain list (its item assignment is the fastest), entry
+    seq at index seq % size; None where the recorder is off."""
+    return [None] * size if size else None
 
 
-class TraceRing(Ring):
-    """A Ring that also keeps every call, with the user's call site, for tbrun --trace."""
-
-    def __init__(self, size: int, members: tuple[int, ...]) -> None:
-        super().__init__([None] * max(size, 1))
-        self.every: list[tuple[Entry, str]] = []
-        _traced.append((members, self))
-
-    def __setitem__(self, index: Any, entry: Any) -> None:
-        super().__setitem__(index, entry)
-        self.every.append((entry, call_site(sys._getframe(1))))
+def entries(ring: list[Entry | None] | None) -> list[Entry]:
+    """The calls a ring holds, oldest first."""
+    return sorted((e for e in ring or () if e is not None), key=lambda e: e[0])
 
 
-_traced: list[tuple[tuple[int, ...], TraceRing]] = []  # (a communicator's world ranks, ring)
+# under --trace, every call of every communicator of this process, with its call site:
+# (a communicator's world ranks, [(entry, site), ...])
+_traced: list[tuple[tuple[int, ...], list[tuple[Entry, str]]]] = []
 
 
-def new_ring(size: int, trace: bool, members: tuple[int, ...]) -> Ring | None:
-    """A communicator's recorder (members: its ranks in the world), None where it is off."""
-    if trace:
-        return TraceRing(size, members)
-    return Ring([None] * size) if size else None
+def new_trace(trace: bool, members: tuple[int, ...]) -> list[tuple[Entry, str]] | None:
+    """Where a communicator (members: its world ranks) keeps every call under --trace."""
+    if not trace:
+        return None
+    calls: list[tuple[Entry, str]] = []
+    _traced.append((members, calls))
+    return calls
 
 
-def traced_rings() -> list[tuple[tuple[int, ...], TraceRing]]:
-    """Every communicator's TraceRing this process made, closed ones too."""
+def traced() -> list[tuple[tuple[int, ...], list[tuple[Entry, str]]]]:
+    """Every communicator's calls under --trace, closed communicators' too."""
     return list(_traced)
 
 
@@ -90,7 +83,8 @@ def _short(path: str) -> str:
 
 def describe(entry: Entry) -> dict[str, Any]:
     """A recorded call as plain data (for a dump's JSON)."""
-    seq, kind, dtype, nbytes, op, root, algorithm, start, end = entry
+    seq, kind, dtype, nbytes, op, root, algorithm, start, end = (
+        entry if len(entry) == 9 else (*entry, "native", None, None))
     return {"seq": seq, "collective": kind.name, "dtype": None if dtype is None else str(dtype),
             "bytes": int(nbytes), "op": op,
             "root": root if isinstance(root, int) and root >= 0 else None,
