@@ -25,10 +25,19 @@ import traceback
 from types import FrameType
 from typing import Any
 
+from tbcoll.algorithms import COLLECTIVES
 from tbcoll.env import LaunchInfo, launch_info, tracing
 from tbcoll.errors import TbcollError
 from tbcoll.ownership import live_communicators
-from tbcoll.recorder import call_site, clock_anchor, describe, entries, frames, traced
+from tbcoll.recorder import (
+    call_site,
+    clock_anchor,
+    describe,
+    entries,
+    frames,
+    rooted,
+    traced,
+)
 from tbcoll.rendezvous import Store
 
 DUMP_KEY = "tbrun/dump/{}"  # rank -> its latest dump (JSON)
@@ -97,7 +106,7 @@ def _calls_in(frame: FrameType) -> list[tuple[Any, dict[str, Any]]]:
             continue
         call = describe_call(local)
         call.update(site=call_site(f), state="running")
-        if call.get("collective") not in ("send", "recv"):
+        if call["collective"] in COLLECTIVES:  # numbered: not send, recv, split
             call["seq"] = local.get("seq", comm._seq + 1)  # _run's once it counted the call
         if local.get("start"):  # (the one-call path times nothing)
             call["start"] = local["start"]
@@ -111,17 +120,14 @@ def _array(x: Any, **more: Any) -> dict[str, Any]:
 
 
 def _quick(local: dict) -> dict[str, Any]:
-    root = local.get("root", -1)
     return {"collective": local["kind"].name, "op": local.get("op"), "algorithm": "native",
-            "root": root if root >= 0 else None, **_array(local.get("x"))}
+            "root": rooted(local.get("root")), **_array(local.get("x"))}
 
 
 def _described(local: dict) -> dict[str, Any]:
     call = local["call"]
-    root = call.root
     return {"collective": call.kind.name, "op": call.op, "algorithm": call.algorithm,
-            "root": root if isinstance(root, int) and root >= 0 else None,
-            **_array(call.x if call.array is None else call.array)}
+            "root": rooted(call.root), **_array(call.x if call.array is None else call.array)}
 
 
 def _moving(local: dict) -> dict[str, Any]:

@@ -86,9 +86,13 @@ def describe(entry: Entry) -> dict[str, Any]:
     seq, kind, dtype, nbytes, op, root, algorithm, start, end = (
         entry if len(entry) == 9 else (*entry, "native", None, None))
     return {"seq": seq, "collective": kind.name, "dtype": None if dtype is None else str(dtype),
-            "bytes": int(nbytes), "op": op,
-            "root": root if isinstance(root, int) and root >= 0 else None,
-            "algorithm": algorithm, "start": start, "end": end, "state": "done"}
+            "bytes": int(nbytes), "op": op, "root": rooted(root), "algorithm": algorithm,
+            "start": start, "end": end, "state": "done"}
+
+
+def rooted(root: Any) -> int | None:
+    """A call's root as a dump says it: None for the calls without one (root -1)."""
+    return root if isinstance(root, int) and root >= 0 else None
 
 
 def frames(frame: FrameType | None) -> Iterator[FrameType]:
