@@ -29,14 +29,14 @@ BIN = Path(sys.executable).parent
 SIZES = (8, 64, 512, 4096)
 
 
-def bare_half_round_trip(nbytes: int, iters: int, poll: bool) -> float:
+def bare_half_round_trip(nbytes: int, iters: int, poll: bool, host: str = "127.0.0.1") -> float:
     """Median over iters of half a round trip of nbytes between two processes, in us."""
-    with socket.create_server(("127.0.0.1", 0)) as server:
+    with socket.create_server((host, 0)) as server:
         port = server.getsockname()[1]
         child = os.fork()
         if child == 0:
             try:
-                with socket.create_connection(("127.0.0.1", port)) as sock:
+                with socket.create_connection((host, port)) as sock:
                     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                     echo(sock, nbytes, iters, poll)
             finally:

@@ -192,9 +192,11 @@ def _exported_timeout(value: str, comm_timeout: float) -> float:
 def doctor(hostfile: str | None, hosts: str | None, python: str, ssh: str,
            connect_timeout: float) -> int:
     """Check this machine, or every host of a hostfile: ssh, same versions, per-cable link
-    addresses, MLX's jaccl where the hostfile names RDMA devices, and on macOS the
-    Thunderbolt cables, rdma_ctl, an IPv4 address on each Thunderbolt interface, bridge0 off,
-    and whether the cabling is a full mesh or a ring. Exit status 1 if a check failed."""
+    addresses, RDMA (the verbs library, devices, each port in use ACTIVE with an IPv4-mapped
+    GID, every device the hostfile's rdma entries name, one cable per pair), MLX's jaccl where
+    the hostfile names RDMA devices, and on macOS the Thunderbolt cables (Thunderbolt 5?),
+    rdma_ctl, an IPv4 address on each Thunderbolt interface, bridge0 off, and whether the
+    cabling is a full mesh or a ring. Exit status 1 if a check failed."""
     from tbcoll.launch.cluster.doctor import run_doctor  # here: tbrun's start-up skips it
 
     return run_doctor(read_hosts(hostfile, hosts), shlex.split(ssh), python, connect_timeout)

@@ -11,27 +11,16 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 
 from tbcoll.launch.cluster import thunderbolt
+from tbcoll.launch.cluster.check import Check
 from tbcoll.launch.cluster.probe import probe
+from tbcoll.launch.cluster.rdma_checks import rdma_checks
 from tbcoll.launch.hosts import is_this_machine, ssh_options
 
 from tbcoll.topology import Host, Hostfile
 
 PACKAGES = ("tbcoll", "mlx", "mpi4py", "numpy")
-
-
-@dataclass(frozen=True)
-class Check:
-    status: str  # ok, FAIL or skip
-    what: str
-    detail: str
-    fix: str = ""
-
-    def __str__(self) -> str:
-        line = f"{self.status:<4}  {self.what}: {self.detail}"
-        return f"{line}\n      fix: {self.fix}" if self.fix else line
 
 
 def gather(hosts: Sequence[Host], ssh: Sequence[str], python: str,
@@ -75,6 +64,7 @@ def checks(hosts: Sequence[Host], facts: list[dict | str], python: str) -> list[
     found += _links(hosts, facts)
     for host, fact in reached:
         found += _macos(host, fact)
+    found += rdma_checks(hosts, facts)
     if any(h.rdma for h in hosts):
         found += _jaccl(reached)
     found.append(_cabling(hosts, facts))

@@ -1,8 +1,8 @@
-"""What a host has, as JSON on stdout: versions, and on macOS its Thunderbolt ports, their
-addresses, RDMA and the Thunderbolt Bridge. tbrun doctor and tbrun hostfile run it on every
-host (`python -m tbcoll.launch.cluster.probe [ADDRESS...]`, over ssh for remote ones); each
-ADDRESS is tried with a TCP connection from this host, to tell which link addresses it
-reaches.
+"""What a host has, as JSON on stdout: versions, its RDMA devices (verbs.py), and on macOS
+its Thunderbolt ports, their addresses, RDMA and the Thunderbolt Bridge. tbrun doctor and
+tbrun hostfile run it on every host (`python -m tbcoll.launch.cluster.probe [ADDRESS...]`,
+over ssh for remote ones); each ADDRESS is tried with a TCP connection from this host, to
+tell which link addresses it reaches.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ import socket
 import subprocess
 import sys
 from importlib import metadata
+
+from tbcoll.launch.cluster.verbs import rdma_facts
 
 REACH_PORT = 22  # a refused connection proves the address answers as well as an accepted one
 REACH_TIMEOUT = 2.0
@@ -64,6 +66,7 @@ def probe(addresses: list[str]) -> dict:
              # over ssh: the address this host was reached at (SSH_CONNECTION's third field)
              "reached_at": (os.environ.get("SSH_CONNECTION", "").split()[2:3] or [None])[0]}
     facts["mlx_backends"] = _mlx_backends()
+    facts["rdma"] = rdma_facts()
     if sys.platform == "darwin":
         facts["thunderbolt_profile"] = json.loads(
             _run("system_profiler", "SPThunderboltDataType", "-json") or "{}")

@@ -3,12 +3,14 @@ host is cabled to which port of another, and the RDMA device and address at each
 
 system_profiler SPThunderboltDataType -json lists a bus per port, with the port's
 domain_uuid_key, its receptacle number and, under _items, the domain_uuid_key of the
-machine at the other end of its cable; networksetup -listallhardwareports names the network
-interface of "Thunderbolt N". MLX's RDMA device for interface enX is rdma_enX.
+machine at the other end of its cable, and the link's speed (current_speed_key, "Up to 80
+Gb/s" on Thunderbolt 5, 40 on Thunderbolt 4); networksetup -listallhardwareports names the
+network interface of "Thunderbolt N". MLX's RDMA device for interface enX is rdma_enX.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 
@@ -17,6 +19,7 @@ class Port:
     iface: str  # e.g. en2
     uuid: str
     peer_uuid: str | None  # the port at the other end of the cable
+    gbps: int | None = None  # the link's speed: 80 or more is Thunderbolt 5, 40 is 3 or 4
 
 
 def hardware_ports(text: str) -> dict[str, str]:
@@ -37,13 +40,16 @@ def ports(profile: dict, hardware: str) -> list[Port]:
     found = []
     for bus in profile.get("SPThunderboltDataType", []):
         uuid = bus.get("domain_uuid_key")
-        receptacle = bus.get("receptacle_1_tag", {}).get("receptacle_id_key")
+        receptacle_tag = bus.get("receptacle_1_tag", {})
+        receptacle = receptacle_tag.get("receptacle_id_key")
         iface = devices.get(f"Thunderbolt {receptacle}")
         if uuid is None or iface is None:
             continue
         peers = [item["domain_uuid_key"] for item in bus.get("_items", [])
                  if "domain_uuid_key" in item]
-        found.append(Port(iface, uuid, peers[0] if peers else None))
+        speed = re.search(r"(\d+)\s*Gb/s", receptacle_tag.get("current_speed_key", ""))
+        found.append(Port(iface, uuid, peers[0] if peers else None,
+                          int(speed.group(1)) if speed else None))
     return sorted(found, key=lambda p: p.iface)
 
 
