@@ -26,6 +26,9 @@ from tbcoll.rendezvous import StoreServer
 
 DUMP_WAIT = 3.0  # seconds the ranks get to answer a request for their dumps
 _PEEK = 0.05  # seconds between looks at which ranks still run, while waiting for answers
+# seconds a nudged rank gets to write its stacks before the teardown: Linux kills a process
+# at once on a fatal signal (SIGTERM) even while a handled one (the nudge) is pending
+_NUDGED = 0.3
 
 
 class Postmortem:
@@ -57,6 +60,7 @@ class Postmortem:
             self._store.wait([ANSWER_KEY.format(n, r) for r in silent], _PEEK)
         if silent and nudge is not None:
             nudge(silent)
+            time.sleep(_NUDGED)
             self._log(f"{ranks_phrase(silent)} did not answer in {DUMP_WAIT:g} s: asked with "
                       "SIGUSR2 for the Python stacks of its threads (on its stderr)")
         dumps = {}

@@ -205,7 +205,10 @@ def test_a_rank_stuck_in_c_code_that_holds_pythons_lock_still_shows_its_stack(sc
     p = tbrun("-np", 3, "--comm-timeout", 2, "--dump-dir", tmp_path, path, timeout=60,
               cwd=tmp_path)
     assert p.returncode == 1, p.stderr
-    assert "rank 1: did not answer (frozen, or holding Python's lock?)" in p.stderr
     assert "rank 1 did not answer in 3 s: asked with SIGUSR2" in p.stderr
+    # (the signal cuts the sleep short: the rank may answer late, or not at all)
+    assert labels(diagnosis(p.stderr))[1] in (
+        "did not answer (frozen, or holding Python's lock?)",
+        "not in a call (1 made), at job.py:6")
     # faulthandler wrote its stack from the signal handler, lock or not
     assert f'[1]   File "{path}", line 6 in <module>' in p.stdout + p.stderr
