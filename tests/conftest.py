@@ -56,6 +56,36 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
+def labs_required() -> bool:
+    """TBCOLL_REQUIRE_LABS=1 (set by `make test` as root with apt-get, so in CI): the labs
+    (the RDMA VM) must run here, and one that cannot is a failure, never a skip."""
+    return os.environ.get("TBCOLL_REQUIRE_LABS") == "1"
+
+
+def skip_or_fail(reason: str) -> None:
+    """Skip with reason; fail instead where the labs are required (a skip reads green)."""
+    if labs_required():
+        pytest.fail(f"{reason} (TBCOLL_REQUIRE_LABS=1: this run must have it)", pytrace=False)
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def rdma_lab():
+    """The RDMA lab (tests/rdmalab.py), booted once for the session: a VM with Soft-RoCE's
+    rxe0 up; lab.run(argv, timeout) runs a command in it."""
+    from . import rdmalab
+    reason = rdmalab.why_not_available()
+    if reason:
+        skip_or_fail(f"RDMA lab: {reason}")
+    lab = rdmalab.Lab()
+    try:
+        lab.start()
+    except rdmalab.LabError as e:
+        skip_or_fail(f"RDMA lab: {e}")
+    yield lab
+    lab.stop()
+
+
 def wait_for(predicate, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
