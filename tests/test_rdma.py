@@ -161,3 +161,11 @@ def test_gid_and_registration_messages_name_the_fix():
     assert "give en3 an IPv4 address" in devices.no_gid("rdma_en3")
     text = devices.registration_refused("rdma_en2|2228224|Cannot allocate memory")
     assert "refused to register 2.1 MiB" in text and "about 100 memory regions" in text
+
+
+def test_tbrun_passes_the_hostfiles_rdma_matrix(script):
+    p = tbrun("--dry-run", "--hostfile", REPO / "hostfiles" / "mesh4.json", "-np", 4,
+              "--backend", "rdma", script(HELLO), timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert '"TBCOLL_RDMA_DEVICES": "[[null,\\"rdma_en2\\",\\"rdma_en3\\",\\"rdma_en4\\"]' \
+        in p.stdout, p.stdout
