@@ -36,7 +36,7 @@ def assert_suite_passed(p, at_least: int) -> None:
 
 
 @pytest.mark.parametrize("np_, files, at_least", [
-    (2, ["tests/spmd/test_collectives.py", "tests/spmd/test_all_to_all_rooted.py"], 150),
+    (2, ["tests/spmd/test_collectives.py", "tests/spmd/test_all_to_all_rooted.py"], 125),
     (3, ["tests/spmd/test_collectives.py"], 80),
 ])
 def test_spmd_suite_over_soft_roce(rdma_lab, np_, files, at_least):
