@@ -4,7 +4,8 @@ Run inside the RDMA lab (Soft-RoCE in a VM, tests/rdmalab.py), from the reposito
 
     python -m tests.rdmalab -- python benchmarks/rdma_floor.py --rounds 2
 
-A: perftest between two processes on the device: ib_write_lat (8 B, its t_avg: one way) and
+A: perftest between two processes on the device: ib_write_lat (8 B, its t_avg: one way; and
+   ib_send_lat, the SEND/RECV that tbcoll uses) and
    ib_write_bw (16 MiB, its average MB/s), UC queue pairs as tbcoll's default.
 B: tbcoll over --backend rdma at np=2: tbcoll-bench all_reduce of 8 B (median time) and of
    16 MiB (median bus bandwidth, 2(n-1)/n x algbw = algbw at np=2), out of place.
@@ -55,7 +56,7 @@ def perftest(tool: str, size: int, iters: int, device: str, address: str) -> flo
         if len(fields) >= 5 and fields[0] == str(size) and fields[1].isdigit():
             # ib_write_lat: #bytes #iter t_min t_max t_typical t_avg ...; ib_write_bw:
             # #bytes #iter BW_peak BW_average MsgRate
-            return float(fields[5] if tool == "ib_write_lat" else fields[3])
+            return float(fields[5] if tool.endswith("_lat") else fields[3])
     raise RuntimeError(f"no result line in {tool}'s output:\n{client.stdout}")
 
 
@@ -79,15 +80,17 @@ def main() -> None:
     args = parser.parse_args()
     device = os.environ.get("RDMALAB_DEVICE", "rxe0")
     address = os.environ.get("RDMALAB_ADDRESS", "10.99.0.1")
-    results: dict[str, list[float]] = {k: [] for k in ("lat", "bw", "small", "busbw")}
+    results: dict[str, list[float]] = {k: [] for k in ("lat", "send", "bw", "small", "busbw")}
     for round_ in range(1, args.rounds + 1):
         results["lat"].append(perftest("ib_write_lat", 8, 1000, device, address))
+        results["send"].append(perftest("ib_send_lat", 8, 1000, device, address))
         results["bw"].append(perftest("ib_write_bw", 16 << 20, 20, device, address))
         small = tbcoll("8", 200, 5)
         large = tbcoll("16M", 5, 3)
         results["small"].append(small["time_us"])
         results["busbw"].append(large["busbw"])
-        print(f"round {round_}: A ib_write_lat 8 B {results['lat'][-1]:.2f} us one-way, "
+        print(f"round {round_}: A ib_write_lat 8 B {results['lat'][-1]:.2f} us one-way "
+              f"(ib_send_lat {results['send'][-1]:.2f}), "
               f"ib_write_bw 16 MiB {results['bw'][-1]:.1f} MB/s | B tbcoll rdma np=2 "
               f"all_reduce 8 B {small['time_us']:.2f} us, 16 MiB busbw "
               f"{large['busbw']:.3f} GB/s (#wrong {small['wrong']}, {large['wrong']})",

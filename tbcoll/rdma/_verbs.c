@@ -397,8 +397,7 @@ static int writable(Peer *p)
 static void pause_after(double waited, double spin, double *nap)
 {
     if (waited < spin) {
-        for (int i = 0; i < 64; i++)
-            CPU_RELAX();
+        CPU_RELAX();
     } else if (waited < spin + 2e-3) {
         sched_yield();
     } else {
