@@ -28,13 +28,13 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
-PORT = 18571
+PORTS = iter(range(18571, 18700))  # a fresh port per run: a server's port lingers
 
 
 def perftest(tool: str, size: int, iters: int, device: str, address: str) -> float:
     """Run a perftest server and client on `device`; the client's result (us or MB/s)."""
     common = [tool, "-d", device, "-x", "1", "-c", "UC", "-s", str(size), "-n", str(iters),
-              "-p", str(PORT)]
+              "-p", str(next(PORTS))]
     server = subprocess.Popen(common, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         for _ in range(60):
