@@ -37,11 +37,12 @@ def assert_suite_passed(p, at_least: int) -> None:
 
 @pytest.mark.parametrize("np_, files, at_least", [
     (2, ["tests/spmd/test_collectives.py", "tests/spmd/test_all_to_all_rooted.py"], 125),
-    (3, ["tests/spmd/test_collectives.py"], 80),
+    (3, ["tests/spmd/test_collectives.py"], 70),
 ])
 def test_spmd_suite_over_soft_roce(rdma_lab, np_, files, at_least):
+    subset = SUBSET if np_ == 2 else f"({SUBSET}) and not thousands"  # 3000 calls: at np=2
     p = lab_tbrun(rdma_lab, "-np", np_, "--timeout", "400", "-m", "pytest", "-q",
-                  "-p", "no:cacheprovider", "-k", SUBSET, *files, timeout=450)
+                  "-p", "no:cacheprovider", "-k", subset, *files, timeout=450)
     assert_suite_passed(p, at_least)
 
 

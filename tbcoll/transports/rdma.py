@@ -70,11 +70,15 @@ class Watch:
     def __init__(self, fabric: object, side: TcpTransport, peers: list[int]) -> None:
         self._fabric, self._side, self._peers = fabric, side, peers
 
+    def losses(self) -> list[tuple[int, str]]:
+        """Every peer found gone: (rank, why), the device's word first."""
+        found = [(rank, why) for rank in self._peers if (why := self._fabric.lost(rank))]
+        named = {rank for rank, _ in found}
+        return found + [loss for loss in self._side.silent_losses() if loss[0] not in named]
+
     def loss(self) -> tuple[int, str] | None:
-        for rank in self._peers:
-            if why := self._fabric.lost(rank):
-                return rank, why
-        return self._side.silent_loss()
+        losses = self.losses()
+        return losses[0] if losses else None
 
 
 class RdmaStream(StreamTransport):
@@ -101,14 +105,15 @@ class RdmaStream(StreamTransport):
         self._lose_gone()
 
     def _lose_gone(self) -> bool:
-        loss = self._watch.loss()
-        if loss is None:
-            return False
-        peer = self._peers.get(loss[0])
-        if peer is None or peer.lost:
-            return False
-        self._lose(peer, loss[1])
-        return True
+        """Lose every peer newly found gone (not only the first: a wait on rank 2 must not
+        go on because rank 1, lost before, is still the first gone)."""
+        newly = False
+        for rank, why in self._watch.losses():
+            peer = self._peers.get(rank)
+            if peer is not None and not peer.lost:
+                self._lose(peer, why)
+                newly = True
+        return newly
 
 
 class RdmaNative:
