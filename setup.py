@@ -1,9 +1,24 @@
-"""Builds the one C extension, tbcoll.shm._atomics; everything else is in pyproject.toml.
+"""Builds the C extensions; everything else is in pyproject.toml.
 
-optional=True: without a compiler the install still succeeds and tbcoll.shm uses its
-pure-Python flags (slower, equally correct).
+- tbcoll.shm._atomics: the shm transport's flags and rounds.
+- tbcoll.rdma._verbs: the rdma transport's queue pairs. It opens the verbs library with
+  dlopen when a job uses it (libibverbs.so.1 on Linux, librdma.dylib on macOS 26.2+), so it
+  needs only the header (infiniband/verbs.h: libibverbs-dev / rdma-core-devel, or the macOS
+  26.2 SDK) to build, and nothing to install or import.
+
+optional=True: without a compiler (or without the verbs header) the install still succeeds;
+tbcoll.shm then uses its pure-Python flags, and the rdma backend says how to get it built.
 """
+
+import sys
 
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("tbcoll.shm._atomics", ["tbcoll/shm/_atomics.c"], optional=True)])
+_DL = ["dl"] if sys.platform.startswith("linux") else []
+
+setup(ext_modules=[
+    Extension("tbcoll.shm._atomics", ["tbcoll/shm/_atomics.c"], depends=["tbcoll/shm/reduce.h"],
+              optional=True),
+    Extension("tbcoll.rdma._verbs", ["tbcoll/rdma/_verbs.c"],
+              depends=["tbcoll/shm/reduce.h"], libraries=_DL, optional=True),
+])

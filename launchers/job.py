@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 from pathlib import Path
@@ -40,12 +41,24 @@ def rank_commands(cfg: LaunchConfig, plan: JobPlan, store_port: int, token: str,
                               topology=plan.topology, timeout=cfg.comm_timeout, job=job)
             env = {**cfg.exports, "PYTHONUNBUFFERED": "1",
                    **worker_env(info, (plan.master_addr, master_port)),
-                   **master_overrides(cfg.exports), **(mlx.for_rank(rank) if mlx else {})}
+                   **master_overrides(cfg.exports), **(mlx.for_rank(rank) if mlx else {}),
+                   **rdma_devices(cfg)}
             spec = RankSpec(rank, host, cfg.program, cfg.cwd, env, thread_limits(len(host.ranks)),
                             mlx.files if mlx else {}, files_dir,
                             rank in stdin_ranks(cfg.stdin, n))
             commands.append(starter.command(spec, cfg))
     return sorted(commands, key=lambda c: c.rank)
+
+
+def rdma_devices(cfg: LaunchConfig) -> dict[str, str]:
+    """For --backend rdma, the hostfile's "rdma" matrix as TBCOLL_RDMA_DEVICES (the device
+    each host reaches each other host by: tbcoll.rdma.devices), unless the user set it."""
+    if (cfg.backend != "rdma" or cfg.hostfile is None
+            or "TBCOLL_RDMA_DEVICES" in cfg.exports or "TBCOLL_RDMA_DEVICES" in os.environ
+            or not any(h.rdma for h in cfg.hostfile.hosts)):
+        return {}
+    matrix = [[list(d) if isinstance(d, tuple) else d for d in h.rdma] for h in cfg.hostfile.hosts]
+    return {"TBCOLL_RDMA_DEVICES": json.dumps(matrix, separators=(",", ":"))}
 
 
 def mlx_variables(cfg: LaunchConfig, plan: JobPlan) -> MlxVariables | None:

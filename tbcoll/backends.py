@@ -4,5 +4,6 @@ index); it is imported only when a job uses it (importing mpi4py starts MPI, and
 reads this list, imports no transport at all). "auto" is shm on one host, else tcp."""
 
 TRANSPORTS = {"shm": "tbcoll.transports.shm", "tcp": "tbcoll.transports.tcp",
-              "mpi": "tbcoll.transports.mpi", "mlx": "tbcoll.transports.mlx"}
+              "mpi": "tbcoll.transports.mpi", "mlx": "tbcoll.transports.mlx",
+              "rdma": "tbcoll.transports.rdma"}
 BACKENDS = ("auto", *TRANSPORTS)

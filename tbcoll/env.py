@@ -8,7 +8,7 @@ reads or writes these variables.
     TBCOLL_LOCAL_RANK  rank among the ranks on this host, 0 .. TBCOLL_LOCAL_SIZE-1
     TBCOLL_LOCAL_SIZE  number of ranks on this host
     TBCOLL_NODE_RANK   index of this host among the job's hosts
-    TBCOLL_BACKEND     transport asked for: auto, shm, tcp, mpi or mlx
+    TBCOLL_BACKEND     transport asked for: auto, shm, tcp, mpi, mlx or rdma
     TBCOLL_STORE       host:port of the rendezvous store that tbrun serves
     TBCOLL_TOKEN       random per-job secret; every connection proves it knows it (HMAC)
     TBCOLL_HOSTFILE    the resolved topology as JSON text: the hosts that run ranks, each with
@@ -28,6 +28,12 @@ Read by the library as well, set by the user:
     TBCOLL_CHECK       1: before each collective, check across ranks that the calls agree
     TBCOLL_RECORD      calls each communicator's flight recorder keeps (default 512; 0: off)
     TBCOLL_TRACE       1 (set by tbrun --trace): keep every call for the job's timeline
+    TBCOLL_RDMA_DEVICES  --backend rdma: one RDMA device for every pair ("rxe0"), or MLX's
+                       matrix as JSON ([i][j]: the device host i reaches host j by), which
+                       tbrun sets from the hostfile's "rdma" entries
+    TBCOLL_RDMA_QP     uc (default, as Apple's driver takes) or rc
+    TBCOLL_RDMA_GID_INDEX  the GID to use (default: the port's IPv4-mapped one)
+    TBCOLL_RDMA_LIBRARY    the verbs library to open (default libibverbs.so.1 / librdma.dylib)
 
 Under mpiexec there is no TBCOLL_RANK; MPI's own variables (PMI_RANK and PMI_SIZE of MPICH's
 Hydra, OMPI_COMM_WORLD_RANK of Open MPI, PMIX_RANK) say so, and init() picks the mpi backend.
@@ -271,6 +277,30 @@ def shm_cma(environ: Mapping[str, str] | None = None) -> bool:
     copies, instead of reading them from the other ranks' memory (tbcoll.shm.native)."""
     env = os.environ if environ is None else environ
     return env.get("TBCOLL_SHM_CMA", "").strip().lower() not in ("0", "false", "no", "off")
+
+
+@dataclass(frozen=True)
+class RdmaSettings:
+    """What the rdma backend was told (see the module docstring)."""
+
+    devices: str  # "" (this host's one device), a name, or a JSON matrix
+    rc: bool
+    gid_index: int  # -1: the IPv4-mapped GID
+    library: str | None
+
+
+def rdma_settings(environ: Mapping[str, str] | None = None) -> RdmaSettings:
+    env = os.environ if environ is None else environ
+    qp = env.get("TBCOLL_RDMA_QP", "uc").strip().lower() or "uc"
+    if qp not in ("uc", "rc"):
+        raise TbcollError(f"TBCOLL_RDMA_QP={qp!r}: give uc (unreliable connection, the "
+                          "default) or rc (reliable connection)")
+    gid = env.get("TBCOLL_RDMA_GID_INDEX", "").strip()
+    if gid and not (gid.isascii() and gid.isdigit()):
+        raise TbcollError(f"TBCOLL_RDMA_GID_INDEX={gid!r}: give a GID table index (0, 1, ...)")
+    return RdmaSettings(env.get("TBCOLL_RDMA_DEVICES", "").strip(), qp == "rc",
+                        int(gid) if gid else -1,
+                        env.get("TBCOLL_RDMA_LIBRARY", "").strip() or None)
 
 
 def link_delay(environ: Mapping[str, str] | None = None) -> float:

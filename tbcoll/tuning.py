@@ -14,6 +14,10 @@ Where the numbers come from (benchmarks/RESULTS.md, np 2 and 4 on one 2-core hos
 - mlx over jaccl (RDMA): MLX's own collectives (native). Over MLX's ring backend (TCP) the
   tcp table: there tbcoll's rd beat MLX's all_sum 3.6x at 8 B and 1.9x at 256 KiB (np=2,
   RESULTS.md). A sub-group from split has no native collectives and follows tcp too.
+- rdma (measured in the Soft-RoCE VM, benchmarks/RESULTS.md): the C mesh (native) for blocks
+  up to its 64 KiB piece, where one message per peer beats any algorithm's rounds; past it
+  tcp's table over the rdma stream (rd, then mesh up to 4 ranks, then ring). Barrier:
+  the mesh. Sub-groups from split have no natives and follow the tcp table.
 - mpi: MPICH's own collectives (native) were within 1.0-1.2x of raw mpi4py at every size,
   and faster than tbcoll's algorithms over MPI point-to-point everywhere but 16 MiB at np=2.
 """
@@ -42,6 +46,11 @@ TABLES: dict[str, dict[str, list[Rule]]] = {
     "shm": {**dict.fromkeys(_DATA, _NATIVE), **_OTHERS},
     "mlx": {**dict.fromkeys(_DATA, _NATIVE), **_OTHERS},
     "mpi": dict.fromkeys((*_DATA, *_OTHERS), _NATIVE),
+    "rdma": {"all_reduce": [(64 << 10, None, "native"), *_TCP],
+             "all_gather": [(64 << 10, None, "native"), *_TCP],
+             "reduce_scatter": _TCP,
+             "broadcast": [(256 << 10, None, "rd"), (None, None, "ring")],
+             "barrier": _NATIVE, **_OTHERS},
 }
 
 

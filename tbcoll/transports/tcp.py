@@ -83,10 +83,13 @@ class TcpTransport(StreamTransport):
     def silent_loss(self) -> tuple[int, str] | None:
         """A peer whose connection is gone, found without reading anything, so that another
         thread may ask while this transport's owner waits elsewhere (in MLX): (rank, why)."""
-        for peer in list(self._peers.values()):
-            if why := _gone(peer.channel):
-                return peer.rank, f"{why}; the link {self.link(peer.rank)}"
-        return None
+        losses = self.silent_losses()
+        return losses[0] if losses else None
+
+    def silent_losses(self) -> list[tuple[int, str]]:
+        """Every peer silent_loss would name, in rank order."""
+        return [(peer.rank, f"{why}; the link {self.link(peer.rank)}")
+                for peer in list(self._peers.values()) if (why := _gone(peer.channel))]
 
     def _ready(self, timeout: float) -> Iterable[tuple[Peer, bool, bool]]:
         return self._ready_or_due(timeout) if self._holding else self._polled(timeout)

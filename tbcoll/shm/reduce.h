@@ -1,0 +1,168 @@
+/*
+ * Reduction kernels with numpy's semantics, shared by tbcoll's C extensions (the shm
+ * transport's rounds, the rdma transport's mesh): reduce_rows(rows, size, out, n, dtype, op)
+ * reduces rank k's n elements at rows[k], in rank order, into out. dtype codes follow
+ * tbcoll.dtypes.DTYPES, op codes tbcoll.dtypes.OPS. Include after Python.h.
+ */
+#ifndef TBCOLL_REDUCE_H
+#define TBCOLL_REDUCE_H
+#include <stdint.h>
+#include <string.h>
+
+/* --- element types for the small all-reduce kernel ------------------------------------ */
+
+static float half_to_float(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, x;
+    if (exp == 0) {
+        if (man == 0) {
+            x = sign;
+        } else {  /* subnormal: shift the mantissa up until it is normal */
+            int shifts = 0;
+            while (!(man & 0x400)) {
+                man <<= 1;
+                shifts++;
+            }
+            x = sign | ((uint32_t)(127 - 15 + 1 - shifts) << 23) | ((man & 0x3ff) << 13);
+        }
+    } else if (exp == 0x1f) {
+        x = sign | 0x7f800000 | (man << 13);
+    } else {
+        x = sign | ((exp - 15 + 127) << 23) | (man << 13);
+    }
+    float f;
+    memcpy(&f, &x, 4);
+    return f;
+}
+
+static uint16_t float_to_half(float f)  /* round to nearest, ties to even, as numpy does */
+{
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint32_t sign = (x >> 16) & 0x8000, exp = (x >> 23) & 0xff, man = x & 0x7fffff;
+    if (exp == 0xff)
+        return (uint16_t)(sign | 0x7c00 | (man ? 0x200 | (man >> 13) : 0));
+    int e = (int)exp - 127 + 15;
+    if (e >= 0x1f)
+        return (uint16_t)(sign | 0x7c00);
+    if (e <= 0) {  /* a subnormal half, or zero */
+        if (e < -10)
+            return (uint16_t)sign;
+        man |= 0x800000;
+        int shift = 14 - e;
+        uint32_t half = man >> shift, rest = man & ((1u << shift) - 1), tie = 1u << (shift - 1);
+        if (rest > tie || (rest == tie && (half & 1)))
+            half++;
+        return (uint16_t)(sign | half);
+    }
+    uint32_t half = ((uint32_t)e << 10) | (man >> 13), rest = man & 0x1fff;
+    if (rest > 0x1000 || (rest == 0x1000 && (half & 1)))
+        half++;  /* a carry into the exponent is right, up to infinity */
+    return (uint16_t)(sign | half);
+}
+
+static float bf16_to_float(uint16_t b)
+{
+    uint32_t x = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &x, 4);
+    return f;
+}
+
+static uint16_t float_to_bf16(float f)  /* round to nearest, ties to even, as ml_dtypes does */
+{
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    if ((x & 0x7fffffff) > 0x7f800000)
+        return (uint16_t)((x >> 16) | 0x40);  /* keep NaN a quiet NaN */
+    x += 0x7fff + ((x >> 16) & 1);
+    return (uint16_t)(x >> 16);
+}
+
+/* numpy's semantics: maximum/minimum propagate NaN (the first one); integer sum and product
+ * wrap around. On a tie of +0 and -0, numpy's float16 loop keeps a (the _A forms) while its
+ * float32/float64 loops and ml_dtypes' bfloat16 give b (the _B forms). */
+#define OP_SUM(a, b) ((a) + (b))
+#define OP_PROD(a, b) ((a) * (b))
+#define OP_MAX_A(a, b) (((a) >= (b) || (a) != (a)) ? (a) : (b))
+#define OP_MIN_A(a, b) (((a) <= (b) || (a) != (a)) ? (a) : (b))
+#define OP_MAX_B(a, b) (((a) != (a)) ? (a) : ((b) != (b) || (b) >= (a)) ? (b) : (a))
+#define OP_MIN_B(a, b) (((a) != (a)) ? (a) : ((b) != (b) || (b) <= (a)) ? (b) : (a))
+
+/* out = slot0 op slot1 op ... in rank order, so every rank computes the same bits; one pass
+ * per slot, each a simple loop the compiler can vectorise. */
+#define REDUCE(T, ACC, LOAD, STORE, OP)                                                     \
+    do {                                                                                    \
+        T *o = (T *)out;                                                                    \
+        memcpy(o, rows[0], (size_t)n * sizeof(T));                                          \
+        for (Py_ssize_t k = 1; k < size; k++) {                                             \
+            const T *in = (const T *)rows[k];                                               \
+            for (Py_ssize_t i = 0; i < n; i++)                                              \
+                o[i] = STORE((ACC)OP((ACC)LOAD(o[i]), (ACC)LOAD(in[i])));                   \
+        }                                                                                   \
+    } while (0)
+#define SAME(v) (v)
+
+#define BY_OP(T, ACC, LOAD, STORE, MAX, MIN)                                                \
+    switch (op) {                                                                           \
+    case 0: REDUCE(T, ACC, LOAD, STORE, OP_SUM); break;                                     \
+    case 1: REDUCE(T, ACC, LOAD, STORE, OP_PROD); break;                                    \
+    case 2: REDUCE(T, ACC, LOAD, STORE, MAX); break;                                        \
+    default: REDUCE(T, ACC, LOAD, STORE, MIN); break;                                       \
+    }
+
+/* Reduces 16-bit floats one step at a time with rounding after each, as numpy's loops do. */
+#define REDUCE16(TO_F, FROM_F, OP)                                                          \
+    do {                                                                                    \
+        uint16_t *o = (uint16_t *)out;                                                      \
+        memcpy(o, rows[0], (size_t)n * 2);                                                  \
+        for (Py_ssize_t k = 1; k < size; k++) {                                             \
+            const uint16_t *in = (const uint16_t *)rows[k];                                 \
+            for (Py_ssize_t i = 0; i < n; i++) {                                            \
+                float a = TO_F(o[i]), b = TO_F(in[i]);                                      \
+                o[i] = FROM_F(OP(a, b));                                                    \
+            }                                                                               \
+        }                                                                                   \
+    } while (0)
+
+#define BY_OP16(TO_F, FROM_F, MAX, MIN)                                                     \
+    switch (op) {                                                                           \
+    case 0: REDUCE16(TO_F, FROM_F, OP_SUM); break;                                          \
+    case 1: REDUCE16(TO_F, FROM_F, OP_PROD); break;                                         \
+    case 2: REDUCE16(TO_F, FROM_F, MAX); break;                                             \
+    default: REDUCE16(TO_F, FROM_F, MIN); break;                                            \
+    }
+
+/* A signed integer type: sum and prod in the unsigned WIDE, max and min as themselves. */
+#define BY_INT(T, WIDE)                                                                     \
+    do {                                                                                    \
+        if (op < 2)                                                                         \
+            BY_OP(T, WIDE, SAME, (T), OP_MAX_A, OP_MIN_A)                                   \
+        else                                                                                \
+            BY_OP(T, T, SAME, SAME, OP_MAX_A, OP_MIN_A)                                     \
+    } while (0)
+
+static const Py_ssize_t ITEMSIZE[] = {2, 2, 4, 8, 1, 2, 4, 8, 1};
+
+/* out = rows[0] op rows[1] op ... in rank order (rows[k]: rank k's n elements); dtype codes
+ * follow tbcoll.dtypes.DTYPES, op codes tbcoll.dtypes.OPS. out must not be one of the rows
+ * but the first. */
+static void reduce_rows(const char *const *rows, Py_ssize_t size, char *out, Py_ssize_t n,
+                        int dtype, int op)
+{
+    switch (dtype) {
+    case 0: BY_OP16(half_to_float, float_to_half, OP_MAX_A, OP_MIN_A); break;
+    case 1: BY_OP16(bf16_to_float, float_to_bf16, OP_MAX_B, OP_MIN_B); break;
+    case 2: BY_OP(float, float, SAME, SAME, OP_MAX_B, OP_MIN_B); break;
+    case 3: BY_OP(double, double, SAME, SAME, OP_MAX_B, OP_MIN_B); break;
+    /* Integers add and multiply in an unsigned type at least as wide as int (no promotion to
+     * signed int): wrap-around without undefined behaviour; the low bits are the answer. */
+    case 4: BY_INT(int8_t, uint32_t); break;
+    case 5: BY_INT(int16_t, uint32_t); break;
+    case 6: BY_INT(int32_t, uint32_t); break;
+    case 7: BY_INT(int64_t, uint64_t); break;
+    default: BY_OP(uint8_t, uint32_t, SAME, (uint8_t), OP_MAX_A, OP_MIN_A); break;
+    }
+}
+
+#endif /* TBCOLL_REDUCE_H */

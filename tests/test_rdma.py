@@ -1,0 +1,172 @@
+"""The rdma backend: the SPMD suite and a killed rank over Soft-RoCE in the lab's VM (the
+rdma_lab fixture; everything there runs ~10x slower, so the suite runs a subset of dtypes for
+tbcoll's algorithms and every dtype for the C mesh), and the one-line set-up errors here,
+where the host has no RDMA device at all."""
+
+from __future__ import annotations
+
+import re
+import signal
+import time
+
+import pytest
+
+from tbcoll.env import LaunchInfo, RdmaSettings
+from tbcoll.errors import CommError
+from tbcoll.rdma import devices
+from tbcoll.topology import JobHost, Layout
+
+from .conftest import REPO, TBRUN, tagged_lines, tbrun
+
+# the C mesh ("native") with every dtype; tbcoll's algorithms over the rdma stream, which
+# moves bytes whatever the dtype, with float32 and int64 (and the tests without a dtype)
+SUBSET = "native or not (float16 or float64 or int8 or int16 or int32 or uint8)"
+
+
+def lab_tbrun(lab, *args, timeout: float, env: dict | None = None):
+    return lab.run([TBRUN, "--backend", "rdma", *map(str, args)], timeout=timeout,
+                   env={"TBCOLL_TIMEOUT": "60", **(env or {})}, cwd=str(REPO))
+
+
+def assert_suite_passed(p, at_least: int) -> None:
+    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-2000:]
+    summaries = re.findall(r"(\d+) passed", p.stdout)
+    assert "failed" not in p.stdout and "error" not in p.stdout.lower(), p.stdout[-3000:]
+    assert len(summaries) == 1 and int(summaries[0]) >= at_least, p.stdout[-2000:]
+
+
+@pytest.mark.parametrize("np_, files, at_least", [
+    (2, ["tests/spmd/test_collectives.py", "tests/spmd/test_all_to_all_rooted.py"], 125),
+    (3, ["tests/spmd/test_collectives.py"], 70),
+])
+def test_spmd_suite_over_soft_roce(rdma_lab, np_, files, at_least):
+    subset = SUBSET if np_ == 2 else f"({SUBSET}) and not thousands"  # 3000 calls: at np=2
+    p = lab_tbrun(rdma_lab, "-np", np_, "--timeout", "400", "-m", "pytest", "-q",
+                  "-p", "no:cacheprovider", "-k", subset, *files, timeout=450)
+    assert_suite_passed(p, at_least)
+
+
+def test_spmd_suite_with_one_rank_needs_no_device():
+    p = tbrun("-np", 1, "--backend", "rdma", "-m", "pytest", "-q", "-p", "no:cacheprovider",
+              "tests/spmd", timeout=200, cwd=REPO)
+    assert_suite_passed(p, 100)
+
+
+KILLED = """
+import os, signal, sys, numpy as np, tbcoll
+signal.signal(signal.SIGTERM, signal.SIG_IGN)  # outlive tbrun's teardown long enough to report
+comm = tbcoll.init()
+x = np.ones({count}, np.float32)
+try:
+    for i in range(100000):
+        if comm.rank == 1 and i == 5:
+            os.kill(os.getpid(), signal.SIGKILL)
+        comm.all_reduce(x, algorithm="{algorithm}")
+except tbcoll.CommError as e:
+    print("CommError:", e)
+    sys.exit(17)
+"""
+
+
+@pytest.mark.parametrize("algorithm, count", [("native", 2), ("ring", 1 << 16)])
+def test_a_killed_rank_is_named_within_seconds(rdma_lab, tmp_path, algorithm, count):
+    """UC reports nothing when a peer dies: the tcp connections beside the queue pairs do."""
+    script = tmp_path / "killed.py"
+    script.write_text(KILLED.format(algorithm=algorithm, count=count))
+    script.chmod(0o600)
+    started = time.monotonic()
+    p = lab_tbrun(rdma_lab, "-np", 3, "--grace", "20", script, timeout=150)
+    elapsed = time.monotonic() - started
+    assert p.returncode == 128 + signal.SIGKILL, p.stdout + p.stderr
+    assert "rank 1 (pid" in p.stderr and "killed by signal 9" in p.stderr
+    reports = tagged_lines(p.stdout)
+    assert sorted(reports) == [0, 2], p.stdout + p.stderr
+    for rank in (0, 2):
+        (line,) = reports[rank]
+        assert line.startswith(f"CommError: all_reduce on rank {rank}: "), line
+        assert "rank 1" in line and "closed the connection" in line, line
+    assert elapsed < 120, elapsed  # a boot-free job start in the VM takes ~15-40 s
+
+
+# --- set-up errors, one line each (this host has the verbs library but no device) -----------
+
+HELLO = "import tbcoll; tbcoll.init()"
+
+
+def last_error(p) -> str:
+    lines = [line for line in (p.stdout + p.stderr).splitlines() if "CommError: " in line]
+    assert lines, p.stdout + p.stderr
+    return lines[-1]
+
+
+def test_no_device_says_how_to_get_one(script):
+    p = tbrun("-np", 2, "--backend", "rdma", script(HELLO), timeout=60)
+    assert p.returncode != 0
+    assert "found no RDMA device on this host" in last_error(p)
+
+
+def test_a_missing_library_is_named(script):
+    p = tbrun("-np", 2, "--backend", "rdma", "-x", "TBCOLL_RDMA_LIBRARY=/nonexistent/libv.so",
+              script(HELLO), timeout=60)
+    line = last_error(p)
+    assert "cannot open the RDMA library /nonexistent/libv.so" in line
+    assert "install rdma-core" in line
+
+
+def test_a_device_that_does_not_exist_is_named(script):
+    p = tbrun("-np", 2, "--backend", "rdma", "-x", "TBCOLL_RDMA_DEVICES=rdma_en7",
+              script(HELLO), timeout=60)
+    assert "RDMA device 'rdma_en7', named by TBCOLL_RDMA_DEVICES, does not exist" in \
+        last_error(p)
+
+
+def test_built_without_verbs_says_so(monkeypatch):
+    from tbcoll.transports import rdma
+    monkeypatch.setattr(rdma, "_verbs", None)
+    with pytest.raises(CommError, match="built without RDMA support: install libibverbs-dev"):
+        rdma.open_world(_info(0, [[0], [1]]), "t")
+
+
+def _info(rank: int, hosts: list[list[int]]) -> LaunchInfo:
+    layout = Layout(tuple(JobHost(f"h{i}", tuple(ranks)) for i, ranks in enumerate(hosts)))
+    size = sum(map(len, hosts))
+    return LaunchInfo(rank, size, 0, 1, 0, "rdma", ("127.0.0.1", 1), "t", layout, 5.0)
+
+
+def _settings(text: str) -> RdmaSettings:
+    return RdmaSettings(text, False, -1, None)
+
+
+def test_devices_from_mlx_matrix_per_pair_of_hosts():
+    matrix = '[[null, "rdma_en2", ["rdma_en3", "rdma_en5"]], ["rdma_en2", null, "rdma_en4"],' \
+             ' ["rdma_en3", "rdma_en4", null]]'
+    present = ["rdma_en2", "rdma_en3", "rdma_en4"]
+    got = devices.devices_per_rank(_info(0, [[0], [1], [2]]), _settings(matrix), present)
+    assert got == [None, "rdma_en2", "rdma_en3"]
+    got = devices.devices_per_rank(_info(1, [[0], [1], [2]]), _settings(matrix), present)
+    assert got == ["rdma_en2", None, "rdma_en4"]
+
+
+def test_device_choice_errors_say_what_to_do():
+    with pytest.raises(CommError, match=r"several RDMA devices \(a, b\)"):
+        devices.devices_per_rank(_info(0, [[0], [1]]), _settings(""), ["a", "b"])
+    assert devices.devices_per_rank(_info(0, [[0, 1]]), _settings(""), ["rxe0"]) == \
+        [None, "rxe0"]
+    with pytest.raises(CommError, match="names no RDMA device from rank 0's host"):
+        devices.devices_per_rank(_info(0, [[0, 1]]), _settings("[[null]]"), ["a"])
+    with pytest.raises(CommError, match="its devices: rxe0"):
+        devices.devices_per_rank(_info(0, [[0], [1]]), _settings("mlx5_0"), ["rxe0"])
+
+
+def test_gid_and_registration_messages_name_the_fix():
+    assert "give en3 an IPv4 address" in devices.no_gid("rdma_en3")
+    text = devices.registration_refused("rdma_en2|2228224|Cannot allocate memory")
+    assert "refused to register 2.1 MiB" in text and "about 100 memory regions" in text
+
+
+def test_tbrun_passes_the_hostfiles_rdma_matrix(script):
+    p = tbrun("--dry-run", "--hostfile", REPO / "hostfiles" / "mesh4.json", "-np", 4,
+              "--backend", "rdma", script(HELLO), timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert '"TBCOLL_RDMA_DEVICES": "[[null,\\"rdma_en2\\",\\"rdma_en3\\",\\"rdma_en4\\"]' \
+        in p.stdout, p.stdout
