@@ -38,7 +38,9 @@ cluster-tools:
 # tests skip and say why. virtme-ng (PyPI) goes into .venv, not a venv of the lab's own: the
 # tests' Python finds vng beside itself, and there is no second venv to create, keep in step or
 # forget in `make clean`. It is no dependency of tbcoll (users and Macs never need it), so it is
-# not in pyproject.toml; 1.42 is the version the lab was measured with.
+# not in pyproject.toml; 1.42 is the version the lab was measured with. The rdma extension
+# builds only where the verbs header is: when .venv was made before libibverbs-dev came, it
+# is built again here.
 LAB_APT := qemu-system-x86 linux-image-amd64 busybox-static iproute2 rdma-core ibverbs-utils \
            ibverbs-providers perftest libibverbs-dev
 rdma-lab-tools: $(STAMP)
@@ -49,6 +51,8 @@ rdma-lab-tools: $(STAMP)
 	  fi; \
 	  [ -x $(BIN)/vng ] || \
 	    $(BIN)/pip install --quiet --disable-pip-version-check virtme-ng==1.42; \
+	  $(BIN)/python -c 'import tbcoll.rdma._verbs' 2>/dev/null || \
+	    $(BIN)/pip install --quiet --disable-pip-version-check --no-deps -e .; \
 	fi
 
 # Install the lab, boot it and check it: rxe0 listed, two processes ping-pong over it.
