@@ -63,8 +63,9 @@ rdma-lab: rdma-lab-tools
 	      ibv_rc_pingpong -d $$RDMALAB_DEVICE -g 1 -n 1000 -p 18562 $$RDMALAB_ADDRESS && break; \
 	      sleep 0.5; done; wait $$!; }'
 
-# As root with apt-get (CI), the labs must run: TBCOLL_REQUIRE_LABS=1 turns their skips
-# into failures (tests/conftest.py), so a lab that broke cannot read green.
+# As root with apt-get (CI), the labs must run (network namespaces, Slurm, the RDMA VM):
+# TBCOLL_REQUIRE_LABS=1 turns their skips into failures (tests/conftest.py), so a lab that
+# broke cannot read green.
 test: lint cluster-tools rdma-lab-tools
 	TBCOLL_REQUIRE_LABS=$$(if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; \
 	  then echo 1; fi) $(BIN)/python -m pytest

@@ -60,7 +60,8 @@ def pid_alive(pid: int) -> bool:
 
 def labs_required() -> bool:
     """TBCOLL_REQUIRE_LABS=1 (set by `make test` as root with apt-get, so in CI): the labs
-    (the RDMA VM) must run here, and one that cannot is a failure, never a skip."""
+    (the RDMA VM, the namespace cluster, the Slurm cluster) must run here, and one that cannot
+    is a failure, never a skip."""
     return os.environ.get("TBCOLL_REQUIRE_LABS") == "1"
 
 

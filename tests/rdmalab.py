@@ -49,6 +49,7 @@ NOT_LOADED = ("kvm,kvm_amd,kvm_intel,powernow_k8,iTCO_wdt,iTCO_vendor_support,sr
               "qemu_fw_cfg,virtio_rng,rng_core,polyval_clmulni,polyval_generic,crc32_pclmul,"
               "crc32c_intel")
 POLL = 0.02  # seconds between looks for a result file
+HEARTBEAT = 5  # seconds between the host's heartbeats (the agent gives up after 60 without)
 
 
 class LabError(RuntimeError):
@@ -108,6 +109,7 @@ class Lab:
         self._vm: subprocess.Popen | None = None
         self._ids = itertools.count()
         self._lock = threading.Lock()
+        self._beating = threading.Event()  # set: stop beating
 
     def __enter__(self) -> Lab:
         return self.start()
@@ -129,6 +131,8 @@ class Lab:
                 "--cwd", str(REPO), "--append", f"modprobe.blacklist={NOT_LOADED}",
                 "--exec", shlex.join([sys.executable, str(AGENT), str(self.folder)])]
         env = {**os.environ, "PATH": f"{bin_dir}:{os.environ.get('PATH', '')}"}
+        self._beating.clear()
+        threading.Thread(target=self._heartbeat, args=(self.folder,), daemon=True).start()
         started = time.monotonic()
         with open(self.folder / "console.log", "w") as console:
             self._vm = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=console,
@@ -143,6 +147,19 @@ class Lab:
         self.device, self.address = ready["device"], ready["address"]
         self.netdev, self.setup_seconds = ready["netdev"], ready["seconds"]
         return self
+
+    def _heartbeat(self, folder: Path) -> None:
+        """Rewrite folder/heartbeat every few seconds until stop(): should this process die
+        without stopping the lab, the agent sees the beats stop and powers the VM off."""
+        for beat in itertools.count():
+            tmp = folder / ".heartbeat.tmp"
+            try:
+                tmp.write_text(str(beat))
+                os.replace(tmp, folder / "heartbeat")
+            except OSError:
+                return  # the folder is gone: stopped
+            if self._beating.wait(HEARTBEAT):
+                return
 
     def _wait_ready(self, deadline: float) -> dict:
         ready, failed = self.folder / "ready.json", self.folder / "failed.json"
@@ -235,6 +252,7 @@ class Lab:
         if self.folder is not None:
             shutil.rmtree(self.folder, ignore_errors=True)
             self.folder = None
+        self._beating.set()
         atexit.unregister(self.stop)
 
 

@@ -3,7 +3,8 @@ the commands the host drops into the lab's folder, one thread each, until told t
 
 Host and guest share only that folder (a 9p mount, where inotify sees nothing: poll). Every
 file appears by rename, so neither side reads half of one:
-  host -> guest  cmd-ID.json  {"argv", "env", "cwd", "timeout"}; stop (empty: shut down)
+  host -> guest  cmd-ID.json  {"argv", "env", "cwd", "timeout"}; stop (empty: shut down);
+                 heartbeat    (a count the host rewrites every few seconds while it lives)
   guest -> host  ready.json   {"device", "address", "netdev", "seconds"} or failed.json {"error"}
                  res-ID.json  {"returncode", "stdout", "stderr", "timed_out", "error"}
 Standard library only: it runs on the guest's view of the host's Python.
@@ -25,6 +26,7 @@ NETDEV = "rxelab0"  # a veth; its peer rxelab1 is only there to make the link co
 ADDRESS = "10.99.0.1"
 POLL_IDLE = 0.02  # seconds between looks at the folder while no command runs
 POLL_BUSY = 0.1  # ... while one runs: less of the emulated CPU taken from what it measures
+HEARTBEAT_LOST = 60  # seconds without a new heartbeat from the host: it is gone, power off
 
 
 def write_json(folder: Path, name: str, value: dict) -> None:
@@ -96,10 +98,28 @@ def run_one(folder: Path, ident: str, request: dict, running: set) -> None:
     running.discard(ident)
 
 
+def host_alive(folder: Path, seen: list) -> bool:
+    """False once the host's heartbeat file has not changed for HEARTBEAT_LOST seconds: the
+    host process died without stopping the lab (SIGKILL), and nobody else will."""
+    now = time.monotonic()
+    if now - seen[1] >= 1:  # look once a second
+        try:
+            beat = (folder / "heartbeat").read_text()
+        except OSError:
+            beat = None
+        if beat != seen[0]:
+            seen[:] = [beat, now, now]
+        else:
+            seen[1] = now
+    return now - seen[2] < HEARTBEAT_LOST
+
+
 def serve(folder: Path) -> None:
-    """Run each cmd-ID.json once, until `stop` appears or the folder is gone."""
+    """Run each cmd-ID.json once, until `stop` appears, the folder is gone or the host is."""
     running: set[str] = set()
-    while folder.is_dir() and not (folder / "stop").exists():
+    seen = [None, 0.0, time.monotonic()]  # the last heartbeat, when looked, when it changed
+    while (folder.is_dir() and not (folder / "stop").exists()
+           and host_alive(folder, seen)):
         for name in os.listdir(folder):
             if not (name.startswith("cmd-") and name.endswith(".json")):
                 continue

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from . import netns
-from .conftest import REPO, TBRUN, tagged_lines, wait_for
+from .conftest import REPO, TBRUN, skip_or_fail, tagged_lines, wait_for
 
 HOSTS = 3
 
@@ -52,13 +52,13 @@ print(json.dumps({"rank": comm.rank, "size": comm.size, "total": total.tolist(),
 def cluster(tmp_path_factory):
     reason = netns.why_not_available()
     if reason:
-        pytest.skip(reason)
+        skip_or_fail(reason)
     c = netns.Cluster(f"tbc{os.getpid() % 10000}", tmp_path_factory.mktemp("cluster"), HOSTS)
     try:
         c.start()
     except (RuntimeError, subprocess.TimeoutExpired) as e:
         c.stop()
-        pytest.skip(f"cannot make network namespaces here: {e}")
+        skip_or_fail(f"cannot make network namespaces here: {e}")
     yield c
     c.stop()
 

@@ -16,7 +16,7 @@ from tbcoll.launch.slurm import expand_counts, expand_hostlist
 from tbcoll.errors import HostfileError
 
 from . import netns, slurmcluster
-from .conftest import REPO, TBRUN
+from .conftest import REPO, TBRUN, skip_or_fail
 
 RANKS = """
 import json, os, sys
@@ -59,7 +59,7 @@ def test_bad_node_lists_are_named(text):
 def slurm(tmp_path_factory):
     reason = slurmcluster.why_not_available()
     if reason:
-        pytest.skip(reason)
+        skip_or_fail(reason)
     hosts = netns.Cluster(f"tbs{os.getpid() % 10000}", tmp_path_factory.mktemp("slurm"), 2)
     cluster = slurmcluster.SlurmCluster(hosts, hosts.folder)
     try:
@@ -67,7 +67,7 @@ def slurm(tmp_path_factory):
             hosts.start(sshd=False)
             cluster.start()
         except (RuntimeError, OSError, subprocess.TimeoutExpired) as e:
-            pytest.skip(f"cannot start a Slurm cluster here: {e}")
+            skip_or_fail(f"cannot start a Slurm cluster here: {e}")
         yield cluster
     finally:
         cluster.stop()
