@@ -228,8 +228,8 @@ class Communicator:
             result = path(x, op, root, out)
             if result is not None:
                 self._seq = seq = self._seq + 1
-                if (ring := self._ring) is not None:  # no times: a clock read costs as much
-                    ring[seq % self._ring_size] = (seq, kind, dtype, x.nbytes, op, root)
+                if (ring := self._ring) is not None:  # no times, no size: see tbcoll.recorder
+                    ring[seq % self._ring_size] = (seq, kind, dtype, op, root)
             return result
         except CommError as e:
             raise self._named(e, kind.name) from e

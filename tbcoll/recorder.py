@@ -5,10 +5,11 @@ communicator (matched across ranks by its sequence number), with what, from whic
 user's code. Each communicator keeps its last TBCOLL_RECORD calls (default 512; 0: none) in a
 ring: the sequence number, the collective, dtype, bytes, op, root, algorithm, and the start and
 end times. Recording costs a tuple and a clock read per call, nothing formatted: the 8 B shm
-all_reduce takes ~2 us and the recorder must stay within its noise (RESULTS.md). So the
-latency-critical one-call path (Communicator._quickly) records no time at all (a clock read
-costs as much as the rest of the record); the other paths, and every call under --trace,
-record both.
+all_reduce takes ~1.4 us and the recorder must stay within its noise (RESULTS.md). So the
+latency-critical one-call path (Communicator._quickly) records neither times (a clock read
+cost as much as the rest of the record) nor the size (numpy's nbytes, 25 ns); the other
+paths, and every call under --trace, record all. The call in progress has its size either
+way, read off its frame.
 
 What a rank is doing *now* is not recorded at all: the call in progress is read, when a dump
 is asked for, from the stacks of the process's threads (the Communicator's frames hold the
@@ -29,7 +30,7 @@ _PACKAGE = str(Path(__file__).resolve().parent) + os.sep
 
 # (seq, collective (a tbcoll.collectives.Collective), dtype, bytes, op, root, algorithm,
 #  start, end): the objects the call already had; perf_counter() times. The one-call path
-#  records (seq, collective, dtype, bytes, op, root) alone: algorithm "native", no times.
+#  records (seq, collective, dtype, op, root) alone: algorithm "native", no size, no times.
 Entry = tuple
 
 
@@ -83,10 +84,13 @@ def _short(path: str) -> str:
 
 def describe(entry: Entry) -> dict[str, Any]:
     """A recorded call as plain data (for a dump's JSON)."""
-    seq, kind, dtype, nbytes, op, root, algorithm, start, end = (
-        entry if len(entry) == 9 else (*entry, "native", None, None))
+    if len(entry) == 9:
+        seq, kind, dtype, nbytes, op, root, algorithm, start, end = entry
+    else:  # the one-call path's
+        (seq, kind, dtype, op, root), nbytes = entry, None
+        algorithm, start, end = "native", None, None
     return {"seq": seq, "collective": kind.name, "dtype": None if dtype is None else str(dtype),
-            "bytes": int(nbytes), "op": op, "root": rooted(root), "algorithm": algorithm,
+            "bytes": nbytes, "op": op, "root": rooted(root), "algorithm": algorithm,
             "start": start, "end": end, "state": "done"}
 
 

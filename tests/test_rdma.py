@@ -84,7 +84,9 @@ def test_a_killed_rank_is_named_within_seconds(rdma_lab, tmp_path, algorithm, co
     for rank in (0, 2):
         (line,) = reports[rank]
         assert line.startswith(f"CommError: all_reduce on rank {rank}: "), line
-        assert "rank 1" in line and "closed the connection" in line, line
+        assert "closed the connection" in line, line
+    # in a ring a survivor may see the other survivor leave first: one at least names rank 1
+    assert any("rank 1" in lines[0] for lines in reports.values()), reports
     assert elapsed < 120, elapsed  # a boot-free job start in the VM takes ~15-40 s
 
 
