@@ -6,7 +6,8 @@ Each trial runs ranks that all_reduce in a loop. The last rank then kills itself
 SIGKILL), stops itself (stop: SIGSTOP, a frozen or suspended machine), or the harness
 SIGKILLs tbrun (tbrun). A row gives the seconds from the fault to the end of tbrun, its
 status, the rank tbrun's messages name first, and the processes and files left 3 s later
-(the ranks and their children; the job's temporary files and shared memory). --comm-timeout
+(the ranks and their children; the job's temporary files and shared memory, not the dumps it
+keeps on purpose). --comm-timeout
 is 3 s, so a frozen rank is found by the others' timeout. A markdown table goes to stdout.
 """
 
@@ -104,7 +105,9 @@ def trial(backend: str, np_: int, fault: str) -> dict:
         left = [p for p in pids if alive(p)]
         for pid in left:
             os.kill(pid, signal.SIGKILL)
-        files = len(list(temp.iterdir())) + len(shared_memory() - before)
+        # the dumps a failed job leaves on purpose, their folder printed (tbcoll.launch.postmortem)
+        kept = [f for f in temp.iterdir() if not f.name.startswith("tbrun-dump-")]
+        files = len(kept) + len(shared_memory() - before)
         named = blamed(err or "")
         return {"backend": backend, "np": np_, "fault": fault, "seconds": ended - started,
                 "status": proc.returncode, "named": named, "procs": len(left), "files": files}
