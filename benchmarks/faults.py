@@ -7,8 +7,8 @@ SIGKILL), stops itself (stop: SIGSTOP, a frozen or suspended machine), or the ha
 SIGKILLs tbrun (tbrun). A row gives the seconds from the fault to the end of tbrun, its
 status, the rank tbrun's messages name first, and the processes and files left 3 s later
 (the ranks and their children; the job's temporary files and shared memory, not the dumps it
-keeps on purpose). --comm-timeout
-is 3 s, so a frozen rank is found by the others' timeout. A markdown table goes to stdout.
+keeps on purpose). --comm-timeout is 3 s, so a frozen rank is found by the others' timeout.
+A markdown table goes to stdout.
 """
 
 from __future__ import annotations
