@@ -130,28 +130,17 @@ class RdmaNative:
         self._watch, self._timeout = watch, timeout
         self._piece = _verbs.COLL_BYTES
         self._empty = np.empty(0, np.uint8)
-        self._codes: dict[tuple, tuple[int, int, int]] = {}  # (dtype, op, bytes) -> mesh's
 
     # --- one-call paths (Native.direct_*) ---------------------------------------------------
 
     def direct_all_reduce(self, x: np.ndarray, op: str, root: int,
                           out: np.ndarray | None) -> np.ndarray | None:
-        # The latency-critical path (tensor parallelism's small all_reduce): under the lab's
-        # emulation each Python step here costs microseconds (benchmarks/rdma_probe.py), so the
-        # call's codes come from a cache, and the C call is made once before the watched loop.
-        key = (x.dtype, op, x.nbytes)
-        codes = self._codes.get(key)
-        if codes is None:
-            dtype = DTYPE_CODES.get(x.dtype)
-            if dtype is None or x.nbytes > self._piece:
-                return None
-            codes = self._codes[key] = (dtype, OP_CODES[op],
-                                        signature("all_reduce", x.dtype, op, x.nbytes))
-        if not x.flags.c_contiguous:
+        dtype = DTYPE_CODES.get(x.dtype)
+        if dtype is None or x.nbytes > self._piece or not x.flags.c_contiguous:
             return None
         out = np.empty_like(x) if out is None else out
-        if result := self._fabric.mesh(_verbs.MESH_ALL_REDUCE, x, out, *codes, WAIT_SLICE):
-            self._mesh(_verbs.MESH_ALL_REDUCE, x, out, *codes, result)  # not done: watched
+        self._mesh(_verbs.MESH_ALL_REDUCE, x, out, dtype, OP_CODES[op],
+                   signature("all_reduce", x.dtype, op, x.nbytes))
         return out
 
     def direct_all_gather(self, x: np.ndarray, op: None, root: int,
@@ -197,14 +186,11 @@ class RdmaNative:
                    signature("barrier"))
 
     def _mesh(self, kind: int, src: np.ndarray, dst: np.ndarray, dtype: int, op: int,
-              call: int, result: int | None = None) -> None:
-        """One mesh call, in C slices of WAIT_SLICE between which the peers are watched (a
-        call whose slice ran out goes on where it was: the C side keeps its stage); result:
-        what the call's first slice returned, where the caller made it."""
+              call: int) -> None:
+        """One mesh call, in C slices of WAIT_SLICE between which the peers are watched."""
         deadline = None
         while True:
-            if result is None:
-                result = self._fabric.mesh(kind, src, dst, dtype, op, call, WAIT_SLICE)
+            result = self._fabric.mesh(kind, src, dst, dtype, op, call, WAIT_SLICE)
             if result == 0:
                 return
             if result > 0:
@@ -224,7 +210,6 @@ class RdmaNative:
                 raise PeerTimeoutError(f"timed out after {self._timeout:g} s (TBCOLL_TIMEOUT) "
                                        "waiting for the other ranks' blocks of a native "
                                        "collective", peers)
-            result = None
 
 
 class RdmaGroup:
