@@ -142,22 +142,7 @@ def under_tbrun(args) -> None:
         finally:
             comm._quick[entry] = None
 
-    from tbcoll.calls import signature
-
-    def direct_parts(n: int) -> None:
-        """direct_all_reduce with its codes computed per call (as it does) and the C mesh
-        called through _mesh's loop: against a variant that cached the codes and called
-        the C mesh first itself, no difference was measured (107 against 108 us), and the
-        variant was not kept."""
-        for _ in range(n):
-            code = DTYPE_CODES.get(x.dtype)
-            if code is None or x.nbytes > native._piece or not x.flags.c_contiguous:
-                raise AssertionError("the probe's x qualifies")
-            native._mesh(_verbs.MESH_ALL_REDUCE, x, out, code, OP_CODES["sum"],
-                         signature("all_reduce", x.dtype, "sum", x.nbytes))
-
-    systems = {"tbcoll": tbcoll_, "tbcoll-quick": quick, "direct": direct,
-               "direct-parts": direct_parts, "mesh": mesh}
+    systems = {"tbcoll": tbcoll_, "tbcoll-quick": quick, "direct": direct, "mesh": mesh}
     times: dict = {name: [] for name in systems}
     tbcoll_(20)
     for batch in range(args.batches):
