@@ -142,7 +142,24 @@ def under_tbrun(args) -> None:
         finally:
             comm._quick[entry] = None
 
-    systems = {"tbcoll": tbcoll_, "tbcoll-quick": quick, "direct": direct, "mesh": mesh}
+    from tbcoll.collectives import KNOWN_DTYPES
+    from tbcoll.dtypes import OPS
+
+    def quickly(n: int) -> None:  # comm's quick step, without all_reduce's checks before it
+        for _ in range(n):
+            comm._quickly(entry, native.direct_all_reduce, x, x.dtype, "sum", -1, out)
+
+    def checks(n: int) -> None:  # all_reduce's checks for the quick path alone, then direct
+        quick_path, op, algorithm = native.direct_all_reduce, "sum", None
+        for _ in range(n):
+            if (type(x) is np.ndarray and algorithm is None and quick_path is not None
+                    and id(dtype := x.dtype) in KNOWN_DTYPES and op in OPS and (
+                        type(out) is np.ndarray and out.dtype is dtype
+                        and out.shape == x.shape and out.flags.carray)):
+                quick_path(x, op, -1, out)
+
+    systems = {"tbcoll": tbcoll_, "tbcoll-quick": quick, "quickly": quickly,
+               "checks+direct": checks, "direct": direct, "mesh": mesh}
     times: dict = {name: [] for name in systems}
     tbcoll_(20)
     for batch in range(args.batches):
