@@ -1,6 +1,7 @@
 """Where an rdma 8 B all_reduce's time goes, without tbrun, pytest or the Communicator.
 
-    python -m tests.rdmalab -- python benchmarks/rdma_probe.py            # in the RDMA lab
+    python benchmarks/rdma_probe.py --lab 2        # as root: boots the RDMA lab, A B .. B A
+    python -m tests.rdmalab -- python benchmarks/rdma_probe.py            # one system, in it
 
 Two processes (forked here) open a tbcoll.rdma._verbs.Fabric each on $RDMALAB_DEVICE,
 exchange queue-pair info through pipes, and then time, in turns (A B A B ...):
@@ -178,17 +179,52 @@ def under_tbrun(args) -> None:
     comm.close()
 
 
+def perftest(tool: str, port: int) -> list[str]:
+    """A shell command running perftest's tool (UC, 8 B) as server and client in the lab."""
+    argv = f"{tool} -d $RDMALAB_DEVICE -x 1 -c UC -s 8 -n 2000 -p {port}"
+    return ["sh", "-c", f"{argv} >/dev/null 2>&1 & sleep 3; {argv} $RDMALAB_ADDRESS; wait"]
+
+
+def in_turns(rounds: int, iters: int, batches: int) -> None:
+    """Boot the lab once; per round run perftest, this probe and its tbrun mode in turns."""
+    from tests.rdmalab import Lab
+
+    bin_dir = Path(sys.executable).parent
+    me = [sys.executable, str(Path(__file__).resolve()), "--iters", str(iters),
+          "--batches", str(batches)]
+    systems = {"ib_write_lat": lambda r: perftest("ib_write_lat", 18600 + r),
+               "ib_send_lat": lambda r: perftest("ib_send_lat", 18620 + r),
+               "probe": lambda r: me,
+               "tbcoll": lambda r: [str(bin_dir / "tbrun"), "-np", "2", "--backend", "rdma",
+                                    *me, "--tbcoll"]}
+    with Lab() as lab:
+        print(f"# lab ready in {lab.boot_seconds:.1f} s", flush=True)
+        for r in range(rounds):
+            for name in systems if r % 2 == 0 else reversed(systems):
+                p = lab.run(systems[name](r), timeout=300, cwd=str(Path(__file__).parent.parent))
+                lines = [line for line in p.stdout.splitlines()
+                         if "median" in line or line.lstrip().startswith("8 ")]
+                print(f"## round {r + 1}: {name} (rc {p.returncode})", *lines, sep="\n",
+                      flush=True)
+                if p.returncode:
+                    print(p.stderr[-2000:], flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iters", type=int, default=200)
     parser.add_argument("--batches", type=int, default=6)
     parser.add_argument("--spin", type=float, default=50e-6)
     parser.add_argument("--systems", default="noop,exchange-ws,mesh,comm")
+    parser.add_argument("--lab", type=int, metavar="ROUNDS",
+                        help="boot the RDMA lab and run every system in turns, ROUNDS times")
     parser.add_argument("--tbcoll", action="store_true",
                         help="be a rank of tbrun's job, timing comm.all_reduce")
     args = parser.parse_args()
     if args.tbcoll:
         return under_tbrun(args)
+    if args.lab:
+        return in_turns(args.lab, args.iters, args.batches)
     ctx = mp.get_context("fork")
     pipes = [ctx.Pipe() for _ in range(2)]
     between = ctx.Pipe()
