@@ -49,6 +49,13 @@
  * The GIL is released while waiting; waits spin briefly, then yield, then nap, each within
  * a budget after which control goes back to Python (which watches for lost peers and the
  * deadline): nothing here waits forever.
+ *
+ * WHERE A SMALL CALL'S TIME GOES (Soft-RoCE in the lab, benchmarks/rdma_probe.py; figures in
+ * benchmarks/RESULTS.md). A signaled UC send completes inside the sender's own post_send on
+ * rxe, and the peer's message is in the CQ by the first or second poll after it: the waits
+ * of an 8 B call hardly wait, so spinning, yielding or napping changes nothing there. The
+ * cost is the post_send itself (rxe does the whole message's work in that system call) and
+ * the Python above this file; _probe below is the verbs-only floor it was measured against.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -1121,6 +1128,102 @@ static PyObject *Fabric_differing_call(Fabric *f, PyObject *unused)
                          (unsigned long long)f->differs[1], f->differs_bytes);
 }
 
+/*
+ * _probe(iters, flags) -> (seconds, empty polls, seconds waiting for send completions)
+ * A test hook for benchmarks/rdma_probe.py, in the manner of perftest's ib_send_lat: 8 B
+ * SEND/RECV on the COLL queue pair to the one peer of a 2-rank Fabric, polling the CQ
+ * itself, GIL held (nothing else runs). Call it between mesh calls only (no mesh call under
+ * way): it consumes and reposts the COLL receives in the order they were posted, an even
+ * number per rank, so the parities are as they were afterwards. flags: PROBE_EXCHANGE (both
+ * send, then wait: the mesh's pattern; else ping-pong, rank 0 first), PROBE_WAIT_SEND (wait
+ * for each send's completion before going on), PROBE_YIELD (sched_yield after an empty poll).
+ */
+enum { PROBE_EXCHANGE = 1, PROBE_WAIT_SEND = 2, PROBE_YIELD = 4 };
+
+static PyObject *Fabric_probe(Fabric *f, PyObject *args)
+{
+    int iters, flags;
+    if (!PyArg_ParseTuple(args, "ii", &iters, &flags))
+        return NULL;
+    int k = 1 - f->rank;
+    if (f->size != 2 || f->coll_stage || iters % 2)
+        return PyErr_Format(PyExc_ValueError, "_probe: 2 ranks, even iters, between calls");
+    Peer *p = &f->peer[k];
+    Device *d = &f->dev[p->device];
+    char *own = d->coll + (size_t)f->rank * COLL_SLOT;
+    long empty = 0;
+    double send_wait = 0, start = now();
+    int sending = 0, arrived = 0;
+    for (int i = 0; i < iters && !p->lost[0]; i++) {
+        int first = (flags & PROBE_EXCHANGE) || f->rank == 0;
+        for (int step = 0; step < 2; step++) {
+            if (step == (first ? 0 : 1)) {
+                while (sending >= 2) { /* the queue pair holds 3 sends */
+                    struct ibv_wc wc;
+                    if (ibv_poll_cq(d->cq, 1, &wc) > 0) {
+                        if ((int)((wc.wr_id >> 24) & 0xff) == WR_COLL_SEND) sending--;
+                        else if ((int)((wc.wr_id >> 24) & 0xff) == WR_COLL_RECV) {
+                            arrived++; post_coll_recv(f, k, (int)(wc.wr_id & 0xffffff)); }
+                        else completed(f, &wc);
+                    } else {
+                        empty++;
+                        if (flags & PROBE_YIELD) sched_yield();
+                    }
+                }
+                struct ibv_sge sge = {.addr = (uintptr_t)own, .length = COLL_HEADER + 8,
+                                      .lkey = d->mr->lkey};
+                struct ibv_send_wr wr = {.wr_id = WR_ID(k, WR_COLL_SEND, 0), .sg_list = &sge,
+                                         .num_sge = 1, .opcode = IBV_WR_SEND,
+                                         .send_flags = IBV_SEND_SIGNALED}, *bad;
+                if (ibv_post_send(p->qp[QP_COLL], &wr, &bad)) {
+                    lose(p, "posting a send failed");
+                    break;
+                }
+                sending++;
+                double t0 = now();
+                while ((flags & PROBE_WAIT_SEND) && sending > 0 && !p->lost[0]) {
+                    struct ibv_wc wc;
+                    if (ibv_poll_cq(d->cq, 1, &wc) > 0) {
+                        if ((int)((wc.wr_id >> 24) & 0xff) == WR_COLL_SEND) sending--;
+                        else if ((int)((wc.wr_id >> 24) & 0xff) == WR_COLL_RECV) {
+                            arrived++; post_coll_recv(f, k, (int)(wc.wr_id & 0xffffff)); }
+                        else completed(f, &wc);
+                    } else {
+                        empty++;
+                        if (flags & PROBE_YIELD) sched_yield();
+                    }
+                }
+                send_wait += now() - t0;
+            } else {
+                while (arrived <= i && !p->lost[0]) {
+                    struct ibv_wc wc;
+                    if (ibv_poll_cq(d->cq, 1, &wc) > 0) {
+                        if ((int)((wc.wr_id >> 24) & 0xff) == WR_COLL_SEND) sending--;
+                        else if ((int)((wc.wr_id >> 24) & 0xff) == WR_COLL_RECV) {
+                            arrived++; post_coll_recv(f, k, (int)(wc.wr_id & 0xffffff)); }
+                        else completed(f, &wc);
+                    } else {
+                        empty++;
+                        if (flags & PROBE_YIELD) sched_yield();
+                        if (now() - start > 30) lose(p, "_probe: the peer went silent");
+                    }
+                }
+            }
+        }
+    }
+    while (sending > 0 && !p->lost[0]) { /* leave no send of ours in flight */
+        struct ibv_wc wc;
+        if (ibv_poll_cq(d->cq, 1, &wc) > 0 && (int)((wc.wr_id >> 24) & 0xff) == WR_COLL_SEND)
+            sending--;
+        else if (now() - start > 30)
+            lose(p, "_probe: a send never completed");
+    }
+    double took = now() - start;
+    if (p->lost[0])
+        return PyErr_Format(PyExc_ConnectionError, "%s", p->lost);
+    return Py_BuildValue("(dld)", took, empty, send_wait);
+}
+
 /* describe(peer) -> (device, gid index, "UC"/"RC") */
 static PyObject *Fabric_describe(Fabric *f, PyObject *args)
 {
@@ -1150,6 +1253,7 @@ static PyMethodDef Fabric_methods[] = {
     {"mesh", (PyCFunction)Fabric_mesh, METH_VARARGS, "One native mesh call."},
     {"differing_call", (PyCFunction)Fabric_differing_call, METH_NOARGS,
      "The header of the block whose call differed."},
+    {"_probe", (PyCFunction)Fabric_probe, METH_VARARGS, "A latency test hook (rdma_probe)."},
     {"describe", (PyCFunction)Fabric_describe, METH_VARARGS, "Device and GID of a peer."},
     {"close", (PyCFunction)Fabric_close, METH_NOARGS, "Release every verbs object."},
     {NULL, NULL, 0, NULL},
