@@ -99,10 +99,28 @@ class Communicator:
         # _dispatch's: the one-call paths by entry, where _run would take them (not alone)
         self._fast = {ENTRIES[name]: path if self.size > 1 else None
                       for name, path in self._direct.items()}
-        # the one-call paths where the tuning table takes them whatever the size (_quickly);
-        # none under --trace, whose calls take the dispatch, which times their start too
-        self._quick = {entry: path if self._fixed[entry.name] == "native" and not tracing()
-                       else None for entry, path in self._fast.items()}
+        # the one-call paths where the tuning table takes them (_quickly); none under --trace,
+        # whose calls take the dispatch, which times their start too
+        self._quick = {entry: None if path is None or tracing() else self._quick_path(entry, path)
+                       for entry, path in self._fast.items()}
+
+    def _quick_path(self, entry: Collective, path: Callable) -> Callable | None:
+        """path where the table takes native at every size (shm, mpi), path behind a size
+        check where it takes native up to a size (rdma: its C mesh), else None. A path also
+        returns None for what it does not take; the call then takes the dispatch."""
+        name = entry.name
+        if self._fixed[name] is not None:  # TBCOLL_ALGO, or the table, whatever the size
+            return path if self._fixed[name] == "native" else None
+        native, limit = tuning.native_up_to(self._table, name, self.size)
+        if not native:
+            return None
+        ranks = self.size if entry is ALL_GATHER else 1  # the table measures the output
+
+        def up_to_the_tables_limit(x: np.ndarray, op: str | None, root: int,
+                                   out: np.ndarray | None) -> Any:
+            return path(x, op, root, out) if x.nbytes * ranks <= limit else None
+
+        return up_to_the_tables_limit
 
     # --- collectives: blocking, then non-blocking (each returns a tbcoll.Request) --------
 

@@ -70,6 +70,15 @@ def fixed(backend: str, collective: str, size: int) -> str | None:
     return None
 
 
+def native_up_to(backend: str, collective: str, size: int) -> tuple[bool, int | None]:
+    """Whether the table takes native for the smallest messages at this many ranks, and up
+    to which size (None: every size)."""
+    for max_bytes, max_ranks, algorithm in TABLES[backend][collective]:
+        if max_ranks is None or size <= max_ranks:
+            return algorithm == "native", max_bytes
+    return False, None
+
+
 def describe(backend: str, collective: str) -> str:
     """The rules as a phrase, e.g. 'rd up to 256 KiB, then mesh up to 4 ranks, then ring'."""
     parts = []

@@ -27,3 +27,54 @@ def test_every_table_covers_every_collective_with_a_valid_algorithm():
 def test_describe():
     assert tuning.describe("tcp", "broadcast") == "rd up to 256 KiB, then ring"
     assert tuning.describe("mpi", "barrier") == "native"
+
+
+def test_native_up_to_a_size():
+    assert tuning.native_up_to("rdma", "all_reduce", 2) == (True, 64 << 10)
+    assert tuning.native_up_to("shm", "all_reduce", 4) == (True, None)
+    assert tuning.native_up_to("tcp", "all_reduce", 2) == (False, 256 << 10)
+
+
+class _Native:
+    takes_mlx = False
+    offers = frozenset(("all_reduce", "all_gather"))
+    direct_broadcast = direct_reduce_scatter = None
+
+    def __init__(self):
+        self.calls = []
+
+    def direct_all_reduce(self, x, op, root, out):
+        self.calls.append(x.nbytes)
+        return x
+
+    direct_all_gather = direct_all_reduce
+
+
+class _Group:
+    rank, size, tuning = 0, 4, "rdma"
+
+    def __init__(self):
+        self.native = _Native()
+
+    def close(self):
+        pass
+
+
+def test_the_one_call_path_is_taken_up_to_the_tables_native_size_and_no_further():
+    """rdma's table takes its C mesh up to 64 KiB: calls up to that take the one-call path
+    without describing the call (comm._quick); larger ones are refused there, so that the
+    dispatch chooses by size (measured on all_gather's output, as the table does)."""
+    import numpy as np
+
+    from tbcoll.collectives import ALL_GATHER, ALL_REDUCE
+    from tbcoll.comm import Communicator
+
+    group = _Group()
+    comm = Communicator(group, "rdma", 0, 0)
+    quick_reduce, quick_gather = comm._quick[ALL_REDUCE], comm._quick[ALL_GATHER]
+    small, large = np.ones(16 << 10, np.float32), np.ones((16 << 10) + 1, np.float32)
+    assert quick_reduce(small, "sum", -1, None) is small
+    assert quick_reduce(large, "sum", -1, None) is None
+    assert quick_gather(np.ones(4 << 10, np.float32), None, -1, None) is not None  # 64 KiB out
+    assert quick_gather(small, None, -1, None) is None  # 256 KiB out: rd's
+    assert group.native.calls == [64 << 10, 16 << 10]
