@@ -38,7 +38,7 @@ from tbcoll.recorder import (
     rooted,
     traced,
 )
-from tbcoll.rendezvous import Store
+from tbcoll.rendezvous import Store, tell_tbrun
 
 DUMP_KEY = "tbrun/dump/{}"  # rank -> its latest dump (JSON)
 LISTENING_KEY = "tbrun/dump-listening/{}"  # rank -> set once the rank answers requests
@@ -48,6 +48,7 @@ TRACE_KEY = "tbrun/trace/{}"  # rank -> every call it made (JSON), under tbrun -
 STACKS_SIGNAL = signal.SIGUSR2  # write every thread's stack to stderr (_stacks_on_signal)
 _LISTENER = "tbcoll-dumps"  # the thread that answers tbrun (left out of the dumps)
 _SEND_TIMEOUT = 2.0
+_TRACE_TIMEOUT = 10.0  # a long job's calls are megabytes
 _LISTEN_PERIOD = 3600.0
 
 
@@ -150,26 +151,15 @@ def _readers() -> dict[Any, Any]:
 
 
 def send(dump: dict[str, Any], store: Store | None = None) -> None:
-    """Give tbrun this rank's dump (nothing outside a tbrun job; a store that cannot be
-    reached is no reason for another error)."""
-    info = launch_info()
-    if info is None:
-        return
-    text = json.dumps(dump, default=str)
-    try:
-        if store is not None:
-            store.set(DUMP_KEY.format(info.rank), text)
-            return
-        with Store(*info.store, info.token, timeout=_SEND_TIMEOUT,
-                   connect_timeout=_SEND_TIMEOUT) as store:
-            store.set(DUMP_KEY.format(info.rank), text)
-    except (OSError, TbcollError):
-        pass
+    """Give tbrun this rank's dump (through store, or a connection of its own)."""
+    tell_tbrun(DUMP_KEY, json.dumps(dump, default=str), _SEND_TIMEOUT, store)
 
 
 def on_failure(comm: Any, message: str) -> None:
-    """A call of comm raised: tell tbrun where this rank was."""
-    send(snapshot(f"rank {comm._world_ranks[comm.rank]} failed: {message}", comm, message))
+    """A call of comm raised: tell tbrun where this rank was (outside a tbrun job there is no
+    one to tell, and no stack is read)."""
+    if launch_info() is not None:
+        send(snapshot(f"rank {comm._world_ranks[comm.rank]} failed: {message}", comm, message))
 
 
 _listening = threading.Lock()
@@ -231,8 +221,4 @@ def send_trace() -> None:
               for members, calls in traced() for entry, site in calls]
     text = json.dumps({"rank": info.rank, "host": socket.gethostname(), "clock": clock_anchor(),
                        "events": events}, default=str)
-    try:
-        with Store(*info.store, info.token, timeout=10.0, connect_timeout=10.0) as store:
-            store.set(TRACE_KEY.format(info.rank), text)
-    except (OSError, TbcollError):
-        pass
+    tell_tbrun(TRACE_KEY, text, _TRACE_TIMEOUT)

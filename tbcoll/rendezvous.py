@@ -41,20 +41,28 @@ _PEER_FAILURE = "tbrun/peer-failure/{}"  # a rank failing because of peers tells
 _REPORT_TIMEOUT = 2.0
 
 
-def report_peer_failure(what: str, peers: tuple[int, ...]) -> None:
-    """Tell tbrun that this rank is failing because of peers (world ranks; what: the error),
-    so that tbrun names them, not this rank. Nothing happens outside a tbrun job, and a store
-    that cannot be reached is no reason for another error."""
+def tell_tbrun(key: str, value: Key, timeout: float = _REPORT_TIMEOUT,
+               store: Store | None = None) -> None:
+    """Set key (formatted with this rank) to value in tbrun's store, through store or a
+    connection of its own. Nothing happens outside a tbrun job, and a store that cannot be
+    reached is no reason for another error: the caller is failing already, or reporting."""
     try:
         info = launch_info()
-        if info is None or info.size < 2:
+        if info is None:
             return
-        with Store(*info.store, info.token, timeout=_REPORT_TIMEOUT,
-                   connect_timeout=_REPORT_TIMEOUT) as store:
-            store.set(_PEER_FAILURE.format(info.rank),
-                      ",".join(map(str, peers)) + "\n" + what)
+        if store is not None:
+            store.set(key.format(info.rank), value)
+            return
+        with Store(*info.store, info.token, timeout=timeout, connect_timeout=timeout) as own:
+            own.set(key.format(info.rank), value)
     except (OSError, TbcollError):
         pass
+
+
+def report_peer_failure(what: str, peers: tuple[int, ...]) -> None:
+    """Tell tbrun that this rank is failing because of peers (world ranks; what: the error),
+    so that tbrun names them, not this rank."""
+    tell_tbrun(_PEER_FAILURE, ",".join(map(str, peers)) + "\n" + what)
 
 
 class StoreServer:
