@@ -15,7 +15,7 @@ KILLED_MID_ALL_REDUCE = """
 import os, signal, sys, numpy as np, tbcoll
 signal.signal(signal.SIGTERM, signal.SIG_IGN)  # outlive tbrun's teardown long enough to report
 comm = tbcoll.init()
-x = np.ones(1 << 20, np.float32)
+x = np.ones({count}, np.float32)
 try:
     for i in range(1000):
         if comm.rank == 1 and i == 5:
@@ -35,7 +35,7 @@ except tbcoll.CommError as e:
 def test_rank_killed_mid_all_reduce(script, backend, algorithm, lost):
     started = time.monotonic()
     p = tbrun("-np", 3, "--grace", "10", "--backend", backend,
-              script(KILLED_MID_ALL_REDUCE.format(algorithm=algorithm)), timeout=60)
+              script(KILLED_MID_ALL_REDUCE.format(algorithm=algorithm, count=1 << 20)), timeout=60)
     assert p.returncode == 128 + signal.SIGKILL, p.stderr
     assert "rank 1 (pid" in p.stderr and "killed by signal 9" in p.stderr
     reports = tagged_lines(p.stdout)
@@ -115,7 +115,7 @@ def test_check_mode_compares_the_algorithm(script):
 def test_mpiexec_ends_a_job_whose_rank_died(script):
     """Through tbrun --backend mpi: mpiexec ends the job, and tbrun removes the shared memory
     MPICH's killed ranks could not (MPICH unlinks it only at MPI_Finalize)."""
-    path = script(KILLED_MID_ALL_REDUCE.format(algorithm="native"))
+    path = script(KILLED_MID_ALL_REDUCE.format(algorithm="native", count=1 << 20))
     before = mpich_segments()
     started = time.monotonic()
     p = tbrun("--backend", "mpi", "-np", 3, path, timeout=60)

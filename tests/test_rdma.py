@@ -17,6 +17,7 @@ from tbcoll.rdma import devices
 from tbcoll.topology import JobHost, Layout
 
 from .conftest import REPO, TBRUN, tagged_lines, tbrun
+from .test_comm_failures import KILLED_MID_ALL_REDUCE
 
 # the C mesh ("native") with every dtype; tbcoll's algorithms over the rdma stream, which
 # moves bytes whatever the dtype, with float32 and int64 (and the tests without a dtype)
@@ -52,27 +53,11 @@ def test_spmd_suite_with_one_rank_needs_no_device():
     assert_suite_passed(p, 100)
 
 
-KILLED = """
-import os, signal, sys, numpy as np, tbcoll
-signal.signal(signal.SIGTERM, signal.SIG_IGN)  # outlive tbrun's teardown long enough to report
-comm = tbcoll.init()
-x = np.ones({count}, np.float32)
-try:
-    for i in range(100000):
-        if comm.rank == 1 and i == 5:
-            os.kill(os.getpid(), signal.SIGKILL)
-        comm.all_reduce(x, algorithm="{algorithm}")
-except tbcoll.CommError as e:
-    print("CommError:", e)
-    sys.exit(17)
-"""
-
-
 @pytest.mark.parametrize("algorithm, count", [("native", 2), ("ring", 1 << 16)])
 def test_a_killed_rank_is_named_within_seconds(rdma_lab, tmp_path, algorithm, count):
     """UC reports nothing when a peer dies: the tcp connections beside the queue pairs do."""
     script = tmp_path / "killed.py"
-    script.write_text(KILLED.format(algorithm=algorithm, count=count))
+    script.write_text(KILLED_MID_ALL_REDUCE.format(algorithm=algorithm, count=count))
     script.chmod(0o600)
     started = time.monotonic()
     p = lab_tbrun(rdma_lab, "-np", 3, "--grace", "20", script, timeout=150)
