@@ -699,13 +699,19 @@ static Peer *peer_arg(Fabric *f, int k)
     return &f->peer[k];
 }
 
-/* info(peer) -> bytes: what peer needs to connect its queue pairs to ours */
-static PyObject *Fabric_info(Fabric *f, PyObject *args)
+/* The peer of a method whose one argument is a peer's rank (METH_O). */
+static Peer *peer_of(Fabric *f, PyObject *rank)
 {
-    int k;
-    if (!PyArg_ParseTuple(args, "i", &k))
+    long k = PyLong_AsLong(rank);
+    if (k == -1 && PyErr_Occurred())
         return NULL;
-    Peer *p = peer_arg(f, k);
+    return peer_arg(f, k < 0 || k > MAX_PEERS ? -1 : (int)k); /* no int overflow */
+}
+
+/* info(peer) -> bytes: what peer needs to connect its queue pairs to ours */
+static PyObject *Fabric_info(Fabric *f, PyObject *rank)
+{
+    Peer *p = peer_of(f, rank);
     if (!p)
         return NULL;
     Device *d = &f->dev[p->device];
@@ -950,12 +956,9 @@ static PyObject *Fabric_wait(Fabric *f, PyObject *args)
 }
 
 /* lost(peer) -> why the peer is lost, or None */
-static PyObject *Fabric_lost(Fabric *f, PyObject *args)
+static PyObject *Fabric_lost(Fabric *f, PyObject *rank)
 {
-    int k;
-    if (!PyArg_ParseTuple(args, "i", &k))
-        return NULL;
-    Peer *p = peer_arg(f, k);
+    Peer *p = peer_of(f, rank);
     if (!p)
         return NULL;
     if (!p->lost[0])
@@ -1225,12 +1228,9 @@ static PyObject *Fabric_probe(Fabric *f, PyObject *args)
 }
 
 /* describe(peer) -> (device, gid index, "UC"/"RC") */
-static PyObject *Fabric_describe(Fabric *f, PyObject *args)
+static PyObject *Fabric_describe(Fabric *f, PyObject *rank)
 {
-    int k;
-    if (!PyArg_ParseTuple(args, "i", &k))
-        return NULL;
-    Peer *p = peer_arg(f, k);
+    Peer *p = peer_of(f, rank);
     if (!p)
         return NULL;
     Device *d = &f->dev[p->device];
@@ -1244,17 +1244,17 @@ static PyObject *Fabric_close(Fabric *f, PyObject *unused)
 }
 
 static PyMethodDef Fabric_methods[] = {
-    {"info", (PyCFunction)Fabric_info, METH_VARARGS, "Our queue pairs' info for peer."},
+    {"info", (PyCFunction)Fabric_info, METH_O, "Our queue pairs' info for peer."},
     {"connect", (PyCFunction)Fabric_connect, METH_VARARGS, "Connect to peer's queue pairs."},
     {"send", (PyCFunction)Fabric_send, METH_VARARGS, "Send leading bytes of buffers."},
     {"recv_into", (PyCFunction)Fabric_recv_into, METH_VARARGS, "Read what has arrived."},
     {"wait", (PyCFunction)Fabric_wait, METH_VARARGS, "Wait for ready peers."},
-    {"lost", (PyCFunction)Fabric_lost, METH_VARARGS, "Why a peer is lost, or None."},
+    {"lost", (PyCFunction)Fabric_lost, METH_O, "Why a peer is lost, or None."},
     {"mesh", (PyCFunction)Fabric_mesh, METH_VARARGS, "One native mesh call."},
     {"differing_call", (PyCFunction)Fabric_differing_call, METH_NOARGS,
      "The header of the block whose call differed."},
     {"_probe", (PyCFunction)Fabric_probe, METH_VARARGS, "A latency test hook (rdma_probe)."},
-    {"describe", (PyCFunction)Fabric_describe, METH_VARARGS, "Device and GID of a peer."},
+    {"describe", (PyCFunction)Fabric_describe, METH_O, "Device and GID of a peer."},
     {"close", (PyCFunction)Fabric_close, METH_NOARGS, "Release every verbs object."},
     {NULL, NULL, 0, NULL},
 };
