@@ -49,8 +49,9 @@ def held_topologies(pids: Iterable[int]) -> list[HeldFile]:
 
 
 def remove_topologies(files: Iterable[HeldFile]) -> None:
-    """Unlink each file that its path still names, if it is this user's (gone already: the
-    proxy ended normally). /tmp is sticky: only its owner, this user, could swap it."""
+    """Unlink each file that its path still names, a regular file of this user's; one gone
+    already (its proxy ended normally) is passed over. /tmp is sticky: between the check and
+    the unlink, only the file's owner, this user, could swap it."""
     for path, device, inode in files:
         try:
             named = os.lstat(path)
