@@ -10,7 +10,8 @@ every process of the job inherits), "folder PATH" (the job's private folder), "s
 job), and "done" when tbrun has cleaned up itself. End of file without "done" means tbrun
 died: the janitor kills every group with SIGKILL, then every process of this user that still
 carries the job's cookie (on Linux: a child that left its rank's group for a session of its
-own, a daemon; tbcoll.launch.reaper), removes the folders and the job's shared memory, and exits.
+own, a daemon; tbcoll.launch.reaper), removes the folders and the job's shared memory (and
+Hydra's topology files: tbcoll.launch.hydratopo), and exits.
 PR_SET_PDEATHSIG kills only the rank itself, and exists on Linux only.
 """
 
@@ -24,7 +25,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
 
-from tbcoll.launch.reaper import carrying, sweep
+from tbcoll.launch.hydratopo import held_topologies, remove_topologies
+from tbcoll.launch.reaper import carrying, descendants, processes, sweep
 from tbcoll.launch.shmclean import mpich_segments, remove_job_segments, remove_unmapped
 
 from tbcoll.env import job_marks
@@ -119,6 +121,10 @@ def main(orders: BinaryIO) -> None:
             prefixes.append(value)
         elif kind == "mpich":
             mpich_before = mpich_segments()
+    topologies = []
+    if mpich_before is not None:  # Hydra's proxies (sessions of their own) outlive mpiexec
+        table = processes()
+        topologies = held_topologies(p.pid for pgid in groups for p in descendants(pgid, table))
     for pgid in groups:  # tbrun is gone: end everything it started
         try:
             os.killpg(pgid, signal.SIGKILL)
@@ -132,3 +138,4 @@ def main(orders: BinaryIO) -> None:
         remove_job_segments(prefix, log=lambda message: None)
     if mpich_before is not None:
         remove_unmapped(mpich_segments() - mpich_before, log=lambda message: None)
+        remove_topologies(topologies)

@@ -18,7 +18,8 @@ uncaught exception or a non-zero exit in one rank aborts the job at once (MPI_Ab
 of leaving the others waiting; any other program replaces this process (exec), and Hydra
 reports its exit. Before a Python rank aborts, a rank on tbrun's host writes its status into
 tbrun's job directory (TBCOLL_MPI_REPORTS): Hydra's teardown can cut the rank's last lines and
-Hydra's own exit codes, and tbrun must still name the rank.
+Hydra's own exit codes, and tbrun must still name the rank. It also removes the topology file
+that its host's Hydra proxy would leave in /tmp after the abort (tbcoll.launch.hydratopo).
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ import stat
 import sys
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
+
+from tbcoll.launch.hydratopo import remove_proxy_topology
 
 from tbcoll.env import LaunchInfo, parse_hostport, torchrun_names_from_mpi, worker_env
 from tbcoll.errors import TbcollError
@@ -131,14 +134,23 @@ def main() -> None:
         run_with_mpi4py()  # reads sys.argv[1:]: the program and its arguments
     except SystemExit as exc:
         if exc.code not in (None, 0):
-            report_failure(rank, exc.code if isinstance(exc.code, int) else 1)
+            before_abort(rank, exc.code if isinstance(exc.code, int) else 1)
         raise
     except KeyboardInterrupt:
-        report_failure(rank, 130)
+        before_abort(rank, 130)
         raise
     except BaseException:
-        report_failure(rank, 1)
+        before_abort(rank, 1)
         raise
+
+
+def before_abort(rank: str | None, status: int) -> None:
+    """The rank failed: mpi4py's runner calls MPI_Abort as it exits (if the program imported
+    MPI), and mpiexec exits at once. Report the status to tbrun, and remove the file that
+    this host's Hydra proxy would leave in /tmp (tbcoll.launch.hydratopo)."""
+    report_failure(rank, status)
+    if sys.modules.get("mpi4py.MPI") is not None:
+        remove_proxy_topology()
 
 
 def report_failure(rank: str | None, status: int) -> None:

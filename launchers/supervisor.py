@@ -101,8 +101,9 @@ class RankCommand:
         return f"rank {self.rank} on {self.host}" if self.host else f"rank {self.rank}"
 
 
-def _die_with_parent_hook() -> Callable[[], None] | None:
-    """A preexec_fn that makes the child die with tbrun (Linux only; None elsewhere)."""
+def _die_with_parent_hook(sig: int) -> Callable[[], None] | None:
+    """A preexec_fn that makes the child get sig when tbrun dies (Linux only; None
+    elsewhere)."""
     if not PDEATHSIG:
         return None
     prctl = ctypes.CDLL(None, use_errno=True).prctl
@@ -110,7 +111,7 @@ def _die_with_parent_hook() -> Callable[[], None] | None:
     pr_set_pdeathsig = 1
 
     def hook() -> None:
-        prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+        prctl(pr_set_pdeathsig, sig, 0, 0, 0)
         if os.getppid() != parent:  # tbrun died before the flag was set
             os._exit(1)
 
@@ -219,9 +220,14 @@ class Supervisor:
             self._pending_signals.append(signum)
 
     def _spawn(self, selector: selectors.BaseSelector) -> None:
-        hook = _die_with_parent_hook()
+        # Should tbrun die, a launcher gets SIGTERM, not SIGKILL: mpiexec passes it on through
+        # its proxies and lives on long enough for tbrun's janitor to note the files those
+        # proxies hold, before the janitor's SIGKILL (tbcoll.launch.hydratopo).
+        hooks = {launcher: _die_with_parent_hook(signal.SIGTERM if launcher else signal.SIGKILL)
+                 for launcher in (False, True)}
         # preexec_fn is safe here: tbrun has no other thread yet (see run's after_spawn).
         for cmd in self._commands:
+            hook = hooks[cmd.launcher]
             if cmd.launcher:  # it reads tbrun's stdin itself (mpiexec: for rank 0)
                 stdin = None if cmd.stdin else subprocess.DEVNULL
             else:

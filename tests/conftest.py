@@ -130,6 +130,12 @@ def mpich_segments() -> set[Path]:
     return set(shm.glob("mpich_shm_*")) if shm.is_dir() else set()
 
 
+def hydra_topology_files() -> set[Path]:
+    """The hwloc topology files MPICH's Hydra proxies write to /tmp (a proxy unlinks its own
+    when it ends normally; tbcoll.launch.hydratopo removes it when a rank aborts)."""
+    return set(Path("/tmp").glob("hydra_hwloc_xmlfile_*"))
+
+
 @pytest.fixture(scope="session", autouse=True)
 def no_shared_memory_left_behind():
     """After the whole suite, no job of it may have left a shared-memory name behind."""

@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from .conftest import mpich_segments, tbrun
+from .conftest import hydra_topology_files, mpich_segments, tbrun
 
 # Rank 1 fails; the others are in a collective with it and fail on losing it, racing its exit.
 ONE_FAILS = """
@@ -54,10 +54,11 @@ def test_mpi_names_the_failed_rank_and_uses_tbruns_statuses(script, how, status,
             {how}
         time.sleep(30)
     """)
-    before = mpich_segments()
+    before, topologies = mpich_segments(), hydra_topology_files()
     p = tbrun("--backend", "mpi", "-np", 3, path, timeout=60)
     assert p.returncode == status, p.stdout + p.stderr
     assert mpich_segments() <= before  # what the killed ranks left, tbrun removed
+    assert hydra_topology_files() <= topologies  # Hydra's proxy skips it after an abort
     if status == 137:  # Hydra ends the others with SIGKILL too: it may not be told apart
         assert re.search(r"tbrun: (rank 2 was|ranks [\d, ]*2 were) killed by signal 9", p.stderr)
     else:

@@ -10,7 +10,7 @@ import pytest
 from tbcoll.errors import TbcollError
 from tbcoll.topology import JobHost, Layout
 
-from .conftest import mpich_segments, pid_alive, tagged_lines, tbrun
+from .conftest import hydra_topology_files, mpich_segments, pid_alive, tagged_lines, tbrun
 
 pytest.importorskip("mpi4py")
 
@@ -49,7 +49,7 @@ def test_an_unmodified_mpi4py_program_runs_under_tbrun(script):
 
 
 def test_a_failing_mpi_rank_fails_the_job(script):
-    before = mpich_segments()
+    before, topologies = mpich_segments(), hydra_topology_files()
     start = time.monotonic()
     p = tbrun("--backend", "mpi", "-np", 3, script(
         "import os, sys, time\nfrom mpi4py import MPI\n"
@@ -63,6 +63,7 @@ def test_a_failing_mpi_rank_fails_the_job(script):
     pids = [int(lines[0]) for lines in tagged_lines(p.stdout).values()]
     assert len(pids) == 3 and not any(pid_alive(pid) for pid in pids)
     assert mpich_segments() <= before  # what the aborted ranks left, tbrun removed
+    assert hydra_topology_files() <= topologies
 
 
 def test_timeout_stops_an_mpi_job(script):

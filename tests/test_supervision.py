@@ -14,6 +14,7 @@ from tbcoll.launch.stdin import frame
 from .conftest import (
     TBRUN,
     WRITE_PIDS,
+    hydra_topology_files,
     pid_alive,
     read_pids,
     tagged_lines,
@@ -181,7 +182,7 @@ def test_a_killed_tbrun_leaves_no_process_and_no_file(script, tmp_path, backend)
     def shared_memory() -> set[str]:
         return {p.name for p in shm.iterdir()} if shm.is_dir() else set()
 
-    before = shared_memory()
+    before, topologies = shared_memory(), hydra_topology_files()
     body = ("import tbcoll, numpy as np\ncomm = tbcoll.init()\ncomm.all_reduce(np.ones(2))\n"
             "open(os.path.join(piddir, f'{rank}.ready'), 'w').close()\ntime.sleep(60)")
     proc, pids = start_job(script, tmp_path, body, "--backend", backend, np=2,
@@ -194,6 +195,7 @@ def test_a_killed_tbrun_leaves_no_process_and_no_file(script, tmp_path, backend)
         assert_all_gone(pids)  # the ranks and their children
         wait_for(lambda: not any(temp.iterdir()), 5, "the job's folder to go")
         wait_for(lambda: not shared_memory() - before, 5, "the job's shared memory to go")
+        wait_for(lambda: hydra_topology_files() <= topologies, 5, "Hydra's topology file to go")
     finally:
         for pid in pids:
             if pid_alive(pid):
