@@ -63,7 +63,7 @@ from tbcoll.launch.verdict import (
     status_of,
 )
 
-from tbcoll.dumps import STACKS_SIGNAL
+from tbcoll.dump_keys import STACKS_SIGNAL
 from tbcoll.env import job_marks
 from tbcoll.errors import LaunchError
 
