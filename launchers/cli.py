@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import math
 import os
 import shlex
@@ -231,6 +232,9 @@ _SUBCOMMANDS = {"doctor": doctor, "hostfile": write_hostfile}
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the tbrun console script: usage errors are one line and exit status 2."""
+    # tbrun's modules stay loaded until it exits: leave their objects out of every garbage
+    # collection, the one at exit included (it took ~15 ms of each tbrun's wall time)
+    gc.freeze()
     argv = sys.argv[1:] if argv is None else argv
     command, name = tbrun, "tbrun"
     if argv and argv[0] in _SUBCOMMANDS:
