@@ -28,15 +28,14 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping
-from dataclasses import dataclass
+from typing import NamedTuple
 
 LINUX = sys.platform.startswith("linux")
 _PR_SET_CHILD_SUBREAPER, _PR_GET_CHILD_SUBREAPER = 36, 37
 _ROUND_PAUSE = 0.02  # between sweeps: killed processes vanish, a forking one shows its child
 
 
-@dataclass(frozen=True)
-class Proc:
+class Proc(NamedTuple):
     pid: int
     ppid: int
     started: int  # clock ticks after boot: with the pid, names the process

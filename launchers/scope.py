@@ -8,8 +8,8 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from tbcoll.launch.hosts import JobPlan
 from tbcoll.launch.janitor import Janitor, janitor_for
@@ -25,8 +25,7 @@ from tbcoll.env import segment_prefix
 UNMADE = "<made at launch>"  # the token a dry run shows
 
 
-@dataclass(frozen=True)
-class JobScope:
+class JobScope(NamedTuple):
     token: str  # TBCOLL_TOKEN, the job's secret
     job: str  # TBCOLL_JOB, the cookie every process of the job carries
     folder: Path  # the job's private files (0700), removed at the end

@@ -33,7 +33,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from tbcoll.launch.diagnose import hint, plural
 from tbcoll.launch.output import STREAMS, OutputRouter
@@ -75,8 +75,7 @@ _POLL = 0.5  # backstop for SIGCHLD wake-ups; exits are normally seen at once
 _STRAY_PATIENCE = 5.0
 
 
-@dataclass(frozen=True)
-class RankCommand:
+class RankCommand(NamedTuple):
     rank: int
     argv: Sequence[str]
     env: dict[str, str]
