@@ -1,12 +1,16 @@
 """tbrun's start-up against mpirun's: the wall time of `-np 4` of an empty script, in turns.
 
-    python benchmarks/startup.py [runs] [ranks]
+    python benchmarks/startup.py [runs] [ranks] [TBRUN...]
 
-Both launchers come from this Python's environment (MPICH's Hydra from the mpich wheel); the
-script does nothing, so the time is the launcher's, the interpreters' and the teardown's.
-Set PYTHONDONTWRITEBYTECODE only if you want every start to compile its modules.
+TBRUN: the tbrun commands to time (default: this Python's), e.g. a plain install's and an
+editable one's, or two commits' (before and after a change), all in the same turns. mpirun is
+MPICH's Hydra beside this Python (the mpich wheel), else the one on PATH; its ranks run this
+Python, so run the script with the Python of the install you measure. The script does
+nothing, so the time is the launcher's, the interpreters' and the teardown's. Set
+PYTHONDONTWRITEBYTECODE only if you want every start to compile its modules.
 """
 
+import shutil
 import statistics
 import subprocess
 import sys
@@ -23,25 +27,28 @@ def wall(argv: list[str]) -> float:
     return time.perf_counter() - start
 
 
-def main(runs: int, ranks: int) -> None:
+def main(runs: int, ranks: int, tbruns: list[str]) -> None:
+    mpirun = shutil.which("mpirun", path=str(BIN)) or shutil.which("mpirun")
+    if mpirun is None:
+        sys.exit("no mpirun beside this Python nor on PATH: pip install mpich")
     with tempfile.TemporaryDirectory() as folder:
         empty = Path(folder, "empty.py")
         empty.write_text("")
-        systems = {"tbrun": [str(BIN / "tbrun"), "-np", str(ranks), str(empty)],
-                   "mpirun": [str(BIN / "mpirun"), "-n", str(ranks), sys.executable,
-                              str(empty)]}
+        systems = {tbrun: [tbrun, "-np", str(ranks), str(empty)] for tbrun in tbruns}
+        systems["mpirun"] = [mpirun, "-n", str(ranks), sys.executable, str(empty)]
         times: dict[str, list[float]] = {name: [] for name in systems}
         for argv in systems.values():  # warm the caches once
             wall(argv)
         for _ in range(runs):
             for name, argv in systems.items():
                 times[name].append(wall(argv))
-    medians = {name: statistics.median(t) * 1e3 for name, t in times.items()}
-    for name, ms in medians.items():
-        print(f"{name}: median {ms:.0f} ms over {runs} runs")
-    print(f"tbrun / mpirun: {medians['tbrun'] / medians['mpirun']:.2f}x")
+    mpi = statistics.median(times["mpirun"])
+    for name, t in times.items():
+        low, _, high = statistics.quantiles(t, n=4)
+        print(f"{name}: median {statistics.median(t) * 1e3:.0f} ms (quartiles {low * 1e3:.0f}-"
+              f"{high * 1e3:.0f}) over {runs} runs, {statistics.median(t) / mpi:.2f}x mpirun")
 
 
 if __name__ == "__main__":
     main(int(sys.argv[1]) if len(sys.argv) > 1 else 15, int(sys.argv[2]) if len(sys.argv) > 2
-         else 4)
+         else 4, sys.argv[3:] or [str(BIN / "tbrun")])
