@@ -1,4 +1,5 @@
-"""tbrun's start-up against mpirun's: the wall time of `-np 4` of an empty script, in turns.
+"""tbrun's start-up against mpirun's: the wall time of `-np 4` of an empty script, in turns, and
+the CPU time of each launcher's whole process tree.
 
     python benchmarks/startup.py [runs] [ranks] [TBRUN...]
 
@@ -10,6 +11,7 @@ nothing, so the time is the launcher's, the interpreters' and the teardown's. Se
 PYTHONDONTWRITEBYTECODE only if you want every start to compile its modules.
 """
 
+import resource
 import shutil
 import statistics
 import subprocess
@@ -21,10 +23,16 @@ from pathlib import Path
 BIN = Path(sys.executable).parent
 
 
-def wall(argv: list[str]) -> float:
+def run(argv: list[str]) -> tuple[float, float]:
+    """The wall time of argv, and the CPU time of its whole process tree (every process in
+    it is waited for by its parent, so its time adds up to ours), less sensitive to what else
+    runs on the machine."""
+    cpu = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return time.perf_counter() - start
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, after.ru_utime + after.ru_stime - cpu.ru_utime - cpu.ru_stime
 
 
 def main(runs: int, ranks: int, tbruns: list[str]) -> None:
@@ -36,17 +44,20 @@ def main(runs: int, ranks: int, tbruns: list[str]) -> None:
         empty.write_text("")
         systems = {tbrun: [tbrun, "-np", str(ranks), str(empty)] for tbrun in tbruns}
         systems["mpirun"] = [mpirun, "-n", str(ranks), sys.executable, str(empty)]
-        times: dict[str, list[float]] = {name: [] for name in systems}
+        times: dict[str, list[tuple[float, float]]] = {name: [] for name in systems}
         for argv in systems.values():  # warm the caches once
-            wall(argv)
+            run(argv)
         for _ in range(runs):
             for name, argv in systems.items():
-                times[name].append(wall(argv))
-    mpi = statistics.median(times["mpirun"])
-    for name, t in times.items():
-        low, _, high = statistics.quantiles(t, n=4)
-        print(f"{name}: median {statistics.median(t) * 1e3:.0f} ms (quartiles {low * 1e3:.0f}-"
-              f"{high * 1e3:.0f}) over {runs} runs, {statistics.median(t) / mpi:.2f}x mpirun")
+                times[name].append(run(argv))
+    mpi = [statistics.median(t) for t in zip(*times["mpirun"], strict=True)]
+    for name, pairs in times.items():
+        wall, cpu = zip(*pairs, strict=True)
+        low, _, high = statistics.quantiles(wall, n=4)
+        print(f"{name}: wall median {statistics.median(wall) * 1e3:.0f} ms (quartiles "
+              f"{low * 1e3:.0f}-{high * 1e3:.0f}), {statistics.median(wall) / mpi[0]:.2f}x "
+              f"mpirun; CPU {statistics.median(cpu) * 1e3:.0f} ms, "
+              f"{statistics.median(cpu) / mpi[1]:.2f}x; {runs} runs")
 
 
 if __name__ == "__main__":
