@@ -25,17 +25,20 @@ DIE_WITH_PARENT = Path(__file__).with_name("die-with-parent")
 _PR_SET_PDEATHSIG = 1
 
 
-def tied(argv: Sequence[str], env: Mapping[str, str]
+def tied(argv: Sequence[str], env: Mapping[str, str], cwd: str | None
          ) -> tuple[list[str], Callable[[], None] | None]:
-    """The argv and preexec_fn that start argv (with env) as a child that dies with this
-    process; an OSError, as Popen's, where argv[0] cannot be found (die-with-parent would only
-    exit with status 127)."""
+    """The argv and preexec_fn that start argv (with env, in cwd) as a child that dies with
+    this process; an OSError, as Popen's, where argv[0] cannot be found (die-with-parent would
+    only exit with status 127)."""
     parent = os.getpid()
     if not PDEATHSIG:
         return list(argv), None
     if not os.access(DIE_WITH_PARENT, os.X_OK):
         return list(argv), _pdeathsig_hook(parent)
-    if shutil.which(argv[0], path=env.get("PATH", os.defpath)) is None:
+    program = argv[0]
+    if os.sep in program and cwd is not None:  # a relative path is the child's cwd's
+        program = os.path.join(cwd, program)
+    if shutil.which(program, path=env.get("PATH", os.defpath)) is None:
         raise FileNotFoundError(errno.ENOENT, "not found or not executable", argv[0])
     return [str(DIE_WITH_PARENT), str(parent), *argv], None
 

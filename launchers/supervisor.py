@@ -210,7 +210,7 @@ class Supervisor:
                 piped = cmd.setup is not None or (cmd.stdin and self._input.source is not None)
                 stdin = subprocess.PIPE if piped else subprocess.DEVNULL
             try:
-                argv, hook = tied(cmd.argv, cmd.env)
+                argv, hook = tied(cmd.argv, cmd.env, cmd.cwd)
                 proc = subprocess.Popen(
                     argv, env=cmd.env, cwd=cmd.cwd,
                     stdout=subprocess.PIPE, stderr=subprocess.PIPE,

@@ -243,7 +243,7 @@ from pathlib import Path
 from tbcoll.launch import parentdeath
 if sys.argv[1] == "preexec_fn":
     parentdeath.DIE_WITH_PARENT = Path("/no/such/die-with-parent")
-argv, hook = parentdeath.tied(["sleep", "60"], os.environ)
+argv, hook = parentdeath.tied(["sleep", "60"], os.environ, None)
 child = subprocess.Popen(argv, preexec_fn=hook)
 print(child.pid, argv[0], flush=True)
 time.sleep(60)
