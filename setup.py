@@ -19,6 +19,7 @@ from pathlib import Path
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
+from setuptools.errors import CompileError, LinkError
 
 _DL = ["dl"] if sys.platform.startswith("linux") else []
 _DIE_WITH_PARENT = "die-with-parent"
@@ -37,9 +38,9 @@ class BuildExtAndDieWithParent(build_ext):
                                             output_dir=self.build_temp)
             built = Path(self.build_lib, "tbcoll", "launch")
             self.compiler.link_executable(objects, _DIE_WITH_PARENT, output_dir=str(built))
-        except Exception as e:  # noqa: BLE001 (CompileError, LinkError: optional, as above)
-            print(f"warning: {_DIE_WITH_PARENT} not built ({e}); tbrun forks its ranks instead",
-                  file=sys.stderr)
+        except (CompileError, LinkError) as e:  # optional, as the extensions
+            print(f"warning: {_DIE_WITH_PARENT} not built ({e}); tbrun sets PR_SET_PDEATHSIG "
+                  "from a preexec_fn instead", file=sys.stderr)
             return
         if self.inplace:
             source = self.get_finalized_command("build_py").get_package_dir("tbcoll.launch")
