@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import math
 import os
 import shlex
@@ -231,10 +230,8 @@ _SUBCOMMANDS = {"doctor": doctor, "hostfile": write_hostfile}
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point of the tbrun console script: usage errors are one line and exit status 2."""
-    # tbrun's modules stay loaded until it exits: leave their objects out of every garbage
-    # collection, the one at exit included (it took ~15 ms of each tbrun's wall time)
-    gc.freeze()
+    """tbrun's command line (tbcoll.launch.command runs it): usage errors are one line and exit
+    status 2."""
     argv = sys.argv[1:] if argv is None else argv
     command, name = tbrun, "tbrun"
     if argv and argv[0] in _SUBCOMMANDS:
