@@ -6,7 +6,6 @@
  * Python preexec_fn in the child (~1-1.5 ms a rank). Built at install (setup.py); tbrun uses
  * that preexec_fn where it is missing.
  */
-#define _GNU_SOURCE
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>

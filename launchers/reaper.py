@@ -96,7 +96,7 @@ def carrying(marks: Collection[bytes], table: Mapping[int, Proc]) -> list[Proc]:
     """This user's live processes, not this one, whose environment holds every entry of
     marks (whole NAME=VALUE entries). Only those started since this one are read: every
     caller (tbrun, its janitor, tbcoll.launch.remote) starts before the processes that carry
-    its job's marks, and the others' environments cost ~10 us each to read."""
+    its job's marks, and the others' environments cost ~5 us each to read."""
     if not marks:
         return []
     me = table.get(os.getpid()) or _stat(os.getpid())
