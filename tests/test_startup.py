@@ -15,3 +15,11 @@ def test_tbrun_starts_without_the_library_and_what_the_job_may_not_need():
                             check=True, timeout=60).stdout.split()
     assert "tbcoll.launch.job" in loaded  # what runs a job is there
     assert [name for name in NOT_AT_START if name in loaded] == []
+
+
+def test_the_tbrun_command_imports_its_command_line_and_runs_a_job():
+    """tbcoll.launch.command, the console script's entry point (the suite's tbrun may be an
+    older install's script)."""
+    p = subprocess.run([sys.executable, "-m", "tbcoll.launch", "-np", "2", "true"],
+                       capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert p.returncode == 0, p.stderr
