@@ -124,18 +124,32 @@ def kill(procs: Iterable[Proc], sig: int = signal.SIGKILL) -> int:
     return sent
 
 
+def children(pid: int) -> set[int]:
+    """pid's children: from /proc/PID/task/TID/children (one file a thread) where the kernel
+    lists them, else from a scan of every process (~10 us each)."""
+    try:
+        found = set()
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
+                found.update(int(child) for child in f.read().split())
+        return found
+    except (OSError, ValueError):  # no /proc (macOS), or a kernel without the lists
+        return {proc.pid for proc in processes().values() if proc.ppid == pid}
+
+
 def reap_adopted(own: Collection[int], table: Mapping[int, Proc] | None = None) -> None:
     """Reap the zombies among this process's children that it did not start itself (own:
     the pids whose exit status someone here still waits for): orphans it adopted as a
-    subreaper, which would otherwise pile up."""
-    table = processes() if table is None else table
+    subreaper, which would otherwise pile up. table: a snapshot of processes() to read them
+    from, else this process's children as the kernel lists them now."""
     me = os.getpid()
-    for proc in table.values():
-        if proc.ppid == me and proc.zombie and proc.pid not in own:
-            try:
-                os.waitpid(proc.pid, os.WNOHANG)
-            except ChildProcessError:
-                pass  # reaped meanwhile
+    adopted = (children(me) if table is None
+               else {proc.pid for proc in table.values() if proc.ppid == me and proc.zombie})
+    for pid in adopted - set(own):
+        try:
+            os.waitpid(pid, os.WNOHANG)  # a child still running is left alone
+        except ChildProcessError:
+            pass  # reaped meanwhile
 
 
 def sweep(find: Callable[[Mapping[int, Proc]], Iterable[Proc]], own: Collection[int],

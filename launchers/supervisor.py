@@ -40,8 +40,8 @@ from tbcoll.launch.parentdeath import tied
 from tbcoll.launch.postmortem import Postmortem
 from tbcoll.launch.reaper import (
     carrying,
+    children,
     descendants,
-    processes,
     reap_adopted,
     set_subreaper,
     sweep,
@@ -164,7 +164,7 @@ class Supervisor:
         was_subreaper = set_subreaper(True)
         self._adopting = was_subreaper is not None
         me = os.getpid()
-        self._helpers = {p.pid for p in processes().values() if p.ppid == me}
+        self._helpers = children(me)
         for key, fd in self._streams.items():
             os.set_blocking(fd, False)
             selector.register(fd, selectors.EVENT_READ, key)
@@ -262,7 +262,8 @@ class Supervisor:
             self._reap(selector)
             now = time.monotonic()
             if self._adopting and self._child_exited and now >= self._next_reaping:
-                # a scan of /proc: at most once per _POLL, however many ranks end at once
+                # reads /proc (tbrun's children, else every process): at most once per
+                # _POLL, however many ranks end at once
                 self._child_exited = False
                 self._next_reaping = now + _POLL
                 reap_adopted(self._own())

@@ -346,6 +346,20 @@ def test_nothing_a_rank_detached_outlives_the_job(script, tmp_path, end):
         kill_leftovers(read_pids(piddir, 6))
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="no /proc but on Linux")
+def test_the_kernels_list_of_children_is_the_scans():
+    from tbcoll.launch.reaper import children, processes
+    sleepers = [subprocess.Popen(["sleep", "30"]) for _ in range(2)]
+    try:
+        scanned = {p.pid for p in processes().values() if p.ppid == os.getpid()}
+        listed = children(os.getpid())
+        assert listed == scanned and {s.pid for s in sleepers} <= listed
+    finally:
+        for sleeper in sleepers:
+            sleeper.kill()
+            sleeper.wait()
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="no subreaper but on Linux")
 def test_tbrun_reaps_the_orphans_it_adopts(script, tmp_path):
     """Short-lived daemons of a rank end as tbrun's children: tbrun reaps them during the
