@@ -207,15 +207,11 @@ time.sleep(60)
 """
 
 
-def children_of(pid: int) -> set[int]:
-    return {int(child) for task in Path(f"/proc/{pid}/task").iterdir()
-            for child in (task / "children").read_text().split()}
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux only")
 def test_ranks_die_with_tbrun_even_when_its_janitor_dies_first(script, tmp_path):
     """kill -9 of tbrun's janitor, then of tbrun: nothing is left to clean up, yet each rank
     ends, by PR_SET_PDEATHSIG (tbcoll.launch.parentdeath)."""
+    from tbcoll.launch.reaper import children
     piddir = tmp_path / "pids"
     piddir.mkdir()
     proc = subprocess.Popen([TBRUN, "-np", "2", str(script(RANK_THAT_WAITS)), str(piddir)],
@@ -224,7 +220,7 @@ def test_ranks_die_with_tbrun_even_when_its_janitor_dies_first(script, tmp_path)
     ranks = []
     try:
         ranks = read_pids(piddir, 2)
-        janitor = children_of(proc.pid) - set(ranks)
+        janitor = children(proc.pid) - set(ranks)
         assert len(janitor) == 1, (janitor, ranks)
         os.kill(janitor.pop(), signal.SIGKILL)
         os.kill(proc.pid, signal.SIGKILL)
