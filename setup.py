@@ -1,22 +1,53 @@
-"""Builds the C extensions; everything else is in pyproject.toml.
+"""Builds the C extensions and tbrun's die-with-parent; everything else is in pyproject.toml.
 
 - tbcoll.shm._atomics: the shm transport's flags and rounds.
 - tbcoll.rdma._verbs: the rdma transport's queue pairs. It opens the verbs library with
   dlopen when a job uses it (libibverbs.so.1 on Linux, librdma.dylib on macOS 26.2+), so it
   needs only the header (infiniband/verbs.h: libibverbs-dev / rdma-core-devel, or the macOS
   26.2 SDK) to build, and nothing to install or import.
+- tbcoll/launch/die-with-parent (Linux): a program, not an extension: what tbrun starts each
+  rank through, so that the rank dies with tbrun (launchers/die_with_parent.c).
 
 optional=True: without a compiler (or without the verbs header) the install still succeeds;
-tbcoll.shm then uses its pure-Python flags, and the rdma backend says how to get it built.
+tbcoll.shm then uses its pure-Python flags, the rdma backend says how to get it built, and
+tbrun sets PR_SET_PDEATHSIG from Python in each forked rank instead.
 """
 
+import shutil
 import sys
+from pathlib import Path
 
 from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+from setuptools.errors import CompileError, LinkError
 
 _DL = ["dl"] if sys.platform.startswith("linux") else []
+_DIE_WITH_PARENT = "die-with-parent"
 
-setup(ext_modules=[
+
+class BuildExtAndDieWithParent(build_ext):
+    """The extensions, then on Linux die-with-parent beside tbrun's modules (in the source
+    tree too for an in-place or editable build, as the extensions)."""
+
+    def run(self) -> None:
+        super().run()
+        if not sys.platform.startswith("linux"):
+            return
+        try:
+            objects = self.compiler.compile(["launchers/die_with_parent.c"],
+                                            output_dir=self.build_temp)
+            built = Path(self.build_lib, "tbcoll", "launch")
+            self.compiler.link_executable(objects, _DIE_WITH_PARENT, output_dir=str(built))
+        except (CompileError, LinkError) as e:  # optional, as the extensions
+            print(f"warning: {_DIE_WITH_PARENT} not built ({e}); tbrun sets PR_SET_PDEATHSIG "
+                  "from a preexec_fn instead", file=sys.stderr)
+            return
+        if self.inplace:
+            source = self.get_finalized_command("build_py").get_package_dir("tbcoll.launch")
+            shutil.copy2(built / _DIE_WITH_PARENT, Path(source, _DIE_WITH_PARENT))
+
+
+setup(cmdclass={"build_ext": BuildExtAndDieWithParent}, ext_modules=[
     Extension("tbcoll.shm._atomics", ["tbcoll/shm/_atomics.c"], depends=["tbcoll/shm/reduce.h"],
               optional=True),
     Extension("tbcoll.rdma._verbs", ["tbcoll/rdma/_verbs.c"],

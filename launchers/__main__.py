@@ -1,3 +1,3 @@
-from tbcoll.launch.cli import main
+from tbcoll.launch.command import main
 
 main()

@@ -230,7 +230,8 @@ _SUBCOMMANDS = {"doctor": doctor, "hostfile": write_hostfile}
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point of the tbrun console script: usage errors are one line and exit status 2."""
+    """tbrun's command line (tbcoll.launch.command runs it): usage errors are one line and exit
+    status 2."""
     argv = sys.argv[1:] if argv is None else argv
     command, name = tbrun, "tbrun"
     if argv and argv[0] in _SUBCOMMANDS:

@@ -6,8 +6,8 @@ import os
 import re
 import shutil
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from tbcoll.errors import LaunchError
 from tbcoll.topology import Hostfile
@@ -25,8 +25,7 @@ def thread_limits(ranks_on_host: int) -> dict[str, str]:
     return dict.fromkeys(THREAD_VARS, "1") if ranks_on_host > 1 else {}
 
 
-@dataclass(frozen=True)
-class LaunchConfig:
+class LaunchConfig(NamedTuple):
     nprocs: int
     program: tuple[str, ...]  # the argv every rank runs
     backend: str

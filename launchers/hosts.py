@@ -9,7 +9,7 @@ import os
 import shlex
 import socket
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from tbcoll.errors import LaunchError
 from tbcoll.topology import Hostfile, Layout, route_source
@@ -18,16 +18,14 @@ LOOPBACK = "127.0.0.1"
 _LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 
 
-@dataclass(frozen=True)
-class HostPlan:
+class HostPlan(NamedTuple):
     name: str  # as the hostfile gives it: what ssh connects to
     ranks: tuple[int, ...]
     local: bool  # this machine: ranks start as children of tbrun, not through ssh
     store_host: str  # the address of tbrun's store as this host reaches it
 
 
-@dataclass(frozen=True)
-class JobPlan:
+class JobPlan(NamedTuple):
     hosts: tuple[HostPlan, ...]
     topology: Layout  # TBCOLL_HOSTFILE
     master_addr: str  # MASTER_ADDR: rank 0's host

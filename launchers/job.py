@@ -69,7 +69,7 @@ def mlx_variables(cfg: LaunchConfig, plan: JobPlan) -> MlxVariables | None:
     if backend != "ring":
         return jaccl_variables(cfg.hostfile, cfg.nprocs, backend)
     if cfg.nprocs == 1:  # as mlx.launch: a ring of one has no hostfile
-        return MlxVariables("ring", {})
+        return MlxVariables("ring", {}, {})
     if len(plan.hosts) == 1:
         return ring_variables([(LOOPBACK, free_port(LOOPBACK)) for _ in range(cfg.nprocs)])
     # as mlx.launch does: each rank's host address, ports counting up from 32323

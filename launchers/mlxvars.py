@@ -14,7 +14,7 @@ remote host) and points the variable at the file.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from tbcoll.env import format_hostport
 from tbcoll.errors import LaunchError
@@ -24,11 +24,10 @@ MLX_BACKENDS = ("ring", "jaccl", "jaccl-ring")
 FIRST_PORT = 32323  # mlx.launch's default --starting-port
 
 
-@dataclass(frozen=True)
-class MlxVariables:
+class MlxVariables(NamedTuple):
     backend: str
     env: dict[str, str]  # the same for every rank
-    files: dict[str, str] = field(default_factory=dict)  # variable -> content of its file
+    files: dict[str, str]  # variable -> content of its file
 
     def for_rank(self, rank: int) -> dict[str, str]:
         return {**self.env, "MLX_RANK": str(rank)}

@@ -29,7 +29,7 @@ import os
 import stat
 import sys
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from typing import NamedTuple
 
 from tbcoll.launch.hydratopo import remove_proxy_topology
 
@@ -41,8 +41,7 @@ LAUNCH = "TBCOLL_MPI_LAUNCH"
 REPORTS = "TBCOLL_MPI_REPORTS"
 
 
-@dataclass(frozen=True)
-class MpiJob:
+class MpiJob(NamedTuple):
     """What tbrun tells every rank of an mpi job: the launch contract but for what differs
     per rank, and the store's address per node."""
 
@@ -54,10 +53,10 @@ class MpiJob:
     timeout: float
     job: str  # TBCOLL_JOB
     master: tuple[str, int]  # tbrun's MASTER_ADDR and MASTER_PORT
-    master_overrides: dict[str, str] = field(default_factory=dict)  # the user's, which win
+    master_overrides: dict[str, str]  # the user's, which win
 
     def encode(self) -> str:
-        return json.dumps({**asdict(self), "topology": self.topology.to_json()},
+        return json.dumps({**self._asdict(), "topology": self.topology.to_json()},
                           separators=(",", ":"))
 
     @classmethod

@@ -21,7 +21,7 @@ from typing import Any
 from tbcoll.launch.diagnose import ranks_phrase
 from tbcoll.launch.whereabouts import where
 
-from tbcoll.dumps import ANSWER_KEY, DUMP_KEY, LISTENING_KEY, REQUEST_KEY
+from tbcoll.dump_keys import ANSWER_KEY, DUMP_KEY, LISTENING_KEY, REQUEST_KEY
 from tbcoll.rendezvous import StoreServer
 
 DUMP_WAIT = 3.0  # seconds the ranks get to answer a request for their dumps

@@ -13,7 +13,7 @@ import re
 import shutil
 import subprocess
 from collections.abc import Mapping
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from tbcoll.errors import HostfileError
 from tbcoll.topology import MAX_RANKS, Host, Hostfile
@@ -74,8 +74,7 @@ def _expand_item(item: str, text: str) -> list[str]:
     return [f"{head}{n}{suffix}" for n in numbers for suffix in _expand_item(tail, text)]
 
 
-@dataclass(frozen=True)
-class Allocation:
+class Allocation(NamedTuple):
     job_id: str
     nodes: tuple[str, ...]
     tasks_per_node: tuple[int, ...]

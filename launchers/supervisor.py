@@ -8,8 +8,9 @@
 - a job past its --timeout is torn down the same way and exits with status 124;
 - a job whose standard output lost its reader (`tbrun ... | head -1`) is torn down the same
   way and exits with status 141, as a writer killed by SIGPIPE in a shell pipeline;
-- each rank also dies if tbrun itself is killed: on Linux by PR_SET_PDEATHSIG, elsewhere
-  (macOS) and on remote hosts through tbcoll.launch.remote, below;
+- each rank also dies if tbrun itself is killed: on Linux by PR_SET_PDEATHSIG
+  (tbcoll.launch.parentdeath), elsewhere (macOS) and on remote hosts through
+  tbcoll.launch.remote, below;
 - what the ranks started outside their process groups (a child in a session of its own, a
   double-forked daemon) is killed when the job ends (Linux): tbrun is a child subreaper, so
   those orphans stay its descendants, and each carries the job's cookie (TBCOLL_JOB) in its
@@ -25,23 +26,22 @@ from the events the supervisor sees; the supervisor does the I/O.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import selectors
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from tbcoll.launch.diagnose import hint, plural
 from tbcoll.launch.output import STREAMS, OutputRouter
+from tbcoll.launch.parentdeath import tied
 from tbcoll.launch.postmortem import Postmortem
 from tbcoll.launch.reaper import (
     carrying,
+    children,
     descendants,
-    processes,
     reap_adopted,
     set_subreaper,
     sweep,
@@ -63,11 +63,10 @@ from tbcoll.launch.verdict import (
     status_of,
 )
 
-from tbcoll.dumps import STACKS_SIGNAL
+from tbcoll.dump_keys import STACKS_SIGNAL
 from tbcoll.env import job_marks
 from tbcoll.errors import LaunchError
 
-PDEATHSIG = sys.platform.startswith("linux")  # children can be told to die with tbrun
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _POLL = 0.5  # backstop for SIGCHLD wake-ups; exits are normally seen at once
 # seconds the sweep of what the ranks left behind may go on killing (a process that keeps
@@ -75,8 +74,7 @@ _POLL = 0.5  # backstop for SIGCHLD wake-ups; exits are normally seen at once
 _STRAY_PATIENCE = 5.0
 
 
-@dataclass(frozen=True)
-class RankCommand:
+class RankCommand(NamedTuple):
     rank: int
     argv: Sequence[str]
     env: dict[str, str]
@@ -99,23 +97,6 @@ class RankCommand:
         if self.label:
             return self.label
         return f"rank {self.rank} on {self.host}" if self.host else f"rank {self.rank}"
-
-
-def _die_with_parent_hook(sig: int) -> Callable[[], None] | None:
-    """A preexec_fn that makes the child get sig when tbrun dies (Linux only; None
-    elsewhere)."""
-    if not PDEATHSIG:
-        return None
-    prctl = ctypes.CDLL(None, use_errno=True).prctl
-    parent = os.getpid()
-    pr_set_pdeathsig = 1
-
-    def hook() -> None:
-        prctl(pr_set_pdeathsig, sig, 0, 0, 0)
-        if os.getppid() != parent:  # tbrun died before the flag was set
-            os._exit(1)
-
-    return hook
 
 
 class Supervisor:
@@ -183,7 +164,7 @@ class Supervisor:
         was_subreaper = set_subreaper(True)
         self._adopting = was_subreaper is not None
         me = os.getpid()
-        self._helpers = {p.pid for p in processes().values() if p.ppid == me}
+        self._helpers = children(me)
         for key, fd in self._streams.items():
             os.set_blocking(fd, False)
             selector.register(fd, selectors.EVENT_READ, key)
@@ -220,22 +201,21 @@ class Supervisor:
             self._pending_signals.append(signum)
 
     def _spawn(self, selector: selectors.BaseSelector) -> None:
-        # Should tbrun die, a launcher gets SIGTERM, not SIGKILL: mpiexec passes it on through
-        # its proxies and lives on long enough for tbrun's janitor to note the files those
-        # proxies hold, before the janitor's SIGKILL (tbcoll.launch.hydratopo).
-        hooks = {launcher: _die_with_parent_hook(signal.SIGTERM if launcher else signal.SIGKILL)
-                 for launcher in (False, True)}
-        # preexec_fn is safe here: tbrun has no other thread yet (see run's after_spawn).
+        # A preexec_fn (from tied) is safe here: tbrun has no other thread yet (see run's
+        # after_spawn). Should tbrun die, a launcher gets SIGTERM, not SIGKILL: mpiexec passes
+        # it on through its proxies and lives on long enough for tbrun's janitor to note the
+        # files those proxies hold, before the janitor's SIGKILL (tbcoll.launch.hydratopo).
         for cmd in self._commands:
-            hook = hooks[cmd.launcher]
             if cmd.launcher:  # it reads tbrun's stdin itself (mpiexec: for rank 0)
                 stdin = None if cmd.stdin else subprocess.DEVNULL
             else:
                 piped = cmd.setup is not None or (cmd.stdin and self._input.source is not None)
                 stdin = subprocess.PIPE if piped else subprocess.DEVNULL
             try:
+                argv, hook = tied(cmd.argv, cmd.env, cmd.cwd,
+                                  signal.SIGTERM if cmd.launcher else signal.SIGKILL)
                 proc = subprocess.Popen(
-                    cmd.argv, env=cmd.env, cwd=cmd.cwd,
+                    argv, env=cmd.env, cwd=cmd.cwd,
                     stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                     stdin=stdin, start_new_session=True, preexec_fn=hook)  # noqa: PLW1509
             except OSError as e:
@@ -285,7 +265,8 @@ class Supervisor:
             self._reap(selector)
             now = time.monotonic()
             if self._adopting and self._child_exited and now >= self._next_reaping:
-                # a scan of /proc: at most once per _POLL, however many ranks end at once
+                # reads /proc (tbrun's children, else every process): at most once per
+                # _POLL, however many ranks end at once
                 self._child_exited = False
                 self._next_reaping = now + _POLL
                 reap_adopted(self._own())

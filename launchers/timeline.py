@@ -7,7 +7,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from tbcoll.dumps import TRACE_KEY
+from tbcoll.dump_keys import TRACE_KEY
 from tbcoll.rendezvous import StoreServer
 from tbcoll.trace import merge
 

@@ -26,6 +26,14 @@ from types import FrameType
 from typing import Any
 
 from tbcoll.algorithms import COLLECTIVES
+from tbcoll.dump_keys import (
+    ANSWER_KEY,
+    DUMP_KEY,
+    LISTENING_KEY,
+    REQUEST_KEY,
+    STACKS_SIGNAL,
+    TRACE_KEY,
+)
 from tbcoll.env import LaunchInfo, launch_info, tracing
 from tbcoll.errors import TbcollError
 from tbcoll.ownership import live_communicators
@@ -40,12 +48,6 @@ from tbcoll.recorder import (
 )
 from tbcoll.rendezvous import Store, tell_tbrun
 
-DUMP_KEY = "tbrun/dump/{}"  # rank -> its latest dump (JSON)
-LISTENING_KEY = "tbrun/dump-listening/{}"  # rank -> set once the rank answers requests
-REQUEST_KEY = "tbrun/dump-request/{}"  # n -> why tbrun asks, for n = 1, 2, ...
-ANSWER_KEY = "tbrun/dump-answer/{}/{}"  # (n, rank) -> set once the rank answered request n
-TRACE_KEY = "tbrun/trace/{}"  # rank -> every call it made (JSON), under tbrun --trace
-STACKS_SIGNAL = signal.SIGUSR2  # write every thread's stack to stderr (_stacks_on_signal)
 _LISTENER = "tbcoll-dumps"  # the thread that answers tbrun (left out of the dumps)
 _SEND_TIMEOUT = 2.0
 _TRACE_TIMEOUT = 10.0  # a long job's calls are megabytes

@@ -202,6 +202,77 @@ def test_a_killed_tbrun_leaves_no_process_and_no_file(script, tmp_path, backend)
                 os.kill(pid, signal.SIGKILL)
 
 
+RANK_THAT_WAITS = WRITE_PIDS + """
+import os, sys, time
+write_pids(sys.argv[1], os.environ["RANK"], os.getpid())
+time.sleep(60)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux only")
+def test_ranks_die_with_tbrun_even_when_its_janitor_dies_first(script, tmp_path):
+    """kill -9 of tbrun's janitor, then of tbrun: nothing is left to clean up, yet each rank
+    ends, by PR_SET_PDEATHSIG (tbcoll.launch.parentdeath)."""
+    from tbcoll.launch.reaper import children
+    piddir = tmp_path / "pids"
+    piddir.mkdir()
+    proc = subprocess.Popen([TBRUN, "-np", "2", str(script(RANK_THAT_WAITS)), str(piddir)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL)
+    ranks = []
+    try:
+        ranks = read_pids(piddir, 2)
+        janitor = children(proc.pid) - set(ranks)
+        assert len(janitor) == 1, (janitor, ranks)
+        os.kill(janitor.pop(), signal.SIGKILL)
+        os.kill(proc.pid, signal.SIGKILL)
+        finish(proc)
+        assert_all_gone(ranks)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        kill_leftovers(ranks)
+
+
+PARENT_OF_ONE = """
+import os, subprocess, sys, time
+from pathlib import Path
+from tbcoll.launch import parentdeath
+if sys.argv[1] == "preexec_fn":
+    parentdeath.DIE_WITH_PARENT = Path("/no/such/die-with-parent")
+argv, hook = parentdeath.tied(["sleep", "60"], os.environ, None)
+child = subprocess.Popen(argv, preexec_fn=hook)
+print(child.pid, argv[0], flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux only")
+@pytest.mark.parametrize("way", ["die-with-parent", "preexec_fn"])
+def test_a_tied_child_dies_with_its_parent(way):
+    """Both ways tbrun ties a child to itself: the program built at install, and the
+    preexec_fn where it was not built."""
+    from tbcoll.launch.parentdeath import DIE_WITH_PARENT
+    if way == "die-with-parent" and not os.access(DIE_WITH_PARENT, os.X_OK):
+        pytest.skip(f"{DIE_WITH_PARENT} was not built (no C compiler at install?)")
+    parent = subprocess.Popen([sys.executable, "-c", PARENT_OF_ONE, way],
+                              stdout=subprocess.PIPE, text=True)
+    child = None
+    try:
+        pid, started = parent.stdout.readline().split()
+        child = int(pid)
+        assert started == (str(DIE_WITH_PARENT) if way == "die-with-parent" else "sleep")
+        assert pid_alive(child)
+        parent.kill()
+        parent.wait()
+        assert_all_gone([child])
+    finally:
+        parent.kill()
+        parent.wait()
+        kill_leftovers([child] if child else [])
+
+
 # A rank that leaves four processes outside its process group, each `sleep 1000`: a child in
 # a session of its own, a child in a group of its own, a classic double-forked daemon, and a
 # child in a session of its own with an empty environment (no TBCOLL_JOB: only its subreaper
@@ -271,6 +342,20 @@ def test_nothing_a_rank_detached_outlives_the_job(script, tmp_path, end):
             proc.kill()
             proc.wait()
         kill_leftovers(read_pids(piddir, 6))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="no /proc but on Linux")
+def test_the_kernels_list_of_children_is_the_scans():
+    from tbcoll.launch.reaper import children, processes
+    sleepers = [subprocess.Popen(["sleep", "30"]) for _ in range(2)]
+    try:
+        scanned = {p.pid for p in processes().values() if p.ppid == os.getpid()}
+        listed = children(os.getpid())
+        assert listed == scanned and {s.pid for s in sleepers} <= listed
+    finally:
+        for sleeper in sleepers:
+            sleeper.kill()
+            sleeper.wait()
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="no subreaper but on Linux")

@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from tbcoll.launch.config import LaunchConfig
 from tbcoll.launch.hosts import HostPlan, remote_setup
 from tbcoll.launch.supervisor import RankCommand
 
 
-@dataclass(frozen=True)
-class RankSpec:
+class RankSpec(NamedTuple):
     """One rank of a job, wherever it is going to run."""
 
     rank: int
@@ -32,8 +31,7 @@ class RankSpec:
                             self.stdin)
 
 
-@dataclass(frozen=True)
-class Starter:
+class Starter(NamedTuple):
     name: str
     # starts one rank: the process tbrun supervises for it
     command: Callable[[RankSpec, LaunchConfig], RankCommand] | None = None

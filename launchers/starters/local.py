@@ -8,8 +8,9 @@ import sys
 
 from tbcoll.launch.config import LaunchConfig
 from tbcoll.launch.hosts import remote_setup
+from tbcoll.launch.parentdeath import PDEATHSIG
 from tbcoll.launch.starters.base import WRAPPER_MODULE, RankSpec, Starter
-from tbcoll.launch.supervisor import PDEATHSIG, RankCommand
+from tbcoll.launch.supervisor import RankCommand
 
 WRAPPER = (sys.executable, "-m", WRAPPER_MODULE)
 

@@ -1,0 +1,25 @@
+"""What tbrun loads before it starts a job: not the library's collectives (numpy: ~40 ms), nor
+the modules of what a job without --trace, a subcommand or a failure does not need. Its
+start-up time is a benchmark (benchmarks/startup.py), not a test."""
+
+import subprocess
+import sys
+
+NOT_AT_START = ("numpy", "tbcoll.comm", "tbcoll.algorithms", "tbcoll.dumps",
+                "tbcoll.launch.timeline", "tbcoll.trace", "tbcoll.launch.cluster.doctor")
+
+
+def test_tbrun_starts_without_the_library_and_what_the_job_may_not_need():
+    code = "import sys\nimport tbcoll.launch.cli\nprint(*sorted(sys.modules))"
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            check=True, timeout=60).stdout.split()
+    assert "tbcoll.launch.job" in loaded  # what runs a job is there
+    assert [name for name in NOT_AT_START if name in loaded] == []
+
+
+def test_the_tbrun_command_imports_its_command_line_and_runs_a_job():
+    """tbcoll.launch.command, the console script's entry point (the suite's tbrun may be an
+    older install's script)."""
+    p = subprocess.run([sys.executable, "-m", "tbcoll.launch", "-np", "2", "true"],
+                       capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert p.returncode == 0, p.stderr
