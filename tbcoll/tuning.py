@@ -27,6 +27,7 @@ from __future__ import annotations
 Rule = tuple[int | None, int | None, str]
 
 _TCP: list[Rule] = [(256 << 10, None, "rd"), (None, 4, "mesh"), (None, None, "ring")]
+_TCP_NATIVE_BYTES, _TCP_NATIVE_RANKS = 16 << 10, 4  # tcp's own small all_reduce: see above
 _NATIVE: list[Rule] = [(None, None, "native")]
 _DATA = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "barrier")
 # all_to_all and the rooted collectives (not measured yet): every block at once where few
@@ -39,10 +40,12 @@ _OTHERS: dict[str, list[Rule]] = {
 }
 
 # a table per transport group's `tuning` (tbcoll.transports.base.Group)
+_STREAM = {"all_reduce": _TCP, "all_gather": _TCP, "reduce_scatter": _TCP,
+           "broadcast": [(256 << 10, None, "rd"), (None, None, "ring")],
+           "barrier": [(None, None, "rd")], **_OTHERS}
 TABLES: dict[str, dict[str, list[Rule]]] = {
-    "tcp": {"all_reduce": _TCP, "all_gather": _TCP, "reduce_scatter": _TCP,
-            "broadcast": [(256 << 10, None, "rd"), (None, None, "ring")],
-            "barrier": [(None, None, "rd")], **_OTHERS},
+    "tcp": {**_STREAM, "all_reduce": [(_TCP_NATIVE_BYTES, _TCP_NATIVE_RANKS, "native"), *_TCP]},
+    "stream": _STREAM,
     "shm": {**dict.fromkeys(_DATA, _NATIVE), **_OTHERS},
     "mlx": {**dict.fromkeys(_DATA, _NATIVE), **_OTHERS},
     "mpi": dict.fromkeys((*_DATA, *_OTHERS), _NATIVE),

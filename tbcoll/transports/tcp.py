@@ -5,7 +5,11 @@ Set-up: every rank listens on its host's addresses (its main one and, from the h
 lower rank over the cable between their hosts where there is one, and accepts every higher
 rank. Each connection runs the HMAC handshake of
 tbcoll.auth, then the connecting side names its rank. Messages, matching and progress are
-tbcoll.transports.stream's; waiting is poll() on the sockets.
+tbcoll.transports.stream's; waiting is poll() on the sockets. Where the C extension
+tbcoll.transports._sockets is built, a message sent with nothing queued before it goes in
+one C call, and a blocking receive takes the next message in one C call when it is the one
+expected; everything else (and every message under TBCOLL_LINK_DELAY_US, whose channels
+hold bytes back) goes through the engine, which goes on from wherever C left off.
 """
 
 from __future__ import annotations
@@ -21,14 +25,23 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
+import numpy as np
+
 from tbcoll.auth import HANDSHAKE_TIMEOUT, Doorman, accept_handshake, connect_proven
+from tbcoll.calls import NO_CALL
 from tbcoll.env import LaunchInfo, format_hostport, link_delay, parse_hostport, placement
-from tbcoll.errors import LINK_DOWN, AuthenticationError, CommError
+from tbcoll.errors import LINK_DOWN, AuthenticationError, CommError, PeerLostError
 from tbcoll.rendezvous import Store
 from tbcoll.topology import route_source
 from tbcoll.transports.delayed import DelayedChannel
-from tbcoll.transports.stream import Peer, StreamEndpoint, StreamTransport
+from tbcoll.transports.stream import Peer, StreamEndpoint, StreamTransport, _Send
+from tbcoll.transports.tcp_native import TcpNative
 from tbcoll.wire import recv_exactly
+
+try:
+    from tbcoll.transports import _sockets
+except ImportError:  # built without a compiler: every message takes the engine's Python path
+    _sockets = None
 
 log = logging.getLogger("tbcoll.tcp")
 
@@ -46,6 +59,7 @@ _DEAD_AFTER_RTOS = 3  # consecutive unanswered retransmission timeouts (~3 s) me
 # 235-279 -> 184-233 us). A rank with sends stalled on a full socket (large messages) sleeps
 # at once: it waits for its peer to read, which a look would not hasten.
 _SPIN = 50e-6
+_C_SLICE = 0.05  # seconds a receive waits in C before the engine (links, deadline) takes over
 
 
 class TcpTransport(StreamTransport):
@@ -67,6 +81,89 @@ class TcpTransport(StreamTransport):
             self._by_fd[peer.channel.fileno()] = peer
             self._poller.register(peer.channel, _READ_EVENTS)
             self._links[peer.rank] = _link_of(peer.channel)
+        self._in_c = _sockets is not None and not self._holding
+
+    def isend(self, buf: np.ndarray, dest: int, context: int, tag: int,
+              call: tuple[int, int] = NO_CALL) -> _Send:
+        """The whole message in one C sendmsg when nothing is queued before it; the engine
+        queues what did not fit."""
+        peer = self._peers.get(dest)
+        if not self._in_c or not self._sends_idle(peer):
+            return super().isend(buf, dest, context, tag, call)
+        header = self._header(context, tag, buf.nbytes, *call)
+        try:
+            written = _sockets.send(peer.channel.fileno(), header, buf)
+        except OSError as e:
+            raise self._send_failed(peer, e.errno) from e
+        return self._send_rest(peer, header, memoryview(buf.view(np.uint8)), written)
+
+    def recv(self, buf: np.ndarray, source: int, context: int, tag: int,
+             call: tuple[int, int] = NO_CALL) -> None:
+        """The next message from source in one C call, straight into buf, when it is this
+        one (context, tag, size and call), the engine holds nothing from source for it and
+        no send waits for room; else the engine goes on from where C left off (see
+        _resume_recv)."""
+        peer = self._peers.get(source)
+        if not self._in_c or self._writing or not self._receives_idle(peer, context, tag):
+            super().recv(buf, source, context, tag, call)
+            return
+        header = self._header(context, tag, buf.nbytes, *call)
+        copied, staged, error = _sockets.recv(peer.channel.fileno(), header, buf, peer.stage,
+                                              _SPIN, _C_SLICE)
+        if copied != buf.nbytes:
+            self._resume_recv(peer, buf, context, tag, call, copied, staged, error)
+
+    def exchange(self, buf: np.ndarray, peers: list[int], blocks: np.ndarray, context: int,
+                 tag: int, call: tuple[int, int] = NO_CALL) -> None:
+        """Send buf to each of peers and receive from each a message of its size into
+        blocks[i]: in one C call while every stream to them is idle, else (or from where C
+        stopped) message by message."""
+        n, done, resume = len(peers), 0, None
+        streams = [self._peers.get(rank) for rank in peers]
+        sends: list[_Send] = []
+        if self._in_c and not self._writing and n <= _sockets.MAX_PEERS and all(
+                self._sends_idle(s) and self._receives_idle(s, context, tag) for s in streams):
+            header = self._header(context, tag, buf.nbytes, *call)
+            step, a, b, c = _sockets.exchange(tuple(s.channel.fileno() for s in streams),
+                                              header, buf, blocks,
+                                              tuple(s.stage for s in streams), _SPIN, _C_SLICE)
+            if step == 2 * n:
+                return
+            if step < n:  # the send to peers[step] stopped after a bytes (b: why)
+                if b:
+                    raise self._send_failed(streams[step], b)
+                sends.append(self._send_rest(streams[step], header,
+                                             memoryview(buf.view(np.uint8)), a))
+                done = step + 1
+            else:  # every send went; the receive from peers[step - n] stopped
+                done, resume = n, step - n
+                self._resume_recv(streams[resume], blocks[resume], context, tag, call, a, b, c)
+        sends += [self.isend(buf, rank, context, tag, call) for rank in peers[done:]]
+        for i in range(0 if resume is None else resume + 1, n):
+            self.recv(blocks[i], peers[i], context, tag, call)
+        self.waitall(sends)
+
+    def _resume_recv(self, peer: Peer, buf: np.ndarray, context: int, tag: int,
+                     call: tuple[int, int], copied: int, staged: int, error: int) -> None:
+        """Finish a receive that C left (copied, staged, error: _sockets.recv's): another
+        message came first (in the staging buffer now, for the engine to parse), or the peer
+        was slow or is gone; the engine goes on and says what was wrong if anything was."""
+        if copied == buf.nbytes:
+            return
+        if staged:
+            peer.start, peer.end = 0, staged
+            self._parse(peer)
+        if error:
+            self._lose(peer, "it closed the connection: exited or crashed" if error < 0
+                       else f"receive failed: {os.strerror(error)}")
+        if copied >= 0:  # its header and first bytes are in
+            self._finish_recv(peer, memoryview(buf.view(np.uint8)), copied)
+        else:
+            super().recv(buf, peer.rank, context, tag, call)
+
+    def _send_failed(self, peer: Peer, error: int) -> PeerLostError:
+        self._lose(peer, f"send failed: {os.strerror(error)}")
+        return PeerLostError(f"lost connection to rank {peer.rank} ({peer.lost})", (peer.rank,))
 
     def _lose(self, peer: Peer, reason: str) -> None:
         super()._lose(peer, f"{reason}; the link {self.link(peer.rank)}")
@@ -327,9 +424,9 @@ def peer_route(info: LaunchInfo) -> Callable[[int], str | None]:
 
 
 class TcpGroup:
-    """A communicator's view of the TCP transport (it has no native collectives)."""
+    """A communicator's view of the TCP transport; its native collective is the small
+    all_reduce of tbcoll.transports.tcp_native."""
 
-    native = None
     tuning = "tcp"
 
     def __init__(self, transport: TcpTransport, context: int, members: list[int],
@@ -340,6 +437,7 @@ class TcpGroup:
         self.coll = StreamEndpoint(transport, context + 1, members)
         self.rank, self.size = self.p2p.rank, self.p2p.size
         self.begin_call = self.coll.begin_call  # every message of a call carries it
+        self.native = TcpNative(transport, self.coll, context + 1, members)
 
     def end_call(self) -> None:
         pass  # compared as messages arrive
