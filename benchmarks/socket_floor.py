@@ -1,15 +1,16 @@
 """tbcoll's tcp transport against the floor under it: a bare Python socket on loopback.
 
-    python benchmarks/socket_floor.py --rounds 5
+    python benchmarks/socket_floor.py --rounds 5 [--before /path/to/another/checkout]
 
 In turns (A B A B ...): two processes ping-ponging over one TCP socket (TCP_NODELAY,
 recv_into a preallocated buffer: the least Python can do per message), blocking in recv and
 then polling (MSG_DONTWAIT in a loop, as tbcoll's tcp transport does for its first 50 us),
 then `tbrun -np 2 --backend tcp tbcoll-bench` all_reduce and sendrecv. Prints, per size, the
 medians over rounds of half the bare round trips and of tbcoll's times, and tbcoll's over the
-bare ones (issue 14's goal: 8 B all_reduce at np=2 within 1.2x half a bare round trip). A
-blocking receiver pays the wake-up of an idle core, which varies with what ran just before;
-the polling one does not.
+bare ones (issue 25's goal: 8 B all_reduce at np=2 within 2.0x a polling socket's one-way
+time). A blocking receiver pays the wake-up of an idle core, which varies with what ran just
+before; the polling one does not. --before times another checkout's tbcoll in the same turns
+(its directory first on PYTHONPATH, as this one's is where PYTHONPATH names it).
 """
 
 from __future__ import annotations
@@ -71,14 +72,16 @@ def echo(sock: socket.socket, nbytes: int, iters: int, poll: bool,
     return times
 
 
-def tbcoll_times(collective: str, iters: int) -> dict[int, float]:
-    """tbcoll-bench's time per call (us) for each size, over tcp at np=2."""
+def tbcoll_times(collective: str, iters: int, checkout: str | None = None) -> dict[int, float]:
+    """tbcoll-bench's time per call (us) for each size, over tcp at np=2 (checkout: the
+    tbcoll to import, else the one this Python finds)."""
+    env = {**os.environ, "PYTHONPATH": checkout} if checkout else None
     with tempfile.TemporaryDirectory() as tmp:
         rows = Path(tmp) / "rows.json"
         subprocess.run([str(BIN / "tbrun"), "-np", "2", "--backend", "tcp",
                         str(BIN / "tbcoll-bench"), collective, "-b", str(SIZES[0]),
                         "-e", str(SIZES[-1]), "-f", "8", "-n", str(iters), "--inplace", "no",
-                        "--json", str(rows)], check=True, capture_output=True)
+                        "--json", str(rows)], check=True, capture_output=True, env=env)
         return {row["size"]: row["time_us"] for row in json.loads(rows.read_text())}
 
 
@@ -86,9 +89,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("-n", "--iters", type=int, default=2000)
+    parser.add_argument("--before", help="another checkout's tbcoll, timed in the same turns")
     args = parser.parse_args()
     bare = {poll: {n: [] for n in SIZES} for poll in (False, True)}
     ours = {c: {n: [] for n in SIZES} for c in ("all_reduce", "sendrecv")}
+    before = {c: {n: [] for n in SIZES} for c in ours} if args.before else {}
     for _ in range(args.rounds):
         for n in SIZES:
             for poll, times in bare.items():
@@ -96,6 +101,9 @@ def main() -> None:
         for collective, times in ours.items():
             for n, t in tbcoll_times(collective, args.iters).items():
                 times[n].append(t)
+            for n, t in (tbcoll_times(collective, args.iters, args.before).items()
+                         if args.before else ()):
+                before[collective][n].append(t)
     print(f"# np=2 over loopback TCP, medians over {args.rounds} rounds, us")
     print("| size B | bare, blocking | bare, polling | tbcoll all_reduce | / blocking "
           "| / polling | tbcoll sendrecv (one way) | / blocking | / polling |")
@@ -107,6 +115,19 @@ def main() -> None:
             ours_n = statistics.median(ours[collective][n])
             cells += [f"{ours_n:.1f}", f"{ours_n / blocking:.2f}", f"{ours_n / polling:.2f}"]
         print(f"| {' | '.join(cells)} |")
+    if before:
+        print(f"\n# the same turns, tbcoll from {args.before} (before), us: medians [range]")
+        print("| size B | all_reduce before | after | after / before "
+              "| sendrecv before | after | after / before |")
+        print("|---:|---:|---:|---:|---:|---:|---:|")
+        for n in SIZES:
+            cells = [f"{n}"]
+            for collective in ("all_reduce", "sendrecv"):
+                old, new = before[collective][n], ours[collective][n]
+                cells += [f"{statistics.median(old):.1f} [{min(old):.1f}-{max(old):.1f}]",
+                          f"{statistics.median(new):.1f} [{min(new):.1f}-{max(new):.1f}]",
+                          f"{statistics.median(new) / statistics.median(old):.2f}"]
+            print(f"| {' | '.join(cells)} |")
 
 
 if __name__ == "__main__":

@@ -7,11 +7,15 @@ from tbcoll.algorithms import ALGORITHMS
 
 
 @pytest.mark.parametrize("nbytes, size, expected", [
-    (8, 2, "rd"), (256 << 10, 4, "rd"), ((256 << 10) + 1, 4, "mesh"), (16 << 20, 2, "mesh"),
+    (8, 2, "native"), (16 << 10, 4, "native"), ((16 << 10) + 1, 4, "rd"), (8, 5, "rd"),
+    (256 << 10, 4, "rd"), ((256 << 10) + 1, 4, "mesh"), (16 << 20, 2, "mesh"),
     (16 << 20, 8, "ring"), (8, 64, "rd"),
 ])
 def test_tcp_all_reduce(nbytes, size, expected):
     assert tuning.choose("tcp", "all_reduce", nbytes, size) == expected
+    # the stream transports without tcp's native (rdma's sub-groups, MLX's ring) skip it
+    assert tuning.choose("stream", "all_reduce", nbytes, size) == expected.replace(
+        "native", "rd")
 
 
 def test_every_table_covers_every_collective_with_a_valid_algorithm():
@@ -32,7 +36,8 @@ def test_describe():
 def test_native_up_to_a_size():
     assert tuning.native_up_to("rdma", "all_reduce", 2) == (True, 64 << 10)
     assert tuning.native_up_to("shm", "all_reduce", 4) == (True, None)
-    assert tuning.native_up_to("tcp", "all_reduce", 2) == (False, 256 << 10)
+    assert tuning.native_up_to("tcp", "all_reduce", 2) == (True, 16 << 10)
+    assert tuning.native_up_to("tcp", "all_reduce", 5) == (False, 256 << 10)
 
 
 class _Native:
