@@ -82,6 +82,8 @@ class TcpTransport(StreamTransport):
             self._poller.register(peer.channel, _READ_EVENTS)
             self._links[peer.rank] = _link_of(peer.channel)
         self._in_c = _sockets is not None and not self._holding
+        # exchange's C arguments by group of peers: (streams, their fds, their stages)
+        self._exchanges: dict[tuple[int, ...], tuple[list[Peer], tuple, tuple]] = {}
 
     def isend(self, buf: np.ndarray, dest: int, context: int, tag: int,
               call: tuple[int, int] = NO_CALL) -> _Send:
@@ -113,35 +115,55 @@ class TcpTransport(StreamTransport):
         if copied != buf.nbytes:
             self._resume_recv(peer, buf, context, tag, call, copied, staged, error)
 
-    def exchange(self, buf: np.ndarray, peers: list[int], blocks: np.ndarray, context: int,
-                 tag: int, call: tuple[int, int] = NO_CALL) -> None:
+    def exchange(self, buf: np.ndarray, peers: tuple[int, ...], blocks: np.ndarray,
+                 context: int, tag: int, call: tuple[int, int] = NO_CALL) -> None:
         """Send buf to each of peers and receive from each a message of its size into
         blocks[i]: in one C call while every stream to them is idle, else (or from where C
         stopped) message by message."""
-        n, done, resume = len(peers), 0, None
-        streams = [self._peers.get(rank) for rank in peers]
-        sends: list[_Send] = []
-        if self._in_c and not self._writing and n <= _sockets.MAX_PEERS and all(
-                self._sends_idle(s) and self._receives_idle(s, context, tag) for s in streams):
+        streams, fds, stages = self._exchanges.get(peers) or self._exchange_args(peers)
+        if fds and not self._writing and self._idle(streams, context, tag):
             header = self._header(context, tag, buf.nbytes, *call)
-            step, a, b, c = _sockets.exchange(tuple(s.channel.fileno() for s in streams),
-                                              header, buf, blocks,
-                                              tuple(s.stage for s in streams), _SPIN, _C_SLICE)
-            if step == 2 * n:
-                return
-            if step < n:  # the send to peers[step] stopped after a bytes (b: why)
-                if b:
-                    raise self._send_failed(streams[step], b)
-                sends.append(self._send_rest(streams[step], header,
-                                             memoryview(buf.view(np.uint8)), a))
-                done = step + 1
-            else:  # every send went; the receive from peers[step - n] stopped
-                done, resume = n, step - n
-                self._resume_recv(streams[resume], blocks[resume], context, tag, call, a, b, c)
-        sends += [self.isend(buf, rank, context, tag, call) for rank in peers[done:]]
-        for i in range(0 if resume is None else resume + 1, n):
+            stopped = _sockets.exchange(fds, header, buf, blocks, stages, _SPIN, _C_SLICE)
+            if stopped[0] < 2 * len(peers):
+                self._exchange_on(buf, peers, blocks, context, tag, call, header, *stopped)
+        else:
+            self._exchange_on(buf, peers, blocks, context, tag, call)
+
+    def _exchange_on(self, buf: np.ndarray, peers: tuple[int, ...], blocks: np.ndarray,
+                     context: int, tag: int, call: tuple[int, int], header: bytes = b"",
+                     step: int = 0, a: int = 0, b: int = 0, c: int = 0) -> None:
+        """exchange message by message, from C's step (a, b, c: what _sockets.exchange said
+        of it) on, or from the start."""
+        n, streams, sends, received = len(peers), self._exchanges[peers][0], [], 0
+        if header and step < n:  # the send to peers[step] stopped after a bytes (b: why)
+            if b:
+                raise self._send_failed(streams[step], b)
+            sends.append(self._send_rest(streams[step], header, memoryview(buf.view(np.uint8)),
+                                         a))
+            step += 1
+        elif header:  # every send went; the receive from peers[step - n] stopped
+            received = step - n + 1
+            self._resume_recv(streams[step - n], blocks[step - n], context, tag, call, a, b, c)
+        sends += [self.isend(buf, rank, context, tag, call) for rank in peers[step:]]
+        for i in range(received, n):
             self.recv(blocks[i], peers[i], context, tag, call)
         self.waitall(sends)
+
+    def _exchange_args(self, peers: tuple[int, ...]) -> tuple[list[Peer], tuple | None, tuple]:
+        """exchange's streams, and its arguments for C (fds None where C does not take it)."""
+        streams = [self._live_peer(rank) for rank in peers]
+        in_c = self._in_c and len(streams) <= _sockets.MAX_PEERS
+        args = (streams, tuple(s.channel.fileno() for s in streams) if in_c else None,
+                tuple(s.stage for s in streams))
+        self._exchanges[peers] = args
+        return args
+
+    def _idle(self, streams: list[Peer], context: int, tag: int) -> bool:
+        """Every one of streams may send and take its next message by C's path."""
+        for stream in streams:
+            if not (self._sends_idle(stream) and self._receives_idle(stream, context, tag)):
+                return False
+        return True
 
     def _resume_recv(self, peer: Peer, buf: np.ndarray, context: int, tag: int,
                      call: tuple[int, int], copied: int, staged: int, error: int) -> None:

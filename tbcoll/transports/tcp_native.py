@@ -40,7 +40,7 @@ class TcpNative:
         """coll: the group's endpoint for collectives, on context; members: world ranks."""
         self._transport, self._coll, self._context = transport, coll, context
         self.rank, self.size = coll.rank, coll.size
-        self._peers = [world for rank, world in enumerate(members) if rank != self.rank]
+        self._peers = tuple(world for rank, world in enumerate(members) if rank != self.rank)
 
     def direct_all_reduce(self, x: np.ndarray, op: str, root: int,
                           out: np.ndarray | None) -> np.ndarray | None:
@@ -48,7 +48,7 @@ class TcpNative:
             return None
         self._coll.begin_next_call(signature("all_reduce", x.dtype, op, x.nbytes))
         out = np.empty_like(x) if out is None else out
-        self._exchange(x.reshape(-1), out.reshape(-1), op)
+        self._exchange(x, out, op)
         return out
 
     def all_reduce(self, send: np.ndarray | None, recv: np.ndarray, op: str) -> None:
@@ -56,13 +56,14 @@ class TcpNative:
         self._exchange(recv if send is None else send, recv, op)
 
     def _exchange(self, mine: np.ndarray, out: np.ndarray, op: str) -> None:
-        """out = every rank's mine, op'ed in rank order."""
+        """out = every rank's mine, op'ed in rank order (both C-contiguous, of one shape)."""
         blocks = np.empty((self.size - 1, mine.size), mine.dtype)  # the others', in rank order
         self._transport.exchange(mine, self._peers, blocks, self._context, _TAG,
                                  self._coll.call)
         if _sockets is not None:
             _sockets.reduce(blocks, mine, self.rank, out, DTYPE_CODES[mine.dtype], OP_CODES[op])
             return
+        mine, out = mine.reshape(-1), out.reshape(-1)
         rows = [*blocks[:self.rank], mine.copy(), *blocks[self.rank:]]  # out may be mine
         reduce = OPS[op]
         reduce(rows[0], rows[1], out=out)
