@@ -86,13 +86,24 @@ def test_an_exchange_and_its_reduction(pair):
     a.sendall(header + theirs.tobytes())
     blocks = np.zeros((1, 2), np.float32)
     assert _sockets.exchange((b.fileno(),), header, mine, blocks, (bytearray(64),), 0.0,
-                             1.0) == (2, 0, 0, 0)
+                             1.0) is None  # all done
     assert a.recv(100) == header + mine.tobytes() and (blocks[0] == theirs).all()
     out = np.empty_like(mine)
     _sockets.reduce(blocks, mine, 1, out, 2, 2)  # float32 (code 2), max (code 2), rank 1
     assert out[0] == 2.0 and np.isnan(out[1])
     _sockets.reduce(blocks, mine, 0, mine, 2, 0)  # in place, sum
     assert mine[0] == 3.0
+
+
+def test_an_exchange_that_meets_another_message_says_where_it_stopped(pair):
+    a, b = pair
+    header, other = _HEADER.pack(1, 8, 8, 4, 9), _message(2, b"abcdefgh")
+    a.sendall(other)
+    stage = bytearray(64)
+    stopped = _sockets.exchange((b.fileno(),), header, np.zeros(8, np.uint8),
+                                np.zeros((1, 8), np.uint8), (stage,), 0.0, 1.0)
+    # (sent, send's errno, copied, staged, error): its message went; another one came
+    assert stopped == ((40, 0, -2, 40, 0),) and bytes(stage[:40]) == other
 
 
 JOB = """
@@ -130,10 +141,13 @@ elif r == 1:
     assert comm.recv(np.empty(3), 0, tag=1).tolist() == [1.0] * 3
     assert (comm.recv(np.empty(1 << 20), 0, tag=3) == np.arange(1 << 20)).all()
     assert comm.recv(np.empty(2), 0, tag=4).tolist() == [5.0, 5.0]
-# a rank late to the call: its peers' C waits run out and the engine goes on
+# a rank late to the call: its peers' C waits run out, part-way through sending 32 MB to it,
+# and the engine goes on
 if r == p - 1:
     time.sleep(0.2)
-print(comm.all_reduce(np.array([r + 0.5])).tolist())
+late = comm.all_reduce(np.full(4 << 20, r + 0.5), algorithm="native")
+assert (late == late[0]).all()
+print(late[:1].tolist())
 """
 
 

@@ -230,14 +230,77 @@ static PyObject *receive_message(PyObject *self, PyObject *const *args, Py_ssize
 
 #define MAX_PEERS 16
 
+/* One peer of an exchange: how far its send and its receive have got. */
+struct way {
+    int fd;
+    size_t sent;         /* bytes of header and payload written */
+    int send_error;      /* errno of a failed send */
+    struct received r;   /* copied -1 until the header is whole and matches, -2 if not */
+    int received;        /* the receive is over: whole, another message, or an error */
+    char *stage, *block;
+    size_t first;        /* the first read's bound: this message's length, or the stage's */
+};
+
+/* Write what the socket takes now of header and payload from the way's offset. */
+static int send_some(struct way *w, const char *header, const char *payload, size_t len)
+{
+    size_t whole = HEADER_BYTES + len;
+    if (w->sent >= whole || w->send_error)
+        return 0;
+    ssize_t n = w->sent < HEADER_BYTES
+        ? send_one(w->fd, header + w->sent, HEADER_BYTES - w->sent, payload, len)
+        : send_one(w->fd, payload + (w->sent - HEADER_BYTES), whole - w->sent, NULL, 0);
+    if (n < 0)
+        w->send_error = errno;
+    else
+        w->sent += (size_t)n;
+    return n > 0;
+}
+
+/* Read what the socket has now for the way's receive (see recv below for the rules). */
+static int receive_some(struct way *w, const char *expected, Py_ssize_t len)
+{
+    if (w->received)
+        return 0;
+    int header_phase = w->r.copied < 0;
+    char *to = header_phase ? w->stage + w->r.staged : w->block + w->r.copied;
+    size_t room = header_phase ? w->first - (size_t)w->r.staged : (size_t)(len - w->r.copied);
+    ssize_t got = room ? recv(w->fd, to, room, MSG_DONTWAIT) : 0;
+    if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+        return 0;
+    if (got <= 0 && room) {
+        w->r.error = got == 0 ? CLOSED : errno;
+        w->received = 1;
+        return 0;
+    }
+    if (header_phase) {
+        w->r.staged += got;
+        if (w->r.staged < HEADER_BYTES)
+            return 1;
+        if (memcmp(w->stage, expected, HEADER_BYTES) != 0) {
+            w->r.copied = -2;
+            w->received = 1;
+            return 1;
+        }
+        w->r.copied = w->r.staged - HEADER_BYTES;
+        memcpy(w->block, w->stage + HEADER_BYTES, w->r.copied);
+        w->r.staged = 0;
+    } else {
+        w->r.copied += got;
+    }
+    w->received = w->r.copied == len;
+    return 1;
+}
+
 /*
- * exchange(fds, header, mine, blocks, stages, spin, budget) -> (step, a, b, c)
- * Send header and mine to every peer (fds), then receive each peer's message of the same
- * header into its block: blocks holds len(fds) blocks of len(mine) bytes, in the order of
- * fds, and stages the peers' staging buffers (see recv). It stops at the first step that does
- * not complete: step i < n (n peers), the send to peer i, after a bytes (b: the errno, or 0 if
- * the socket had no room); step n + i, the receive from peer i: (a, b, c) as recv's (copied,
- * staged, error). step 2n: all done.
+ * exchange(fds, header, mine, blocks, stages, spin, budget) -> None, or what stopped it
+ * Send header and mine to every peer (fds) while receiving each peer's message of the same
+ * header into its block (both ways at once, so that large messages cannot deadlock): blocks
+ * holds len(fds) blocks of len(mine) bytes, in the order of fds, and stages the peers'
+ * staging buffers (see recv). None once everything has moved. Else it stopped (another
+ * message first, a failed connection, or budget seconds without progress): a tuple, per
+ * peer, of (bytes of header and payload sent, the send's errno or 0, copied, staged, error)
+ * with the last three as recv's.
  */
 static PyObject *exchange(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -248,9 +311,11 @@ static PyObject *exchange(PyObject *self, PyObject *const *args, Py_ssize_t narg
                         "of the same length, at most 16");
         return NULL;
     }
-    int n = (int)PyTuple_GET_SIZE(args[0]), fds[MAX_PEERS];
+    int n = (int)PyTuple_GET_SIZE(args[0]);
+    struct way ways[MAX_PEERS];
+    memset(ways, 0, sizeof ways);
     for (int i = 0; i < n; i++)
-        fds[i] = (int)PyLong_AsLong(PyTuple_GET_ITEM(args[0], i));
+        ways[i].fd = (int)PyLong_AsLong(PyTuple_GET_ITEM(args[0], i));
     double spin = PyFloat_AsDouble(args[5]), budget = PyFloat_AsDouble(args[6]);
     if (PyErr_Occurred())
         return NULL;
@@ -273,30 +338,47 @@ static PyObject *exchange(PyObject *self, PyObject *const *args, Py_ssize_t narg
         return NULL;
     }
     int fits = expected.len == HEADER_BYTES && blocks.len == n * mine.len;
-    for (int i = 0; i < n; i++)
+    size_t whole = HEADER_BYTES + (size_t)mine.len;
+    for (int i = 0; i < n; i++) {
         fits = fits && stages[i].len >= HEADER_BYTES;
-    int step = 0;
-    Py_ssize_t a = 0, b = 0;
-    int c = 0;
+        ways[i].r.copied = -1;
+        ways[i].stage = stages[i].buf;
+        ways[i].block = (char *)blocks.buf + i * mine.len;
+        ways[i].first = whole < (size_t)stages[i].len ? whole : (size_t)stages[i].len;
+    }
+    int stopped = 0;
     if (fits) {
         Py_BEGIN_ALLOW_THREADS
-        for (; step < n; step++) {
-            ssize_t sent = send_one(fds[step], expected.buf, HEADER_BYTES, mine.buf, mine.len);
-            if (sent < HEADER_BYTES + mine.len) {
-                a = sent < 0 ? 0 : sent;
-                b = sent < 0 ? errno : 0;
+        struct timespec since;  /* the last progress */
+        clock_gettime(CLOCK_MONOTONIC, &since);
+        for (;;) {
+            int moved = 0, pending = 0;
+            struct pollfd waits[MAX_PEERS];
+            for (int i = 0; i < n; i++) {
+                struct way *w = &ways[i];
+                moved |= send_some(w, expected.buf, mine.buf, mine.len);
+                moved |= receive_some(w, expected.buf, mine.len);
+                stopped |= w->send_error || (w->received && w->r.copied != mine.len);
+                waits[i].fd = w->fd;
+                waits[i].events = (w->sent < whole ? POLLOUT : 0) | (w->received ? 0 : POLLIN);
+                pending |= waits[i].events;
+            }
+            if (stopped || !pending)
+                break;
+            if (moved) {
+                clock_gettime(CLOCK_MONOTONIC, &since);
+                continue;
+            }
+            double waited = seconds_since(&since);
+            if (waited >= budget) {
+                stopped = 1;
                 break;
             }
-        }
-        for (; step >= n && step < 2 * n; step++) {
-            int i = step - n;
-            struct received r = receive_one(fds[i], expected.buf,
-                                            (char *)blocks.buf + i * mine.len, mine.len,
-                                            stages[i].buf, stages[i].len, spin, budget);
-            if (r.copied != mine.len) {
-                a = r.copied, b = r.staged, c = r.error;
-                break;
+            if (waited < spin) {
+                sched_yield();
+                continue;
             }
+            poll(waits, n, (int)((budget - waited) * 1000) + 1);  /* EINTR: look again */
         }
         Py_END_ALLOW_THREADS
     }
@@ -309,7 +391,19 @@ static PyObject *exchange(PyObject *self, PyObject *const *args, Py_ssize_t narg
                         "len(mine) bytes and stages larger than a header are needed");
         return NULL;
     }
-    return Py_BuildValue("(inni)", step, a, b, c);
+    if (!stopped)
+        Py_RETURN_NONE;
+    PyObject *states = PyTuple_New(n);
+    for (int i = 0; states != NULL && i < n; i++) {
+        struct way *w = &ways[i];
+        PyObject *state = Py_BuildValue("(ninni)", (Py_ssize_t)w->sent, w->send_error,
+                                        w->r.copied, w->r.staged, w->r.error);
+        if (state == NULL)
+            Py_CLEAR(states);
+        else
+            PyTuple_SET_ITEM(states, i, state);
+    }
+    return states;
 }
 
 /*

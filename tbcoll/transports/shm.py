@@ -85,7 +85,8 @@ class ShmStream(StreamTransport):
         if copied < 0:  # nothing yet, or another message first
             super().recv(buf, source, context, tag, call)
             return
-        self._finish_recv(peer, memoryview(buf.view(np.uint8)), copied)  # its first bytes are in
+        # its first bytes are in
+        self.waitall([self._rest_of_message(peer, memoryview(buf.view(np.uint8)), copied)])
 
     def _ready(self, timeout: float) -> Iterable[tuple[Peer, bool, bool]]:
         started = time.monotonic()

@@ -209,12 +209,12 @@ class StreamTransport:
             return request
         return self._queue(peer, rest)
 
-    def _finish_recv(self, peer: Peer, view: memoryview, arrived: int) -> None:
-        """Wait for the rest of a message to peer whose header and first `arrived` bytes of
-        payload (into view) were taken by a subclass's own path."""
+    def _rest_of_message(self, peer: Peer, view: memoryview, arrived: int) -> _Recv:
+        """The receive of the rest of a message from peer whose header and first `arrived`
+        bytes of payload (into view) were taken by a subclass's own path."""
         request = _Recv(peer, view)
         peer.target, peer.target_owner = view[arrived:], request
-        self.waitall([request])
+        return request
 
     def send(self, buf: np.ndarray, dest: int, context: int, tag: int,
              call: tuple[int, int] = NO_CALL) -> None:

@@ -34,7 +34,7 @@ from tbcoll.errors import LINK_DOWN, AuthenticationError, CommError, PeerLostErr
 from tbcoll.rendezvous import Store
 from tbcoll.topology import route_source
 from tbcoll.transports.delayed import DelayedChannel
-from tbcoll.transports.stream import Peer, StreamEndpoint, StreamTransport, _Send
+from tbcoll.transports.stream import Peer, StreamEndpoint, StreamTransport, _Recv, _Send
 from tbcoll.transports.tcp_native import TcpNative
 from tbcoll.wire import recv_exactly
 
@@ -104,7 +104,7 @@ class TcpTransport(StreamTransport):
         """The next message from source in one C call, straight into buf, when it is this
         one (context, tag, size and call), the engine holds nothing from source for it and
         no send waits for room; else the engine goes on from where C left off (see
-        _resume_recv)."""
+        _resumed)."""
         peer = self._peers.get(source)
         if not self._in_c or self._writing or not self._receives_idle(peer, context, tag):
             super().recv(buf, source, context, tag, call)
@@ -113,41 +113,41 @@ class TcpTransport(StreamTransport):
         copied, staged, error = _sockets.recv(peer.channel.fileno(), header, buf, peer.stage,
                                               _SPIN, _C_SLICE)
         if copied != buf.nbytes:
-            self._resume_recv(peer, buf, context, tag, call, copied, staged, error)
+            self.waitall([self._resumed(peer, buf, context, tag, call, copied, staged, error)])
 
     def exchange(self, buf: np.ndarray, peers: tuple[int, ...], blocks: np.ndarray,
                  context: int, tag: int, call: tuple[int, int] = NO_CALL) -> None:
         """Send buf to each of peers and receive from each a message of its size into
         blocks[i]: in one C call while every stream to them is idle, else (or from where C
-        stopped) message by message."""
+        stopped) through the engine."""
         streams, fds, stages = self._exchanges.get(peers) or self._exchange_args(peers)
         if fds and not self._writing and self._idle(streams, context, tag):
             header = self._header(context, tag, buf.nbytes, *call)
             stopped = _sockets.exchange(fds, header, buf, blocks, stages, _SPIN, _C_SLICE)
-            if stopped[0] < 2 * len(peers):
-                self._exchange_on(buf, peers, blocks, context, tag, call, header, *stopped)
-        else:
-            self._exchange_on(buf, peers, blocks, context, tag, call)
-
-    def _exchange_on(self, buf: np.ndarray, peers: tuple[int, ...], blocks: np.ndarray,
-                     context: int, tag: int, call: tuple[int, int], header: bytes = b"",
-                     step: int = 0, a: int = 0, b: int = 0, c: int = 0) -> None:
-        """exchange message by message, from C's step (a, b, c: what _sockets.exchange said
-        of it) on, or from the start."""
-        n, streams, sends, received = len(peers), self._exchanges[peers][0], [], 0
-        if header and step < n:  # the send to peers[step] stopped after a bytes (b: why)
-            if b:
-                raise self._send_failed(streams[step], b)
-            sends.append(self._send_rest(streams[step], header, memoryview(buf.view(np.uint8)),
-                                         a))
-            step += 1
-        elif header:  # every send went; the receive from peers[step - n] stopped
-            received = step - n + 1
-            self._resume_recv(streams[step - n], blocks[step - n], context, tag, call, a, b, c)
-        sends += [self.isend(buf, rank, context, tag, call) for rank in peers[step:]]
-        for i in range(received, n):
-            self.recv(blocks[i], peers[i], context, tag, call)
+            if stopped is not None:
+                self._exchange_on(buf, streams, blocks, context, tag, call, header, stopped)
+            return
+        sends = [self.isend(buf, rank, context, tag, call) for rank in peers]
+        for i, rank in enumerate(peers):
+            self.recv(blocks[i], rank, context, tag, call)
         self.waitall(sends)
+
+    def _exchange_on(self, buf: np.ndarray, streams: list[Peer], blocks: np.ndarray,
+                     context: int, tag: int, call: tuple[int, int], header: bytes,
+                     stopped: tuple[tuple[int, int, int, int, int], ...]) -> None:
+        """Finish an exchange from where C stopped (stopped: per peer, what was sent, the
+        send's errno, and _sockets.recv's copied, staged, error)."""
+        payload, requests = memoryview(buf.view(np.uint8)), []
+        for stream, (sent, failed, *_) in zip(streams, stopped, strict=True):
+            if failed:
+                raise self._send_failed(stream, failed)
+            if sent < len(header) + buf.nbytes:
+                requests.append(self._send_rest(stream, header, payload, sent))
+        for i, (stream, (*_, copied, staged, error)) in enumerate(zip(streams, stopped,
+                                                                      strict=True)):
+            requests.append(self._resumed(stream, blocks[i], context, tag, call, copied,
+                                          staged, error))
+        self.waitall([request for request in requests if request is not None])
 
     def _exchange_args(self, peers: tuple[int, ...]) -> tuple[list[Peer], tuple | None, tuple]:
         """exchange's streams, and its arguments for C (fds None where C does not take it)."""
@@ -165,13 +165,14 @@ class TcpTransport(StreamTransport):
                 return False
         return True
 
-    def _resume_recv(self, peer: Peer, buf: np.ndarray, context: int, tag: int,
-                     call: tuple[int, int], copied: int, staged: int, error: int) -> None:
-        """Finish a receive that C left (copied, staged, error: _sockets.recv's): another
-        message came first (in the staging buffer now, for the engine to parse), or the peer
-        was slow or is gone; the engine goes on and says what was wrong if anything was."""
+    def _resumed(self, peer: Peer, buf: np.ndarray, context: int, tag: int,
+                 call: tuple[int, int], copied: int, staged: int, error: int) -> _Recv | None:
+        """The engine's receive for what C left of one (copied, staged, error: as
+        _sockets.recv says), None if C finished it: another message came first (in the
+        staging buffer now, for the engine to parse), or the peer was slow or is gone; the
+        engine goes on and says what was wrong if anything was."""
         if copied == buf.nbytes:
-            return
+            return None
         if staged:
             peer.start, peer.end = 0, staged
             self._parse(peer)
@@ -179,9 +180,8 @@ class TcpTransport(StreamTransport):
             self._lose(peer, "it closed the connection: exited or crashed" if error < 0
                        else f"receive failed: {os.strerror(error)}")
         if copied >= 0:  # its header and first bytes are in
-            self._finish_recv(peer, memoryview(buf.view(np.uint8)), copied)
-        else:
-            super().recv(buf, peer.rank, context, tag, call)
+            return self._rest_of_message(peer, memoryview(buf.view(np.uint8)), copied)
+        return self.irecv(buf, peer.rank, context, tag, call)
 
     def _send_failed(self, peer: Peer, error: int) -> PeerLostError:
         self._lose(peer, f"send failed: {os.strerror(error)}")
