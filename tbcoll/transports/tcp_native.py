@@ -28,6 +28,7 @@ except ImportError:  # built without a compiler: numpy reduces
     _sockets = None
 
 _TAG = 8  # apart from the algorithms' tags (tbcoll.algorithms)
+_KEEP = 1 << 20
 
 
 class TcpNative:
@@ -41,6 +42,7 @@ class TcpNative:
         self._transport, self._coll, self._context = transport, coll, context
         self.rank, self.size = coll.rank, coll.size
         self._peers = tuple(world for rank, world in enumerate(members) if rank != self.rank)
+        self._kept = np.empty(0, np.uint8)
 
     def direct_all_reduce(self, x: np.ndarray, op: str, root: int,
                           out: np.ndarray | None) -> np.ndarray | None:
@@ -55,9 +57,19 @@ class TcpNative:
         """send None: in place in recv (the Communicator has begun the call)."""
         self._exchange(recv if send is None else send, recv, op)
 
+    def _blocks(self, mine: np.ndarray) -> np.ndarray:
+        """Room for the other ranks' blocks: kept from call to call past _KEEP bytes (fresh
+        pages cost more than the copy into them at 16 MB)."""
+        nbytes = (self.size - 1) * mine.nbytes
+        if nbytes < _KEEP:
+            return np.empty((self.size - 1, mine.size), mine.dtype)
+        if self._kept.nbytes < nbytes:
+            self._kept = np.empty(nbytes, np.uint8)
+        return self._kept[:nbytes].view(mine.dtype).reshape(self.size - 1, mine.size)
+
     def _exchange(self, mine: np.ndarray, out: np.ndarray, op: str) -> None:
         """out = every rank's mine, op'ed in rank order (both C-contiguous, of one shape)."""
-        blocks = np.empty((self.size - 1, mine.size), mine.dtype)  # the others', in rank order
+        blocks = self._blocks(mine)  # the others', in rank order
         self._transport.exchange(mine, self._peers, blocks, self._context, _TAG,
                                  self._coll.call)
         if _sockets is not None:
