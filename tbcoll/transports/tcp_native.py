@@ -57,19 +57,19 @@ class TcpNative:
         """send None: in place in recv (the Communicator has begun the call)."""
         self._exchange(recv if send is None else send, recv, op)
 
-    def _blocks(self, mine: np.ndarray) -> np.ndarray:
-        """Room for the other ranks' blocks: kept from call to call past _KEEP bytes (fresh
+    def _kept_blocks(self, mine: np.ndarray) -> np.ndarray:
+        """Room for the other ranks' blocks, kept from call to call (for large ones: fresh
         pages cost more than the copy into them at 16 MB)."""
         nbytes = (self.size - 1) * mine.nbytes
-        if nbytes < _KEEP:
-            return np.empty((self.size - 1, mine.size), mine.dtype)
         if self._kept.nbytes < nbytes:
             self._kept = np.empty(nbytes, np.uint8)
         return self._kept[:nbytes].view(mine.dtype).reshape(self.size - 1, mine.size)
 
     def _exchange(self, mine: np.ndarray, out: np.ndarray, op: str) -> None:
         """out = every rank's mine, op'ed in rank order (both C-contiguous, of one shape)."""
-        blocks = self._blocks(mine)  # the others', in rank order
+        # the others', in rank order
+        blocks = (np.empty((self.size - 1, mine.size), mine.dtype) if mine.nbytes < _KEEP
+                  else self._kept_blocks(mine))
         self._transport.exchange(mine, self._peers, blocks, self._context, _TAG,
                                  self._coll.call)
         if _sockets is not None:
