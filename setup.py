@@ -22,7 +22,8 @@ _DL = ["dl"] if sys.platform.startswith("linux") else []
 setup(ext_modules=[
     Extension("tbcoll.shm._atomics", ["tbcoll/shm/_atomics.c"], depends=["tbcoll/shm/reduce.h"],
               optional=True),
-    Extension("tbcoll.transports._sockets", ["tbcoll/transports/_sockets.c"], optional=True),
+    Extension("tbcoll.transports._sockets", ["tbcoll/transports/_sockets.c"],
+              depends=["tbcoll/shm/reduce.h"], optional=True),
     Extension("tbcoll.rdma._verbs", ["tbcoll/rdma/_verbs.c"],
               depends=["tbcoll/shm/reduce.h"], libraries=_DL, optional=True),
 ])

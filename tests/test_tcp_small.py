@@ -118,7 +118,7 @@ comm = tbcoll.init()
 r, p = comm.rank, comm.size
 for dtype in (np.float32, np.float64, np.int64, np.float16):
     for op, reduce in (("sum", np.add), ("max", np.maximum)):
-        for n in (1, 5, 3000, 70000):  # 70000 of 8 B: past the native's 256 KiB at np=3
+        for n in (0, 1, 5, 3000, 70000):  # 70000 of 8 B: past the native's 256 KiB at np=3
             x = (np.arange(n) % 5 + r).astype(dtype)
             expected = x - r
             for k in range(1, p):

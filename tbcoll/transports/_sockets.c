@@ -436,8 +436,8 @@ static PyObject *reduce(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     }
     Py_ssize_t len = mine.len, others = len ? blocks.len / len : 0;
     int fits = dtype >= 0 && dtype < (long)(sizeof ITEMSIZE / sizeof ITEMSIZE[0]) && op >= 0 &&
-               op < 4 && out.len == len && len % ITEMSIZE[dtype] == 0 && others <= MAX_PEERS &&
-               blocks.len == others * len && rank >= 0 && rank <= others;
+               op < 4 && out.len == len && (len == 0 || (len % ITEMSIZE[dtype] == 0 &&
+               others <= MAX_PEERS && blocks.len == others * len && rank >= 0 && rank <= others));
     char *copy = NULL;
     if (fits && len) {
         const char *rows[MAX_PEERS + 1];
