@@ -1,8 +1,10 @@
 /*
  * The tcp transport's small-message path in C (tbcoll/transports/tcp.py): a whole message
  * of the stream engine (tbcoll/transports/stream.py: a 32-byte header, then the payload)
- * written with one sendmsg, and the next message read straight into the receive's buffer
- * when it is the one expected, without the engine's Python per message. Whatever else comes
+ * written with one sendmsg, the next message read straight into the receive's buffer when
+ * it is the one expected, and for tcp's native all_reduce (tcp_native.py) one message to and
+ * from every peer of a group, both ways at once, and the reduction of the blocks in rank
+ * order; all without the engine's Python per message. Whatever else comes
  * (another message first, a peer that is slow or gone) is handed back as it stands: bytes
  * read but not taken lie in the engine's staging buffer, and the engine goes on from there.
  *

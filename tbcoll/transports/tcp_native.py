@@ -28,10 +28,12 @@ except ImportError:  # built without a compiler: numpy reduces
     _sockets = None
 
 _TAG = 8  # apart from the algorithms' tags (tbcoll.algorithms)
-_KEEP = 1 << 20
+_KEEP = 1 << 20  # blocks of this size and more are kept from call to call (_kept_blocks)
 
 
 class TcpNative:
+    """A group's native collectives over its tcp connections (Native of transports.base)."""
+
     offers = frozenset(("all_reduce",))
     takes_mlx = False
     direct_all_gather = direct_broadcast = direct_reduce_scatter = None
