@@ -1,15 +1,17 @@
 """tbcoll's tcp transport against the floor under it: a bare Python socket on loopback.
 
-    python benchmarks/socket_floor.py --rounds 5
+    python benchmarks/socket_floor.py --rounds 5 [--before /path/to/another/checkout]
 
 In turns (A B A B ...): two processes ping-ponging over one TCP socket (TCP_NODELAY,
 recv_into a preallocated buffer: the least Python can do per message), blocking in recv and
 then polling (MSG_DONTWAIT in a loop, as tbcoll's tcp transport does for its first 50 us),
-then `tbrun -np 2 --backend tcp tbcoll-bench` all_reduce and sendrecv. Prints, per size, the
-medians over rounds of half the bare round trips and of tbcoll's times, and tbcoll's over the
-bare ones (issue 14's goal: 8 B all_reduce at np=2 within 1.2x half a bare round trip). A
-blocking receiver pays the wake-up of an idle core, which varies with what ran just before;
-the polling one does not.
+then `tbrun -np 2 --backend tcp` all_reduce (out=) and send/recv ping-pong. Prints, per size,
+the medians over rounds of the medians of half the bare round trips and of tbcoll's times per
+call (or per leg), and tbcoll's over the bare ones (issue 25's goal: 8 B all_reduce at np=2
+within 2.0x a polling socket's one-way time). A blocking receiver pays the wake-up of an idle
+core, which varies with what ran just before; the polling one does not. --before times
+another checkout's tbcoll in the same turns (its directory first on PYTHONPATH, as this
+one's is where PYTHONPATH names it).
 """
 
 from __future__ import annotations
@@ -71,31 +73,71 @@ def echo(sock: socket.socket, nbytes: int, iters: int, poll: bool,
     return times
 
 
-def tbcoll_times(collective: str, iters: int) -> dict[int, float]:
-    """tbcoll-bench's time per call (us) for each size, over tcp at np=2."""
+# Each call timed on its own and the median taken, the bare ping-pong's statistic: a batch's
+# mean (tbcoll-bench's) takes in every preemption of a shared machine, a median does not.
+_RANK_SCRIPT = """
+import json, statistics, sys, time
+import numpy as np
+import tbcoll
+
+sizes, iters = json.loads(sys.argv[1]), int(sys.argv[2])
+comm = tbcoll.init()
+peer, medians = 1 - comm.rank, {}
+for n in sizes:
+    x = np.ones(n // 4, np.float32)
+    out = np.empty_like(x)
+    for collective in ("all_reduce", "sendrecv"):
+        times = []
+        for _ in range(iters + iters // 10):  # the first tenth: warm-up
+            start = time.perf_counter()
+            if collective == "all_reduce":
+                comm.all_reduce(x, out=out)
+            elif comm.rank == 0:
+                comm.send(x, peer)
+                comm.recv(out, peer)
+            else:
+                comm.recv(out, peer)
+                comm.send(x, peer)
+            times.append(time.perf_counter() - start)
+        legs = 2 if collective == "sendrecv" else 1
+        medians[f"{collective} {n}"] = statistics.median(times[iters // 10:]) / legs * 1e6
+if comm.rank == 0:
+    print(json.dumps(medians))
+"""
+
+
+def tbcoll_times(iters: int, checkout: str | None = None) -> dict[str, float]:
+    """Rank 0's median time per call (us) of all_reduce and of a sendrecv leg, per size, over
+    tcp at np=2 under tbrun, keyed "COLLECTIVE SIZE" (checkout: the tbcoll to import, else
+    the one this Python finds)."""
+    env = {**os.environ, "PYTHONPATH": checkout} if checkout else None
     with tempfile.TemporaryDirectory() as tmp:
-        rows = Path(tmp) / "rows.json"
-        subprocess.run([str(BIN / "tbrun"), "-np", "2", "--backend", "tcp",
-                        str(BIN / "tbcoll-bench"), collective, "-b", str(SIZES[0]),
-                        "-e", str(SIZES[-1]), "-f", "8", "-n", str(iters), "--inplace", "no",
-                        "--json", str(rows)], check=True, capture_output=True)
-        return {row["size"]: row["time_us"] for row in json.loads(rows.read_text())}
+        script = Path(tmp) / "rank.py"
+        script.write_text(_RANK_SCRIPT)
+        done = subprocess.run([str(BIN / "tbrun"), "-np", "2", "--backend", "tcp", str(script),
+                               json.dumps(SIZES), str(iters)], check=True, capture_output=True,
+                              text=True, env=env)
+    return json.loads(done.stdout.strip().removeprefix("[0]").strip())
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("-n", "--iters", type=int, default=2000)
+    parser.add_argument("--before", help="another checkout's tbcoll, timed in the same turns")
     args = parser.parse_args()
     bare = {poll: {n: [] for n in SIZES} for poll in (False, True)}
     ours = {c: {n: [] for n in SIZES} for c in ("all_reduce", "sendrecv")}
+    before = {c: {n: [] for n in SIZES} for c in ours} if args.before else {}
     for _ in range(args.rounds):
         for n in SIZES:
             for poll, times in bare.items():
                 times[n].append(bare_half_round_trip(n, args.iters, poll))
-        for collective, times in ours.items():
-            for n, t in tbcoll_times(collective, args.iters).items():
-                times[n].append(t)
+        for figures, checkout in ((ours, None), (before, args.before)):
+            if figures:
+                for key, t in tbcoll_times(args.iters, checkout).items():
+                    collective, n = key.split()
+                    figures[collective][int(n)].append(t)
     print(f"# np=2 over loopback TCP, medians over {args.rounds} rounds, us")
     print("| size B | bare, blocking | bare, polling | tbcoll all_reduce | / blocking "
           "| / polling | tbcoll sendrecv (one way) | / blocking | / polling |")
@@ -107,6 +149,19 @@ def main() -> None:
             ours_n = statistics.median(ours[collective][n])
             cells += [f"{ours_n:.1f}", f"{ours_n / blocking:.2f}", f"{ours_n / polling:.2f}"]
         print(f"| {' | '.join(cells)} |")
+    if before:
+        print(f"\n# the same turns, tbcoll from {args.before} (before), us: medians [range]")
+        print("| size B | all_reduce before | after | after / before "
+              "| sendrecv before | after | after / before |")
+        print("|---:|---:|---:|---:|---:|---:|---:|")
+        for n in SIZES:
+            cells = [f"{n}"]
+            for collective in ("all_reduce", "sendrecv"):
+                old, new = before[collective][n], ours[collective][n]
+                cells += [f"{statistics.median(old):.1f} [{min(old):.1f}-{max(old):.1f}]",
+                          f"{statistics.median(new):.1f} [{min(new):.1f}-{max(new):.1f}]",
+                          f"{statistics.median(new) / statistics.median(old):.2f}"]
+            print(f"| {' | '.join(cells)} |")
 
 
 if __name__ == "__main__":

@@ -10,14 +10,19 @@ Where the numbers come from (benchmarks/RESULTS.md, np 2 and 4 on one 2-core hos
   968) and ties mesh at np=2; above that mesh wins (16 MiB, np=4: mesh 33 ms, ring 41, rd
   56). Past 4 ranks ring is chosen by the usual alpha-beta reasoning, not yet by a
   measurement: mesh keeps every link busy at once, which only a full mesh of cables serves.
+- tcp's native all_reduce (tbcoll.transports.tcp_native: one exchange in C with every peer,
+  reduced in C) before them: at np=2 1.1-1.8x faster than rd and mesh from 16 KiB to 4 MiB,
+  0.94x mesh at 16 MiB; at np 3 and 4 (2 cores) as fast as rd or faster up to 256 KiB (8 B:
+  1.1-2.2x, 4 KiB: 2.5-2.8x). The "stream" table is tcp's without it, for the groups over a
+  stream transport that have no such native.
 - The other tcp collectives follow all_reduce's thresholds (not measured separately yet).
 - mlx over jaccl (RDMA): MLX's own collectives (native). Over MLX's ring backend (TCP) the
-  tcp table: there tbcoll's rd beat MLX's all_sum 3.6x at 8 B and 1.9x at 256 KiB (np=2,
-  RESULTS.md). A sub-group from split has no native collectives and follows tcp too.
+  stream table: there tbcoll's rd beat MLX's all_sum 3.6x at 8 B and 1.9x at 256 KiB (np=2,
+  RESULTS.md). A sub-group from split has tcp's native and table.
 - rdma (measured in the Soft-RoCE VM, benchmarks/RESULTS.md): the C mesh (native) for blocks
   up to its 64 KiB piece, where one message per peer beats any algorithm's rounds; past it
   tcp's table over the rdma stream (rd, then mesh up to 4 ranks, then ring). Barrier:
-  the mesh. Sub-groups from split have no natives and follow the tcp table.
+  the mesh. Sub-groups from split have no natives and follow the stream table.
 - mpi: MPICH's own collectives (native) were within 1.0-1.2x of raw mpi4py at every size,
   and faster than tbcoll's algorithms over MPI point-to-point everywhere but 16 MiB at np=2.
 """
@@ -39,10 +44,13 @@ _OTHERS: dict[str, list[Rule]] = {
 }
 
 # a table per transport group's `tuning` (tbcoll.transports.base.Group)
+_STREAM = {"all_reduce": _TCP, "all_gather": _TCP, "reduce_scatter": _TCP,
+           "broadcast": [(256 << 10, None, "rd"), (None, None, "ring")],
+           "barrier": [(None, None, "rd")], **_OTHERS}
 TABLES: dict[str, dict[str, list[Rule]]] = {
-    "tcp": {"all_reduce": _TCP, "all_gather": _TCP, "reduce_scatter": _TCP,
-            "broadcast": [(256 << 10, None, "rd"), (None, None, "ring")],
-            "barrier": [(None, None, "rd")], **_OTHERS},
+    "tcp": {**_STREAM, "all_reduce": [(4 << 20, 2, "native"), (256 << 10, 4, "native"),
+                                      *_TCP]},
+    "stream": _STREAM,
     "shm": {**dict.fromkeys(_DATA, _NATIVE), **_OTHERS},
     "mlx": {**dict.fromkeys(_DATA, _NATIVE), **_OTHERS},
     "mpi": dict.fromkeys((*_DATA, *_OTHERS), _NATIVE),

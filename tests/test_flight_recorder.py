@@ -41,11 +41,14 @@ def labels(said: list[str]) -> dict[int, str]:
     return found
 
 
-@pytest.mark.parametrize("backend", ["shm", "tcp"])
-def test_a_rank_that_takes_another_branch_is_named_with_its_line(script, tmp_path, backend):
+# tcp's all_reduce by an algorithm (its 4 KB would take its one-call native path, as shm's)
+@pytest.mark.parametrize("backend, algorithm", [("shm", ""), ("tcp", "all_reduce=rd")])
+def test_a_rank_that_takes_another_branch_is_named_with_its_line(script, tmp_path, backend,
+                                                                 algorithm):
     started = time.monotonic()
     p = tbrun("-np", 4, "--backend", backend, "--comm-timeout", 10, "--dump-dir",
-              tmp_path / "dumps", script(DESYNC), timeout=60, cwd=tmp_path)
+              tmp_path / "dumps", "-x", f"TBCOLL_ALGO={algorithm}", script(DESYNC), timeout=60,
+              cwd=tmp_path)
     assert p.returncode == 1, p.stderr
     assert time.monotonic() - started < 10 + 5
     said = diagnosis(p.stderr)

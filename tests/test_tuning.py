@@ -6,12 +6,15 @@ from tbcoll import tuning
 from tbcoll.algorithms import ALGORITHMS
 
 
-@pytest.mark.parametrize("nbytes, size, expected", [
-    (8, 2, "rd"), (256 << 10, 4, "rd"), ((256 << 10) + 1, 4, "mesh"), (16 << 20, 2, "mesh"),
-    (16 << 20, 8, "ring"), (8, 64, "rd"),
+@pytest.mark.parametrize("nbytes, size, tcp, stream", [
+    (8, 2, "native", "rd"), (4 << 20, 2, "native", "mesh"), ((4 << 20) + 1, 2, "mesh", "mesh"),
+    (256 << 10, 4, "native", "rd"), ((256 << 10) + 1, 4, "mesh", "mesh"), (8, 5, "rd", "rd"),
+    (16 << 20, 8, "ring", "ring"), (8, 64, "rd", "rd"),
 ])
-def test_tcp_all_reduce(nbytes, size, expected):
-    assert tuning.choose("tcp", "all_reduce", nbytes, size) == expected
+def test_tcp_all_reduce(nbytes, size, tcp, stream):
+    assert tuning.choose("tcp", "all_reduce", nbytes, size) == tcp
+    # the stream transports without tcp's native (rdma's sub-groups, MLX's ring) skip it
+    assert tuning.choose("stream", "all_reduce", nbytes, size) == stream
 
 
 def test_every_table_covers_every_collective_with_a_valid_algorithm():
@@ -32,7 +35,9 @@ def test_describe():
 def test_native_up_to_a_size():
     assert tuning.native_up_to("rdma", "all_reduce", 2) == (True, 64 << 10)
     assert tuning.native_up_to("shm", "all_reduce", 4) == (True, None)
-    assert tuning.native_up_to("tcp", "all_reduce", 2) == (False, 256 << 10)
+    assert tuning.native_up_to("tcp", "all_reduce", 2) == (True, 4 << 20)
+    assert tuning.native_up_to("tcp", "all_reduce", 3) == (True, 256 << 10)
+    assert tuning.native_up_to("tcp", "all_reduce", 5) == (False, 256 << 10)
 
 
 class _Native:

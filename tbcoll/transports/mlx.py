@@ -283,7 +283,7 @@ class MlxGroup:
         self._tcp, self.native = tcp, native
         # Over RDMA MLX's collectives are the fast path; over its ring backend (TCP) tbcoll's
         # own algorithms were faster at every size measured (tbcoll/tuning.py).
-        self.tuning = "mlx" if backend.startswith("jaccl") else "tcp"
+        self.tuning = "mlx" if backend.startswith("jaccl") else "stream"
         self.p2p, self.coll = tcp.p2p, tcp.coll
         self.rank, self.size = tcp.rank, tcp.size
         self.context_hint, self.split = tcp.context_hint, tcp.split  # sub-groups are tcp's

@@ -219,7 +219,7 @@ class RdmaGroup:
     def __init__(self, stream: StreamTransport, context: int, members: list[int],
                  native: RdmaNative | None, owner: _World | None) -> None:
         self._stream, self._owner, self.native = stream, owner, native
-        self.tuning = "rdma" if native is not None else "tcp"  # sub-groups: no natives
+        self.tuning = "rdma" if native is not None else "stream"  # sub-groups: no natives
         self.context, self.members = context, members
         self.p2p = StreamEndpoint(stream, context, members)
         self.coll = StreamEndpoint(stream, context + 1, members)

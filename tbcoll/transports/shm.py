@@ -61,10 +61,7 @@ class ShmStream(StreamTransport):
         header = self._header(context, tag, buf.nbytes, *call)
         written = peer.channel.outgoing.send(header, buf, _ROOM_WAIT)
         if written < len(header) + buf.nbytes:
-            payload = memoryview(buf.view(np.uint8))
-            rest = ([memoryview(header)[written:], payload] if written < len(header)
-                    else [payload[written - len(header):]])
-            self.waitall([self._queue(peer, [view for view in rest if view.nbytes])])
+            self.waitall([self._send_rest(peer, header, memoryview(buf.view(np.uint8)), written)])
 
     def recv(self, buf: np.ndarray, source: int, context: int, tag: int,
              call: tuple[int, int] = NO_CALL) -> None:
@@ -88,7 +85,8 @@ class ShmStream(StreamTransport):
         if copied < 0:  # nothing yet, or another message first
             super().recv(buf, source, context, tag, call)
             return
-        self._finish_recv(peer, memoryview(buf.view(np.uint8)), copied)  # its first bytes are in
+        # its first bytes are in
+        self.waitall([self._rest_of_message(peer, memoryview(buf.view(np.uint8)), copied)])
 
     def _ready(self, timeout: float) -> Iterable[tuple[Peer, bool, bool]]:
         started = time.monotonic()

@@ -195,12 +195,26 @@ class StreamTransport:
                 and peer.start == peer.end and not peer.unexpected.get((context, tag))
                 and not peer.posted.get((context, tag)) and not self._mismatch)
 
-    def _finish_recv(self, peer: Peer, view: memoryview, arrived: int) -> None:
-        """Wait for the rest of a message to peer whose header and first `arrived` bytes of
-        payload (into view) were taken by a subclass's own path."""
+    def _send_rest(self, peer: Peer, header: bytes, payload: memoryview, written: int) -> _Send:
+        """Queue what a subclass's own path did not write of a message (written: how many of
+        its bytes went, header first); a request already done if all of it went."""
+        if written < len(header):
+            rest = [memoryview(header)[written:], payload]
+        else:
+            rest = [payload[written - len(header):]]
+        rest = [view for view in rest if view.nbytes]
+        if not rest:
+            request = _Send(peer, rest)
+            request.done = True
+            return request
+        return self._queue(peer, rest)
+
+    def _rest_of_message(self, peer: Peer, view: memoryview, arrived: int) -> _Recv:
+        """The receive of the rest of a message from peer whose header and first `arrived`
+        bytes of payload (into view) were taken by a subclass's own path."""
         request = _Recv(peer, view)
         peer.target, peer.target_owner = view[arrived:], request
-        self.waitall([request])
+        return request
 
     def send(self, buf: np.ndarray, dest: int, context: int, tag: int,
              call: tuple[int, int] = NO_CALL) -> None:
@@ -452,6 +466,18 @@ class StreamEndpoint:
         """The collective call whose messages follow (see StreamTransport.begin_call)."""
         self._call = (seq, signature)
         self._transport.begin_call(self._context, self._call)
+
+    @property
+    def call(self) -> tuple[int, int]:
+        """The call begun last (seq, signature)."""
+        return self._call
+
+    def begin_next_call(self, signature: int) -> None:
+        """begin_call for the call after the last one begun: a one-call path's (comm.py
+        numbers those calls without telling the group). Inline: it is on the small
+        all_reduce's path."""
+        self._call = call = (self._call[0] + 1, signature)
+        self._transport._calls[self._context] = call
 
     def send(self, buf: np.ndarray, peer: int, tag: int) -> None:
         self._transport.send(buf, self._members[peer], self._context, tag, self._call)

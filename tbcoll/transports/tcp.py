@@ -5,7 +5,11 @@ Set-up: every rank listens on its host's addresses (its main one and, from the h
 lower rank over the cable between their hosts where there is one, and accepts every higher
 rank. Each connection runs the HMAC handshake of
 tbcoll.auth, then the connecting side names its rank. Messages, matching and progress are
-tbcoll.transports.stream's; waiting is poll() on the sockets.
+tbcoll.transports.stream's; waiting is poll() on the sockets. Where the C extension
+tbcoll.transports._sockets is built, a message sent with nothing queued before it goes in
+one C call, and a blocking receive takes the next message in one C call when it is the one
+expected; everything else (and every message under TBCOLL_LINK_DELAY_US, whose channels
+hold bytes back) goes through the engine, which goes on from wherever C left off.
 """
 
 from __future__ import annotations
@@ -21,14 +25,23 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
+import numpy as np
+
 from tbcoll.auth import HANDSHAKE_TIMEOUT, Doorman, accept_handshake, connect_proven
+from tbcoll.calls import NO_CALL
 from tbcoll.env import LaunchInfo, format_hostport, link_delay, parse_hostport, placement
-from tbcoll.errors import LINK_DOWN, AuthenticationError, CommError
+from tbcoll.errors import LINK_DOWN, AuthenticationError, CommError, PeerLostError
 from tbcoll.rendezvous import Store
 from tbcoll.topology import route_source
 from tbcoll.transports.delayed import DelayedChannel
-from tbcoll.transports.stream import Peer, StreamEndpoint, StreamTransport
+from tbcoll.transports.stream import Peer, StreamEndpoint, StreamTransport, _Recv, _Send
+from tbcoll.transports.tcp_native import TcpNative
 from tbcoll.wire import recv_exactly
+
+try:
+    from tbcoll.transports import _sockets
+except ImportError:  # built without a compiler: every message takes the engine's Python path
+    _sockets = None
 
 log = logging.getLogger("tbcoll.tcp")
 
@@ -46,6 +59,7 @@ _DEAD_AFTER_RTOS = 3  # consecutive unanswered retransmission timeouts (~3 s) me
 # 235-279 -> 184-233 us). A rank with sends stalled on a full socket (large messages) sleeps
 # at once: it waits for its peer to read, which a look would not hasten.
 _SPIN = 50e-6
+_C_SLICE = 0.05  # seconds a receive waits in C before the engine (links, deadline) takes over
 
 
 class TcpTransport(StreamTransport):
@@ -67,6 +81,111 @@ class TcpTransport(StreamTransport):
             self._by_fd[peer.channel.fileno()] = peer
             self._poller.register(peer.channel, _READ_EVENTS)
             self._links[peer.rank] = _link_of(peer.channel)
+        self._in_c = _sockets is not None and not self._holding
+        # exchange's C arguments by group of peers: (streams, their fds, their stages)
+        self._exchanges: dict[tuple[int, ...], tuple[list[Peer], tuple, tuple]] = {}
+
+    def isend(self, buf: np.ndarray, dest: int, context: int, tag: int,
+              call: tuple[int, int] = NO_CALL) -> _Send:
+        """The whole message in one C sendmsg when nothing is queued before it; the engine
+        queues what did not fit."""
+        peer = self._peers.get(dest)
+        if not self._in_c or not self._sends_idle(peer):
+            return super().isend(buf, dest, context, tag, call)
+        header = self._header(context, tag, buf.nbytes, *call)
+        try:
+            written = _sockets.send(peer.channel.fileno(), header, buf)
+        except OSError as e:
+            raise self._send_failed(peer, e.errno) from e
+        return self._send_rest(peer, header, memoryview(buf.view(np.uint8)), written)
+
+    def recv(self, buf: np.ndarray, source: int, context: int, tag: int,
+             call: tuple[int, int] = NO_CALL) -> None:
+        """The next message from source in one C call, straight into buf, when it is this
+        one (context, tag, size and call), the engine holds nothing from source for it and
+        no send waits for room; else the engine goes on from where C left off (see
+        _resumed)."""
+        peer = self._peers.get(source)
+        if not self._in_c or self._writing or not self._receives_idle(peer, context, tag):
+            super().recv(buf, source, context, tag, call)
+            return
+        header = self._header(context, tag, buf.nbytes, *call)
+        copied, staged, error = _sockets.recv(peer.channel.fileno(), header, buf, peer.stage,
+                                              _SPIN, _C_SLICE)
+        if copied != buf.nbytes:
+            self.waitall([self._resumed(peer, buf, context, tag, call, copied, staged, error)])
+
+    def exchange(self, buf: np.ndarray, peers: tuple[int, ...], blocks: np.ndarray,
+                 context: int, tag: int, call: tuple[int, int] = NO_CALL) -> None:
+        """Send buf to each of peers and receive from each a message of its size into
+        blocks[i]: in one C call while every stream to them is idle, else (or from where C
+        stopped) through the engine."""
+        streams, fds, stages = self._exchanges.get(peers) or self._exchange_args(peers)
+        if fds and not self._writing and self._idle(streams, context, tag):
+            header = self._header(context, tag, buf.nbytes, *call)
+            stopped = _sockets.exchange(fds, header, buf, blocks, stages, _SPIN, _C_SLICE)
+            if stopped is not None:
+                self._exchange_on(buf, streams, blocks, context, tag, call, header, stopped)
+            return
+        sends = [self.isend(buf, rank, context, tag, call) for rank in peers]
+        for i, rank in enumerate(peers):
+            self.recv(blocks[i], rank, context, tag, call)
+        self.waitall(sends)
+
+    def _exchange_on(self, buf: np.ndarray, streams: list[Peer], blocks: np.ndarray,
+                     context: int, tag: int, call: tuple[int, int], header: bytes,
+                     stopped: tuple[tuple[int, int, int, int, int], ...]) -> None:
+        """Finish an exchange from where C stopped (stopped: per peer, what was sent, the
+        send's errno, and _sockets.recv's copied, staged, error)."""
+        payload, requests = memoryview(buf.view(np.uint8)), []
+        for stream, (sent, failed, *_) in zip(streams, stopped, strict=True):
+            if failed:
+                raise self._send_failed(stream, failed)
+            if sent < len(header) + buf.nbytes:
+                requests.append(self._send_rest(stream, header, payload, sent))
+        for i, (stream, (*_, copied, staged, error)) in enumerate(zip(streams, stopped,
+                                                                      strict=True)):
+            requests.append(self._resumed(stream, blocks[i], context, tag, call, copied,
+                                          staged, error))
+        self.waitall([request for request in requests if request is not None])
+
+    def _exchange_args(self, peers: tuple[int, ...]) -> tuple[list[Peer], tuple | None, tuple]:
+        """exchange's streams, and its arguments for C (fds None where C does not take it)."""
+        streams = [self._live_peer(rank) for rank in peers]
+        in_c = self._in_c and len(streams) <= _sockets.MAX_PEERS
+        args = (streams, tuple(s.channel.fileno() for s in streams) if in_c else None,
+                tuple(s.stage for s in streams))
+        self._exchanges[peers] = args
+        return args
+
+    def _idle(self, streams: list[Peer], context: int, tag: int) -> bool:
+        """Every one of streams may send and take its next message by C's path."""
+        for stream in streams:
+            if not (self._sends_idle(stream) and self._receives_idle(stream, context, tag)):
+                return False
+        return True
+
+    def _resumed(self, peer: Peer, buf: np.ndarray, context: int, tag: int,
+                 call: tuple[int, int], copied: int, staged: int, error: int) -> _Recv | None:
+        """The engine's receive for what C left of one (copied, staged, error: as
+        _sockets.recv says), None if C finished it: another message came first (in the
+        staging buffer now, for the engine to parse), or the peer was slow or is gone; the
+        engine goes on and says what was wrong if anything was."""
+        if copied == buf.nbytes:
+            return None
+        if staged:
+            peer.start, peer.end = 0, staged
+            self._parse(peer)
+        if error:
+            self._lose(peer, "it closed the connection: exited or crashed" if error < 0
+                       else f"receive failed: {os.strerror(error)}")
+        if copied >= 0:  # its header and first bytes are in
+            return self._rest_of_message(peer, memoryview(buf.view(np.uint8)), copied)
+        return self.irecv(buf, peer.rank, context, tag, call)
+
+    def _send_failed(self, peer: Peer, error: int) -> PeerLostError:
+        self._lose(peer, f"send failed: {os.strerror(error)}")
+        return PeerLostError(f"lost connection to rank {peer.rank} ({peer.lost})", (peer.rank,))
 
     def _lose(self, peer: Peer, reason: str) -> None:
         super()._lose(peer, f"{reason}; the link {self.link(peer.rank)}")
@@ -327,9 +446,9 @@ def peer_route(info: LaunchInfo) -> Callable[[int], str | None]:
 
 
 class TcpGroup:
-    """A communicator's view of the TCP transport (it has no native collectives)."""
+    """A communicator's view of the TCP transport; its native collective is the small
+    all_reduce of tbcoll.transports.tcp_native."""
 
-    native = None
     tuning = "tcp"
 
     def __init__(self, transport: TcpTransport, context: int, members: list[int],
@@ -340,6 +459,7 @@ class TcpGroup:
         self.coll = StreamEndpoint(transport, context + 1, members)
         self.rank, self.size = self.p2p.rank, self.p2p.size
         self.begin_call = self.coll.begin_call  # every message of a call carries it
+        self.native = TcpNative(transport, self.coll, context + 1, members)
 
     def end_call(self) -> None:
         pass  # compared as messages arrive

@@ -273,10 +273,11 @@ class TestOrdering:
 
 @pytest.mark.parametrize("dtype", DTYPE_NAMES)
 def test_default_all_reduce_matches_numpy_bit_for_bit(comm, dtype):
-    """shm's default path for small arrays (a one-call C kernel) against numpy's own ufuncs
+    """shm's and tcp's default path for small arrays (a C kernel) against numpy's own ufuncs
     applied in rank order, with values that round: random, subnormal, inf, NaN."""
-    if comm.backend != "shm":
-        pytest.skip("only shm's kernel reduces in rank order, so only it can match bit for bit")
+    if comm.backend not in ("shm", "tcp"):
+        pytest.skip("only shm's and tcp's kernel reduce in rank order, so only they can match "
+                    "bit for bit")
     floating, dtype = dtype.startswith(("float", "bfloat")), DTYPES[dtype]
     rng = np.random.default_rng(1234)  # the same on every rank
     if floating:

@@ -1,0 +1,159 @@
+"""tcp's small-message path in C (tbcoll/transports/_sockets.c): the C calls on real sockets,
+and jobs whose messages take it, fall back from it mid-way (another message first, a large
+one, a slow sender) or never take it (the extension missing), with every result checked."""
+
+import socket
+import struct
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from tbcoll.transports import _sockets
+
+from .conftest import tagged_lines, tbrun
+
+_HEADER = struct.Struct("!IIQQQ")  # the stream engine's (tbcoll/transports/stream.py)
+
+
+@pytest.fixture
+def pair():
+    a, b = socket.socketpair()
+    for sock in (a, b):
+        sock.setblocking(False)
+    yield a, b
+    a.close()
+    b.close()
+
+
+def _message(tag: int, payload: bytes) -> bytes:
+    return _HEADER.pack(1, tag, len(payload), 4, 9) + payload
+
+
+def test_the_expected_message_lands_in_its_buffer(pair):
+    a, b = pair
+    x = np.arange(4, dtype=np.float32)
+    header = _HEADER.pack(1, 3, x.nbytes, 4, 9)
+    assert _sockets.send(a.fileno(), header, x) == 32 + 16
+    y, stage = np.zeros_like(x), bytearray(64)
+    assert _sockets.recv(b.fileno(), header, y, stage, 0.0, 1.0) == (16, 0, 0)
+    assert (y == x).all()
+
+
+def test_another_message_first_is_left_in_the_stage(pair):
+    a, b = pair
+    other = _message(2, b"abcdefgh")
+    a.sendall(other + _message(3, b"12345678"))
+    stage = bytearray(64)
+    copied, staged, error = _sockets.recv(b.fileno(), _HEADER.pack(1, 3, 8, 4, 9),
+                                          np.zeros(8, np.uint8), stage, 0.0, 1.0)
+    # the read stops at the expected message's length: the rest stays in the socket
+    assert (copied, staged, error) == (-2, 40, 0) and bytes(stage[:40]) == other
+    assert b.recv(100) == _message(3, b"12345678")
+
+
+def test_a_header_in_pieces_and_a_late_payload(pair):
+    a, b = pair
+    whole = _message(3, bytes(range(100)))
+    header, y = whole[:32], np.zeros(100, np.uint8)
+
+    def trickle() -> None:
+        for piece in (whole[:10], whole[10:40], whole[40:]):
+            time.sleep(0.02)
+            a.sendall(piece)
+
+    writer = threading.Thread(target=trickle)
+    writer.start()
+    assert _sockets.recv(b.fileno(), header, y, bytearray(64), 1e-4, 5.0) == (100, 0, 0)
+    writer.join()
+    assert bytes(y) == bytes(range(100))
+
+
+def test_nothing_in_time_and_a_closed_peer(pair):
+    a, b = pair
+    header, y, stage = _HEADER.pack(1, 3, 8, 4, 9), np.zeros(8, np.uint8), bytearray(64)
+    a.sendall(header[:5])
+    assert _sockets.recv(b.fileno(), header, y, stage, 0.0, 0.01) == (-1, 5, 0)
+    a.close()
+    assert _sockets.recv(b.fileno(), header, y, stage, 0.0, 1.0) == (-1, 0, -1)
+
+
+def test_an_exchange_and_its_reduction(pair):
+    a, b = pair
+    header = _HEADER.pack(1, 8, 8, 4, 9)
+    mine, theirs = np.array([1.0, np.nan], np.float32), np.array([2.0, 5.0], np.float32)
+    a.sendall(header + theirs.tobytes())
+    blocks = np.zeros((1, 2), np.float32)
+    assert _sockets.exchange((b.fileno(),), header, mine, blocks, (bytearray(64),), 0.0,
+                             1.0) is None  # all done
+    assert a.recv(100) == header + mine.tobytes() and (blocks[0] == theirs).all()
+    out = np.empty_like(mine)
+    _sockets.reduce(blocks, mine, 1, out, 2, 2)  # float32 (code 2), max (code 2), rank 1
+    assert out[0] == 2.0 and np.isnan(out[1])
+    _sockets.reduce(blocks, mine, 0, mine, 2, 0)  # in place, sum
+    assert mine[0] == 3.0
+
+
+def test_an_exchange_that_meets_another_message_says_where_it_stopped(pair):
+    a, b = pair
+    header, other = _HEADER.pack(1, 8, 8, 4, 9), _message(2, b"abcdefgh")
+    a.sendall(other)
+    stage = bytearray(64)
+    stopped = _sockets.exchange((b.fileno(),), header, np.zeros(8, np.uint8),
+                                np.zeros((1, 8), np.uint8), (stage,), 0.0, 1.0)
+    # (sent, send's errno, copied, staged, error): its message went; another one came
+    assert stopped == ((40, 0, -2, 40, 0),) and bytes(stage[:40]) == other
+
+
+JOB = """
+import sys, time
+import numpy as np
+import tbcoll
+from tbcoll.transports import tcp, tcp_native
+
+if "python" in sys.argv:  # as where the extension was not built
+    tcp._sockets = tcp_native._sockets = None
+comm = tbcoll.init()
+r, p = comm.rank, comm.size
+for dtype in (np.float32, np.float64, np.int64, np.float16):
+    for op, reduce in (("sum", np.add), ("max", np.maximum)):
+        for n in (0, 1, 5, 3000, 70000):  # 70000 of 8 B: past the native's 256 KiB at np=3
+            x = (np.arange(n) % 5 + r).astype(dtype)
+            expected = x - r
+            for k in range(1, p):
+                expected = reduce(expected, (np.arange(n) % 5 + k).astype(dtype))
+            assert (comm.all_reduce(x, op=op) == expected).all(), (dtype, op, n)
+            comm.all_reduce(x, op=op, out=x)  # in place
+            assert (x == expected).all(), (dtype, op, n)
+# tcp's native asked for 12 MB: more than a socket takes at once, so C's sends stop part-way
+big = np.arange(3 << 20, dtype=np.float32)
+assert (comm.all_reduce(big + r, algorithm="native") == p * big + sum(range(p))).all()
+# point to point beside it: another tag first, then a large message, then a slow sender
+if r == 0:
+    comm.send(np.full(3, 1.0), 1, tag=1)
+    comm.send(np.full(3, 2.0), 1, tag=2)
+    comm.send(np.arange(1 << 20, dtype=np.float64), 1, tag=3)
+    time.sleep(0.2)
+    comm.send(np.full(2, 5.0), 1, tag=4)
+elif r == 1:
+    assert comm.recv(np.empty(3), 0, tag=2).tolist() == [2.0] * 3
+    assert comm.recv(np.empty(3), 0, tag=1).tolist() == [1.0] * 3
+    assert (comm.recv(np.empty(1 << 20), 0, tag=3) == np.arange(1 << 20)).all()
+    assert comm.recv(np.empty(2), 0, tag=4).tolist() == [5.0, 5.0]
+# a rank late to the call: its peers' C waits run out, part-way through sending 32 MB to it,
+# and the engine goes on
+if r == p - 1:
+    time.sleep(0.2)
+late = comm.all_reduce(np.full(4 << 20, r + 0.5), algorithm="native")
+assert (late == late[0]).all()
+print(late[:1].tolist())
+"""
+
+
+@pytest.mark.parametrize("ranks, path", [(2, "c"), (3, "c"), (2, "python")])
+def test_small_messages_through_c_and_back(script, ranks, path):
+    p = tbrun("-np", ranks, "--backend", "tcp", script(JOB), path, timeout=120)
+    assert p.returncode == 0, p.stderr
+    total = sum(k + 0.5 for k in range(ranks))
+    assert [lines[-1] for lines in tagged_lines(p.stdout).values()] == [f"[{total}]"] * ranks
