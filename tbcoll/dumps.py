@@ -157,11 +157,17 @@ def send(dump: dict[str, Any], store: Store | None = None) -> None:
     tell_tbrun(DUMP_KEY, json.dumps(dump, default=str), _SEND_TIMEOUT, store)
 
 
+_failure: dict[str, Any] | None = None  # the dump on_failure sent last
+
+
 def on_failure(comm: Any, message: str) -> None:
     """A call of comm raised: tell tbrun where this rank was (outside a tbrun job there is no
     one to tell, and no stack is read)."""
+    global _failure
     if launch_info() is not None:
-        send(snapshot(f"rank {comm._world_ranks[comm.rank]} failed: {message}", comm, message))
+        _failure = snapshot(f"rank {comm._world_ranks[comm.rank]} failed: {message}", comm,
+                            message)
+        send(_failure)
 
 
 _listening = threading.Lock()
@@ -206,7 +212,9 @@ def _listen(store: Store, rank: int) -> None:
             if time.monotonic() - asked < _LISTEN_PERIOD:
                 return  # the store went away: the job is over
             continue  # nothing asked within the period: ask again
-        send(snapshot(reason), store)
+        dump = snapshot(reason)
+        if _failure is None or any(c["current"] for c in dump["communicators"]):
+            send(dump, store)  # else the failure's dump says more: where the rank failed
         try:
             store.set(ANSWER_KEY.format(n, rank), "1")
         except TbcollError:

@@ -21,7 +21,8 @@ def test_a_script_started_alone_is_a_world_of_one(comm):
     x = np.arange(5.0)
     assert np.array_equal(comm.all_reduce(x), x)
     assert np.array_equal(comm.reduce_scatter(x), x)
-    assert "all_reduce: rd up to 256 KiB, then mesh up to 4 ranks, then ring" in comm.describe()
+    assert "all_reduce: native up to 4 MiB up to 2 ranks, then native" in comm.describe()
+    assert "all_gather: rd up to 256 KiB, then mesh up to 4 ranks, then ring" in comm.describe()
 
 
 @pytest.mark.parametrize("call, error, message", [
@@ -31,8 +32,8 @@ def test_a_script_started_alone_is_a_world_of_one(comm):
     (lambda c: c.all_reduce([1.0, 2.0]), TypeError, "expected a numpy or mlx array, got list"),
     (lambda c: c.all_reduce(np.ones(3), algorithm="tree"), ValueError,
      "algorithm='tree' is not an algorithm of all_reduce; use one of ring, mesh, rd, native"),
-    (lambda c: c.all_reduce(np.ones(3), algorithm="native"), ValueError,
-     "the tcp transport has no native all_reduce"),
+    (lambda c: c.all_gather(np.ones(3), algorithm="native"), ValueError,
+     "the tcp transport has no native all_gather"),
     (lambda c: c.all_reduce(np.ones(3), out=np.ones(4)), ValueError, "out has shape (4,)"),
     (lambda c: c.all_reduce(np.ones(3), out=np.ones(3, np.float32)), ValueError,
      "dtype float32; expected shape (3,) and dtype float64"),
