@@ -96,10 +96,16 @@ class ShmStream(StreamTransport):
 
     def _send_pulled(self, peer: Peer, buf: np.ndarray, dest: int, context: int, tag: int,
                      call: tuple[int, int]) -> None:
-        """Announce buf, then wait in C for the answer when it is the next message from
-        dest; else (another message first, a slow receiver) the engine waits."""
+        """Announce buf in one C call, then wait in C for the answer when it is the next
+        message from dest; else (a full ring, another message first, a slow receiver) the
+        engine goes on."""
         pull = peer.next_pull
-        request = self.isend(buf, dest, context, tag, call)
+        request = self._announce(peer, buf, context, tag, call)
+        announcement = request.views.pop()
+        written = peer.channel.outgoing.send(announcement, _NOTHING, _ROOM_WAIT)
+        if written < announcement.nbytes:
+            request.views.append(announcement[written:])
+            self._enqueue(peer, request)
         if request.views or not self._stream_idle(peer):
             self.waitall([request])
             return
@@ -136,10 +142,26 @@ class ShmStream(StreamTransport):
         if copied < 0:  # nothing yet, or another message first
             super().recv(buf, source, context, tag, call)
         elif pulled:
-            self._finish_announced(peer, memoryview(buf.view(np.uint8)), context, tag, call,
-                                   self._descriptor.tobytes(), copied)
+            self._recv_pulled(peer, buf, context, tag, call, copied)
         elif copied < buf.nbytes:  # its first bytes are in
             self._finish_recv(peer, memoryview(buf.view(np.uint8)), copied)
+
+    def _recv_pulled(self, peer: Peer, buf: np.ndarray, context: int, tag: int,
+                     call: tuple[int, int], arrived: int) -> None:
+        """Pull the message announced for buf (its descriptor's first `arrived` bytes are
+        in) and answer in one C call; the engine takes anything else (a descriptor not
+        whole yet, another size, a refused pull, sends queued before the answer)."""
+        descriptor = self._descriptor.tobytes()
+        if arrived == self.DESCRIPTOR_BYTES:
+            address, nbytes, pull = self._descriptor_of(descriptor)
+            if nbytes == buf.nbytes and not peer.sendq and self._pull(peer, address, buf):
+                answer = self._pulled_header(pull)
+                written = peer.channel.outgoing.send(answer, _NOTHING, _ROOM_WAIT)
+                if written < len(answer):
+                    self.waitall([self._queue(peer, [memoryview(answer)[written:]])])
+                return
+        self._finish_announced(peer, memoryview(buf.view(np.uint8)), context, tag, call,
+                               descriptor, arrived)
 
     def _pull(self, peer: Peer, address: int, view: memoryview) -> bool:
         pid = int(self._native.pids[peer.rank])

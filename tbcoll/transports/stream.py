@@ -188,18 +188,24 @@ class StreamTransport:
         peer = self._live_peer(dest)
         payload = _bytes_of(buf)
         if peer.pulls and payload.nbytes >= self.pull_bytes:
-            pull, peer.next_pull = peer.next_pull, (peer.next_pull + 1) & 0xFFFFFFFF
-            announcement = (self._announce_header(context, tag, call)
-                            + _DESCRIPTOR.pack(buf.ctypes.data, payload.nbytes, pull))
-            request = _Send(peer, [memoryview(announcement)], payload)
-            peer.announced[pull] = request
-            return self._enqueue(peer, request)
+            return self._enqueue(peer, self._announce(peer, buf, context, tag, call))
         views = [memoryview(self._header(context, tag, payload.nbytes, *call))]
         if payload.nbytes:
             views.append(payload)
         return self._queue(peer, views)
 
     _header = staticmethod(_HEADER.pack)  # (context, tag, nbytes, seq, call) -> a header
+
+    def _announce(self, peer: Peer, buf: np.ndarray, context: int, tag: int,
+                  call: tuple[int, int]) -> _Send:
+        """A send of buf by pull, its announcement still to write (its views)."""
+        pull, peer.next_pull = peer.next_pull, (peer.next_pull + 1) & 0xFFFFFFFF
+        payload = _bytes_of(buf)
+        announcement = (self._announce_header(context, tag, call)
+                        + _DESCRIPTOR.pack(buf.ctypes.data, payload.nbytes, pull))
+        request = _Send(peer, [memoryview(announcement)], payload)
+        peer.announced[pull] = request
+        return request
 
     @staticmethod
     def _announce_header(context: int, tag: int, call: tuple[int, int]) -> bytes:
@@ -210,6 +216,8 @@ class StreamTransport:
     def _pulled_header(pull: int, refused: bool = False) -> bytes:
         """The answer to announcement `pull`."""
         return _HEADER.pack(_PULLED, pull, 0, int(refused), 0)
+
+    _descriptor_of = staticmethod(_DESCRIPTOR.unpack)  # -> (address, nbytes, pull)
 
     def _queue(self, peer: Peer, views: list[memoryview]) -> _Send:
         """Send these bytes after whatever is queued for peer."""
@@ -500,7 +508,7 @@ class StreamTransport:
         """Match an announced message and pull its payload, or ask for it where the pull is
         refused; answer the sender either way (a message matched to nothing is pulled into
         an unexpected buffer: its sender waits until it is read)."""
-        address, nbytes, pull = _DESCRIPTOR.unpack(announced.descriptor)
+        address, nbytes, pull = self._descriptor_of(announced.descriptor)
         owner, view = self._match(peer, announced.context, announced.tag, nbytes, announced.call)
         pulled = self._pull(peer, address, view)
         if peer.lost:
