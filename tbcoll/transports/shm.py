@@ -163,6 +163,9 @@ class ShmStream(StreamTransport):
         self._finish_announced(peer, memoryview(buf.view(np.uint8)), context, tag, call,
                                descriptor, arrived)
 
+    def _address(self, payload: memoryview) -> int:
+        return atomics.address(payload)
+
     def _pull(self, peer: Peer, address: int, view: memoryview) -> bool:
         pid = int(self._native.pids[peer.rank])
         error = atomics.cma_copy(pid, address, view, False)

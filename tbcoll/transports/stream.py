@@ -131,7 +131,8 @@ class StreamTransport:
 
     Subclasses say how to wait for streams to become ready (_ready) and may follow which
     streams have sends pending (_write_interest) and which are gone (_forget). One that can
-    copy from another rank's memory (_pull) sets Peer.pulls where it may, and pull_bytes.
+    copy from another rank's memory (_pull, _address) sets Peer.pulls where it may, and
+    pull_bytes.
     """
 
     pull_bytes = 0  # payloads at least this large go by pull to a peer that pulls
@@ -160,6 +161,10 @@ class StreamTransport:
         """Copy len(view) bytes at address in peer's memory into view; False where a policy
         refuses it (the payload is then resent through the stream). A peer found gone is
         lost (_lose)."""
+        raise NotImplementedError
+
+    def _address(self, payload: memoryview) -> int:
+        """Where payload's bytes start in this process's memory, for its receiver's _pull."""
         raise NotImplementedError
 
     def _check_links(self, peers: Iterable[Peer]) -> None:
@@ -202,7 +207,7 @@ class StreamTransport:
         pull, peer.next_pull = peer.next_pull, (peer.next_pull + 1) & 0xFFFFFFFF
         payload = _bytes_of(buf)
         announcement = (self._announce_header(context, tag, call)
-                        + _DESCRIPTOR.pack(buf.ctypes.data, payload.nbytes, pull))
+                        + _DESCRIPTOR.pack(self._address(payload), payload.nbytes, pull))
         request = _Send(peer, [memoryview(announcement)], payload)
         peer.announced[pull] = request
         return request
@@ -506,8 +511,8 @@ class StreamTransport:
 
     def _take_announced(self, peer: Peer, announced: _Announced) -> None:
         """Match an announced message and pull its payload, or ask for it where the pull is
-        refused; answer the sender either way (a message matched to nothing is pulled into
-        an unexpected buffer: its sender waits until it is read)."""
+        refused; answer the sender either way. (One that no receive awaits yet is pulled into
+        an unexpected buffer at once: its sender does not wait for the receive.)"""
         address, nbytes, pull = self._descriptor_of(announced.descriptor)
         owner, view = self._match(peer, announced.context, announced.tag, nbytes, announced.call)
         pulled = self._pull(peer, address, view)
