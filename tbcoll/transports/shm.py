@@ -87,7 +87,7 @@ class ShmStream(StreamTransport):
         if not self._sends_idle(peer):
             super().send(buf, dest, context, tag, call)
             return
-        if peer.pulls and buf.nbytes >= PULL_BYTES:
+        if buf.nbytes >= PULL_BYTES and peer.pulls:
             self._send_pulled(peer, buf, dest, context, tag, call)
             return
         header = self._header(context, tag, buf.nbytes, *call)
@@ -113,14 +113,7 @@ class ShmStream(StreamTransport):
         if request.views or not self._stream_idle(peer):
             self.waitall([request])
             return
-        try:
-            answered = peer.channel.incoming.receive(self._pulled_header(pull), _NOTHING,
-                                                     WAIT_SLICE)
-        except OSError as e:  # OverwrittenRing
-            self._lose(peer, str(e))
-            raise PeerLostError(f"lost the stream from rank {dest} ({peer.lost})",
-                                (dest,)) from e
-        if answered == 0:
+        if self._take(peer, self._pulled_header(pull), _NOTHING) == 0:  # the answer
             self._answered(peer, pull, refused=False)
         self.waitall([request])
 
@@ -134,27 +127,36 @@ class ShmStream(StreamTransport):
         if not self._receives_idle(peer, context, tag):
             super().recv(buf, source, context, tag, call)
             return
-        pulled = peer.pulls and buf.nbytes >= PULL_BYTES
-        header, into = ((self._announce_header(context, tag, call), self._descriptor) if pulled
-                        else (self._header(context, tag, buf.nbytes, *call), buf))
-        try:
-            copied = peer.channel.incoming.receive(header, into, WAIT_SLICE)
-        except OSError as e:  # OverwrittenRing
-            self._lose(peer, str(e))
-            raise PeerLostError(f"lost the stream from rank {source} ({peer.lost})",
-                                (source,)) from e
+        if buf.nbytes >= PULL_BYTES and peer.pulls:
+            self._recv_pulled(peer, buf, source, context, tag, call)
+            return
+        copied = self._take(peer, self._header(context, tag, buf.nbytes, *call), buf)
+        if copied == buf.nbytes:
+            return
         if copied < 0:  # nothing yet, or another message first
             super().recv(buf, source, context, tag, call)
-        elif pulled:
-            self._recv_pulled(peer, buf, context, tag, call, copied)
-        elif copied < buf.nbytes:  # its first bytes are in
-            self._finish_recv(peer, memoryview(buf.view(np.uint8)), copied)
+            return
+        self._finish_recv(peer, memoryview(buf.view(np.uint8)), copied)  # its first bytes are in
 
-    def _recv_pulled(self, peer: Peer, buf: np.ndarray, context: int, tag: int,
-                     call: tuple[int, int], arrived: int) -> None:
-        """Pull the message announced for buf (its descriptor's first `arrived` bytes are
-        in) and answer in one C call; the engine takes anything else (a descriptor not
-        whole yet, another size, a refused pull, sends queued before the answer)."""
+    def _take(self, peer: Peer, header: bytes, into: object) -> int:
+        """The next message from peer into `into` in C, if its header is `header`: its
+        payload bytes that came, -1 if none came in time, -2 if another message is next."""
+        try:
+            return peer.channel.incoming.receive(header, into, WAIT_SLICE)
+        except OSError as e:  # OverwrittenRing
+            self._lose(peer, str(e))
+            raise PeerLostError(f"lost the stream from rank {peer.rank} ({peer.lost})",
+                                (peer.rank,)) from e
+
+    def _recv_pulled(self, peer: Peer, buf: np.ndarray, source: int, context: int, tag: int,
+                     call: tuple[int, int]) -> None:
+        """Take the announcement of a message for buf, pull it and answer, each in one C
+        call; the engine takes anything else (another message first, a descriptor not whole
+        yet, another size, a refused pull, sends queued before the answer)."""
+        arrived = self._take(peer, self._announce_header(context, tag, call), self._descriptor)
+        if arrived < 0:
+            super().recv(buf, source, context, tag, call)
+            return
         descriptor = self._descriptor.tobytes()
         if arrived == self.DESCRIPTOR_BYTES:
             address, nbytes, pull = self._descriptor_of(descriptor)
