@@ -594,19 +594,8 @@ static PyObject *ring_send(PyObject *self, PyObject *const *args, Py_ssize_t nar
         PyBuffer_Release(&segment);
         return NULL;
     }
-    uint64_t tail = __atomic_load_n((uint64_t *)(ring + RING_LINE), __ATOMIC_ACQUIRE);
-    Py_ssize_t whole = header.len + payload.len;
-    if (whole < NOGIL_BYTES && capacity - (Py_ssize_t)(head - tail) >= whole) {
-        /* a small message that fits: header and payload under one store of head, so that the
-         * receiver sees them at once (one cache line moved between the cores, not two) */
-        ring_copy_in(ring + RING_DATA, capacity, head, header.buf, header.len);
-        ring_copy_in(ring + RING_DATA, capacity, head + (uint64_t)header.len, payload.buf,
-                     payload.len);
-        head += (uint64_t)whole;
-        __atomic_store_n((uint64_t *)ring, head, __ATOMIC_RELEASE);  /* the bytes, then head */
-    } else if (ring_put(ring, capacity, &head, header.buf, header.len, budget) == header.len) {
+    if (ring_put(ring, capacity, &head, header.buf, header.len, budget) == header.len)
         ring_put(ring, capacity, &head, payload.buf, payload.len, budget);
-    }
     PyBuffer_Release(&payload);
     PyBuffer_Release(&header);
     PyBuffer_Release(&segment);
