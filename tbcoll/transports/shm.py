@@ -41,11 +41,11 @@ _SPINS = 50  # polls of the rings before a waiting rank starts to yield its core
 _YIELD_FOR = 2e-3  # seconds of yielding before it starts to nap
 _LONGEST_NAP = 1e-4
 _ROOM_WAIT = 2e-3  # how long a blocking send waits in C for room before the engine takes over
-# Messages this large are pulled from the sender's memory. A smaller one fits the ring whole:
-# its send returns without waiting for the receiver, where a pull waits for the receiver's
-# answer (measured at 64 KB: 1.0-1.6x the ring's time on a quiet machine, 2.9x on a loaded
-# one, where each wait for the other rank costs a trip through the scheduler).
-PULL_BYTES = RING
+# Messages this large are pulled from the sender's memory. Ping-pong, pulled / through the
+# ring, measured in one job taking turns: 32 KB 1.16-1.20x, 64 KB 0.87-0.89x, 96 KB 0.73-0.77x
+# on a quiet machine; under load (~5) the ring kept up to 128 KB (64 KB 1.13x, 128 KB 1.01x),
+# as a message that fits the ring whole needs no answer from the receiver.
+PULL_BYTES = RING // 2
 _NOTHING = np.empty(0, np.uint8)
 
 
