@@ -103,7 +103,7 @@ class ShmStream(StreamTransport):
         """Announce buf in one C call, then wait in C for the answer when it is the next
         message from dest; else (a full ring, another message first, a slow receiver) the
         engine goes on."""
-        pull = peer.next_pull
+        pull = peer.next_pull  # the id _announce gives this message
         request = self._announce(peer, buf, context, tag, call)
         announcement = request.views.pop()
         written = peer.channel.outgoing.send(announcement, _NOTHING, _ROOM_WAIT)
