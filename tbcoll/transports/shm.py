@@ -41,11 +41,13 @@ _SPINS = 50  # polls of the rings before a waiting rank starts to yield its core
 _YIELD_FOR = 2e-3  # seconds of yielding before it starts to nap
 _LONGEST_NAP = 1e-4
 _ROOM_WAIT = 2e-3  # how long a blocking send waits in C for room before the engine takes over
-# Messages this large are pulled from the sender's memory. Ping-pong, pulled / through the
-# ring, measured in one job taking turns: 32 KB 1.16-1.20x, 64 KB 0.87-0.89x, 96 KB 0.73-0.77x
-# on a quiet machine; under load (~5) the ring kept up to 128 KB (64 KB 1.13x, 128 KB 1.01x),
-# as a message that fits the ring whole needs no answer from the receiver.
-PULL_BYTES = RING // 2
+# Messages this large (more than the ring holds whole) are pulled from the sender's memory.
+# Ping-pong time, pulled / through the ring, in one job taking turns, each rank sending back
+# what it has just received (as the benchmarks do, and as data just computed would be):
+# 32 KB 1.45-1.58x, 64 KB 1.34-1.52x, 128 KB 0.89-1.05x, 256 KB 0.65x. (A buffer that stays
+# in the sender's caches unwritten pulls faster: 64 KB 0.87x.) A message that fits the ring
+# whole needs no answer from the receiver.
+PULL_BYTES = RING
 _NOTHING = np.empty(0, np.uint8)
 
 
