@@ -89,12 +89,13 @@ class ShmStream(StreamTransport):
         if not self._sends_idle(peer):
             super().send(buf, dest, context, tag, call)
             return
-        if buf.nbytes >= PULL_BYTES and peer.pulls:
+        nbytes = buf.nbytes
+        if nbytes >= PULL_BYTES and peer.pulls:
             self._send_pulled(peer, buf, dest, context, tag, call)
             return
-        header = self._header(context, tag, buf.nbytes, *call)
+        header = self._header(context, tag, nbytes, *call)
         written = peer.channel.outgoing.send(header, buf, _ROOM_WAIT)
-        if written < len(header) + buf.nbytes:
+        if written < len(header) + nbytes:
             payload = memoryview(buf.view(np.uint8))
             rest = ([memoryview(header)[written:], payload] if written < len(header)
                     else [payload[written - len(header):]])
@@ -115,7 +116,12 @@ class ShmStream(StreamTransport):
         if request.views or not self._stream_idle(peer):
             self.waitall([request])
             return
-        if self._take(peer, self._pulled_header(pull), _NOTHING) == 0:  # the answer
+        try:
+            answered = peer.channel.incoming.receive(self._pulled_header(pull), _NOTHING,
+                                                     WAIT_SLICE)
+        except OSError as e:  # OverwrittenRing
+            raise self._overwritten(peer, e) from e
+        if answered == 0:
             self._answered(peer, pull, refused=False)
         self.waitall([request])
 
@@ -129,33 +135,38 @@ class ShmStream(StreamTransport):
         if not self._receives_idle(peer, context, tag):
             super().recv(buf, source, context, tag, call)
             return
-        if buf.nbytes >= PULL_BYTES and peer.pulls:
+        nbytes = buf.nbytes
+        if nbytes >= PULL_BYTES and peer.pulls:
             self._recv_pulled(peer, buf, source, context, tag, call)
             return
-        copied = self._take(peer, self._header(context, tag, buf.nbytes, *call), buf)
-        if copied == buf.nbytes:
+        try:
+            copied = peer.channel.incoming.receive(self._header(context, tag, nbytes, *call),
+                                                   buf, WAIT_SLICE)
+        except OSError as e:  # OverwrittenRing
+            raise self._overwritten(peer, e) from e
+        if copied == nbytes:
             return
         if copied < 0:  # nothing yet, or another message first
             super().recv(buf, source, context, tag, call)
             return
         self._finish_recv(peer, memoryview(buf.view(np.uint8)), copied)  # its first bytes are in
 
-    def _take(self, peer: Peer, header: bytes, into: object) -> int:
-        """The next message from peer into `into` in C, if its header is `header`: its
-        payload bytes that came, -1 if none came in time, -2 if another message is next."""
-        try:
-            return peer.channel.incoming.receive(header, into, WAIT_SLICE)
-        except OSError as e:  # OverwrittenRing
-            self._lose(peer, str(e))
-            raise PeerLostError(f"lost the stream from rank {peer.rank} ({peer.lost})",
-                                (peer.rank,)) from e
+    def _overwritten(self, peer: Peer, error: OSError) -> PeerLostError:
+        """Lose peer, whose ring a C receive found overwritten; the error to raise."""
+        self._lose(peer, str(error))
+        return PeerLostError(f"lost the stream from rank {peer.rank} ({peer.lost})",
+                             (peer.rank,))
 
     def _recv_pulled(self, peer: Peer, buf: np.ndarray, source: int, context: int, tag: int,
                      call: tuple[int, int]) -> None:
         """Take the announcement of a message for buf, pull it and answer, each in one C
         call; the engine takes anything else (another message first, a descriptor not whole
         yet, another size, a refused pull, sends queued before the answer)."""
-        arrived = self._take(peer, self._announce_header(context, tag, call), self._descriptor)
+        try:
+            arrived = peer.channel.incoming.receive(self._announce_header(context, tag, call),
+                                                    self._descriptor, WAIT_SLICE)
+        except OSError as e:  # OverwrittenRing
+            raise self._overwritten(peer, e) from e
         if arrived < 0:
             super().recv(buf, source, context, tag, call)
             return
