@@ -176,7 +176,7 @@ def test_shm_catches_mismatched_calls_without_check_mode(script, calls, expected
 
 
 @pytest.mark.parametrize("backend, scale", [
-    ("shm", 1), ("shm", 1 << 15),  # messages of 256 KB-2 MB: pulled from the sender on Linux
+    ("shm", 1), ("shm", 1 << 15),  # messages of 512 KB-2 MB: pulled from the sender on Linux
     ("tcp", 1), pytest.param("mpi", 1, id="mpiexec")])
 def test_mismatched_point_to_point_and_a_closed_communicator(script, backend, scale):
     """A message longer or shorter than its receive is a CommError saying so on every

@@ -87,7 +87,7 @@ for n in (shm.PULL_BYTES // 4, (3 << 20) // 4 + 3):
     out = np.zeros(n, np.float32)
     comm.send(mine(0), peer, tag=1)  # both at once, before either receives
     assert np.array_equal(comm.recv(out, peer, tag=1), theirs(0)), n
-    # non-overtaking per tag: two messages of tag 2 between two of tag 3, received tag 3 first
+    # non-overtaking per tag: tags 2, 3, 2, 3 sent, tag 3 received first, each in its order
     outs = [np.zeros(n, np.float32) for _ in range(4)]
     receives = [comm.irecv(outs[k], peer, tag=3) for k in (1, 3)]
     receives += [comm.irecv(outs[k], peer, tag=2) for k in (0, 2)]
