@@ -123,6 +123,7 @@ class ShmStream(StreamTransport):
             raise self._overwritten(peer, e) from e
         if answered == 0:
             self._answered(peer, pull, refused=False)
+            return
         self.waitall([request])
 
     def recv(self, buf: np.ndarray, source: int, context: int, tag: int,
