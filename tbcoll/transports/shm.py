@@ -171,9 +171,8 @@ class ShmStream(StreamTransport):
         if arrived < 0:
             super().recv(buf, source, context, tag, call)
             return
-        descriptor = self._descriptor.tobytes()
         if arrived == self.DESCRIPTOR_BYTES:
-            address, nbytes, pull = self._descriptor_of(descriptor)
+            address, nbytes, pull = self._descriptor_of(self._descriptor)
             if nbytes == buf.nbytes and not peer.sendq and self._pull(peer, address, buf):
                 answer = self._pulled_header(pull)
                 written = peer.channel.outgoing.send(answer, _NOTHING, _ROOM_WAIT)
@@ -181,10 +180,10 @@ class ShmStream(StreamTransport):
                     self.waitall([self._queue(peer, [memoryview(answer)[written:]])])
                 return
         self._finish_announced(peer, memoryview(buf.view(np.uint8)), context, tag, call,
-                               descriptor, arrived)
+                               self._descriptor.tobytes(), arrived)
 
-    def _address(self, payload: memoryview) -> int:
-        return atomics.address(payload)
+    def _address(self, buf: np.ndarray) -> int:
+        return atomics.address(buf)
 
     def _pull(self, peer: Peer, address: int, view: memoryview) -> bool:
         pid = int(self._native.pids[peer.rank])

@@ -69,7 +69,7 @@ class _Send:
     __slots__ = ("peer", "views", "done", "error", "pulled")
 
     def __init__(self, peer: Peer, views: list[memoryview],
-                 pulled: memoryview | None = None) -> None:
+                 pulled: np.ndarray | None = None) -> None:
         # pulled: an announced payload, which the receiver copies; done once it says so
         self.peer, self.views, self.done, self.error = peer, views, False, None
         self.pulled = pulled
@@ -163,8 +163,8 @@ class StreamTransport:
         lost (_lose)."""
         raise NotImplementedError
 
-    def _address(self, payload: memoryview) -> int:
-        """Where payload's bytes start in this process's memory, for its receiver's _pull."""
+    def _address(self, buf: np.ndarray) -> int:
+        """Where buf's bytes start in this process's memory, for its receiver's _pull."""
         raise NotImplementedError
 
     def _check_links(self, peers: Iterable[Peer]) -> None:
@@ -205,10 +205,9 @@ class StreamTransport:
                   call: tuple[int, int]) -> _Send:
         """A send of buf by pull, its announcement still to write (its views)."""
         pull, peer.next_pull = peer.next_pull, (peer.next_pull + 1) & 0xFFFFFFFF
-        payload = _bytes_of(buf)
         announcement = (self._announce_header(context, tag, call)
-                        + _DESCRIPTOR.pack(self._address(payload), payload.nbytes, pull))
-        request = _Send(peer, [memoryview(announcement)], payload)
+                        + _DESCRIPTOR.pack(self._address(buf), buf.nbytes, pull))
+        request = _Send(peer, [memoryview(announcement)], buf)
         peer.announced[pull] = request
         return request
 
@@ -537,7 +536,8 @@ class StreamTransport:
             request.done = True
             return
         peer.pulls = False
-        request.views = [memoryview(self._header(_RESENT, pull, payload.nbytes, 0, 0)), payload]
+        request.views = [memoryview(self._header(_RESENT, pull, payload.nbytes, 0, 0)),
+                         _bytes_of(payload)]
         self._enqueue(peer, request)
 
     @staticmethod
