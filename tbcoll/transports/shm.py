@@ -129,9 +129,10 @@ class ShmStream(StreamTransport):
     def recv(self, buf: np.ndarray, source: int, context: int, tag: int,
              call: tuple[int, int] = NO_CALL) -> None:
         """The next message from source in one C call, straight into buf, when it is this
-        one (context, tag, size and call) and the engine holds nothing from source for it;
-        else (another message first, a slow sender) the engine goes on from where C left
-        off, and says what was wrong if anything was."""
+        one (context, tag, size and call) and the engine holds nothing from source for it
+        (a message of PULL_BYTES or more: its announcement, then the pull); else (another
+        message first, a slow sender) the engine goes on from where C left off, and says
+        what was wrong if anything was."""
         peer = self._peers.get(source)
         if not self._receives_idle(peer, context, tag):
             super().recv(buf, source, context, tag, call)
@@ -185,7 +186,7 @@ class ShmStream(StreamTransport):
     def _address(self, buf: np.ndarray) -> int:
         return atomics.address(buf)
 
-    def _pull(self, peer: Peer, address: int, view: memoryview) -> bool:
+    def _pull(self, peer: Peer, address: int, view: memoryview | np.ndarray) -> bool:
         pid = int(self._native.pids[peer.rank])
         error = atomics.cma_copy(pid, address, view, False)
         if error == errno.ESRCH:
