@@ -159,9 +159,9 @@ class StreamTransport:
 
     def _pull(self, peer: Peer, address: int, view: memoryview) -> bool:
         """Copy len(view) bytes at address in peer's memory into view; False where a policy
-        refuses it (the payload is then resent through the stream). A peer found gone is
-        lost (_lose)."""
-        raise NotImplementedError
+        refuses it, or the transport cannot (the payload is then resent through the stream).
+        A peer found gone is lost (_lose)."""
+        return False
 
     def _address(self, buf: np.ndarray) -> int:
         """Where buf's bytes start in this process's memory, for its receiver's _pull."""
@@ -191,9 +191,9 @@ class StreamTransport:
     def isend(self, buf: np.ndarray, dest: int, context: int, tag: int,
               call: tuple[int, int] = NO_CALL) -> _Send:
         peer = self._live_peer(dest)
-        payload = _bytes_of(buf)
-        if peer.pulls and payload.nbytes >= self.pull_bytes:
+        if peer.pulls and buf.nbytes >= self.pull_bytes:
             return self._enqueue(peer, self._announce(peer, buf, context, tag, call))
+        payload = _bytes_of(buf)
         views = [memoryview(self._header(context, tag, payload.nbytes, *call))]
         if payload.nbytes:
             views.append(payload)
