@@ -175,20 +175,22 @@ def test_shm_catches_mismatched_calls_without_check_mode(script, calls, expected
         assert "the ranks' calls do not match" in line and expected in line, line
 
 
-@pytest.mark.parametrize("backend", ["shm", "tcp", pytest.param("mpi", id="mpiexec")])
-def test_mismatched_point_to_point_and_a_closed_communicator(script, backend):
+@pytest.mark.parametrize("backend, scale", [
+    ("shm", 1), ("shm", 1 << 15),  # messages of 512 KB-2 MB: pulled from the sender on Linux
+    ("tcp", 1), pytest.param("mpi", 1, id="mpiexec")])
+def test_mismatched_point_to_point_and_a_closed_communicator(script, backend, scale):
     """A message longer or shorter than its receive is a CommError saying so on every
     backend (MPI took a shorter one silently, and named a longer one only by "See the
     MPI_ERROR field"); the streams stay in step after it; a closed communicator says so."""
-    path = script("""
+    path = script(f"""
         import numpy as np, tbcoll
         comm = tbcoll.init()
         for n in (8, 2):  # longer, then shorter than the receive's 4
             try:
                 if comm.rank == 0:
-                    comm.send(np.ones(n), 1)
+                    comm.send(np.ones(n * {scale}), 1)
                 else:
-                    comm.recv(np.zeros(4), 0)
+                    comm.recv(np.zeros(4 * {scale}), 0)
             except tbcoll.CommError as e:
                 print(e)
         comm.all_reduce(np.ones(2))  # still in step
@@ -204,5 +206,5 @@ def test_mismatched_point_to_point_and_a_closed_communicator(script, backend):
     assert lines[0] == ["send to rank 1 on a closed communicator"]
     longer, shorter, closed = lines[1]
     assert "recv from rank 0 on rank 1:" in longer and "sizes must match" in longer
-    assert "rank 0 sent 16 bytes where rank 1 expected 32" in shorter
+    assert f"rank 0 sent {16 * scale} bytes where rank 1 expected {32 * scale}" in shorter
     assert closed == "send to rank 0 on a closed communicator"

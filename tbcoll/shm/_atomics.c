@@ -761,7 +761,21 @@ static PyObject *cma_copy(PyObject *self, PyObject *args)
     return PyLong_FromLong(error);
 }
 
+/* address(buffer) -> where buffer's bytes start in this process: what a pulled message's
+ * descriptor gives its receiver (tbcoll/transports/stream.py); ~10x cheaper than numpy's
+ * ctypes.data. The caller keeps the buffer alive as long as the address is used. */
+static PyObject *address(PyObject *self, PyObject *obj)
+{
+    Py_buffer view;
+    if (PyObject_GetBuffer(obj, &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    void *start = view.buf;
+    PyBuffer_Release(&view);
+    return PyLong_FromVoidPtr(start);
+}
+
 static PyMethodDef methods[] = {
+    {"address", address, METH_O, "Where a buffer's bytes start in this process."},
     {"cma_copy", cma_copy, METH_VARARGS, "Copy bytes from or to another process (Linux)."},
     {"set_spin", set_spin, METH_VARARGS, "Set how many times a wait polls before yielding."},
     {"load_acquire", load_acquire, METH_VARARGS, "Load the word at offset with acquire order."},

@@ -19,6 +19,17 @@ payloads bypass it (recv_into the caller's array).
 There are no threads: progress happens in isend (an eager first write) and in waitall, which
 keeps reading every stream while its sends are stalled. Two ranks sending each other large
 messages at once therefore cannot deadlock.
+
+Pulled messages (a transport that can copy from another rank's memory: shm on Linux): a large
+payload does not go through the stream. Its sender announces it (the header with the context's
+_ANNOUNCE bit, then a descriptor: the payload's address, size and a pull id); the receiver
+matches the announcement as it would the message, copies the payload from the sender's memory
+(_pull) into the receive (or an unexpected buffer: a rank pulls whatever it meets at once, so
+that two ranks announcing to each other cannot deadlock) and answers _PULLED with that id. The
+send is done only then, so the sender's buffer stays untouched while it is read. Where the copy
+is refused (a policy forbids it), the answer asks for the payload, which follows through the
+stream (_RESENT) into the receive already matched, and neither side announces to the other
+again.
 """
 
 from __future__ import annotations
@@ -35,6 +46,11 @@ from tbcoll.calls import MISMATCH_ADVICE, NO_CALL, mismatch
 from tbcoll.errors import CommError, PeerLostError, PeerTimeoutError
 
 _HEADER = struct.Struct("!IIQQQ")
+_DESCRIPTOR = struct.Struct("!QQQ")  # a pulled message's address, nbytes and pull id
+# Contexts with the top bit set carry the engine's own messages (communicators count from 0):
+_ANNOUNCE = 1 << 31  # | the message's context; payload: its _DESCRIPTOR
+_PULLED = _ANNOUNCE | 1 << 30  # tag: the pull id; seq: 0 pulled, 1 refused (send it)
+_RESENT = _PULLED + 1  # tag: the pull id; payload: the message whose pull was refused
 _STAGE = 256 << 10  # staging buffer per stream
 _DIRECT = 16 << 10  # a payload remainder this large is read straight into its destination
 
@@ -50,10 +66,13 @@ class Channel(Protocol):
 
 
 class _Send:
-    __slots__ = ("peer", "views", "done", "error")
+    __slots__ = ("peer", "views", "done", "error", "pulled")
 
-    def __init__(self, peer: Peer, views: list[memoryview]) -> None:
+    def __init__(self, peer: Peer, views: list[memoryview],
+                 pulled: np.ndarray | None = None) -> None:
+        # pulled: an announced payload, which the receiver copies; done once it says so
         self.peer, self.views, self.done, self.error = peer, views, False, None
+        self.pulled = pulled
 
 
 class _Recv:
@@ -73,6 +92,16 @@ class _Unexpected:
         self.data, self.call, self.done, self.waiter = bytearray(nbytes), call, False, None
 
 
+class _Announced:
+    """An announced message's descriptor, as it arrives: then it is matched and pulled."""
+
+    __slots__ = ("context", "tag", "call", "descriptor")
+
+    def __init__(self, context: int, tag: int, call: tuple[int, int]) -> None:
+        self.context, self.tag, self.call = context, tag, call
+        self.descriptor = bytearray(_DESCRIPTOR.size)
+
+
 class Peer:
     def __init__(self, rank: int, channel: Channel) -> None:
         self.rank = rank
@@ -86,6 +115,10 @@ class Peer:
         self.target: memoryview | None = None  # payload bytes still to arrive
         self.target_owner: _Recv | _Unexpected | None = None
         self.lost: str | None = None
+        self.pulls = False  # large messages to and from this peer are pulled (see above)
+        self.next_pull = 0
+        self.announced: dict[int, _Send] = {}  # this rank's announced sends not yet pulled
+        self.refused: dict[int, tuple[_Recv | _Unexpected, memoryview]] = {}  # to be resent
 
 
 def _bytes_of(buf: np.ndarray) -> memoryview:
@@ -97,8 +130,13 @@ class StreamTransport:
     """Point-to-point messages over one byte stream (Channel) per pair of ranks.
 
     Subclasses say how to wait for streams to become ready (_ready) and may follow which
-    streams have sends pending (_write_interest) and which are gone (_forget).
+    streams have sends pending (_write_interest) and which are gone (_forget). One that can
+    copy from another rank's memory (_pull, _address) sets Peer.pulls where it may, and
+    pull_bytes.
     """
+
+    pull_bytes = 0  # payloads at least this large go by pull to a peer that pulls
+    DESCRIPTOR_BYTES = _DESCRIPTOR.size
 
     def __init__(self, rank: int, size: int, channels: dict[int, Channel],
                  timeout: float) -> None:
@@ -118,6 +156,16 @@ class StreamTransport:
 
     def _forget(self, peer: Peer) -> None:
         """peer's stream is gone."""
+
+    def _pull(self, peer: Peer, address: int, view: memoryview) -> bool:
+        """Copy len(view) bytes at address in peer's memory into view; False where a policy
+        refuses it, or the transport cannot (the payload is then resent through the stream).
+        A peer found gone is lost (_lose)."""
+        return False
+
+    def _address(self, buf: np.ndarray) -> int:
+        """Where buf's bytes start in this process's memory, for its receiver's _pull."""
+        raise NotImplementedError
 
     def _check_links(self, peers: Iterable[Peer]) -> None:
         """Called about once a second while a wait goes on: lose (_lose) any of peers whose
@@ -143,6 +191,8 @@ class StreamTransport:
     def isend(self, buf: np.ndarray, dest: int, context: int, tag: int,
               call: tuple[int, int] = NO_CALL) -> _Send:
         peer = self._live_peer(dest)
+        if peer.pulls and buf.nbytes >= self.pull_bytes:
+            return self._enqueue(peer, self._announce(peer, buf, context, tag, call))
         payload = _bytes_of(buf)
         views = [memoryview(self._header(context, tag, payload.nbytes, *call))]
         if payload.nbytes:
@@ -151,9 +201,33 @@ class StreamTransport:
 
     _header = staticmethod(_HEADER.pack)  # (context, tag, nbytes, seq, call) -> a header
 
+    def _announce(self, peer: Peer, buf: np.ndarray, context: int, tag: int,
+                  call: tuple[int, int]) -> _Send:
+        """A send of buf by pull, its announcement still to write (its views)."""
+        pull, peer.next_pull = peer.next_pull, (peer.next_pull + 1) & 0xFFFFFFFF
+        announcement = (self._announce_header(context, tag, call)
+                        + _DESCRIPTOR.pack(self._address(buf), buf.nbytes, pull))
+        request = _Send(peer, [memoryview(announcement)], buf)
+        peer.announced[pull] = request
+        return request
+
+    @staticmethod
+    def _announce_header(context: int, tag: int, call: tuple[int, int]) -> bytes:
+        """The header of the announcement of a message (its descriptor follows)."""
+        return _HEADER.pack(context | _ANNOUNCE, tag, _DESCRIPTOR.size, *call)
+
+    @staticmethod
+    def _pulled_header(pull: int, refused: bool = False) -> bytes:
+        """The answer to announcement `pull`."""
+        return _HEADER.pack(_PULLED, pull, 0, int(refused), 0)
+
+    _descriptor_of = staticmethod(_DESCRIPTOR.unpack)  # -> (address, nbytes, pull)
+
     def _queue(self, peer: Peer, views: list[memoryview]) -> _Send:
         """Send these bytes after whatever is queued for peer."""
-        request = _Send(peer, views)
+        return self._enqueue(peer, _Send(peer, views))
+
+    def _enqueue(self, peer: Peer, request: _Send) -> _Send:
         peer.sendq.append(request)
         if len(peer.sendq) == 1:
             self._pump_out(peer)
@@ -191,9 +265,27 @@ class StreamTransport:
         """A subclass may take the next message from peer by a path of its own now: nothing
         of the peer's is staged or half-read, no receive for (context, tag) is posted nor a
         message for it held, and no difference of calls is pending."""
-        return (peer is not None and not peer.lost and peer.target is None
-                and peer.start == peer.end and not peer.unexpected.get((context, tag))
-                and not peer.posted.get((context, tag)) and not self._mismatch)
+        return (peer is not None and self._stream_idle(peer)
+                and not peer.unexpected.get((context, tag)) and not peer.posted.get((context, tag)))
+
+    def _stream_idle(self, peer: Peer) -> bool:
+        """Nothing of peer's is staged or half-read, and no difference of calls is pending:
+        a subclass may read peer's next message by a path of its own."""
+        return (not peer.lost and peer.target is None and peer.start == peer.end
+                and not self._mismatch)
+
+    def _finish_announced(self, peer: Peer, view: memoryview, context: int, tag: int,
+                          call: tuple[int, int], descriptor: bytes, arrived: int) -> None:
+        """Receive into view the message whose announcement (header, and the first `arrived`
+        bytes of its descriptor) a subclass's own path took."""
+        request = _Recv(peer, view, call)
+        peer.posted[context, tag].append(request)
+        owner = _Announced(context, tag, call)
+        owner.descriptor[:arrived] = descriptor[:arrived]
+        peer.target, peer.target_owner = memoryview(owner.descriptor)[arrived:], owner
+        if arrived == _DESCRIPTOR.size:
+            self._finish_message(peer)
+        self.waitall([request])
 
     def _send_rest(self, peer: Peer, header: bytes, payload: memoryview, written: int) -> _Send:
         """Queue what a subclass's own path did not write of a message (written: how many of
@@ -305,7 +397,7 @@ class StreamTransport:
                     sent = 0
             if views:
                 break
-            request.done = True
+            request.done = request.pulled is None  # else when the receiver has pulled it
             peer.sendq.popleft()
         self._want_write(peer, bool(peer.sendq))
 
@@ -377,9 +469,32 @@ class StreamTransport:
 
     def _begin_message(self, peer: Peer, context: int, tag: int, nbytes: int,
                        call: tuple[int, int]) -> None:
-        if call[1] and not self._mismatch and (running := self._calls.get(context)) and (
-                call[0] < running[0] or call[0] == running[0] and call[1] != running[1]):
-            self._mismatch = self._call_error(peer.rank, call, running)
+        if context == _PULLED:
+            self._answered(peer, tag, refused=call[0] != 0)
+            return
+        if context == _RESENT:
+            if tag not in peer.refused:
+                self._lose(peer, f"it resent message {tag}, which this rank never refused")
+                return
+            owner, view = peer.refused.pop(tag)
+        else:
+            announced, context = context & _ANNOUNCE, context & ~_ANNOUNCE
+            if call[1] and not self._mismatch and (running := self._calls.get(context)) and (
+                    call[0] < running[0] or call[0] == running[0] and call[1] != running[1]):
+                self._mismatch = self._call_error(peer.rank, call, running)
+            if announced:
+                owner = _Announced(context, tag, call)
+                view = memoryview(owner.descriptor)
+            else:
+                owner, view = self._match(peer, context, tag, nbytes, call)
+        peer.target, peer.target_owner = view, owner
+        if nbytes == 0:
+            self._finish_message(peer)
+
+    def _match(self, peer: Peer, context: int, tag: int, nbytes: int,
+               call: tuple[int, int]) -> tuple[_Recv | _Unexpected, memoryview]:
+        """Where the payload of a message that has come goes: its posted receive, or an
+        unexpected buffer."""
         waiting = peer.posted.get((context, tag))
         if waiting and (waiting[0].view.nbytes != nbytes or waiting[0].call != call):
             # The receive fails (its waitall says why); the message is read and dropped, so
@@ -397,14 +512,47 @@ class StreamTransport:
             owner = _Unexpected(nbytes, call)
             peer.unexpected[context, tag].append(owner)
             view = memoryview(owner.data)
-        peer.target, peer.target_owner = view, owner
-        if nbytes == 0:
-            self._finish_message(peer)
+        return owner, view
 
     def _finish_message(self, peer: Peer) -> None:
         owner = peer.target_owner
         peer.target = peer.target_owner = None
-        self._complete(owner)
+        if isinstance(owner, _Announced):
+            self._take_announced(peer, owner)
+        else:
+            self._complete(owner)
+
+    def _take_announced(self, peer: Peer, announced: _Announced) -> None:
+        """Match an announced message and pull its payload, or ask for it where the pull is
+        refused; answer the sender either way. (One that no receive awaits yet is pulled into
+        an unexpected buffer at once: its sender does not wait for the receive.)"""
+        address, nbytes, pull = self._descriptor_of(announced.descriptor)
+        owner, view = self._match(peer, announced.context, announced.tag, nbytes, announced.call)
+        pulled = self._pull(peer, address, view)
+        if peer.lost:
+            return
+        if pulled:
+            self._complete(owner)
+        else:
+            peer.pulls = False
+            peer.refused[pull] = owner, view
+        self._queue(peer, [memoryview(self._pulled_header(pull, refused=not pulled))])
+
+    def _answered(self, peer: Peer, pull: int, refused: bool) -> None:
+        """The receiver of announcement `pull` has pulled it (the send is done), or was
+        refused: the payload follows through the stream, and nothing more is announced."""
+        request = peer.announced.pop(pull, None)
+        if request is None:
+            self._lose(peer, f"it answered announcement {pull}, which this rank never made")
+            return
+        payload, request.pulled = request.pulled, None
+        if not refused:
+            request.done = True
+            return
+        peer.pulls = False
+        request.views = [memoryview(self._header(_RESENT, pull, payload.nbytes, 0, 0)),
+                         _bytes_of(payload)]
+        self._enqueue(peer, request)
 
     @staticmethod
     def _complete(owner: _Recv | _Unexpected) -> None:
