@@ -29,6 +29,7 @@ except ImportError:  # built without a compiler: numpy reduces
 
 _TAG = 8  # apart from the algorithms' tags (tbcoll.algorithms)
 _KEEP = 1 << 20  # blocks of this size and more are kept from call to call (_kept_blocks)
+_SMALL_SHAPES = 64  # smaller blocks are kept by shape, for this many shapes at most
 
 
 class TcpNative:
@@ -45,6 +46,7 @@ class TcpNative:
         self.rank, self.size = coll.rank, coll.size
         self._peers = tuple(world for rank, world in enumerate(members) if rank != self.rank)
         self._kept = np.empty(0, np.uint8)
+        self._small: dict[tuple[np.dtype, int], np.ndarray] = {}  # blocks under _KEEP, by shape
 
     def direct_all_reduce(self, x: np.ndarray, op: str, root: int,
                           out: np.ndarray | None) -> np.ndarray | None:
@@ -70,8 +72,14 @@ class TcpNative:
     def _exchange(self, mine: np.ndarray, out: np.ndarray, op: str) -> None:
         """out = every rank's mine, op'ed in rank order (both C-contiguous, of one shape)."""
         # the others', in rank order
-        blocks = (np.empty((self.size - 1, mine.size), mine.dtype) if mine.nbytes < _KEEP
-                  else self._kept_blocks(mine))
+        key = mine.dtype, mine.size
+        if (blocks := self._small.get(key)) is None:
+            if mine.nbytes >= _KEEP:
+                blocks = self._kept_blocks(mine)
+            else:
+                if len(self._small) >= _SMALL_SHAPES:
+                    self._small.clear()
+                blocks = self._small[key] = np.empty((self.size - 1, mine.size), mine.dtype)
         self._transport.exchange(mine, self._peers, blocks, self._context, _TAG,
                                  self._coll.call)
         if _sockets is not None:
