@@ -12,23 +12,28 @@ from .conftest import tagged_lines, tbrun
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
                                 reason="cross-memory attach is Linux's")
 
-# Sizes around a slot (1 MiB): not a multiple of the ranks, of a page, or of a slot.
-JOB = """
-import errno, sys
+# A job's start: tbcoll.init, then on the rank named by argv[1] every cross-memory copy of
+# {module} refused, as Yama or seccomp would refuse it.
+REFUSING = """
+import errno, sys, time
 import numpy as np
 import tbcoll
-from tbcoll.shm import native
+from {package} import {module}
 
 refuse = sys.argv[1] if len(sys.argv) > 1 else ""
 comm = tbcoll.init()
-if refuse == str(comm.rank):  # as Yama or seccomp would: this rank's copies are refused
-    real = native.atomics
+if refuse == str(comm.rank):
+    real = {module}.atomics
     class Refusing:
         def __getattr__(self, name):
             return getattr(real, name)
         def cma_copy(self, *args):
             return errno.EPERM
-    native.atomics = Refusing()
+    {module}.atomics = Refusing()
+"""
+
+# Sizes around a slot (1 MiB): not a multiple of the ranks, of a page, or of a slot.
+JOB = REFUSING.format(package="tbcoll.shm", module="native") + """
 shm = comm._group.native
 for nbytes in ((1 << 20) + 12, 3 * (1 << 20) + 8):
     n = nbytes // 4
@@ -62,22 +67,7 @@ def test_large_all_gather_and_broadcast(script, np_, refuse, env, path):
 
 
 # Messages from the pull threshold up, both ranks sending at once, blocking and not.
-SEND_RECV_JOB = """
-import errno, sys, time
-import numpy as np
-import tbcoll
-from tbcoll.transports import shm
-
-refuse = sys.argv[1] if len(sys.argv) > 1 else ""
-comm = tbcoll.init()
-if refuse == str(comm.rank):  # as Yama or seccomp would: this rank's pulls are refused
-    real = shm.atomics
-    class Refusing:
-        def __getattr__(self, name):
-            return getattr(real, name)
-        def cma_copy(self, *args):
-            return errno.EPERM
-    shm.atomics = Refusing()
+SEND_RECV_JOB = REFUSING.format(package="tbcoll.transports", module="shm") + """
 peer = 1 - comm.rank
 for n in (shm.PULL_BYTES // 4, (3 << 20) // 4 + 3):
     def mine(k):
