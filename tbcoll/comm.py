@@ -358,17 +358,32 @@ class Communicator:
 
     def send(self, x: Any, dst: int, tag: int = 0) -> None:
         """Send x to rank dst; returns once x may be reused."""
-        array, _ = to_numpy(x)
-        self._check_peer(dst, "dst", tag)
-        buf = flat(array) if array.flags.c_contiguous else contiguous_flat(array)
+        if type(x) is np.ndarray and x.flags.c_contiguous and self._plain(x, dst, tag):
+            buf = flat(x)
+        else:
+            array, _ = to_numpy(x)
+            self._check_peer(dst, "dst", tag)
+            buf = flat(array) if array.flags.c_contiguous else contiguous_flat(array)
         self._move("send", self._group.p2p.send, buf, dst, tag)
 
     def recv(self, out_or_like: Any, src: int, tag: int = 0) -> Any:
         """Receive from rank src into a numpy array (filled in place and returned), or, given
         an mlx array, into a new mlx array of its shape and dtype."""
+        if (type(out_or_like) is np.ndarray and out_or_like.flags.carray
+                and self._plain(out_or_like, src, tag)):
+            self._move("recv", self._group.p2p.recv, flat(out_or_like), src, tag)
+            return out_or_like
         target, restore = self._receive_into(out_or_like, src, tag)
         self._move("recv", self._group.p2p.recv, flat(target), src, tag)
         return restore(target)
+
+    def _plain(self, x: np.ndarray, peer: Any, tag: Any) -> bool:
+        """send's and recv's arguments need no conversion and no check says more of them (a
+        known dtype, another rank of this open communicator, a tag in range): ~0.5 us of a
+        small message's ~2 us over shm. Else the full checks run, and say what is wrong."""
+        return (id(x.dtype) in KNOWN_DTYPES and type(peer) is int and type(tag) is int
+                and 0 <= tag <= MAX_TAG and 0 <= peer < self.size and peer != self.rank
+                and not self._closed)
 
     def isend(self, x: Any, dst: int, tag: int = 0) -> Request:
         """send without waiting; wait() returns None once x may be reused."""
