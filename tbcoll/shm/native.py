@@ -247,16 +247,22 @@ class ShmNative:
 
     def all_gather(self, send: np.ndarray, recv: np.ndarray) -> None:
         """Rank k's block is slot k; each chunk of the blocks goes in place in recv."""
-        prefault(recv)
         src, dst, block = _bytes(send), _bytes(recv), send.nbytes
         call = signature("all_gather", send.dtype, None, send.nbytes)
         if block > SLOT and self._cma_round(src, call, lambda copy: [
                 copy(k, dst[k * block:(k + 1) * block], 0, False) if k != self.rank
-                else np.copyto(dst[k * block:(k + 1) * block], src) for k in range(self.size)]):
+                else np.copyto(dst[k * block:(k + 1) * block], src)
+                for k in self._from_the_next()]):
             return
+        prefault(recv)
         for lo in range(0, block, SLOT):
             self._round(atomics.ALL_GATHER, src[lo:lo + SLOT], 0, dst[lo:], block, _BYTES, 0, 0,
                         call if lo == 0 else 0)
+
+    def _from_the_next(self) -> list[int]:
+        """Every rank, this one's next first: the ranks copying at once read different
+        ranks' memory (each process_vm_readv pins its pages in the owner's address space)."""
+        return [(self.rank + 1 + i) % self.size for i in range(self.size)]
 
     def reduce_scatter(self, send: np.ndarray, recv: np.ndarray, op: str) -> None:
         """Each round carries a piece of every rank's block: slot k holds rank k's pieces."""
