@@ -27,6 +27,21 @@ except tbcoll.CommError as e:
 """
 
 
+def rank_1_was_named(p, lost: str = "") -> dict[int, str]:
+    """A KILLED_MID_ALL_REDUCE job's end: tbrun names rank 1 killed, ranks 0 and 2 each report
+    one CommError of their all_reduce, starting with lost, and one at least names rank 1.
+    Returns each survivor's line."""
+    assert p.returncode == 128 + signal.SIGKILL, p.stdout + p.stderr
+    assert "rank 1 (pid" in p.stderr and "killed by signal 9" in p.stderr
+    reports = tagged_lines(p.stdout)
+    assert sorted(reports) == [0, 2], p.stdout + p.stderr
+    for rank in (0, 2):
+        (line,) = reports[rank]
+        assert line.startswith(f"CommError: all_reduce on rank {rank}: {lost}"), line
+    assert any("rank 1" in lines[0] for lines in reports.values()), reports
+    return {rank: lines[0] for rank, lines in reports.items()}
+
+
 @pytest.mark.parametrize("backend, algorithm, lost", [
     ("tcp", "ring", "lost connection to rank"), ("tcp", "mesh", "lost connection to rank"),
     ("tcp", "rd", "lost connection to rank"), ("shm", "native", "rank 1 (pid"),
@@ -36,14 +51,7 @@ def test_rank_killed_mid_all_reduce(script, backend, algorithm, lost):
     started = time.monotonic()
     p = tbrun("-np", 3, "--grace", "10", "--backend", backend,
               script(KILLED_MID_ALL_REDUCE.format(algorithm=algorithm, count=1 << 20)), timeout=60)
-    assert p.returncode == 128 + signal.SIGKILL, p.stderr
-    assert "rank 1 (pid" in p.stderr and "killed by signal 9" in p.stderr
-    reports = tagged_lines(p.stdout)
-    assert sorted(reports) == [0, 2], p.stdout + p.stderr
-    for rank in (0, 2):
-        (line,) = reports[rank]
-        assert line.startswith(f"CommError: all_reduce on rank {rank}: {lost}"), line
-    assert any("rank 1" in lines[0] for lines in reports.values())
+    rank_1_was_named(p, lost)
     assert time.monotonic() - started < 30
     assert not leftover_segments()
 

@@ -6,7 +6,6 @@ where the host has no RDMA device at all."""
 from __future__ import annotations
 
 import re
-import signal
 import time
 
 import pytest
@@ -16,8 +15,8 @@ from tbcoll.errors import CommError
 from tbcoll.rdma import devices
 from tbcoll.topology import JobHost, Layout
 
-from .conftest import REPO, TBRUN, tagged_lines, tbrun
-from .test_comm_failures import KILLED_MID_ALL_REDUCE
+from .conftest import REPO, TBRUN, tbrun
+from .test_comm_failures import KILLED_MID_ALL_REDUCE, rank_1_was_named
 
 # the C mesh ("native") with every dtype; tbcoll's algorithms over the rdma stream, which
 # moves bytes whatever the dtype, with float32 and int64 (and the tests without a dtype)
@@ -62,16 +61,9 @@ def test_a_killed_rank_is_named_within_seconds(rdma_lab, tmp_path, algorithm, co
     started = time.monotonic()
     p = lab_tbrun(rdma_lab, "-np", 3, "--grace", "20", script, timeout=150)
     elapsed = time.monotonic() - started
-    assert p.returncode == 128 + signal.SIGKILL, p.stdout + p.stderr
-    assert "rank 1 (pid" in p.stderr and "killed by signal 9" in p.stderr
-    reports = tagged_lines(p.stdout)
-    assert sorted(reports) == [0, 2], p.stdout + p.stderr
-    for rank in (0, 2):
-        (line,) = reports[rank]
-        assert line.startswith(f"CommError: all_reduce on rank {rank}: "), line
-        assert "closed the connection" in line, line
     # in a ring a survivor may see the other survivor leave first: one at least names rank 1
-    assert any("rank 1" in lines[0] for lines in reports.values()), reports
+    for line in rank_1_was_named(p).values():
+        assert "closed the connection" in line, line
     assert elapsed < 120, elapsed  # a boot-free job start in the VM takes ~15-40 s
 
 
