@@ -51,10 +51,11 @@ class BuildExtAndDieWithParent(build_ext):
 
 
 setup(cmdclass={"build_ext": BuildExtAndDieWithParent}, ext_modules=[
-    Extension("tbcoll.shm._atomics", ["tbcoll/shm/_atomics.c"], depends=["tbcoll/shm/reduce.h"],
-              optional=True),
+    Extension("tbcoll.shm._atomics", ["tbcoll/shm/_atomics.c"],
+              depends=["tbcoll/shm/reduce.h", "tbcoll/shm/cpu_relax.h"], optional=True),
     Extension("tbcoll.transports._sockets", ["tbcoll/transports/_sockets.c"],
               depends=["tbcoll/shm/reduce.h"], optional=True),
     Extension("tbcoll.rdma._verbs", ["tbcoll/rdma/_verbs.c"],
-              depends=["tbcoll/shm/reduce.h"], libraries=_DL, optional=True),
+              depends=["tbcoll/shm/reduce.h", "tbcoll/shm/cpu_relax.h"], libraries=_DL,
+              optional=True),
 ])

@@ -69,15 +69,8 @@
 #include <unistd.h>
 #include <infiniband/verbs.h>
 
+#include "../shm/cpu_relax.h"
 #include "../shm/reduce.h" /* reduce_rows, ITEMSIZE */
-
-#if defined(__x86_64__) || defined(__i386__)
-#define CPU_RELAX() __builtin_ia32_pause()
-#elif defined(__aarch64__)
-#define CPU_RELAX() __asm__ __volatile__("yield")
-#else
-#define CPU_RELAX() ((void)0)
-#endif
 
 #define STREAM_CHUNK (64 << 10)    /* bytes of one stream message, header included */
 #define STREAM_HEADER 8            /* u32 credits returned, u32 reserved */

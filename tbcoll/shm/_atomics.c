@@ -25,13 +25,7 @@
 #define HAVE_CMA 0 /* macOS: no call reads another process's memory without privileges */
 #endif
 
-#if defined(__x86_64__) || defined(__i386__)
-#define CPU_RELAX() __builtin_ia32_pause()
-#elif defined(__aarch64__)
-#define CPU_RELAX() __asm__ __volatile__("yield")
-#else
-#define CPU_RELAX() ((void)0)
-#endif
+#include "cpu_relax.h"
 
 static int get_word(PyObject *obj, Py_ssize_t offset, Py_buffer *view, uint64_t **word)
 {
