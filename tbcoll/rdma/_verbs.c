@@ -407,6 +407,17 @@ static void pause_after(double waited, double spin, double *nap)
     }
 }
 
+/* After a look that found nothing to stop for: 1 once budget seconds have passed since start,
+ * else 0 after the pause that fits how long the wait has gone on (pause_after). */
+static int budget_spent(Fabric *f, double start, double budget, double *nap)
+{
+    double waited = now() - start;
+    if (waited >= budget)
+        return 1;
+    pause_after(waited, f->spin, nap);
+    return 0;
+}
+
 /* --- the Python type ---------------------------------------------------------------------- */
 
 static void fabric_free(Fabric *f)
@@ -937,10 +948,8 @@ static PyObject *Fabric_wait(Fabric *f, PyObject *args)
             Peer *p = &f->peer[k];
             any = p->device >= 0 && (p->fifo_count || p->lost[0] || (want[k] && writable(p)));
         }
-        double waited = now() - start;
-        if (any || waited >= budget)
+        if (any || budget_spent(f, start, budget, &nap))
             break;
-        pause_after(waited, f->spin, &nap);
     }
     Py_END_ALLOW_THREADS
     PyObject *out = ready_list(f, want);
@@ -1002,12 +1011,10 @@ static PyObject *Fabric_mesh(Fabric *f, PyObject *args)
             if (!busy)
                 break;
             progress(f);
-            double waited = now() - start;
-            if (waited >= budget) {
+            if (budget_spent(f, start, budget, &nap)) {
                 result = -1;
                 break;
             }
-            pause_after(waited, f->spin, &nap);
         }
         if (result == 0) {
             for (int d = 0; d < f->ndev; d++) {
@@ -1053,12 +1060,10 @@ static PyObject *Fabric_mesh(Fabric *f, PyObject *args)
         if (!missing)
             break;
         progress(f);
-        double waited = now() - start;
-        if (waited >= budget) {
+        if (budget_spent(f, start, budget, &nap)) {
             result = -1;
             break;
         }
-        pause_after(waited, f->spin, &nap);
     }
     Py_END_ALLOW_THREADS
     if (result != 0)
