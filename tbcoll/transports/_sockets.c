@@ -295,24 +295,106 @@ static int receive_some(struct way *w, const char *expected, Py_ssize_t len)
 }
 
 /*
- * exchange(fds, header, mine, blocks, stages, spin, budget) -> None, or what stopped it
+ * out = the blocks of ranks 0, 1, ... op'ed in rank order (every rank computes the same
+ * bits), where blocks holds every other rank's block in rank order and mine is this rank's
+ * (out may be mine). dtype and op: tbcoll.dtypes' codes. 1 when done, 0 when the arguments
+ * do not fit, -1 with MemoryError.
+ */
+static int reduce_blocks(const Py_buffer *blocks, const Py_buffer *mine, long rank,
+                         const Py_buffer *out, long dtype, long op)
+{
+    Py_ssize_t len = mine->len, others = len ? blocks->len / len : 0;
+    if (!(dtype >= 0 && dtype < (long)(sizeof ITEMSIZE / sizeof ITEMSIZE[0]) && op >= 0 &&
+          op < 4 && out->len == len && (len == 0 || (len % ITEMSIZE[dtype] == 0 &&
+          others <= MAX_PEERS && blocks->len == others * len && rank >= 0 && rank <= others))))
+        return 0;
+    if (!len)
+        return 1;
+    const char *rows[MAX_PEERS + 1];
+    const char *own = mine->buf, *o = out->buf, *m = mine->buf;
+    char *copy = NULL;
+    /* out is written from the first row on: mine must survive that unless it is the first
+     * row and out exactly */
+    if (o < m + len && m < o + len && !(rank == 0 && o == m)) {
+        own = copy = PyMem_Malloc(len);
+        if (copy == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        memcpy(copy, mine->buf, len);
+    }
+    for (Py_ssize_t k = 0; k <= others; k++)
+        rows[k] = k == rank ? own : (const char *)blocks->buf + (k < rank ? k : k - 1) * len;
+    reduce_rows(rows, others + 1, out->buf, len / ITEMSIZE[dtype], (int)dtype, (int)op);
+    PyMem_Free(copy);
+    return 1;
+}
+
+static void reduce_does_not_fit(void)
+{
+    PyErr_SetString(PyExc_ValueError, "reduce: blocks of mine's size, one per other rank, an "
+                    "out of the same size, known dtype and op codes");
+}
+
+/* reduce(blocks, mine, rank, out, dtype, op): reduce_blocks */
+static PyObject *reduce(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "reduce takes 6 arguments");
+        return NULL;
+    }
+    long rank = PyLong_AsLong(args[2]), dtype = PyLong_AsLong(args[4]);
+    long op = PyLong_AsLong(args[5]);
+    if (PyErr_Occurred())
+        return NULL;
+    Py_buffer blocks, mine, out;
+    if (PyObject_GetBuffer(args[0], &blocks, PyBUF_SIMPLE) < 0)
+        return NULL;
+    if (PyObject_GetBuffer(args[1], &mine, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&blocks);
+        return NULL;
+    }
+    if (writable_buffers(args + 3, &out, 1) < 0) {
+        PyBuffer_Release(&mine);
+        PyBuffer_Release(&blocks);
+        return NULL;
+    }
+    int done = reduce_blocks(&blocks, &mine, rank, &out, dtype, op);
+    PyBuffer_Release(&out);
+    PyBuffer_Release(&mine);
+    PyBuffer_Release(&blocks);
+    if (done == 0)
+        reduce_does_not_fit();
+    if (done <= 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+/*
+ * exchange(fds, header, mine, blocks, stages, spin, budget[, out, rank, dtype, op])
+ * -> None, or what stopped it
  * Send header and mine to every peer (fds) while receiving each peer's message of the same
  * header into its block (both ways at once, so that large messages cannot deadlock): blocks
  * holds len(fds) blocks of len(mine) bytes, in the order of fds, and stages the peers'
  * staging buffers (see recv). None once everything has moved. Else it stopped (another
  * message first, a failed connection, or budget seconds without progress): a tuple, per
  * peer, of (bytes of header and payload sent, the send's errno or 0, copied, staged, error)
- * with the last three as recv's.
+ * with the last three as recv's. Given out, rank, dtype and op too, it also reduces the blocks
+ * and mine into out once everything has moved, as reduce does (tcp's small all_reduce in one
+ * call).
  */
 static PyObject *exchange(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 7 || !PyTuple_Check(args[0]) || !PyTuple_Check(args[4]) ||
+    if ((nargs != 7 && nargs != 11) || !PyTuple_Check(args[0]) || !PyTuple_Check(args[4]) ||
         PyTuple_GET_SIZE(args[0]) != PyTuple_GET_SIZE(args[4]) ||
         PyTuple_GET_SIZE(args[0]) > MAX_PEERS) {
-        PyErr_SetString(PyExc_TypeError, "exchange takes 7 arguments: fds and stages tuples "
-                        "of the same length, at most 16");
+        PyErr_SetString(PyExc_TypeError, "exchange takes 7 or 11 arguments: fds and stages "
+                        "tuples of the same length, at most 16");
         return NULL;
     }
+    int reduces = nargs == 11;
+    long rank = reduces ? PyLong_AsLong(args[8]) : 0, dtype = reduces ? PyLong_AsLong(args[9]) : 0;
+    long op = reduces ? PyLong_AsLong(args[10]) : 0;
     int n = (int)PyTuple_GET_SIZE(args[0]);
     struct way ways[MAX_PEERS];
     memset(ways, 0, sizeof ways);
@@ -334,6 +416,14 @@ static PyObject *exchange(PyObject *self, PyObject *const *args, Py_ssize_t narg
         return NULL;
     }
     if (writable_buffers(&PyTuple_GET_ITEM(args[4], 0), stages, n) < 0) {
+        PyBuffer_Release(&blocks);
+        PyBuffer_Release(&mine);
+        PyBuffer_Release(&expected);
+        return NULL;
+    }
+    Py_buffer out = {0};
+    if (reduces && writable_buffers(args + 7, &out, 1) < 0) {
+        release_buffers(stages, n);
         PyBuffer_Release(&blocks);
         PyBuffer_Release(&mine);
         PyBuffer_Release(&expected);
@@ -384,10 +474,19 @@ static PyObject *exchange(PyObject *self, PyObject *const *args, Py_ssize_t narg
         }
         Py_END_ALLOW_THREADS
     }
+    int reduced = fits && !stopped && reduces ? reduce_blocks(&blocks, &mine, rank, &out,
+                                                              dtype, op) : 1;
+    if (reduces)
+        PyBuffer_Release(&out);
     release_buffers(stages, n);
     PyBuffer_Release(&blocks);
     PyBuffer_Release(&mine);
     PyBuffer_Release(&expected);
+    if (reduced <= 0) {
+        if (reduced == 0)
+            reduce_does_not_fit();
+        return NULL;
+    }
     if (!fits) {
         PyErr_SetString(PyExc_ValueError, "exchange: a 32-byte header, len(fds) blocks of "
                         "len(mine) bytes and stages larger than a header are needed");
@@ -406,72 +505,6 @@ static PyObject *exchange(PyObject *self, PyObject *const *args, Py_ssize_t narg
             PyTuple_SET_ITEM(states, i, state);
     }
     return states;
-}
-
-/*
- * reduce(blocks, mine, rank, out, dtype, op)
- * out = the blocks of ranks 0, 1, ... op'ed in rank order (every rank computes the same
- * bits), where blocks holds every other rank's block in rank order and mine is this rank's
- * (out may be mine). dtype and op: tbcoll.dtypes' codes.
- */
-static PyObject *reduce(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
-{
-    if (nargs != 6) {
-        PyErr_SetString(PyExc_TypeError, "reduce takes 6 arguments");
-        return NULL;
-    }
-    long rank = PyLong_AsLong(args[2]), dtype = PyLong_AsLong(args[4]);
-    long op = PyLong_AsLong(args[5]);
-    if (PyErr_Occurred())
-        return NULL;
-    Py_buffer blocks, mine, out;
-    if (PyObject_GetBuffer(args[0], &blocks, PyBUF_SIMPLE) < 0)
-        return NULL;
-    if (PyObject_GetBuffer(args[1], &mine, PyBUF_SIMPLE) < 0) {
-        PyBuffer_Release(&blocks);
-        return NULL;
-    }
-    if (writable_buffers(args + 3, &out, 1) < 0) {
-        PyBuffer_Release(&mine);
-        PyBuffer_Release(&blocks);
-        return NULL;
-    }
-    Py_ssize_t len = mine.len, others = len ? blocks.len / len : 0;
-    int fits = dtype >= 0 && dtype < (long)(sizeof ITEMSIZE / sizeof ITEMSIZE[0]) && op >= 0 &&
-               op < 4 && out.len == len && (len == 0 || (len % ITEMSIZE[dtype] == 0 &&
-               others <= MAX_PEERS && blocks.len == others * len && rank >= 0 && rank <= others));
-    char *copy = NULL;
-    if (fits && len) {
-        const char *rows[MAX_PEERS + 1];
-        const char *own = mine.buf;
-        const char *o = out.buf, *m = mine.buf;
-        /* out is written from the first row on: mine must survive that unless it is the
-         * first row and out exactly */
-        if (o < m + len && m < o + len && !(rank == 0 && o == m)) {
-            own = copy = PyMem_Malloc(len);
-            if (copy == NULL) {
-                PyErr_NoMemory();
-                fits = 0;
-            } else {
-                memcpy(copy, mine.buf, len);
-            }
-        }
-        for (Py_ssize_t k = 0; fits && k <= others; k++)
-            rows[k] = k == rank ? own : (const char *)blocks.buf + (k < rank ? k : k - 1) * len;
-        if (fits)
-            reduce_rows(rows, others + 1, out.buf, len / ITEMSIZE[dtype], (int)dtype, (int)op);
-    }
-    PyMem_Free(copy);
-    PyBuffer_Release(&out);
-    PyBuffer_Release(&mine);
-    PyBuffer_Release(&blocks);
-    if (!fits) {
-        if (!PyErr_Occurred())
-            PyErr_SetString(PyExc_ValueError, "reduce: blocks of mine's size, one per other "
-                            "rank, an out of the same size, known dtype and op codes");
-        return NULL;
-    }
-    Py_RETURN_NONE;
 }
 
 static PyMethodDef methods[] = {

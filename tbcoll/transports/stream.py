@@ -268,6 +268,12 @@ class StreamTransport:
         return (peer is not None and self._stream_idle(peer)
                 and not peer.unexpected.get((context, tag)) and not peer.posted.get((context, tag)))
 
+    def _idle_both_ways(self, peer: Peer, context: int, tag: int) -> bool:
+        """_sends_idle and _receives_idle of a live peer, in one call (for an exchange with
+        it, on the small all_reduce's path)."""
+        return (not peer.sendq and self._stream_idle(peer)
+                and not peer.unexpected.get((context, tag)) and not peer.posted.get((context, tag)))
+
     def _stream_idle(self, peer: Peer) -> bool:
         """Nothing of peer's is staged or half-read, and no difference of calls is pending:
         a subclass may read peer's next message by a path of its own."""
@@ -620,12 +626,13 @@ class StreamEndpoint:
         """The call begun last (seq, signature)."""
         return self._call
 
-    def begin_next_call(self, signature: int) -> None:
+    def begin_next_call(self, signature: int) -> tuple[int, int]:
         """begin_call for the call after the last one begun: a one-call path's (comm.py
-        numbers those calls without telling the group). Inline: it is on the small
-        all_reduce's path."""
+        numbers those calls without telling the group); returns it (as .call would). Inline:
+        it is on the small all_reduce's path."""
         self._call = call = (self._call[0] + 1, signature)
         self._transport._calls[self._context] = call
+        return call
 
     def send(self, buf: np.ndarray, peer: int, tag: int) -> None:
         self._transport.send(buf, self._members[peer], self._context, tag, self._call)

@@ -116,21 +116,27 @@ class TcpTransport(StreamTransport):
             self.waitall([self._resumed(peer, buf, context, tag, call, copied, staged, error)])
 
     def exchange(self, buf: np.ndarray, peers: tuple[int, ...], blocks: np.ndarray,
-                 context: int, tag: int, call: tuple[int, int] = NO_CALL) -> None:
+                 context: int, tag: int, call: tuple[int, int] = NO_CALL,
+                 reduction: tuple = ()) -> bool:
         """Send buf to each of peers and receive from each a message of its size into
         blocks[i]: in one C call while every stream to them is idle, else (or from where C
-        stopped) through the engine."""
+        stopped) through the engine. reduction: (out, rank, dtype code, op code) for C to
+        reduce the blocks and buf into out as well (see _sockets.exchange); True where it
+        did."""
         streams, fds, stages = self._exchanges.get(peers) or self._exchange_args(peers)
         if fds and not self._writing and self._idle(streams, context, tag):
             header = self._header(context, tag, buf.nbytes, *call)
-            stopped = _sockets.exchange(fds, header, buf, blocks, stages, _SPIN, _C_SLICE)
-            if stopped is not None:
-                self._exchange_on(buf, streams, blocks, context, tag, call, header, stopped)
-            return
+            stopped = _sockets.exchange(fds, header, buf, blocks, stages, _SPIN, _C_SLICE,
+                                        *reduction)
+            if stopped is None:
+                return bool(reduction)
+            self._exchange_on(buf, streams, blocks, context, tag, call, header, stopped)
+            return False
         sends = [self.isend(buf, rank, context, tag, call) for rank in peers]
         for i, rank in enumerate(peers):
             self.recv(blocks[i], rank, context, tag, call)
         self.waitall(sends)
+        return False
 
     def _exchange_on(self, buf: np.ndarray, streams: list[Peer], blocks: np.ndarray,
                      context: int, tag: int, call: tuple[int, int], header: bytes,
@@ -161,7 +167,7 @@ class TcpTransport(StreamTransport):
     def _idle(self, streams: list[Peer], context: int, tag: int) -> bool:
         """Every one of streams may send and take its next message by C's path."""
         for stream in streams:
-            if not (self._sends_idle(stream) and self._receives_idle(stream, context, tag)):
+            if not self._idle_both_ways(stream, context, tag):
                 return False
         return True
 
