@@ -96,7 +96,7 @@ def test_an_exchange_and_its_reduction(pair):
     # both in one call (tcp's small all_reduce), in place, sum, as rank 1: theirs + mine
     a.sendall(header + theirs.tobytes())
     assert _sockets.exchange((b.fileno(),), header, mine, blocks, (bytearray(64),), 0.0,
-                             1.0, mine, 1, 2, 0) is None
+                             1.0, (mine, 1, 2, 0)) is None
     assert a.recv(100) == header + np.array([3.0, np.nan], np.float32).tobytes()
     assert mine[0] == 5.0 and np.isnan(mine[1])
 
@@ -113,7 +113,7 @@ def test_an_exchange_that_meets_another_message_says_where_it_stopped(pair):
     out = np.full(8, 7, np.uint8)  # where it stops, nothing is reduced
     a.sendall(other)
     assert _sockets.exchange((b.fileno(),), header, np.zeros(8, np.uint8),
-                             np.zeros((1, 8), np.uint8), (stage,), 0.0, 1.0, out, 0, 8, 0)
+                             np.zeros((1, 8), np.uint8), (stage,), 0.0, 1.0, (out, 0, 8, 0))
     assert (out == 7).all()
 
 

@@ -371,30 +371,34 @@ static PyObject *reduce(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 }
 
 /*
- * exchange(fds, header, mine, blocks, stages, spin, budget[, out, rank, dtype, op])
- * -> None, or what stopped it
+ * exchange(fds, header, mine, blocks, stages, spin, budget[, reduction]) -> None, or what
+ * stopped it
  * Send header and mine to every peer (fds) while receiving each peer's message of the same
  * header into its block (both ways at once, so that large messages cannot deadlock): blocks
  * holds len(fds) blocks of len(mine) bytes, in the order of fds, and stages the peers'
  * staging buffers (see recv). None once everything has moved. Else it stopped (another
  * message first, a failed connection, or budget seconds without progress): a tuple, per
  * peer, of (bytes of header and payload sent, the send's errno or 0, copied, staged, error)
- * with the last three as recv's. Given out, rank, dtype and op too, it also reduces the blocks
- * and mine into out once everything has moved, as reduce does (tcp's small all_reduce in one
- * call).
+ * with the last three as recv's. Given a reduction, (out, rank, dtype, op), it also reduces the
+ * blocks and mine into out once everything has moved, as reduce does (tcp's small all_reduce
+ * in one call).
  */
 static PyObject *exchange(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if ((nargs != 7 && nargs != 11) || !PyTuple_Check(args[0]) || !PyTuple_Check(args[4]) ||
+    int reduces = nargs == 8 && args[7] != Py_None;
+    if ((nargs != 7 && nargs != 8) || !PyTuple_Check(args[0]) || !PyTuple_Check(args[4]) ||
         PyTuple_GET_SIZE(args[0]) != PyTuple_GET_SIZE(args[4]) ||
-        PyTuple_GET_SIZE(args[0]) > MAX_PEERS) {
-        PyErr_SetString(PyExc_TypeError, "exchange takes 7 or 11 arguments: fds and stages "
-                        "tuples of the same length, at most 16");
+        PyTuple_GET_SIZE(args[0]) > MAX_PEERS ||
+        (reduces && (!PyTuple_Check(args[7]) || PyTuple_GET_SIZE(args[7]) != 4))) {
+        PyErr_SetString(PyExc_TypeError, "exchange takes 7 or 8 arguments: fds and stages "
+                        "tuples of the same length, at most 16, and a reduction (out, rank, "
+                        "dtype, op) or None");
         return NULL;
     }
-    int reduces = nargs == 11;
-    long rank = reduces ? PyLong_AsLong(args[8]) : 0, dtype = reduces ? PyLong_AsLong(args[9]) : 0;
-    long op = reduces ? PyLong_AsLong(args[10]) : 0;
+    PyObject *const *reduction = reduces ? &PyTuple_GET_ITEM(args[7], 0) : NULL;
+    long rank = reduces ? PyLong_AsLong(reduction[1]) : 0;
+    long dtype = reduces ? PyLong_AsLong(reduction[2]) : 0;
+    long op = reduces ? PyLong_AsLong(reduction[3]) : 0;
     int n = (int)PyTuple_GET_SIZE(args[0]);
     struct way ways[MAX_PEERS];
     memset(ways, 0, sizeof ways);
@@ -422,7 +426,7 @@ static PyObject *exchange(PyObject *self, PyObject *const *args, Py_ssize_t narg
         return NULL;
     }
     Py_buffer out = {0};
-    if (reduces && writable_buffers(args + 7, &out, 1) < 0) {
+    if (reduces && writable_buffers(reduction, &out, 1) < 0) {
         release_buffers(stages, n);
         PyBuffer_Release(&blocks);
         PyBuffer_Release(&mine);

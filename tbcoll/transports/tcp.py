@@ -117,7 +117,7 @@ class TcpTransport(StreamTransport):
 
     def exchange(self, buf: np.ndarray, peers: tuple[int, ...], blocks: np.ndarray,
                  context: int, tag: int, call: tuple[int, int] = NO_CALL,
-                 reduction: tuple = ()) -> bool:
+                 reduction: tuple | None = None) -> bool:
         """Send buf to each of peers and receive from each a message of its size into
         blocks[i]: in one C call while every stream to them is idle, else (or from where C
         stopped) through the engine. reduction: (out, rank, dtype code, op code) for C to
@@ -125,11 +125,11 @@ class TcpTransport(StreamTransport):
         did."""
         streams, fds, stages = self._exchanges.get(peers) or self._exchange_args(peers)
         if fds and not self._writing and self._idle(streams, context, tag):
-            header = self._header(context, tag, buf.nbytes, *call)
+            header = self._header(context, tag, buf.nbytes, call[0], call[1])  # no *: ~0.07 us
             stopped = _sockets.exchange(fds, header, buf, blocks, stages, _SPIN, _C_SLICE,
-                                        *reduction)
+                                        reduction)
             if stopped is None:
-                return bool(reduction)
+                return reduction is not None
             self._exchange_on(buf, streams, blocks, context, tag, call, header, stopped)
             return False
         sends = [self.isend(buf, rank, context, tag, call) for rank in peers]
