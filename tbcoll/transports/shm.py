@@ -93,7 +93,7 @@ class ShmStream(StreamTransport):
         if nbytes >= PULL_BYTES and peer.pulls:
             self._send_pulled(peer, buf, dest, context, tag, call)
             return
-        header = self._header(context, tag, nbytes, *call)
+        header = self._header(context, tag, nbytes, call[0], call[1])
         written = peer.channel.outgoing.send(header, buf, _ROOM_WAIT)
         if written < len(header) + nbytes:
             self.waitall([self._send_rest(peer, header, memoryview(buf.view(np.uint8)), written)])
@@ -139,8 +139,8 @@ class ShmStream(StreamTransport):
             self._recv_pulled(peer, buf, source, context, tag, call)
             return
         try:
-            copied = peer.channel.incoming.receive(self._header(context, tag, nbytes, *call),
-                                                   buf, WAIT_SLICE)
+            copied = peer.channel.incoming.receive(
+                self._header(context, tag, nbytes, call[0], call[1]), buf, WAIT_SLICE)
         except OSError as e:  # OverwrittenRing
             raise self._overwritten(peer, e) from e
         if copied == nbytes:

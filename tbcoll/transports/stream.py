@@ -194,12 +194,14 @@ class StreamTransport:
         if peer.pulls and buf.nbytes >= self.pull_bytes:
             return self._enqueue(peer, self._announce(peer, buf, context, tag, call))
         payload = _bytes_of(buf)
-        views = [memoryview(self._header(context, tag, payload.nbytes, *call))]
+        views = [memoryview(self._header(context, tag, payload.nbytes, call[0], call[1]))]
         if payload.nbytes:
             views.append(payload)
         return self._queue(peer, views)
 
-    _header = staticmethod(_HEADER.pack)  # (context, tag, nbytes, seq, call) -> a header
+    # (context, tag, nbytes, seq, call) -> a header; callers pass a call's two words as
+    # call[0], call[1]: *call costs ~0.07 us of a ~1.4 us shm message
+    _header = staticmethod(_HEADER.pack)
 
     def _announce(self, peer: Peer, buf: np.ndarray, context: int, tag: int,
                   call: tuple[int, int]) -> _Send:
