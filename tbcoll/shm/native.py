@@ -19,13 +19,15 @@ all_reduce of up to SINGLE_PASS_BYTES: one round; every rank reduces all p slots
 rank order, so every rank gets the same bits. Larger, each chunk splits: rank r reduces its
 1/p of the chunk into the result area, flags DONE, and everyone copies the result out.
 
-all_gather and broadcast of more than a slot on Linux move each block with one copy instead
-of two: the ranks exchange the addresses of their buffers in a round, each reads the blocks
-it needs straight from the owner's memory (cross-memory attach, _atomics.cma_read), and a
-last round tells every rank that every read is done and succeeded. Where a policy forbids
-such reads (Yama's ptrace_scope 1 or more between sibling processes, a seccomp filter) the
-ranks see it in that last round, take the slot rounds from then on, and say nothing: it is
-only slower. TBCOLL_SHM_CMA=0 turns it off.
+all_gather and broadcast of more than a slot move each block with one copy instead of two
+where they can: the ranks exchange where their buffers are in a round, each copies the blocks
+it needs straight from (or to) the owner's buffer, and a last round tells every rank that
+every copy is done and succeeded. Where every rank's buffer lies in the same allocation of
+comm.empty (tbcoll.shm.heap), every rank maps the others' and copies with plain loads and
+stores, on any OS. Else, on Linux, the copies are the kernel's (cross-memory attach,
+_atomics.cma_copy); where a policy forbids such copies (Yama's ptrace_scope 1 or more between
+sibling processes, a seccomp filter) the ranks see it in that last round, take the slot
+rounds from then on, and say nothing: it is only slower. TBCOLL_SHM_CMA=0 turns it off.
 
 When a round's wait runs out of its slice (a slow or gone peer), the C call returns and this
 module waits in Python, which notices dead ranks and the deadline, then resumes the round.
@@ -45,6 +47,7 @@ from tbcoll.dtypes import DTYPE_CODES, OP_CODES
 from tbcoll.env import shm_cma
 from tbcoll.errors import CommError, PeerLostError, PeerTimeoutError, TbcollError
 from tbcoll.shm.flags import AtomicFlags, atomics
+from tbcoll.shm.heap import Heap
 from tbcoll.shm.pipe import LINE, Ring
 from tbcoll.shm.segment import Segment
 
@@ -146,7 +149,8 @@ class ShmNative:
     offers = frozenset(("all_reduce", "all_gather", "reduce_scatter", "broadcast", "barrier"))
     takes_mlx = False
 
-    def __init__(self, segment: Segment, rank: int, size: int, timeout: float) -> None:
+    def __init__(self, segment: Segment, rank: int, size: int, timeout: float,
+                 prefix: str) -> None:
         available()
         if size > atomics.MAX_RANKS:
             raise TbcollError(f"the shm backend runs at most {atomics.MAX_RANKS} ranks on a "
@@ -164,7 +168,9 @@ class ShmNative:
         self._seq = 0
         # blocks past a slot are read from their owners' memory (see the module docstring)
         self._cma = bool(atomics.HAVE_CMA) and shm_cma()
-        self._addresses = np.empty(size, np.int64)  # the buffers of a _cma_round, per rank
+        self.heap = Heap(rank, size, prefix)  # comm.empty's buffers
+        # where each rank's buffer of a _one_copy_round is: address, allocation, offset
+        self._buffers = np.empty((size, 3), np.int64)
         # With more ranks than cores, a waiting rank must give its core away quickly:
         # 50 polls instead of 500 took 8 B all_reduce at np=4 on 2 cores from 35 to 21 us.
         atomics.set_spin(500 if size <= cores() else 50)
@@ -249,7 +255,7 @@ class ShmNative:
         """Rank k's block is slot k; each chunk of the blocks goes in place in recv."""
         src, dst, block = _bytes(send), _bytes(recv), send.nbytes
         call = signature("all_gather", send.dtype, None, send.nbytes)
-        if block > SLOT and self._cma_round(src, call, lambda copy: [
+        if block > SLOT and self._one_copy_round(src, call, lambda copy: [
                 copy(k, dst[k * block:(k + 1) * block], 0, False) if k != self.rank
                 else np.copyto(dst[k * block:(k + 1) * block], src)
                 for k in self._from_the_next()]):
@@ -261,7 +267,8 @@ class ShmNative:
 
     def _from_the_next(self) -> list[int]:
         """Every rank, this one's next first: the ranks copying at once read different
-        ranks' memory (each process_vm_readv pins its pages in the owner's address space)."""
+        ranks' memory (each process_vm_readv pins its pages in the owner's address space,
+        and a buffer read by one rank at a time stays in fewer caches)."""
         return [(self.rank + 1 + i) % self.size for i in range(self.size)]
 
     def reduce_scatter(self, send: np.ndarray, recv: np.ndarray, op: str) -> None:
@@ -279,7 +286,8 @@ class ShmNative:
         prefault(buf)
         data = _bytes(buf)
         call = signature("broadcast", buf.dtype, None, buf.nbytes, root)
-        if buf.nbytes > SLOT and self._cma_round(data, call, partial(self._spread, data, root)):
+        if buf.nbytes > SLOT and self._one_copy_round(data, call,
+                                                      partial(self._spread, data, root)):
             return
         for lo in range(0, buf.nbytes, SLOT):
             chunk = data[lo:lo + SLOT]
@@ -303,43 +311,77 @@ class ShmNative:
         else:
             copy(root, data[head:], head, False)
 
-    def _cma_round(self, mine: np.ndarray, call: int,
-                   copies: Callable[[Callable[[int, np.ndarray, int, bool], None]], object]
-                   ) -> bool:
-        """One copy per block (Linux): the ranks gather the address of each one's `mine` in
-        a round that compares their calls; copies(copy) then calls copy(k, part, offset,
-        write) for each part this rank moves: from rank k's `mine` at offset into part, or
-        with write from part to there; a last round tells every rank whether every copy
-        succeeded. False where one failed, and from then on on this communicator: the
-        caller's slot rounds then overwrite what was copied.
+    def allocate(self, nbytes: int) -> np.ndarray:
+        """This rank's buffer of a new comm.empty allocation (tbcoll.shm.heap); collective."""
+        def exchange(mine: np.ndarray, everyone: np.ndarray) -> None:
+            self._round(atomics.ALL_GATHER, mine, 0, everyone, mine.nbytes, _BYTES, 0, 0,
+                        signature("all_gather", np.uint8, None, mine.nbytes))
 
-        Why the bytes are whole where they land: bytes read were stored by their owner before
-        its release store of ARRIVE in the first round, which this rank's wait acquired
-        before reading (process_vm_readv comes after, in program order); bytes written reach
-        their owner no later than this rank's release store of ARRIVE in the last round,
-        which their owner acquires before it returns. No rank changes its `mine`, nor
-        returns, before the last round, which it leaves only once every rank has arrived
-        there, after its copies."""
-        if not self._cma:
+        return self.heap.allocate(nbytes, exchange, self._everyone)
+
+    def _everyone(self, ok: bool) -> bool:
+        """A round that tells every rank whether every rank's ok is true."""
+        everyone_ok = np.array([1 if ok else 0], np.int64)
+        self._round(atomics.ALL_REDUCE, everyone_ok, 0, everyone_ok, 0, _INT64, _MIN, 0, 0)
+        return bool(everyone_ok[0])
+
+    def _one_copy_round(self, mine: np.ndarray, call: int,
+                        copies: Callable[[Callable[[int, np.ndarray, int, bool], None]], object]
+                        ) -> bool:
+        """One copy per block: the ranks gather where each one's `mine` is in a round that
+        compares their calls; copies(copy) then calls copy(k, part, offset, write) for each
+        part this rank moves: from rank k's `mine` at offset into part, or with write from
+        part to there; a last round tells every rank whether every copy succeeded. The copies
+        are loads and stores through this rank's mappings of the peers' buffers where every
+        rank's `mine` lies in the same comm.empty allocation, else (Linux) the kernel's
+        cross-memory attach. False where neither applies (no round past the first), or where
+        a cross-memory copy failed (then and from then on, CMA is off on this communicator:
+        the caller's slot rounds then overwrite what was copied). No round at all where
+        neither can ever apply (no CMA, no allocation yet): the same on every rank.
+
+        Why the bytes are whole where they land, on ARM64 as on x86-64: bytes read were
+        stored by their owner before its release store of ARRIVE in the first round, which
+        this rank's wait acquired before reading (the plain loads of np.copyto, or
+        process_vm_readv, come after it in program order, and an acquire orders every later
+        load and store); bytes written are stored before this rank's release store of ARRIVE
+        in the last round (a release orders every earlier load and store), which their owner
+        acquires before it returns. No rank changes its `mine`, nor returns, before the last
+        round, which it leaves only once every rank has arrived there, after its copies."""
+        heap = self.heap
+        if not (self._cma or heap.used):
             return False
-        self._round(atomics.ALL_GATHER, np.array([mine.ctypes.data], np.int64), 0,
-                    self._addresses, 8, _BYTES, 0, 0, call)
+        where = np.array([atomics.address(mine), *heap.locate(mine)], np.int64)
+        buffers = self._buffers
+        self._round(atomics.ALL_GATHER, where, 0, buffers, where.nbytes, _BYTES, 0, 0, call)
+        allocation = int(buffers[0, 1])
+        in_heap = allocation >= 0 and bool((buffers[:, 1] == allocation).all())
+        if not (in_heap or self._cma):
+            return False
         failed = 0
 
-        def copy(rank: int, part: np.ndarray, offset: int, write: bool) -> None:
+        def copy_mapped(rank: int, part: np.ndarray, offset: int, write: bool) -> None:
+            start = int(buffers[rank, 2]) + offset
+            theirs = heap.peer(allocation, rank)[start:start + part.nbytes]
+            if write:
+                np.copyto(theirs, part)
+            else:
+                np.copyto(part, theirs)
+
+        def copy_attached(rank: int, part: np.ndarray, offset: int, write: bool) -> None:
             nonlocal failed
             if not failed and part.nbytes:
-                failed = atomics.cma_copy(int(self.pids[rank]),
-                                          int(self._addresses[rank]) + offset, part, write)
+                failed = atomics.cma_copy(int(self.pids[rank]), int(buffers[rank, 0]) + offset,
+                                          part, write)
 
-        copies(copy)
-        everyone_ok = np.array([0 if failed else 1], np.int64)
-        self._round(atomics.ALL_REDUCE, everyone_ok, 0, everyone_ok, 0, _INT64, _MIN, 0, 0)
-        self._cma = bool(everyone_ok[0])
-        return self._cma
+        copies(copy_mapped if in_heap else copy_attached)
+        if self._everyone(not failed):
+            return True
+        self._cma = False
+        return False
 
     def close(self) -> None:
         self.pids = self._lines = None
+        self.heap.close()
         self.segment.close()
 
     # --- rounds and flags ----------------------------------------------------------------
