@@ -70,6 +70,55 @@ def test_all_gather_and_broadcast_copy_between_empty_buffers(script, np_, cma):
     assert not leftover_segments()
 
 
+# all_reduce past the single pass (64 KiB), out of place and in place, against the slot
+# rounds on ordinary arrays: the same bits.
+ALL_REDUCE_JOB = """
+import numpy as np
+import tbcoll
+
+comm = tbcoll.init()
+heap = comm._group.native.heap
+mapped = 0
+peer = heap.peer
+def counted(*args):
+    global mapped
+    mapped += 1
+    return peer(*args)
+heap.peer = counted
+
+rng = np.random.default_rng(comm.rank)
+for dtype, n, op in ((np.float32, (1 << 18) + 3, "sum"), (np.float16, 70001, "sum"),
+                     (np.float64, 40000, "max"), (np.int32, 50000, "prod")):
+    data = (rng.standard_normal(n) * 100).astype(dtype)
+    want = comm.all_reduce(data.copy(), op=op)  # ordinary arrays: the slot rounds
+    x, out = comm.empty(n, dtype), comm.empty(n, dtype)
+    x[:] = data
+    assert comm.all_reduce(x, op=op, out=out) is out
+    assert out.tobytes() == want.tobytes(), (dtype, op)
+    assert x.tobytes() == data.tobytes()
+    assert comm.all_reduce(x, op=op, out=x) is x  # in place
+    assert x.tobytes() == want.tobytes(), (dtype, op, "in place")
+print("mapped" if mapped else "not mapped")
+mapped = 0
+x = comm.empty(n, dtype)
+if comm.rank == 1:  # an ordinary array: every rank takes the slot rounds
+    x = np.empty(n, dtype)
+x[:] = data
+assert comm.all_reduce(x, op=op, out=x).tobytes() == want.tobytes()
+print("mapped" if mapped else "not mapped")
+"""
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+def test_all_reduce_reduces_straight_from_empty_buffers(script, np_):
+    result = tbrun("-np", np_, "--backend", "shm", "--comm-timeout", 30, sys.executable,
+                   script(ALL_REDUCE_JOB), timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = tagged_lines(result.stdout)
+    assert {rank: lines[rank] for rank in range(np_)} == dict.fromkeys(
+        range(np_), ["mapped", "not mapped"])
+
+
 MISMATCH_JOB = """
 import numpy as np
 import tbcoll

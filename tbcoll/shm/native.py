@@ -43,7 +43,7 @@ from functools import partial
 import numpy as np
 
 from tbcoll.calls import mismatch, signature
-from tbcoll.dtypes import DTYPE_CODES, OP_CODES
+from tbcoll.dtypes import DTYPE_CODES, OP_CODES, OPS
 from tbcoll.env import shm_cma
 from tbcoll.errors import CommError, PeerLostError, PeerTimeoutError, TbcollError
 from tbcoll.shm.flags import AtomicFlags, atomics
@@ -143,6 +143,48 @@ def available() -> None:
                           "apt-get install gcc) and reinstall tbcoll, or use --backend tcp")
 
 
+class Mapped:
+    """The peers' buffers of a _one_copy_round as this rank maps them (comm.empty's)."""
+
+    failed = 0
+
+    def __init__(self, heap: Heap, table: np.ndarray) -> None:
+        self._heap, self._table = heap, table  # per rank, per buffer: address, allocation, offset
+
+    def view(self, rank: int, buffer: int, offset: int, nbytes: int) -> np.ndarray:
+        """nbytes of rank's buffer from offset."""
+        allocation, start = self._table[rank, buffer, 1:]
+        start += offset
+        return self._heap.peer(int(allocation), rank)[start:start + nbytes]
+
+    def copy(self, rank: int, part: np.ndarray, offset: int, write: bool, buffer: int = 0
+             ) -> None:
+        """From rank's buffer at offset into part, or with write from part to there."""
+        theirs = self.view(rank, buffer, offset, part.nbytes)
+        if write:
+            np.copyto(theirs, part)
+        else:
+            np.copyto(part, theirs)
+
+
+class Attached:
+    """The peers' buffers of a _one_copy_round through cross-memory attach (Linux): copies
+    only, and failed (an errno) once one is refused."""
+
+    def __init__(self, pids: np.ndarray, table: np.ndarray) -> None:
+        self._pids, self._table, self.failed = pids, table, 0
+
+    def copy(self, rank: int, part: np.ndarray, offset: int, write: bool, buffer: int = 0
+             ) -> None:
+        if not self.failed and part.nbytes:
+            self.failed = atomics.cma_copy(int(self._pids[rank]),
+                                           int(self._table[rank, buffer, 0]) + offset, part,
+                                           write)
+
+
+Peers = Mapped | Attached
+
+
 class ShmNative:
     """Native collectives over one mapped segment; every rank of the group calls each."""
 
@@ -169,8 +211,6 @@ class ShmNative:
         # blocks past a slot are read from their owners' memory (see the module docstring)
         self._cma = bool(atomics.HAVE_CMA) and shm_cma()
         self.heap = Heap(rank, size, prefix)  # comm.empty's buffers
-        # where each rank's buffer of a _one_copy_round is: address, allocation, offset
-        self._buffers = np.empty((size, 3), np.int64)
         # With more ranks than cores, a waiting rank must give its core away quickly:
         # 50 polls instead of 500 took 8 B all_reduce at np=4 on 2 cores from 35 to 21 us.
         atomics.set_spin(500 if size <= cores() else 50)
@@ -236,7 +276,8 @@ class ShmNative:
     # --- the collectives -----------------------------------------------------------------
 
     def all_reduce(self, send: np.ndarray | None, recv: np.ndarray, op: str) -> None:
-        """send None: in place on recv. Past SINGLE_PASS_BYTES, split rounds of a slot each."""
+        """send None: in place on recv. Past SINGLE_PASS_BYTES, straight between the ranks'
+        buffers where they are comm.empty's, else split rounds of a slot each."""
         data = recv if send is None else send
         dtype, code = DTYPE_CODES[recv.dtype], OP_CODES[op]
         call = signature("all_reduce", recv.dtype, op, recv.nbytes)
@@ -244,8 +285,11 @@ class ShmNative:
             self._round(atomics.ALL_REDUCE, _bytes(data), 0, _bytes(recv), 0, dtype, code, 0,
                         call)
             return
-        prefault(recv)
         src, dst = _bytes(data), _bytes(recv)
+        if self._one_copy_round((src, dst), call, partial(
+                self._reduce_parts, src, dst, recv.dtype, op, send is None), attach=False):
+            return
+        prefault(recv)
         step = SLOT // recv.itemsize * recv.itemsize
         for lo in range(0, recv.nbytes, step):
             self._round(atomics.ALL_REDUCE_SPLIT, src[lo:lo + step], 0, dst[lo:lo + step], 0,
@@ -255,8 +299,8 @@ class ShmNative:
         """Rank k's block is slot k; each chunk of the blocks goes in place in recv."""
         src, dst, block = _bytes(send), _bytes(recv), send.nbytes
         call = signature("all_gather", send.dtype, None, send.nbytes)
-        if block > SLOT and self._one_copy_round(src, call, lambda copy: [
-                copy(k, dst[k * block:(k + 1) * block], 0, False) if k != self.rank
+        if block > SLOT and self._one_copy_round((src,), call, lambda peers: [
+                peers.copy(k, dst[k * block:(k + 1) * block], 0, False) if k != self.rank
                 else np.copyto(dst[k * block:(k + 1) * block], src)
                 for k in self._from_the_next()]):
             return
@@ -286,7 +330,7 @@ class ShmNative:
         prefault(buf)
         data = _bytes(buf)
         call = signature("broadcast", buf.dtype, None, buf.nbytes, root)
-        if buf.nbytes > SLOT and self._one_copy_round(data, call,
+        if buf.nbytes > SLOT and self._one_copy_round((data,), call,
                                                       partial(self._spread, data, root)):
             return
         for lo in range(0, buf.nbytes, SLOT):
@@ -298,8 +342,7 @@ class ShmNative:
         self._round(atomics.BARRIER, _NO_BYTES, 0, _NO_BYTES, 0, _BYTES, 0, 0,
                     signature("barrier"))
 
-    def _spread(self, data: np.ndarray, root: int,
-                copy: Callable[[int, np.ndarray, int, bool], None]) -> None:
+    def _spread(self, data: np.ndarray, root: int, peers: Peers) -> None:
         """broadcast's copies, shared by the p ranks: the root writes the first 1/p of every
         other rank's buffer while each of them reads the rest from the root's, so that every
         core copies (p-1)/p of a buffer, not one reader the whole of it."""
@@ -307,9 +350,32 @@ class ShmNative:
         if self.rank == root:
             for k in range(self.size):
                 if k != root:
-                    copy(k, data[:head], 0, True)
+                    peers.copy(k, data[:head], 0, True)
         else:
-            copy(root, data[head:], head, False)
+            peers.copy(root, data[head:], head, False)
+
+    def _reduce_parts(self, src: np.ndarray, dst: np.ndarray, dtype: np.dtype, op: str,
+                      in_place: bool, peers: Mapped) -> None:
+        """all_reduce's copies between comm.empty buffers: this rank reduces its 1/p of every
+        rank's x, in rank order (so every rank gets the same bits), straight from their
+        buffers into its out; after a round (every part done), it copies the other parts from
+        their owners' outs: one copy fewer than the slots' rounds."""
+        rank, size, item = self.rank, self.size, dtype.itemsize
+        count = dst.nbytes // item
+        bounds = [k * count // size * item for k in range(size + 1)]
+        lo, hi = bounds[rank], bounds[rank + 1]
+        parts = [(src[lo:hi] if k == rank else peers.view(k, 0, lo, hi - lo)).view(dtype)
+                 for k in range(size)]
+        if in_place and rank >= 2:  # out's part is x's, which the first step would overwrite
+            parts[rank] = parts[rank].copy()
+        ours, ufunc = dst[lo:hi].view(dtype), OPS[op]
+        ufunc(parts[0], parts[1], out=ours)
+        for part in parts[2:]:
+            ufunc(ours, part, out=ours)
+        self._everyone(True)  # every part is reduced
+        for k in self._from_the_next():
+            if k != rank:
+                peers.copy(k, dst[bounds[k]:bounds[k + 1]], bounds[k], False, 1)
 
     def allocate(self, nbytes: int) -> np.ndarray:
         """This rank's buffer of a new comm.empty allocation (tbcoll.shm.heap); collective."""
@@ -325,56 +391,43 @@ class ShmNative:
         self._round(atomics.ALL_REDUCE, everyone_ok, 0, everyone_ok, 0, _INT64, _MIN, 0, 0)
         return bool(everyone_ok[0])
 
-    def _one_copy_round(self, mine: np.ndarray, call: int,
-                        copies: Callable[[Callable[[int, np.ndarray, int, bool], None]], object]
-                        ) -> bool:
-        """One copy per block: the ranks gather where each one's `mine` is in a round that
-        compares their calls; copies(copy) then calls copy(k, part, offset, write) for each
-        part this rank moves: from rank k's `mine` at offset into part, or with write from
-        part to there; a last round tells every rank whether every copy succeeded. The copies
-        are loads and stores through this rank's mappings of the peers' buffers where every
-        rank's `mine` lies in the same comm.empty allocation, else (Linux) the kernel's
-        cross-memory attach. False where neither applies (no round past the first), or where
-        a cross-memory copy failed (then and from then on, CMA is off on this communicator:
-        the caller's slot rounds then overwrite what was copied). No round at all where
-        neither can ever apply (no CMA, no allocation yet): the same on every rank.
+    def _one_copy_round(self, buffers: tuple[np.ndarray, ...], call: int,
+                        copies: Callable[[Peers], object], attach: bool = True) -> bool:
+        """One copy per block: the ranks gather where each one's buffers are in a round that
+        compares their calls; copies(peers) then moves this rank's parts with peers.copy
+        (and reads with peers.view where the buffers are mapped); a last round tells every
+        rank whether every copy succeeded. The copies are loads and stores through this
+        rank's mappings of the peers' buffers where every rank's buffers lie in the same
+        comm.empty allocations (Mapped), else, with attach, the kernel's cross-memory
+        attach (Attached, Linux). False where neither applies (no round past the first), or
+        where a cross-memory copy failed (then and from then on, CMA is off on this
+        communicator: the caller's slot rounds then overwrite what was copied). No round at
+        all where neither can ever apply (no CMA, no allocation yet): the same on every rank.
 
         Why the bytes are whole where they land, on ARM64 as on x86-64: bytes read were
-        stored by their owner before its release store of ARRIVE in the first round, which
-        this rank's wait acquired before reading (the plain loads of np.copyto, or
-        process_vm_readv, come after it in program order, and an acquire orders every later
-        load and store); bytes written are stored before this rank's release store of ARRIVE
-        in the last round (a release orders every earlier load and store), which their owner
-        acquires before it returns. No rank changes its `mine`, nor returns, before the last
-        round, which it leaves only once every rank has arrived there, after its copies."""
-        heap = self.heap
-        if not (self._cma or heap.used):
+        stored by their owner before its release store of ARRIVE in the first round (or in a
+        round the copies make, as all_reduce's once its parts are reduced), which this rank's
+        wait acquired before reading (the plain loads of numpy, or process_vm_readv, come
+        after it in program order, and an acquire orders every later load and store); bytes
+        written are stored before this rank's release store of ARRIVE in the last round (a
+        release orders every earlier load and store), which their owner acquires before it
+        returns. No rank changes its buffers, nor returns, before the last round, which it
+        leaves only once every rank has arrived there, after its copies."""
+        heap, attach = self.heap, attach and self._cma
+        if not (attach or heap.used):
             return False
-        where = np.array([atomics.address(mine), *heap.locate(mine)], np.int64)
-        buffers = self._buffers
-        self._round(atomics.ALL_GATHER, where, 0, buffers, where.nbytes, _BYTES, 0, 0, call)
-        allocation = int(buffers[0, 1])
-        in_heap = allocation >= 0 and bool((buffers[:, 1] == allocation).all())
-        if not (in_heap or self._cma):
+        where = np.array([(atomics.address(b), *heap.locate(b)) for b in buffers], np.int64)
+        table = np.empty((self.size, *where.shape), np.int64)
+        self._round(atomics.ALL_GATHER, where, 0, table, where.nbytes, _BYTES, 0, 0, call)
+        allocations = table[:, :, 1]
+        if (allocations[0] >= 0).all() and (allocations == allocations[0]).all():
+            peers: Peers = Mapped(heap, table)
+        elif attach:
+            peers = Attached(self.pids, table)
+        else:
             return False
-        failed = 0
-
-        def copy_mapped(rank: int, part: np.ndarray, offset: int, write: bool) -> None:
-            start = int(buffers[rank, 2]) + offset
-            theirs = heap.peer(allocation, rank)[start:start + part.nbytes]
-            if write:
-                np.copyto(theirs, part)
-            else:
-                np.copyto(part, theirs)
-
-        def copy_attached(rank: int, part: np.ndarray, offset: int, write: bool) -> None:
-            nonlocal failed
-            if not failed and part.nbytes:
-                failed = atomics.cma_copy(int(self.pids[rank]), int(buffers[rank, 0]) + offset,
-                                          part, write)
-
-        copies(copy_mapped if in_heap else copy_attached)
-        if self._everyone(not failed):
+        copies(peers)
+        if self._everyone(not peers.failed):
             return True
         self._cma = False
         return False
