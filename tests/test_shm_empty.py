@@ -70,8 +70,8 @@ def test_all_gather_and_broadcast_copy_between_empty_buffers(script, np_, cma):
     assert not leftover_segments()
 
 
-# all_reduce past the single pass (64 KiB), out of place and in place, against the slot
-# rounds on ordinary arrays: the same bits.
+# all_reduce past a slot, out of place and in place, against the slot rounds on ordinary
+# arrays: the same bits.
 ALL_REDUCE_JOB = """
 import numpy as np
 import tbcoll
@@ -87,8 +87,8 @@ def counted(*args):
 heap.peer = counted
 
 rng = np.random.default_rng(comm.rank)
-for dtype, n, op in ((np.float32, (1 << 18) + 3, "sum"), (np.float16, 70001, "sum"),
-                     (np.float64, 40000, "max"), (np.int32, 50000, "prod")):
+for dtype, n, op in ((np.float32, (1 << 18) + 3, "sum"), (np.float16, 600001, "sum"),
+                     (np.float64, 140001, "max"), (np.int32, 300001, "prod")):
     data = (rng.standard_normal(n) * 100).astype(dtype)
     want = comm.all_reduce(data.copy(), op=op)  # ordinary arrays: the slot rounds
     x, out = comm.empty(n, dtype), comm.empty(n, dtype)
