@@ -81,7 +81,8 @@ class Heap:
         """(allocation, offset) of a contiguous array lying within one of this rank's
         buffers, else NOT_IN_HEAP."""
         start = array.ctypes.data
-        for number, (address, nbytes) in self._mine.items():
+        # (a copy: a collection in this loop, or on another thread, may free an allocation)
+        for number, (address, nbytes) in tuple(self._mine.items()):
             if address <= start and start + array.nbytes <= address + nbytes:
                 return number, start - address
         return NOT_IN_HEAP
