@@ -151,6 +151,40 @@ def test_mismatched_requests_fail_on_every_rank(script):
     assert lines[1][1].startswith("TypeError comm.empty: dtype complex64 is not one")
 
 
+# rank 1 cannot make its segment (a full /dev/shm): every rank says so, and goes on
+NO_ROOM_JOB = """
+import numpy as np
+import tbcoll
+from tbcoll.shm import heap, segment
+
+comm = tbcoll.init()
+if comm.rank == 1:
+    def full(prefix, size):
+        raise segment.SegmentSpaceError("no room (as a full /dev/shm)")
+    heap.Segment = type("Full", (segment.Segment,), {"create_unique": staticmethod(full)})
+try:
+    comm.empty(1 << 20, np.uint8)
+except tbcoll.TbcollError as e:
+    print(e)
+heap.Segment = segment.Segment
+print(comm.empty(3, np.uint8).shape)
+"""
+
+
+def test_a_rank_without_room_fails_every_rank(script):
+    result = tbrun("-np", 3, "--backend", "shm", "--comm-timeout", 20, sys.executable,
+                   script(NO_ROOM_JOB), timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = tagged_lines(result.stdout)
+    for rank in range(3):
+        assert lines[rank][0].startswith("comm.empty could not share a 1048576-byte buffer "
+                                         "per rank: "), lines[rank]
+        assert lines[rank][0].endswith("(ranks that could not make theirs: [1])")
+        assert lines[rank][1] == "(3,)"
+    assert "no room (as a full /dev/shm)" in lines[1][0]
+    assert not leftover_segments()
+
+
 RELEASE_JOB = """
 import gc
 import numpy as np
