@@ -44,6 +44,21 @@ for nbytes in ((1 << 20) + 12, 3 * (1 << 20) + 8):
             assert np.array_equal(x, expect(n, root, call)), (nbytes, call, root)
 print("mapped" if mapped else "not mapped")
 
+# results from comm.empty, x ordinary (fresh each call), or x in place in the result: each
+# block is read from its owner's result
+mapped, n = 0, (3 << 20) // 4 + 1
+out = comm.empty(comm.size * n, np.float32)
+for call in range(2):
+    want = np.concatenate([expect(n, k, call) for k in range(comm.size)])
+    out[:] = 0
+    assert comm.all_gather(expect(n, comm.rank, call), out=out) is out
+    assert np.array_equal(out, want), call
+    out[:] = 0
+    mine = out[comm.rank * n:(comm.rank + 1) * n]
+    mine[:] = expect(n, comm.rank, call)
+    assert np.array_equal(comm.all_gather(mine, out=out), want), call
+print("mapped" if mapped else "not mapped")
+
 # rank 1's x is an ordinary array: every rank takes the other paths, with the same results
 mapped, n = 0, (3 << 20) // 4
 x = comm.empty(n, np.float32)
@@ -66,7 +81,7 @@ def test_all_gather_and_broadcast_copy_between_empty_buffers(script, np_, cma):
     assert result.returncode == 0, result.stdout + result.stderr
     lines = tagged_lines(result.stdout)
     assert {rank: lines[rank] for rank in range(np_)} == dict.fromkeys(
-        range(np_), ["mapped", "not mapped"])
+        range(np_), ["mapped", "mapped", "not mapped"])
     assert not leftover_segments()
 
 

@@ -49,7 +49,7 @@ from tbcoll.dtypes import DTYPE_CODES, OP_CODES, OPS
 from tbcoll.env import shm_cma
 from tbcoll.errors import CommError, PeerLostError, PeerTimeoutError, TbcollError
 from tbcoll.shm.flags import AtomicFlags, atomics
-from tbcoll.shm.heap import Heap
+from tbcoll.shm.heap import NOT_IN_HEAP, Heap
 from tbcoll.shm.pipe import LINE, Ring
 from tbcoll.shm.segment import Segment
 
@@ -150,8 +150,9 @@ class Mapped:
 
     failed = 0
 
-    def __init__(self, heap: Heap, table: np.ndarray) -> None:
+    def __init__(self, heap: Heap, table: np.ndarray, mapped: list[bool]) -> None:
         self._heap, self._table = heap, table  # per rank, per buffer: address, allocation, offset
+        self.mapped = mapped  # per buffer: whether it is in one allocation on every rank
 
     def view(self, rank: int, buffer: int, offset: int, nbytes: int) -> np.ndarray:
         """nbytes of rank's buffer from offset."""
@@ -175,6 +176,7 @@ class Attached:
 
     def __init__(self, pids: np.ndarray, table: np.ndarray) -> None:
         self._pids, self._table, self.failed = pids, table, 0
+        self.mapped = [False] * table.shape[1]
 
     def copy(self, rank: int, part: np.ndarray, offset: int, write: bool, buffer: int = 0
              ) -> None:
@@ -300,18 +302,36 @@ class ShmNative:
                         dtype, code, 0, call if lo == 0 else 0)
 
     def all_gather(self, send: np.ndarray, recv: np.ndarray) -> None:
-        """Rank k's block is slot k; each chunk of the blocks goes in place in recv."""
+        """Rank k's block is slot k; each chunk of the blocks goes in place in recv. Past a
+        slot, each block is copied once: from its owner's x, or (where the results are
+        comm.empty's and the x are not) from its owner's result, into which the owner
+        copies its own block before the first round."""
         src, dst, block = _bytes(send), _bytes(recv), send.nbytes
         call = signature("all_gather", send.dtype, None, send.nbytes)
-        if block > SLOT and self._one_copy_round((src,), call, lambda peers: [
-                peers.copy(k, dst[k * block:(k + 1) * block], 0, False) if k != self.rank
-                else np.copyto(dst[k * block:(k + 1) * block], src)
-                for k in self._from_the_next()]):
-            return
+        if block > SLOT:
+            own = dst[self.rank * block:(self.rank + 1) * block]
+            if self.heap.locate(dst) != NOT_IN_HEAP:  # the others may read it from there
+                np.copyto(own, src)
+                src = own  # (no second copy below; the others read it from dst, or src)
+            if self._one_copy_round((src, dst), call, partial(self._gather, src, dst),
+                                    mapped_if=any):
+                return
         prefault(recv)
         for lo in range(0, block, SLOT):
             self._round(atomics.ALL_GATHER, src[lo:lo + SLOT], 0, dst[lo:], block, _BYTES, 0, 0,
                         call if lo == 0 else 0)
+
+    def _gather(self, src: np.ndarray, dst: np.ndarray, peers: Peers) -> None:
+        """all_gather's copies: every other rank's block from its x (buffer 0) where the x
+        are mapped or attached, else from its result (buffer 1), where it is in place."""
+        block, rank = src.nbytes, self.rank
+        results = peers.mapped[1] and not peers.mapped[0]
+        for k in self._from_the_next():
+            mine = dst[k * block:(k + 1) * block]
+            if k != rank:
+                peers.copy(k, mine, k * block if results else 0, False, int(results))
+            elif not np.may_share_memory(mine, src):  # (src is mine, or apart from dst)
+                np.copyto(mine, src)
 
     def _from_the_next(self) -> list[int]:
         """Every rank, this one's next first: the ranks copying at once read different
@@ -396,17 +416,19 @@ class ShmNative:
         return bool(everyone_ok[0])
 
     def _one_copy_round(self, buffers: tuple[np.ndarray, ...], call: int,
-                        copies: Callable[[Peers], object], attach: bool = True) -> bool:
+                        copies: Callable[[Peers], object], attach: bool = True,
+                        mapped_if: Callable[[list[bool]], bool] = all) -> bool:
         """One copy per block: the ranks gather where each one's buffers are in a round that
         compares their calls; copies(peers) then moves this rank's parts with peers.copy
         (and reads with peers.view where the buffers are mapped); a last round tells every
         rank whether every copy succeeded. The copies are loads and stores through this
-        rank's mappings of the peers' buffers where every rank's buffers lie in the same
-        comm.empty allocations (Mapped), else, with attach, the kernel's cross-memory
-        attach (Attached, Linux). False where neither applies (no round past the first), or
-        where a cross-memory copy failed (then and from then on, CMA is off on this
-        communicator: the caller's slot rounds then overwrite what was copied). No round at
-        all where neither can ever apply (no CMA, no allocation yet): the same on every rank.
+        rank's mappings of the peers' buffers where mapped_if(for each buffer, whether it lies
+        in the same comm.empty allocation on every rank) (Mapped), else, with attach, the
+        kernel's cross-memory attach (Attached, Linux). False where neither applies (no round
+        past the first), or where a cross-memory copy failed (then and from then on, CMA is
+        off on this communicator: the caller's slot rounds then overwrite what was copied).
+        No round at all where neither can ever apply (no CMA, no allocation yet): the same on
+        every rank.
 
         Why the bytes are whole where they land, on ARM64 as on x86-64: bytes read were
         stored by their owner before its release store of ARRIVE in the first round (or in a
@@ -424,8 +446,10 @@ class ShmNative:
         table = np.empty((self.size, *where.shape), np.int64)
         self._round(atomics.ALL_GATHER, where, 0, table, where.nbytes, _BYTES, 0, 0, call)
         allocations = table[:, :, 1]
-        if (allocations[0] >= 0).all() and (allocations == allocations[0]).all():
-            peers: Peers = Mapped(heap, table)
+        mapped = [bool(column[0] >= 0 and (column == column[0]).all())
+                  for column in allocations.T]
+        if mapped_if(mapped):
+            peers: Peers = Mapped(heap, table, mapped)
         elif attach:
             peers = Attached(self.pids, table)
         else:
