@@ -51,10 +51,11 @@ _STABLE = {"sum": 0, "prod": 1}
 
 class InSharedBuffers:
     """A tbcoll communicator whose calls get buffers from comm.empty (in shared memory on
-    shm), as a contender beside the same transport's calls on numpy's buffers."""
+    shm), as a contender beside the same transport's calls on numpy's buffers; with inputs
+    False, only the out= buffers (an input made afresh each call, as a layer's output)."""
 
-    def __init__(self, comm: Any) -> None:
-        self.comm = comm
+    def __init__(self, comm: Any, inputs: bool = True) -> None:
+        self.comm, self.inputs = comm, inputs
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.comm, name)
@@ -67,7 +68,7 @@ def _buffers(desc: Collective, comm: Any, nbytes: int, dtype: np.dtype, in_place
     empty = comm.comm.empty if isinstance(comm, InSharedBuffers) else np.empty
     if not in_place:
         out = empty(desc.out_shape(data.size, comm.size), dtype)
-        if empty is np.empty:
+        if empty is np.empty or not comm.inputs:
             return data, out, lambda: None
         x = empty(data.shape, dtype)
         x[...] = data
