@@ -3,17 +3,18 @@
     python benchmarks/compare.py -np 2 --collective all_reduce -b 8 -e 16M -f 16 --plot out.png
 
 Each round runs one job per system, in turns (A B A B ...): tbcoll over shm and tcp under
-tbrun (every algorithm available), tbcoll's mpi transport and raw mpi4py (MPI_Allreduce /
-MPI_Allgather) under mpiexec, and MLX's all_sum / all_gather under `tbrun --backend mlx`
-(which sets what MLX's own launcher would: ring here; jaccl from a hostfile with RDMA
-devices). Not under MLX's launcher itself: on 2 cores it busy-polls, and the same MLX worker
-ran 10-35x slower under it (../shared/FACTS.md). Every job runs the same sweep through
-tbcoll.bench's harness, which checks every result; inside a job the algorithms take turns
-batch by batch. With --interleave the systems launched alike share one job and take turns
-batch by batch too (tbcoll-mpi with mpi4py; tbcoll-mlx with mlx): the fairest comparison on a
-noisy machine. The report gives, per size, each system's median time and tbcoll's best time
-divided by each peer's (below 1: tbcoll is faster), and optionally a PNG plot of latency and
-bus bandwidth against size.
+tbrun (every algorithm available; tbcoll-shm-empty: shm's default path on buffers from
+comm.empty, tbcoll-shm-empty-out: only the out= buffers from it), tbcoll's mpi transport and
+raw mpi4py (MPI_Allreduce / MPI_Allgather) under mpiexec, and MLX's all_sum / all_gather
+under `tbrun --backend mlx` (which sets what MLX's own launcher would: ring here; jaccl from
+a hostfile with RDMA devices). Not under MLX's launcher itself: on 2 cores it busy-polls,
+and the same MLX worker ran 10-35x slower under it (../shared/FACTS.md). Every job runs the
+same sweep through tbcoll.bench's harness, which checks every result; inside a job the
+algorithms take turns batch by batch. With --interleave the systems launched alike share one
+job and take turns batch by batch too (tbcoll-mpi with mpi4py; tbcoll-mlx with mlx): the
+fairest comparison on a noisy machine. The report gives, per size, each system's median time
+and tbcoll's best time divided by each peer's (below 1: tbcoll is faster), and optionally a
+PNG plot of latency and bus bandwidth against size.
 """
 
 from __future__ import annotations
@@ -135,14 +136,15 @@ class MlxPeer:
 
 # how each system is launched: (launcher, tbrun's --backend); under --interleave the
 # systems that share a launch run in one job, batch by batch in turns
-LAUNCH = {"tbcoll-shm": ("tbrun", "shm"), "tbcoll-tcp": ("tbrun", "tcp"),
+LAUNCH = {"tbcoll-shm": ("tbrun", "shm"), "tbcoll-shm-empty": ("tbrun", "shm"),
+          "tbcoll-shm-empty-out": ("tbrun", "shm"), "tbcoll-tcp": ("tbrun", "tcp"),
           "tbcoll-mlx": ("tbrun", "mlx"), "mlx": ("tbrun", "mlx"),
           "tbcoll-mpi": ("mpiexec", None), "mpi4py": ("mpiexec", None)}
 
 
 def worker(systems: list[str], collective: str, sizes: list[int], iters: int,
            warmup: int) -> None:
-    from tbcoll.bench.harness import sweep_interleaved
+    from tbcoll.bench.harness import InSharedBuffers, sweep_interleaved
 
     desc = DESCRIPTORS[collective]
     contenders = []
@@ -152,6 +154,9 @@ def worker(systems: list[str], collective: str, sizes: list[int], iters: int,
 
             comm = tbcoll.init(LAUNCH[system][1] or "mpi")
             algorithms = ["default", *(comm.algorithms(collective) if desc.chooses else ())]
+            if "-empty" in system:  # buffers from comm.empty: the default path only
+                comm = InSharedBuffers(comm, inputs=not system.endswith("-out"))
+                algorithms = ["default"]
         else:
             comm = MpiPeer() if system == "mpi4py" else MlxPeer()
             algorithms = ["native"]

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from tbcoll import tuning
+from tbcoll import allocation, tuning
 from tbcoll.algorithms import ALGORITHMS, COLLECTIVES, function
 from tbcoll.arrays import contiguous_flat, is_mlx, to_numpy
 from tbcoll.checks import verify_calls_match
@@ -480,6 +480,40 @@ class Communicator:
         local_rank = [r for r in ranks if table[r, 3] == self.node_rank].index(self.rank)
         return Communicator(sub, self.backend, local_rank, self.node_rank,
                             tuple(self._world_ranks[r] for r in ranks))
+
+    def empty(self, shape: int | tuple[int, ...], dtype: Any = np.float64) -> np.ndarray:
+        """A new, uninitialised array that collectives read and write in place; collective
+        (as MPI_Win_allocate_shared): every rank calls it with the same shape and dtype.
+
+        On shm it lives in shared memory that the other ranks map: an all_gather of an x, or
+        into an out=, or a broadcast in place (out= its x), of more than 1 MiB that lies, on
+        every rank, in the same allocation copies each block once, straight between the
+        ranks' buffers, on any OS (else Linux's cross-memory attach, else two copies through
+        the segment); an
+        all_reduce of more than 1 MiB whose x and out are such arrays reduces straight from
+        the peers' x, one copy fewer than through the segment. Its memory (and this rank's
+        mappings of the others') goes when it and every view of it are collected. Other
+        transports, and a world of one, return np.empty."""
+        if self._closed:
+            raise TbcollError("empty on a closed communicator")
+        return self._claimed("empty", partial(self._empty, shape, dtype), ordered=True)
+
+    def _empty(self, shape: Any, dtype: Any) -> np.ndarray:
+        words, dims, kind, problem = allocation.request(shape, dtype)
+        if self.size > 1:  # every rank learns every rank's request before any raises
+            table = self._run(ALL_GATHER.call(self, words, None, None)).reshape(self.size, -1)
+            if problem is None and (message := allocation.disagreement(table)):
+                problem = ValueError(message)
+        if problem is not None:
+            raise problem
+        nbytes = int(np.prod(dims)) * kind.itemsize
+        if self._group.allocate is None or self.size == 1 or not nbytes:
+            return np.empty(dims, kind)
+        try:
+            buffer = self._group.allocate(nbytes)
+        except CommError as e:
+            raise self._named(e, "empty") from e
+        return buffer.view(kind).reshape(dims)
 
     def algorithms(self, collective: str) -> tuple[str, ...]:
         """The algorithms this communicator can run collective with."""

@@ -22,3 +22,16 @@ def test_compare_tbcoll_mpi_and_mlx(tmp_path):
     data = json.loads(rows.read_text())
     assert {r["system"] for r in data} == {"tbcoll-shm", "tbcoll-tcp", "mpi4py", "mlx"}
     assert all(r["wrong"] == 0 and r["ranks"] == 2 for r in data)
+
+
+def test_compare_buffers_from_comm_empty():
+    """tbcoll-shm-empty(-out): the same job's shm communicators on comm.empty's buffers (all,
+    or only out=) beside one on numpy's."""
+    p = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "compare.py"), "-np", "2", "-b", "2M",
+         "-e", "2M", "-n", "2", "-w", "1", "--rounds", "1", "--collective", "all_gather",
+         "--systems", "tbcoll-shm,tbcoll-shm-empty,tbcoll-shm-empty-out", "--interleave"],
+        capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert ("| size | tbcoll-shm default | tbcoll-shm-empty default | tbcoll-shm-empty-out "
+            "default |") in p.stdout

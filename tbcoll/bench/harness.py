@@ -49,21 +49,40 @@ class Row:
 _STABLE = {"sum": 0, "prod": 1}
 
 
+class InSharedBuffers:
+    """A tbcoll communicator whose calls get buffers from comm.empty (in shared memory on
+    shm), as a contender beside the same transport's calls on numpy's buffers; with inputs
+    False, only the out= buffers (an input made afresh each call, as a layer's output)."""
+
+    def __init__(self, comm: Any, inputs: bool = True) -> None:
+        self.comm, self.inputs = comm, inputs
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.comm, name)
+
+
 def _buffers(desc: Collective, comm: Any, nbytes: int, dtype: np.dtype, in_place: bool,
              op: str) -> tuple[np.ndarray, np.ndarray | None, Callable[[], None]]:
     """The input, the out= buffer, and a function that puts the input back in place."""
     data = desc.inputs(comm.rank, comm.size, nbytes, dtype)
+    empty = comm.comm.empty if isinstance(comm, InSharedBuffers) else np.empty
     if not in_place:
-        out = np.empty(desc.out_shape(data.size, comm.size), dtype)
-        return data, out, lambda: None
+        out = empty(desc.out_shape(data.size, comm.size), dtype)
+        if empty is np.empty or not comm.inputs:
+            return data, out, lambda: None
+        x = empty(data.shape, dtype)
+        x[...] = data
+        return x, out, lambda: np.copyto(x, data)
     if desc.in_place == "block":  # the input is this rank's block of the output
-        out = np.empty(data.size * comm.size, dtype)
+        out = empty(data.size * comm.size, dtype)
         x = out[comm.rank * data.size:(comm.rank + 1) * data.size]
         x[:] = data
     elif desc.has_op and op in _STABLE:
-        out = x = np.full_like(data, _STABLE[op])
+        out = x = empty(data.shape, dtype)
+        x[...] = _STABLE[op]
     else:
-        out = x = data.copy()
+        out = x = empty(data.shape, dtype)
+        x[...] = data
     return x, out, lambda: np.copyto(x, data)
 
 

@@ -712,7 +712,7 @@ static PyObject *set_spin(PyObject *self, PyObject *args)
  * Copy len(buffer) bytes between `address` in process `pid` (a rank of the same user on this
  * host) and buffer: from there into buffer, or with write true from buffer to there. Linux's
  * cross-memory attach: one copy, by the kernel, without the GIL. The caller orders it with
- * the other rank's flags (see tbcoll/shm/native.py, _cma_round): bytes read were stored by
+ * the other rank's flags (see tbcoll/shm/native.py, _one_copy_round): bytes read were stored by
  * their owner before the release store of a flag that this rank acquired, and bytes written
  * are published by this rank's own release store of a flag after the call returns. EPERM: a
  * policy (Yama's ptrace_scope, a seccomp filter) forbids it; ESRCH: pid is gone; ENOSYS

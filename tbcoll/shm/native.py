@@ -17,15 +17,19 @@ CommError on every rank. A message larger than a slot takes one round per slot-s
 
 all_reduce of up to SINGLE_PASS_BYTES: one round; every rank reduces all p slots itself, in
 rank order, so every rank gets the same bits. Larger, each chunk splits: rank r reduces its
-1/p of the chunk into the result area, flags DONE, and everyone copies the result out.
+1/p of the chunk into the result area, flags DONE, and everyone copies the result out. Past a
+slot, where every rank's x and out lie in comm.empty's buffers, rank r reduces its 1/p
+straight from the peers' x into its out and copies the other parts from the peers' outs.
 
-all_gather and broadcast of more than a slot on Linux move each block with one copy instead
-of two: the ranks exchange the addresses of their buffers in a round, each reads the blocks
-it needs straight from the owner's memory (cross-memory attach, _atomics.cma_read), and a
-last round tells every rank that every read is done and succeeded. Where a policy forbids
-such reads (Yama's ptrace_scope 1 or more between sibling processes, a seccomp filter) the
-ranks see it in that last round, take the slot rounds from then on, and say nothing: it is
-only slower. TBCOLL_SHM_CMA=0 turns it off.
+all_gather and broadcast of more than a slot move each block with one copy instead of two
+where they can: the ranks exchange where their buffers are in a round, each copies the blocks
+it needs straight from (or to) the owner's buffer, and a last round tells every rank that
+every copy is done and succeeded. Where every rank's buffer lies in the same allocation of
+comm.empty (tbcoll.shm.heap), every rank maps the others' and copies with plain loads and
+stores, on any OS. Else, on Linux, the copies are the kernel's (cross-memory attach,
+_atomics.cma_copy); where a policy forbids such copies (Yama's ptrace_scope 1 or more between
+sibling processes, a seccomp filter) the ranks see it in that last round, take the slot
+rounds from then on, and say nothing: it is only slower. TBCOLL_SHM_CMA=0 turns it off.
 
 When a round's wait runs out of its slice (a slow or gone peer), the C call returns and this
 module waits in Python, which notices dead ranks and the deadline, then resumes the round.
@@ -41,10 +45,11 @@ from functools import partial
 import numpy as np
 
 from tbcoll.calls import mismatch, signature
-from tbcoll.dtypes import DTYPE_CODES, OP_CODES
+from tbcoll.dtypes import DTYPE_CODES, OP_CODES, OPS
 from tbcoll.env import shm_cma
 from tbcoll.errors import CommError, PeerLostError, PeerTimeoutError, TbcollError
 from tbcoll.shm.flags import AtomicFlags, atomics
+from tbcoll.shm.heap import NOT_IN_HEAP, Heap
 from tbcoll.shm.pipe import LINE, Ring
 from tbcoll.shm.segment import Segment
 
@@ -140,13 +145,58 @@ def available() -> None:
                           "apt-get install gcc) and reinstall tbcoll, or use --backend tcp")
 
 
+class Mapped:
+    """The peers' buffers of a _one_copy_round as this rank maps them (comm.empty's)."""
+
+    failed = 0
+
+    def __init__(self, heap: Heap, table: np.ndarray, mapped: list[bool]) -> None:
+        self._heap, self._table = heap, table  # per rank, per buffer: address, allocation, offset
+        self.mapped = mapped  # per buffer: whether it is in one allocation on every rank
+
+    def view(self, rank: int, buffer: int, offset: int, nbytes: int) -> np.ndarray:
+        """nbytes of rank's buffer from offset."""
+        allocation, start = self._table[rank, buffer, 1:]
+        start += offset
+        return self._heap.peer(int(allocation), rank)[start:start + nbytes]
+
+    def copy(self, rank: int, part: np.ndarray, offset: int, write: bool, buffer: int = 0
+             ) -> None:
+        """From rank's buffer at offset into part, or with write from part to there."""
+        theirs = self.view(rank, buffer, offset, part.nbytes)
+        if write:
+            np.copyto(theirs, part)
+        else:
+            np.copyto(part, theirs)
+
+
+class Attached:
+    """The peers' buffers of a _one_copy_round through cross-memory attach (Linux): copies
+    only, and failed (an errno) once one is refused."""
+
+    def __init__(self, pids: np.ndarray, table: np.ndarray) -> None:
+        self._pids, self._table, self.failed = pids, table, 0
+        self.mapped = [False] * table.shape[1]
+
+    def copy(self, rank: int, part: np.ndarray, offset: int, write: bool, buffer: int = 0
+             ) -> None:
+        if not self.failed and part.nbytes:
+            self.failed = atomics.cma_copy(int(self._pids[rank]),
+                                           int(self._table[rank, buffer, 0]) + offset, part,
+                                           write)
+
+
+Peers = Mapped | Attached
+
+
 class ShmNative:
     """Native collectives over one mapped segment; every rank of the group calls each."""
 
     offers = frozenset(("all_reduce", "all_gather", "reduce_scatter", "broadcast", "barrier"))
     takes_mlx = False
 
-    def __init__(self, segment: Segment, rank: int, size: int, timeout: float) -> None:
+    def __init__(self, segment: Segment, rank: int, size: int, timeout: float,
+                 prefix: str) -> None:
         available()
         if size > atomics.MAX_RANKS:
             raise TbcollError(f"the shm backend runs at most {atomics.MAX_RANKS} ranks on a "
@@ -164,7 +214,7 @@ class ShmNative:
         self._seq = 0
         # blocks past a slot are read from their owners' memory (see the module docstring)
         self._cma = bool(atomics.HAVE_CMA) and shm_cma()
-        self._addresses = np.empty(size, np.int64)  # the buffers of a _cma_round, per rank
+        self.heap = Heap(rank, size, prefix)  # comm.empty's buffers
         # With more ranks than cores, a waiting rank must give its core away quickly:
         # 50 polls instead of 500 took 8 B all_reduce at np=4 on 2 cores from 35 to 21 us.
         atomics.set_spin(500 if size <= cores() else 50)
@@ -230,7 +280,10 @@ class ShmNative:
     # --- the collectives -----------------------------------------------------------------
 
     def all_reduce(self, send: np.ndarray | None, recv: np.ndarray, op: str) -> None:
-        """send None: in place on recv. Past SINGLE_PASS_BYTES, split rounds of a slot each."""
+        """send None: in place on recv. Past SINGLE_PASS_BYTES, split rounds of a slot each;
+        past a slot, straight between the ranks' buffers where they are comm.empty's (below,
+        its three rounds and numpy's calls cost more than the copy saved: 128 KiB took 44 us
+        that way against 26 through the slots, 512 KiB 76 against 90)."""
         data = recv if send is None else send
         dtype, code = DTYPE_CODES[recv.dtype], OP_CODES[op]
         call = signature("all_reduce", recv.dtype, op, recv.nbytes)
@@ -238,30 +291,52 @@ class ShmNative:
             self._round(atomics.ALL_REDUCE, _bytes(data), 0, _bytes(recv), 0, dtype, code, 0,
                         call)
             return
-        prefault(recv)
         src, dst = _bytes(data), _bytes(recv)
+        if recv.nbytes > SLOT and self._one_copy_round((src, dst), call, partial(
+                self._reduce_parts, src, dst, recv.dtype, op, send is None), attach=False):
+            return
+        prefault(recv)
         step = SLOT // recv.itemsize * recv.itemsize
         for lo in range(0, recv.nbytes, step):
             self._round(atomics.ALL_REDUCE_SPLIT, src[lo:lo + step], 0, dst[lo:lo + step], 0,
                         dtype, code, 0, call if lo == 0 else 0)
 
     def all_gather(self, send: np.ndarray, recv: np.ndarray) -> None:
-        """Rank k's block is slot k; each chunk of the blocks goes in place in recv."""
+        """Rank k's block is slot k; each chunk of the blocks goes in place in recv. Past a
+        slot, each block is copied once: from its owner's x, or (where the results are
+        comm.empty's and the x are not) from its owner's result, into which the owner
+        copies its own block before the first round."""
         src, dst, block = _bytes(send), _bytes(recv), send.nbytes
         call = signature("all_gather", send.dtype, None, send.nbytes)
-        if block > SLOT and self._cma_round(src, call, lambda copy: [
-                copy(k, dst[k * block:(k + 1) * block], 0, False) if k != self.rank
-                else np.copyto(dst[k * block:(k + 1) * block], src)
-                for k in self._from_the_next()]):
-            return
+        if block > SLOT:
+            own = dst[self.rank * block:(self.rank + 1) * block]
+            if self.heap.locate(dst) != NOT_IN_HEAP:  # the others may read it from there
+                np.copyto(own, src)
+                src = own  # (no second copy below; the others read it from dst, or src)
+            if self._one_copy_round((src, dst), call, partial(self._gather, src, dst),
+                                    mapped_if=any):
+                return
         prefault(recv)
         for lo in range(0, block, SLOT):
             self._round(atomics.ALL_GATHER, src[lo:lo + SLOT], 0, dst[lo:], block, _BYTES, 0, 0,
                         call if lo == 0 else 0)
 
+    def _gather(self, src: np.ndarray, dst: np.ndarray, peers: Peers) -> None:
+        """all_gather's copies: every other rank's block from its x (buffer 0) where the x
+        are mapped or attached, else from its result (buffer 1), where it is in place."""
+        block, rank = src.nbytes, self.rank
+        results = peers.mapped[1] and not peers.mapped[0]
+        for k in self._from_the_next():
+            mine = dst[k * block:(k + 1) * block]
+            if k != rank:
+                peers.copy(k, mine, k * block if results else 0, False, int(results))
+            elif not np.may_share_memory(mine, src):  # (src is mine, or apart from dst)
+                np.copyto(mine, src)
+
     def _from_the_next(self) -> list[int]:
         """Every rank, this one's next first: the ranks copying at once read different
-        ranks' memory (each process_vm_readv pins its pages in the owner's address space)."""
+        ranks' memory (each process_vm_readv pins its pages in the owner's address space,
+        and a buffer read by one rank at a time stays in fewer caches)."""
         return [(self.rank + 1 + i) % self.size for i in range(self.size)]
 
     def reduce_scatter(self, send: np.ndarray, recv: np.ndarray, op: str) -> None:
@@ -279,7 +354,8 @@ class ShmNative:
         prefault(buf)
         data = _bytes(buf)
         call = signature("broadcast", buf.dtype, None, buf.nbytes, root)
-        if buf.nbytes > SLOT and self._cma_round(data, call, partial(self._spread, data, root)):
+        if buf.nbytes > SLOT and self._one_copy_round((data,), call,
+                                                      partial(self._spread, data, root)):
             return
         for lo in range(0, buf.nbytes, SLOT):
             chunk = data[lo:lo + SLOT]
@@ -290,8 +366,7 @@ class ShmNative:
         self._round(atomics.BARRIER, _NO_BYTES, 0, _NO_BYTES, 0, _BYTES, 0, 0,
                     signature("barrier"))
 
-    def _spread(self, data: np.ndarray, root: int,
-                copy: Callable[[int, np.ndarray, int, bool], None]) -> None:
+    def _spread(self, data: np.ndarray, root: int, peers: Peers) -> None:
         """broadcast's copies, shared by the p ranks: the root writes the first 1/p of every
         other rank's buffer while each of them reads the rest from the root's, so that every
         core copies (p-1)/p of a buffer, not one reader the whole of it."""
@@ -299,47 +374,95 @@ class ShmNative:
         if self.rank == root:
             for k in range(self.size):
                 if k != root:
-                    copy(k, data[:head], 0, True)
+                    peers.copy(k, data[:head], 0, True)
         else:
-            copy(root, data[head:], head, False)
+            peers.copy(root, data[head:], head, False)
 
-    def _cma_round(self, mine: np.ndarray, call: int,
-                   copies: Callable[[Callable[[int, np.ndarray, int, bool], None]], object]
-                   ) -> bool:
-        """One copy per block (Linux): the ranks gather the address of each one's `mine` in
-        a round that compares their calls; copies(copy) then calls copy(k, part, offset,
-        write) for each part this rank moves: from rank k's `mine` at offset into part, or
-        with write from part to there; a last round tells every rank whether every copy
-        succeeded. False where one failed, and from then on on this communicator: the
-        caller's slot rounds then overwrite what was copied.
+    def _reduce_parts(self, src: np.ndarray, dst: np.ndarray, dtype: np.dtype, op: str,
+                      in_place: bool, peers: Mapped) -> None:
+        """all_reduce's copies between comm.empty buffers: this rank reduces its 1/p of every
+        rank's x, in rank order (so every rank gets the same bits), straight from their
+        buffers into its out; after a round (every part done), it copies the other parts from
+        their owners' outs: one copy fewer than the slots' rounds."""
+        rank, size, item = self.rank, self.size, dtype.itemsize
+        count = dst.nbytes // item
+        bounds = [k * count // size * item for k in range(size + 1)]
+        lo, hi = bounds[rank], bounds[rank + 1]
+        parts = [(src[lo:hi] if k == rank else peers.view(k, 0, lo, hi - lo)).view(dtype)
+                 for k in range(size)]
+        if in_place and rank >= 2:  # out's part is x's, which the first step would overwrite
+            parts[rank] = parts[rank].copy()
+        ours, ufunc = dst[lo:hi].view(dtype), OPS[op]
+        ufunc(parts[0], parts[1], out=ours)
+        for part in parts[2:]:
+            ufunc(ours, part, out=ours)
+        self._everyone(True)  # every part is reduced
+        for k in self._from_the_next():
+            if k != rank:
+                peers.copy(k, dst[bounds[k]:bounds[k + 1]], bounds[k], False, 1)
 
-        Why the bytes are whole where they land: bytes read were stored by their owner before
-        its release store of ARRIVE in the first round, which this rank's wait acquired
-        before reading (process_vm_readv comes after, in program order); bytes written reach
-        their owner no later than this rank's release store of ARRIVE in the last round,
-        which their owner acquires before it returns. No rank changes its `mine`, nor
-        returns, before the last round, which it leaves only once every rank has arrived
-        there, after its copies."""
-        if not self._cma:
-            return False
-        self._round(atomics.ALL_GATHER, np.array([mine.ctypes.data], np.int64), 0,
-                    self._addresses, 8, _BYTES, 0, 0, call)
-        failed = 0
+    def allocate(self, nbytes: int) -> np.ndarray:
+        """This rank's buffer of a new comm.empty allocation (tbcoll.shm.heap); collective."""
+        def exchange(mine: np.ndarray, everyone: np.ndarray) -> None:
+            self._round(atomics.ALL_GATHER, mine, 0, everyone, mine.nbytes, _BYTES, 0, 0,
+                        signature("all_gather", np.uint8, None, mine.nbytes))
 
-        def copy(rank: int, part: np.ndarray, offset: int, write: bool) -> None:
-            nonlocal failed
-            if not failed and part.nbytes:
-                failed = atomics.cma_copy(int(self.pids[rank]),
-                                          int(self._addresses[rank]) + offset, part, write)
+        return self.heap.allocate(nbytes, exchange, self._everyone)
 
-        copies(copy)
-        everyone_ok = np.array([0 if failed else 1], np.int64)
+    def _everyone(self, ok: bool) -> bool:
+        """A round that tells every rank whether every rank's ok is true."""
+        everyone_ok = np.array([1 if ok else 0], np.int64)
         self._round(atomics.ALL_REDUCE, everyone_ok, 0, everyone_ok, 0, _INT64, _MIN, 0, 0)
-        self._cma = bool(everyone_ok[0])
-        return self._cma
+        return bool(everyone_ok[0])
+
+    def _one_copy_round(self, buffers: tuple[np.ndarray, ...], call: int,
+                        copies: Callable[[Peers], object], attach: bool = True,
+                        mapped_if: Callable[[list[bool]], bool] = all) -> bool:
+        """One copy per block: the ranks gather where each one's buffers are in a round that
+        compares their calls; copies(peers) then moves this rank's parts with peers.copy
+        (and reads with peers.view where the buffers are mapped); a last round tells every
+        rank whether every copy succeeded. The copies are loads and stores through this
+        rank's mappings of the peers' buffers where mapped_if(for each buffer, whether it lies
+        in the same comm.empty allocation on every rank) (Mapped), else, with attach, the
+        kernel's cross-memory attach (Attached, Linux). False where neither applies (no round
+        past the first), or where a cross-memory copy failed (then and from then on, CMA is
+        off on this communicator: the caller's slot rounds then overwrite what was copied).
+        No round at all where neither can ever apply (no CMA, no allocation yet): the same on
+        every rank.
+
+        Why the bytes are whole where they land, on ARM64 as on x86-64: bytes read were
+        stored by their owner before its release store of ARRIVE in the first round (or in a
+        round the copies make, as all_reduce's once its parts are reduced), which this rank's
+        wait acquired before reading (the plain loads of numpy, or process_vm_readv, come
+        after it in program order, and an acquire orders every later load and store); bytes
+        written are stored before this rank's release store of ARRIVE in the last round (a
+        release orders every earlier load and store), which their owner acquires before it
+        returns. No rank changes its buffers, nor returns, before the last round, which it
+        leaves only once every rank has arrived there, after its copies."""
+        heap, attach = self.heap, attach and self._cma
+        if not (attach or heap.used):
+            return False
+        where = np.array([(atomics.address(b), *heap.locate(b)) for b in buffers], np.int64)
+        table = np.empty((self.size, *where.shape), np.int64)
+        self._round(atomics.ALL_GATHER, where, 0, table, where.nbytes, _BYTES, 0, 0, call)
+        allocations = table[:, :, 1]
+        mapped = [bool(column[0] >= 0 and (column == column[0]).all())
+                  for column in allocations.T]
+        if mapped_if(mapped):
+            peers: Peers = Mapped(heap, table, mapped)
+        elif attach:
+            peers = Attached(self.pids, table)
+        else:
+            return False
+        copies(peers)
+        if self._everyone(not peers.failed):
+            return True
+        self._cma = False
+        return False
 
     def close(self) -> None:
         self.pids = self._lines = None
+        self.heap.close()
         self.segment.close()
 
     # --- rounds and flags ----------------------------------------------------------------

@@ -102,6 +102,11 @@ class Group(Protocol):
     p2p: P2P
     coll: P2P
     native: Native | None
+    # comm.empty's buffers: allocate(nbytes) -> this rank's buffer of a new allocation, a 1-D
+    # uint8 array that the collectives may read and write in place (collective; the Group
+    # keeps what it maps until the array is collected or the Group closes); None where the
+    # transport has none (comm.empty then returns np.empty)
+    allocate: Callable[[int], np.ndarray] | None
 
     def begin_call(self, seq: int, signature: int) -> None:
         """This rank is about to run a collective: its number on this communicator (1, 2,

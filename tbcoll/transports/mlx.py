@@ -279,6 +279,8 @@ class MlxGroup:
     """The world over MLX: MLX's collectives as natives; point-to-point, tbcoll's algorithms
     and split sub-groups over tbcoll's tcp transport between the same ranks."""
 
+    allocate = None  # comm.empty: plain arrays
+
     def __init__(self, tcp: TcpGroup, native: MlxNative, backend: str) -> None:
         self._tcp, self.native = tcp, native
         # Over RDMA MLX's collectives are the fast path; over its ring backend (TCP) tbcoll's

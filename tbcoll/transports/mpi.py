@@ -378,6 +378,7 @@ class MpiGroup:
     for collectives (so that their messages never match each other's)."""
 
     tuning = "mpi"
+    allocate = None  # comm.empty: plain arrays
 
     def __init__(self, comm: MPI.Comm, timeout: float) -> None:
         self._comm, self._timeout = comm, timeout

@@ -216,6 +216,8 @@ class RdmaGroup:
     """A communicator's view of the rdma transport: the world has the mesh natives; a
     sub-group from split runs tbcoll's algorithms over the same stream (contexts apart)."""
 
+    allocate = None  # comm.empty: plain arrays
+
     def __init__(self, stream: StreamTransport, context: int, members: list[int],
                  native: RdmaNative | None, owner: _World | None) -> None:
         self._stream, self._owner, self.native = stream, owner, native

@@ -247,7 +247,8 @@ class ShmGroup:
     def __init__(self, segment: Segment, rank: int, members: list[int], names: _Names,
                  timeout: float) -> None:
         self.members, self._names, self._timeout = members, names, timeout
-        self.native = ShmNative(segment, rank, len(members), timeout)
+        self.native = ShmNative(segment, rank, len(members), timeout, names.prefix)
+        self.allocate = self.native.allocate
         self.native.pids[rank] = os.getpid()  # read by peers' slow waits, long after
         self._stream = ShmStream(self.native, timeout)
         ranks = list(range(len(members)))

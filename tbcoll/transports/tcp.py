@@ -456,6 +456,7 @@ class TcpGroup:
     all_reduce of tbcoll.transports.tcp_native."""
 
     tuning = "tcp"
+    allocate = None  # comm.empty: plain arrays
 
     def __init__(self, transport: TcpTransport, context: int, members: list[int],
                  owns_transport: bool) -> None:
