@@ -489,9 +489,8 @@ class Communicator:
         into an out=, or a broadcast in place (out= its x), of more than 1 MiB that lies, on
         every rank, in the same allocation copies each block once, straight between the
         ranks' buffers, on any OS (else Linux's cross-memory attach, else two copies through
-        the segment); an
-        all_reduce of more than 1 MiB whose x and out are such arrays reduces straight from
-        the peers' x, one copy fewer than through the segment. Its memory (and this rank's
+        the segment); an all_reduce of more than 1 MiB whose x and out are such arrays
+        reduces straight from the peers' x, one copy fewer than through the segment. Its memory (and this rank's
         mappings of the others') goes when it and every view of it are collected. Other
         transports, and a world of one, return np.empty."""
         if self._closed:
