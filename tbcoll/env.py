@@ -56,7 +56,7 @@ import hashlib
 import math
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from tbcoll.backends import BACKENDS
 from tbcoll.errors import TbcollError
@@ -67,8 +67,7 @@ DEFAULT_RECORD = 512
 _MPI_RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
 
 
-@dataclass(frozen=True)
-class LaunchInfo:
+class LaunchInfo(NamedTuple):
     """What tbrun told this rank about the job."""
 
     rank: int
@@ -279,8 +278,7 @@ def shm_cma(environ: Mapping[str, str] | None = None) -> bool:
     return env.get("TBCOLL_SHM_CMA", "").strip().lower() not in ("0", "false", "no", "off")
 
 
-@dataclass(frozen=True)
-class RdmaSettings:
+class RdmaSettings(NamedTuple):
     """What the rdma backend was told (see the module docstring)."""
 
     devices: str  # "" (this host's one device), a name, or a JSON matrix

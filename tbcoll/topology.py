@@ -18,8 +18,8 @@ from __future__ import annotations
 import json
 import re
 import socket
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from tbcoll.errors import HostfileError
 
@@ -29,8 +29,7 @@ _DIGITS = re.compile(r"[0-9]+")  # not str.isdigit, which takes "²"
 _NAME = re.compile(r"[A-Za-z0-9_.:\-\[\]@]+\Z")
 
 
-@dataclass(frozen=True)
-class Host:
+class Host(NamedTuple):
     name: str  # what ssh connects to
     slots: int = 1  # ranks this host takes
     ips: tuple[str, ...] = ()  # where the other hosts reach it
@@ -43,8 +42,7 @@ class Host:
         return self.ips[0] if self.ips else self.name.rpartition("@")[2]
 
 
-@dataclass(frozen=True)
-class Hostfile:
+class Hostfile(NamedTuple):
     hosts: tuple[Host, ...]
     source: str  # where it came from, for messages
     backend: str = ""
@@ -172,8 +170,7 @@ class Hostfile:
             for i, h in enumerate(self.hosts))
 
 
-@dataclass(frozen=True)
-class JobHost:
+class JobHost(NamedTuple):
     """A host of a job as its ranks see it."""
 
     name: str
@@ -182,8 +179,7 @@ class JobHost:
     links: tuple[str | None, ...] = ()  # links[j]: its address on the cable to the job's host j
 
 
-@dataclass(frozen=True)
-class Layout:
+class Layout(NamedTuple):
     """The resolved topology of a job (TBCOLL_HOSTFILE): the hosts that run ranks, in order.
 
     As JSON: {"hosts": [{"name": "mac1", "ranks": [0, 1], "addr": "10.0.1.1",
