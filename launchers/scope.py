@@ -44,8 +44,8 @@ def job_scope(plan: JobPlan, store_port: int, clients: int, *, dry_run: bool = F
     caller removes them). A dry run serves no store. clients: the number of ranks."""
     token = UNMADE if dry_run else new_token()
     folder = Path(tempfile.mkdtemp(prefix="tbrun-"))  # 0700
-    segments = None if mpich or dry_run else segment_prefix(token)
     job = new_job_id()
+    segments = None if mpich or dry_run else segment_prefix(job)
     with janitor_for(folder, segments=segments, mpich=mpich and not dry_run,
                      job=job) as janitor:
         store = postmortem = None

@@ -1,5 +1,5 @@
 """Removing the shared memory a job's ranks leave behind when they die before unlinking it:
-tbcoll's own (named from the job's token) and MPICH's. Linux lists both under /dev/shm;
+tbcoll's own (named from the job's TBCOLL_JOB) and MPICH's. Linux lists both under /dev/shm;
 macOS cannot list shared memory at all, and there the ranks' own unlinking has to do."""
 
 from __future__ import annotations
