@@ -6,16 +6,10 @@ import json
 import os
 import shlex
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tbcoll.launch.config import LaunchConfig, master_overrides, thread_limits
 from tbcoll.launch.hosts import LOOPBACK, JobPlan, free_port, plan_job
-from tbcoll.launch.mlxvars import (
-    FIRST_PORT,
-    MlxVariables,
-    choose_backend,
-    jaccl_variables,
-    ring_variables,
-)
 from tbcoll.launch.output import OutputRouter, log
 from tbcoll.launch.scope import UNMADE, job_scope
 from tbcoll.launch.starters import RankSpec, starter_for
@@ -24,6 +18,9 @@ from tbcoll.launch.supervisor import RankCommand, Supervisor
 
 from tbcoll.env import LaunchInfo, worker_env
 from tbcoll.errors import LaunchError
+
+if TYPE_CHECKING:
+    from tbcoll.launch.mlxvars import MlxVariables
 
 
 def rank_commands(cfg: LaunchConfig, plan: JobPlan, store_port: int, token: str,
@@ -62,19 +59,12 @@ def rdma_devices(cfg: LaunchConfig) -> dict[str, str]:
 
 
 def mlx_variables(cfg: LaunchConfig, plan: JobPlan) -> MlxVariables | None:
-    """What mlx.launch would give the ranks, for --backend mlx."""
+    """What mlx.launch would give the ranks, for --backend mlx (whose module only it imports)."""
     if cfg.backend != "mlx":
         return None
-    backend = choose_backend(cfg.hostfile)
-    if backend != "ring":
-        return jaccl_variables(cfg.hostfile, cfg.nprocs, backend)
-    if cfg.nprocs == 1:  # as mlx.launch: a ring of one has no hostfile
-        return MlxVariables("ring", {}, {})
-    if len(plan.hosts) == 1:
-        return ring_variables([(LOOPBACK, free_port(LOOPBACK)) for _ in range(cfg.nprocs)])
-    # as mlx.launch does: each rank's host address, ports counting up from 32323
-    address = {rank: host.addr for host in plan.topology.hosts for rank in host.ranks}
-    return ring_variables([(address[rank], FIRST_PORT + rank) for rank in range(cfg.nprocs)])
+    from tbcoll.launch.mlxvars import job_variables
+
+    return job_variables(cfg, plan)
 
 
 def dry_run(cfg: LaunchConfig, plan: JobPlan) -> int:

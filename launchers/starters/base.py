@@ -37,7 +37,6 @@ class Starter(NamedTuple):
     command: Callable[[RankSpec, LaunchConfig], RankCommand] | None = None
     # takes the whole job instead and returns its exit status (mpiexec)
     run_job: Callable[[LaunchConfig], int] | None = None
-    remote: bool = False  # starts ranks on other hosts (a choice of --launcher)
     hide: re.Pattern[bytes] | None = None  # its own lines on a rank's stderr, not shown
 
 
