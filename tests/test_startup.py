@@ -1,6 +1,6 @@
 """What tbrun loads before it starts a job: not the library's collectives (numpy: ~40 ms), nor
-the modules of what a job without --trace, a subcommand or a failure does not need. Its
-start-up time is a benchmark (benchmarks/startup.py), not a test."""
+click, nor the modules of what a local job without --trace, a subcommand or a failure does not
+need. Its start-up time is a benchmark (benchmarks/startup.py), not a test."""
 
 import subprocess
 import sys
@@ -11,7 +11,8 @@ NOT_AT_START = ("numpy", "tbcoll.comm", "tbcoll.algorithms", "tbcoll.dumps",
                 "hashlib",  # OpenSSL, ~2.5 ms: the first handshake of tbrun's store imports it
                 # what only other starters and --backend mlx need
                 "tbcoll.launch.starters.ssh", "tbcoll.launch.starters.srun",
-                "tbcoll.launch.starters.mpiexec", "tbcoll.launch.mlxvars")
+                "tbcoll.launch.starters.mpiexec", "tbcoll.launch.mlxvars",
+                "click", "inspect")  # the command line is argparse's: click took ~19 ms
 
 
 def test_tbrun_starts_without_the_library_and_what_the_job_may_not_need():
