@@ -12,7 +12,6 @@ import argparse
 import math
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from pathlib import Path
 
 ENV_PREFIX = "TBRUN_"
 _TRUE = ("1", "true", "t", "yes", "y", "on")
@@ -130,15 +129,15 @@ def one_of(options: Sequence[str]) -> str:
     return "{" + ",".join(options) + "}"
 
 
-def directory(text: str) -> Path:
+def directory(text: str) -> str:
     """A folder's path: it may not exist yet, but may not be a file."""
     if os.path.isfile(text):
         raise argparse.ArgumentTypeError(f"directory {text!r} is a file")
-    return Path(text)
+    return text
 
 
-def file(text: str) -> Path:
+def file(text: str) -> str:
     """A file's path: it may not exist yet, but may not be a folder."""
     if os.path.isdir(text):
         raise argparse.ArgumentTypeError(f"file {text!r} is a directory")
-    return Path(text)
+    return text

@@ -254,7 +254,8 @@ def write_hostfile(args: Namespace) -> int:
     if args.output is None:
         sys.stdout.write(text)
     else:
-        args.output.write_text(text)
+        with open(args.output, "w") as f:
+            f.write(text)
     return 0
 
 

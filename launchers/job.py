@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import shlex
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tbcoll.launch.config import LaunchConfig, master_overrides, thread_limits
@@ -24,7 +23,7 @@ if TYPE_CHECKING:
 
 
 def rank_commands(cfg: LaunchConfig, plan: JobPlan, store_port: int, token: str,
-                  master_port: int, mlx: MlxVariables | None, files_dir: Path,
+                  master_port: int, mlx: MlxVariables | None, files_dir: str,
                   job: str) -> list[RankCommand]:
     """One command per rank, in rank order, each from its host's starter."""
     n = cfg.nprocs
@@ -70,7 +69,7 @@ def mlx_variables(cfg: LaunchConfig, plan: JobPlan) -> MlxVariables | None:
 def dry_run(cfg: LaunchConfig, plan: JobPlan) -> int:
     """Print each rank's command and the variables tbrun would set, and start nothing."""
     commands = rank_commands(cfg, plan, cfg.store_port, UNMADE, 0, mlx_variables(cfg, plan),
-                             Path("<job directory>"), UNMADE)
+                             "<job directory>", UNMADE)
     print("# port 0: a free port is chosen at launch")
     for cmd in commands:
         print(f"{cmd.name}: {shlex.join(cmd.argv)}")
@@ -99,7 +98,8 @@ def run(cfg: LaunchConfig) -> int:
                    trace=cfg.trace) as scope:
         mlx = mlx_variables(cfg, plan)
         for name, content in (mlx.files if mlx else {}).items():
-            (scope.folder / f"{name}.json").write_text(content)
+            with open(os.path.join(scope.folder, f"{name}.json"), "w") as f:
+                f.write(content)
         commands = rank_commands(cfg, plan, scope.store.port, scope.token, free_port(LOOPBACK),
                                  mlx, scope.folder, scope.job)
         hide = {starter_for(cfg, host).hide for host in plan.hosts} - {None}

@@ -16,9 +16,9 @@ Every error names the file and line (or the host) and says what was expected.
 from __future__ import annotations
 
 import json
+import os
 import re
 import socket
-from pathlib import Path
 from typing import NamedTuple
 
 from tbcoll.errors import HostfileError
@@ -49,11 +49,11 @@ class Hostfile(NamedTuple):
     envs: tuple[str, ...] = ()
 
     @classmethod
-    def from_file(cls, path: str | Path) -> Hostfile:
-        path = Path(path)
+    def from_file(cls, path: str | os.PathLike[str]) -> Hostfile:
         try:
             # utf-8-sig: a byte-order mark (Windows editors write one) is no part of a name
-            text = path.read_text(encoding="utf-8-sig")
+            with open(path, encoding="utf-8-sig") as f:
+                text = f.read()
         except OSError as e:
             raise HostfileError(f"{path}: cannot read the hostfile ({e.strerror})") from None
         except UnicodeDecodeError as e:
