@@ -2,8 +2,8 @@
 errors name the value and what was expected, TBRUN_<NAME> variables as flags, and a parser
 that raises UsageError instead of printing its usage and exiting.
 
-argparse, not click: importing click (inspect, typing, uuid, datetime ...) took ~19 ms of the
-~50 ms tbrun spent before its first rank started; argparse takes ~2 (benchmarks/RESULTS.md).
+argparse, not click: importing click (inspect, typing, uuid, datetime ...) cost tbrun ~12 ms of
+CPU before its first rank started, argparse ~2 (benchmarks/RESULTS.md).
 """
 
 from __future__ import annotations

@@ -58,7 +58,11 @@ def remove_unmapped(created: set[str], log: Callable[[str], None]) -> None:
 def _mapped(paths: set[str]) -> set[str]:
     """Those of paths that some process on this host maps."""
     mapped = set()
-    for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        pids = [name for name in os.listdir("/proc") if name.isdigit()]
+    except OSError:
+        return mapped  # no /proc (macOS, where there is no /dev/shm to list either)
+    for pid in pids:
         try:
             with open(f"/proc/{pid}/maps") as maps:
                 text = maps.read()

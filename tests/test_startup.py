@@ -7,13 +7,13 @@ import sys
 
 NOT_AT_START = ("numpy", "tbcoll.comm", "tbcoll.algorithms", "tbcoll.dumps",
                 "tbcoll.launch.timeline", "tbcoll.trace", "tbcoll.launch.cluster.doctor",
-                "dataclasses",  # tbcoll.topology's and env's records are NamedTuples: ~4 ms
+                "dataclasses",  # tbcoll.topology's and env's records are NamedTuples: ~3 ms
                 "hashlib",  # OpenSSL, ~2.5 ms: the first handshake of tbrun's store imports it
                 # what only other starters and --backend mlx need
                 "tbcoll.launch.starters.ssh", "tbcoll.launch.starters.srun",
                 "tbcoll.launch.starters.mpiexec", "tbcoll.launch.mlxvars",
                 "click", "inspect",  # the command line is argparse's: click took ~12 ms
-                "pathlib", "ipaddress")  # os.path does: ~2.5 ms
+                "pathlib", "ipaddress")  # os.path and inet_pton do: ~3 ms
 
 
 def test_tbrun_starts_without_the_library_and_what_the_job_may_not_need():

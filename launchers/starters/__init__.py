@@ -7,7 +7,7 @@ Whichever ran, the supervisor (tbcoll.launch.supervisor) does the rest: output, 
 signals, timeouts.
 
 A starter's module is imported when a job first needs it: a job on this machine alone imports
-neither ssh's, srun's nor mpiexec's (~2 ms of tbrun's start-up).
+neither ssh's, srun's nor mpiexec's (~1-2 ms of tbrun's start-up).
 """
 
 from __future__ import annotations
