@@ -6,7 +6,6 @@ import os
 import re
 import shutil
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import NamedTuple
 
 from tbcoll.errors import LaunchError
@@ -30,7 +29,7 @@ class LaunchConfig(NamedTuple):
     program: tuple[str, ...]  # the argv every rank runs
     backend: str
     tag_output: bool
-    output_dir: Path | None
+    output_dir: str | None
     timeout: float | None  # wall-clock limit of the whole job
     grace: float  # seconds between SIGTERM and SIGKILL at teardown
     comm_timeout: float  # TBCOLL_TIMEOUT given to the ranks
@@ -45,8 +44,8 @@ class LaunchConfig(NamedTuple):
     connect_timeout: float = 10.0  # seconds ssh may take to reach a host
     stdin: str = "0"  # the rank that reads tbrun's standard input, "all" or "none"
     launcher: str = "ssh"  # the starter of ranks on other hosts (tbcoll.launch.starters)
-    dump_dir: Path | None = None  # where the ranks' dumps go (None: a new temporary folder)
-    trace: Path | None = None  # where the timeline of every rank's calls goes
+    dump_dir: str | None = None  # where the ranks' dumps go (None: a new temporary folder)
+    trace: str | None = None  # where the timeline of every rank's calls goes
 
 
 def resolve_program(program: str, args: Sequence[str], python: str,
@@ -55,16 +54,16 @@ def resolve_program(program: str, args: Sequence[str], python: str,
     if module:
         return (python, "-m", program, *args)
     if program.endswith(".py"):
-        if not Path(program).is_file():
+        if not os.path.isfile(program):
             raise LaunchError(f"script {program!r} not found")
         return (python, os.path.abspath(program), *args)  # ranks may run in another --cwd
     if os.sep in program:
-        if not (Path(program).is_file() and os.access(program, os.X_OK)):
+        if not (os.path.isfile(program) and os.access(program, os.X_OK)):
             raise LaunchError(f"program {program!r} not found or not executable")
         return (program, *args)
     # PATH first, then beside the interpreter: console scripts of tbrun's own environment
     # (tbcoll-bench) run even when that environment is not activated.
-    found = shutil.which(program) or shutil.which(program, path=str(Path(python).parent))
+    found = shutil.which(program) or shutil.which(program, path=os.path.dirname(python))
     if found is None:
         raise LaunchError(f"program {program!r} not found on PATH")
     return (found, *args)

@@ -18,7 +18,6 @@ import os
 import re
 import stat
 from collections.abc import Iterable
-from pathlib import Path
 
 _PROXY = "hydra_pmi_proxy"
 _TOPOLOGY = re.compile(r"/tmp/hydra_hwloc_xmlfile_[A-Za-z0-9]{6}")  # " (deleted)" once unlinked
@@ -30,11 +29,12 @@ def held_topologies(pids: Iterable[int]) -> list[HeldFile]:
     """The topology files that those of pids that are Hydra proxies hold open."""
     held = []
     for pid in pids:
-        proxy = Path(f"/proc/{pid}")
+        proxy = f"/proc/{pid}"
         try:
-            if (proxy / "comm").read_text().strip() != _PROXY:
-                continue
-            links = list((proxy / "fd").iterdir())
+            with open(f"{proxy}/comm") as comm:
+                if comm.read().strip() != _PROXY:
+                    continue
+            links = [f"{proxy}/fd/{fd}" for fd in os.listdir(f"{proxy}/fd")]
         except OSError:
             continue  # no /proc (macOS), or the process ended or is not ours to read
         for link in links:

@@ -22,7 +22,6 @@ import shutil
 import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import BinaryIO
 
 from tbcoll.launch.hydratopo import held_topologies, remove_topologies
@@ -59,7 +58,7 @@ class Janitor:
     def watch_job(self, job: str) -> None:
         self._say(f"job {job}")
 
-    def watch_folder(self, path: str | Path) -> None:
+    def watch_folder(self, path: str) -> None:
         self._say(f"folder {path}")
 
     def watch_segments(self, prefix: str) -> None:
@@ -83,7 +82,7 @@ class Janitor:
 
 
 @contextmanager
-def janitor_for(folder: Path, segments: str | None = None, mpich: bool = False,
+def janitor_for(folder: str, segments: str | None = None, mpich: bool = False,
                 job: str | None = None) -> Iterator[Janitor]:
     """A janitor that knows the job's folder (and its shared-memory prefix, or that MPICH's
     shared memory is to be watched, and the job's TBCOLL_JOB) and is dismissed when the block

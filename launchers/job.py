@@ -5,17 +5,10 @@ from __future__ import annotations
 import json
 import os
 import shlex
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tbcoll.launch.config import LaunchConfig, master_overrides, thread_limits
 from tbcoll.launch.hosts import LOOPBACK, JobPlan, free_port, plan_job
-from tbcoll.launch.mlxvars import (
-    FIRST_PORT,
-    MlxVariables,
-    choose_backend,
-    jaccl_variables,
-    ring_variables,
-)
 from tbcoll.launch.output import OutputRouter, log
 from tbcoll.launch.scope import UNMADE, job_scope
 from tbcoll.launch.starters import RankSpec, starter_for
@@ -25,9 +18,12 @@ from tbcoll.launch.supervisor import RankCommand, Supervisor
 from tbcoll.env import LaunchInfo, worker_env
 from tbcoll.errors import LaunchError
 
+if TYPE_CHECKING:
+    from tbcoll.launch.mlxvars import MlxVariables
+
 
 def rank_commands(cfg: LaunchConfig, plan: JobPlan, store_port: int, token: str,
-                  master_port: int, mlx: MlxVariables | None, files_dir: Path,
+                  master_port: int, mlx: MlxVariables | None, files_dir: str,
                   job: str) -> list[RankCommand]:
     """One command per rank, in rank order, each from its host's starter."""
     n = cfg.nprocs
@@ -62,25 +58,18 @@ def rdma_devices(cfg: LaunchConfig) -> dict[str, str]:
 
 
 def mlx_variables(cfg: LaunchConfig, plan: JobPlan) -> MlxVariables | None:
-    """What mlx.launch would give the ranks, for --backend mlx."""
+    """What mlx.launch would give the ranks, for --backend mlx (whose module only it imports)."""
     if cfg.backend != "mlx":
         return None
-    backend = choose_backend(cfg.hostfile)
-    if backend != "ring":
-        return jaccl_variables(cfg.hostfile, cfg.nprocs, backend)
-    if cfg.nprocs == 1:  # as mlx.launch: a ring of one has no hostfile
-        return MlxVariables("ring", {}, {})
-    if len(plan.hosts) == 1:
-        return ring_variables([(LOOPBACK, free_port(LOOPBACK)) for _ in range(cfg.nprocs)])
-    # as mlx.launch does: each rank's host address, ports counting up from 32323
-    address = {rank: host.addr for host in plan.topology.hosts for rank in host.ranks}
-    return ring_variables([(address[rank], FIRST_PORT + rank) for rank in range(cfg.nprocs)])
+    from tbcoll.launch.mlxvars import job_variables
+
+    return job_variables(cfg, plan)
 
 
 def dry_run(cfg: LaunchConfig, plan: JobPlan) -> int:
     """Print each rank's command and the variables tbrun would set, and start nothing."""
     commands = rank_commands(cfg, plan, cfg.store_port, UNMADE, 0, mlx_variables(cfg, plan),
-                             Path("<job directory>"), UNMADE)
+                             "<job directory>", UNMADE)
     print("# port 0: a free port is chosen at launch")
     for cmd in commands:
         print(f"{cmd.name}: {shlex.join(cmd.argv)}")
@@ -109,7 +98,8 @@ def run(cfg: LaunchConfig) -> int:
                    trace=cfg.trace) as scope:
         mlx = mlx_variables(cfg, plan)
         for name, content in (mlx.files if mlx else {}).items():
-            (scope.folder / f"{name}.json").write_text(content)
+            with open(os.path.join(scope.folder, f"{name}.json"), "w") as f:
+                f.write(content)
         commands = rank_commands(cfg, plan, scope.store.port, scope.token, free_port(LOOPBACK),
                                  mlx, scope.folder, scope.job)
         hide = {starter_for(cfg, host).hide for host in plan.hosts} - {None}

@@ -16,6 +16,9 @@ from __future__ import annotations
 import json
 from typing import NamedTuple
 
+from tbcoll.launch.config import LaunchConfig
+from tbcoll.launch.hosts import LOOPBACK, JobPlan, free_port
+
 from tbcoll.env import format_hostport
 from tbcoll.errors import LaunchError
 from tbcoll.topology import Hostfile
@@ -80,3 +83,17 @@ def jaccl_variables(hostfile: Hostfile, nprocs: int, backend: str,
     if backend == "jaccl-ring":
         env["MLX_JACCL_RING"] = "1"
     return MlxVariables(backend, env, {"MLX_IBV_DEVICES": json.dumps(devices)})
+
+
+def job_variables(cfg: LaunchConfig, plan: JobPlan) -> MlxVariables:
+    """What mlx.launch would give the ranks of this job (--backend mlx)."""
+    backend = choose_backend(cfg.hostfile)
+    if backend != "ring":
+        return jaccl_variables(cfg.hostfile, cfg.nprocs, backend)
+    if cfg.nprocs == 1:  # as mlx.launch: a ring of one has no hostfile
+        return MlxVariables("ring", {}, {})
+    if len(plan.hosts) == 1:
+        return ring_variables([(LOOPBACK, free_port(LOOPBACK)) for _ in range(cfg.nprocs)])
+    # as mlx.launch does: each rank's host address, ports counting up from 32323
+    address = {rank: host.addr for host in plan.topology.hosts for rank in host.ranks}
+    return ring_variables([(address[rank], FIRST_PORT + rank) for rank in range(cfg.nprocs)])

@@ -18,7 +18,6 @@ import select
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 from tbcoll.errors import LaunchError
 
@@ -64,7 +63,7 @@ class _Sink:
 
 
 class OutputRouter:
-    def __init__(self, nranks: int, tag_output: bool, output_dir: Path | None,
+    def __init__(self, nranks: int, tag_output: bool, output_dir: str | None,
                  delay: float = PARTIAL_DELAY,
                  clock: Callable[[], float] = time.monotonic,
                  hide: re.Pattern[bytes] | None = None) -> None:
@@ -92,13 +91,13 @@ class OutputRouter:
             self._open_files(output_dir, nranks)
         _active = self
 
-    def _open_files(self, folder: Path, nranks: int) -> None:
+    def _open_files(self, folder: str, nranks: int) -> None:
         path = folder
         try:
-            folder.mkdir(parents=True, exist_ok=True)
+            os.makedirs(folder, exist_ok=True)
             for rank in range(nranks):
                 for stream in STREAMS:
-                    path = folder / f"rank-{rank}.{stream}"
+                    path = os.path.join(folder, f"rank-{rank}.{stream}")
                     flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
                     self._files[rank, stream] = os.open(path, flags, 0o644)
         except OSError as e:

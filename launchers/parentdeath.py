@@ -18,10 +18,9 @@ import shutil
 import signal
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 
 PDEATHSIG = sys.platform.startswith("linux")
-DIE_WITH_PARENT = Path(__file__).with_name("die-with-parent")
+DIE_WITH_PARENT = os.path.join(os.path.dirname(__file__), "die-with-parent")
 _PR_SET_PDEATHSIG = 1
 
 

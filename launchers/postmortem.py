@@ -15,7 +15,6 @@ import os
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 from tbcoll.launch.diagnose import ranks_phrase
@@ -43,7 +42,7 @@ class Postmortem:
         self._asked = 0
 
     def gather(self, reason: str, running: Callable[[], Sequence[int]],
-               nudge: Callable[[list[int]], None] | None = None) -> Path | None:
+               nudge: Callable[[list[int]], None] | None = None) -> str | None:
         """Ask the ranks that run tbcoll for their dumps, write down every dump there is and
         log where each rank was; the folder written, None if no rank sent one. running():
         the ranks whose process has not ended (those that end meanwhile are not waited for);
@@ -82,17 +81,16 @@ class Postmortem:
             self._log(f"no rank was in a call ({reason}); their dumps are in {folder}")
         return folder
 
-    def _write(self, n: int, reason: str, dumps: dict[int, Any]) -> Path:
+    def _write(self, n: int, reason: str, dumps: dict[int, Any]) -> str:
         if self._folder is not None:
-            base = Path(self._folder)
-            base.mkdir(mode=0o700, parents=True, exist_ok=True)
-            folder = base / f"dump-{n}"
-            folder.mkdir(mode=0o700, exist_ok=True)
+            os.makedirs(self._folder, mode=0o700, exist_ok=True)
+            folder = os.path.join(self._folder, f"dump-{n}")
+            os.makedirs(folder, mode=0o700, exist_ok=True)
         else:
-            folder = Path(tempfile.mkdtemp(prefix=f"tbrun-dump-{os.getpid()}-{n}-"))
+            folder = tempfile.mkdtemp(prefix=f"tbrun-dump-{os.getpid()}-{n}-")
         for rank, dump in dumps.items():
-            (folder / f"rank-{rank}.json").write_text(json.dumps(dump, indent=1))
-        (folder / "stacks.txt").write_text(_stacks_text(reason, dumps))
+            _write_text(os.path.join(folder, f"rank-{rank}.json"), json.dumps(dump, indent=1))
+        _write_text(os.path.join(folder, "stacks.txt"), _stacks_text(reason, dumps))
         return folder
 
 
@@ -114,3 +112,8 @@ def _stacks_text(reason: str, dumps: dict[int, Any]) -> str:
             out += [f"    {frame}" for frame in stack["frames"]]
         out.append("")
     return "\n".join(out)
+
+
+def _write_text(path: str, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)

@@ -8,7 +8,6 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import NamedTuple
 
 from tbcoll.launch.hosts import JobPlan
@@ -28,7 +27,7 @@ UNMADE = "<made at launch>"  # the token a dry run shows
 class JobScope(NamedTuple):
     token: str  # TBCOLL_TOKEN, the job's secret
     job: str  # TBCOLL_JOB, the cookie every process of the job carries
-    folder: Path  # the job's private files (0700), removed at the end
+    folder: str  # the job's private files (0700), removed at the end
     store: StoreServer | None  # not started yet; None for a dry run
     janitor: Janitor
     postmortem: Postmortem | None  # the ranks' dumps, when the job fails; None for a dry run
@@ -36,16 +35,16 @@ class JobScope(NamedTuple):
 
 @contextmanager
 def job_scope(plan: JobPlan, store_port: int, clients: int, *, dry_run: bool = False,
-              mpich: bool = False, dump_dir: Path | None = None,
-              trace: Path | None = None) -> Iterator[JobScope]:
+              mpich: bool = False, dump_dir: str | None = None,
+              trace: str | None = None) -> Iterator[JobScope]:
     """A job's scope: on leaving it, the timeline is written (trace: the file), the store is
     closed, the folder removed, and the job's shared-memory segments unlinked (tbcoll's, by
     the token's prefix; with mpich, MPICH's are watched by the janitor instead, and the
     caller removes them). A dry run serves no store. clients: the number of ranks."""
     token = UNMADE if dry_run else new_token()
-    folder = Path(tempfile.mkdtemp(prefix="tbrun-"))  # 0700
-    segments = None if mpich or dry_run else segment_prefix(token)
+    folder = tempfile.mkdtemp(prefix="tbrun-")  # 0700
     job = new_job_id()
+    segments = None if mpich or dry_run else segment_prefix(job)
     with janitor_for(folder, segments=segments, mpich=mpich and not dry_run,
                      job=job) as janitor:
         store = postmortem = None

@@ -1,32 +1,41 @@
 """Removing the shared memory a job's ranks leave behind when they die before unlinking it:
-tbcoll's own (named from the job's token) and MPICH's. Linux lists both under /dev/shm;
+tbcoll's own (named from the job's TBCOLL_JOB) and MPICH's. Linux lists both under /dev/shm;
 macOS cannot list shared memory at all, and there the ranks' own unlinking has to do."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
-from pathlib import Path
 
-_SHM = Path("/dev/shm")
+_SHM = "/dev/shm"
 _UNMAP_WAIT = 2.0  # seconds killed ranks get to let go of their shared memory
 
 
 def remove_job_segments(prefix: str, log: Callable[[str], None]) -> None:
     """Unlink the job's tbcoll segments (prefix: segment_prefix)."""
-    for path in _SHM.glob(f"{prefix.lstrip('/')}*") if _SHM.is_dir() else ():
+    for path in _files(prefix.lstrip("/")):
         try:
-            path.unlink()
+            os.unlink(path)
         except OSError as e:
             log(f"could not remove the job's shared-memory file {path}: {e}")
 
 
-def mpich_segments() -> set[Path]:
+def mpich_segments() -> set[str]:
     """MPICH's shared-memory files on this host."""
-    return set(_SHM.glob("mpich_shm_*")) if _SHM.is_dir() else set()
+    return set(_files("mpich_shm_"))
 
 
-def remove_unmapped(created: set[Path], log: Callable[[str], None]) -> None:
+def _files(prefix: str) -> list[str]:
+    """The paths of the shared-memory files whose names start with prefix ([] on macOS)."""
+    try:
+        names = os.listdir(_SHM)
+    except OSError:
+        return []
+    return [os.path.join(_SHM, name) for name in names if name.startswith(prefix)]
+
+
+def remove_unmapped(created: set[str], log: Callable[[str], None]) -> None:
     """Remove the segments a failed job's ranks left: MPICH unlinks them at MPI_Finalize,
     which an aborted or killed rank never reaches. Only files created during the job that no
     process maps any more go; another job's live segment is mapped by its ranks. Ranks killed
@@ -37,7 +46,7 @@ def remove_unmapped(created: set[Path], log: Callable[[str], None]) -> None:
         mapped = _mapped(created)
         for path in created - mapped:
             try:
-                path.unlink()
+                os.unlink(path)
             except OSError as e:
                 log(f"could not remove MPICH's shared-memory file {path}: {e}")
         created = mapped
@@ -46,13 +55,18 @@ def remove_unmapped(created: set[Path], log: Callable[[str], None]) -> None:
         time.sleep(0.05)
 
 
-def _mapped(paths: set[Path]) -> set[Path]:
+def _mapped(paths: set[str]) -> set[str]:
     """Those of paths that some process on this host maps."""
     mapped = set()
-    for maps in Path("/proc").glob("[0-9]*/maps"):
+    try:
+        pids = [name for name in os.listdir("/proc") if name.isdigit()]
+    except OSError:
+        return mapped  # no /proc (macOS, where there is no /dev/shm to list either)
+    for pid in pids:
         try:
-            text = maps.read_text()
+            with open(f"/proc/{pid}/maps") as maps:
+                text = maps.read()
         except OSError:
             continue  # the process ended, or is not ours to read
-        mapped.update(path for path in paths if str(path) in text)
+        mapped.update(path for path in paths if path in text)
     return mapped

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from pathlib import Path
 
 from tbcoll.dump_keys import TRACE_KEY
 from tbcoll.rendezvous import StoreServer
 from tbcoll.trace import merge
 
 
-def save_trace(store: StoreServer, size: int, path: Path, log: Callable[[str], None]) -> None:
+def save_trace(store: StoreServer, size: int, path: str, log: Callable[[str], None]) -> None:
     """Write the timeline of the ranks that sent theirs (at exit: a rank killed sends none)."""
     ranks = {}
     for rank in range(size):
@@ -26,7 +25,8 @@ def save_trace(store: StoreServer, size: int, path: Path, log: Callable[[str], N
         log(f"--trace: no rank sent its calls (did the ranks call tbcoll.init?); {path} not "
             "written")
         return
-    path.write_text(json.dumps(merge(ranks)))
+    with open(path, "w") as f:
+        f.write(json.dumps(merge(ranks)))
     events = sum(len(sent["events"]) for sent in ranks.values())
     log(f"--trace: {events} calls of {len(ranks)} ranks in {path}"
         + (f" (none from {', '.join(map(str, missing))})" if missing else "")

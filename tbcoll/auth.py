@@ -7,9 +7,7 @@ The accepting side reads nothing but the fixed-size answer until the peer has pr
 
 from __future__ import annotations
 
-import hashlib
-import hmac
-import secrets
+import os
 import socket
 import threading
 import time
@@ -23,21 +21,33 @@ _DIGEST = 32
 
 
 def new_token() -> str:
-    """A fresh per-job secret for TBCOLL_TOKEN."""
-    return secrets.token_hex(32)
+    """A fresh per-job secret for TBCOLL_TOKEN (os.urandom, as secrets.token_hex)."""
+    return os.urandom(32).hex()
 
 
 def _proof(token: str, role: bytes, nonce: bytes) -> bytes:
-    return hmac.new(token.encode(), role + nonce, hashlib.sha256).digest()
+    return _hmac().new(token.encode(), role + nonce, "sha256").digest()
+
+
+def _same(answer: bytes, expected: bytes) -> bool:
+    return _hmac().compare_digest(answer, expected)
+
+
+def _hmac():
+    """hmac, imported at the first handshake: tbrun starts its ranks before any connects to its
+    store (hmac brings in hashlib and OpenSSL: ~3 ms of tbrun's start-up)."""
+    import hmac
+
+    return hmac
 
 
 def accept_handshake(sock: socket.socket, token: str) -> None:
     """Authenticate the peer that connected to us; raise AuthenticationError if it cannot,
     ConnectionError if it hung up first (a rank killed as it connected: no news)."""
-    nonce = secrets.token_bytes(_NONCE)
+    nonce = os.urandom(_NONCE)
     sock.sendall(_MAGIC + nonce)
     answer = recv_exactly(sock, _DIGEST + _NONCE)
-    if not hmac.compare_digest(answer[:_DIGEST], _proof(token, b"client", nonce)):
+    if not _same(answer[:_DIGEST], _proof(token, b"client", nonce)):
         raise AuthenticationError("peer does not know this job's TBCOLL_TOKEN")
     sock.sendall(_proof(token, b"server", answer[_DIGEST:]))
 
@@ -52,14 +62,14 @@ def connect_handshake(sock: socket.socket, token: str) -> None:
     try:
         if not hello.startswith(_MAGIC):
             raise AuthenticationError("the peer is not a tbcoll endpoint (bad greeting)")
-        nonce = secrets.token_bytes(_NONCE)
+        nonce = os.urandom(_NONCE)
         sock.sendall(_proof(token, b"client", hello[len(_MAGIC):]) + nonce)
         answer = recv_exactly(sock, _DIGEST)
     except ConnectionError:
         raise AuthenticationError(
             "the peer closed the connection during the handshake: it refused our TBCOLL_TOKEN"
         ) from None
-    if not hmac.compare_digest(answer, _proof(token, b"server", nonce)):
+    if not _same(answer, _proof(token, b"server", nonce)):
         raise AuthenticationError("the peer does not know this job's TBCOLL_TOKEN")
 
 

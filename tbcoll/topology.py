@@ -16,10 +16,10 @@ Every error names the file and line (or the host) and says what was expected.
 from __future__ import annotations
 
 import json
+import os
 import re
 import socket
-from dataclasses import dataclass
-from pathlib import Path
+from typing import NamedTuple
 
 from tbcoll.errors import HostfileError
 
@@ -29,8 +29,7 @@ _DIGITS = re.compile(r"[0-9]+")  # not str.isdigit, which takes "²"
 _NAME = re.compile(r"[A-Za-z0-9_.:\-\[\]@]+\Z")
 
 
-@dataclass(frozen=True)
-class Host:
+class Host(NamedTuple):
     name: str  # what ssh connects to
     slots: int = 1  # ranks this host takes
     ips: tuple[str, ...] = ()  # where the other hosts reach it
@@ -43,19 +42,18 @@ class Host:
         return self.ips[0] if self.ips else self.name.rpartition("@")[2]
 
 
-@dataclass(frozen=True)
-class Hostfile:
+class Hostfile(NamedTuple):
     hosts: tuple[Host, ...]
     source: str  # where it came from, for messages
     backend: str = ""
     envs: tuple[str, ...] = ()
 
     @classmethod
-    def from_file(cls, path: str | Path) -> Hostfile:
-        path = Path(path)
+    def from_file(cls, path: str | os.PathLike[str]) -> Hostfile:
         try:
             # utf-8-sig: a byte-order mark (Windows editors write one) is no part of a name
-            text = path.read_text(encoding="utf-8-sig")
+            with open(path, encoding="utf-8-sig") as f:
+                text = f.read()
         except OSError as e:
             raise HostfileError(f"{path}: cannot read the hostfile ({e.strerror})") from None
         except UnicodeDecodeError as e:
@@ -172,8 +170,7 @@ class Hostfile:
             for i, h in enumerate(self.hosts))
 
 
-@dataclass(frozen=True)
-class JobHost:
+class JobHost(NamedTuple):
     """A host of a job as its ranks see it."""
 
     name: str
@@ -182,8 +179,7 @@ class JobHost:
     links: tuple[str | None, ...] = ()  # links[j]: its address on the cable to the job's host j
 
 
-@dataclass(frozen=True)
-class Layout:
+class Layout(NamedTuple):
     """The resolved topology of a job (TBCOLL_HOSTFILE): the hosts that run ranks, in order.
 
     As JSON: {"hosts": [{"name": "mac1", "ranks": [0, 1], "addr": "10.0.1.1",

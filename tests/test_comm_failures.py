@@ -140,7 +140,7 @@ def test_tbrun_removes_a_dead_jobs_segments(script):
         import os, signal, _posixshmem, tbcoll
         from tbcoll.env import segment_prefix
         info = tbcoll.launch_info()
-        name = segment_prefix(info.token) + "orphan"
+        name = segment_prefix(info.job) + "orphan"
         os.close(_posixshmem.shm_open(name, os.O_CREAT | os.O_RDWR, mode=0o600))
         assert os.path.exists("/dev/shm" + name)
         print("created", name)

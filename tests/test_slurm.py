@@ -9,8 +9,10 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
+from tbcoll.launch.shmclean import mpich_segments, remove_unmapped
 from tbcoll.launch.slurm import expand_counts, expand_hostlist
 
 from tbcoll.errors import HostfileError
@@ -147,17 +149,40 @@ def test_srun_one_task_is_a_world_of_one(slurm, script):
 # ufs-community/ufs-weather-model#1732): the cards carry bytes of uninitialised memory, so
 # whether it happens depends on the processes' environment and memory. Seen here in 1 of 3
 # sessions, in every run of that session; another environment (one more variable) made it go.
+# Seen again (2026-11-25) after a change of a few lines in a module the ranks import, where no
+# padding helped and MPI_Init hung instead of failing.
 _PMI2_MISREAD = "mpi/pmi2: value not properly terminated in client request"
+
+
+def cancel_jobs(slurm: slurmcluster.SlurmCluster) -> None:
+    """Cancel this user's jobs on the test cluster and wait (15 s at most) until they are gone:
+    a step whose tasks hang must not outlive the cluster (its slurmstepd would)."""
+    slurm.run("scancel", "--me", timeout=30)
+    deadline = time.monotonic() + 15
+    while (slurm.run("squeue", "--me", "--noheader", timeout=30).stdout.strip()
+           and time.monotonic() < deadline):
+        time.sleep(0.2)
 
 
 def test_srun_pmi2_runs_the_mpi_backend_across_nodes(slurm, script):
     def srun(env: dict) -> subprocess.CompletedProcess:  # a failing task ends the step
-        return slurm.run("srun", "--mpi=pmi2", "--kill-on-bad-exit=1", "-N", "2", "-n", "2",
-                         sys.executable, str(script), cwd=REPO, env=env)
+        try:
+            return slurm.run("srun", "--mpi=pmi2", "--kill-on-bad-exit=1", "-N", "2", "-n", "2",
+                             sys.executable, str(script), cwd=REPO, env=env, timeout=30)
+        except subprocess.TimeoutExpired as e:  # the misread can also leave MPI_Init waiting
+            cancel_jobs(slurm)
+            return subprocess.CompletedProcess(e.cmd, 124, "", (e.stderr or b"").decode())
 
+    before = mpich_segments()
     done = srun(slurm.env)
     if done.returncode and _PMI2_MISREAD in done.stderr:  # Slurm's and MPICH's, not ours
         done = srun({**slurm.env, "TBCOLL_PMI2_PAD": "x" * 64})
+    misread = done.returncode and _PMI2_MISREAD in done.stderr  # the ranks' memory, not the env
+    if misread:
+        cancel_jobs(slurm)
+    remove_unmapped(mpich_segments() - before, log=lambda message: None)  # a killed MPI_Init's
+    if misread:
+        pytest.skip(f"Slurm 22.05's pmi2 misread MPICH's PMI-2 request twice: {_PMI2_MISREAD}")
     assert done.returncode == 0, done.stderr
     found = results(done.stdout)
     assert_world(found, 2, "mpi")

@@ -5,18 +5,27 @@ A starter either starts one rank at a time, each a process that tbrun's supervis
 or takes the whole job to another launcher (mpiexec, whose ranks find each other through PMI).
 Whichever ran, the supervisor (tbcoll.launch.supervisor) does the rest: output, stdin, fail-fast,
 signals, timeouts.
+
+A starter's module is imported when a job first needs it: a job on this machine alone imports
+neither ssh's, srun's nor mpiexec's (~1-2 ms of tbrun's start-up).
 """
 
 from __future__ import annotations
 
+from importlib import import_module
+
 from tbcoll.launch.config import LaunchConfig
 from tbcoll.launch.hosts import HostPlan
-from tbcoll.launch.starters import local, mpiexec, srun, ssh
 from tbcoll.launch.starters.base import RankSpec, Starter
 
-STARTERS: dict[str, Starter] = {s.name: s for s in (local.STARTER, ssh.STARTER, srun.STARTER,
-                                                     mpiexec.STARTER)}
-REMOTE = tuple(name for name, s in STARTERS.items() if s.remote)  # for --launcher
+# name (also its module's) -> whether it starts ranks on other hosts (a choice of --launcher)
+STARTERS = {"local": False, "ssh": True, "srun": True, "mpiexec": False}
+REMOTE = tuple(name for name, remote in STARTERS.items() if remote)  # for --launcher
+
+
+def starter(name: str) -> Starter:
+    """The starter of that name (a key of STARTERS)."""
+    return import_module(f"{__name__}.{name}").STARTER
 
 
 def starter_for(cfg: LaunchConfig, host: HostPlan | None = None) -> Starter:
@@ -24,10 +33,10 @@ def starter_for(cfg: LaunchConfig, host: HostPlan | None = None) -> Starter:
     else local on this machine and --launcher (ssh, or srun inside a Slurm allocation)
     elsewhere."""
     if cfg.backend == "mpi":
-        return STARTERS["mpiexec"]
+        return starter("mpiexec")
     if host is None or host.local:
-        return STARTERS["local"]
-    return STARTERS[cfg.launcher]
+        return starter("local")
+    return starter(cfg.launcher)
 
 
-__all__ = ["REMOTE", "STARTERS", "RankSpec", "Starter", "starter_for"]
+__all__ = ["REMOTE", "STARTERS", "RankSpec", "Starter", "starter", "starter_for"]

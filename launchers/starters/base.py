@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import NamedTuple
 
 from tbcoll.launch.config import LaunchConfig
@@ -22,7 +21,7 @@ class RankSpec(NamedTuple):
     env: Mapping[str, str]  # the job's variables for this rank (contract, -x, MLX's)
     defaults: Mapping[str, str]  # set only where the host has none (thread limits)
     files: Mapping[str, str]  # variable -> content of a file it should name (MLX's hostfiles)
-    files_dir: Path  # where tbrun wrote those files, for ranks on this machine
+    files_dir: str  # where tbrun wrote those files, for ranks on this machine
     stdin: bool  # reads tbrun's standard input
 
     def setup(self) -> bytes:
@@ -37,7 +36,6 @@ class Starter(NamedTuple):
     command: Callable[[RankSpec, LaunchConfig], RankCommand] | None = None
     # takes the whole job instead and returns its exit status (mpiexec)
     run_job: Callable[[LaunchConfig], int] | None = None
-    remote: bool = False  # starts ranks on other hosts (a choice of --launcher)
     hide: re.Pattern[bytes] | None = None  # its own lines on a rank's stderr, not shown
 
 

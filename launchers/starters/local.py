@@ -16,8 +16,8 @@ WRAPPER = (sys.executable, "-m", WRAPPER_MODULE)
 
 
 def command(spec: RankSpec, cfg: LaunchConfig) -> RankCommand:
-    env = {**spec.env, **{name: str(spec.files_dir / f"{name}.json") for name in spec.files}}
-    env = {**spec.defaults, **os.environ, **env}
+    files = {name: os.path.join(spec.files_dir, f"{name}.json") for name in spec.files}
+    env = {**spec.defaults, **os.environ, **spec.env, **files}
     if PDEATHSIG:
         return RankCommand(spec.rank, spec.argv, env, spec.cwd, stdin=spec.stdin)
     setup = remote_setup(spec.argv, spec.cwd, {}, {}, {}, spec.stdin)  # env: the wrapper's

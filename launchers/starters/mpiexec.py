@@ -98,15 +98,16 @@ def run_mpi(cfg: LaunchConfig) -> int:
     launch_host = remote[0].store_host if remote else None
     with job_scope(plan, cfg.store_port, cfg.nprocs, dry_run=cfg.dry_run, mpich=True,
                    dump_dir=cfg.dump_dir, trace=cfg.trace) as scope:
+        folder = Path(scope.folder)
         ssh = None
         if remote and cfg.launcher == "ssh":
-            ssh = str(scope.folder / "ssh")
+            ssh = str(folder / "ssh")
             options = ssh_options(cfg.connect_timeout)
             Path(ssh).write_text(f"#!/bin/sh\nexec {shlex.join([*cfg.ssh, *options])} \"$@\"\n")
             os.chmod(ssh, 0o700)
         store_port = scope.store.port if scope.store else cfg.store_port
         launch = mpi_job(cfg, plan, store_port, scope.token, scope.job)
-        argv, env = mpiexec_command(cfg, mpiexec, str(scope.folder / "%s-%%r"), str(scope.folder),
+        argv, env = mpiexec_command(cfg, mpiexec, str(folder / "%s-%%r"), scope.folder,
                                     ssh, launch_host, launch)
         if cfg.dry_run:
             print(shlex.join(argv))
@@ -116,7 +117,7 @@ def run_mpi(cfg: LaunchConfig) -> int:
         streams, keepalive = {}, []
         for rank in range(cfg.nprocs):
             for stream in STREAMS:
-                path = scope.folder / f"{stream}-{rank}"
+                path = folder / f"{stream}-{rank}"
                 os.mkfifo(path, 0o600)
                 streams[rank, stream] = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
                 keepalive.append(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
@@ -132,7 +133,7 @@ def run_mpi(cfg: LaunchConfig) -> int:
         status = supervisor.run(after_spawn=scope.store.start)
         if status and supervisor.launcher_failed:
             status = explain_failure(status, cfg.nprocs, placement_of(cfg), output,
-                                     reported(scope.folder))
+                                     reported(folder))
         if status:
             remove_unmapped(mpich_segments() - before, log)
         return status

@@ -37,4 +37,4 @@ def command(spec: RankSpec, cfg: LaunchConfig) -> RankCommand:
 # srun's report of the task's end, which tbrun reports itself (and 143 for ranks it stopped)
 _OWN_WORDS = re.compile(rb"^srun: error: \S+: task \d+: (Exited with exit code \d+|Killed|"
                         rb"Terminated)\r?\n?$", re.MULTILINE)
-STARTER = Starter("srun", command=command, remote=True, hide=_OWN_WORDS)
+STARTER = Starter("srun", command=command, hide=_OWN_WORDS)

@@ -17,4 +17,4 @@ def command(spec: RankSpec, cfg: LaunchConfig) -> RankCommand:
                    os.environ)
 
 
-STARTER = Starter("ssh", command=command, remote=True)
+STARTER = Starter("ssh", command=command)

@@ -1,7 +1,7 @@
 """POSIX shared-memory segments: created 0600 by one rank, mapped by the others, and unlinked
 as soon as everyone has mapped it, so that no name outlives the job even if it is killed.
 
-Names are /tbc-<job>-<random>: <job> comes from the job's token (see
+Names are /tbc-<job>-<random>: <job> comes from the job's TBCOLL_JOB (see
 tbcoll.env.segment_prefix), which is how tbrun finds a dead job's leftovers; the random part,
 which the creator tells the others, keeps another local user from planting the name first
 (a name that exists is never used: O_EXCL, and another is drawn); a rank that maps a segment

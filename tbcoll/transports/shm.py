@@ -313,7 +313,7 @@ def open_world(info: LaunchInfo | None, prefix: str) -> tuple[ShmGroup, int, int
         raise CommError(f"the shm backend needs every rank on one host, but this job spans "
                         f"{hosts} hosts: use --backend tcp")
     available()  # before any rank makes a segment: the C module was built
-    names = _Names(segment_prefix(info.token) if info else f"/tbc-p{os.getpid()}-")
+    names = _Names(segment_prefix(info.job) if info and info.job else f"/tbc-p{os.getpid()}-")
     rank, size = (info.rank, info.size) if info else (0, 1)
     nbytes = Layout(size).total
     if size == 1:
