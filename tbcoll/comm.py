@@ -490,9 +490,9 @@ class Communicator:
         every rank, in the same allocation copies each block once, straight between the
         ranks' buffers, on any OS (else Linux's cross-memory attach, else two copies through
         the segment); an all_reduce of more than 1 MiB whose x and out are such arrays
-        reduces straight from the peers' x, one copy fewer than through the segment. Its memory (and this rank's
-        mappings of the others') goes when it and every view of it are collected. Other
-        transports, and a world of one, return np.empty."""
+        reduces straight from the peers' x, one copy fewer than through the segment. Its
+        memory (and this rank's mappings of the others') goes when it and every view of it
+        are collected. Other transports, and a world of one, return np.empty."""
         if self._closed:
             raise TbcollError("empty on a closed communicator")
         return self._claimed("empty", partial(self._empty, shape, dtype), ordered=True)
