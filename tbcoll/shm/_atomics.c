@@ -83,27 +83,42 @@ static int all_reached(const char *base, Py_ssize_t stride, Py_ssize_t count, ui
  * with a peer (tbrun -np 4 on 2 cores) must let that peer run. The GIL is released once the
  * first spin has not sufficed.
  */
-/* Spin iterations before yielding: set_spin(0) suits more ranks than cores. */
-static int spin_limit = 500;  /* a microsecond or two */
+/* Seconds a wait spins before it yields (set_spin): about a small message's turnaround where
+ * every rank has a core, next to none where ranks share cores. Counted in time, not pauses: a
+ * pause takes ~10 ns on recent x86 and next to nothing on Apple's cores (ARM64's yield hint).
+ * Measured (benchmarks/RESULTS.md, contention): a longer spin costs a job whose cores another
+ * job wants (two 8 B ping-pong jobs on 2 cores: 11.6-13.1 us a message after 5 us of spin,
+ * 8.4-11.0 after 1 us) and gains nothing alone (8 B all_reduce 1.41-1.42 us either way). */
+static double spin_seconds = 1e-6;
+
+static double seconds_since(const struct timespec *start)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (now.tv_sec - start->tv_sec) + 1e-9 * (now.tv_nsec - start->tv_nsec);
+}
 
 static int wait_flags(const char *base, Py_ssize_t stride, Py_ssize_t count, uint64_t target,
                       double budget)
 {
-    for (int i = 0; i < spin_limit; i++) {
+    if (all_reached(base, stride, count, target))
+        return 1;
+    struct timespec start;
+    clock_gettime(CLOCK_MONOTONIC, &start);
+    for (unsigned i = 1;; i++) {  /* the clock is read every 16 looks */
+        CPU_RELAX();
         if (all_reached(base, stride, count, target))
             return 1;
-        CPU_RELAX();
+        if (!(i & 15) && seconds_since(&start) >= spin_seconds)
+            break;
     }
     int done = 0;
     Py_BEGIN_ALLOW_THREADS
-    struct timespec start, now;
-    clock_gettime(CLOCK_MONOTONIC, &start);
     long nap_ns = 0;
     for (;;) {
         if ((done = all_reached(base, stride, count, target)))
             break;
-        clock_gettime(CLOCK_MONOTONIC, &now);
-        double waited = (now.tv_sec - start.tv_sec) + 1e-9 * (now.tv_nsec - start.tv_nsec);
+        double waited = seconds_since(&start);
         if (waited >= budget)
             break;
         if (waited < 2e-3) {
@@ -699,10 +714,10 @@ static PyObject *ring_recv(PyObject *self, PyObject *const *args, Py_ssize_t nar
 
 static PyObject *set_spin(PyObject *self, PyObject *args)
 {
-    int spins;
-    if (!PyArg_ParseTuple(args, "i", &spins))
+    double seconds;
+    if (!PyArg_ParseTuple(args, "d", &seconds))
         return NULL;
-    spin_limit = spins < 0 ? 0 : spins;
+    spin_seconds = seconds > 0 ? seconds : 0;
     Py_RETURN_NONE;
 }
 
@@ -771,7 +786,7 @@ static PyObject *address(PyObject *self, PyObject *obj)
 static PyMethodDef methods[] = {
     {"address", address, METH_O, "Where a buffer's bytes start in this process."},
     {"cma_copy", cma_copy, METH_VARARGS, "Copy bytes from or to another process (Linux)."},
-    {"set_spin", set_spin, METH_VARARGS, "Set how many times a wait polls before yielding."},
+    {"set_spin", set_spin, METH_VARARGS, "Set how many seconds a wait spins before yielding."},
     {"load_acquire", load_acquire, METH_VARARGS, "Load the word at offset with acquire order."},
     {"store_release", store_release, METH_VARARGS, "Store value at offset with release order."},
     {"wait_all", wait_all, METH_VARARGS, "Wait until every flag is >= target (or budget)."},

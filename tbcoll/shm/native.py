@@ -215,9 +215,11 @@ class ShmNative:
         # blocks past a slot are read from their owners' memory (see the module docstring)
         self._cma = bool(atomics.HAVE_CMA) and shm_cma()
         self.heap = Heap(rank, size, prefix)  # comm.empty's buffers
-        # With more ranks than cores, a waiting rank must give its core away quickly:
-        # 50 polls instead of 500 took 8 B all_reduce at np=4 on 2 cores from 35 to 21 us.
-        atomics.set_spin(500 if size <= cores() else 50)
+        # A wait spins ~1 us (a small message's turnaround) before it yields its core, and
+        # with more ranks than cores next to nothing: the peer it waits for may need the core
+        # (8 B all_reduce at np=4 on 2 cores: 35 us with 5 us of spin, 21 with 0.5, 9.6
+        # with 0.05).
+        atomics.set_spin(1e-6 if size <= cores() else 0.0)
 
     # --- one-call paths (Native.direct_*): the Communicator's latency-critical cases -------
 
