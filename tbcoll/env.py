@@ -319,9 +319,10 @@ def segment_prefix(job: str) -> str:
 
     From the job's cookie so that tbrun can find a dead job's segments without the ranks
     telling it: random, and no secret (unlike the token, which a name would have had to hide
-    behind a hash: hashlib's OpenSSL cost tbrun ~2.5 ms at every start).
+    behind a hash: hashlib's OpenSSL cost tbrun ~2.5 ms at every start). tbrun's ids are hex;
+    of one set by hand only letters and digits count (a '/' has no place in the name).
     """
-    return f"/tbc-{job[:8]}-"
+    return f"/tbc-{''.join(c for c in job if c.isascii() and c.isalnum())[:8]}-"
 
 
 def placement(info: LaunchInfo | None) -> tuple[int, int]:

@@ -8,7 +8,9 @@ import time
 
 import numpy as np
 import pytest
+from tbcoll.launch import reaper
 
+from tbcoll.env import segment_prefix
 from tbcoll.shm.flags import AtomicFlags
 from tbcoll.shm.pipe import OverwrittenRing, Ring
 from tbcoll.shm.segment import Segment, SegmentSpaceError
@@ -38,6 +40,12 @@ def test_segments_are_private_and_shared(segment, tmp_path):
 def test_names_longer_than_macos_allows_are_refused():
     with pytest.raises(ValueError, match="longer than 31"):
         Segment.create("/tbc-" + "x" * 40, mmap.PAGESIZE)
+
+
+def test_a_jobs_names_take_letters_and_digits_of_its_id():
+    assert segment_prefix(reaper.new_job_id()).count("/") == 1  # tbrun's ids: hex
+    assert segment_prefix("0123456789abcdef") == "/tbc-01234567-"
+    assert segment_prefix("../a/b c") == "/tbc-abc-"  # set by hand: no '/' gets in
 
 
 def test_flags_order_and_wait(segment):
