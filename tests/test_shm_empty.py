@@ -10,9 +10,8 @@ import pytest
 
 from .conftest import leftover_segments, tagged_lines, tbrun
 
-# Sizes around a slot (1 MiB): not a multiple of the ranks, of a page, or of a slot. Each
-# result is checked, and so is the path: copies through the mapped peers' buffers or not.
-ONE_COPY_JOB = """
+# Each job starts so: its world, and `mapped` counting the looks at a peer's mapped buffer.
+COUNTING = """
 import numpy as np
 import tbcoll
 
@@ -25,6 +24,11 @@ def counted(*args):
     mapped += 1
     return peer(*args)
 heap.peer = counted
+"""
+
+# Sizes around a slot (1 MiB): not a multiple of the ranks, of a page, or of a slot. Each
+# result is checked, and so is the path: copies through the mapped peers' buffers or not.
+ONE_COPY_JOB = COUNTING + """
 
 def expect(n, k, call):
     return np.arange(n, dtype=np.float32) + 1000 * k + call
@@ -87,19 +91,7 @@ def test_all_gather_and_broadcast_copy_between_empty_buffers(script, np_, cma):
 
 # all_reduce past a slot, out of place and in place, against the slot rounds on ordinary
 # arrays: the same bits.
-ALL_REDUCE_JOB = """
-import numpy as np
-import tbcoll
-
-comm = tbcoll.init()
-heap = comm._group.native.heap
-mapped = 0
-peer = heap.peer
-def counted(*args):
-    global mapped
-    mapped += 1
-    return peer(*args)
-heap.peer = counted
+ALL_REDUCE_JOB = COUNTING + """
 
 rng = np.random.default_rng(comm.rank)
 for dtype, n, op in ((np.float32, (1 << 18) + 3, "sum"), (np.float16, 600001, "sum"),
