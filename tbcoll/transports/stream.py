@@ -270,12 +270,6 @@ class StreamTransport:
         return (peer is not None and self._stream_idle(peer)
                 and not peer.unexpected.get((context, tag)) and not peer.posted.get((context, tag)))
 
-    def _idle_both_ways(self, peer: Peer, context: int, tag: int) -> bool:
-        """_sends_idle and _receives_idle of a live peer, in one call (for an exchange with
-        it, on the small all_reduce's path)."""
-        return (not peer.sendq and self._stream_idle(peer)
-                and not peer.unexpected.get((context, tag)) and not peer.posted.get((context, tag)))
-
     def _stream_idle(self, peer: Peer) -> bool:
         """Nothing of peer's is staged or half-read, and no difference of calls is pending:
         a subclass may read peer's next message by a path of its own."""

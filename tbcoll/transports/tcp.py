@@ -165,9 +165,10 @@ class TcpTransport(StreamTransport):
         return args
 
     def _idle(self, streams: list[Peer], context: int, tag: int) -> bool:
-        """Every one of streams may send and take its next message by C's path."""
+        """Every one of streams may send and take its next message by C's path (_sends_idle
+        and _receives_idle: a stream here is never None, and _receives_idle sees it lost)."""
         for stream in streams:
-            if not self._idle_both_ways(stream, context, tag):
+            if stream.sendq or not self._receives_idle(stream, context, tag):
                 return False
         return True
 
