@@ -51,6 +51,26 @@ static ssize_t send_one(int fd, const void *header, size_t header_len, const voi
     return sent;
 }
 
+/* count buffers of objects in a row into views (flags: PyBUF_SIMPLE to read, PyBUF_WRITABLE
+ * to write): 0, or -1 with none of them held. */
+static int take_buffers(PyObject *const *objects, Py_buffer *views, int count, int flags)
+{
+    for (int i = 0; i < count; i++) {
+        if (PyObject_GetBuffer(objects[i], &views[i], flags) < 0) {
+            while (i--)
+                PyBuffer_Release(&views[i]);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static void release_buffers(Py_buffer *views, int count)
+{
+    for (int i = 0; i < count; i++)
+        PyBuffer_Release(&views[i]);
+}
+
 /*
  * send(fd, header, payload) -> bytes written (0 when the socket has no room now)
  * OSError when the connection failed.
@@ -64,17 +84,12 @@ static PyObject *send_message(PyObject *self, PyObject *const *args, Py_ssize_t 
     int fd = (int)PyLong_AsLong(args[0]);
     if (PyErr_Occurred())
         return NULL;
-    Py_buffer header, payload;
-    if (PyObject_GetBuffer(args[1], &header, PyBUF_SIMPLE) < 0)
+    Py_buffer views[2]; /* header, payload */
+    if (take_buffers(args + 1, views, 2, PyBUF_SIMPLE) < 0)
         return NULL;
-    if (PyObject_GetBuffer(args[2], &payload, PyBUF_SIMPLE) < 0) {
-        PyBuffer_Release(&header);
-        return NULL;
-    }
-    ssize_t sent = send_one(fd, header.buf, header.len, payload.buf, payload.len);
+    ssize_t sent = send_one(fd, views[0].buf, views[0].len, views[1].buf, views[1].len);
     int error = errno;
-    PyBuffer_Release(&payload);
-    PyBuffer_Release(&header);
+    release_buffers(views, 2);
     if (sent < 0) {
         errno = error;
         return PyErr_SetFromErrno(PyExc_OSError);
@@ -167,24 +182,6 @@ static struct received receive_one(int fd, const char *expected, char *dst, Py_s
     return r;
 }
 
-static int writable_buffers(PyObject *const *objects, Py_buffer *views, int count)
-{
-    for (int i = 0; i < count; i++) {
-        if (PyObject_GetBuffer(objects[i], &views[i], PyBUF_WRITABLE) < 0) {
-            while (i--)
-                PyBuffer_Release(&views[i]);
-            return -1;
-        }
-    }
-    return 0;
-}
-
-static void release_buffers(Py_buffer *views, int count)
-{
-    for (int i = 0; i < count; i++)
-        PyBuffer_Release(&views[i]);
-}
-
 /*
  * recv(fd, header, dst, stage, spin, budget) -> (copied, staged, error)
  * Take the next message of the stream if its header is `header` (context, tag, dst's size
@@ -206,10 +203,10 @@ static PyObject *receive_message(PyObject *self, PyObject *const *args, Py_ssize
     if (PyErr_Occurred())
         return NULL;
     Py_buffer expected;
-    if (PyObject_GetBuffer(args[1], &expected, PyBUF_SIMPLE) < 0)
+    if (take_buffers(args + 1, &expected, 1, PyBUF_SIMPLE) < 0)
         return NULL;
     Py_buffer views[2]; /* dst, stage */
-    if (writable_buffers(args + 2, views, 2) < 0) {
+    if (take_buffers(args + 2, views, 2, PyBUF_WRITABLE) < 0) {
         PyBuffer_Release(&expected);
         return NULL;
     }
@@ -347,22 +344,16 @@ static PyObject *reduce(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     long op = PyLong_AsLong(args[5]);
     if (PyErr_Occurred())
         return NULL;
-    Py_buffer blocks, mine, out;
-    if (PyObject_GetBuffer(args[0], &blocks, PyBUF_SIMPLE) < 0)
+    Py_buffer in[2], out; /* blocks, mine */
+    if (take_buffers(args, in, 2, PyBUF_SIMPLE) < 0)
         return NULL;
-    if (PyObject_GetBuffer(args[1], &mine, PyBUF_SIMPLE) < 0) {
-        PyBuffer_Release(&blocks);
-        return NULL;
-    }
-    if (writable_buffers(args + 3, &out, 1) < 0) {
-        PyBuffer_Release(&mine);
-        PyBuffer_Release(&blocks);
+    if (take_buffers(args + 3, &out, 1, PyBUF_WRITABLE) < 0) {
+        release_buffers(in, 2);
         return NULL;
     }
-    int done = reduce_blocks(&blocks, &mine, rank, &out, dtype, op);
+    int done = reduce_blocks(&in[0], &in[1], rank, &out, dtype, op);
     PyBuffer_Release(&out);
-    PyBuffer_Release(&mine);
-    PyBuffer_Release(&blocks);
+    release_buffers(in, 2);
     if (done == 0)
         reduce_does_not_fit();
     if (done <= 0)
@@ -407,39 +398,25 @@ static PyObject *exchange(PyObject *self, PyObject *const *args, Py_ssize_t narg
     double spin = PyFloat_AsDouble(args[5]), budget = PyFloat_AsDouble(args[6]);
     if (PyErr_Occurred())
         return NULL;
-    Py_buffer expected, mine, blocks, stages[MAX_PEERS];
-    if (PyObject_GetBuffer(args[1], &expected, PyBUF_SIMPLE) < 0)
+    /* read: the expected header and mine; written: the blocks, the stages, the reduction's
+     * out (held in that order, let go in the other) */
+    Py_buffer in[2], blocks, stages[MAX_PEERS], out = {0};
+    if (take_buffers(args + 1, in, 2, PyBUF_SIMPLE) < 0)
         return NULL;
-    if (PyObject_GetBuffer(args[2], &mine, PyBUF_SIMPLE) < 0) {
-        PyBuffer_Release(&expected);
-        return NULL;
-    }
-    if (writable_buffers(args + 3, &blocks, 1) < 0) {
-        PyBuffer_Release(&mine);
-        PyBuffer_Release(&expected);
-        return NULL;
-    }
-    if (writable_buffers(&PyTuple_GET_ITEM(args[4], 0), stages, n) < 0) {
-        PyBuffer_Release(&blocks);
-        PyBuffer_Release(&mine);
-        PyBuffer_Release(&expected);
-        return NULL;
-    }
-    Py_buffer out = {0};
-    if (reduces && writable_buffers(reduction, &out, 1) < 0) {
-        release_buffers(stages, n);
-        PyBuffer_Release(&blocks);
-        PyBuffer_Release(&mine);
-        PyBuffer_Release(&expected);
-        return NULL;
-    }
-    int fits = expected.len == HEADER_BYTES && blocks.len == n * mine.len;
-    size_t whole = HEADER_BYTES + (size_t)mine.len;
+    if (take_buffers(args + 3, &blocks, 1, PyBUF_WRITABLE) < 0)
+        goto without_blocks;
+    if (take_buffers(&PyTuple_GET_ITEM(args[4], 0), stages, n, PyBUF_WRITABLE) < 0)
+        goto without_stages;
+    if (reduces && take_buffers(reduction, &out, 1, PyBUF_WRITABLE) < 0)
+        goto without_out;
+    const Py_buffer *expected = &in[0], *mine = &in[1];
+    int fits = expected->len == HEADER_BYTES && blocks.len == n * mine->len;
+    size_t whole = HEADER_BYTES + (size_t)mine->len;
     for (int i = 0; i < n; i++) {
         fits = fits && stages[i].len >= HEADER_BYTES;
         ways[i].r.copied = -1;
         ways[i].stage = stages[i].buf;
-        ways[i].block = (char *)blocks.buf + i * mine.len;
+        ways[i].block = (char *)blocks.buf + i * mine->len;
         ways[i].first = whole < (size_t)stages[i].len ? whole : (size_t)stages[i].len;
     }
     int stopped = 0;
@@ -452,9 +429,9 @@ static PyObject *exchange(PyObject *self, PyObject *const *args, Py_ssize_t narg
             struct pollfd waits[MAX_PEERS];
             for (int i = 0; i < n; i++) {
                 struct way *w = &ways[i];
-                moved |= send_some(w, expected.buf, mine.buf, mine.len);
-                moved |= receive_some(w, expected.buf, mine.len);
-                stopped |= w->send_error || (w->received && w->r.copied != mine.len);
+                moved |= send_some(w, expected->buf, mine->buf, mine->len);
+                moved |= receive_some(w, expected->buf, mine->len);
+                stopped |= w->send_error || (w->received && w->r.copied != mine->len);
                 waits[i].fd = w->fd;
                 waits[i].events = (w->sent < whole ? POLLOUT : 0) | (w->received ? 0 : POLLIN);
                 pending |= waits[i].events;
@@ -478,14 +455,13 @@ static PyObject *exchange(PyObject *self, PyObject *const *args, Py_ssize_t narg
         }
         Py_END_ALLOW_THREADS
     }
-    int reduced = fits && !stopped && reduces ? reduce_blocks(&blocks, &mine, rank, &out,
+    int reduced = fits && !stopped && reduces ? reduce_blocks(&blocks, mine, rank, &out,
                                                               dtype, op) : 1;
     if (reduces)
         PyBuffer_Release(&out);
     release_buffers(stages, n);
     PyBuffer_Release(&blocks);
-    PyBuffer_Release(&mine);
-    PyBuffer_Release(&expected);
+    release_buffers(in, 2);
     if (reduced <= 0) {
         if (reduced == 0)
             reduce_does_not_fit();
@@ -509,6 +485,14 @@ static PyObject *exchange(PyObject *self, PyObject *const *args, Py_ssize_t narg
             PyTuple_SET_ITEM(states, i, state);
     }
     return states;
+
+without_out:
+    release_buffers(stages, n);
+without_stages:
+    PyBuffer_Release(&blocks);
+without_blocks:
+    release_buffers(in, 2);
+    return NULL;
 }
 
 static PyMethodDef methods[] = {
