@@ -1,6 +1,6 @@
 """Builds the C extensions and tbrun's die-with-parent; everything else is in pyproject.toml.
 
-- tbcoll.shm._atomics: the shm transport's flags and rounds.
+- tbcoll.shm._atomics: the shm transport's flags, rings and rounds, and its one-call lane.
 - tbcoll.transports._sockets: the tcp transport's small-message path (a whole message per
   sendmsg; the next message read straight into its receive's buffer).
 - tbcoll.rdma._verbs: the rdma transport's queue pairs. It opens the verbs library with
@@ -51,8 +51,9 @@ class BuildExtAndDieWithParent(build_ext):
 
 
 setup(cmdclass={"build_ext": BuildExtAndDieWithParent}, ext_modules=[
-    Extension("tbcoll.shm._atomics", ["tbcoll/shm/_atomics.c"],
-              depends=["tbcoll/shm/reduce.h", "tbcoll/shm/cpu_relax.h"], optional=True),
+    Extension("tbcoll.shm._atomics", ["tbcoll/shm/_atomics.c", "tbcoll/shm/lane.c"],
+              depends=["tbcoll/shm/reduce.h", "tbcoll/shm/cpu_relax.h", "tbcoll/shm/shm.h"],
+              optional=True),
     Extension("tbcoll.transports._sockets", ["tbcoll/transports/_sockets.c"],
               depends=["tbcoll/shm/reduce.h"], optional=True),
     Extension("tbcoll.rdma._verbs", ["tbcoll/rdma/_verbs.c"],

@@ -67,7 +67,7 @@ def snapshot(reason: str, failed: Any = None, error: str = "") -> dict[str, Any]
     comms = []
     for comm in live_communicators():
         entry = {"ranks": list(comm._world_ranks), "rank": comm.rank, "size": comm.size,
-                 "backend": comm.backend, "completed": comm._seq,
+                 "backend": comm.backend, "completed": comm._guard.completed,
                  "calls": [describe(e) for e in entries(comm._ring)],
                  "current": current.get(id(comm))}
         if comm is failed and entry["current"] is not None:
@@ -107,10 +107,13 @@ def _calls_in(frame: FrameType) -> list[tuple[Any, dict[str, Any]]]:
         comm = local.get("self")
         if not isinstance(comm, Communicator):
             continue
+        if getattr(describe_call, "func", None) is _entered and found and found[-1][0] is comm:
+            continue  # a call the frames inside it describe
         call = describe_call(local)
         call.update(site=call_site(f), state="running")
         if call["collective"] in COLLECTIVES:  # numbered: not send, recv, split
-            call["seq"] = local.get("seq", comm._seq + 1)  # _run's once it counted the call
+            # _run's once it counted the call
+            call["seq"] = local.get("seq", comm._guard.completed + 1)
         if local.get("start"):  # (the one-call path times nothing)
             call["start"] = local["start"]
         found.append((comm, call))
@@ -124,6 +127,12 @@ def _array(x: Any, **more: Any) -> dict[str, Any]:
 
 def _quick(local: dict) -> dict[str, Any]:
     return {"collective": local["kind"].name, "op": local.get("op"), "algorithm": "native",
+            "root": rooted(local.get("root")), **_array(local.get("x"))}
+
+
+def _entered(collective: str, local: dict) -> dict[str, Any]:
+    """A collective's own frame, innermost: its C lane's call (or the checks before it)."""
+    return {"collective": collective, "op": local.get("op"), "algorithm": "native",
             "root": rooted(local.get("root")), **_array(local.get("x"))}
 
 
@@ -145,11 +154,13 @@ def _claimed(local: dict) -> dict[str, Any]:
 @functools.cache
 def _readers() -> dict[Any, Any]:
     """What each of the Communicator's frames says of the call it runs, by code object."""
-    from tbcoll.comm import Communicator
+    from tbcoll.comm import LANE_ENTRIES, Communicator
 
     return {Communicator._quickly.__code__: _quick, Communicator._dispatch.__code__: _described,
             Communicator._run.__code__: _described, Communicator._move.__code__: _moving,
-            Communicator._claimed.__code__: _claimed}
+            Communicator._claimed.__code__: _claimed,
+            **{getattr(Communicator, entry.name).__code__: functools.partial(_entered, entry.name)
+               for entry in LANE_ENTRIES}}
 
 
 def send(dump: dict[str, Any], store: Store | None = None) -> None:

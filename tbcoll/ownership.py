@@ -24,14 +24,17 @@ from tbcoll.errors import TbcollError
 
 
 class Guard:
-    """Held by the user thread whose call runs (the progress thread never takes it)."""
+    """Held by the user thread whose call runs (the progress thread never takes it); counts
+    the collective calls completed (their tbcoll.calls sequence numbers), so that a
+    transport's C lane (tbcoll/shm/lane.c), which takes the guard itself, counts them too."""
 
-    __slots__ = ("lock", "call", "forked")
+    __slots__ = ("lock", "call", "forked", "completed")
 
     def __init__(self) -> None:
         self.lock: Any = threading.Lock()
         self.call: Any = ""  # what the holder called (a name, or a tbcoll.collectives.Call)
         self.forked = False  # this process is a child of the one that made the communicator
+        self.completed = 0  # collective calls completed on the communicator
 
     def busy(self, rank: int, what: str) -> TbcollError:
         """The error for a call that finds the lock held by another thread."""

@@ -26,6 +26,7 @@
 #endif
 
 #include "cpu_relax.h"
+#include "shm.h"
 
 static int get_word(PyObject *obj, Py_ssize_t offset, Py_buffer *view, uint64_t **word)
 {
@@ -98,8 +99,8 @@ static double seconds_since(const struct timespec *start)
     return (now.tv_sec - start->tv_sec) + 1e-9 * (now.tv_nsec - start->tv_nsec);
 }
 
-static int wait_flags(const char *base, Py_ssize_t stride, Py_ssize_t count, uint64_t target,
-                      double budget)
+int wait_flags(const char *base, Py_ssize_t stride, Py_ssize_t count, uint64_t target,
+               double budget)
 {
     if (all_reached(base, stride, count, target))
         return 1;
@@ -161,245 +162,13 @@ static PyObject *wait_all(PyObject *self, PyObject *args)
 
 #include "reduce.h" /* reduce_rows, ITEMSIZE */
 
-#define MAX_RANKS 4096 /* of one shm segment: far past the cores of any host */
-
-/* The same, rank k's elements at slots + k * slot_bytes. */
-static void reduce_slots(const char *slots, Py_ssize_t slot_bytes, Py_ssize_t size, char *out,
-                         Py_ssize_t n, int dtype, int op)
-{
-    const char *rows[MAX_RANKS];
-    for (Py_ssize_t k = 0; k < size; k++)
-        rows[k] = slots + k * slot_bytes;
-    reduce_rows(rows, size, out, n, dtype, op);
-}
-
-/*
- * shm_round(segment, flags, line, size, rank, seq, slots, slot_bytes, src, src_stride,
- *           dst, dst_stride, kind, dtype, op, root, stage, budget, signature) -> stage
- *
- * One round of the shm transport's collectives (see tbcoll/shm/collectives.py): wait until
- * every rank's ARRIVE flag is >= seq-1 (the data set is free), copy this rank's data into its
- * slot, put the call's signature in its flag line, store ARRIVE = seq (release), wait for the
- * flags it needs to reach seq (acquire), compare the signatures, then produce its result:
- *   ALL_REDUCE      src -> slot; dst = all slots reduced with op, in rank order;
- *   ALL_GATHER      src -> slot; slot k -> dst + k * dst_stride (dst.len fits them);
- *   REDUCE_SCATTER  size pieces of dst.len bytes at src + k * src_stride -> slot, one after
- *                   the other; dst = piece `rank` of every slot reduced, in rank order;
- *   BROADCAST       the root: src -> slot (and -> dst if dst is another buffer); the others
- *                   copy the root's slot into dst. Every rank waits for every flag, as in
- *                   the other kinds, to compare every rank's signature: a rank that names
- *                   another root fails the call on every rank (the non-roots arrive before
- *                   they wait, so this costs the root little);
- *   BARRIER         flags only;
- *   ALL_REDUCE_SPLIT  a chunk too large for one rank to reduce alone: rank r owns the
- *                   elements [r*n/size, (r+1)*n/size) of its n; src but its own part ->
- *                   slot; after the wait, the owned part of every slot (its own from src)
- *                   reduced in rank order -> the result area behind the slots, then DONE =
- *                   seq (release: the part is in place before the flag); once every DONE
- *                   flag is seq (acquire), the result area -> dst. The result area of round
- *                   seq is next written in round seq+2, after a wait for every ARRIVE flag
- *                   >= seq+2, stored only by ranks that finished round seq.
- * stage 1 starts from the beginning, stage 2 resumes at the second wait, stage 4 at the wait
- * for the DONE flags (ALL_REDUCE_SPLIT). The result is 0 when done, else the stage whose wait
- * ran out of budget, or 3 when the ranks' calls differ (each rank's signature, a
- * tbcoll.calls word, is compared with every other's before anyone's data is used). Large
- * copies and reductions run without the GIL.
- */
-enum { ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, BROADCAST, BARRIER, ALL_REDUCE_SPLIT, KINDS };
-
-/* Whether `count` pieces of `piece` bytes, `stride` bytes apart, lie inside `len` bytes:
- * the stride no less than the piece (nor negative), and no product that could overflow. */
-static int strided_fits(Py_ssize_t stride, Py_ssize_t piece, Py_ssize_t count, Py_ssize_t len)
-{
-    if (piece < 0 || stride < piece || piece > len)
-        return 0;
-    return count <= 1 || stride <= (len - piece) / (count - 1);
-}
-/* The layout of a rank's flag line, which tbcoll/shm/native.py checks at import: */
-#define LINE 128            /* bytes of a flag line (two cache lines on Apple's cores) */
-#define ARRIVE_OFFSET 0     /* the round this rank has arrived at */
-#define DONE_OFFSET 8       /* the round whose part of a split all-reduce this rank has done */
-#define SIGNATURE_OFFSET 16 /* two signature words, for rounds of each parity */
-#define NOGIL_BYTES (32 << 10) /* copies at least this large release the GIL */
-
-static PyObject *shm_round(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
-{
-    /* METH_FASTCALL with plain conversions: this call is on the latency-critical path. */
-    if (nargs != 19) {
-        PyErr_SetString(PyExc_TypeError, "shm_round takes 19 arguments");
-        return NULL;
-    }
-    PyObject *segment_obj = args[0], *src_obj = args[8], *dst_obj = args[10];
-    Py_ssize_t flags = PyLong_AsSsize_t(args[1]), line = PyLong_AsSsize_t(args[2]),
-               size = PyLong_AsSsize_t(args[3]), rank = PyLong_AsSsize_t(args[4]),
-               slots = PyLong_AsSsize_t(args[6]), slot_bytes = PyLong_AsSsize_t(args[7]),
-               src_stride = PyLong_AsSsize_t(args[9]), dst_stride = PyLong_AsSsize_t(args[11]);
-    unsigned long long seq = PyLong_AsUnsignedLongLong(args[5]);
-    long kind = PyLong_AsLong(args[12]), dtype = PyLong_AsLong(args[13]),
-         op = PyLong_AsLong(args[14]), root = PyLong_AsLong(args[15]),
-         stage = PyLong_AsLong(args[16]);
-    double budget = PyFloat_AsDouble(args[17]);
-    uint64_t signature = (uint64_t)PyLong_AsUnsignedLongLong(args[18]);
-    if (PyErr_Occurred())
-        return NULL;
-    if (kind < 0 || kind >= KINDS || dtype < 0 || dtype > 8 || op < 0 || op > 3 || size < 1 ||
-        size > MAX_RANKS || rank < 0 || rank >= size || root < 0 || root >= size ||
-        (stage != 1 && stage != 2 && !(stage == 4 && kind == ALL_REDUCE_SPLIT))) {
-        PyErr_SetString(PyExc_ValueError, "bad kind, dtype, op, size, rank, root or stage");
-        return NULL;
-    }
-    Py_buffer segment, src, dst;
-    if (PyObject_GetBuffer(segment_obj, &segment, PyBUF_WRITABLE) < 0)
-        return NULL;
-    if (PyObject_GetBuffer(src_obj, &src, PyBUF_SIMPLE) < 0) {
-        PyBuffer_Release(&segment);
-        return NULL;
-    }
-    if (PyObject_GetBuffer(dst_obj, &dst, PyBUF_WRITABLE) < 0) {
-        PyBuffer_Release(&src);
-        PyBuffer_Release(&segment);
-        return NULL;
-    }
-    int result = -1;
-    const Py_ssize_t item = ITEMSIZE[dtype];
-    /* bytes of this rank's slot that the round fills, and checks that every copy stays
-     * inside its buffer */
-    Py_ssize_t piece = kind == REDUCE_SCATTER || (kind == BROADCAST && rank != root) ? dst.len
-                                                                                   : src.len;
-    Py_ssize_t filled = kind == REDUCE_SCATTER ? size * piece : kind == BARRIER ? 0 : piece;
-    int fits = filled <= slot_bytes && piece % item == 0;
-    if (kind == ALL_REDUCE || kind == ALL_REDUCE_SPLIT)
-        fits = fits && dst.len == piece;
-    else if (kind == ALL_GATHER)  /* the strides matter only where they are used */
-        fits = fits && strided_fits(dst_stride, piece, size, dst.len);
-    else if (kind == REDUCE_SCATTER)
-        fits = fits && strided_fits(src_stride, piece, size, src.len);
-    Py_ssize_t areas = kind == ALL_REDUCE_SPLIT ? size + 1 : size;  /* + the result area */
-    if (!fits || flags < 0 || flags % 8 || line != LINE || flags + size * line > segment.len ||
-        slots < 0 || slot_bytes < 0 || slots + areas * slot_bytes > segment.len) {
-        PyErr_SetString(PyExc_ValueError, "buffers do not fit the segment");
-        goto done;
-    }
-    char *base = (char *)segment.buf, *mine = base + slots + rank * slot_bytes;
-    const char *flag_base = base + flags, *src_bytes = (const char *)src.buf;
-    char *dst_bytes = (char *)dst.buf;
-    /* Two signature words alternate like the data sets: a rank can be one round ahead, never
-     * two (it waits for every flag >= seq-1 first), so round seq's word is not overwritten
-     * while a slow rank still reads it. */
-    Py_ssize_t signature_at = flags + SIGNATURE_OFFSET + (Py_ssize_t)(seq & 1) * 8;
-    /* ALL_REDUCE_SPLIT: the bytes [own_lo, own_hi) of the chunk are this rank's to reduce */
-    Py_ssize_t n = piece / item, own_lo = rank * n / size * item,
-               own_hi = (rank + 1) * n / size * item;
-    if (kind == ALL_REDUCE_SPLIT && stage == 4)
-        goto collect;
-    if (stage == 1) {
-        if (!wait_flags(flag_base, line, size, seq - 1, budget)) {
-            result = 1;
-            goto done;
-        }
-        if (kind == ALL_REDUCE_SPLIT) {  /* all but its own part, which it reads from src */
-            PyThreadState *saved = filled >= NOGIL_BYTES ? PyEval_SaveThread() : NULL;
-            memcpy(mine, src_bytes, (size_t)own_lo);
-            memcpy(mine + own_hi, src_bytes + own_hi, (size_t)(piece - own_hi));
-            if (saved)
-                PyEval_RestoreThread(saved);
-        } else if (kind != BARRIER && (kind != BROADCAST || rank == root)) {
-            Py_ssize_t pieces = kind == REDUCE_SCATTER ? size : 1;
-            if (filled >= NOGIL_BYTES) {
-                Py_BEGIN_ALLOW_THREADS
-                for (Py_ssize_t k = 0; k < pieces; k++)
-                    memcpy(mine + k * piece, src_bytes + k * src_stride, (size_t)piece);
-                Py_END_ALLOW_THREADS
-            } else {
-                for (Py_ssize_t k = 0; k < pieces; k++)
-                    memcpy(mine + k * piece, src_bytes + k * src_stride, (size_t)piece);
-            }
-        }
-        __atomic_store_n((uint64_t *)(base + signature_at + rank * line), signature,
-                         __ATOMIC_RELAXED);
-        /* release: the slot's bytes and the signature become visible no later than the flag */
-        __atomic_store_n((uint64_t *)(base + flags + rank * line), (uint64_t)seq,
-                         __ATOMIC_RELEASE);
-        if (kind == BROADCAST && rank == root && dst.buf != src.buf)
-            /* the root's own result (out may overlap x). The root's slot stays valid for the
-             * readers however far the root runs: its next write to this data set comes two
-             * rounds on, after the first wait of round seq+2, which needs every rank's flag
-             * >= seq+1, stored only after that rank has copied its result out of round seq. */
-            memmove(dst_bytes, src_bytes, (size_t)(dst.len < piece ? dst.len : piece));
-    }
-    /* acquire, inside all_reached: everything the flags' writers stored before is visible */
-    if (!wait_flags(flag_base, line, size, seq, budget)) {
-        result = 2;
-        goto done;
-    }
-    for (Py_ssize_t k = 0; k < size; k++) {
-        if (__atomic_load_n((uint64_t *)(base + signature_at + k * line), __ATOMIC_RELAXED) !=
-            signature) {
-            result = 3;
-            goto done;
-        }
-    }
-    const char *all = base + slots;
-    int copies_out = kind != BARRIER && (kind != BROADCAST || rank != root);
-    Py_ssize_t moved = !copies_out ? 0 : kind == ALL_GATHER ? size * piece : filled;
-    PyThreadState *saved = moved >= NOGIL_BYTES ? PyEval_SaveThread() : NULL;
-    switch (kind) {
-    case ALL_REDUCE:
-        reduce_slots(all, slot_bytes, size, dst_bytes, piece / item, (int)dtype, (int)op);
-        break;
-    case ALL_GATHER:
-        for (Py_ssize_t k = 0; k < size; k++)
-            memcpy(dst_bytes + k * dst_stride, all + k * slot_bytes, (size_t)piece);
-        break;
-    case REDUCE_SCATTER:
-        reduce_slots(all + rank * piece, slot_bytes, size, dst_bytes, piece / item, (int)dtype,
-                     (int)op);
-        break;
-    case BROADCAST:
-        if (rank != root)
-            memcpy(dst_bytes, all + root * slot_bytes, (size_t)piece);
-        break;
-    case ALL_REDUCE_SPLIT: {
-        const char *rows[MAX_RANKS];
-        for (Py_ssize_t k = 0; k < size; k++)
-            rows[k] = (k == rank ? src_bytes : all + k * slot_bytes) + own_lo;
-        reduce_rows(rows, size, (char *)all + size * slot_bytes + own_lo,
-                    (own_hi - own_lo) / item, (int)dtype, (int)op);
-        break;
-    }
-    }
-    if (saved)
-        PyEval_RestoreThread(saved);
-    if (kind == ALL_REDUCE_SPLIT) {
-        /* release: this rank's part of the result area is in place before its DONE flag */
-        __atomic_store_n((uint64_t *)(base + flags + rank * line + DONE_OFFSET), (uint64_t)seq,
-                         __ATOMIC_RELEASE);
-    collect:
-        /* acquire: every part another rank stored before its DONE flag is visible */
-        if (!wait_flags(flag_base + DONE_OFFSET, line, size, seq, budget)) {
-            result = 4;
-            goto done;
-        }
-        PyThreadState *copying = piece >= NOGIL_BYTES ? PyEval_SaveThread() : NULL;
-        memcpy(dst_bytes, base + slots + size * slot_bytes, (size_t)piece);
-        if (copying)
-            PyEval_RestoreThread(copying);
-    }
-    result = 0;
-done:
-    PyBuffer_Release(&dst);
-    PyBuffer_Release(&src);
-    PyBuffer_Release(&segment);
-    return result < 0 ? NULL : PyLong_FromLong(result);
-}
-
 /*
  * gathered_reduce(src, block, size, header, dst, dtype, op) -> -1, or a rank
  * src holds size blocks of `block` bytes, one per rank in rank order, each the rank's call
  * (`header` bytes, e.g. its tbcoll.calls signature) and then its data. When every header
  * equals the first, dst = the data reduced with op in rank order (every rank that does this
- * gets the same bits, with numpy's semantics: see reduce_slots) and the result is -1; else
- * the first rank whose header differs, dst untouched. The mpi transport's small all_reduce
+ * gets the same bits, with numpy's semantics: see reduce.h) and the result is -1;
+ * else the first rank whose header differs, dst untouched. The mpi transport's small all_reduce
  * (an MPI_Allgather of each rank's call and data) ends here.
  */
 static PyObject *gathered_reduce(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
@@ -434,9 +203,18 @@ static PyObject *gathered_reduce(PyObject *self, PyObject *const *args, Py_ssize
         for (Py_ssize_t k = 1; k < size && differs < 0; k++)
             if (memcmp(base, base + k * block, (size_t)header) != 0)
                 differs = (long)k;
-        if (differs < 0)
-            reduce_slots(base + header, block, size, (char *)dst.buf, data / ITEMSIZE[dtype],
-                         (int)dtype, (int)op);
+        /* in rank order, MAX_RANKS rows at a time (an mpi world may be larger), each batch
+         * after the first going on from the result so far */
+        const char *rows[MAX_RANKS];
+        for (Py_ssize_t k = 0; differs < 0 && k < size;) {
+            Py_ssize_t count = 0;
+            if (k > 0)
+                rows[count++] = (const char *)dst.buf;
+            while (count < MAX_RANKS && k < size)
+                rows[count++] = base + header + k++ * block;
+            reduce_rows(rows, count, (char *)dst.buf, data / ITEMSIZE[dtype], (int)dtype,
+                        (int)op);
+        }
     }
     PyBuffer_Release(&dst);
     PyBuffer_Release(&src);
@@ -790,8 +568,6 @@ static PyMethodDef methods[] = {
     {"load_acquire", load_acquire, METH_VARARGS, "Load the word at offset with acquire order."},
     {"store_release", store_release, METH_VARARGS, "Store value at offset with release order."},
     {"wait_all", wait_all, METH_VARARGS, "Wait until every flag is >= target (or budget)."},
-    {"shm_round", (PyCFunction)(void (*)(void))shm_round, METH_FASTCALL,
-     "One round of a native shm collective."},
     {"put_call", (PyCFunction)(void (*)(void))put_call, METH_FASTCALL,
      "Write a call's word and then a buffer's bytes."},
     {"gathered_reduce", (PyCFunction)(void (*)(void))gathered_reduce, METH_FASTCALL,
@@ -823,7 +599,8 @@ PyMODINIT_FUNC PyInit__atomics(void)
         PyModule_AddIntConstant(m, "REDUCE_SCATTER", REDUCE_SCATTER) < 0 ||
         PyModule_AddIntConstant(m, "BROADCAST", BROADCAST) < 0 ||
         PyModule_AddIntConstant(m, "BARRIER", BARRIER) < 0 ||
-        PyModule_AddIntConstant(m, "ALL_REDUCE_SPLIT", ALL_REDUCE_SPLIT) < 0) {
+        PyModule_AddIntConstant(m, "ALL_REDUCE_SPLIT", ALL_REDUCE_SPLIT) < 0 ||
+        add_lane_type(m) < 0) {
         Py_XDECREF(m);
         return NULL;
     }

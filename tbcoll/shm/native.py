@@ -1,6 +1,8 @@
 """The shm transport's native collectives: one segment per communicator, flags and slots, and
-every round in one C call (tbcoll/shm/_atomics.c, shm_round: the protocol is written there
-once; this module drives it and checks at import that both sides agree on the layout).
+every round in one C call (tbcoll/shm/lane.c, run_round: the protocol is written there once;
+this module drives it and checks at import that both sides agree on the layout). The same
+C object, the lane, also runs a small array's whole call (the Communicator's checks, its
+guard and flight recorder, the round) where the Communicator binds it (bind_lane).
 
     segment = header (pids) | one flag line per rank | 2 data sets | pipes
     data set = p slots of SLOT bytes (one per rank) + a result area of SLOT bytes
@@ -31,8 +33,9 @@ _atomics.cma_copy); where a policy forbids such copies (Yama's ptrace_scope 1 or
 sibling processes, a seccomp filter) the ranks see it in that last round, take the slot
 rounds from then on, and say nothing: it is only slower. TBCOLL_SHM_CMA=0 turns it off.
 
-When a round's wait runs out of its slice (a slow or gone peer), the C call returns and this
-module waits in Python, which notices dead ranks and the deadline, then resumes the round.
+When a round's wait runs out of its slice (a slow or gone peer), the C call calls back into
+this module (_resume), which waits in Python, noticing dead ranks and the deadline, and then
+the round goes on.
 """
 
 from __future__ import annotations
@@ -82,22 +85,18 @@ def _check_layout() -> None:
 
 _check_layout()
 
-# The one-call paths' signatures less the byte count, per dtype (and op, or root) code:
-# computing one in full on each call cost ~0.7 us of a 3 us 8 B all_reduce.
-_ALL_REDUCE = [[signature("all_reduce", dtype, op, 0) for op in OP_CODES]
-               for dtype in DTYPE_CODES]
+# The one-call paths' signatures less the byte count, per dtype (and op) code, as the lane
+# (tbcoll/shm/lane.c) takes them: computing one in full on each call cost ~0.7 us of a 3 us
+# 8 B all_reduce.
+_ALL_REDUCE = [signature("all_reduce", dtype, op, 0) for dtype in DTYPE_CODES for op in OP_CODES]
 _ALL_GATHER = [signature("all_gather", dtype, None, 0) for dtype in DTYPE_CODES]
-_REDUCE_SCATTER = [[signature("reduce_scatter", dtype, op, 0) for op in OP_CODES]
-                   for dtype in DTYPE_CODES]
-# dtype -> code by the registered dtype objects' ids (they live as long as the process, so
-# their ids stay theirs), ~0.15 us faster than hashing a dtype; another object equal to one
-# of them is looked up by value (_code).
-_CODE_BY_ID = {id(dtype): code for dtype, code in DTYPE_CODES.items()}
+_REDUCE_SCATTER = [signature("reduce_scatter", dtype, op, 0) for dtype in DTYPE_CODES
+                   for op in OP_CODES]
+_DTYPES = tuple(DTYPE_CODES)
 
 
-def _code(dtype: np.dtype) -> int | None:
-    code = _CODE_BY_ID.get(id(dtype))
-    return DTYPE_CODES.get(dtype) if code is None else code
+def _broadcast_call(dtype: int, root: int) -> int:
+    return signature("broadcast", _DTYPES[dtype], None, 0, root)
 
 
 def _bytes(array: np.ndarray) -> np.ndarray:
@@ -208,10 +207,17 @@ class ShmNative:
         self.pids = np.frombuffer(buffer, np.int64, size, self.layout.pids)
         self._lines = np.frombuffer(buffer, np.uint64, size * LINE // 8,
                                     self.layout.flags).reshape(size, LINE // 8)
-        self._set_offsets = [self.layout.data + k * self.layout.set_bytes for k in (0, 1)]
-        self._flags_at, self._buffer = self.layout.flags, buffer
-        self._broadcast_calls: dict[tuple[int, int], int] = {}  # signatures less bytes
-        self._seq = 0
+        sets = [self.layout.data + k * self.layout.set_bytes for k in (0, 1)]
+        # the rounds, and the one-call paths (direct_*; Communicator's calls, once bound)
+        self.lane = atomics.Lane(buffer, self.layout.flags, size, rank, sets, SLOT, WAIT_SLICE,
+                                 self._resume)
+        self.lane.calls(SINGLE_PASS_BYTES, np.ndarray, _DTYPES, OP_CODES, np.empty,
+                        _ALL_REDUCE, _ALL_GATHER, _REDUCE_SCATTER, _broadcast_call)
+        self._round = self.lane.round
+        self.direct_all_reduce = partial(self.lane.direct, atomics.ALL_REDUCE)
+        self.direct_all_gather = partial(self.lane.direct, atomics.ALL_GATHER)
+        self.direct_broadcast = partial(self.lane.direct, atomics.BROADCAST)
+        self.direct_reduce_scatter = partial(self.lane.direct, atomics.REDUCE_SCATTER)
         # blocks past a slot are read from their owners' memory (see the module docstring)
         self._cma = bool(atomics.HAVE_CMA) and shm_cma()
         self.heap = Heap(rank, size, prefix)  # comm.empty's buffers
@@ -220,64 +226,6 @@ class ShmNative:
         # (8 B all_reduce at np=4 on 2 cores: 35 us with 5 us of spin, 21 with 0.5, 9.6
         # with 0.05).
         atomics.set_spin(1e-6 if size <= cores() else 0.0)
-
-    # --- one-call paths (Native.direct_*): the Communicator's latency-critical cases -------
-
-    def direct_all_reduce(self, x: np.ndarray, op: str, root: int,
-                          out: np.ndarray | None) -> np.ndarray | None:
-        """all_reduce of a small contiguous array in one C call, into out (checked by the
-        caller) or a new array; None when x does not qualify."""
-        dtype = _code(x.dtype)
-        if dtype is None or x.nbytes > SINGLE_PASS_BYTES:
-            return None
-        if out is None:
-            out = np.empty_like(x)
-        code = OP_CODES[op]
-        try:  # (the C module refuses a non-contiguous x: cheaper than asking numpy first)
-            self._round(atomics.ALL_REDUCE, x, 0, out, 0, dtype, code, 0,
-                        _ALL_REDUCE[dtype][code] | x.nbytes)
-        except BufferError:
-            return None  # the general path copies x
-        return out
-
-    def direct_all_gather(self, x: np.ndarray, op: None, root: int,
-                          out: np.ndarray | None) -> np.ndarray | None:
-        """all_gather likewise; out, if given, holds size blocks like x (checked by caller)."""
-        dtype = _code(x.dtype)
-        if dtype is None or x.nbytes > SLOT or not x.flags.c_contiguous:
-            return None
-        if out is None:
-            shape = (self.size * x.shape[0], *x.shape[1:]) if x.ndim else (self.size,)
-            out = np.empty(shape, x.dtype)
-        self._round(atomics.ALL_GATHER, x, 0, out, x.nbytes, _BYTES, 0, 0,
-                    _ALL_GATHER[dtype] | x.nbytes)
-        return out
-
-    def direct_broadcast(self, x: np.ndarray, op: None, root: int,
-                         out: np.ndarray | None) -> np.ndarray | None:
-        dtype = _code(x.dtype)
-        if dtype is None or x.nbytes > SLOT or not x.flags.c_contiguous:
-            return None
-        out = np.empty_like(x) if out is None else out
-        call = self._broadcast_calls.get((dtype, root))
-        if call is None:
-            call = signature("broadcast", x.dtype, None, 0, root)
-            self._broadcast_calls[dtype, root] = call
-        self._round(atomics.BROADCAST, x, 0, out, 0, _BYTES, 0, root, call | x.nbytes)
-        return out
-
-    def direct_reduce_scatter(self, x: np.ndarray, op: str, root: int,
-                              out: np.ndarray | None) -> np.ndarray | None:
-        dtype = _code(x.dtype)
-        if (dtype is None or x.nbytes > SLOT or not x.flags.c_contiguous or not x.ndim
-                or x.shape[0] % self.size):
-            return None
-        if out is None:
-            out = np.empty((x.shape[0] // self.size, *x.shape[1:]), x.dtype)
-        code = OP_CODES[op]
-        self._round(atomics.REDUCE_SCATTER, x, out.nbytes, out, 0, dtype, code, 0,
-                    _REDUCE_SCATTER[dtype][code] | x.nbytes)
-        return out
 
     # --- the collectives -----------------------------------------------------------------
 
@@ -469,22 +417,13 @@ class ShmNative:
 
     # --- rounds and flags ----------------------------------------------------------------
 
-    def _round(self, kind: int, src: np.ndarray, src_stride: int, dst: np.ndarray,
-               dst_stride: int, dtype: int, op: int, root: int, call: int) -> None:
-        """One round in C; when a peer is slow, wait in Python (which notices dead ranks and
-        the deadline) and resume. A buffer the C module refuses (BufferError: not
-        contiguous) raises before the round touches the segment, and it stays to come."""
-        s, stage = self._seq + 1, 1
-        while stage := atomics.shm_round(
-                self._buffer, self._flags_at, LINE, self.size, self.rank, s,
-                self._set_offsets[s & 1], SLOT, src, src_stride, dst, dst_stride, kind, dtype,
-                op, root, stage, WAIT_SLICE, call):
-            self._seq = s
-            if stage == 3:
-                self._agree(s, call)
-            # stage 1: the set to be free; 2: the others' data; 4: their parts (DONE)
-            self._wait_all(_DONE if stage == 4 else _ARRIVE, s - 1 if stage == 1 else s)
-        self._seq = s
+    def _resume(self, stage: int, s: int, call: int) -> None:
+        """Where a wait of round s ran out of its slice (a slow or gone peer), wait in Python,
+        which notices dead ranks and the deadline (stage 1: the set to be free; 2: the
+        others' data; 4: their parts, DONE); stage 3: the ranks' calls differ: raise."""
+        if stage == 3:
+            self._agree(s, call)
+        self._wait_all(_DONE if stage == 4 else _ARRIVE, s - 1 if stage == 1 else s)
 
     def _agree(self, s: int, call: int) -> None:
         """After the wait of round s: raise if a rank's call differs from this one's."""

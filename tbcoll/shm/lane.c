@@ -1,0 +1,853 @@
+/*
+ * The shm transport's collective rounds, and its one-call lane (tbcoll/shm/native.py).
+ *
+ * Lane(segment, flags, size, rank, sets, slot_bytes, budget, resume) is one communicator's
+ * segment: the rounds (round(); the protocol is written once, in run_round, below), the count
+ * of rounds done (`rounds`), and, once calls() told it what to check and how to sign each
+ * call, one-call paths for small arrays that do in C what the Communicator and the transport
+ * do in Python: check the arguments, take the communicator (its tbcoll.ownership guard),
+ * run the round, count the call and put it in the flight recorder (tbcoll.recorder). That
+ * Python cost ~0.7 us of a 1.4 us 8 B all_reduce, more than the round; MPICH's whole call
+ * takes ~1.1 us. Each path returns None, having touched nothing, where the call does not
+ * qualify (another array type or dtype, an out of another shape, too large, a busy
+ * communicator): the Python path then runs, and raises where the call is wrong.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stddef.h> /* offsetof */
+#include <string.h>
+#include <structmember.h> /* T_ULONGLONG */
+
+#include "reduce.h" /* reduce_rows, ITEMSIZE */
+#include "shm.h"
+
+/* rank k's elements at slots + k * slot_bytes, reduced with op in rank order */
+static void reduce_slots(const char *slots, Py_ssize_t slot_bytes, Py_ssize_t size, char *out,
+                         Py_ssize_t n, int dtype, int op)
+{
+    const char *rows[MAX_RANKS];
+    for (Py_ssize_t k = 0; k < size; k++)
+        rows[k] = slots + k * slot_bytes;
+    reduce_rows(rows, size, out, n, dtype, op);
+}
+
+/* Whether `count` pieces of `piece` bytes, `stride` bytes apart, lie inside `len` bytes:
+ * the stride no less than the piece (nor negative), and no product that could overflow. */
+static int strided_fits(Py_ssize_t stride, Py_ssize_t piece, Py_ssize_t count, Py_ssize_t len)
+{
+    if (piece < 0 || stride < piece || piece > len)
+        return 0;
+    return count <= 1 || stride <= (len - piece) / (count - 1);
+}
+
+/* One round's buffers and parameters (see run_round). */
+typedef struct {
+    char *base;            /* the segment */
+    Py_ssize_t flags;      /* where the flag lines start in it */
+    Py_ssize_t size, rank;
+    Py_ssize_t slots, slot_bytes; /* the round's data set: size slots (+ a result area) */
+    const char *src;
+    Py_ssize_t src_len, src_stride;
+    char *dst;
+    Py_ssize_t dst_len, dst_stride;
+    int kind, dtype, op, root;
+} Round;
+
+/*
+ * run_round(round, seq, stage, budget, signature) -> 0 done, a stage to resume, or -1
+ *
+ * One round of the shm transport's collectives: wait until every rank's ARRIVE flag is
+ * >= seq-1 (the data set is free), copy this rank's data into its slot, put the call's
+ * signature in its flag line, store ARRIVE = seq (release), wait for the flags it needs to
+ * reach seq (acquire), compare the signatures, then produce its result:
+ *   ALL_REDUCE      src -> slot; dst = all slots reduced with op, in rank order;
+ *   ALL_GATHER      src -> slot; slot k -> dst + k * dst_stride (dst.len fits them);
+ *   REDUCE_SCATTER  size pieces of dst.len bytes at src + k * src_stride -> slot, one after
+ *                   the other; dst = piece `rank` of every slot reduced, in rank order;
+ *   BROADCAST       the root: src -> slot (and -> dst if dst is another buffer); the others
+ *                   copy the root's slot into dst. Every rank waits for every flag, as in
+ *                   the other kinds, to compare every rank's signature: a rank that names
+ *                   another root fails the call on every rank (the non-roots arrive before
+ *                   they wait, so this costs the root little);
+ *   BARRIER         flags only;
+ *   ALL_REDUCE_SPLIT  a chunk too large for one rank to reduce alone: rank r owns the
+ *                   elements [r*n/size, (r+1)*n/size) of its n; src but its own part ->
+ *                   slot; after the wait, the owned part of every slot (its own from src)
+ *                   reduced in rank order -> the result area behind the slots, then DONE =
+ *                   seq (release: the part is in place before the flag); once every DONE
+ *                   flag is seq (acquire), the result area -> dst. The result area of round
+ *                   seq is next written in round seq+2, after a wait for every ARRIVE flag
+ *                   >= seq+2, stored only by ranks that finished round seq.
+ * stage 1 starts from the beginning, stage 2 resumes at the second wait, stage 4 at the wait
+ * for the DONE flags (ALL_REDUCE_SPLIT). The result is 0 when done, else the stage whose wait
+ * ran out of budget, or 3 when the ranks' calls differ (each rank's signature, a
+ * tbcoll.calls word, is compared with every other's before anyone's data is used), or -1
+ * (ValueError) where the buffers do not fit the segment. Large copies and reductions run
+ * without the GIL.
+ */
+static int run_round(const Round *r, uint64_t seq, int stage, double budget, uint64_t signature)
+{
+    const int kind = r->kind;
+    const Py_ssize_t item = ITEMSIZE[r->dtype], size = r->size, rank = r->rank;
+    /* bytes of this rank's slot that the round fills, and checks that every copy stays
+     * inside its buffer */
+    Py_ssize_t piece = kind == REDUCE_SCATTER || (kind == BROADCAST && rank != r->root)
+                           ? r->dst_len : r->src_len;
+    Py_ssize_t filled = kind == REDUCE_SCATTER ? size * piece : kind == BARRIER ? 0 : piece;
+    int fits = filled <= r->slot_bytes && piece % item == 0;
+    if (kind == ALL_REDUCE || kind == ALL_REDUCE_SPLIT)
+        fits = fits && r->dst_len == piece;
+    else if (kind == ALL_GATHER)  /* the strides matter only where they are used */
+        fits = fits && strided_fits(r->dst_stride, piece, size, r->dst_len);
+    else if (kind == REDUCE_SCATTER)
+        fits = fits && strided_fits(r->src_stride, piece, size, r->src_len);
+    if (!fits) {
+        PyErr_SetString(PyExc_ValueError, "buffers do not fit the segment");
+        return -1;
+    }
+    char *base = r->base, *mine = base + r->slots + rank * r->slot_bytes, *dst = r->dst;
+    const char *flag_base = base + r->flags, *src = r->src;
+    const Py_ssize_t line = LINE;
+    /* Two signature words alternate like the data sets: a rank can be one round ahead, never
+     * two (it waits for every flag >= seq-1 first), so round seq's word is not overwritten
+     * while a slow rank still reads it. */
+    Py_ssize_t signature_at = r->flags + SIGNATURE_OFFSET + (Py_ssize_t)(seq & 1) * 8;
+    /* ALL_REDUCE_SPLIT: the bytes [own_lo, own_hi) of the chunk are this rank's to reduce */
+    Py_ssize_t n = piece / item, own_lo = rank * n / size * item,
+               own_hi = (rank + 1) * n / size * item;
+    if (kind == ALL_REDUCE_SPLIT && stage == 4)
+        goto collect;
+    if (stage == 1) {
+        if (!wait_flags(flag_base, line, size, seq - 1, budget))
+            return 1;
+        if (kind == ALL_REDUCE_SPLIT) {  /* all but its own part, which it reads from src */
+            PyThreadState *saved = filled >= NOGIL_BYTES ? PyEval_SaveThread() : NULL;
+            memcpy(mine, src, (size_t)own_lo);
+            memcpy(mine + own_hi, src + own_hi, (size_t)(piece - own_hi));
+            if (saved)
+                PyEval_RestoreThread(saved);
+        } else if (kind != BARRIER && (kind != BROADCAST || rank == r->root)) {
+            Py_ssize_t pieces = kind == REDUCE_SCATTER ? size : 1;
+            PyThreadState *saved = filled >= NOGIL_BYTES ? PyEval_SaveThread() : NULL;
+            for (Py_ssize_t k = 0; k < pieces; k++)
+                memcpy(mine + k * piece, src + k * r->src_stride, (size_t)piece);
+            if (saved)
+                PyEval_RestoreThread(saved);
+        }
+        __atomic_store_n((uint64_t *)(base + signature_at + rank * line), signature,
+                         __ATOMIC_RELAXED);
+        /* release: the slot's bytes and the signature become visible no later than the flag */
+        __atomic_store_n((uint64_t *)(base + r->flags + rank * line), seq, __ATOMIC_RELEASE);
+        if (kind == BROADCAST && rank == r->root && dst != src)
+            /* the root's own result (out may overlap x). The root's slot stays valid for the
+             * readers however far the root runs: its next write to this data set comes two
+             * rounds on, after the first wait of round seq+2, which needs every rank's flag
+             * >= seq+1, stored only after that rank has copied its result out of round seq. */
+            memmove(dst, src, (size_t)(r->dst_len < piece ? r->dst_len : piece));
+    }
+    /* acquire, inside all_reached: everything the flags' writers stored before is visible */
+    if (!wait_flags(flag_base, line, size, seq, budget))
+        return 2;
+    for (Py_ssize_t k = 0; k < size; k++)
+        if (__atomic_load_n((uint64_t *)(base + signature_at + k * line), __ATOMIC_RELAXED) !=
+            signature)
+            return 3;
+    const char *all = base + r->slots;
+    int copies_out = kind != BARRIER && (kind != BROADCAST || rank != r->root);
+    Py_ssize_t moved = !copies_out ? 0 : kind == ALL_GATHER ? size * piece : filled;
+    PyThreadState *saved = moved >= NOGIL_BYTES ? PyEval_SaveThread() : NULL;
+    switch (kind) {
+    case ALL_REDUCE:
+        reduce_slots(all, r->slot_bytes, size, dst, piece / item, r->dtype, r->op);
+        break;
+    case ALL_GATHER:
+        for (Py_ssize_t k = 0; k < size; k++)
+            memcpy(dst + k * r->dst_stride, all + k * r->slot_bytes, (size_t)piece);
+        break;
+    case REDUCE_SCATTER:
+        reduce_slots(all + rank * piece, r->slot_bytes, size, dst, piece / item, r->dtype,
+                     r->op);
+        break;
+    case BROADCAST:
+        if (rank != r->root)
+            memcpy(dst, all + r->root * r->slot_bytes, (size_t)piece);
+        break;
+    case ALL_REDUCE_SPLIT: {
+        const char *rows[MAX_RANKS];
+        for (Py_ssize_t k = 0; k < size; k++)
+            rows[k] = (k == rank ? src : all + k * r->slot_bytes) + own_lo;
+        reduce_rows(rows, size, (char *)all + size * r->slot_bytes + own_lo,
+                    (own_hi - own_lo) / item, r->dtype, r->op);
+        break;
+    }
+    }
+    if (saved)
+        PyEval_RestoreThread(saved);
+    if (kind != ALL_REDUCE_SPLIT)
+        return 0;
+    /* release: this rank's part of the result area is in place before its DONE flag */
+    __atomic_store_n((uint64_t *)(base + r->flags + rank * line + DONE_OFFSET), seq,
+                     __ATOMIC_RELEASE);
+collect:
+    /* acquire: every part another rank stored before its DONE flag is visible */
+    if (!wait_flags(flag_base + DONE_OFFSET, line, size, seq, budget))
+        return 4;
+    PyThreadState *copying = piece >= NOGIL_BYTES ? PyEval_SaveThread() : NULL;
+    memcpy(dst, base + r->slots + size * r->slot_bytes, (size_t)piece);
+    if (copying)
+        PyEval_RestoreThread(copying);
+    return 0;
+}
+
+#define DTYPES 9         /* tbcoll.dtypes.DTYPE_CODES, in that order */
+#define OPS 4            /* tbcoll.dtypes.OP_CODES */
+#define BYTES_DTYPE 8    /* uint8's code: what a round that only copies calls its data */
+#define ONE_CALL_KINDS 4 /* ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, BROADCAST */
+
+typedef struct {
+    PyObject_HEAD
+    /* the rounds */
+    PyObject *segment;         /* the mapped segment (a writable buffer) */
+    Py_ssize_t flags, size, rank, sets[2], slot_bytes;
+    double budget;             /* seconds a wait runs before resume looks at the peers */
+    unsigned long long rounds; /* rounds begun and finished (round seq uses set seq % 2) */
+    PyObject *resume;          /* resume(stage, seq, signature): wait in Python, or raise */
+    /* calls(): what the one-call paths take and how they sign a call */
+    int checks;                /* calls() was called */
+    Py_ssize_t single_pass;    /* the largest all_reduce in one round */
+    PyObject *ndarray, *dtypes, *ops, *empty; /* numpy.ndarray, dtypes by code, op -> code,
+                                                 numpy.empty */
+    uint64_t all_reduce_calls[DTYPES][OPS], all_gather_calls[DTYPES],
+        reduce_scatter_calls[DTYPES][OPS]; /* signatures less the byte count */
+    PyObject *broadcast_call;  /* broadcast_call(dtype, root) -> signature less bytes */
+    uint64_t *broadcast_calls; /* [dtype * size + root], 0 where not yet asked */
+    /* bind(): the communicator whose calls take the lane */
+    PyObject *guard, *ring, *entries, *names; /* entries, names: by kind */
+    Py_ssize_t ring_size;
+    int enabled;               /* bit k: kind k's calls may take the lane */
+} Lane;
+
+static PyObject *DTYPE, *LOCK, *ACQUIRE, *RELEASE, *CALL, *COMPLETED; /* interned names */
+
+static int lane_traverse(Lane *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->segment);
+    Py_VISIT(self->resume);
+    Py_VISIT(self->ndarray);
+    Py_VISIT(self->dtypes);
+    Py_VISIT(self->ops);
+    Py_VISIT(self->empty);
+    Py_VISIT(self->broadcast_call);
+    Py_VISIT(self->guard);
+    Py_VISIT(self->ring);
+    Py_VISIT(self->entries);
+    Py_VISIT(self->names);
+    return 0;
+}
+
+static int lane_clear(Lane *self)
+{
+    Py_CLEAR(self->segment);
+    Py_CLEAR(self->resume);
+    Py_CLEAR(self->ndarray);
+    Py_CLEAR(self->dtypes);
+    Py_CLEAR(self->ops);
+    Py_CLEAR(self->empty);
+    Py_CLEAR(self->broadcast_call);
+    Py_CLEAR(self->guard);
+    Py_CLEAR(self->ring);
+    Py_CLEAR(self->entries);
+    Py_CLEAR(self->names);
+    self->checks = 0;
+    self->enabled = 0;
+    return 0;
+}
+
+static void lane_dealloc(Lane *self)
+{
+    PyObject_GC_UnTrack(self);
+    lane_clear(self);
+    PyMem_Free(self->broadcast_calls);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int lane_init(Lane *self, PyObject *args, PyObject *kwargs)
+{
+    PyObject *segment, *resume;
+    Py_ssize_t flags, size, rank, set0, set1, slot_bytes;
+    double budget;
+    if (!PyArg_ParseTuple(args, "Onnn(nn)ndO:Lane", &segment, &flags, &size, &rank, &set0,
+                          &set1, &slot_bytes, &budget, &resume))
+        return -1;
+    Py_buffer view;
+    if (PyObject_GetBuffer(segment, &view, PyBUF_WRITABLE) < 0)
+        return -1;
+    Py_ssize_t len = view.len;
+    PyBuffer_Release(&view);
+    Py_ssize_t last_set = set0 > set1 ? set0 : set1;
+    if (size < 1 || size > MAX_RANKS || rank < 0 || rank >= size || flags < 0 || flags % 8 ||
+        flags + size * LINE > len || slot_bytes < 0 || set0 < 0 || set1 < 0 ||
+        slot_bytes > (len - last_set) / (size + 1)) { /* + a split all_reduce's result area */
+        PyErr_SetString(PyExc_ValueError, "the flags and data sets do not fit the segment");
+        return -1;
+    }
+    lane_clear(self);
+    Py_INCREF(segment);
+    Py_INCREF(resume);
+    self->segment = segment;
+    self->resume = resume;
+    self->flags = flags;
+    self->size = size;
+    self->rank = rank;
+    self->sets[0] = set0;
+    self->sets[1] = set1;
+    self->slot_bytes = slot_bytes;
+    self->budget = budget;
+    self->rounds = 0;
+    return 0;
+}
+
+/* Run round self->rounds + 1 to its end over the segment at base: where a wait runs out of
+ * its budget (or the calls differ), resume(stage, seq, signature) waits in Python (which
+ * notices dead ranks and the deadline) or raises, and the round goes on. */
+static int lane_round(Lane *self, Round *r, char *base, uint64_t signature)
+{
+    uint64_t seq = self->rounds + 1;
+    r->base = base;
+    r->flags = self->flags;
+    r->size = self->size;
+    r->rank = self->rank;
+    r->slots = self->sets[seq & 1];
+    r->slot_bytes = self->slot_bytes;
+    int stage = 1;
+    while ((stage = run_round(r, seq, stage, self->budget, signature)) > 0) {
+        self->rounds = seq; /* begun: this round's flags are stored */
+        PyObject *done = PyObject_CallFunction(self->resume, "iKK", stage,
+                                               (unsigned long long)seq,
+                                               (unsigned long long)signature);
+        if (done == NULL)
+            return -1;
+        Py_DECREF(done);
+        if (stage == 3) /* resume returned: every signature matches after all */
+            stage = 2;
+    }
+    if (stage == 0)
+        self->rounds = seq;
+    return stage;
+}
+
+/*
+ * round(kind, src, src_stride, dst, dst_stride, dtype, op, root, signature)
+ * One round of the given kind (run_round), to its end.
+ */
+static PyObject *lane_round_method(Lane *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 9) {
+        PyErr_SetString(PyExc_TypeError, "round takes 9 arguments");
+        return NULL;
+    }
+    Round r;
+    long kind = PyLong_AsLong(args[0]), dtype = PyLong_AsLong(args[5]),
+         op = PyLong_AsLong(args[6]), root = PyLong_AsLong(args[7]);
+    r.src_stride = PyLong_AsSsize_t(args[2]);
+    r.dst_stride = PyLong_AsSsize_t(args[4]);
+    uint64_t signature = (uint64_t)PyLong_AsUnsignedLongLong(args[8]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (self->segment == NULL || kind < 0 || kind >= KINDS || dtype < 0 || dtype >= DTYPES ||
+        op < 0 || op >= OPS || root < 0 || root >= self->size) {
+        PyErr_SetString(PyExc_ValueError, "bad kind, dtype, op or root");
+        return NULL;
+    }
+    r.kind = (int)kind;
+    r.dtype = (int)dtype;
+    r.op = (int)op;
+    r.root = (int)root;
+    Py_buffer segment, src, dst;
+    if (PyObject_GetBuffer(self->segment, &segment, PyBUF_WRITABLE) < 0)
+        return NULL;
+    if (PyObject_GetBuffer(args[1], &src, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&segment);
+        return NULL;
+    }
+    if (PyObject_GetBuffer(args[3], &dst, PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(&src);
+        PyBuffer_Release(&segment);
+        return NULL;
+    }
+    r.src = (const char *)src.buf;
+    r.src_len = src.len;
+    r.dst = (char *)dst.buf;
+    r.dst_len = dst.len;
+    int stage = lane_round(self, &r, (char *)segment.buf, signature);
+    PyBuffer_Release(&dst);
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&segment);
+    if (stage < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static int read_words(PyObject *list, uint64_t *words, Py_ssize_t count)
+{
+    if (!PyList_Check(list) || PyList_GET_SIZE(list) != count) {
+        PyErr_Format(PyExc_ValueError, "expected a list of %zd signatures", count);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        words[i] = (uint64_t)PyLong_AsUnsignedLongLong(PyList_GET_ITEM(list, i));
+        if (PyErr_Occurred())
+            return -1;
+    }
+    return 0;
+}
+
+/*
+ * calls(single_pass, ndarray, dtypes, ops, empty, all_reduce, all_gather, reduce_scatter,
+ *       broadcast_call)
+ * What the one-call paths take: numpy arrays (ndarray) of the dtypes (a tuple, by code),
+ * reductions named in ops (name -> code), all_reduce up to single_pass bytes and the others
+ * up to a slot; new results from empty(shape, dtype). How they sign a call: all_reduce and
+ * reduce_scatter's signatures less the byte count, flat lists by dtype then op,
+ * all_gather's by dtype, and broadcast's from broadcast_call(dtype, root), asked once each.
+ */
+static PyObject *lane_calls(Lane *self, PyObject *args)
+{
+    Py_ssize_t single_pass;
+    PyObject *ndarray, *dtypes, *ops, *empty, *all_reduce, *all_gather, *reduce_scatter,
+        *broadcast_call;
+    if (!PyArg_ParseTuple(args, "nO!O!O!OOOOO:calls", &single_pass, &PyType_Type, &ndarray,
+                          &PyTuple_Type, &dtypes, &PyDict_Type, &ops, &empty, &all_reduce,
+                          &all_gather, &reduce_scatter, &broadcast_call))
+        return NULL;
+    if (PyTuple_GET_SIZE(dtypes) != DTYPES) {
+        PyErr_Format(PyExc_ValueError, "expected %d dtypes", DTYPES);
+        return NULL;
+    }
+    if (read_words(all_reduce, &self->all_reduce_calls[0][0], DTYPES * OPS) < 0 ||
+        read_words(all_gather, self->all_gather_calls, DTYPES) < 0 ||
+        read_words(reduce_scatter, &self->reduce_scatter_calls[0][0], DTYPES * OPS) < 0)
+        return NULL;
+    uint64_t *broadcast_calls = PyMem_Calloc((size_t)(DTYPES * self->size), sizeof(uint64_t));
+    if (broadcast_calls == NULL)
+        return PyErr_NoMemory();
+    PyMem_Free(self->broadcast_calls);
+    self->broadcast_calls = broadcast_calls;
+    self->single_pass = single_pass;
+    Py_INCREF(ndarray);
+    Py_INCREF(dtypes);
+    Py_INCREF(ops);
+    Py_INCREF(empty);
+    Py_INCREF(broadcast_call);
+    Py_XSETREF(self->ndarray, ndarray);
+    Py_XSETREF(self->dtypes, dtypes);
+    Py_XSETREF(self->ops, ops);
+    Py_XSETREF(self->empty, empty);
+    Py_XSETREF(self->broadcast_call, broadcast_call);
+    self->checks = 1;
+    Py_RETURN_NONE;
+}
+
+/*
+ * bind(guard, ring, ring_size, entries, names, enabled)
+ * The communicator whose calls take the lane: its tbcoll.ownership guard (taken around each
+ * call, and counting them), its flight recorder's ring (a list of ring_size, or None), each
+ * kind's tbcoll.collectives entry and name (tuples by kind), and a mask of the kinds that
+ * may take the lane (0: none, e.g. once non-blocking calls are queued).
+ */
+static PyObject *lane_bind(Lane *self, PyObject *args)
+{
+    PyObject *guard, *ring, *entries, *names;
+    Py_ssize_t ring_size;
+    int enabled;
+    if (!PyArg_ParseTuple(args, "OOnO!O!i:bind", &guard, &ring, &ring_size, &PyTuple_Type,
+                          &entries, &PyTuple_Type, &names, &enabled))
+        return NULL;
+    if (PyTuple_GET_SIZE(entries) != ONE_CALL_KINDS || PyTuple_GET_SIZE(names) !=
+        ONE_CALL_KINDS || (ring != Py_None && (!PyList_Check(ring) || ring_size < 1 ||
+                                                PyList_GET_SIZE(ring) != ring_size))) {
+        PyErr_SetString(PyExc_ValueError, "bad ring, entries or names");
+        return NULL;
+    }
+    Py_INCREF(guard);
+    Py_INCREF(ring);
+    Py_INCREF(entries);
+    Py_INCREF(names);
+    Py_XSETREF(self->guard, guard);
+    Py_XSETREF(self->ring, ring);
+    Py_XSETREF(self->entries, entries);
+    Py_XSETREF(self->names, names);
+    self->ring_size = ring_size;
+    self->enabled = enabled;
+    Py_RETURN_NONE;
+}
+
+/* The dtype code of an array's dtype object (by identity, as tbcoll.comm's KNOWN_DTYPES), or
+ * -1; *dtype is a new reference. */
+static int dtype_code(Lane *self, PyObject *array, PyObject **dtype)
+{
+    *dtype = PyObject_GetAttr(array, DTYPE);
+    if (*dtype == NULL)
+        return -2;
+    for (int code = 0; code < DTYPES; code++)
+        if (PyTuple_GET_ITEM(self->dtypes, code) == *dtype)
+            return code;
+    return -1;
+}
+
+/* The shape a kind's result has for x's (view) on size ranks, into shape; its ndim, or -1
+ * where x does not divide (reduce_scatter). */
+static int result_shape(int kind, const Py_buffer *x, Py_ssize_t size, Py_ssize_t *shape)
+{
+    int ndim = x->ndim;
+    for (int i = 0; i < ndim; i++)
+        shape[i] = x->shape[i];
+    if (kind == ALL_GATHER) {
+        if (ndim == 0)
+            shape[ndim++] = size;
+        else
+            shape[0] *= size;
+    } else if (kind == REDUCE_SCATTER) {
+        if (ndim == 0 || shape[0] % size)
+            return -1;
+        shape[0] /= size;
+    }
+    return ndim;
+}
+
+/* the flight recorder's entry of a call: (seq, entry, dtype, op, root) as tbcoll.recorder */
+static int record(Lane *self, int kind, unsigned long long seq, PyObject *dtype, PyObject *op,
+                  long root)
+{
+    if (self->ring == Py_None)
+        return 0;
+    PyObject *entry = Py_BuildValue("(KOOOl)", seq, PyTuple_GET_ITEM(self->entries, kind),
+                                    dtype, op, root);
+    if (entry == NULL)
+        return -1;
+    return PyList_SetItem(self->ring, (Py_ssize_t)(seq % (unsigned long long)self->ring_size),
+                          entry); /* steals entry */
+}
+
+/* guard.completed += 1; the new count, or 0 with an exception set */
+static unsigned long long count_call(PyObject *guard)
+{
+    PyObject *completed = PyObject_GetAttr(guard, COMPLETED);
+    if (completed == NULL)
+        return 0;
+    unsigned long long seq = PyLong_AsUnsignedLongLong(completed) + 1;
+    Py_DECREF(completed);
+    if (PyErr_Occurred())
+        return 0;
+    PyObject *value = PyLong_FromUnsignedLongLong(seq);
+    if (value == NULL)
+        return 0;
+    int failed = PyObject_SetAttr(guard, COMPLETED, value);
+    Py_DECREF(value);
+    return failed ? 0 : seq;
+}
+
+/*
+ * The one-call path of a collective of the given kind: x (a numpy array), op (ALL_REDUCE,
+ * REDUCE_SCATTER), root (BROADCAST), out (None or an array of the result's shape and x's
+ * dtype). guarded: the communicator's call (bind), else the transport's direct_* path,
+ * whose caller holds the communicator. The result (out, or a new array), or None.
+ */
+static PyObject *one_call(Lane *self, int kind, PyObject *x, PyObject *op_name, long root,
+                          PyObject *out, int guarded)
+{
+    if (!self->checks || (guarded && !(self->enabled & (1 << kind))) ||
+        Py_TYPE(x) != (PyTypeObject *)self->ndarray ||
+        (out != Py_None && Py_TYPE(out) != (PyTypeObject *)self->ndarray))
+        Py_RETURN_NONE;
+    int op = 0;
+    if (kind == ALL_REDUCE || kind == REDUCE_SCATTER) {
+        PyObject *code = PyUnicode_CheckExact(op_name) ? PyDict_GetItemWithError(self->ops,
+                                                                                 op_name)
+                                                       : NULL;
+        if (code == NULL) {
+            if (PyErr_Occurred())
+                return NULL;
+            Py_RETURN_NONE;
+        }
+        op = (int)PyLong_AsLong(code);
+    } else {
+        op_name = Py_None;
+    }
+    if (kind != BROADCAST)
+        root = -1;
+    else if (root < 0 || root >= self->size)
+        Py_RETURN_NONE;
+    PyObject *dtype, *out_dtype = NULL, *result = NULL, *lock = NULL, *target = NULL;
+    int dtype_at = dtype_code(self, x, &dtype);
+    if (dtype_at == -2)
+        return NULL;
+    if (out != Py_None) {
+        out_dtype = PyObject_GetAttr(out, DTYPE);
+        if (out_dtype == NULL) {
+            Py_DECREF(dtype);
+            return NULL;
+        }
+        Py_DECREF(out_dtype); /* (only compared: out's dtype lives as long as out) */
+    }
+    Py_buffer xv, ov, segment;
+    /* C-contiguous, with the shape; no format asked (bfloat16 has none in the buffer
+     * protocol). A BufferError: not contiguous, so not this path's. */
+    if (dtype_at < 0 || (out_dtype != NULL && out_dtype != dtype) ||
+        PyObject_GetBuffer(x, &xv, PyBUF_C_CONTIGUOUS) < 0) {
+        Py_DECREF(dtype);
+        if (PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_BufferError))
+            return NULL;
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    Py_ssize_t shape[64];
+    int ndim = xv.ndim < 63 ? result_shape(kind, &xv, self->size, shape) : -1;
+    int qualifies = ndim >= 0 &&
+                    xv.len <= (kind == ALL_REDUCE ? self->single_pass : self->slot_bytes);
+    int have_out = 0, have_segment = 0;
+    if (qualifies && out != Py_None) {
+        if (PyObject_GetBuffer(out, &ov, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
+            if (!PyErr_ExceptionMatches(PyExc_BufferError))
+                goto done;
+            PyErr_Clear();
+            qualifies = 0;
+        } else {
+            have_out = 1;
+            qualifies = ov.ndim == ndim &&
+                        (ndim == 0 || !memcmp(ov.shape, shape, ndim * sizeof *shape));
+        }
+    }
+    if (!qualifies) {
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
+    if (guarded) {
+        lock = PyObject_GetAttr(self->guard, LOCK);
+        PyObject *taken = lock ? PyObject_CallMethodOneArg(lock, ACQUIRE, Py_False) : NULL;
+        if (taken == NULL) { /* (a child of os.fork(): its lock raises, saying why) */
+            Py_CLEAR(lock);
+            goto done;
+        }
+        Py_DECREF(taken);
+        if (taken != Py_True) { /* another thread's call: the Python path says so */
+            Py_CLEAR(lock);
+            result = Py_NewRef(Py_None);
+            goto done;
+        }
+        if (PyObject_SetAttr(self->guard, CALL, PyTuple_GET_ITEM(self->names, kind)) < 0)
+            goto done;
+    }
+    if (out != Py_None) {
+        target = Py_NewRef(out);
+    } else {
+        PyObject *dims = PyTuple_New(ndim);
+        for (int i = 0; dims != NULL && i < ndim; i++) {
+            PyObject *d = PyLong_FromSsize_t(shape[i]);
+            if (d == NULL)
+                Py_CLEAR(dims);
+            else
+                PyTuple_SET_ITEM(dims, i, d);
+        }
+        target = dims ? PyObject_CallFunctionObjArgs(self->empty, dims, dtype, NULL) : NULL;
+        Py_XDECREF(dims);
+        if (target == NULL ||
+            PyObject_GetBuffer(target, &ov, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0)
+            goto done;
+        have_out = 1;
+    }
+    if (PyObject_GetBuffer(self->segment, &segment, PyBUF_WRITABLE) < 0)
+        goto done;
+    have_segment = 1;
+    Round r = {.src = xv.buf, .src_len = xv.len, .src_stride = 0, .dst = ov.buf,
+               .dst_len = ov.len, .dst_stride = 0, .kind = kind, .dtype = BYTES_DTYPE,
+               .op = 0, .root = 0};
+    uint64_t signature = (uint64_t)xv.len;
+    switch (kind) {
+    case ALL_REDUCE:
+        r.dtype = dtype_at;
+        r.op = op;
+        signature |= self->all_reduce_calls[dtype_at][op];
+        break;
+    case ALL_GATHER:
+        r.dst_stride = xv.len;
+        signature |= self->all_gather_calls[dtype_at];
+        break;
+    case REDUCE_SCATTER:
+        r.src_stride = ov.len;
+        r.dtype = dtype_at;
+        r.op = op;
+        signature |= self->reduce_scatter_calls[dtype_at][op];
+        break;
+    case BROADCAST: {
+        uint64_t *call = &self->broadcast_calls[dtype_at * self->size + root];
+        if (*call == 0) {
+            PyObject *word = PyObject_CallFunction(self->broadcast_call, "il", dtype_at, root);
+            *call = word ? (uint64_t)PyLong_AsUnsignedLongLong(word) : 0;
+            Py_XDECREF(word);
+            if (PyErr_Occurred())
+                goto done;
+        }
+        r.root = (int)root;
+        signature |= *call;
+        break;
+    }
+    }
+    if (lane_round(self, &r, (char *)segment.buf, signature) < 0)
+        goto done;
+    if (guarded) {
+        unsigned long long seq = count_call(self->guard);
+        if (seq == 0 || record(self, kind, seq, dtype, op_name, root) < 0)
+            goto done;
+    }
+    result = target;
+    target = NULL;
+done:
+    if (lock != NULL) {
+        PyObject *error_type, *error, *trace;
+        PyErr_Fetch(&error_type, &error, &trace); /* (kept across the release) */
+        PyObject *released = PyObject_CallMethodNoArgs(lock, RELEASE);
+        if (released == NULL) {
+            Py_XDECREF(error_type);
+            Py_XDECREF(error);
+            Py_XDECREF(trace);
+            Py_CLEAR(result);
+        } else {
+            Py_DECREF(released);
+            PyErr_Restore(error_type, error, trace);
+        }
+        Py_DECREF(lock);
+    }
+    if (have_segment)
+        PyBuffer_Release(&segment);
+    if (have_out)
+        PyBuffer_Release(&ov);
+    Py_XDECREF(target);
+    PyBuffer_Release(&xv);
+    Py_DECREF(dtype);
+    return result;
+}
+
+static int take_root(PyObject *root, long *value)
+{
+    if (!PyLong_CheckExact(root)) /* (not a bool: the Python path says what is wrong) */
+        return 0;
+    *value = PyLong_AsLong(root);
+    if (*value == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0;
+    }
+    return 1;
+}
+
+/* direct(kind, x, op, root, out): the transport's direct_* path (tbcoll.transports.base),
+ * whose caller holds the communicator and counts the call. */
+static PyObject *lane_direct(Lane *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    long kind, root = -1;
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "direct takes 5 arguments");
+        return NULL;
+    }
+    kind = PyLong_AsLong(args[0]);
+    if (kind < 0 || kind >= ONE_CALL_KINDS) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "bad kind");
+        return NULL;
+    }
+    if (kind == BROADCAST && !take_root(args[3], &root))
+        Py_RETURN_NONE;
+    return one_call(self, (int)kind, args[1], args[2], root, args[4], 0);
+}
+
+/* The communicator's calls (bind): all_reduce(x, op, out), all_gather(x, out),
+ * reduce_scatter(x, op, out), broadcast(x, root, out). */
+static PyObject *lane_all_reduce(Lane *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "all_reduce takes 3 arguments");
+        return NULL;
+    }
+    return one_call(self, ALL_REDUCE, args[0], args[1], -1, args[2], 1);
+}
+
+static PyObject *lane_all_gather(Lane *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "all_gather takes 2 arguments");
+        return NULL;
+    }
+    return one_call(self, ALL_GATHER, args[0], Py_None, -1, args[1], 1);
+}
+
+static PyObject *lane_reduce_scatter(Lane *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "reduce_scatter takes 3 arguments");
+        return NULL;
+    }
+    return one_call(self, REDUCE_SCATTER, args[0], args[1], -1, args[2], 1);
+}
+
+static PyObject *lane_broadcast(Lane *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    long root;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "broadcast takes 3 arguments");
+        return NULL;
+    }
+    if (!take_root(args[1], &root))
+        Py_RETURN_NONE;
+    return one_call(self, BROADCAST, args[0], Py_None, root, args[2], 1);
+}
+
+#define FASTCALL(f) (PyCFunction)(void (*)(void))(f), METH_FASTCALL
+static PyMethodDef lane_methods[] = {
+    {"round", FASTCALL(lane_round_method), "One round of a collective, to its end."},
+    {"calls", (PyCFunction)lane_calls, METH_VARARGS, "What the one-call paths take."},
+    {"bind", (PyCFunction)lane_bind, METH_VARARGS, "The communicator whose calls take it."},
+    {"direct", FASTCALL(lane_direct), "A transport's one-call path."},
+    {"all_reduce", FASTCALL(lane_all_reduce), "The communicator's all_reduce, or None."},
+    {"all_gather", FASTCALL(lane_all_gather), "The communicator's all_gather, or None."},
+    {"reduce_scatter", FASTCALL(lane_reduce_scatter), "The communicator's reduce_scatter."},
+    {"broadcast", FASTCALL(lane_broadcast), "The communicator's broadcast, or None."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef lane_members[] = {
+    {"rounds", T_ULONGLONG, offsetof(Lane, rounds), 0, "Rounds begun and finished."},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject LaneType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "tbcoll.shm._atomics.Lane",
+    .tp_basicsize = sizeof(Lane),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "One communicator's shm segment: its rounds and one-call paths.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)lane_init,
+    .tp_dealloc = (destructor)lane_dealloc,
+    .tp_traverse = (traverseproc)lane_traverse,
+    .tp_clear = (inquiry)lane_clear,
+    .tp_methods = lane_methods,
+    .tp_members = lane_members,
+};
+
+int add_lane_type(PyObject *module)
+{
+    if (!(DTYPE = PyUnicode_InternFromString("dtype")) ||
+        !(LOCK = PyUnicode_InternFromString("lock")) ||
+        !(ACQUIRE = PyUnicode_InternFromString("acquire")) ||
+        !(RELEASE = PyUnicode_InternFromString("release")) ||
+        !(CALL = PyUnicode_InternFromString("call")) ||
+        !(COMPLETED = PyUnicode_InternFromString("completed")) ||
+        PyType_Ready(&LaneType) < 0)
+        return -1;
+    Py_INCREF(&LaneType);
+    if (PyModule_AddObject(module, "Lane", (PyObject *)&LaneType) < 0) {
+        Py_DECREF(&LaneType);
+        return -1;
+    }
+    return 0;
+}
