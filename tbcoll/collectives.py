@@ -117,11 +117,11 @@ class Collective:
     def run_direct(self, comm: Communicator, path: Callable, call: Call) -> Any:
         """The transport's one-call path for an x that is not a numpy array (the dispatch
         calls it itself for those): an mlx array unconverted where the transport takes them,
-        else its numpy view."""
+        else its numpy view, into out where one was given (a numpy scalar's)."""
         if comm._direct_takes_mlx and (result := path(call.x, call.op, call.root,
                                                       None)) is not None:
             return result
-        result = path(call.array, call.op, call.root, None)
+        result = path(call.array, call.op, call.root, call.out)
         return None if result is None else call.restore(result)
 
     def alone(self, comm: Communicator, call: Call) -> Any:

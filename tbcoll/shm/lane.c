@@ -482,6 +482,15 @@ static PyObject *lane_bind(Lane *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* Whether the error raised is numpy refusing a buffer request (then cleared). */
+static int refused(void)
+{
+    if (!PyErr_ExceptionMatches(PyExc_BufferError) && !PyErr_ExceptionMatches(PyExc_ValueError))
+        return 0;
+    PyErr_Clear();
+    return 1;
+}
+
 /* The dtype code of an array's dtype object (by identity, as tbcoll.comm's KNOWN_DTYPES), or
  * -1; *dtype is a new reference. */
 static int dtype_code(Lane *self, PyObject *array, PyObject **dtype)
@@ -592,13 +601,14 @@ static PyObject *one_call(Lane *self, int kind, PyObject *x, PyObject *op_name, 
     }
     Py_buffer xv, ov, segment;
     /* C-contiguous, with the shape; no format asked (bfloat16 has none in the buffer
-     * protocol). A BufferError: not contiguous, so not this path's. */
+     * protocol). numpy refuses another array (ValueError: not C-contiguous; BufferError: not
+     * writable), which is then not this path's: the Python path copies, or says what is
+     * wrong. */
     if (dtype_at < 0 || (out_dtype != NULL && out_dtype != dtype) ||
         PyObject_GetBuffer(x, &xv, PyBUF_C_CONTIGUOUS) < 0) {
         Py_DECREF(dtype);
-        if (PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_BufferError))
+        if (PyErr_Occurred() && !refused())
             return NULL;
-        PyErr_Clear();
         Py_RETURN_NONE;
     }
     Py_ssize_t shape[64];
@@ -608,9 +618,8 @@ static PyObject *one_call(Lane *self, int kind, PyObject *x, PyObject *op_name, 
     int have_out = 0, have_segment = 0;
     if (qualifies && out != Py_None) {
         if (PyObject_GetBuffer(out, &ov, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
-            if (!PyErr_ExceptionMatches(PyExc_BufferError))
+            if (!refused())
                 goto done;
-            PyErr_Clear();
             qualifies = 0;
         } else {
             have_out = 1;

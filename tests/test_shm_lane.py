@@ -1,0 +1,159 @@
+"""shm's C lane (tbcoll/shm/lane.c): a small array's whole collective call in one C call. It
+must give what the Python path gives (every dtype, op, shape, root, out given or not, in
+place), count and record each call, leave what it does not take to the Python path (which
+raises where the call is wrong), refuse a second thread, and step aside where the table or
+TBCOLL_ALGO picks another algorithm, under TBCOLL_CHECK, and once non-blocking calls run."""
+
+from .conftest import tagged_lines, tbrun
+
+LANE_JOB = """
+import sys, threading
+import ml_dtypes
+import numpy as np
+import tbcoll
+from tbcoll.collectives import ALL_REDUCE
+
+comm = tbcoll.init()
+r, p = comm.rank, comm.size
+
+
+class Counting:
+    '''The lane, counting the calls it took (None: the Python path ran).'''
+    def __init__(self, lane):
+        self.lane, self.took = lane, {}
+
+    def __getattr__(self, name):
+        method = getattr(self.lane, name)
+
+        def call(*args):
+            result = method(*args)
+            if result is not None:
+                self.took[name] = self.took.get(name, 0) + 1
+            return result
+        return call
+
+
+if comm._lane is None:
+    print("no lane")
+    sys.exit()
+comm._lane = lane = Counting(comm._lane)
+calls = comm._guard.completed
+
+def data(shape, dtype, k):
+    values = np.arange(int(np.prod(shape)), dtype=np.float64).reshape(shape) % 7 + k
+    return np.asarray(values, dtype)  # (a 0-d array, not a numpy scalar)
+
+def check(got, want, what):
+    assert got.dtype == want.dtype and got.shape == want.shape, (what, got.dtype, got.shape)
+    assert np.array_equal(got.astype(np.float64), want.astype(np.float64)), (what, got, want)
+
+made = 0
+for dtype in (np.float32, np.float64, np.int8, np.float16, ml_dtypes.bfloat16):
+    for shape in ((), (5,), (3, 4)):
+        for op, ufunc in (("sum", np.add), ("max", np.maximum), ("prod", np.multiply)):
+            want = data(shape, dtype, 0)
+            for k in range(1, p):
+                want = ufunc(want, data(shape, dtype, k)).astype(dtype)
+            x = data(shape, dtype, r)
+            check(comm.all_reduce(x, op=op), want, ("all_reduce", dtype, shape, op))
+            out = np.empty(shape, dtype)
+            assert comm.all_reduce(x, op=op, out=out) is out
+            check(out, want, ("all_reduce out", dtype, shape, op))
+            assert comm.all_reduce(x, op=op, out=x) is x
+            check(x, want, ("all_reduce in place", dtype, shape, op))
+            made += 3
+        gathered = np.concatenate([np.atleast_1d(data(shape, dtype, k)) for k in range(p)])
+        check(comm.all_gather(data(shape, dtype, r)), gathered, ("all_gather", dtype, shape))
+        out = np.empty(gathered.shape, dtype)
+        assert comm.all_gather(data(shape, dtype, r), out=out) is out
+        check(out, gathered, ("all_gather out", dtype, shape))
+        for root in range(p):
+            x = data(shape, dtype, r)
+            check(comm.broadcast(x, root=root), data(shape, dtype, root), ("broadcast", root))
+            assert comm.broadcast(x, root=root, out=x) is x
+            check(x, data(shape, dtype, root), ("broadcast in place", dtype, shape, root))
+        made += 2 + 2 * p
+    blocks = [data((2 * p, 3), dtype, k) for k in range(p)]
+    want = sum(b.astype(np.float64) for b in blocks)[2 * r:2 * r + 2]
+    check(comm.reduce_scatter(blocks[r]).astype(np.float64), want, ("reduce_scatter", dtype))
+    out = np.empty((2, 3), dtype)
+    assert comm.reduce_scatter(blocks[r], out=out) is out
+    made += 2
+took = sum(lane.took.values())
+assert took == made, (lane.took, made)
+assert comm._guard.completed == calls + made
+
+# the flight recorder has each call, numbered
+x = np.arange(4, dtype=np.float32)
+comm.all_reduce(x, op="max")
+seq = comm._guard.completed
+assert comm._ring[seq % comm._ring_size] == (seq, ALL_REDUCE, x.dtype, "max", -1)
+print("lane took", took)
+took += 1
+
+# what the lane does not take, the Python path does, right or with its error: a numpy
+# scalar (its answer went to a new array, not to out, before), strided arrays, a wrong out
+out = np.empty((), np.float32)
+assert comm.all_reduce(np.float32(r), out=out) is out
+check(out, np.asarray(sum(range(p)), np.float32), "numpy scalar")
+x = np.arange(12, dtype=np.float32).reshape(3, 4) + r
+want = sum(np.arange(12, dtype=np.float32).reshape(3, 4) + k for k in range(p))
+check(comm.all_reduce(x[:, ::2]), want[:, ::2], "strided x")
+for bad in (np.empty(12, np.float32), np.empty((3, 4), np.float64),
+            np.empty((4, 3), np.float32).T):
+    try:
+        comm.all_reduce(x, out=bad)
+    except ValueError as e:
+        print("refused:", e)
+assert took == sum(lane.took.values())
+
+# a second thread's call while this one holds the communicator
+comm._guard.lock.acquire()
+errors = []
+def second():
+    try:
+        comm.broadcast(np.ones(2), root=0)
+    except tbcoll.TbcollError as e:
+        errors.append(str(e))
+thread = threading.Thread(target=second)
+thread.start()
+thread.join()
+comm._guard.lock.release()
+assert len(errors) == 1 and "another thread is using" in errors[0], errors
+
+# non-blocking calls: the lane steps aside, the answers stay right
+comm.iall_reduce(np.ones(3)).wait()
+assert comm._lane is None
+check(comm.all_reduce(np.ones(3)), np.full(3, float(p)), "after iall_reduce")
+print("done")
+"""
+
+
+def test_the_lane_gives_the_python_paths_answers(script):
+    p = tbrun("-np", 3, "--backend", "shm", script(LANE_JOB), timeout=90)
+    assert p.returncode == 0, p.stderr + p.stdout
+    lines = tagged_lines(p.stdout)
+    for rank in range(3):
+        assert lines[rank][0] == "lane took 265" and lines[rank][-1] == "done", lines[rank]
+        refusals = [line for line in lines[rank] if line.startswith("refused:")]
+        assert len(refusals) == 3 and all("out" in line for line in refusals), lines[rank]
+
+
+BOUND = """
+import numpy as np, tbcoll
+comm = tbcoll.init()
+lane = comm._lane
+print("lane" if lane is not None else "no lane")
+assert np.array_equal(comm.all_reduce(np.ones(3)), np.full(3, 2.0))
+assert np.array_equal(comm.broadcast(np.full(2, comm.rank), root=1), [1, 1])
+"""
+
+
+def test_the_lane_steps_aside_where_another_path_is_asked_for(script):
+    path = script(BOUND)
+    for options, said in ((["-x", "TBCOLL_CHECK=1"], "no lane"),
+                          (["--trace", "trace.json"], "no lane"),
+                          (["-x", "TBCOLL_ALGO=all_reduce=ring"], "lane"), ([], "lane")):
+        p = tbrun("-np", 2, "--backend", "shm", *options, path, timeout=60, cwd=path.parent)
+        assert p.returncode == 0, (options, p.stderr)
+        assert tagged_lines(p.stdout) == {0: [said], 1: [said]}, (options, p.stdout)
