@@ -14,6 +14,11 @@ alternated round by round:
 Each round also times the all_reduce calls alone, with an untimed barrier before each (so that
 waiting for the slower rank's compute is not counted). Every round's output must be bitwise the
 same both ways; rank 0 prints one row per size.
+
+On glibc, pass `-x GLIBC_TUNABLES=glibc.malloc.mmap_threshold=268435456:glibc.malloc.trim_threshold=
+1073741824` to tbrun: with the default, adaptive thresholds, large temporaries are sometimes
+fresh mappings, page-faulted on every call, and that swings either way by 10-30% from job to job
+(benchmarks/RESULTS.md, section 6).
 """
 
 from __future__ import annotations
