@@ -1,7 +1,8 @@
 """Would a tensor-parallel prefill gain from comm.empty? (issue 25)
 
-    TBCOLL_SHM_CMA=0 tbrun -np 2 -x OMP_NUM_THREADS=1 -x OPENBLAS_NUM_THREADS=1 \\
-        python benchmarks/tp_prefill.py --model llama --tokens 256,1024 --layers 2 --rounds 8
+    T=glibc.malloc.mmap_threshold=268435456:glibc.malloc.trim_threshold=1073741824
+    TBCOLL_SHM_CMA=0 tbrun -np 2 -x GLIBC_TUNABLES=$T -x OMP_NUM_THREADS=1 \\
+        -x OPENBLAS_NUM_THREADS=1 python benchmarks/tp_prefill.py --model llama --tokens 256,1024
 
 One forward pass over many tokens (llama: a prompt, TinyLlama's shape with random weights as
 in tp_decode.py; bert: all-MiniLM-L6-v2 over a batch of 128-token sequences), run two ways and
@@ -15,10 +16,9 @@ Each round also times the all_reduce calls alone, with an untimed barrier before
 waiting for the slower rank's compute is not counted). Every round's output must be bitwise the
 same both ways; rank 0 prints one row per size.
 
-On glibc, pass `-x GLIBC_TUNABLES=glibc.malloc.mmap_threshold=268435456:glibc.malloc.trim_threshold=
-1073741824` to tbrun: with the default, adaptive thresholds, large temporaries are sometimes
-fresh mappings, page-faulted on every call, and that swings either way by 10-30% from job to job
-(benchmarks/RESULTS.md, section 6).
+GLIBC_TUNABLES pins glibc's malloc thresholds: with the default, adaptive ones, large
+temporaries are sometimes fresh mappings, page-faulted on every call, which moved empty/fresh
+by up to ~25% either way from job to job (benchmarks/RESULTS.md, section 6).
 """
 
 from __future__ import annotations
@@ -121,6 +121,7 @@ def llama(comm: TimedComm, layers: int):
 
 
 def bert(comm: TimedComm, layers: int):
+    """As llama() (layers: MiniLM's own 6)."""
     from tbcoll.tp.bert import BertConfig, TensorParallelBert, load_weights, minilm_dir
 
     folder = minilm_dir()
@@ -193,7 +194,8 @@ def row(tokens: int, hidden: int, times: dict, calls: float, same: bool) -> str:
         return f"{np.median(values):.1f} [{min(values):.1f}-{max(values):.1f}]"
 
     ratio = np.array(times["empty", False]) / np.array(times["fresh", False])
-    return (f"| {tokens} | {tokens * hidden * 4 / 2**20:.1f} | {spread(times['fresh', False])} | "
+    message = tokens * hidden * 4 / 2**20  # MiB of float32, the models' dtype
+    return (f"| {tokens} | {message:.1f} | {spread(times['fresh', False])} | "
             f"{spread(times['empty', False])} | {np.median(ratio):.3f} "
             f"[{ratio.min():.3f}-{ratio.max():.3f}] | {spread(times['fresh', True])} | "
             f"{spread(times['empty', True])} | {calls:g} | {same} |")
