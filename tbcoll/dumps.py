@@ -107,7 +107,7 @@ def _calls_in(frame: FrameType) -> list[tuple[Any, dict[str, Any]]]:
         comm = local.get("self")
         if not isinstance(comm, Communicator):
             continue
-        if getattr(describe_call, "func", None) is _entered and found and found[-1][0] is comm:
+        if f.f_code in _entries() and found and found[-1][0] is comm:
             continue  # a call the frames inside it describe
         call = describe_call(local)
         call.update(site=call_site(f), state="running")
@@ -136,6 +136,16 @@ def _entered(collective: str, local: dict) -> dict[str, Any]:
             "root": rooted(local.get("root")), **_array(local.get("x"))}
 
 
+def _entered_send(local: dict) -> dict[str, Any]:
+    return {"collective": "send", "peer": local["dst"], "tag": local["tag"],
+            **_array(local.get("x"))}
+
+
+def _entered_recv(local: dict) -> dict[str, Any]:
+    return {"collective": "recv", "peer": local["src"], "tag": local["tag"],
+            **_array(local.get("out_or_like"))}
+
+
 def _described(local: dict) -> dict[str, Any]:
     call = local["call"]
     return {"collective": call.kind.name, "op": call.op, "algorithm": call.algorithm,
@@ -159,8 +169,18 @@ def _readers() -> dict[Any, Any]:
     return {Communicator._quickly.__code__: _quick, Communicator._dispatch.__code__: _described,
             Communicator._run.__code__: _described, Communicator._move.__code__: _moving,
             Communicator._claimed.__code__: _claimed,
+            Communicator.send.__code__: _entered_send, Communicator.recv.__code__: _entered_recv,
             **{getattr(Communicator, entry.name).__code__: functools.partial(_entered, entry.name)
                for entry in LANE_ENTRIES}}
+
+
+@functools.cache
+def _entries() -> frozenset:
+    """The frames of the calls a C lane runs whole: innermost, they say what runs."""
+    from tbcoll.comm import LANE_ENTRIES, Communicator
+
+    return frozenset(getattr(Communicator, name).__code__
+                     for name in ("send", "recv", *(entry.name for entry in LANE_ENTRIES)))
 
 
 def send(dump: dict[str, Any], store: Store | None = None) -> None:

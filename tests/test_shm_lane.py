@@ -1,12 +1,13 @@
-"""shm's C lane (tbcoll/shm/lane.c): a small array's whole collective call in one C call. It
-must give what the Python path gives (every dtype, op, shape, root, out given or not, in
-place), count and record each call, leave what it does not take to the Python path (which
-raises where the call is wrong), refuse a second thread, and step aside where the table or
-TBCOLL_ALGO picks another algorithm, under TBCOLL_CHECK, and once non-blocking calls run."""
+"""shm's C lane (tbcoll/shm/lane.c): a small array's whole collective call, or a send or recv,
+in one C call. It must give what the Python path gives (every dtype, op, shape, root, out
+given or not, in place), count and record each collective, leave what it does not take to
+the Python path (which raises where the call is wrong), refuse a second thread, and step
+aside where the table or TBCOLL_ALGO picks another algorithm, under TBCOLL_CHECK and
+--trace (collectives), and once non-blocking calls run."""
 
 from .conftest import tagged_lines, tbrun
 
-LANE_JOB = """
+COUNTING = """
 import sys, threading
 import ml_dtypes
 import numpy as np
@@ -33,6 +34,9 @@ class Counting:
         return call
 
 
+"""
+
+LANE_JOB = COUNTING + """
 if comm._lane is None:
     print("no lane")
     sys.exit()
@@ -107,6 +111,27 @@ for bad in (np.empty(12, np.float32), np.empty((3, 4), np.float64),
         print("refused:", e)
 assert took == sum(lane.took.values())
 
+# send and recv: 1-D arrays of a known dtype take the lane, the rest the Python path
+before = dict(lane.took)
+peer, source = (r + 1) % p, (r - 1) % p
+for dtype in (np.float32, ml_dtypes.bfloat16, np.int8):
+    for shape in ((5,), (2, 3), ()):
+        got = np.empty(shape, dtype)
+        if r % 2 == 0:
+            comm.send(data(shape, dtype, r), peer, tag=7)
+            assert comm.recv(got, source, tag=7) is got
+        else:
+            assert comm.recv(got, source, tag=7) is got
+            comm.send(data(shape, dtype, r), peer, tag=7)
+        check(got, data(shape, dtype, source), ("send/recv", dtype, shape))
+for name in ("send", "recv"):
+    assert lane.took[name] - before.get(name, 0) == 3, (name, lane.took)
+for bad in (lambda: comm.send(np.ones(2), r), lambda: comm.send(np.ones(2), peer, tag=-1)):
+    try:
+        bad()
+    except ValueError as e:
+        print("refused:", e)
+
 # a second thread's call while this one holds the communicator
 comm._guard.lock.acquire()
 errors = []
@@ -136,24 +161,29 @@ def test_the_lane_gives_the_python_paths_answers(script):
     for rank in range(3):
         assert lines[rank][0] == "lane took 265" and lines[rank][-1] == "done", lines[rank]
         refusals = [line for line in lines[rank] if line.startswith("refused:")]
-        assert len(refusals) == 3 and all("out" in line for line in refusals), lines[rank]
+        assert len(refusals) == 5 and all("out" in line for line in refusals[:3]), lines[rank]
+        assert "is this rank" in refusals[3] and "tag=-1" in refusals[4], refusals
 
 
-BOUND = """
-import numpy as np, tbcoll
-comm = tbcoll.init()
-lane = comm._lane
-print("lane" if lane is not None else "no lane")
+BOUND = COUNTING + """
+took = []
+if comm._lane is not None:
+    comm._lane = lane = Counting(comm._lane)
+peer = 1 - r
 assert np.array_equal(comm.all_reduce(np.ones(3)), np.full(3, 2.0))
-assert np.array_equal(comm.broadcast(np.full(2, comm.rank), root=1), [1, 1])
+assert np.array_equal(comm.broadcast(np.full(2, r), root=1), [1, 1])
+comm.send(np.full(2, r), peer)
+assert np.array_equal(comm.recv(np.empty(2, np.int64), peer), [peer, peer])
+print(" ".join(sorted(lane.took)) if comm._lane is not None else "no lane")
 """
 
 
 def test_the_lane_steps_aside_where_another_path_is_asked_for(script):
     path = script(BOUND)
     for options, said in ((["-x", "TBCOLL_CHECK=1"], "no lane"),
-                          (["--trace", "trace.json"], "no lane"),
-                          (["-x", "TBCOLL_ALGO=all_reduce=ring"], "lane"), ([], "lane")):
+                          (["--trace", "trace.json"], "recv send"),
+                          (["-x", "TBCOLL_ALGO=all_reduce=ring"], "broadcast recv send"),
+                          ([], "all_reduce broadcast recv send")):
         p = tbrun("-np", 2, "--backend", "shm", *options, path, timeout=60, cwd=path.parent)
         assert p.returncode == 0, (options, p.stderr)
         assert tagged_lines(p.stdout) == {0: [said], 1: [said]}, (options, p.stdout)

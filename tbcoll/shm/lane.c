@@ -224,10 +224,14 @@ typedef struct {
     /* bind(): the communicator whose calls take the lane */
     PyObject *guard, *ring, *entries, *names; /* entries, names: by kind */
     Py_ssize_t ring_size;
-    int enabled;               /* bit k: kind k's calls may take the lane */
+    int enabled;               /* bit k: kind k's calls may take the lane; MOVES: send, recv */
+    PyObject *send, *recv;     /* the transport's send(buf, peer, tag), recv(buf, peer, tag) */
+    long max_tag;
 } Lane;
 
-static PyObject *DTYPE, *LOCK, *ACQUIRE, *RELEASE, *CALL, *COMPLETED; /* interned names */
+#define MOVES (1 << ONE_CALL_KINDS) /* the enabled bit of send and recv */
+
+static PyObject *DTYPE, *LOCK, *ACQUIRE, *RELEASE, *CALL, *COMPLETED, *SEND, *RECV; /* interned */
 
 static int lane_traverse(Lane *self, visitproc visit, void *arg)
 {
@@ -242,6 +246,8 @@ static int lane_traverse(Lane *self, visitproc visit, void *arg)
     Py_VISIT(self->ring);
     Py_VISIT(self->entries);
     Py_VISIT(self->names);
+    Py_VISIT(self->send);
+    Py_VISIT(self->recv);
     return 0;
 }
 
@@ -258,6 +264,8 @@ static int lane_clear(Lane *self)
     Py_CLEAR(self->ring);
     Py_CLEAR(self->entries);
     Py_CLEAR(self->names);
+    Py_CLEAR(self->send);
+    Py_CLEAR(self->recv);
     self->checks = 0;
     self->enabled = 0;
     return 0;
@@ -449,19 +457,21 @@ static PyObject *lane_calls(Lane *self, PyObject *args)
 }
 
 /*
- * bind(guard, ring, ring_size, entries, names, enabled)
+ * bind(guard, ring, ring_size, entries, names, enabled, send, recv, max_tag)
  * The communicator whose calls take the lane: its tbcoll.ownership guard (taken around each
- * call, and counting them), its flight recorder's ring (a list of ring_size, or None), each
- * kind's tbcoll.collectives entry and name (tuples by kind), and a mask of the kinds that
- * may take the lane (0: none, e.g. once non-blocking calls are queued).
+ * call, and counting the collectives), its flight recorder's ring (a list of ring_size, or
+ * None), each kind's tbcoll.collectives entry and name (tuples by kind), a mask of the kinds
+ * that may take the lane (bit k: kind k; MOVES: send and recv), and the transport's send and
+ * recv (buf, peer, tag), which a send or recv takes once checked, with tags up to max_tag.
  */
 static PyObject *lane_bind(Lane *self, PyObject *args)
 {
-    PyObject *guard, *ring, *entries, *names;
+    PyObject *guard, *ring, *entries, *names, *send, *recv;
     Py_ssize_t ring_size;
     int enabled;
-    if (!PyArg_ParseTuple(args, "OOnO!O!i:bind", &guard, &ring, &ring_size, &PyTuple_Type,
-                          &entries, &PyTuple_Type, &names, &enabled))
+    long max_tag;
+    if (!PyArg_ParseTuple(args, "OOnO!O!iOOl:bind", &guard, &ring, &ring_size, &PyTuple_Type,
+                          &entries, &PyTuple_Type, &names, &enabled, &send, &recv, &max_tag))
         return NULL;
     if (PyTuple_GET_SIZE(entries) != ONE_CALL_KINDS || PyTuple_GET_SIZE(names) !=
         ONE_CALL_KINDS || (ring != Py_None && (!PyList_Check(ring) || ring_size < 1 ||
@@ -477,8 +487,11 @@ static PyObject *lane_bind(Lane *self, PyObject *args)
     Py_XSETREF(self->ring, ring);
     Py_XSETREF(self->entries, entries);
     Py_XSETREF(self->names, names);
+    Py_XSETREF(self->send, Py_NewRef(send));
+    Py_XSETREF(self->recv, Py_NewRef(recv));
     self->ring_size = ring_size;
     self->enabled = enabled;
+    self->max_tag = max_tag;
     Py_RETURN_NONE;
 }
 
@@ -522,6 +535,46 @@ static int result_shape(int kind, const Py_buffer *x, Py_ssize_t size, Py_ssize_
         shape[0] /= size;
     }
     return ndim;
+}
+
+/* Take the communicator's guard for the call named name: 1, 0 where another thread holds it
+ * (*lock NULL), -1 with an exception (a child of os.fork(): its lock raises, saying why). */
+static int take_guard(Lane *self, PyObject *name, PyObject **lock)
+{
+    *lock = PyObject_GetAttr(self->guard, LOCK);
+    PyObject *taken = *lock ? PyObject_CallMethodOneArg(*lock, ACQUIRE, Py_False) : NULL;
+    if (taken == NULL) {
+        Py_CLEAR(*lock);
+        return -1;
+    }
+    Py_DECREF(taken);
+    if (taken != Py_True) {
+        Py_CLEAR(*lock);
+        return 0;
+    }
+    if (PyObject_SetAttr(self->guard, CALL, name) < 0)
+        return -1; /* (the caller releases the lock) */
+    return 1;
+}
+
+/* Release the guard taken, keeping the exception raised, if any; result, or NULL where the
+ * release failed. */
+static PyObject *give_guard(PyObject *lock, PyObject *result)
+{
+    PyObject *error_type, *error, *trace;
+    PyErr_Fetch(&error_type, &error, &trace);
+    PyObject *released = PyObject_CallMethodNoArgs(lock, RELEASE);
+    Py_DECREF(lock);
+    if (released == NULL) {
+        Py_XDECREF(error_type);
+        Py_XDECREF(error);
+        Py_XDECREF(trace);
+        Py_XDECREF(result);
+        return NULL;
+    }
+    Py_DECREF(released);
+    PyErr_Restore(error_type, error, trace);
+    return result;
 }
 
 /* the flight recorder's entry of a call: (seq, entry, dtype, op, root) as tbcoll.recorder */
@@ -632,20 +685,13 @@ static PyObject *one_call(Lane *self, int kind, PyObject *x, PyObject *op_name, 
         goto done;
     }
     if (guarded) {
-        lock = PyObject_GetAttr(self->guard, LOCK);
-        PyObject *taken = lock ? PyObject_CallMethodOneArg(lock, ACQUIRE, Py_False) : NULL;
-        if (taken == NULL) { /* (a child of os.fork(): its lock raises, saying why) */
-            Py_CLEAR(lock);
+        int taken = take_guard(self, PyTuple_GET_ITEM(self->names, kind), &lock);
+        if (taken < 0)
             goto done;
-        }
-        Py_DECREF(taken);
-        if (taken != Py_True) { /* another thread's call: the Python path says so */
-            Py_CLEAR(lock);
+        if (!taken) { /* another thread's call: the Python path says so */
             result = Py_NewRef(Py_None);
             goto done;
         }
-        if (PyObject_SetAttr(self->guard, CALL, PyTuple_GET_ITEM(self->names, kind)) < 0)
-            goto done;
     }
     if (out != Py_None) {
         target = Py_NewRef(out);
@@ -712,21 +758,8 @@ static PyObject *one_call(Lane *self, int kind, PyObject *x, PyObject *op_name, 
     result = target;
     target = NULL;
 done:
-    if (lock != NULL) {
-        PyObject *error_type, *error, *trace;
-        PyErr_Fetch(&error_type, &error, &trace); /* (kept across the release) */
-        PyObject *released = PyObject_CallMethodNoArgs(lock, RELEASE);
-        if (released == NULL) {
-            Py_XDECREF(error_type);
-            Py_XDECREF(error);
-            Py_XDECREF(trace);
-            Py_CLEAR(result);
-        } else {
-            Py_DECREF(released);
-            PyErr_Restore(error_type, error, trace);
-        }
-        Py_DECREF(lock);
-    }
+    if (lock != NULL)
+        result = give_guard(lock, result);
     if (have_segment)
         PyBuffer_Release(&segment);
     if (have_out)
@@ -735,6 +768,70 @@ done:
     PyBuffer_Release(&xv);
     Py_DECREF(dtype);
     return result;
+}
+
+/*
+ * send(x, dst, tag) -> True, recv(out, src, tag) -> out, or None where the call does not
+ * qualify: a whole point-to-point call of a 1-D numpy array of a known dtype (C-contiguous;
+ * writable to receive into) with another rank of the communicator and a tag in range, checked
+ * and taken (the guard) here, moved by the transport's send or recv.
+ */
+static PyObject *one_move(Lane *self, int sending, PyObject *x, PyObject *peer_obj,
+                          PyObject *tag_obj)
+{
+    if (!(self->enabled & MOVES) || Py_TYPE(x) != (PyTypeObject *)self->ndarray ||
+        !PyLong_CheckExact(peer_obj) || !PyLong_CheckExact(tag_obj))
+        Py_RETURN_NONE;
+    long peer = PyLong_AsLong(peer_obj), tag = PyLong_AsLong(tag_obj);
+    if (PyErr_Occurred()) { /* (out of a long's range: the Python path says what is wrong) */
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    if (peer < 0 || peer >= self->size || peer == self->rank || tag < 0 || tag > self->max_tag)
+        Py_RETURN_NONE;
+    PyObject *dtype;
+    int code = dtype_code(self, x, &dtype);
+    if (code == -2)
+        return NULL;
+    Py_DECREF(dtype);
+    Py_buffer view;
+    if (code < 0)
+        Py_RETURN_NONE;
+    if (PyObject_GetBuffer(x, &view, PyBUF_C_CONTIGUOUS | (sending ? 0 : PyBUF_WRITABLE)) < 0)
+        return refused() ? Py_NewRef(Py_None) : NULL;
+    int flat = view.ndim == 1;
+    PyBuffer_Release(&view);
+    if (!flat)
+        Py_RETURN_NONE;
+    PyObject *lock;
+    int taken = take_guard(self, sending ? SEND : RECV, &lock);
+    if (taken <= 0)
+        return taken < 0 ? (lock ? give_guard(lock, NULL) : NULL) : Py_NewRef(Py_None);
+    PyObject *args[3] = {x, peer_obj, tag_obj};
+    PyObject *moved = PyObject_Vectorcall(sending ? self->send : self->recv, args, 3, NULL);
+    if (moved != NULL) {
+        Py_DECREF(moved);
+        moved = Py_NewRef(sending ? Py_True : x);
+    }
+    return give_guard(lock, moved);
+}
+
+static PyObject *lane_send(Lane *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "send takes 3 arguments");
+        return NULL;
+    }
+    return one_move(self, 1, args[0], args[1], args[2]);
+}
+
+static PyObject *lane_recv(Lane *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "recv takes 3 arguments");
+        return NULL;
+    }
+    return one_move(self, 0, args[0], args[1], args[2]);
 }
 
 static int take_root(PyObject *root, long *value)
@@ -820,6 +917,8 @@ static PyMethodDef lane_methods[] = {
     {"all_gather", FASTCALL(lane_all_gather), "The communicator's all_gather, or None."},
     {"reduce_scatter", FASTCALL(lane_reduce_scatter), "The communicator's reduce_scatter."},
     {"broadcast", FASTCALL(lane_broadcast), "The communicator's broadcast, or None."},
+    {"send", FASTCALL(lane_send), "The communicator's send (True), or None."},
+    {"recv", FASTCALL(lane_recv), "The communicator's recv (out), or None."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -851,6 +950,8 @@ int add_lane_type(PyObject *module)
         !(RELEASE = PyUnicode_InternFromString("release")) ||
         !(CALL = PyUnicode_InternFromString("call")) ||
         !(COMPLETED = PyUnicode_InternFromString("completed")) ||
+        !(SEND = PyUnicode_InternFromString("send")) ||
+        !(RECV = PyUnicode_InternFromString("recv")) ||
         PyType_Ready(&LaneType) < 0)
         return -1;
     Py_INCREF(&LaneType);
