@@ -8,9 +8,11 @@
  * do in Python: check the arguments, take the communicator (its tbcoll.ownership guard),
  * run the round, count the call and put it in the flight recorder (tbcoll.recorder). That
  * Python cost ~0.7 us of a 1.4 us 8 B all_reduce, more than the round; MPICH's whole call
- * takes ~1.1 us. Each path returns None, having touched nothing, where the call does not
- * qualify (another array type or dtype, an out of another shape, too large, a busy
- * communicator): the Python path then runs, and raises where the call is wrong.
+ * takes ~1.1 us. send and recv are checked and taken here too, then moved by the
+ * transport's Python (tbcoll.transports.shm: its engine decides). Each path returns None,
+ * having touched nothing, where the call does not qualify (another array type or dtype, an
+ * out of another shape, too large, a busy communicator): the Python path then runs, and
+ * raises where the call is wrong.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>

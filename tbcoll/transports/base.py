@@ -73,9 +73,10 @@ class Native(Protocol):
     direct_reduce_scatter: Callable[[Any, str, int, Any], Any] | None
     takes_mlx: bool
     # Optionally `lane`: a C object whose all_reduce(x, op, out), all_gather(x, out),
-    # reduce_scatter(x, op, out) and broadcast(x, root, out) run a whole call (checks, the
-    # communicator's guard, count and flight recorder, the transport's work) or return None,
-    # once the Communicator has bound it (tbcoll/shm/lane.c, the one so far).
+    # reduce_scatter(x, op, out), broadcast(x, root, out), send(x, dst, tag) and
+    # recv(out, src, tag) run a whole call (checks, the communicator's guard, count and flight
+    # recorder, the transport's work) or return None, once the Communicator has bound it
+    # (tbcoll/shm/lane.c, the one so far).
 
     def all_reduce(self, send: np.ndarray, recv: np.ndarray, op: str) -> None: ...
 
