@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -87,6 +86,8 @@ class Postmortem:
             folder = os.path.join(self._folder, f"dump-{n}")
             os.makedirs(folder, mode=0o700, exist_ok=True)
         else:
+            import tempfile  # here: a job that does not fail starts without it (~4 ms)
+
             folder = tempfile.mkdtemp(prefix=f"tbrun-dump-{os.getpid()}-{n}-")
         for rank, dump in dumps.items():
             _write_text(os.path.join(folder, f"rank-{rank}.json"), json.dumps(dump, indent=1))

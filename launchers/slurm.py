@@ -10,7 +10,6 @@ each node's NodeAddr (the address Slurm itself reaches it at) becomes its addres
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 from collections.abc import Mapping
 from typing import NamedTuple
@@ -106,6 +105,8 @@ def allocation(environ: Mapping[str, str]) -> Allocation | None:
 
 def node_addresses(nodes: list[str] | tuple[str, ...]) -> dict[str, str]:
     """Each node's NodeAddr as Slurm's controller knows it ({} where scontrol cannot say)."""
+    import shutil  # here: tbrun's start-up outside Slurm does without it (~2 ms)
+
     scontrol = shutil.which("scontrol")
     if scontrol is None:
         return {}
