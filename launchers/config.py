@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping, Sequence
-from typing import NamedTuple
 
 from tbcoll.errors import LaunchError
+from tbcoll.records import record
 from tbcoll.topology import Hostfile
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -23,7 +23,8 @@ def thread_limits(ranks_on_host: int) -> dict[str, str]:
     return dict.fromkeys(THREAD_VARS, "1") if ranks_on_host > 1 else {}
 
 
-class LaunchConfig(NamedTuple):
+@record
+class LaunchConfig:
     nprocs: int
     program: tuple[str, ...]  # the argv every rank runs
     backend: str

@@ -19,9 +19,8 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from typing import BinaryIO
 
 from tbcoll.launch.hydratopo import held_topologies, remove_topologies
 from tbcoll.launch.reaper import carrying, descendants, processes, sweep
@@ -99,7 +98,7 @@ def janitor_for(segments: str | None = None, mpich: bool = False,
         janitor.dismiss()
 
 
-def main(orders: BinaryIO) -> None:
+def main(orders: Iterable[bytes]) -> None:
     """Read tbrun's orders until "done" (leave) or their end (tbrun died: clean up)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is tbrun's to handle
     groups, folders, prefixes, jobs = [], [], [], []

@@ -28,14 +28,16 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping
-from typing import NamedTuple
+
+from tbcoll.records import record
 
 LINUX = sys.platform.startswith("linux")
 _PR_SET_CHILD_SUBREAPER, _PR_GET_CHILD_SUBREAPER = 36, 37
 _ROUND_PAUSE = 0.02  # between sweeps: killed processes vanish, a forking one shows its child
 
 
-class Proc(NamedTuple):
+@record
+class Proc:
     pid: int
     ppid: int
     started: int  # clock ticks after boot: with the pid, names the process

@@ -12,9 +12,9 @@ from __future__ import annotations
 import re
 import subprocess
 from collections.abc import Mapping
-from typing import NamedTuple
 
 from tbcoll.errors import HostfileError
+from tbcoll.records import record
 from tbcoll.topology import MAX_RANKS, Host, Hostfile
 
 _COUNT = re.compile(r"(\d+)(?:\(x(\d+)\))?\Z")
@@ -73,7 +73,8 @@ def _expand_item(item: str, text: str) -> list[str]:
     return [f"{head}{n}{suffix}" for n in numbers for suffix in _expand_item(tail, text)]
 
 
-class Allocation(NamedTuple):
+@record
+class Allocation:
     job_id: str
     nodes: tuple[str, ...]
     tasks_per_node: tuple[int, ...]
