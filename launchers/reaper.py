@@ -21,7 +21,6 @@ after its start time was checked again: a pid reused meanwhile is never signalle
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import os
 import signal
@@ -55,6 +54,17 @@ def set_subreaper(on: bool) -> bool | None:
     None where there is no such thing (not Linux), so that the caller can put it back."""
     if not LINUX:
         return None
+    try:
+        from tbcoll.launch._subreaper import swap
+    except ImportError:  # not built at install (launchers/_subreaper.c)
+        swap = _swap_by_ctypes
+    return swap(on)
+
+
+def _swap_by_ctypes(on: bool) -> bool | None:
+    """_subreaper.swap's prctl calls, through ctypes."""
+    import ctypes
+
     prctl = ctypes.CDLL(None, use_errno=True).prctl
     before = ctypes.c_int()
     if prctl(_PR_GET_CHILD_SUBREAPER, ctypes.byref(before), 0, 0, 0) != 0:

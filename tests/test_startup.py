@@ -16,7 +16,8 @@ NOT_AT_START = ("numpy", "tbcoll.comm", "tbcoll.algorithms", "tbcoll.dumps",
                 "click", "inspect",  # the command line is argparse's: click took ~12 ms
                 "pathlib", "ipaddress",  # os.path and inet_pton do: ~3 ms
                 # ~4 ms: a local job needs no folder (MLX's and mpiexec's jobs make one)
-                "tempfile", "shutil")
+                "tempfile", "shutil",
+                "ctypes")  # ~1.5 ms: tbcoll.launch._subreaper makes tbrun a subreaper
 
 
 def test_tbrun_runs_a_local_job_without_the_library_and_what_the_job_may_not_need(tmp_path):
