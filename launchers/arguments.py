@@ -26,10 +26,17 @@ class Parser(argparse.ArgumentParser):
     """argparse's parser without abbreviated flags, raising UsageError on bad input."""
 
     def __init__(self, usage: str, description: str, epilog: str | None = None) -> None:
+        # argparse makes a formatter at each add_argument (to check its metavar), and one
+        # left to find the terminal's width imports shutil (~2 ms of tbrun's start-up):
+        # the width is the terminal's only for --help (format_help)
         super().__init__(usage=usage, description=description, epilog=epilog, add_help=False,
-                         allow_abbrev=False, formatter_class=argparse.RawDescriptionHelpFormatter)
+                         allow_abbrev=False, formatter_class=_unmeasured_formatter)
         self.flags: list[argparse.Action] = []  # what TBRUN_<NAME> variables may set
         self.add_argument("-h", "--help", action="help", help="Show this message and exit.")
+
+    def format_help(self) -> str:
+        self.formatter_class = argparse.RawDescriptionHelpFormatter
+        return super().format_help()
 
     def add_argument(self, *names: str, **options: object) -> argparse.Action:
         action = super().add_argument(*names, **options)
@@ -48,6 +55,10 @@ class Parser(argparse.ArgumentParser):
         if unknown:
             raise UsageError(f"No such option {unknown[0]!r}")
         return given
+
+
+def _unmeasured_formatter(prog: str) -> argparse.HelpFormatter:
+    return argparse.RawDescriptionHelpFormatter(prog, width=80)
 
 
 def from_environment(actions: Iterable[argparse.Action],

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 from collections.abc import Mapping, Sequence
-from typing import NamedTuple
 
 from tbcoll.errors import LaunchError
+from tbcoll.records import record
 from tbcoll.topology import Hostfile
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -24,7 +23,8 @@ def thread_limits(ranks_on_host: int) -> dict[str, str]:
     return dict.fromkeys(THREAD_VARS, "1") if ranks_on_host > 1 else {}
 
 
-class LaunchConfig(NamedTuple):
+@record
+class LaunchConfig:
     nprocs: int
     program: tuple[str, ...]  # the argv every rank runs
     backend: str
@@ -63,6 +63,8 @@ def resolve_program(program: str, args: Sequence[str], python: str,
         return (program, *args)
     # PATH first, then beside the interpreter: console scripts of tbrun's own environment
     # (tbcoll-bench) run even when that environment is not activated.
+    import shutil  # here: tbrun's start-up does without it (~2 ms)
+
     found = shutil.which(program) or shutil.which(program, path=os.path.dirname(python))
     if found is None:
         raise LaunchError(f"program {program!r} not found on PATH")

@@ -8,23 +8,25 @@ import os
 import shlex
 import socket
 from collections.abc import Mapping, Sequence
-from typing import NamedTuple
 
 from tbcoll.errors import LaunchError
+from tbcoll.records import record
 from tbcoll.topology import Hostfile, Layout, route_source
 
 LOOPBACK = "127.0.0.1"
 _LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 
 
-class HostPlan(NamedTuple):
+@record
+class HostPlan:
     name: str  # as the hostfile gives it: what ssh connects to
     ranks: tuple[int, ...]
     local: bool  # this machine: ranks start as children of tbrun, not through ssh
     store_host: str  # the address of tbrun's store as this host reaches it
 
 
-class JobPlan(NamedTuple):
+@record
+class JobPlan:
     hosts: tuple[HostPlan, ...]
     topology: Layout  # TBCOLL_HOSTFILE
     master_addr: str  # MASTER_ADDR: rank 0's host

@@ -18,11 +18,9 @@ PR_SET_PDEATHSIG kills only the rank itself, and exists on Linux only.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from typing import BinaryIO
 
 from tbcoll.launch.hydratopo import held_topologies, remove_topologies
 from tbcoll.launch.reaper import carrying, descendants, processes, sweep
@@ -82,14 +80,13 @@ class Janitor:
 
 
 @contextmanager
-def janitor_for(folder: str, segments: str | None = None, mpich: bool = False,
+def janitor_for(segments: str | None = None, mpich: bool = False,
                 job: str | None = None) -> Iterator[Janitor]:
-    """A janitor that knows the job's folder (and its shared-memory prefix, or that MPICH's
-    shared memory is to be watched, and the job's TBCOLL_JOB) and is dismissed when the block
-    ends: put tbrun's own clean-up inside the block."""
+    """A janitor that knows the job's shared-memory prefix (or that MPICH's shared memory is
+    to be watched) and the job's TBCOLL_JOB, and is dismissed when the block ends: put
+    tbrun's own clean-up inside the block."""
     janitor = Janitor()
     try:
-        janitor.watch_folder(folder)
         if job is not None:
             janitor.watch_job(job)
         if segments is not None:
@@ -101,7 +98,7 @@ def janitor_for(folder: str, segments: str | None = None, mpich: bool = False,
         janitor.dismiss()
 
 
-def main(orders: BinaryIO) -> None:
+def main(orders: Iterable[bytes]) -> None:
     """Read tbrun's orders until "done" (leave) or their end (tbrun died: clean up)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is tbrun's to handle
     groups, folders, prefixes, jobs = [], [], [], []
@@ -131,8 +128,11 @@ def main(orders: BinaryIO) -> None:
             pass
     for marks in jobs:  # what left the groups: this user's processes with the job's cookie
         sweep(lambda table, marks=marks: carrying(marks, table), (), _PATIENCE)
-    for folder in folders:
-        shutil.rmtree(folder, ignore_errors=True)
+    if folders:
+        import shutil  # here: tbrun's start-up does without it (~2 ms)
+
+        for folder in folders:
+            shutil.rmtree(folder, ignore_errors=True)
     for prefix in prefixes:
         remove_job_segments(prefix, log=lambda message: None)
     if mpich_before is not None:

@@ -14,20 +14,21 @@ remote host) and points the variable at the file.
 from __future__ import annotations
 
 import json
-from typing import NamedTuple
 
 from tbcoll.launch.config import LaunchConfig
 from tbcoll.launch.hosts import LOOPBACK, JobPlan, free_port
 
 from tbcoll.env import format_hostport
 from tbcoll.errors import LaunchError
+from tbcoll.records import record
 from tbcoll.topology import Hostfile
 
 MLX_BACKENDS = ("ring", "jaccl", "jaccl-ring")
 FIRST_PORT = 32323  # mlx.launch's default --starting-port
 
 
-class MlxVariables(NamedTuple):
+@record
+class MlxVariables:
     backend: str
     env: dict[str, str]  # the same for every rank
     files: dict[str, str]  # variable -> content of its file

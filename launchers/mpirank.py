@@ -29,19 +29,20 @@ import os
 import stat
 import sys
 from collections.abc import Mapping
-from typing import NamedTuple
 
 from tbcoll.launch.hydratopo import remove_proxy_topology
 
 from tbcoll.env import LaunchInfo, parse_hostport, torchrun_names_from_mpi, worker_env
 from tbcoll.errors import TbcollError
+from tbcoll.records import record
 from tbcoll.topology import Layout
 
 LAUNCH = "TBCOLL_MPI_LAUNCH"
 REPORTS = "TBCOLL_MPI_REPORTS"
 
 
-class MpiJob(NamedTuple):
+@record
+class MpiJob:
     """What tbrun tells every rank of an mpi job: the launch contract but for what differs
     per rank, and the store's address per node."""
 

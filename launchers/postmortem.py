@@ -12,13 +12,10 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from tbcoll.launch.diagnose import ranks_phrase
-from tbcoll.launch.whereabouts import where
 
 from tbcoll.dump_keys import ANSWER_KEY, DUMP_KEY, LISTENING_KEY, REQUEST_KEY
 from tbcoll.rendezvous import StoreServer
@@ -72,6 +69,8 @@ class Postmortem:
         if not dumps:
             return None
         folder = self._write(n, reason, dumps)
+        from tbcoll.launch.whereabouts import where  # here: typing, for a job that fails
+
         lines = where(dumps, silent)
         if lines:
             self._log(f"where each rank was ({reason}; dumps in {folder}):")
@@ -81,12 +80,14 @@ class Postmortem:
             self._log(f"no rank was in a call ({reason}); their dumps are in {folder}")
         return folder
 
-    def _write(self, n: int, reason: str, dumps: dict[int, Any]) -> str:
+    def _write(self, n: int, reason: str, dumps: dict[int, dict]) -> str:
         if self._folder is not None:
             os.makedirs(self._folder, mode=0o700, exist_ok=True)
             folder = os.path.join(self._folder, f"dump-{n}")
             os.makedirs(folder, mode=0o700, exist_ok=True)
         else:
+            import tempfile  # here: a job that does not fail starts without it (~4 ms)
+
             folder = tempfile.mkdtemp(prefix=f"tbrun-dump-{os.getpid()}-{n}-")
         for rank, dump in dumps.items():
             _write_text(os.path.join(folder, f"rank-{rank}.json"), json.dumps(dump, indent=1))
@@ -94,7 +95,7 @@ class Postmortem:
         return folder
 
 
-def _stacks_text(reason: str, dumps: dict[int, Any]) -> str:
+def _stacks_text(reason: str, dumps: dict[int, dict]) -> str:
     """Every rank's threads and last calls, as a person reads them."""
     out = [f"why: {reason}", ""]
     for rank, dump in sorted(dumps.items()):

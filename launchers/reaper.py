@@ -21,21 +21,22 @@ after its start time was checked again: a pid reused meanwhile is never signalle
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import os
 import signal
 import sys
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping
-from typing import NamedTuple
+
+from tbcoll.records import record
 
 LINUX = sys.platform.startswith("linux")
 _PR_SET_CHILD_SUBREAPER, _PR_GET_CHILD_SUBREAPER = 36, 37
 _ROUND_PAUSE = 0.02  # between sweeps: killed processes vanish, a forking one shows its child
 
 
-class Proc(NamedTuple):
+@record
+class Proc:
     pid: int
     ppid: int
     started: int  # clock ticks after boot: with the pid, names the process
@@ -53,6 +54,17 @@ def set_subreaper(on: bool) -> bool | None:
     None where there is no such thing (not Linux), so that the caller can put it back."""
     if not LINUX:
         return None
+    try:
+        from tbcoll.launch._subreaper import swap
+    except ImportError:  # not built at install (launchers/_subreaper.c)
+        swap = _swap_by_ctypes
+    return swap(on)
+
+
+def _swap_by_ctypes(on: bool) -> bool | None:
+    """_subreaper.swap's prctl calls, through ctypes."""
+    import ctypes
+
     prctl = ctypes.CDLL(None, use_errno=True).prctl
     before = ctypes.c_int()
     if prctl(_PR_GET_CHILD_SUBREAPER, ctypes.byref(before), 0, 0, 0) != 0:

@@ -4,11 +4,8 @@ rendezvous store and the janitor that cleans up should tbrun be killed."""
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import NamedTuple
 
 from tbcoll.launch.hosts import JobPlan
 from tbcoll.launch.janitor import Janitor, janitor_for
@@ -24,13 +21,35 @@ from tbcoll.env import segment_prefix
 UNMADE = "<made at launch>"  # the token a dry run shows
 
 
-class JobScope(NamedTuple):
-    token: str  # TBCOLL_TOKEN, the job's secret
-    job: str  # TBCOLL_JOB, the cookie every process of the job carries
-    folder: str  # the job's private files (0700), removed at the end
-    store: StoreServer | None  # not started yet; None for a dry run
-    janitor: Janitor
-    postmortem: Postmortem | None  # the ranks' dumps, when the job fails; None for a dry run
+class JobScope:
+    """What a job holds while it runs (job_scope makes it, and gives it all back)."""
+
+    def __init__(self, token: str, job: str, janitor: Janitor) -> None:
+        self.token = token  # TBCOLL_TOKEN, the job's secret
+        self.job = job  # TBCOLL_JOB, the cookie every process of the job carries
+        self.janitor = janitor
+        self.store: StoreServer | None = None  # not started yet; None for a dry run
+        # the ranks' dumps, when the job fails; None for a dry run
+        self.postmortem: Postmortem | None = None
+        self._folder: str | None = None
+
+    @property
+    def folder(self) -> str:
+        """The job's private files (0700), removed at the end; made when first asked for:
+        a job whose ranks all run here needs none (MLX's hostfiles and mpiexec's pipes go
+        there), and tempfile with shutil took ~4 ms of tbrun's start-up."""
+        if self._folder is None:
+            import tempfile
+
+            self._folder = tempfile.mkdtemp(prefix="tbrun-")  # 0700
+            self.janitor.watch_folder(self._folder)
+        return self._folder
+
+    def remove_folder(self) -> None:
+        if self._folder is not None:
+            import shutil
+
+            shutil.rmtree(self._folder, ignore_errors=True)
 
 
 @contextmanager
@@ -41,27 +60,24 @@ def job_scope(plan: JobPlan, store_port: int, clients: int, *, dry_run: bool = F
     closed, the folder removed, and the job's shared-memory segments unlinked (tbcoll's, by
     the token's prefix; with mpich, MPICH's are watched by the janitor instead, and the
     caller removes them). A dry run serves no store. clients: the number of ranks."""
-    token = UNMADE if dry_run else new_token()
-    folder = tempfile.mkdtemp(prefix="tbrun-")  # 0700
     job = new_job_id()
     segments = None if mpich or dry_run else segment_prefix(job)
-    with janitor_for(folder, segments=segments, mpich=mpich and not dry_run,
-                     job=job) as janitor:
-        store = postmortem = None
+    with janitor_for(segments=segments, mpich=mpich and not dry_run, job=job) as janitor:
+        scope = JobScope(UNMADE if dry_run else new_token(), job, janitor)
         try:
             if not dry_run:
-                store = serve_store(token, plan, store_port, clients)
-                postmortem = Postmortem(store, clients, log, dump_dir)
-            yield JobScope(token, job, folder, store, janitor, postmortem)
+                scope.store = serve_store(scope.token, plan, store_port, clients)
+                scope.postmortem = Postmortem(scope.store, clients, log, dump_dir)
+            yield scope
         finally:
-            if store is not None:
+            if scope.store is not None:
                 if trace is not None:
                     # imported here: a job without --trace starts without the timeline's
                     # modules (statistics among them: ~2 ms of tbrun's start-up)
                     from tbcoll.launch.timeline import save_trace
 
-                    save_trace(store, clients, trace, log)
-                store.close()
-            shutil.rmtree(folder, ignore_errors=True)
+                    save_trace(scope.store, clients, trace, log)
+                scope.store.close()
+            scope.remove_folder()
             if segments is not None:
                 remove_job_segments(segments, log)

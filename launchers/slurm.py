@@ -10,12 +10,11 @@ each node's NodeAddr (the address Slurm itself reaches it at) becomes its addres
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 from collections.abc import Mapping
-from typing import NamedTuple
 
 from tbcoll.errors import HostfileError
+from tbcoll.records import record
 from tbcoll.topology import MAX_RANKS, Host, Hostfile
 
 _COUNT = re.compile(r"(\d+)(?:\(x(\d+)\))?\Z")
@@ -74,7 +73,8 @@ def _expand_item(item: str, text: str) -> list[str]:
     return [f"{head}{n}{suffix}" for n in numbers for suffix in _expand_item(tail, text)]
 
 
-class Allocation(NamedTuple):
+@record
+class Allocation:
     job_id: str
     nodes: tuple[str, ...]
     tasks_per_node: tuple[int, ...]
@@ -106,6 +106,8 @@ def allocation(environ: Mapping[str, str]) -> Allocation | None:
 
 def node_addresses(nodes: list[str] | tuple[str, ...]) -> dict[str, str]:
     """Each node's NodeAddr as Slurm's controller knows it ({} where scontrol cannot say)."""
+    import shutil  # here: tbrun's start-up outside Slurm does without it (~2 ms)
+
     scontrol = shutil.which("scontrol")
     if scontrol is None:
         return {}

@@ -32,7 +32,6 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import NamedTuple
 
 from tbcoll.launch.diagnose import hint, plural
 from tbcoll.launch.output import STREAMS, OutputRouter
@@ -66,6 +65,7 @@ from tbcoll.launch.verdict import (
 from tbcoll.dump_keys import STACKS_SIGNAL
 from tbcoll.env import job_marks
 from tbcoll.errors import LaunchError
+from tbcoll.records import record
 
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _POLL = 0.5  # backstop for SIGCHLD wake-ups; exits are normally seen at once
@@ -74,7 +74,8 @@ _POLL = 0.5  # backstop for SIGCHLD wake-ups; exits are normally seen at once
 _STRAY_PATIENCE = 5.0
 
 
-class RankCommand(NamedTuple):
+@record
+class RankCommand:
     rank: int
     argv: Sequence[str]
     env: dict[str, str]

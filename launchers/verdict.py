@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Mapping
-from typing import NamedTuple
 
 from tbcoll.launch.diagnose import SSH_FAILED, describe_exit, plural, ranks_phrase, suspects
 
 from tbcoll.errors import LINK_DOWN
+from tbcoll.records import record
 
 TIMEOUT_STATUS = 124  # as timeout(1) does
 STDOUT_CLOSED_STATUS = 128 + signal.SIGPIPE  # as the shell reports a writer SIGPIPE killed
@@ -38,7 +38,8 @@ _TEARDOWN_STATUSES = (128 + signal.SIGINT, 128 + signal.SIGKILL, 128 + signal.SI
 
 # --- events: what the supervisor saw, each with the time and the ranks still running ------
 
-class Exited(NamedTuple):
+@record
+class Exited:
     """A rank (or the launcher) ended with a non-zero returncode (Popen's: -N for signal N)."""
 
     rank: int
@@ -52,7 +53,8 @@ class Exited(NamedTuple):
     launcher: bool = False
 
 
-class Signalled(NamedTuple):
+@record
+class Signalled:
     """tbrun got SIGINT, SIGTERM or SIGHUP."""
 
     signum: int
@@ -60,21 +62,24 @@ class Signalled(NamedTuple):
     alive: tuple[int, ...]
 
 
-class StdoutClosed(NamedTuple):
+@record
+class StdoutClosed:
     """tbrun's standard output lost its reader (`tbrun ... | head -1`)."""
 
     now: float
     alive: tuple[int, ...]
 
 
-class Tick(NamedTuple):
+@record
+class Tick:
     """Time passed (at least until Verdict.deadline, when there is one)."""
 
     now: float
     alive: tuple[int, ...]
 
 
-class AllExited(NamedTuple):
+@record
+class AllExited:
     """No rank runs any more."""
 
     now: float
@@ -86,21 +91,25 @@ Event = Exited | Signalled | StdoutClosed | Tick | AllExited
 
 # --- actions: what the supervisor is to do --------------------------------------------------
 
-class Log(NamedTuple):
+@record
+class Log:
     line: str
 
 
-class Stop(NamedTuple):
+@record
+class Stop:
     """Send sig to every rank's process group; SIGKILL those left after the grace period."""
 
     sig: int
 
 
-class KillNow(NamedTuple):
+@record
+class KillNow:
     """SIGKILL every rank's process group now."""
 
 
-class Dump(NamedTuple):
+@record
+class Dump:
     """Gather the ranks' dumps (tbcoll.dumps) before they are stopped, and say where each
     rank was: the job is failing."""
 
@@ -110,7 +119,8 @@ class Dump(NamedTuple):
 Action = Log | Stop | KillNow | Dump
 
 
-class Verdict(NamedTuple):
+@record
+class Verdict:
     """The job's verdict so far; start with Verdict(names, timeout, started)."""
 
     names: Mapping[int, str]  # rank -> how messages name it

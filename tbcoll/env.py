@@ -55,10 +55,10 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping, Sequence
-from typing import NamedTuple
 
 from tbcoll.backends import BACKENDS
 from tbcoll.errors import TbcollError
+from tbcoll.records import record
 from tbcoll.topology import Layout
 
 DEFAULT_TIMEOUT = 300.0
@@ -66,7 +66,8 @@ DEFAULT_RECORD = 512
 _MPI_RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
 
 
-class LaunchInfo(NamedTuple):
+@record
+class LaunchInfo:
     """What tbrun told this rank about the job."""
 
     rank: int
@@ -277,7 +278,8 @@ def shm_cma(environ: Mapping[str, str] | None = None) -> bool:
     return env.get("TBCOLL_SHM_CMA", "").strip().lower() not in ("0", "false", "no", "off")
 
 
-class RdmaSettings(NamedTuple):
+@record
+class RdmaSettings:
     """What the rdma backend was told (see the module docstring)."""
 
     devices: str  # "" (this host's one device), a name, or a JSON matrix

@@ -19,9 +19,9 @@ import json
 import os
 import re
 import socket
-from typing import NamedTuple
 
 from tbcoll.errors import HostfileError
+from tbcoll.records import record
 
 Rdma = str | tuple[str, ...] | None
 MAX_RANKS = 1 << 20  # more ranks (or slots on a host) than any job here could start
@@ -29,7 +29,8 @@ _DIGITS = re.compile(r"[0-9]+")  # not str.isdigit, which takes "²"
 _NAME = re.compile(r"[A-Za-z0-9_.:\-\[\]@]+\Z")
 
 
-class Host(NamedTuple):
+@record
+class Host:
     name: str  # what ssh connects to
     slots: int = 1  # ranks this host takes
     ips: tuple[str, ...] = ()  # where the other hosts reach it
@@ -42,7 +43,8 @@ class Host(NamedTuple):
         return self.ips[0] if self.ips else self.name.rpartition("@")[2]
 
 
-class Hostfile(NamedTuple):
+@record
+class Hostfile:
     hosts: tuple[Host, ...]
     source: str  # where it came from, for messages
     backend: str = ""
@@ -170,7 +172,8 @@ class Hostfile(NamedTuple):
             for i, h in enumerate(self.hosts))
 
 
-class JobHost(NamedTuple):
+@record
+class JobHost:
     """A host of a job as its ranks see it."""
 
     name: str
@@ -179,7 +182,8 @@ class JobHost(NamedTuple):
     links: tuple[str | None, ...] = ()  # links[j]: its address on the cable to the job's host j
 
 
-class Layout(NamedTuple):
+@record
+class Layout:
     """The resolved topology of a job (TBCOLL_HOSTFILE): the hosts that run ranks, in order.
 
     As JSON: {"hosts": [{"name": "mac1", "ranks": [0, 1], "addr": "10.0.1.1",

@@ -359,6 +359,23 @@ def test_the_kernels_list_of_children_is_the_scans():
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="no subreaper but on Linux")
+def test_the_subreaper_is_set_alike_by_the_c_module_and_through_ctypes():
+    """tbcoll.launch._subreaper (built at install) and the ctypes fallback of
+    reaper.set_subreaper: each says what the other set."""
+    from tbcoll.launch import reaper
+    from tbcoll.launch._subreaper import swap
+
+    before = swap(True)
+    try:
+        assert reaper._swap_by_ctypes(False) is True
+        assert swap(True) is False
+        assert reaper._swap_by_ctypes(True) is True
+        assert reaper.set_subreaper(False) is True
+    finally:
+        swap(before)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="no subreaper but on Linux")
 def test_tbrun_reaps_the_orphans_it_adopts(script, tmp_path):
     """Short-lived daemons of a rank end as tbrun's children: tbrun reaps them during the
     job, so that no zombie piles up."""

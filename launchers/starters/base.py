@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping, Sequence
-from typing import NamedTuple
 
 from tbcoll.launch.config import LaunchConfig
 from tbcoll.launch.hosts import HostPlan, remote_setup
 from tbcoll.launch.supervisor import RankCommand
 
+from tbcoll.records import record
 
-class RankSpec(NamedTuple):
+
+@record
+class RankSpec:
     """One rank of a job, wherever it is going to run."""
 
     rank: int
@@ -30,7 +32,8 @@ class RankSpec(NamedTuple):
                             self.stdin)
 
 
-class Starter(NamedTuple):
+@record
+class Starter:
     name: str
     # starts one rank: the process tbrun supervises for it
     command: Callable[[RankSpec, LaunchConfig], RankCommand] | None = None
