@@ -184,7 +184,9 @@ static void reduce_slots(const char *slots, Py_ssize_t slot_bytes, Py_ssize_t si
  *   ALL_REDUCE      src -> slot; dst = all slots reduced with op, in rank order;
  *   ALL_GATHER      src -> slot; slot k -> dst + k * dst_stride (dst.len fits them);
  *   REDUCE_SCATTER  size pieces of dst.len bytes at src + k * src_stride -> slot, one after
- *                   the other; dst = piece `rank` of every slot reduced, in rank order;
+ *                   the other, but its own piece, which only this rank reads and reads from
+ *                   src (unless dst overlaps it); dst = piece `rank` of every slot reduced, in
+ *                   rank order;
  *   BROADCAST       the root: src -> slot (and -> dst if dst is another buffer); the others
  *                   copy the root's slot into dst. Every rank waits for every flag, as in
  *                   the other kinds, to compare every rank's signature: a rank that names
@@ -290,6 +292,12 @@ static PyObject *shm_round(PyObject *self, PyObject *const *args, Py_ssize_t nar
     /* ALL_REDUCE_SPLIT: the bytes [own_lo, own_hi) of the chunk are this rank's to reduce */
     Py_ssize_t n = piece / item, own_lo = rank * n / size * item,
                own_hi = (rank + 1) * n / size * item;
+    /* REDUCE_SCATTER: this rank's own piece, read from src where dst is apart from it (the
+     * reduction writes dst first) */
+    const char *own_piece = src_bytes + rank * src_stride;
+    uintptr_t own_at = (uintptr_t)own_piece, dst_at = (uintptr_t)dst_bytes;
+    int own_from_src = kind == REDUCE_SCATTER &&
+                       (dst_at + (uintptr_t)piece <= own_at || own_at + (uintptr_t)piece <= dst_at);
     if (kind == ALL_REDUCE_SPLIT && stage == 4)
         goto collect;
     if (stage == 1) {
@@ -305,15 +313,12 @@ static PyObject *shm_round(PyObject *self, PyObject *const *args, Py_ssize_t nar
                 PyEval_RestoreThread(saved);
         } else if (kind != BARRIER && (kind != BROADCAST || rank == root)) {
             Py_ssize_t pieces = kind == REDUCE_SCATTER ? size : 1;
-            if (filled >= NOGIL_BYTES) {
-                Py_BEGIN_ALLOW_THREADS
-                for (Py_ssize_t k = 0; k < pieces; k++)
+            PyThreadState *saved = filled >= NOGIL_BYTES ? PyEval_SaveThread() : NULL;
+            for (Py_ssize_t k = 0; k < pieces; k++)
+                if (!(own_from_src && k == rank))
                     memcpy(mine + k * piece, src_bytes + k * src_stride, (size_t)piece);
-                Py_END_ALLOW_THREADS
-            } else {
-                for (Py_ssize_t k = 0; k < pieces; k++)
-                    memcpy(mine + k * piece, src_bytes + k * src_stride, (size_t)piece);
-            }
+            if (saved)
+                PyEval_RestoreThread(saved);
         }
         __atomic_store_n((uint64_t *)(base + signature_at + rank * line), signature,
                          __ATOMIC_RELAXED);
@@ -351,10 +356,14 @@ static PyObject *shm_round(PyObject *self, PyObject *const *args, Py_ssize_t nar
         for (Py_ssize_t k = 0; k < size; k++)
             memcpy(dst_bytes + k * dst_stride, all + k * slot_bytes, (size_t)piece);
         break;
-    case REDUCE_SCATTER:
-        reduce_slots(all + rank * piece, slot_bytes, size, dst_bytes, piece / item, (int)dtype,
-                     (int)op);
+    case REDUCE_SCATTER: {
+        const char *rows[MAX_RANKS];
+        for (Py_ssize_t k = 0; k < size; k++)
+            rows[k] = own_from_src && k == rank ? own_piece
+                                                : all + k * slot_bytes + rank * piece;
+        reduce_rows(rows, size, dst_bytes, n, (int)dtype, (int)op);
         break;
+    }
     case BROADCAST:
         if (rank != root)
             memcpy(dst_bytes, all + root * slot_bytes, (size_t)piece);
