@@ -21,10 +21,11 @@ rank order, so every rank gets the same bits. Larger, each chunk splits: rank r 
 slot, where every rank's x and out lie in comm.empty's buffers, rank r reduces its 1/p
 straight from the peers' x into its out and copies the other parts from the peers' outs.
 
-all_gather and broadcast of more than a slot move each block with one copy instead of two
-where they can: the ranks exchange where their buffers are in a round, each copies the blocks
-it needs straight from (or to) the owner's buffer, and a last round tells every rank that
-every copy is done and succeeded. Where every rank's buffer lies in the same allocation of
+all_gather of blocks past GATHER_ONE_COPY_BYTES (a slot where ranks share cores) and broadcast
+of more than a slot move each block with one copy instead of two where they can: the ranks
+exchange where their buffers are in a round, each copies the blocks it needs straight from
+(or to) the owner's buffer, and a last round tells every rank that every copy is done and
+succeeded. Where every rank's buffer lies in the same allocation of
 comm.empty (tbcoll.shm.heap), every rank maps the others' and copies with plain loads and
 stores, on any OS. Else, on Linux, the copies are the kernel's (cross-memory attach,
 _atomics.cma_copy); where a policy forbids such copies (Yama's ptrace_scope 1 or more between
@@ -54,6 +55,12 @@ from tbcoll.shm.pipe import LINE, Ring
 from tbcoll.shm.segment import Segment
 
 SLOT = 1 << 20
+# all_gather's blocks larger than this go in one copy where every rank has a core: np=2, 256 KiB
+# blocks took 37-39 us against 44-48 through the slots, 512 KiB 91-103 against 110, while
+# 128 KiB tied (24 us); the slots' round writes each block into the segment, and its readers
+# then fetch lines another core has just made dirty. With more ranks than cores, only past a
+# slot: np=4 on 2 cores, 256 KiB-1 MiB blocks took 1.1-1.6x longer in one copy.
+GATHER_ONE_COPY_BYTES = 128 << 10
 RING = 128 << 10  # bytes of each point-to-point ring
 SINGLE_PASS_BYTES = 64 << 10  # measured: single pass wins at 64 KiB for np=4, split at 256 KiB
 WAIT_SLICE = 0.05  # seconds between looks for dead peers and the deadline
@@ -215,6 +222,7 @@ class ShmNative:
         # blocks past a slot are read from their owners' memory (see the module docstring)
         self._cma = bool(atomics.HAVE_CMA) and shm_cma()
         self.heap = Heap(rank, size, prefix)  # comm.empty's buffers
+        self._gather_one_copy = GATHER_ONE_COPY_BYTES if size <= cores() else SLOT
         # A wait spins ~1 us (a small message's turnaround) before it yields its core, and
         # with more ranks than cores next to nothing: the peer it waits for may need the core
         # (8 B all_reduce at np=4 on 2 cores: 35 us with 5 us of spin, 21 with 0.5, 9.6
@@ -242,9 +250,11 @@ class ShmNative:
 
     def direct_all_gather(self, x: np.ndarray, op: None, root: int,
                           out: np.ndarray | None) -> np.ndarray | None:
-        """all_gather likewise; out, if given, holds size blocks like x (checked by caller)."""
+        """all_gather likewise; out, if given, holds size blocks like x (checked by caller).
+        None where all_gather would move the blocks in one copy."""
         dtype = _code(x.dtype)
-        if dtype is None or x.nbytes > SLOT or not x.flags.c_contiguous:
+        one_copy = self._gather_one_copy if self._cma or self.heap.used else SLOT
+        if dtype is None or x.nbytes > one_copy or not x.flags.c_contiguous:
             return None
         if out is None:
             shape = (self.size * x.shape[0], *x.shape[1:]) if x.ndim else (self.size,)
@@ -304,13 +314,13 @@ class ShmNative:
                         dtype, code, 0, call if lo == 0 else 0)
 
     def all_gather(self, send: np.ndarray, recv: np.ndarray) -> None:
-        """Rank k's block is slot k; each chunk of the blocks goes in place in recv. Past a
-        slot, each block is copied once: from its owner's x, or (where the results are
-        comm.empty's and the x are not) from its owner's result, into which the owner
-        copies its own block before the first round."""
+        """Rank k's block is slot k; each chunk of the blocks goes in place in recv. Past
+        GATHER_ONE_COPY_BYTES (a slot with more ranks than cores), each block is copied once:
+        from its owner's x, or (where the results are comm.empty's and the x are not) from its
+        owner's result, into which the owner copies its own block before the first round."""
         src, dst, block = _bytes(send), _bytes(recv), send.nbytes
         call = signature("all_gather", send.dtype, None, send.nbytes)
-        if block > SLOT:
+        if block > self._gather_one_copy:
             own = dst[self.rank * block:(self.rank + 1) * block]
             if self.heap.locate(dst) != NOT_IN_HEAP:  # the others may read it from there
                 np.copyto(own, src)
