@@ -457,9 +457,10 @@ class ShmNative:
         where = np.array([(atomics.address(b), *heap.locate(b)) for b in buffers], np.int64)
         table = np.empty((self.size, *where.shape), np.int64)
         self._round(atomics.ALL_GATHER, where, 0, table, where.nbytes, _BYTES, 0, 0, call)
-        allocations = table[:, :, 1]
-        mapped = [bool(column[0] >= 0 and (column == column[0]).all())
-                  for column in allocations.T]
+        mapped = [False] * len(buffers)
+        if heap.used:  # (else nothing is mapped: ~2 us of numpy's calls saved)
+            mapped = [bool(column[0] >= 0 and (column == column[0]).all())
+                      for column in table[:, :, 1].T]
         if mapped_if(mapped):
             peers: Peers = Mapped(heap, table, mapped)
         elif attach:
