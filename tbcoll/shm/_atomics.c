@@ -293,7 +293,8 @@ static PyObject *shm_round(PyObject *self, PyObject *const *args, Py_ssize_t nar
     Py_ssize_t n = piece / item, own_lo = rank * n / size * item,
                own_hi = (rank + 1) * n / size * item;
     /* REDUCE_SCATTER: this rank's own piece, read from src where dst is apart from it (the
-     * reduction writes dst first) */
+     * reduction writes dst first). No flag need order it, on ARM64 either: no other rank
+     * reads this piece, nor the part of this rank's slot it no longer fills. */
     const char *own_piece = src_bytes + rank * src_stride;
     uintptr_t own_at = (uintptr_t)own_piece, dst_at = (uintptr_t)dst_bytes;
     int own_from_src = kind == REDUCE_SCATTER &&

@@ -25,9 +25,9 @@ all_gather of blocks past GATHER_ONE_COPY_BYTES (a slot where ranks share cores)
 of more than a slot move each block with one copy instead of two where they can: the ranks
 exchange where their buffers are in a round, each copies the blocks it needs straight from
 (or to) the owner's buffer, and a last round tells every rank that every copy is done and
-succeeded. Where every rank's buffer lies in the same allocation of
-comm.empty (tbcoll.shm.heap), every rank maps the others' and copies with plain loads and
-stores, on any OS. Else, on Linux, the copies are the kernel's (cross-memory attach,
+succeeded. Where every rank's buffer lies in the same allocation of comm.empty
+(tbcoll.shm.heap), every rank maps the others' and copies with plain loads and stores, on any
+OS. Else, on Linux, the copies are the kernel's (cross-memory attach,
 _atomics.cma_copy); where a policy forbids such copies (Yama's ptrace_scope 1 or more between
 sibling processes, a seccomp filter) the ranks see it in that last round, take the slot
 rounds from then on, and say nothing: it is only slower. TBCOLL_SHM_CMA=0 turns it off.
@@ -56,10 +56,10 @@ from tbcoll.shm.segment import Segment
 
 SLOT = 1 << 20
 # all_gather's blocks larger than this go in one copy where every rank has a core: np=2, 256 KiB
-# blocks took 37-39 us against 44-48 through the slots, 512 KiB 91-103 against 110, while
-# 128 KiB tied (24 us); the slots' round writes each block into the segment, and its readers
-# then fetch lines another core has just made dirty. With more ranks than cores, only past a
-# slot: np=4 on 2 cores, 256 KiB-1 MiB blocks took 1.1-1.6x longer in one copy.
+# blocks took 37-43 us against 44-50 through the slots, 512 KiB 91-103 against 106-115, while
+# 128 KiB tied (24-25 us); the slots' round writes each block into the segment, and its readers
+# then fetch lines that another core has just made dirty. With more ranks than cores, only past
+# a slot: np=4 on 2 cores, 256 KiB-1 MiB blocks took 1.2-1.8x longer in one copy.
 GATHER_ONE_COPY_BYTES = 128 << 10
 RING = 128 << 10  # bytes of each point-to-point ring
 SINGLE_PASS_BYTES = 64 << 10  # measured: single pass wins at 64 KiB for np=4, split at 256 KiB
