@@ -32,10 +32,11 @@ if refuse == str(comm.rank):
     {module}.atomics = Refusing()
 """
 
-# Sizes around a slot (1 MiB): not a multiple of the ranks, of a page, or of a slot.
+# Sizes past all_gather's one-copy threshold (128 KiB) and around a slot (1 MiB): not a
+# multiple of the ranks, of a page, or of a slot.
 JOB = REFUSING.format(package="tbcoll.shm", module="native") + """
 shm = comm._group.native
-for nbytes in ((1 << 20) + 12, 3 * (1 << 20) + 8):
+for nbytes in ((256 << 10) + 12, (1 << 20) + 12, 3 * (1 << 20) + 8):
     n = nbytes // 4
     for call in range(2):  # the second call after a refusal takes the rounds from the start
         mine = np.arange(n, dtype=np.float32) + 1000 * comm.rank + call

@@ -65,7 +65,9 @@ typedef struct {
  *   ALL_REDUCE      src -> slot; dst = all slots reduced with op, in rank order;
  *   ALL_GATHER      src -> slot; slot k -> dst + k * dst_stride (dst.len fits them);
  *   REDUCE_SCATTER  size pieces of dst.len bytes at src + k * src_stride -> slot, one after
- *                   the other; dst = piece `rank` of every slot reduced, in rank order;
+ *                   the other, but its own piece, which only this rank reads and reads from
+ *                   src (unless dst overlaps it); dst = piece `rank` of every slot reduced, in
+ *                   rank order;
  *   BROADCAST       the root: src -> slot (and -> dst if dst is another buffer); the others
  *                   copy the root's slot into dst. Every rank waits for every flag, as in
  *                   the other kinds, to compare every rank's signature: a rank that names
@@ -117,6 +119,13 @@ static int run_round(const Round *r, uint64_t seq, int stage, double budget, uin
     /* ALL_REDUCE_SPLIT: the bytes [own_lo, own_hi) of the chunk are this rank's to reduce */
     Py_ssize_t n = piece / item, own_lo = rank * n / size * item,
                own_hi = (rank + 1) * n / size * item;
+    /* REDUCE_SCATTER: this rank's own piece, read from src where dst is apart from it (the
+     * reduction writes dst first). No flag need order it, on ARM64 either: no other rank
+     * reads this piece, nor the part of this rank's slot it no longer fills. */
+    const char *own_piece = src + rank * r->src_stride;
+    uintptr_t own_at = (uintptr_t)own_piece, dst_at = (uintptr_t)dst;
+    int own_from_src = kind == REDUCE_SCATTER && (dst_at + (uintptr_t)piece <= own_at ||
+                                                  own_at + (uintptr_t)piece <= dst_at);
     if (kind == ALL_REDUCE_SPLIT && stage == 4)
         goto collect;
     if (stage == 1) {
@@ -132,7 +141,8 @@ static int run_round(const Round *r, uint64_t seq, int stage, double budget, uin
             Py_ssize_t pieces = kind == REDUCE_SCATTER ? size : 1;
             PyThreadState *saved = filled >= NOGIL_BYTES ? PyEval_SaveThread() : NULL;
             for (Py_ssize_t k = 0; k < pieces; k++)
-                memcpy(mine + k * piece, src + k * r->src_stride, (size_t)piece);
+                if (!(own_from_src && k == rank))
+                    memcpy(mine + k * piece, src + k * r->src_stride, (size_t)piece);
             if (saved)
                 PyEval_RestoreThread(saved);
         }
@@ -166,10 +176,14 @@ static int run_round(const Round *r, uint64_t seq, int stage, double budget, uin
         for (Py_ssize_t k = 0; k < size; k++)
             memcpy(dst + k * r->dst_stride, all + k * r->slot_bytes, (size_t)piece);
         break;
-    case REDUCE_SCATTER:
-        reduce_slots(all + rank * piece, r->slot_bytes, size, dst, piece / item, r->dtype,
-                     r->op);
+    case REDUCE_SCATTER: {
+        const char *rows[MAX_RANKS];
+        for (Py_ssize_t k = 0; k < size; k++)
+            rows[k] = own_from_src && k == rank ? own_piece
+                                                : all + k * r->slot_bytes + rank * piece;
+        reduce_rows(rows, size, dst, n, r->dtype, r->op);
         break;
+    }
     case BROADCAST:
         if (rank != r->root)
             memcpy(dst, all + r->root * r->slot_bytes, (size_t)piece);
@@ -216,7 +230,7 @@ typedef struct {
     PyObject *resume;          /* resume(stage, seq, signature): wait in Python, or raise */
     /* calls(): what the one-call paths take and how they sign a call */
     int checks;                /* calls() was called */
-    Py_ssize_t single_pass;    /* the largest all_reduce in one round */
+    Py_ssize_t largest[ONE_CALL_KINDS]; /* the largest x each kind takes (limit()) */
     PyObject *ndarray, *dtypes, *ops, *empty; /* numpy.ndarray, dtypes by code, op -> code,
                                                  numpy.empty */
     uint64_t all_reduce_calls[DTYPES][OPS], all_gather_calls[DTYPES],
@@ -417,7 +431,7 @@ static int read_words(PyObject *list, uint64_t *words, Py_ssize_t count)
  *       broadcast_call)
  * What the one-call paths take: numpy arrays (ndarray) of the dtypes (a tuple, by code),
  * reductions named in ops (name -> code), all_reduce up to single_pass bytes and the others
- * up to a slot; new results from empty(shape, dtype). How they sign a call: all_reduce and
+ * up to a slot (until limit() says otherwise); new results from empty(shape, dtype). How they sign a call: all_reduce and
  * reduce_scatter's signatures less the byte count, flat lists by dtype then op,
  * all_gather's by dtype, and broadcast's from broadcast_call(dtype, root), asked once each.
  */
@@ -443,7 +457,8 @@ static PyObject *lane_calls(Lane *self, PyObject *args)
         return PyErr_NoMemory();
     PyMem_Free(self->broadcast_calls);
     self->broadcast_calls = broadcast_calls;
-    self->single_pass = single_pass;
+    for (int kind = 0; kind < ONE_CALL_KINDS; kind++)
+        self->largest[kind] = kind == ALL_REDUCE ? single_pass : self->slot_bytes;
     Py_INCREF(ndarray);
     Py_INCREF(dtypes);
     Py_INCREF(ops);
@@ -455,6 +470,22 @@ static PyObject *lane_calls(Lane *self, PyObject *args)
     Py_XSETREF(self->empty, empty);
     Py_XSETREF(self->broadcast_call, broadcast_call);
     self->checks = 1;
+    Py_RETURN_NONE;
+}
+
+/* limit(kind, nbytes): the largest x whose call of that kind takes the one-call path (at
+ * most a slot; past it the Python path runs, e.g. a one-copy all_gather) */
+static PyObject *lane_limit(Lane *self, PyObject *args)
+{
+    int kind;
+    Py_ssize_t nbytes;
+    if (!PyArg_ParseTuple(args, "in:limit", &kind, &nbytes))
+        return NULL;
+    if (kind < 0 || kind >= ONE_CALL_KINDS || nbytes < 0 || nbytes > self->slot_bytes) {
+        PyErr_SetString(PyExc_ValueError, "bad kind, or more bytes than a slot");
+        return NULL;
+    }
+    self->largest[kind] = nbytes;
     Py_RETURN_NONE;
 }
 
@@ -668,8 +699,7 @@ static PyObject *one_call(Lane *self, int kind, PyObject *x, PyObject *op_name, 
     }
     Py_ssize_t shape[64];
     int ndim = xv.ndim < 63 ? result_shape(kind, &xv, self->size, shape) : -1;
-    int qualifies = ndim >= 0 &&
-                    xv.len <= (kind == ALL_REDUCE ? self->single_pass : self->slot_bytes);
+    int qualifies = ndim >= 0 && xv.len <= self->largest[kind];
     int have_out = 0, have_segment = 0;
     if (qualifies && out != Py_None) {
         if (PyObject_GetBuffer(out, &ov, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
@@ -913,6 +943,7 @@ static PyObject *lane_broadcast(Lane *self, PyObject *const *args, Py_ssize_t na
 static PyMethodDef lane_methods[] = {
     {"round", FASTCALL(lane_round_method), "One round of a collective, to its end."},
     {"calls", (PyCFunction)lane_calls, METH_VARARGS, "What the one-call paths take."},
+    {"limit", (PyCFunction)lane_limit, METH_VARARGS, "The largest x a kind's path takes."},
     {"bind", (PyCFunction)lane_bind, METH_VARARGS, "The communicator whose calls take it."},
     {"direct", FASTCALL(lane_direct), "A transport's one-call path."},
     {"all_reduce", FASTCALL(lane_all_reduce), "The communicator's all_reduce, or None."},

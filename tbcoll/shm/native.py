@@ -23,12 +23,13 @@ rank order, so every rank gets the same bits. Larger, each chunk splits: rank r 
 slot, where every rank's x and out lie in comm.empty's buffers, rank r reduces its 1/p
 straight from the peers' x into its out and copies the other parts from the peers' outs.
 
-all_gather and broadcast of more than a slot move each block with one copy instead of two
-where they can: the ranks exchange where their buffers are in a round, each copies the blocks
-it needs straight from (or to) the owner's buffer, and a last round tells every rank that
-every copy is done and succeeded. Where every rank's buffer lies in the same allocation of
-comm.empty (tbcoll.shm.heap), every rank maps the others' and copies with plain loads and
-stores, on any OS. Else, on Linux, the copies are the kernel's (cross-memory attach,
+all_gather of blocks past GATHER_ONE_COPY_BYTES (a slot where ranks share cores) and broadcast
+of more than a slot move each block with one copy instead of two where they can: the ranks
+exchange where their buffers are in a round, each copies the blocks it needs straight from
+(or to) the owner's buffer, and a last round tells every rank that every copy is done and
+succeeded. Where every rank's buffer lies in the same allocation of comm.empty
+(tbcoll.shm.heap), every rank maps the others' and copies with plain loads and stores, on any
+OS. Else, on Linux, the copies are the kernel's (cross-memory attach,
 _atomics.cma_copy); where a policy forbids such copies (Yama's ptrace_scope 1 or more between
 sibling processes, a seccomp filter) the ranks see it in that last round, take the slot
 rounds from then on, and say nothing: it is only slower. TBCOLL_SHM_CMA=0 turns it off.
@@ -57,6 +58,12 @@ from tbcoll.shm.pipe import LINE, Ring
 from tbcoll.shm.segment import Segment
 
 SLOT = 1 << 20
+# all_gather's blocks larger than this go in one copy where every rank has a core: np=2, 256 KiB
+# blocks took 37-43 us against 44-50 through the slots, 512 KiB 91-103 against 106-115, while
+# 128 KiB tied (24-25 us); the slots' round writes each block into the segment, and its readers
+# then fetch lines that another core has just made dirty. With more ranks than cores, only past
+# a slot: np=4 on 2 cores, 256 KiB-1 MiB blocks took 1.2-1.8x longer in one copy.
+GATHER_ONE_COPY_BYTES = 128 << 10
 RING = 128 << 10  # bytes of each point-to-point ring
 SINGLE_PASS_BYTES = 64 << 10  # measured: single pass wins at 64 KiB for np=4, split at 256 KiB
 WAIT_SLICE = 0.05  # seconds between looks for dead peers and the deadline
@@ -221,6 +228,8 @@ class ShmNative:
         # blocks past a slot are read from their owners' memory (see the module docstring)
         self._cma = bool(atomics.HAVE_CMA) and shm_cma()
         self.heap = Heap(rank, size, prefix)  # comm.empty's buffers
+        self._gather_one_copy = GATHER_ONE_COPY_BYTES if size <= cores() else SLOT
+        self._limit_gather()
         # A wait spins ~1 us (a small message's turnaround) before it yields its core, and
         # with more ranks than cores next to nothing: the peer it waits for may need the core
         # (8 B all_reduce at np=4 on 2 cores: 35 us with 5 us of spin, 21 with 0.5, 9.6
@@ -252,13 +261,13 @@ class ShmNative:
                         dtype, code, 0, call if lo == 0 else 0)
 
     def all_gather(self, send: np.ndarray, recv: np.ndarray) -> None:
-        """Rank k's block is slot k; each chunk of the blocks goes in place in recv. Past a
-        slot, each block is copied once: from its owner's x, or (where the results are
-        comm.empty's and the x are not) from its owner's result, into which the owner
-        copies its own block before the first round."""
+        """Rank k's block is slot k; each chunk of the blocks goes in place in recv. Past
+        GATHER_ONE_COPY_BYTES (a slot with more ranks than cores), each block is copied once:
+        from its owner's x, or (where the results are comm.empty's and the x are not) from its
+        owner's result, into which the owner copies its own block before the first round."""
         src, dst, block = _bytes(send), _bytes(recv), send.nbytes
         call = signature("all_gather", send.dtype, None, send.nbytes)
-        if block > SLOT:
+        if block > self._gather_one_copy:
             own = dst[self.rank * block:(self.rank + 1) * block]
             if self.heap.locate(dst) != NOT_IN_HEAP:  # the others may read it from there
                 np.copyto(own, src)
@@ -357,7 +366,14 @@ class ShmNative:
             self._round(atomics.ALL_GATHER, mine, 0, everyone, mine.nbytes, _BYTES, 0, 0,
                         signature("all_gather", np.uint8, None, mine.nbytes))
 
-        return self.heap.allocate(nbytes, exchange, self._everyone)
+        buffer = self.heap.allocate(nbytes, exchange, self._everyone)
+        self._limit_gather()
+        return buffer
+
+    def _limit_gather(self) -> None:
+        """all_gather's one-call path ends where its one copy can start (all_gather)."""
+        self.lane.limit(atomics.ALL_GATHER,
+                        self._gather_one_copy if self._cma or self.heap.used else SLOT)
 
     def _everyone(self, ok: bool) -> bool:
         """A round that tells every rank whether every rank's ok is true."""
@@ -395,9 +411,10 @@ class ShmNative:
         where = np.array([(atomics.address(b), *heap.locate(b)) for b in buffers], np.int64)
         table = np.empty((self.size, *where.shape), np.int64)
         self._round(atomics.ALL_GATHER, where, 0, table, where.nbytes, _BYTES, 0, 0, call)
-        allocations = table[:, :, 1]
-        mapped = [bool(column[0] >= 0 and (column == column[0]).all())
-                  for column in allocations.T]
+        mapped = [False] * len(buffers)
+        if heap.used:  # (else nothing is mapped: ~2 us of numpy's calls saved)
+            mapped = [bool(column[0] >= 0 and (column == column[0]).all())
+                      for column in table[:, :, 1].T]
         if mapped_if(mapped):
             peers: Peers = Mapped(heap, table, mapped)
         elif attach:
