@@ -49,17 +49,21 @@ class _Sink:
         self.fd = fd
         self.owner: Key | None = None  # the key whose last piece did not end its line
         self.last_write = 0.0
-        self.closed = False  # its reader went away (`tbrun ... | head -1`)
+        self.closed = False  # its reader went away (`tbrun ... | head -1`), or writes fail
+        self.failure = ""  # why writes fail (a full disk: `tbrun ... > /dev/full`), if they do
 
     def write(self, data: bytes) -> None:
         if self.closed:
             return
         try:
             _write_all(self.fd, data)
-        except BrokenPipeError:
-            # The supervisor ends the job, as SIGPIPE ends a writer in a shell pipeline; what
-            # is written meanwhile has nowhere to go.
+        except OSError as e:
+            # The supervisor ends the job, as SIGPIPE ends a writer in a shell pipeline (or,
+            # where the write failed, as a failure); what is written meanwhile has nowhere
+            # to go.
             self.closed = True
+            if not isinstance(e, BrokenPipeError):
+                self.failure = e.strerror or str(e)
 
 
 class OutputRouter:
@@ -126,8 +130,14 @@ class OutputRouter:
 
     @property
     def stdout_closed(self) -> bool:
-        """tbrun's standard output has no reader any more: the job should end."""
+        """tbrun's standard output has no reader any more, or cannot be written: the job
+        should end."""
         return self._sinks["out"].closed
+
+    @property
+    def stdout_failure(self) -> str:
+        """Why writing tbrun's standard output failed ("" where its reader went away)."""
+        return self._sinks["out"].failure
 
     def stderr_tail(self, rank: int) -> str:
         """The last few KB a rank wrote to stderr (for hints in tbrun's failure messages)."""

@@ -256,7 +256,8 @@ class Supervisor:
             self._output.flush_due()
             if self._output.stdout_closed and not self._stdout_lost:
                 self._stdout_lost = True
-                self._tell(StdoutClosed(time.monotonic(), self._alive()))
+                self._tell(StdoutClosed(time.monotonic(), self._alive(),
+                                        self._output.stdout_failure))
             while self._pending_signals:
                 signum = self._pending_signals.pop(0)
                 if signum == signal.SIGUSR1:  # where is every rank? the job goes on

@@ -64,10 +64,12 @@ class Signalled:
 
 @record
 class StdoutClosed:
-    """tbrun's standard output lost its reader (`tbrun ... | head -1`)."""
+    """tbrun's standard output lost its reader (`tbrun ... | head -1`), or a write to it
+    failed (failure: why, e.g. a full disk)."""
 
     now: float
     alive: tuple[int, ...]
+    failure: str = ""
 
 
 @record
@@ -220,20 +222,26 @@ def _signalled(verdict: Verdict, e: Signalled) -> tuple[Verdict, list[Action]]:
 
 
 def _stdout_closed(verdict: Verdict, e: StdoutClosed) -> tuple[Verdict, list[Action]]:
-    """What a shell pipeline expects of a writer whose reader left: stop, status 141. The
-    ranks' output has nowhere to go; a failure already being torn down keeps its status, and
-    ranks that all ended well still lost output (141 as well)."""
+    """What a shell pipeline expects of a writer whose reader left: stop, status 141 (status
+    1 where a write failed: the output is lost). The ranks' output has nowhere to go; a
+    failure already being torn down keeps its status, and ranks that all ended well still
+    lost output (141, or 1, as well)."""
     if verdict.tearing_down:
         return verdict, []
-    log = Log("standard output was closed; stopping the job")
+    if e.failure:
+        log = Log(f"cannot write the ranks' output to standard output ({e.failure}); "
+                  "stopping the job")
+    else:
+        log = Log("standard output was closed; stopping the job")
+    closed = 1 if e.failure else STDOUT_CLOSED_STATUS
     if e.alive:
         # a follower's failure still waits for its culprit: it stays provisional
-        status = STDOUT_CLOSED_STATUS if verdict.status is None else verdict.status
+        status = closed if verdict.status is None else verdict.status
         verdict, actions = _stop(verdict, status, signal.SIGTERM,
                                  provisional=verdict.provisional)
         return verdict, [log, *actions]
     if verdict.status is None:
-        verdict = verdict._replace(status=STDOUT_CLOSED_STATUS)
+        verdict = verdict._replace(status=closed)
     return verdict, [log]
 
 

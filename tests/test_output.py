@@ -129,6 +129,24 @@ def test_a_closed_stdout_ends_the_job_as_sigpipe_would(script, tmp_path, stderr)
     wait_for(lambda: not any(map(pid_alive, pids)), 5, f"ranks {pids} to end")
 
 
+def test_a_stdout_that_cannot_be_written_ends_the_job_saying_why(script, tmp_path):
+    """`tbrun ... > /dev/full`: the first write fails (a full disk); the job stops with
+    status 1 and one line naming the error, not a traceback."""
+    piddir = tmp_path / "pids"
+    piddir.mkdir()
+    with open("/dev/full", "w") as full:
+        p = subprocess.run([TBRUN, "-np", "2", str(script(CHATTY)), str(piddir)],
+                           stdin=subprocess.DEVNULL, stdout=full, stderr=subprocess.PIPE,
+                           text=True, timeout=30)
+    assert p.returncode == 1, p.stderr
+    assert p.stderr.splitlines() == [
+        "tbrun: cannot write the ranks' output to standard output (No space left on "
+        "device); stopping the job"], p.stderr
+    pids = [int(path.read_text()) for path in piddir.glob("*.pid")]  # (those that started)
+    assert pids
+    wait_for(lambda: not any(map(pid_alive, pids)), 5, f"ranks {pids} to end")
+
+
 class FakeClock:
     def __init__(self) -> None:
         self.now = 0.0
