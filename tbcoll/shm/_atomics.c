@@ -289,15 +289,15 @@ static Py_ssize_t quarter(Py_ssize_t capacity)
     return capacity / 4 > 0 ? capacity / 4 : 1;
 }
 
-/* The ring at `at` in segment, or NULL (then RING_OUTSIDE says why). */
+static const char RING_OUTSIDE[] = "the ring lies outside the segment";
+
+/* The ring at `at` in segment, or NULL (RING_OUTSIDE). */
 static char *ring_at(const Py_buffer *segment, Py_ssize_t at, Py_ssize_t capacity)
 {
     if (at < 0 || at % 8 || capacity <= 0 || at + RING_DATA + capacity > segment->len)
         return NULL;
     return (char *)segment->buf + at;
 }
-
-static const char RING_OUTSIDE[] = "the ring lies outside the segment";
 
 /* Copy as many of n bytes as there is room for now; returns how many. Safe without the GIL. */
 static Py_ssize_t ring_fill(char *ring, Py_ssize_t capacity, uint64_t *head, const char *from,
