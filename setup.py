@@ -55,10 +55,10 @@ class BuildExtAndDieWithParent(build_ext):
 
 setup(cmdclass={"build_ext": BuildExtAndDieWithParent}, ext_modules=[
     Extension("tbcoll.shm._atomics", ["tbcoll/shm/_atomics.c", "tbcoll/shm/lane.c"],
-              depends=["tbcoll/shm/reduce.h", "tbcoll/shm/cpu_relax.h", "tbcoll/shm/shm.h"],
-              optional=True),
+              depends=["tbcoll/shm/reduce.h", "tbcoll/shm/cpu_relax.h", "tbcoll/shm/shm.h",
+                       "tbcoll/shm/buffers.h"], optional=True),
     Extension("tbcoll.transports._sockets", ["tbcoll/transports/_sockets.c"],
-              depends=["tbcoll/shm/reduce.h"], optional=True),
+              depends=["tbcoll/shm/reduce.h", "tbcoll/shm/buffers.h"], optional=True),
     Extension("tbcoll.rdma._verbs", ["tbcoll/rdma/_verbs.c"],
               depends=["tbcoll/shm/reduce.h", "tbcoll/shm/cpu_relax.h"], libraries=_DL,
               optional=True),

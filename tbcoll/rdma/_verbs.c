@@ -730,22 +730,10 @@ static PyObject *Fabric_info(Fabric *f, PyObject *rank)
     return PyBytes_FromStringAndSize((const char *)out, INFO_BYTES);
 }
 
-/* connect(peer, their_info): our two queue pairs to theirs, INIT -> RTR -> RTS */
-static PyObject *Fabric_connect(Fabric *f, PyObject *args)
+/* Our two queue pairs to rank k's, INIT -> RTR -> RTS, from its info `in` (INFO_BYTES): 0, or
+ * -1 with OSError. */
+static int bring_up(Fabric *f, int k, Peer *p, const unsigned char *in)
 {
-    int k;
-    Py_buffer info;
-    if (!PyArg_ParseTuple(args, "iy*", &k, &info))
-        return NULL;
-    Peer *p = peer_arg(f, k);
-    if (!p || info.len != INFO_BYTES) {
-        if (p)
-            PyErr_Format(PyExc_ValueError, "rank %d sent %zd bytes of queue-pair info, not %d",
-                         k, info.len, INFO_BYTES);
-        PyBuffer_Release(&info);
-        return NULL;
-    }
-    const unsigned char *in = info.buf;
     Device *d = &f->dev[p->device];
     enum ibv_mtu mtu = in[34] < d->mtu ? (enum ibv_mtu)in[34] : d->mtu;
     for (int q = 0; q < 2; q++) {
@@ -769,9 +757,9 @@ static PyObject *Fabric_connect(Fabric *f, PyObject *args)
             mask |= IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
         }
         if (V.modify_qp(p->qp[q], &a, mask)) {
-            PyBuffer_Release(&info);
-            return PyErr_Format(PyExc_OSError, "cannot bring the queue pair to rank %d on %s "
-                                "to RTR (ready to receive): %s", k, d->name, strerror(errno));
+            PyErr_Format(PyExc_OSError, "cannot bring the queue pair to rank %d on %s to RTR "
+                         "(ready to receive): %s", k, d->name, strerror(errno));
+            return -1;
         }
         memset(&a, 0, sizeof a);
         a.qp_state = IBV_QPS_RTS;
@@ -786,12 +774,29 @@ static PyObject *Fabric_connect(Fabric *f, PyObject *args)
                     IBV_QP_MAX_QP_RD_ATOMIC;
         }
         if (V.modify_qp(p->qp[q], &a, mask)) {
-            PyBuffer_Release(&info);
-            return PyErr_Format(PyExc_OSError, "cannot bring the queue pair to rank %d on %s "
-                                "to RTS (ready to send): %s", k, d->name, strerror(errno));
+            PyErr_Format(PyExc_OSError, "cannot bring the queue pair to rank %d on %s to RTS "
+                         "(ready to send): %s", k, d->name, strerror(errno));
+            return -1;
         }
     }
+    return 0;
+}
+
+/* connect(peer, their_info): our two queue pairs to theirs, INIT -> RTR -> RTS */
+static PyObject *Fabric_connect(Fabric *f, PyObject *args)
+{
+    int k;
+    Py_buffer info;
+    if (!PyArg_ParseTuple(args, "iy*", &k, &info))
+        return NULL;
+    Peer *p = peer_arg(f, k);
+    if (p && info.len != INFO_BYTES)
+        PyErr_Format(PyExc_ValueError, "rank %d sent %zd bytes of queue-pair info, not %d", k,
+                     info.len, INFO_BYTES);
+    int up = p && info.len == INFO_BYTES && bring_up(f, k, p, info.buf) == 0;
     PyBuffer_Release(&info);
+    if (!up)
+        return NULL;
     Py_RETURN_NONE;
 }
 

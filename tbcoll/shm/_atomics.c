@@ -25,6 +25,7 @@
 #define HAVE_CMA 0 /* macOS: no call reads another process's memory without privileges */
 #endif
 
+#include "buffers.h"
 #include "cpu_relax.h"
 #include "shm.h"
 
@@ -150,13 +151,14 @@ static PyObject *wait_all(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "OnnnKd", &obj, &offset, &stride, &count, &target, &budget) ||
         get_word(obj, offset, &view, &first) < 0)
         return NULL;
-    if (stride % 8 || count < 0 || offset + (count ? (count - 1) * stride + 8 : 0) > view.len) {
-        PyBuffer_Release(&view);
+    int inside = stride % 8 == 0 && count >= 0 &&
+                 offset + (count ? (count - 1) * stride + 8 : 0) <= view.len;
+    int done = inside && wait_flags((const char *)first, stride, count, target, budget);
+    PyBuffer_Release(&view);
+    if (!inside) {
         PyErr_SetString(PyExc_ValueError, "flags lie outside the buffer");
         return NULL;
     }
-    int done = wait_flags((const char *)first, stride, count, target, budget);
-    PyBuffer_Release(&view);
     return PyBool_FromLong(done);
 }
 
@@ -186,20 +188,18 @@ static PyObject *gathered_reduce(PyObject *self, PyObject *const *args, Py_ssize
         PyErr_SetString(PyExc_ValueError, "bad dtype, op, size, header or block");
         return NULL;
     }
-    Py_buffer src, dst;
-    if (PyObject_GetBuffer(args[0], &src, PyBUF_SIMPLE) < 0)
+    Py_buffer views[2];
+    if (take_buffers((BufferRequest[]){{args[0], PyBUF_SIMPLE}, {args[4], PyBUF_WRITABLE}}, views,
+                     2) < 0)
         return NULL;
-    if (PyObject_GetBuffer(args[4], &dst, PyBUF_WRITABLE) < 0) {
-        PyBuffer_Release(&src);
-        return NULL;
-    }
+    const Py_buffer *src = &views[0], *dst = &views[1];
     long differs = -1;
     Py_ssize_t data = block - header;
-    if (src.len < size * block || dst.len != data || data % ITEMSIZE[dtype]) {
+    if (src->len < size * block || dst->len != data || data % ITEMSIZE[dtype]) {
         PyErr_SetString(PyExc_ValueError, "src does not hold size blocks of dst's bytes");
         differs = -2;
     } else {
-        const char *base = (const char *)src.buf;
+        const char *base = (const char *)src->buf;
         for (Py_ssize_t k = 1; k < size && differs < 0; k++)
             if (memcmp(base, base + k * block, (size_t)header) != 0)
                 differs = (long)k;
@@ -209,15 +209,14 @@ static PyObject *gathered_reduce(PyObject *self, PyObject *const *args, Py_ssize
         for (Py_ssize_t k = 0; differs < 0 && k < size;) {
             Py_ssize_t count = 0;
             if (k > 0)
-                rows[count++] = (const char *)dst.buf;
+                rows[count++] = (const char *)dst->buf;
             while (count < MAX_RANKS && k < size)
                 rows[count++] = base + header + k++ * block;
-            reduce_rows(rows, count, (char *)dst.buf, data / ITEMSIZE[dtype], (int)dtype,
+            reduce_rows(rows, count, (char *)dst->buf, data / ITEMSIZE[dtype], (int)dtype,
                         (int)op);
         }
     }
-    PyBuffer_Release(&dst);
-    PyBuffer_Release(&src);
+    release_buffers(views, 2);
     return differs == -2 ? NULL : PyLong_FromLong(differs);
 }
 
@@ -233,20 +232,17 @@ static PyObject *put_call(PyObject *self, PyObject *const *args, Py_ssize_t narg
     uint64_t word = (uint64_t)PyLong_AsUnsignedLongLong(args[1]);
     if (PyErr_Occurred())
         return NULL;
-    Py_buffer dst, src;
-    if (PyObject_GetBuffer(args[0], &dst, PyBUF_WRITABLE) < 0)
+    Py_buffer views[2];
+    if (take_buffers((BufferRequest[]){{args[0], PyBUF_WRITABLE}, {args[2], PyBUF_SIMPLE}}, views,
+                     2) < 0)
         return NULL;
-    if (PyObject_GetBuffer(args[2], &src, PyBUF_SIMPLE) < 0) {
-        PyBuffer_Release(&dst);
-        return NULL;
-    }
-    int fits = dst.len == (Py_ssize_t)sizeof word + src.len;
+    const Py_buffer *dst = &views[0], *src = &views[1];
+    int fits = dst->len == (Py_ssize_t)sizeof word + src->len;
     if (fits) {
-        memcpy(dst.buf, &word, sizeof word);
-        memcpy((char *)dst.buf + sizeof word, src.buf, (size_t)src.len);
+        memcpy(dst->buf, &word, sizeof word);
+        memcpy((char *)dst->buf + sizeof word, src->buf, (size_t)src->len);
     }
-    PyBuffer_Release(&src);
-    PyBuffer_Release(&dst);
+    release_buffers(views, 2);
     if (!fits) {
         PyErr_SetString(PyExc_ValueError, "dst must hold 8 bytes and src's");
         return NULL;
@@ -293,18 +289,14 @@ static Py_ssize_t quarter(Py_ssize_t capacity)
     return capacity / 4 > 0 ? capacity / 4 : 1;
 }
 
-static int ring_at(PyObject *obj, Py_buffer *view, Py_ssize_t at, Py_ssize_t capacity,
-                   char **ring)
+static const char RING_OUTSIDE[] = "the ring lies outside the segment";
+
+/* The ring at `at` in segment, or NULL (RING_OUTSIDE). */
+static char *ring_at(const Py_buffer *segment, Py_ssize_t at, Py_ssize_t capacity)
 {
-    if (PyObject_GetBuffer(obj, view, PyBUF_WRITABLE) < 0)
-        return -1;
-    if (at < 0 || at % 8 || capacity <= 0 || at + RING_DATA + capacity > view->len) {
-        PyBuffer_Release(view);
-        PyErr_SetString(PyExc_ValueError, "the ring lies outside the segment");
-        return -1;
-    }
-    *ring = (char *)view->buf + at;
-    return 0;
+    if (at < 0 || at % 8 || capacity <= 0 || at + RING_DATA + capacity > segment->len)
+        return NULL;
+    return (char *)segment->buf + at;
 }
 
 /* Copy as many of n bytes as there is room for now; returns how many. Safe without the GIL. */
@@ -368,24 +360,19 @@ static PyObject *ring_send(PyObject *self, PyObject *const *args, Py_ssize_t nar
     double budget = PyFloat_AsDouble(args[6]);
     if (PyErr_Occurred())
         return NULL;
-    Py_buffer segment, header, payload;
-    char *ring;
-    if (ring_at(args[0], &segment, at, capacity, &ring) < 0)
+    Py_buffer views[3]; /* segment, header, payload */
+    if (take_buffers((BufferRequest[]){{args[0], PyBUF_WRITABLE}, {args[4], PyBUF_SIMPLE},
+                                       {args[5], PyBUF_SIMPLE}}, views, 3) < 0)
         return NULL;
-    if (PyObject_GetBuffer(args[4], &header, PyBUF_SIMPLE) < 0) {
-        PyBuffer_Release(&segment);
+    const Py_buffer *header = &views[1], *payload = &views[2];
+    char *ring = ring_at(&views[0], at, capacity);
+    if (ring && ring_put(ring, capacity, &head, header->buf, header->len, budget) == header->len)
+        ring_put(ring, capacity, &head, payload->buf, payload->len, budget);
+    release_buffers(views, 3);
+    if (!ring) {
+        PyErr_SetString(PyExc_ValueError, RING_OUTSIDE);
         return NULL;
     }
-    if (PyObject_GetBuffer(args[5], &payload, PyBUF_SIMPLE) < 0) {
-        PyBuffer_Release(&header);
-        PyBuffer_Release(&segment);
-        return NULL;
-    }
-    if (ring_put(ring, capacity, &head, header.buf, header.len, budget) == header.len)
-        ring_put(ring, capacity, &head, payload.buf, payload.len, budget);
-    PyBuffer_Release(&payload);
-    PyBuffer_Release(&header);
-    PyBuffer_Release(&segment);
     return PyLong_FromUnsignedLongLong(head);
 }
 
@@ -395,6 +382,61 @@ static uint64_t big_endian(const unsigned char *p, int n)
     for (int i = 0; i < n; i++)
         v = v << 8 | p[i];
     return v;
+}
+
+#define HEADER_BYTES 32
+
+/* ring_recv's taking of the next message into dst, if its header is `expected`: copied (as
+ * ring_recv says), with *tail_at moved past what was taken. */
+static Py_ssize_t ring_take(char *ring, Py_ssize_t capacity, uint64_t *tail_at,
+                            const void *expected, const Py_buffer *dst, double budget)
+{
+    uint64_t tail = *tail_at;
+    const char *head_word = ring, *data = ring + RING_DATA;
+    uint64_t *tail_word = (uint64_t *)(ring + RING_LINE);
+    Py_ssize_t copied = -1;
+    unsigned char header[HEADER_BYTES];
+    if (wait_flags(head_word, 8, 1, tail + sizeof header, budget)) {  /* acquire */
+        ring_copy_out(data, capacity, tail, (char *)header, sizeof header);
+        if (memcmp(header, expected, sizeof header) != 0) {
+            copied = -2;
+        } else {
+            tail += sizeof header;
+            copied = 0;
+            PyThreadState *saved = dst->len >= NOGIL_BYTES ? PyEval_SaveThread() : NULL;
+            while (copied < dst->len) {
+                uint64_t head = __atomic_load_n((const uint64_t *)head_word, __ATOMIC_ACQUIRE);
+                if (head - tail > (uint64_t)capacity) {  /* the peer's counter is not one */
+                    copied = -3;
+                    break;
+                }
+                Py_ssize_t ready = (Py_ssize_t)(head - tail);
+                Py_ssize_t want = dst->len - copied < quarter(capacity) ? dst->len - copied
+                                                                        : quarter(capacity);
+                if (ready < want) {  /* in large pieces, as ring_put writes them */
+                    /* wait_flags releases the GIL itself: take it back around the call */
+                    if (saved)
+                        PyEval_RestoreThread(saved);
+                    int more = wait_flags(head_word, 8, 1, tail + (uint64_t)want, budget);
+                    saved = saved ? PyEval_SaveThread() : NULL;
+                    if (!more)
+                        break;
+                    continue;
+                }
+                Py_ssize_t take = dst->len - copied < ready ? dst->len - copied : ready;
+                ring_copy_out(data, capacity, tail, (char *)dst->buf + copied, take);
+                copied += take;
+                tail += (uint64_t)take;
+                /* release: the bytes are out before the producer may reuse their space */
+                __atomic_store_n(tail_word, tail, __ATOMIC_RELEASE);
+            }
+            if (saved)
+                PyEval_RestoreThread(saved);
+            __atomic_store_n(tail_word, tail, __ATOMIC_RELEASE);  /* the header, if no payload */
+        }
+    }
+    *tail_at = tail;
+    return copied;
 }
 
 /*
@@ -407,8 +449,6 @@ static uint64_t big_endian(const unsigned char *p, int n)
  * holds (the segment was overwritten: nothing is copied), else how many payload bytes
  * arrived (all of them unless the budget ran out).
  */
-#define HEADER_BYTES 32
-
 static PyObject *ring_recv(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != 7) {
@@ -420,73 +460,21 @@ static PyObject *ring_recv(PyObject *self, PyObject *const *args, Py_ssize_t nar
     double budget = PyFloat_AsDouble(args[6]);
     if (PyErr_Occurred())
         return NULL;
-    Py_buffer segment, expected, dst;
-    char *ring;
-    if (ring_at(args[0], &segment, at, capacity, &ring) < 0)
+    Py_buffer views[3]; /* segment, expected, dst */
+    if (take_buffers((BufferRequest[]){{args[0], PyBUF_WRITABLE}, {args[4], PyBUF_SIMPLE},
+                                       {args[5], PyBUF_WRITABLE}}, views, 3) < 0)
         return NULL;
-    if (PyObject_GetBuffer(args[4], &expected, PyBUF_SIMPLE) < 0) {
-        PyBuffer_Release(&segment);
-        return NULL;
-    }
-    if (PyObject_GetBuffer(args[5], &dst, PyBUF_WRITABLE) < 0) {
-        PyBuffer_Release(&expected);
-        PyBuffer_Release(&segment);
-        return NULL;
-    }
-    if (expected.len != HEADER_BYTES || capacity < HEADER_BYTES ||
-        big_endian((const unsigned char *)expected.buf + 8, 8) != (uint64_t)dst.len) {
-        PyBuffer_Release(&dst);
-        PyBuffer_Release(&expected);
-        PyBuffer_Release(&segment);
-        PyErr_SetString(PyExc_ValueError, "the header is not a 32-byte header for dst");
+    const Py_buffer *expected = &views[1], *dst = &views[2];
+    char *ring = ring_at(&views[0], at, capacity);
+    int fits = ring && expected->len == HEADER_BYTES && capacity >= HEADER_BYTES &&
+               big_endian((const unsigned char *)expected->buf + 8, 8) == (uint64_t)dst->len;
+    Py_ssize_t copied = fits ? ring_take(ring, capacity, &tail, expected->buf, dst, budget) : 0;
+    release_buffers(views, 3);
+    if (!fits) {
+        PyErr_SetString(PyExc_ValueError, ring ? "the header is not a 32-byte header for dst"
+                                               : RING_OUTSIDE);
         return NULL;
     }
-    const char *head_word = ring, *data = ring + RING_DATA;
-    uint64_t *tail_word = (uint64_t *)(ring + RING_LINE);
-    Py_ssize_t copied = -1;
-    unsigned char header[HEADER_BYTES];
-    if (wait_flags(head_word, 8, 1, tail + sizeof header, budget)) {  /* acquire */
-        ring_copy_out(data, capacity, tail, (char *)header, sizeof header);
-        if (memcmp(header, expected.buf, sizeof header) != 0) {
-            copied = -2;
-        } else {
-            tail += sizeof header;
-            copied = 0;
-            PyThreadState *saved = dst.len >= NOGIL_BYTES ? PyEval_SaveThread() : NULL;
-            while (copied < dst.len) {
-                uint64_t head = __atomic_load_n((const uint64_t *)head_word, __ATOMIC_ACQUIRE);
-                if (head - tail > (uint64_t)capacity) {  /* the peer's counter is not one */
-                    copied = -3;
-                    break;
-                }
-                Py_ssize_t ready = (Py_ssize_t)(head - tail);
-                Py_ssize_t want = dst.len - copied < quarter(capacity) ? dst.len - copied
-                                                                       : quarter(capacity);
-                if (ready < want) {  /* in large pieces, as ring_put writes them */
-                    /* wait_flags releases the GIL itself: take it back around the call */
-                    if (saved)
-                        PyEval_RestoreThread(saved);
-                    int more = wait_flags(head_word, 8, 1, tail + (uint64_t)want, budget);
-                    saved = saved ? PyEval_SaveThread() : NULL;
-                    if (!more)
-                        break;
-                    continue;
-                }
-                Py_ssize_t take = dst.len - copied < ready ? dst.len - copied : ready;
-                ring_copy_out(data, capacity, tail, (char *)dst.buf + copied, take);
-                copied += take;
-                tail += (uint64_t)take;
-                /* release: the bytes are out before the producer may reuse their space */
-                __atomic_store_n(tail_word, tail, __ATOMIC_RELEASE);
-            }
-            if (saved)
-                PyEval_RestoreThread(saved);
-            __atomic_store_n(tail_word, tail, __ATOMIC_RELEASE);  /* the header, if no payload */
-        }
-    }
-    PyBuffer_Release(&dst);
-    PyBuffer_Release(&expected);
-    PyBuffer_Release(&segment);
     return Py_BuildValue("(Kn)", (unsigned long long)tail, copied);
 }
 

@@ -20,6 +20,7 @@
 #include <string.h>
 #include <structmember.h> /* T_ULONGLONG */
 
+#include "buffers.h"
 #include "reduce.h" /* reduce_rows, ITEMSIZE */
 #include "shm.h"
 
@@ -387,26 +388,16 @@ static PyObject *lane_round_method(Lane *self, PyObject *const *args, Py_ssize_t
     r.dtype = (int)dtype;
     r.op = (int)op;
     r.root = (int)root;
-    Py_buffer segment, src, dst;
-    if (PyObject_GetBuffer(self->segment, &segment, PyBUF_WRITABLE) < 0)
+    Py_buffer views[3]; /* segment, src, dst */
+    if (take_buffers((BufferRequest[]){{self->segment, PyBUF_WRITABLE}, {args[1], PyBUF_SIMPLE},
+                                       {args[3], PyBUF_WRITABLE}}, views, 3) < 0)
         return NULL;
-    if (PyObject_GetBuffer(args[1], &src, PyBUF_SIMPLE) < 0) {
-        PyBuffer_Release(&segment);
-        return NULL;
-    }
-    if (PyObject_GetBuffer(args[3], &dst, PyBUF_WRITABLE) < 0) {
-        PyBuffer_Release(&src);
-        PyBuffer_Release(&segment);
-        return NULL;
-    }
-    r.src = (const char *)src.buf;
-    r.src_len = src.len;
-    r.dst = (char *)dst.buf;
-    r.dst_len = dst.len;
-    int stage = lane_round(self, &r, (char *)segment.buf, signature);
-    PyBuffer_Release(&dst);
-    PyBuffer_Release(&src);
-    PyBuffer_Release(&segment);
+    r.src = (const char *)views[1].buf;
+    r.src_len = views[1].len;
+    r.dst = (char *)views[2].buf;
+    r.dst_len = views[2].len;
+    int stage = lane_round(self, &r, (char *)views[0].buf, signature);
+    release_buffers(views, 3);
     if (stage < 0)
         return NULL;
     Py_RETURN_NONE;

@@ -24,6 +24,7 @@
 #include <sys/uio.h>
 #include <time.h>
 
+#include "../shm/buffers.h"
 #include "../shm/reduce.h"
 
 #define HEADER_BYTES 32 /* stream.py's _HEADER: context u32, tag u32, nbytes u64, seq, call */
@@ -51,26 +52,6 @@ static ssize_t send_one(int fd, const void *header, size_t header_len, const voi
     return sent;
 }
 
-/* count buffers of objects in a row into views (flags: PyBUF_SIMPLE to read, PyBUF_WRITABLE
- * to write): 0, or -1 with none of them held. */
-static int take_buffers(PyObject *const *objects, Py_buffer *views, int count, int flags)
-{
-    for (int i = 0; i < count; i++) {
-        if (PyObject_GetBuffer(objects[i], &views[i], flags) < 0) {
-            while (i--)
-                PyBuffer_Release(&views[i]);
-            return -1;
-        }
-    }
-    return 0;
-}
-
-static void release_buffers(Py_buffer *views, int count)
-{
-    for (int i = 0; i < count; i++)
-        PyBuffer_Release(&views[i]);
-}
-
 /*
  * send(fd, header, payload) -> bytes written (0 when the socket has no room now)
  * OSError when the connection failed.
@@ -85,7 +66,8 @@ static PyObject *send_message(PyObject *self, PyObject *const *args, Py_ssize_t 
     if (PyErr_Occurred())
         return NULL;
     Py_buffer views[2]; /* header, payload */
-    if (take_buffers(args + 1, views, 2, PyBUF_SIMPLE) < 0)
+    if (take_buffers((BufferRequest[]){{args[1], PyBUF_SIMPLE}, {args[2], PyBUF_SIMPLE}}, views,
+                     2) < 0)
         return NULL;
     ssize_t sent = send_one(fd, views[0].buf, views[0].len, views[1].buf, views[1].len);
     int error = errno;
@@ -202,24 +184,20 @@ static PyObject *receive_message(PyObject *self, PyObject *const *args, Py_ssize
     double spin = PyFloat_AsDouble(args[4]), budget = PyFloat_AsDouble(args[5]);
     if (PyErr_Occurred())
         return NULL;
-    Py_buffer expected;
-    if (take_buffers(args + 1, &expected, 1, PyBUF_SIMPLE) < 0)
+    Py_buffer views[3]; /* expected, dst, stage */
+    if (take_buffers((BufferRequest[]){{args[1], PyBUF_SIMPLE}, {args[2], PyBUF_WRITABLE},
+                                       {args[3], PyBUF_WRITABLE}}, views, 3) < 0)
         return NULL;
-    Py_buffer views[2]; /* dst, stage */
-    if (take_buffers(args + 2, views, 2, PyBUF_WRITABLE) < 0) {
-        PyBuffer_Release(&expected);
-        return NULL;
-    }
+    const Py_buffer *expected = &views[0], *dst = &views[1], *stage = &views[2];
     struct received r = {-1, 0, 0};
-    int fits = expected.len == HEADER_BYTES && views[1].len >= HEADER_BYTES;
+    int fits = expected->len == HEADER_BYTES && stage->len >= HEADER_BYTES;
     if (fits) {
         Py_BEGIN_ALLOW_THREADS
-        r = receive_one(fd, expected.buf, views[0].buf, views[0].len, views[1].buf,
-                        views[1].len, spin, budget);
+        r = receive_one(fd, expected->buf, dst->buf, dst->len, stage->buf, stage->len, spin,
+                        budget);
         Py_END_ALLOW_THREADS
     }
-    release_buffers(views, 2);
-    PyBuffer_Release(&expected);
+    release_buffers(views, 3);
     if (!fits) {
         PyErr_SetString(PyExc_ValueError, "a 32-byte header and a larger stage are needed");
         return NULL;
@@ -344,16 +322,12 @@ static PyObject *reduce(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     long op = PyLong_AsLong(args[5]);
     if (PyErr_Occurred())
         return NULL;
-    Py_buffer in[2], out; /* blocks, mine */
-    if (take_buffers(args, in, 2, PyBUF_SIMPLE) < 0)
+    Py_buffer views[3]; /* blocks, mine, out */
+    if (take_buffers((BufferRequest[]){{args[0], PyBUF_SIMPLE}, {args[1], PyBUF_SIMPLE},
+                                       {args[3], PyBUF_WRITABLE}}, views, 3) < 0)
         return NULL;
-    if (take_buffers(args + 3, &out, 1, PyBUF_WRITABLE) < 0) {
-        release_buffers(in, 2);
-        return NULL;
-    }
-    int done = reduce_blocks(&in[0], &in[1], rank, &out, dtype, op);
-    PyBuffer_Release(&out);
-    release_buffers(in, 2);
+    int done = reduce_blocks(&views[0], &views[1], rank, &views[2], dtype, op);
+    release_buffers(views, 3);
     if (done == 0)
         reduce_does_not_fit();
     if (done <= 0)
@@ -399,24 +373,26 @@ static PyObject *exchange(PyObject *self, PyObject *const *args, Py_ssize_t narg
     if (PyErr_Occurred())
         return NULL;
     /* read: the expected header and mine; written: the blocks, the stages, the reduction's
-     * out (held in that order, let go in the other) */
-    Py_buffer in[2], blocks, stages[MAX_PEERS], out = {0};
-    if (take_buffers(args + 1, in, 2, PyBUF_SIMPLE) < 0)
+     * out */
+    BufferRequest wanted[3 + MAX_PEERS + 1] = {{args[1], PyBUF_SIMPLE}, {args[2], PyBUF_SIMPLE},
+                                                {args[3], PyBUF_WRITABLE}};
+    int held = 3;
+    for (int i = 0; i < n; i++)
+        wanted[held++] = (BufferRequest){PyTuple_GET_ITEM(args[4], i), PyBUF_WRITABLE};
+    if (reduces)
+        wanted[held++] = (BufferRequest){reduction[0], PyBUF_WRITABLE};
+    Py_buffer views[3 + MAX_PEERS + 1];
+    if (take_buffers(wanted, views, held) < 0)
         return NULL;
-    if (take_buffers(args + 3, &blocks, 1, PyBUF_WRITABLE) < 0)
-        goto without_blocks;
-    if (take_buffers(&PyTuple_GET_ITEM(args[4], 0), stages, n, PyBUF_WRITABLE) < 0)
-        goto without_stages;
-    if (reduces && take_buffers(reduction, &out, 1, PyBUF_WRITABLE) < 0)
-        goto without_out;
-    const Py_buffer *expected = &in[0], *mine = &in[1];
-    int fits = expected->len == HEADER_BYTES && blocks.len == n * mine->len;
+    const Py_buffer *expected = &views[0], *mine = &views[1], *blocks = &views[2];
+    const Py_buffer *stages = &views[3], *out = reduces ? &views[3 + n] : NULL;
+    int fits = expected->len == HEADER_BYTES && blocks->len == n * mine->len;
     size_t whole = HEADER_BYTES + (size_t)mine->len;
     for (int i = 0; i < n; i++) {
         fits = fits && stages[i].len >= HEADER_BYTES;
         ways[i].r.copied = -1;
         ways[i].stage = stages[i].buf;
-        ways[i].block = (char *)blocks.buf + i * mine->len;
+        ways[i].block = (char *)blocks->buf + i * mine->len;
         ways[i].first = whole < (size_t)stages[i].len ? whole : (size_t)stages[i].len;
     }
     int stopped = 0;
@@ -455,13 +431,9 @@ static PyObject *exchange(PyObject *self, PyObject *const *args, Py_ssize_t narg
         }
         Py_END_ALLOW_THREADS
     }
-    int reduced = fits && !stopped && reduces ? reduce_blocks(&blocks, mine, rank, &out,
-                                                              dtype, op) : 1;
-    if (reduces)
-        PyBuffer_Release(&out);
-    release_buffers(stages, n);
-    PyBuffer_Release(&blocks);
-    release_buffers(in, 2);
+    int reduced = fits && !stopped && reduces ? reduce_blocks(blocks, mine, rank, out, dtype,
+                                                              op) : 1;
+    release_buffers(views, held);
     if (reduced <= 0) {
         if (reduced == 0)
             reduce_does_not_fit();
@@ -485,14 +457,6 @@ static PyObject *exchange(PyObject *self, PyObject *const *args, Py_ssize_t narg
             PyTuple_SET_ITEM(states, i, state);
     }
     return states;
-
-without_out:
-    release_buffers(stages, n);
-without_stages:
-    PyBuffer_Release(&blocks);
-without_blocks:
-    release_buffers(in, 2);
-    return NULL;
 }
 
 static PyMethodDef methods[] = {
