@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -165,3 +166,14 @@ def script(tmp_path: Path):
         path.write_text(textwrap.dedent(source))
         return path
     return write
+
+
+@pytest.fixture
+def socket_pair():
+    """Two connected non-blocking sockets, for the C extensions' socket calls."""
+    a, b = socket.socketpair()
+    for sock in (a, b):
+        sock.setblocking(False)
+    yield a, b
+    a.close()
+    b.close()

@@ -3,26 +3,14 @@ Each call below with one buffer refused (read-only where it writes, not a buffer
 raises the buffer protocol's error, and leaves none of its other buffers exported (a
 bytearray still exported cannot be resized); so does a call that succeeds."""
 
-import socket
-import struct
 
 import pytest
 
 from tbcoll.shm import _atomics
 from tbcoll.transports import _sockets
+from tbcoll.transports.stream import _HEADER
 
-_HEADER = struct.Struct("!IIQQQ")  # the stream engine's (tbcoll/transports/stream.py)
 READ, WRITE = "read", "write"
-
-
-@pytest.fixture
-def pair():
-    a, b = socket.socketpair()
-    for sock in (a, b):
-        sock.setblocking(False)
-    yield a, b
-    a.close()
-    b.close()
 
 
 def _calls(fd: int) -> dict:
@@ -58,8 +46,8 @@ def _exported(args: list) -> list:
 
 
 @pytest.mark.parametrize("name", list(_calls(-1)))
-def test_a_refused_buffer_leaves_none_held(pair, name):
-    function, args, buffers = _calls(pair[0].fileno())[name]
+def test_a_refused_buffer_leaves_none_held(socket_pair, name):
+    function, args, buffers = _calls(socket_pair[0].fileno())[name]
     function(*args)
     assert not _exported(args), f"{name} kept a buffer after it succeeded"
     for index, way in buffers.items():
@@ -71,8 +59,8 @@ def test_a_refused_buffer_leaves_none_held(pair, name):
             assert not _exported(given), f"{name} kept a buffer when argument {index} failed"
 
 
-def test_an_exchange_with_a_refused_buffer_leaves_none_held(pair):
-    fd = pair[0].fileno()
+def test_an_exchange_with_a_refused_buffer_leaves_none_held(socket_pair):
+    fd = socket_pair[0].fileno()
     header, B = _HEADER.pack(1, 3, 8, 4, 9), bytearray
     args = [(fd, fd), B(header), B(8), B(16), (B(64), B(64)), 0.0, 0.0, (B(8), 0, 4, 0)]
 

@@ -2,8 +2,6 @@
 and jobs whose messages take it, fall back from it mid-way (another message first, a large
 one, a slow sender) or never take it (the extension missing), with every result checked."""
 
-import socket
-import struct
 import threading
 import time
 
@@ -11,28 +9,17 @@ import numpy as np
 import pytest
 
 from tbcoll.transports import _sockets
+from tbcoll.transports.stream import _HEADER
 
 from .conftest import tagged_lines, tbrun
-
-_HEADER = struct.Struct("!IIQQQ")  # the stream engine's (tbcoll/transports/stream.py)
-
-
-@pytest.fixture
-def pair():
-    a, b = socket.socketpair()
-    for sock in (a, b):
-        sock.setblocking(False)
-    yield a, b
-    a.close()
-    b.close()
 
 
 def _message(tag: int, payload: bytes) -> bytes:
     return _HEADER.pack(1, tag, len(payload), 4, 9) + payload
 
 
-def test_the_expected_message_lands_in_its_buffer(pair):
-    a, b = pair
+def test_the_expected_message_lands_in_its_buffer(socket_pair):
+    a, b = socket_pair
     x = np.arange(4, dtype=np.float32)
     header = _HEADER.pack(1, 3, x.nbytes, 4, 9)
     assert _sockets.send(a.fileno(), header, x) == 32 + 16
@@ -41,8 +28,8 @@ def test_the_expected_message_lands_in_its_buffer(pair):
     assert (y == x).all()
 
 
-def test_another_message_first_is_left_in_the_stage(pair):
-    a, b = pair
+def test_another_message_first_is_left_in_the_stage(socket_pair):
+    a, b = socket_pair
     other = _message(2, b"abcdefgh")
     a.sendall(other + _message(3, b"12345678"))
     stage = bytearray(64)
@@ -53,8 +40,8 @@ def test_another_message_first_is_left_in_the_stage(pair):
     assert b.recv(100) == _message(3, b"12345678")
 
 
-def test_a_header_in_pieces_and_a_late_payload(pair):
-    a, b = pair
+def test_a_header_in_pieces_and_a_late_payload(socket_pair):
+    a, b = socket_pair
     whole = _message(3, bytes(range(100)))
     header, y = whole[:32], np.zeros(100, np.uint8)
 
@@ -70,8 +57,8 @@ def test_a_header_in_pieces_and_a_late_payload(pair):
     assert bytes(y) == bytes(range(100))
 
 
-def test_nothing_in_time_and_a_closed_peer(pair):
-    a, b = pair
+def test_nothing_in_time_and_a_closed_peer(socket_pair):
+    a, b = socket_pair
     header, y, stage = _HEADER.pack(1, 3, 8, 4, 9), np.zeros(8, np.uint8), bytearray(64)
     a.sendall(header[:5])
     assert _sockets.recv(b.fileno(), header, y, stage, 0.0, 0.01) == (-1, 5, 0)
@@ -79,8 +66,8 @@ def test_nothing_in_time_and_a_closed_peer(pair):
     assert _sockets.recv(b.fileno(), header, y, stage, 0.0, 1.0) == (-1, 0, -1)
 
 
-def test_an_exchange_and_its_reduction(pair):
-    a, b = pair
+def test_an_exchange_and_its_reduction(socket_pair):
+    a, b = socket_pair
     header = _HEADER.pack(1, 8, 8, 4, 9)
     mine, theirs = np.array([1.0, np.nan], np.float32), np.array([2.0, 5.0], np.float32)
     a.sendall(header + theirs.tobytes())
@@ -101,8 +88,8 @@ def test_an_exchange_and_its_reduction(pair):
     assert mine[0] == 5.0 and np.isnan(mine[1])
 
 
-def test_an_exchange_that_meets_another_message_says_where_it_stopped(pair):
-    a, b = pair
+def test_an_exchange_that_meets_another_message_says_where_it_stopped(socket_pair):
+    a, b = socket_pair
     header, other = _HEADER.pack(1, 8, 8, 4, 9), _message(2, b"abcdefgh")
     a.sendall(other)
     stage = bytearray(64)
