@@ -126,24 +126,22 @@ def _array(x: Any, **more: Any) -> dict[str, Any]:
 
 
 def _quick(local: dict) -> dict[str, Any]:
-    return {"collective": local["kind"].name, "op": local.get("op"), "algorithm": "native",
-            "root": rooted(local.get("root")), **_array(local.get("x"))}
+    return _entered(local["kind"].name, local)
 
 
 def _entered(collective: str, local: dict) -> dict[str, Any]:
-    """A collective's own frame, innermost: its C lane's call (or the checks before it)."""
+    """A collective's one-call path: _quickly's frame, or, innermost, the collective's own
+    (its C lane's call, or the checks before it)."""
     return {"collective": collective, "op": local.get("op"), "algorithm": "native",
             "root": rooted(local.get("root")), **_array(local.get("x"))}
 
 
 def _entered_send(local: dict) -> dict[str, Any]:
-    return {"collective": "send", "peer": local["dst"], "tag": local["tag"],
-            **_array(local.get("x"))}
+    return _move("send", local["dst"], local["tag"], local.get("x"))
 
 
 def _entered_recv(local: dict) -> dict[str, Any]:
-    return {"collective": "recv", "peer": local["src"], "tag": local["tag"],
-            **_array(local.get("out_or_like"))}
+    return _move("recv", local["src"], local["tag"], local.get("out_or_like"))
 
 
 def _described(local: dict) -> dict[str, Any]:
@@ -153,8 +151,11 @@ def _described(local: dict) -> dict[str, Any]:
 
 
 def _moving(local: dict) -> dict[str, Any]:
-    return {"collective": local["what"], "peer": local["peer"], "tag": local["tag"],
-            **_array(local.get("buf"))}
+    return _move(local["what"], local["peer"], local["tag"], local.get("buf"))
+
+
+def _move(what: str, peer: int, tag: int, buf: Any) -> dict[str, Any]:
+    return {"collective": what, "peer": peer, "tag": tag, **_array(buf)}
 
 
 def _claimed(local: dict) -> dict[str, Any]:
@@ -164,23 +165,22 @@ def _claimed(local: dict) -> dict[str, Any]:
 @functools.cache
 def _readers() -> dict[Any, Any]:
     """What each of the Communicator's frames says of the call it runs, by code object."""
-    from tbcoll.comm import LANE_ENTRIES, Communicator
+    from tbcoll.comm import Communicator
 
     return {Communicator._quickly.__code__: _quick, Communicator._dispatch.__code__: _described,
             Communicator._run.__code__: _described, Communicator._move.__code__: _moving,
-            Communicator._claimed.__code__: _claimed,
-            Communicator.send.__code__: _entered_send, Communicator.recv.__code__: _entered_recv,
-            **{getattr(Communicator, entry.name).__code__: functools.partial(_entered, entry.name)
-               for entry in LANE_ENTRIES}}
+            Communicator._claimed.__code__: _claimed, **_entries()}
 
 
 @functools.cache
-def _entries() -> frozenset:
-    """The frames of the calls a C lane runs whole: innermost, they say what runs."""
+def _entries() -> dict[Any, Any]:
+    """The readers of the frames of the calls a C lane runs whole (innermost, they say what
+    runs), by code object."""
     from tbcoll.comm import LANE_ENTRIES, Communicator
 
-    return frozenset(getattr(Communicator, name).__code__
-                     for name in ("send", "recv", *(entry.name for entry in LANE_ENTRIES)))
+    return {Communicator.send.__code__: _entered_send, Communicator.recv.__code__: _entered_recv,
+            **{getattr(Communicator, entry.name).__code__: functools.partial(_entered, entry.name)
+               for entry in LANE_ENTRIES}}
 
 
 def send(dump: dict[str, Any], store: Store | None = None) -> None:
