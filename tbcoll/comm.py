@@ -115,8 +115,11 @@ class Communicator:
         lane = getattr(native, "lane", None)
         if lane is None or self.size == 1:
             return None
-        enabled = sum(1 << k for k, entry in enumerate(LANE_ENTRIES)
-                      if self._quick[entry] is self._fast[entry] is not None)
+        served = [k for k, entry in enumerate(LANE_ENTRIES)
+                  if self._quick[entry] is self._fast[entry] is not None]
+        for k in served:  # what the lane declines, _quickly would decline too
+            self._quick[LANE_ENTRIES[k]] = None
+        enabled = sum(1 << k for k in served)
         p2p = self._group.p2p
         lane.bind(self._guard, self._ring, self._ring_size, LANE_ENTRIES,
                   tuple(entry.name for entry in LANE_ENTRIES),
