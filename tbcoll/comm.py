@@ -120,10 +120,9 @@ class Communicator:
         for k in served:  # what the lane declines, _quickly would decline too
             self._quick[LANE_ENTRIES[k]] = None
         enabled = sum(1 << k for k in served)
-        p2p = self._group.p2p
         lane.bind(self._guard, self._ring, self._ring_size, LANE_ENTRIES,
                   tuple(entry.name for entry in LANE_ENTRIES),
-                  enabled | 1 << len(LANE_ENTRIES), p2p.send, p2p.recv, MAX_TAG)
+                  enabled | 1 << len(LANE_ENTRIES), MAX_TAG)
         return lane
 
     def _quick_path(self, entry: Collective, path: Callable) -> Callable | None:

@@ -187,3 +187,106 @@ def test_the_lane_steps_aside_where_another_path_is_asked_for(script):
         p = tbrun("-np", 2, "--backend", "shm", *options, path, timeout=60, cwd=path.parent)
         assert p.returncode == 0, (options, p.stderr)
         assert tagged_lines(p.stdout) == {0: [said], 1: [said]}, (options, p.stdout)
+
+
+MOVES = """
+import time
+import numpy as np
+import tbcoll
+from tbcoll.transports.shm import PULL_BYTES, ShmStream
+
+engine = {"send": 0, "recv": 0, "_finish_send": 0, "_finish_recv": 0}  # the engine's paths
+
+def counted(name):
+    method = getattr(ShmStream, name)
+    def call(self, *args):
+        engine[name] += 1
+        return method(self, *args)
+    return call
+
+for name in engine:
+    setattr(ShmStream, name, counted(name))
+
+def took(**paths):
+    '''The engine took these paths (and no other) since the last look.'''
+    want = dict(dict.fromkeys(engine, 0), **paths)
+    assert engine == want, (engine, want)
+    engine.update(dict.fromkeys(engine, 0))
+
+def message(n, k):
+    return np.arange(n, dtype=np.float32) + 1000 * k
+
+def ping_pong(comm, n, tag=0):
+    peer, got = 1 - comm.rank, np.empty(n, np.float32)
+    if comm.rank == 0:
+        comm.send(message(n, comm.rank), peer, tag)
+    assert comm.recv(got, peer, tag) is got
+    if comm.rank == 1:
+        comm.send(message(n, comm.rank), peer, tag)
+    assert np.array_equal(got, message(n, peer)), n
+
+comm = tbcoll.init()
+r, peer = comm.rank, 1 - comm.rank
+
+# whole messages under the pull size move in C; the engine is not called
+for n in (0, 1, 1000, PULL_BYTES // 4 - 8):
+    ping_pong(comm, n)
+took()
+ping_pong(comm, PULL_BYTES // 4)  # pulled, or through the ring: the engine's
+took(send=1, recv=1)
+
+# (each part begins with the rings empty: a barrier moves nothing through them)
+comm.barrier()
+
+# another message first: C leaves it, the engine holds it, and its receive is the engine's
+if r == 0:
+    comm.send(message(3, 1), peer, tag=1)
+    comm.send(message(3, 2), peer, tag=2)
+    took()
+else:
+    second = comm.recv(np.empty(3, np.float32), peer, tag=2)
+    first = comm.recv(np.empty(3, np.float32), peer, tag=1)
+    assert np.array_equal(first, message(3, 1)) and np.array_equal(second, message(3, 2))
+    took(_finish_recv=1, recv=1)
+
+comm.barrier()
+
+# a late sender: C waits a slice, then the engine
+if r == 0:
+    time.sleep(0.5)
+    comm.send(message(5, 0), peer, tag=3)
+    took()
+else:
+    assert np.array_equal(comm.recv(np.empty(5, np.float32), peer, tag=3), message(5, 0))
+    took(_finish_recv=1)
+
+comm.barrier()
+
+# both ranks send each other more than a ring holds: each fills the ring, and one at least
+# finishes its second message in the engine, which reads the peer's while it waits (no
+# deadlock); what it read waits, held, for its receive
+n = PULL_BYTES // 4 - 8
+for k in range(2):
+    comm.send(message(n, r + k), peer, tag=4 + k)
+for k in range(2):
+    assert np.array_equal(comm.recv(np.empty(n, np.float32), peer, tag=4 + k),
+                          message(n, peer + k)), k
+assert engine["send"] == 0, engine
+assert comm.all_reduce(np.array([engine["_finish_send"]]))[0] >= 1, engine
+engine.update(dict.fromkeys(engine, 0))
+
+# a communicator made by split (its own segment, ranks reversed) moves in C too
+sub = comm.split(0, key=-r)
+took()
+ping_pong(sub, 7)
+took()
+print("moved")
+"""
+
+
+def test_the_lane_moves_small_messages_and_leaves_the_rest_to_the_engine(script):
+    path = script(MOVES)
+    for options in ([], ["-x", "TBCOLL_SHM_CMA=0"]):
+        p = tbrun("-np", 2, "--backend", "shm", *options, path, timeout=60)
+        assert p.returncode == 0, (options, p.stderr + p.stdout)
+        assert tagged_lines(p.stdout) == {0: ["moved"], 1: ["moved"]}, (options, p.stdout)

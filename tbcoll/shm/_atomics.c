@@ -250,16 +250,7 @@ static PyObject *put_call(PyObject *self, PyObject *const *args, Py_ssize_t narg
     Py_RETURN_NONE;
 }
 
-/* --- point-to-point: the byte rings of tbcoll/shm/pipe.py -------------------------------
- *
- * A ring at `at` in the segment: the producer's head counter (u64), a line further the
- * consumer's tail counter, two lines further `capacity` bytes of data; byte k of the stream
- * lives at data[k % capacity]. The producer copies bytes in, then stores head (release); the
- * consumer loads head (acquire) before copying them out, then stores tail (release); the
- * producer loads tail (acquire) before reusing space. Both counters only grow.
- */
-#define RING_LINE 128
-#define RING_DATA (2 * RING_LINE)
+/* --- point-to-point: the byte rings of tbcoll/shm/pipe.py (layout and order: shm.h) ---- */
 
 static void ring_copy_in(char *data, Py_ssize_t capacity, uint64_t at, const char *from,
                          Py_ssize_t n)
@@ -294,9 +285,7 @@ static const char RING_OUTSIDE[] = "the ring lies outside the segment";
 /* The ring at `at` in segment, or NULL (RING_OUTSIDE). */
 static char *ring_at(const Py_buffer *segment, Py_ssize_t at, Py_ssize_t capacity)
 {
-    if (at < 0 || at % 8 || capacity <= 0 || at + RING_DATA + capacity > segment->len)
-        return NULL;
-    return (char *)segment->buf + at;
+    return ring_inside(at, capacity, segment->len) ? (char *)segment->buf + at : NULL;
 }
 
 /* Copy as many of n bytes as there is room for now; returns how many. Safe without the GIL. */
@@ -318,24 +307,25 @@ static Py_ssize_t ring_fill(char *ring, Py_ssize_t capacity, uint64_t *head, con
  * waits for a quarter of the ring (or what is left) rather than for any room: copies in
  * pieces of a few bytes, each a cache line bounced between the cores, took 2 MB messages
  * from 4 to 1.8 GB/s. */
-static Py_ssize_t ring_put(char *ring, Py_ssize_t capacity, uint64_t *head, const char *from,
-                           Py_ssize_t n, double budget)
+Py_ssize_t ring_put(char *ring, Py_ssize_t capacity, const char *from, Py_ssize_t n,
+                    double budget)
 {
+    uint64_t head = own_counter(ring);
     Py_ssize_t done = 0;
     while (done < n) {
         Py_ssize_t want = n - done < quarter(capacity) ? n - done : quarter(capacity);
         uint64_t tail = __atomic_load_n((uint64_t *)(ring + RING_LINE), __ATOMIC_ACQUIRE);
-        if (capacity - (Py_ssize_t)(*head - tail) < want &&
-            !wait_flags(ring + RING_LINE, 8, 1, *head + (uint64_t)want - (uint64_t)capacity,
+        if (capacity - (Py_ssize_t)(head - tail) < want &&
+            !wait_flags(ring + RING_LINE, 8, 1, head + (uint64_t)want - (uint64_t)capacity,
                         budget))
             break;
         Py_ssize_t took;
         if (n - done >= NOGIL_BYTES) {
             Py_BEGIN_ALLOW_THREADS
-            took = ring_fill(ring, capacity, head, from + done, n - done);
+            took = ring_fill(ring, capacity, &head, from + done, n - done);
             Py_END_ALLOW_THREADS
         } else {
-            took = ring_fill(ring, capacity, head, from + done, n - done);
+            took = ring_fill(ring, capacity, &head, from + done, n - done);
         }
         done += took;
     }
@@ -343,37 +333,37 @@ static Py_ssize_t ring_put(char *ring, Py_ssize_t capacity, uint64_t *head, cons
 }
 
 /*
- * ring_send(segment, at, capacity, head, header, payload, budget) -> head
+ * ring_send(segment, at, capacity, header, payload, budget) -> bytes written
  * The producer writes a message (header, then payload) as room allows, waiting for room at
- * most budget seconds at a time; the caller sees from the new head how much went in and
- * leaves the rest to tbcoll.transports.stream (which reads while it waits: no deadlock when
- * two ranks send each other more than a ring holds).
+ * most budget seconds at a time; the caller leaves what did not go in to
+ * tbcoll.transports.stream (which reads while it waits: no deadlock when two ranks send each
+ * other more than a ring holds).
  */
 static PyObject *ring_send(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 7) {
-        PyErr_SetString(PyExc_TypeError, "ring_send takes 7 arguments");
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "ring_send takes 6 arguments");
         return NULL;
     }
     Py_ssize_t at = PyLong_AsSsize_t(args[1]), capacity = PyLong_AsSsize_t(args[2]);
-    uint64_t head = (uint64_t)PyLong_AsUnsignedLongLong(args[3]);
-    double budget = PyFloat_AsDouble(args[6]);
+    double budget = PyFloat_AsDouble(args[5]);
     if (PyErr_Occurred())
         return NULL;
     Py_buffer views[3]; /* segment, header, payload */
-    if (take_buffers((BufferRequest[]){{args[0], PyBUF_WRITABLE}, {args[4], PyBUF_SIMPLE},
-                                       {args[5], PyBUF_SIMPLE}}, views, 3) < 0)
+    if (take_buffers((BufferRequest[]){{args[0], PyBUF_WRITABLE}, {args[3], PyBUF_SIMPLE},
+                                       {args[4], PyBUF_SIMPLE}}, views, 3) < 0)
         return NULL;
     const Py_buffer *header = &views[1], *payload = &views[2];
     char *ring = ring_at(&views[0], at, capacity);
-    if (ring && ring_put(ring, capacity, &head, header->buf, header->len, budget) == header->len)
-        ring_put(ring, capacity, &head, payload->buf, payload->len, budget);
+    Py_ssize_t written = ring ? ring_put(ring, capacity, header->buf, header->len, budget) : 0;
+    if (written == header->len)
+        written += ring_put(ring, capacity, payload->buf, payload->len, budget);
     release_buffers(views, 3);
     if (!ring) {
         PyErr_SetString(PyExc_ValueError, RING_OUTSIDE);
         return NULL;
     }
-    return PyLong_FromUnsignedLongLong(head);
+    return PyLong_FromSsize_t(written);
 }
 
 static uint64_t big_endian(const unsigned char *p, int n)
@@ -384,14 +374,10 @@ static uint64_t big_endian(const unsigned char *p, int n)
     return v;
 }
 
-#define HEADER_BYTES 32
-
-/* ring_recv's taking of the next message into dst, if its header is `expected`: copied (as
- * ring_recv says), with *tail_at moved past what was taken. */
-static Py_ssize_t ring_take(char *ring, Py_ssize_t capacity, uint64_t *tail_at,
-                            const void *expected, const Py_buffer *dst, double budget)
+Py_ssize_t ring_take(char *ring, Py_ssize_t capacity, const void *expected, char *dst,
+                     Py_ssize_t len, double budget)
 {
-    uint64_t tail = *tail_at;
+    uint64_t tail = own_counter(ring + RING_LINE);
     const char *head_word = ring, *data = ring + RING_DATA;
     uint64_t *tail_word = (uint64_t *)(ring + RING_LINE);
     Py_ssize_t copied = -1;
@@ -403,16 +389,16 @@ static Py_ssize_t ring_take(char *ring, Py_ssize_t capacity, uint64_t *tail_at,
         } else {
             tail += sizeof header;
             copied = 0;
-            PyThreadState *saved = dst->len >= NOGIL_BYTES ? PyEval_SaveThread() : NULL;
-            while (copied < dst->len) {
+            PyThreadState *saved = len >= NOGIL_BYTES ? PyEval_SaveThread() : NULL;
+            while (copied < len) {
                 uint64_t head = __atomic_load_n((const uint64_t *)head_word, __ATOMIC_ACQUIRE);
                 if (head - tail > (uint64_t)capacity) {  /* the peer's counter is not one */
                     copied = -3;
                     break;
                 }
                 Py_ssize_t ready = (Py_ssize_t)(head - tail);
-                Py_ssize_t want = dst->len - copied < quarter(capacity) ? dst->len - copied
-                                                                        : quarter(capacity);
+                Py_ssize_t want = len - copied < quarter(capacity) ? len - copied
+                                                                   : quarter(capacity);
                 if (ready < want) {  /* in large pieces, as ring_put writes them */
                     /* wait_flags releases the GIL itself: take it back around the call */
                     if (saved)
@@ -423,8 +409,8 @@ static Py_ssize_t ring_take(char *ring, Py_ssize_t capacity, uint64_t *tail_at,
                         break;
                     continue;
                 }
-                Py_ssize_t take = dst->len - copied < ready ? dst->len - copied : ready;
-                ring_copy_out(data, capacity, tail, (char *)dst->buf + copied, take);
+                Py_ssize_t take = len - copied < ready ? len - copied : ready;
+                ring_copy_out(data, capacity, tail, dst + copied, take);
                 copied += take;
                 tail += (uint64_t)take;
                 /* release: the bytes are out before the producer may reuse their space */
@@ -435,47 +421,42 @@ static Py_ssize_t ring_take(char *ring, Py_ssize_t capacity, uint64_t *tail_at,
             __atomic_store_n(tail_word, tail, __ATOMIC_RELEASE);  /* the header, if no payload */
         }
     }
-    *tail_at = tail;
     return copied;
 }
 
 /*
- * ring_recv(segment, at, capacity, tail, header, dst, budget) -> (tail, copied)
+ * ring_recv(segment, at, capacity, header, dst, budget) -> copied
  * The consumer takes the next message if its header is `header` (the stream engine's, see
  * tbcoll/transports/stream.py: context, tag, payload bytes = dst.len, and the call), copying
- * the payload straight into dst. copied is -1 when no whole header came within budget, -2 when
- * the next message is another one (nothing is consumed: the stream engine takes it and says
- * what differs), -3 when the producer's counter says more bytes are waiting than the ring
- * holds (the segment was overwritten: nothing is copied), else how many payload bytes
- * arrived (all of them unless the budget ran out).
+ * the payload straight into dst; copied as ring_take says (shm.h).
  */
 static PyObject *ring_recv(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 7) {
-        PyErr_SetString(PyExc_TypeError, "ring_recv takes 7 arguments");
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "ring_recv takes 6 arguments");
         return NULL;
     }
     Py_ssize_t at = PyLong_AsSsize_t(args[1]), capacity = PyLong_AsSsize_t(args[2]);
-    uint64_t tail = (uint64_t)PyLong_AsUnsignedLongLong(args[3]);
-    double budget = PyFloat_AsDouble(args[6]);
+    double budget = PyFloat_AsDouble(args[5]);
     if (PyErr_Occurred())
         return NULL;
     Py_buffer views[3]; /* segment, expected, dst */
-    if (take_buffers((BufferRequest[]){{args[0], PyBUF_WRITABLE}, {args[4], PyBUF_SIMPLE},
-                                       {args[5], PyBUF_WRITABLE}}, views, 3) < 0)
+    if (take_buffers((BufferRequest[]){{args[0], PyBUF_WRITABLE}, {args[3], PyBUF_SIMPLE},
+                                       {args[4], PyBUF_WRITABLE}}, views, 3) < 0)
         return NULL;
     const Py_buffer *expected = &views[1], *dst = &views[2];
     char *ring = ring_at(&views[0], at, capacity);
     int fits = ring && expected->len == HEADER_BYTES && capacity >= HEADER_BYTES &&
                big_endian((const unsigned char *)expected->buf + 8, 8) == (uint64_t)dst->len;
-    Py_ssize_t copied = fits ? ring_take(ring, capacity, &tail, expected->buf, dst, budget) : 0;
+    Py_ssize_t copied =
+        fits ? ring_take(ring, capacity, expected->buf, dst->buf, dst->len, budget) : 0;
     release_buffers(views, 3);
     if (!fits) {
         PyErr_SetString(PyExc_ValueError, ring ? "the header is not a 32-byte header for dst"
                                                : RING_OUTSIDE);
         return NULL;
     }
-    return Py_BuildValue("(Kn)", (unsigned long long)tail, copied);
+    return PyLong_FromSsize_t(copied);
 }
 
 static PyObject *set_spin(PyObject *self, PyObject *args)

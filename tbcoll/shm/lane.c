@@ -8,8 +8,10 @@
  * do in Python: check the arguments, take the communicator (its tbcoll.ownership guard),
  * run the round, count the call and put it in the flight recorder (tbcoll.recorder). That
  * Python cost ~0.7 us of a 1.4 us 8 B all_reduce, more than the round; MPICH's whole call
- * takes ~1.1 us. send and recv are checked and taken here too, then moved by the
- * transport's Python (tbcoll.transports.shm: its engine decides). Each path returns None,
+ * takes ~1.1 us. send and recv are checked, taken and, once streams() lent the lane the
+ * stream engine's rings, moved here too: a message under the engine's pull size, when nothing
+ * of the engine's must go first (tbcoll.transports.shm); else the engine's Python moves it or
+ * takes over what C began. Each path returns None,
  * having touched nothing, where the call does not qualify (another array type or dtype, an
  * out of another shape, too large, a busy communicator): the Python path then runs, and
  * raises where the call is wrong.
@@ -242,13 +244,26 @@ typedef struct {
     PyObject *guard, *ring, *entries, *names; /* entries, names: by kind */
     Py_ssize_t ring_size;
     int enabled;               /* bit k: kind k's calls may take the lane; MOVES: send, recv */
-    PyObject *send, *recv;     /* the transport's send(buf, peer, tag), recv(buf, peer, tag) */
     long max_tag;
+    /* streams(): the stream engine's rings, its state and its Python paths (tbcoll/transports/
+     * shm.py's ShmStream.lend_lane); send NULL until then */
+    PyObject *send, *recv;     /* the engine's send(buf, peer, tag), recv(buf, peer, tag) */
+    PyObject *finish_send, *finish_recv; /* (buf, peer, header, bytes moved in C) */
+    PyObject *peer_states, *engine; /* each rank's Peer.__dict__ (a tuple), the engine's */
+    PyObject *context;         /* the endpoint's context (an int), */
+    uint32_t context_word;     /* and as its messages' headers carry it */
+    Py_ssize_t *stream_at;     /* [2k]: the ring to rank k, [2k + 1]: the ring from it */
+    Py_ssize_t stream_capacity, largest_move; /* each ring's data bytes; the largest payload
+                                                 moved in C */
+    double send_budget, recv_budget; /* seconds a move waits in C before Python takes over */
 } Lane;
 
 #define MOVES (1 << ONE_CALL_KINDS) /* the enabled bit of send and recv */
 
 static PyObject *DTYPE, *LOCK, *ACQUIRE, *RELEASE, *CALL, *COMPLETED, *SEND, *RECV; /* interned */
+/* the stream engine's state that says whether a message may skip it (tbcoll/transports/
+ * stream.py: Peer's attributes, and the engine's _mismatch) */
+static PyObject *SENDQ, *LOST, *TARGET, *START, *END, *POSTED, *UNEXPECTED, *MISMATCH;
 
 static int lane_traverse(Lane *self, visitproc visit, void *arg)
 {
@@ -265,6 +280,11 @@ static int lane_traverse(Lane *self, visitproc visit, void *arg)
     Py_VISIT(self->names);
     Py_VISIT(self->send);
     Py_VISIT(self->recv);
+    Py_VISIT(self->finish_send);
+    Py_VISIT(self->finish_recv);
+    Py_VISIT(self->peer_states);
+    Py_VISIT(self->engine);
+    Py_VISIT(self->context);
     return 0;
 }
 
@@ -283,6 +303,13 @@ static int lane_clear(Lane *self)
     Py_CLEAR(self->names);
     Py_CLEAR(self->send);
     Py_CLEAR(self->recv);
+    Py_CLEAR(self->finish_send);
+    Py_CLEAR(self->finish_recv);
+    Py_CLEAR(self->peer_states);
+    Py_CLEAR(self->engine);
+    Py_CLEAR(self->context);
+    PyMem_Free(self->stream_at);
+    self->stream_at = NULL;
     self->checks = 0;
     self->enabled = 0;
     return 0;
@@ -481,21 +508,21 @@ static PyObject *lane_limit(Lane *self, PyObject *args)
 }
 
 /*
- * bind(guard, ring, ring_size, entries, names, enabled, send, recv, max_tag)
+ * bind(guard, ring, ring_size, entries, names, enabled, max_tag)
  * The communicator whose calls take the lane: its tbcoll.ownership guard (taken around each
  * call, and counting the collectives), its flight recorder's ring (a list of ring_size, or
  * None), each kind's tbcoll.collectives entry and name (tuples by kind), a mask of the kinds
- * that may take the lane (bit k: kind k; MOVES: send and recv), and the transport's send and
- * recv (buf, peer, tag), which a send or recv takes once checked, with tags up to max_tag.
+ * that may take the lane (bit k: kind k; MOVES: send and recv, with tags up to max_tag, once
+ * streams() was called).
  */
 static PyObject *lane_bind(Lane *self, PyObject *args)
 {
-    PyObject *guard, *ring, *entries, *names, *send, *recv;
+    PyObject *guard, *ring, *entries, *names;
     Py_ssize_t ring_size;
     int enabled;
     long max_tag;
-    if (!PyArg_ParseTuple(args, "OOnO!O!iOOl:bind", &guard, &ring, &ring_size, &PyTuple_Type,
-                          &entries, &PyTuple_Type, &names, &enabled, &send, &recv, &max_tag))
+    if (!PyArg_ParseTuple(args, "OOnO!O!il:bind", &guard, &ring, &ring_size, &PyTuple_Type,
+                          &entries, &PyTuple_Type, &names, &enabled, &max_tag))
         return NULL;
     if (PyTuple_GET_SIZE(entries) != ONE_CALL_KINDS || PyTuple_GET_SIZE(names) !=
         ONE_CALL_KINDS || (ring != Py_None && (!PyList_Check(ring) || ring_size < 1 ||
@@ -511,12 +538,80 @@ static PyObject *lane_bind(Lane *self, PyObject *args)
     Py_XSETREF(self->ring, ring);
     Py_XSETREF(self->entries, entries);
     Py_XSETREF(self->names, names);
-    Py_XSETREF(self->send, Py_NewRef(send));
-    Py_XSETREF(self->recv, Py_NewRef(recv));
     self->ring_size = ring_size;
     self->enabled = enabled;
     self->max_tag = max_tag;
     Py_RETURN_NONE;
+}
+
+/*
+ * streams(context, capacity, largest, budgets, engine, peers, moves)
+ * Lend the lane the stream engine's rings (tbcoll/transports/shm.py, ShmStream.lend_lane):
+ * context, the endpoint's whose messages send and recv move; capacity, each ring's data
+ * bytes; largest, the largest payload moved in C; budgets, (send, recv) seconds a move waits
+ * in C; engine, the engine's __dict__; peers, by rank, (ring to it, ring from it, its Peer's
+ * __dict__), None for this rank; moves, the engine's (send, recv, finish_send, finish_recv).
+ */
+static PyObject *lane_streams(Lane *self, PyObject *args)
+{
+    PyObject *context, *engine, *peers, *send, *recv, *finish_send, *finish_recv;
+    Py_ssize_t capacity, largest;
+    double send_budget, recv_budget;
+    if (!PyArg_ParseTuple(args, "O!nn(dd)O!O!(OOOO):streams", &PyLong_Type, &context, &capacity,
+                          &largest, &send_budget, &recv_budget, &PyDict_Type, &engine,
+                          &PyTuple_Type, &peers, &send, &recv, &finish_send, &finish_recv))
+        return NULL;
+    Py_buffer segment;
+    if (PyObject_GetBuffer(self->segment, &segment, PyBUF_SIMPLE) < 0)
+        return NULL;
+    Py_ssize_t len = segment.len;
+    PyBuffer_Release(&segment);
+    unsigned long word = PyLong_AsUnsignedLong(context);
+    if (PyErr_Occurred() || word > UINT32_MAX || PyTuple_GET_SIZE(peers) != self->size ||
+        largest < 0)
+        goto bad;
+    Py_ssize_t *at = PyMem_New(Py_ssize_t, 2 * self->size);
+    if (at == NULL)
+        return PyErr_NoMemory();
+    PyObject *states = PyTuple_New(self->size);
+    if (states == NULL) {
+        PyMem_Free(at);
+        return NULL;
+    }
+    for (Py_ssize_t k = 0; k < self->size; k++) {
+        PyObject *peer = PyTuple_GET_ITEM(peers, k), *state = Py_None;
+        at[2 * k] = at[2 * k + 1] = 0;
+        if ((k == self->rank) != (peer == Py_None) ||
+            (peer != Py_None && !PyArg_ParseTuple(peer, "nnO!", &at[2 * k], &at[2 * k + 1],
+                                                  &PyDict_Type, &state)) ||
+            (peer != Py_None && !(ring_inside(at[2 * k], capacity, len) &&
+                                  ring_inside(at[2 * k + 1], capacity, len)))) {
+            PyMem_Free(at);
+            Py_DECREF(states);
+            goto bad;
+        }
+        PyTuple_SET_ITEM(states, k, Py_NewRef(state));
+    }
+    PyMem_Free(self->stream_at);
+    self->stream_at = at;
+    Py_XSETREF(self->peer_states, states);
+    Py_XSETREF(self->engine, Py_NewRef(engine));
+    Py_XSETREF(self->context, Py_NewRef(context));
+    self->context_word = (uint32_t)word;
+    Py_XSETREF(self->send, Py_NewRef(send));
+    Py_XSETREF(self->recv, Py_NewRef(recv));
+    Py_XSETREF(self->finish_send, Py_NewRef(finish_send));
+    Py_XSETREF(self->finish_recv, Py_NewRef(finish_recv));
+    self->stream_capacity = capacity;
+    self->largest_move = largest;
+    self->send_budget = send_budget;
+    self->recv_budget = recv_budget;
+    Py_RETURN_NONE;
+bad:
+    PyErr_Clear();
+    PyErr_SetString(PyExc_ValueError, "bad context, largest size, peers or rings outside the "
+                                      "segment");
+    return NULL;
 }
 
 /* Whether the error raised is numpy refusing a buffer request (then cleared). */
@@ -793,17 +888,127 @@ done:
     return result;
 }
 
+/* An entry of the stream engine's state (a Peer's or the engine's __dict__), borrowed; NULL
+ * with an exception where it has none (the engine no longer names it so). */
+static PyObject *engine_entry(PyObject *state, PyObject *name)
+{
+    PyObject *value = PyDict_GetItemWithError(state, name);
+    if (value == NULL && !PyErr_Occurred())
+        PyErr_Format(PyExc_RuntimeError, "the shm lane reads the stream engine's %R, which it "
+                                         "no longer has", name);
+    return value;
+}
+
+/* Whether the engine holds a receive or a message for (context, tag) in `held` (a Peer's
+ * posted or unexpected: dicts of deques); -1 with an exception. */
+static int holds(Lane *self, PyObject *state, PyObject *held_name, PyObject *tag)
+{
+    PyObject *held = engine_entry(state, held_name);
+    if (held == NULL)
+        return -1;
+    if (PyDict_GET_SIZE(held) == 0)
+        return 0;
+    PyObject *key = PyTuple_Pack(2, self->context, tag);
+    if (key == NULL)
+        return -1;
+    PyObject *queue = PyDict_GetItemWithError(held, key);
+    Py_DECREF(key);
+    if (queue == NULL)
+        return PyErr_Occurred() ? -1 : 0;
+    return PyObject_IsTrue(queue);
+}
+
+/* Whether a message to or from rank peer may skip the engine now, as tbcoll/transports/
+ * stream.py's _sends_idle and _receives_idle say: 1, 0, or -1 with an exception. Sending:
+ * nothing is queued for the peer and its stream is not lost. Receiving: nothing of the
+ * peer's is lost, half-read or staged, no difference of calls is pending, and no receive for
+ * (context, tag) is posted nor a message for it held. */
+static int engine_idle(Lane *self, int sending, Py_ssize_t peer, PyObject *tag)
+{
+    PyObject *state = PyTuple_GET_ITEM(self->peer_states, peer), *lost, *queue;
+    if (!(lost = engine_entry(state, LOST)))
+        return -1;
+    if (lost != Py_None)
+        return 0;
+    if (sending) {
+        if (!(queue = engine_entry(state, SENDQ)))
+            return -1;
+        Py_ssize_t queued = PyObject_Length(queue);
+        return queued < 0 ? -1 : queued == 0;
+    }
+    PyObject *target, *start, *end, *mismatch;
+    if (!(target = engine_entry(state, TARGET)) || !(start = engine_entry(state, START)) ||
+        !(end = engine_entry(state, END)) || !(mismatch = engine_entry(self->engine, MISMATCH)))
+        return -1;
+    if (target != Py_None || mismatch != Py_None)
+        return 0;
+    int staged = PyObject_RichCompareBool(start, end, Py_NE);
+    if (staged != 0)
+        return staged < 0 ? -1 : 0;
+    int held = holds(self, state, POSTED, tag);
+    if (held == 0)
+        held = holds(self, state, UNEXPECTED, tag);
+    return held < 0 ? -1 : !held;
+}
+
+static void put_big_endian(unsigned char *p, uint64_t value, int n)
+{
+    for (int i = n - 1; i >= 0; i--, value >>= 8)
+        p[i] = (unsigned char)value;
+}
+
+/* A point-to-point message's header, as tbcoll/transports/stream.py's _HEADER packs it
+ * (context u32, tag u32, nbytes u64, seq u64, call u64, big-endian): a user's message is no
+ * collective's call, 0, 0. */
+static void user_header(unsigned char *header, uint32_t context, long tag, Py_ssize_t nbytes)
+{
+    memset(header, 0, HEADER_BYTES);
+    put_big_endian(header, context, 4);
+    put_big_endian(header + 4, (uint64_t)tag, 4);
+    put_big_endian(header + 8, (uint64_t)nbytes, 8);
+}
+
+/* Move a message to or from rank peer through its ring in C: the bytes of the message (header
+ * and payload) that went, or that arrived of the payload (sending: header + len when whole;
+ * receiving: len when whole; else as ring_take says), into *moved. Returns 1 when C moved
+ * it, 0 where the engine must (it is not idle), -1 with an exception. */
+static int move_in_c(Lane *self, int sending, Py_ssize_t peer, long tag, PyObject *tag_obj,
+                     Py_buffer *payload, unsigned char *header, Py_ssize_t *moved)
+{
+    int idle = engine_idle(self, sending, peer, tag_obj);
+    if (idle <= 0)
+        return idle;
+    Py_buffer segment;
+    if (PyObject_GetBuffer(self->segment, &segment, PyBUF_WRITABLE) < 0)
+        return -1;
+    char *ring = (char *)segment.buf + self->stream_at[2 * peer + !sending];
+    Py_ssize_t capacity = self->stream_capacity;
+    user_header(header, self->context_word, tag, payload->len);
+    if (sending) {
+        *moved = ring_put(ring, capacity, (const char *)header, HEADER_BYTES, self->send_budget);
+        if (*moved == HEADER_BYTES)
+            *moved += ring_put(ring, capacity, payload->buf, payload->len, self->send_budget);
+    } else {
+        *moved = ring_take(ring, capacity, header, payload->buf, payload->len, self->recv_budget);
+    }
+    PyBuffer_Release(&segment);
+    return 1;
+}
+
 /*
  * send(x, dst, tag) -> True, recv(out, src, tag) -> out, or None where the call does not
  * qualify: a whole point-to-point call of a 1-D numpy array of a known dtype (C-contiguous;
  * writable to receive into) with another rank of the communicator and a tag in range, checked
- * and taken (the guard) here, moved by the transport's send or recv.
+ * and taken (the guard) here; moved here (move_in_c) where the engine is idle and the payload
+ * at most `largest` bytes, else by the engine's send or recv; what C did not finish (a full
+ * ring, a late sender, another message first) the engine's finish_send or finish_recv does.
  */
 static PyObject *one_move(Lane *self, int sending, PyObject *x, PyObject *peer_obj,
                           PyObject *tag_obj)
 {
-    if (!(self->enabled & MOVES) || Py_TYPE(x) != (PyTypeObject *)self->ndarray ||
-        !PyLong_CheckExact(peer_obj) || !PyLong_CheckExact(tag_obj))
+    if (!(self->enabled & MOVES) || self->send == NULL ||
+        Py_TYPE(x) != (PyTypeObject *)self->ndarray || !PyLong_CheckExact(peer_obj) ||
+        !PyLong_CheckExact(tag_obj))
         Py_RETURN_NONE;
     long peer = PyLong_AsLong(peer_obj), tag = PyLong_AsLong(tag_obj);
     if (PyErr_Occurred()) { /* (out of a long's range: the Python path says what is wrong) */
@@ -822,21 +1027,43 @@ static PyObject *one_move(Lane *self, int sending, PyObject *x, PyObject *peer_o
         Py_RETURN_NONE;
     if (PyObject_GetBuffer(x, &view, PyBUF_C_CONTIGUOUS | (sending ? 0 : PyBUF_WRITABLE)) < 0)
         return refused() ? Py_NewRef(Py_None) : NULL;
-    int flat = view.ndim == 1;
-    PyBuffer_Release(&view);
-    if (!flat)
+    if (view.ndim != 1) {
+        PyBuffer_Release(&view);
         Py_RETURN_NONE;
+    }
     PyObject *lock;
     int taken = take_guard(self, sending ? SEND : RECV, &lock);
-    if (taken <= 0)
+    if (taken <= 0) {
+        PyBuffer_Release(&view);
         return taken < 0 ? (lock ? give_guard(lock, NULL) : NULL) : Py_NewRef(Py_None);
-    PyObject *args[3] = {x, peer_obj, tag_obj};
-    PyObject *moved = PyObject_Vectorcall(sending ? self->send : self->recv, args, 3, NULL);
-    if (moved != NULL) {
-        Py_DECREF(moved);
-        moved = Py_NewRef(sending ? Py_True : x);
     }
-    return give_guard(lock, moved);
+    unsigned char header[HEADER_BYTES];
+    Py_ssize_t moved = 0, whole = view.len + (sending ? HEADER_BYTES : 0);
+    int in_c = view.len <= self->largest_move
+                   ? move_in_c(self, sending, peer, tag, tag_obj, &view, header, &moved) : 0;
+    PyBuffer_Release(&view);
+    PyObject *result = NULL;
+    if (in_c == 0) {
+        PyObject *args[3] = {x, peer_obj, tag_obj};
+        result = PyObject_Vectorcall(sending ? self->send : self->recv, args, 3, NULL);
+    } else if (in_c > 0 && moved == whole) {
+        result = Py_NewRef(Py_None);
+    } else if (in_c > 0) {
+        PyObject *header_obj = PyBytes_FromStringAndSize((const char *)header, HEADER_BYTES);
+        PyObject *moved_obj = header_obj ? PyLong_FromSsize_t(moved) : NULL;
+        if (moved_obj) {
+            PyObject *args[4] = {x, peer_obj, header_obj, moved_obj};
+            result = PyObject_Vectorcall(sending ? self->finish_send : self->finish_recv, args,
+                                         4, NULL);
+        }
+        Py_XDECREF(header_obj);
+        Py_XDECREF(moved_obj);
+    }
+    if (result != NULL) {
+        Py_DECREF(result);
+        result = Py_NewRef(sending ? Py_True : x);
+    }
+    return give_guard(lock, result);
 }
 
 static PyObject *lane_send(Lane *self, PyObject *const *args, Py_ssize_t nargs)
@@ -936,6 +1163,7 @@ static PyMethodDef lane_methods[] = {
     {"calls", (PyCFunction)lane_calls, METH_VARARGS, "What the one-call paths take."},
     {"limit", (PyCFunction)lane_limit, METH_VARARGS, "The largest x a kind's path takes."},
     {"bind", (PyCFunction)lane_bind, METH_VARARGS, "The communicator whose calls take it."},
+    {"streams", (PyCFunction)lane_streams, METH_VARARGS, "The stream engine's rings, lent."},
     {"direct", FASTCALL(lane_direct), "A transport's one-call path."},
     {"all_reduce", FASTCALL(lane_all_reduce), "The communicator's all_reduce, or None."},
     {"all_gather", FASTCALL(lane_all_gather), "The communicator's all_gather, or None."},
@@ -976,6 +1204,14 @@ int add_lane_type(PyObject *module)
         !(COMPLETED = PyUnicode_InternFromString("completed")) ||
         !(SEND = PyUnicode_InternFromString("send")) ||
         !(RECV = PyUnicode_InternFromString("recv")) ||
+        !(SENDQ = PyUnicode_InternFromString("sendq")) ||
+        !(LOST = PyUnicode_InternFromString("lost")) ||
+        !(TARGET = PyUnicode_InternFromString("target")) ||
+        !(START = PyUnicode_InternFromString("start")) ||
+        !(END = PyUnicode_InternFromString("end")) ||
+        !(POSTED = PyUnicode_InternFromString("posted")) ||
+        !(UNEXPECTED = PyUnicode_InternFromString("unexpected")) ||
+        !(MISMATCH = PyUnicode_InternFromString("_mismatch")) ||
         PyType_Ready(&LaneType) < 0)
         return -1;
     Py_INCREF(&LaneType);

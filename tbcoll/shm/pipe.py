@@ -30,70 +30,67 @@ class OverwrittenRing(OSError):
 
 class Ring:
     CONTROL = 2 * LINE  # head line, tail line
+    OVERWRITTEN = -3  # what C's receive returns where the producer's counter cannot be one
 
     def __init__(self, buffer: memoryview, flags: AtomicFlags, base: int,
                  capacity: int) -> None:
-        self._flags, self._capacity = flags, capacity
-        self._buffer, self._base = buffer, base  # for the C paths
+        self._flags = flags
+        self.buffer, self.base, self.capacity = buffer, base, capacity  # for the C paths
         self._head_at, self._tail_at = base, base + LINE
         self._data: memoryview | None = buffer[base + self.CONTROL:base + self.CONTROL + capacity]
-        self._head = flags.load(self._head_at)  # our own counter, as the producer or consumer
-        self._tail = flags.load(self._tail_at)
+
+    # Each side's own counter lives only in the segment, where C (tbcoll/shm/shm.h) moves it too.
 
     def write(self, buffers: list[memoryview]) -> int:
         """Producer: copy as many leading bytes of buffers as fit; return how many."""
-        free = self._capacity - (self._head - self._flags.load(self._tail_at))
+        head = self._flags.load(self._head_at)
+        free = self.capacity - (head - self._flags.load(self._tail_at))
         written = 0
         for buf in buffers:
             take = min(len(buf), free - written)
-            self._copy_in(self._head + written, buf[:take])
+            self._copy_in(head + written, buf[:take])
             written += take
             if take < len(buf):
                 break
         if written:
-            self._head += written
-            self._flags.store(self._head_at, self._head)
+            self._flags.store(self._head_at, head + written)
         return written
 
     def read_into(self, view: memoryview) -> int:
         """Consumer: copy what has arrived, up to len(view) bytes; return how many."""
-        available = self._flags.load(self._head_at) - self._tail
-        if not 0 <= available <= self._capacity:
-            raise OverwrittenRing(available, self._capacity)
+        tail = self._flags.load(self._tail_at)
+        available = self._flags.load(self._head_at) - tail
+        if not 0 <= available <= self.capacity:
+            raise OverwrittenRing(available, self.capacity)
         n = min(available, len(view))
         if n:
-            start = self._tail % self._capacity
-            first = min(n, self._capacity - start)
+            start = tail % self.capacity
+            first = min(n, self.capacity - start)
             view[:first] = self._data[start:start + first]
             view[first:n] = self._data[:n - first]
-            self._tail += n
-            self._flags.store(self._tail_at, self._tail)
+            self._flags.store(self._tail_at, tail + n)
         return n
 
     def send(self, header: bytes, payload: object, budget: float) -> int:
         """Producer, in C: write header and payload as room allows, waiting for room at most
         budget seconds at a time; return how many bytes went in."""
-        head = atomics.ring_send(self._buffer, self._base, self._capacity, self._head, header,
-                                 payload, budget)
-        written, self._head = head - self._head, head
-        return written
+        return atomics.ring_send(self.buffer, self.base, self.capacity, header, payload, budget)
 
     def receive(self, header: bytes, view: object, budget: float) -> int:
         """Consumer, in C: take the next message if its header is this one (the stream
         engine's: context, tag, as many bytes as view holds, call), its payload straight into
         view (any buffer); return the payload bytes that arrived, -1 if no whole header came
         within budget, -2 if the next message is another (left in place)."""
-        self._tail, copied = atomics.ring_recv(self._buffer, self._base, self._capacity,
-                                               self._tail, header, view, budget)
-        if copied == -3:
-            raise OverwrittenRing(None, self._capacity)
+        copied = atomics.ring_recv(self.buffer, self.base, self.capacity, header, view, budget)
+        if copied == self.OVERWRITTEN:
+            raise OverwrittenRing(None, self.capacity)
         return copied
 
     def readable(self) -> bool:
-        return self._flags.load(self._head_at) != self._tail
+        return self._flags.load(self._head_at) != self._flags.load(self._tail_at)
 
     def writable(self) -> bool:
-        return self._head - self._flags.load(self._tail_at) < self._capacity
+        return self._flags.load(self._head_at) - self._flags.load(self._tail_at) < self.capacity
 
     def close(self) -> None:
         if self._data is not None:
@@ -101,8 +98,8 @@ class Ring:
             self._data = None
 
     def _copy_in(self, position: int, buf: memoryview) -> None:
-        start = position % self._capacity
-        first = min(len(buf), self._capacity - start)
+        start = position % self.capacity
+        first = min(len(buf), self.capacity - start)
         self._data[start:start + first] = buf[:first]
         self._data[:len(buf) - first] = buf[first:]
 

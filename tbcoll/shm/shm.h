@@ -24,6 +24,47 @@ enum { ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, BROADCAST, BARRIER, ALL_REDUCE_SP
 int wait_flags(const char *base, Py_ssize_t stride, Py_ssize_t count, uint64_t target,
                double budget);
 
+/* --- point-to-point byte rings (tbcoll/shm/pipe.py; their messages: the stream engine's)
+ *
+ * A ring at `at` in the segment: the producer's head counter (u64), a line further the
+ * consumer's tail counter, two lines further `capacity` bytes of data; byte k of the stream
+ * lives at data[k % capacity]. The producer copies bytes in, then stores head (release); the
+ * consumer loads head (acquire) before copying them out, then stores tail (release); the
+ * producer loads tail (acquire) before reusing space. Both counters only grow, and each lives
+ * only in the segment: whoever moves a ring's bytes (pipe.py, _atomics.c's ring_send and
+ * ring_recv, lane.c's send and recv) reads its own counter there.
+ */
+#define RING_LINE 128
+#define RING_DATA (2 * RING_LINE) /* the control lines before the data */
+#define HEADER_BYTES 32           /* a message's header (tbcoll/transports/stream.py) */
+
+/* This side's own counter (the producer's head, the consumer's tail). Only this side stores
+ * it, and a communicator's calls never overlap (its guard, a lock, orders one thread's calls
+ * before the next's), so a relaxed load returns the last value stored. */
+static inline uint64_t own_counter(const char *word)
+{
+    return __atomic_load_n((const uint64_t *)word, __ATOMIC_RELAXED);
+}
+
+/* Whether a ring of `capacity` bytes at `at` lies inside a segment of `len` bytes. */
+static inline int ring_inside(Py_ssize_t at, Py_ssize_t capacity, Py_ssize_t len)
+{
+    return at >= 0 && at % 8 == 0 && capacity > 0 && at <= len - RING_DATA - capacity;
+}
+
+/* Producer: copy n bytes at `from` into the ring as room appears, waiting for room at most
+ * budget seconds at a time; returns how many went in. Called with the GIL (released to wait). */
+Py_ssize_t ring_put(char *ring, Py_ssize_t capacity, const char *from, Py_ssize_t n,
+                    double budget);
+
+/* Consumer: take the next message if its header is `expected` (HEADER_BYTES, whose byte count
+ * is len), its payload straight into dst. Returns -1 when no whole header came within budget,
+ * -2 when the next message is another one (nothing is consumed), -3 when the producer's
+ * counter says more bytes wait than the ring holds (the segment was overwritten), else how
+ * many payload bytes arrived (len unless the budget ran out while they came). */
+Py_ssize_t ring_take(char *ring, Py_ssize_t capacity, const void *expected, char *dst,
+                     Py_ssize_t len, double budget);
+
 /* Adds the Lane type (lane.c) to the module. */
 int add_lane_type(PyObject *module);
 

@@ -31,7 +31,7 @@ from tbcoll.errors import CommError, PeerLostError
 from tbcoll.rendezvous import Store
 from tbcoll.shm.flags import atomics
 from tbcoll.shm.native import RING, WAIT_SLICE, Layout, ShmNative, alive, available
-from tbcoll.shm.pipe import Ring, ShmDuplex
+from tbcoll.shm.pipe import OverwrittenRing, Ring, ShmDuplex
 from tbcoll.shm.segment import MAX_NAME, Segment
 from tbcoll.transports.base import P2P
 from tbcoll.transports.stream import Peer, StreamEndpoint, StreamTransport
@@ -81,6 +81,21 @@ class ShmStream(StreamTransport):
             peer.pulls = pulls
         self._descriptor = np.empty(self.DESCRIPTOR_BYTES, np.uint8)
 
+    def lend_lane(self, lane: atomics.Lane, endpoint: StreamEndpoint) -> None:
+        """Let the communicator's lane (tbcoll/shm/lane.c) move endpoint's messages under
+        PULL_BYTES itself, where this engine would take the C path below: it reads the
+        engine's state (vars() of each Peer and of this engine) to see that nothing must go
+        first, and leaves to the engine what it cannot (endpoint.send/recv) or did not finish
+        (_finish_send/_finish_recv). endpoint's ranks are this engine's (one segment per
+        communicator)."""
+        peers = tuple(None if rank == self.rank else
+                      (peer.channel.outgoing.base, peer.channel.incoming.base, vars(peer))
+                      for rank in range(self.size) for peer in [self._peers.get(rank)])
+        ring = next(iter(self._peers.values())).channel.outgoing
+        lane.streams(endpoint.context, ring.capacity, PULL_BYTES - 1,
+                     (_ROOM_WAIT, WAIT_SLICE), vars(self), peers,
+                     (endpoint.send, endpoint.recv, self._finish_send, self._finish_recv))
+
     def send(self, buf: np.ndarray, dest: int, context: int, tag: int,
              call: tuple[int, int] = NO_CALL) -> None:
         """The whole message in one C call when nothing is queued before it; what does not fit
@@ -96,7 +111,12 @@ class ShmStream(StreamTransport):
         header = self._header(context, tag, nbytes, call[0], call[1])
         written = peer.channel.outgoing.send(header, buf, _ROOM_WAIT)
         if written < len(header) + nbytes:
-            self.waitall([self._send_rest(peer, header, memoryview(buf.view(np.uint8)), written)])
+            self._finish_send(buf, dest, header, written)
+
+    def _finish_send(self, buf: np.ndarray, dest: int, header: bytes, written: int) -> None:
+        """The rest of a message of which a C path wrote `written` bytes (header first)."""
+        peer = self._peers[dest]
+        self.waitall([self._send_rest(peer, header, memoryview(buf.view(np.uint8)), written)])
 
     def _send_pulled(self, peer: Peer, buf: np.ndarray, dest: int, context: int, tag: int,
                      call: tuple[int, int]) -> None:
@@ -138,15 +158,23 @@ class ShmStream(StreamTransport):
         if nbytes >= PULL_BYTES and peer.pulls:
             self._recv_pulled(peer, buf, source, context, tag, call)
             return
+        header = self._header(context, tag, nbytes, call[0], call[1])
         try:
-            copied = peer.channel.incoming.receive(
-                self._header(context, tag, nbytes, call[0], call[1]), buf, WAIT_SLICE)
+            copied = peer.channel.incoming.receive(header, buf, WAIT_SLICE)
         except OSError as e:  # OverwrittenRing
             raise self._overwritten(peer, e) from e
-        if copied == nbytes:
-            return
+        if copied != nbytes:
+            self._finish_recv(buf, source, header, copied)
+
+    def _finish_recv(self, buf: np.ndarray, source: int, header: bytes, copied: int) -> None:
+        """The rest of a receive into buf that a C path began: `copied` payload bytes came,
+        or none (-1: no message yet, -2: another message first, Ring.OVERWRITTEN)."""
+        peer = self._peers[source]
+        if copied == Ring.OVERWRITTEN:
+            raise self._overwritten(peer, OverwrittenRing(None, peer.channel.incoming.capacity))
         if copied < 0:  # nothing yet, or another message first
-            super().recv(buf, source, context, tag, call)
+            context, tag, _, *call = self._header_of(header)
+            super().recv(buf, source, context, tag, tuple(call))
             return
         # its first bytes are in
         self.waitall([self._rest_of_message(peer, memoryview(buf.view(np.uint8)), copied)])
@@ -253,6 +281,8 @@ class ShmGroup:
         self._stream = ShmStream(self.native, timeout)
         ranks = list(range(len(members)))
         self.p2p = StreamEndpoint(self._stream, 0, ranks)
+        if len(members) > 1:
+            self._stream.lend_lane(self.native.lane, self.p2p)
         self.coll = StreamEndpoint(self._stream, 1, ranks)
         self.rank, self.size = rank, len(members)
         # the algorithms' messages carry the call; the native rounds compare their own
