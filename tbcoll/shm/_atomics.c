@@ -332,6 +332,25 @@ Py_ssize_t ring_put(char *ring, Py_ssize_t capacity, const char *from, Py_ssize_
     return done;
 }
 
+Py_ssize_t ring_put_message(char *ring, Py_ssize_t capacity, const char *header,
+                            Py_ssize_t header_len, const char *payload, Py_ssize_t n,
+                            double budget)
+{
+    uint64_t head = own_counter(ring);
+    uint64_t tail = __atomic_load_n((uint64_t *)(ring + RING_LINE), __ATOMIC_ACQUIRE);
+    if (n < NOGIL_BYTES && capacity - (Py_ssize_t)(head - tail) >= header_len + n) {
+        ring_copy_in(ring + RING_DATA, capacity, head, header, header_len);
+        ring_copy_in(ring + RING_DATA, capacity, head + (uint64_t)header_len, payload, n);
+        /* release: the bytes, then head */
+        __atomic_store_n((uint64_t *)ring, head + (uint64_t)(header_len + n), __ATOMIC_RELEASE);
+        return header_len + n;
+    }
+    Py_ssize_t written = ring_put(ring, capacity, header, header_len, budget);
+    if (written == header_len)
+        written += ring_put(ring, capacity, payload, n, budget);
+    return written;
+}
+
 /*
  * ring_send(segment, at, capacity, header, payload, budget) -> bytes written
  * The producer writes a message (header, then payload) as room allows, waiting for room at
@@ -355,9 +374,8 @@ static PyObject *ring_send(PyObject *self, PyObject *const *args, Py_ssize_t nar
         return NULL;
     const Py_buffer *header = &views[1], *payload = &views[2];
     char *ring = ring_at(&views[0], at, capacity);
-    Py_ssize_t written = ring ? ring_put(ring, capacity, header->buf, header->len, budget) : 0;
-    if (written == header->len)
-        written += ring_put(ring, capacity, payload->buf, payload->len, budget);
+    Py_ssize_t written = ring ? ring_put_message(ring, capacity, header->buf, header->len,
+                                                 payload->buf, payload->len, budget) : 0;
     release_buffers(views, 3);
     if (!ring) {
         PyErr_SetString(PyExc_ValueError, RING_OUTSIDE);

@@ -985,9 +985,8 @@ static int move_in_c(Lane *self, int sending, Py_ssize_t peer, long tag, PyObjec
     Py_ssize_t capacity = self->stream_capacity;
     user_header(header, self->context_word, tag, payload->len);
     if (sending) {
-        *moved = ring_put(ring, capacity, (const char *)header, HEADER_BYTES, self->send_budget);
-        if (*moved == HEADER_BYTES)
-            *moved += ring_put(ring, capacity, payload->buf, payload->len, self->send_budget);
+        *moved = ring_put_message(ring, capacity, (const char *)header, HEADER_BYTES,
+                                  payload->buf, payload->len, self->send_budget);
     } else {
         *moved = ring_take(ring, capacity, header, payload->buf, payload->len, self->recv_budget);
     }

@@ -57,6 +57,13 @@ static inline int ring_inside(Py_ssize_t at, Py_ssize_t capacity, Py_ssize_t len
 Py_ssize_t ring_put(char *ring, Py_ssize_t capacity, const char *from, Py_ssize_t n,
                     double budget);
 
+/* Producer: write a message, header and payload: at once (one store of head, so that the
+ * consumer waits for one cache line, not two) where it fits now, else as ring_put does, the
+ * payload only once the whole header went in. Returns the bytes that went in. */
+Py_ssize_t ring_put_message(char *ring, Py_ssize_t capacity, const char *header,
+                            Py_ssize_t header_len, const char *payload, Py_ssize_t n,
+                            double budget);
+
 /* Consumer: take the next message if its header is `expected` (HEADER_BYTES, whose byte count
  * is len), its payload straight into dst. Returns -1 when no whole header came within budget,
  * -2 when the next message is another one (nothing is consumed), -3 when the producer's
