@@ -195,7 +195,8 @@ import numpy as np
 import tbcoll
 from tbcoll.transports.shm import PULL_BYTES, ShmStream
 
-engine = {"send": 0, "recv": 0, "_finish_send": 0, "_finish_recv": 0}  # the engine's paths
+engine = dict.fromkeys(("send", "recv", "_finish_send", "_finish_recv", "_finish_pulled_send",
+                        "_finish_announcement"), 0)  # the engine's paths
 
 def counted(name):
     method = getattr(ShmStream, name)
@@ -213,6 +214,11 @@ def took(**paths):
     assert engine == want, (engine, want)
     engine.update(dict.fromkeys(engine, 0))
 
+def by_engine():
+    '''The engine's send and recv each moved one message (however much of it C moved).'''
+    assert engine["send"] == engine["recv"] == 1, engine
+    engine.update(dict.fromkeys(engine, 0))
+
 def message(n, k):
     return np.arange(n, dtype=np.float32) + 1000 * k
 
@@ -227,13 +233,16 @@ def ping_pong(comm, n, tag=0):
 
 comm = tbcoll.init()
 r, peer = comm.rank, 1 - comm.rank
+pulls = comm._group._stream.peer(peer).pulls  # large messages are pulled (Linux's CMA)
 
-# whole messages under the pull size move in C; the engine is not called
+# whole messages move in C, the engine untouched: through the ring under the pull size,
+# pulled from the sender's memory at that size and more; through the ring in pieces as the
+# receiver reads where there is no pulling (TBCOLL_SHM_CMA=0; macOS): the engine's
 for n in (0, 1, 1000, PULL_BYTES // 4 - 8):
     ping_pong(comm, n)
 took()
-ping_pong(comm, PULL_BYTES // 4)  # pulled, or through the ring: the engine's
-took(send=1, recv=1)
+ping_pong(comm, PULL_BYTES // 4)
+took() if pulls else by_engine()
 
 # (each part begins with the rings empty: a barrier moves nothing through them)
 comm.barrier()
@@ -274,6 +283,16 @@ for k in range(2):
 assert engine["send"] == 0, engine
 assert comm.all_reduce(np.array([engine["_finish_send"]]))[0] >= 1, engine
 engine.update(dict.fromkeys(engine, 0))
+
+comm.barrier()
+
+# both ranks send each other a large message before either receives: each waits in C for
+# its answer and meets the other's announcement instead; the engine pulls that (it is held
+# for its receive), answers it, and takes the answer
+n = PULL_BYTES // 4 + 5
+comm.send(message(n, r), peer, tag=6)
+assert np.array_equal(comm.recv(np.empty(n, np.float32), peer, tag=6), message(n, peer))
+took(_finish_pulled_send=1, recv=1) if pulls else by_engine()
 
 # a communicator made by split (its own segment, ranks reversed) moves in C too
 sub = comm.split(0, key=-r)

@@ -20,9 +20,6 @@
 #include <time.h>
 #ifdef __linux__
 #include <sys/uio.h> /* process_vm_readv */
-#define HAVE_CMA 1
-#else
-#define HAVE_CMA 0 /* macOS: no call reads another process's memory without privileges */
 #endif
 
 #include "buffers.h"
@@ -486,35 +483,17 @@ static PyObject *set_spin(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
-/*
- * cma_copy(pid, address, buffer, write) -> 0, or the errno that stopped it
- *
- * Copy len(buffer) bytes between `address` in process `pid` (a rank of the same user on this
- * host) and buffer: from there into buffer, or with write true from buffer to there. Linux's
- * cross-memory attach: one copy, by the kernel, without the GIL. The caller orders it with
- * the other rank's flags (see tbcoll/shm/native.py, _one_copy_round): bytes read were stored by
- * their owner before the release store of a flag that this rank acquired, and bytes written
- * are published by this rank's own release store of a flag after the call returns. EPERM: a
- * policy (Yama's ptrace_scope, a seccomp filter) forbids it; ESRCH: pid is gone; ENOSYS
- * where the platform has no such call.
- */
-static PyObject *cma_copy(PyObject *self, PyObject *args)
+int cma_move(long pid, uint64_t address, char *buffer, Py_ssize_t len, int write)
 {
-    long pid;
-    unsigned long long address;
-    Py_buffer buffer;
-    int write;
-    if (!PyArg_ParseTuple(args, "lKw*p", &pid, &address, &buffer, &write))
-        return NULL;
     int error = ENOSYS;
 #if HAVE_CMA
     error = 0;
     Py_ssize_t done = 0;
     Py_BEGIN_ALLOW_THREADS
-    while (done < buffer.len) {
-        struct iovec local = {(char *)buffer.buf + done, (size_t)(buffer.len - done)};
-        struct iovec remote = {(void *)(uintptr_t)(address + (unsigned long long)done),
-                               (size_t)(buffer.len - done)};
+    while (done < len) {
+        struct iovec local = {buffer + done, (size_t)(len - done)};
+        struct iovec remote = {(void *)(uintptr_t)(address + (uint64_t)done),
+                               (size_t)(len - done)};
         ssize_t moved = write ? process_vm_writev((pid_t)pid, &local, 1, &remote, 1, 0)
                               : process_vm_readv((pid_t)pid, &local, 1, &remote, 1, 0);
         if (moved < 0 && errno == EINTR)
@@ -529,8 +508,24 @@ static PyObject *cma_copy(PyObject *self, PyObject *args)
 #else
     (void)pid;
     (void)address;
+    (void)buffer;
+    (void)len;
     (void)write;
 #endif
+    return error;
+}
+
+/* cma_copy(pid, address, buffer, write) -> 0, or the errno that stopped it: cma_move (shm.h)
+ * between buffer and `address` in process pid. */
+static PyObject *cma_copy(PyObject *self, PyObject *args)
+{
+    long pid;
+    unsigned long long address;
+    Py_buffer buffer;
+    int write;
+    if (!PyArg_ParseTuple(args, "lKw*p", &pid, &address, &buffer, &write))
+        return NULL;
+    int error = cma_move(pid, address, buffer.buf, buffer.len, write);
     PyBuffer_Release(&buffer);
     return PyLong_FromLong(error);
 }

@@ -7,6 +7,12 @@
 #include <Python.h>
 #include <stdint.h>
 
+#ifdef __linux__
+#define HAVE_CMA 1 /* cma_move below */
+#else
+#define HAVE_CMA 0 /* macOS: no call reads another process's memory without privileges */
+#endif
+
 #define MAX_RANKS 4096      /* of one shm segment: far past the cores of any host */
 /* The layout of a rank's flag line: */
 #define LINE 128            /* bytes of a flag line (two cache lines on Apple's cores) */
@@ -37,6 +43,7 @@ int wait_flags(const char *base, Py_ssize_t stride, Py_ssize_t count, uint64_t t
 #define RING_LINE 128
 #define RING_DATA (2 * RING_LINE) /* the control lines before the data */
 #define HEADER_BYTES 32           /* a message's header (tbcoll/transports/stream.py) */
+#define DESCRIPTOR_BYTES 24       /* a pulled message's descriptor (likewise) */
 
 /* This side's own counter (the producer's head, the consumer's tail). Only this side stores
  * it, and a communicator's calls never overlap (its guard, a lock, orders one thread's calls
@@ -71,6 +78,16 @@ Py_ssize_t ring_put_message(char *ring, Py_ssize_t capacity, const char *header,
  * many payload bytes arrived (len unless the budget ran out while they came). */
 Py_ssize_t ring_take(char *ring, Py_ssize_t capacity, const void *expected, char *dst,
                      Py_ssize_t len, double budget);
+
+/* Copy len bytes between `address` in process pid (a rank of the same user on this host) and
+ * buffer: from there into buffer, or with write true from buffer to there. Linux's
+ * cross-memory attach: one copy, by the kernel, without the GIL. The caller orders it with the
+ * other rank's flags or ring counters: bytes read were stored by their owner before the
+ * release store that this rank acquired, and bytes written are published by this rank's own
+ * release store after the call returns. Returns 0, or the errno that stopped it: EPERM where
+ * a policy (Yama's ptrace_scope, a seccomp filter) forbids it, ESRCH where pid is gone,
+ * ENOSYS where the platform has no such call (macOS). */
+int cma_move(long pid, uint64_t address, char *buffer, Py_ssize_t len, int write);
 
 /* Adds the Lane type (lane.c) to the module. */
 int add_lane_type(PyObject *module);

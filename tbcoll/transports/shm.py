@@ -34,7 +34,7 @@ from tbcoll.shm.native import RING, WAIT_SLICE, Layout, ShmNative, alive, availa
 from tbcoll.shm.pipe import OverwrittenRing, Ring, ShmDuplex
 from tbcoll.shm.segment import MAX_NAME, Segment
 from tbcoll.transports.base import P2P
-from tbcoll.transports.stream import Peer, StreamEndpoint, StreamTransport
+from tbcoll.transports.stream import Peer, StreamEndpoint, StreamTransport, _Send
 
 _SETUP_TAG = 30000
 _SPINS = 50  # polls of the rings before a waiting rank starts to yield its core
@@ -82,19 +82,19 @@ class ShmStream(StreamTransport):
         self._descriptor = np.empty(self.DESCRIPTOR_BYTES, np.uint8)
 
     def lend_lane(self, lane: atomics.Lane, endpoint: StreamEndpoint) -> None:
-        """Let the communicator's lane (tbcoll/shm/lane.c) move endpoint's messages under
-        PULL_BYTES itself, where this engine would take the C path below: it reads the
-        engine's state (vars() of each Peer and of this engine) to see that nothing must go
-        first, and leaves to the engine what it cannot (endpoint.send/recv) or did not finish
-        (_finish_send/_finish_recv). endpoint's ranks are this engine's (one segment per
-        communicator)."""
+        """Let the communicator's lane (tbcoll/shm/lane.c) move endpoint's messages itself
+        where this engine would take its C paths below: it reads the engine's state (vars()
+        of each Peer and of this engine) to see that nothing must go first, and leaves to the
+        engine what it cannot (endpoint.send/recv) or did not finish (the _finish_* methods).
+        endpoint's ranks are this engine's (one segment per communicator)."""
         peers = tuple(None if rank == self.rank else
                       (peer.channel.outgoing.base, peer.channel.incoming.base, vars(peer))
                       for rank in range(self.size) for peer in [self._peers.get(rank)])
         ring = next(iter(self._peers.values())).channel.outgoing
-        lane.streams(endpoint.context, ring.capacity, PULL_BYTES - 1,
-                     (_ROOM_WAIT, WAIT_SLICE), vars(self), peers,
-                     (endpoint.send, endpoint.recv, self._finish_send, self._finish_recv))
+        lane.streams(endpoint.context, ring.capacity, (_ROOM_WAIT, WAIT_SLICE), vars(self), peers,
+                     (endpoint.send, endpoint.recv, self._finish_send, self._finish_recv,
+                      self._finish_pulled_send, self._finish_announcement),
+                     (PULL_BYTES, *self.PULL_CONTEXTS, self._native.layout.pids))
 
     def send(self, buf: np.ndarray, dest: int, context: int, tag: int,
              call: tuple[int, int] = NO_CALL) -> None:
@@ -178,6 +178,20 @@ class ShmStream(StreamTransport):
             return
         # its first bytes are in
         self.waitall([self._rest_of_message(peer, memoryview(buf.view(np.uint8)), copied)])
+
+    def _finish_pulled_send(self, buf: np.ndarray, dest: int, pull: int) -> None:
+        """The rest of a pulled send whose announcement (`pull`) a C path wrote: its answer."""
+        peer = self._peers[dest]
+        request = peer.announced[pull] = _Send(peer, [], buf)
+        self.waitall([request])
+
+    def _finish_announcement(self, buf: np.ndarray, source: int, header: bytes,
+                             descriptor: bytes) -> None:
+        """The rest of a pulled receive into buf (header: its message's) whose announcement
+        (descriptor: the bytes of it that came) a C path took."""
+        context, tag, _, *call = self._header_of(header)
+        self._finish_announced(self._peers[source], memoryview(buf.view(np.uint8)), context, tag,
+                               tuple(call), descriptor, len(descriptor))
 
     def _overwritten(self, peer: Peer, error: OSError) -> PeerLostError:
         """Lose peer, whose ring a C receive found overwritten; the error to raise."""

@@ -137,6 +137,7 @@ class StreamTransport:
 
     pull_bytes = 0  # payloads at least this large go by pull to a peer that pulls
     DESCRIPTOR_BYTES = _DESCRIPTOR.size
+    PULL_CONTEXTS = (_ANNOUNCE, _PULLED)  # an announcement's context bit, an answer's context
 
     def __init__(self, rank: int, size: int, channels: dict[int, Channel],
                  timeout: float) -> None:
