@@ -17,6 +17,7 @@ from collections.abc import Callable
 from functools import partial
 from time import perf_counter
 from typing import Any
+from weakref import WeakMethod
 
 import numpy as np
 
@@ -122,7 +123,7 @@ class Communicator:
         enabled = sum(1 << k for k in served)
         lane.bind(self._guard, self._ring, self._ring_size, LANE_ENTRIES,
                   tuple(entry.name for entry in LANE_ENTRIES),
-                  enabled | 1 << len(LANE_ENTRIES), MAX_TAG)
+                  enabled | 1 << len(LANE_ENTRIES), MAX_TAG, CommError, WeakMethod(self._named))
         return lane
 
     def _quick_path(self, entry: Collective, path: Callable) -> Callable | None:
@@ -148,12 +149,9 @@ class Communicator:
     def all_reduce(self, x: Any, op: str = "sum", algorithm: str | None = None,
                    out: np.ndarray | None = None) -> Any:
         """Reduce x elementwise over all ranks with op; every rank gets the result."""
-        if algorithm is None and (lane := self._lane) is not None:
-            try:
-                if (result := lane.all_reduce(x, op, out)) is not None:
-                    return result
-            except CommError as e:
-                raise self._named(e, "all_reduce") from e
+        if algorithm is None and (lane := self._lane) is not None and (
+                result := lane.all_reduce(x, op, out)) is not None:
+            return result
         if (type(x) is np.ndarray and algorithm is None
                 and (path := self._quick[ALL_REDUCE]) is not None
                 and id(dtype := x.dtype) in KNOWN_DTYPES and op in OPS and (out is None or (
@@ -167,12 +165,9 @@ class Communicator:
     def all_gather(self, x: Any, algorithm: str | None = None,
                    out: np.ndarray | None = None) -> Any:
         """Concatenate every rank's x along axis 0 (a 0-d x gives shape (size,))."""
-        if algorithm is None and (lane := self._lane) is not None:
-            try:
-                if (result := lane.all_gather(x, out)) is not None:
-                    return result
-            except CommError as e:
-                raise self._named(e, "all_gather") from e
+        if algorithm is None and (lane := self._lane) is not None and (
+                result := lane.all_gather(x, out)) is not None:
+            return result
         if (type(x) is np.ndarray and algorithm is None
                 and (path := self._quick[ALL_GATHER]) is not None
                 and id(dtype := x.dtype) in KNOWN_DTYPES
@@ -185,12 +180,9 @@ class Communicator:
     def reduce_scatter(self, x: Any, op: str = "sum", algorithm: str | None = None,
                        out: np.ndarray | None = None) -> Any:
         """Reduce x over all ranks and return this rank's block of it along axis 0."""
-        if algorithm is None and (lane := self._lane) is not None:
-            try:
-                if (result := lane.reduce_scatter(x, op, out)) is not None:
-                    return result
-            except CommError as e:
-                raise self._named(e, "reduce_scatter") from e
+        if algorithm is None and (lane := self._lane) is not None and (
+                result := lane.reduce_scatter(x, op, out)) is not None:
+            return result
         if (type(x) is np.ndarray and algorithm is None
                 and (path := self._quick[REDUCE_SCATTER]) is not None
                 and id(dtype := x.dtype) in KNOWN_DTYPES and op in OPS and x.ndim
@@ -204,12 +196,9 @@ class Communicator:
     def broadcast(self, x: Any, root: int = 0, algorithm: str | None = None,
                   out: np.ndarray | None = None) -> Any:
         """Return root's x on every rank (x gives the shape and dtype on the others)."""
-        if algorithm is None and (lane := self._lane) is not None:
-            try:
-                if (result := lane.broadcast(x, root, out)) is not None:
-                    return result
-            except CommError as e:
-                raise self._named(e, "broadcast") from e
+        if algorithm is None and (lane := self._lane) is not None and (
+                result := lane.broadcast(x, root, out)) is not None:
+            return result
         if (type(x) is np.ndarray and algorithm is None and type(root) is int
                 and 0 <= root < self.size and (path := self._quick[BROADCAST]) is not None
                 and id(dtype := x.dtype) in KNOWN_DTYPES and (out is None or (
@@ -405,12 +394,8 @@ class Communicator:
 
     def send(self, x: Any, dst: int, tag: int = 0) -> None:
         """Send x to rank dst; returns once x may be reused."""
-        if (lane := self._lane) is not None:
-            try:
-                if lane.send(x, dst, tag) is not None:
-                    return
-            except CommError as e:
-                raise self._named(e, f"send to rank {dst}") from e
+        if (lane := self._lane) is not None and lane.send(x, dst, tag) is not None:
+            return
         if type(x) is np.ndarray and x.flags.c_contiguous and self._plain(x, dst, tag):
             buf = flat(x)
         else:
@@ -422,12 +407,9 @@ class Communicator:
     def recv(self, out_or_like: Any, src: int, tag: int = 0) -> Any:
         """Receive from rank src into a numpy array (filled in place and returned), or, given
         an mlx array, into a new mlx array of its shape and dtype."""
-        if (lane := self._lane) is not None:
-            try:
-                if (result := lane.recv(out_or_like, src, tag)) is not None:
-                    return result
-            except CommError as e:
-                raise self._named(e, f"recv from rank {src}") from e
+        if (lane := self._lane) is not None and (
+                result := lane.recv(out_or_like, src, tag)) is not None:
+            return result
         if (type(out_or_like) is np.ndarray and out_or_like.flags.carray
                 and self._plain(out_or_like, src, tag)):
             self._move("recv", self._group.p2p.recv, flat(out_or_like), src, tag)

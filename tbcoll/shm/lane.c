@@ -245,6 +245,8 @@ typedef struct {
     Py_ssize_t ring_size;
     int enabled;               /* bit k: kind k's calls may take the lane; MOVES: send, recv */
     long max_tag;
+    PyObject *comm_error, *namer; /* tbcoll.errors.CommError; a weakref.WeakMethod to the
+                                     Communicator's _named(error, what) */
     /* streams(): the stream engine's rings, its state and its Python paths (tbcoll/transports/
      * shm.py's ShmStream.lend_lane); send NULL until then */
     PyObject *send, *recv;     /* the engine's send(buf, peer, tag), recv(buf, peer, tag) */
@@ -283,6 +285,8 @@ static int lane_traverse(Lane *self, visitproc visit, void *arg)
     Py_VISIT(self->ring);
     Py_VISIT(self->entries);
     Py_VISIT(self->names);
+    Py_VISIT(self->comm_error);
+    Py_VISIT(self->namer);
     Py_VISIT(self->send);
     Py_VISIT(self->recv);
     Py_VISIT(self->finish_send);
@@ -308,6 +312,8 @@ static int lane_clear(Lane *self)
     Py_CLEAR(self->ring);
     Py_CLEAR(self->entries);
     Py_CLEAR(self->names);
+    Py_CLEAR(self->comm_error);
+    Py_CLEAR(self->namer);
     Py_CLEAR(self->send);
     Py_CLEAR(self->recv);
     Py_CLEAR(self->finish_send);
@@ -517,21 +523,23 @@ static PyObject *lane_limit(Lane *self, PyObject *args)
 }
 
 /*
- * bind(guard, ring, ring_size, entries, names, enabled, max_tag)
+ * bind(guard, ring, ring_size, entries, names, enabled, max_tag, comm_error, namer)
  * The communicator whose calls take the lane: its tbcoll.ownership guard (taken around each
  * call, and counting the collectives), its flight recorder's ring (a list of ring_size, or
  * None), each kind's tbcoll.collectives entry and name (tuples by kind), a mask of the kinds
  * that may take the lane (bit k: kind k; MOVES: send and recv, with tags up to max_tag, once
- * streams() was called).
+ * streams() was called), and how its errors are named: a comm_error raised in a call is
+ * raised again as namer()(error, what) (see named).
  */
 static PyObject *lane_bind(Lane *self, PyObject *args)
 {
-    PyObject *guard, *ring, *entries, *names;
+    PyObject *guard, *ring, *entries, *names, *comm_error, *namer;
     Py_ssize_t ring_size;
     int enabled;
     long max_tag;
-    if (!PyArg_ParseTuple(args, "OOnO!O!il:bind", &guard, &ring, &ring_size, &PyTuple_Type,
-                          &entries, &PyTuple_Type, &names, &enabled, &max_tag))
+    if (!PyArg_ParseTuple(args, "OOnO!O!ilOO:bind", &guard, &ring, &ring_size, &PyTuple_Type,
+                          &entries, &PyTuple_Type, &names, &enabled, &max_tag, &comm_error,
+                          &namer))
         return NULL;
     if (PyTuple_GET_SIZE(entries) != ONE_CALL_KINDS || PyTuple_GET_SIZE(names) !=
         ONE_CALL_KINDS || (ring != Py_None && (!PyList_Check(ring) || ring_size < 1 ||
@@ -547,6 +555,8 @@ static PyObject *lane_bind(Lane *self, PyObject *args)
     Py_XSETREF(self->ring, ring);
     Py_XSETREF(self->entries, entries);
     Py_XSETREF(self->names, names);
+    Py_XSETREF(self->comm_error, Py_NewRef(comm_error));
+    Py_XSETREF(self->namer, Py_NewRef(namer));
     self->ring_size = ring_size;
     self->enabled = enabled;
     self->max_tag = max_tag;
@@ -1226,13 +1236,51 @@ static PyObject *one_move(Lane *self, int sending, PyObject *x, PyObject *peer_o
     return give_guard(lock, result);
 }
 
+/* Where a bound call raised a CommError: the communicator's name for it (bind's namer, called
+ * with the error and `what`, a format of arg), raised as `raise named from error` would;
+ * anything else as it was (also where the communicator is gone). Returns NULL. */
+static PyObject *named(Lane *self, const char *what, PyObject *arg)
+{
+    if (self->namer == NULL || !PyErr_ExceptionMatches(self->comm_error))
+        return NULL;
+    PyObject *type, *error, *trace;
+    PyErr_Fetch(&type, &error, &trace);
+    PyErr_NormalizeException(&type, &error, &trace);
+    if (trace != NULL)
+        PyException_SetTraceback(error, trace);
+    PyObject *name = PyUnicode_FromFormat(what, arg);
+    PyObject *namer = name ? PyObject_CallNoArgs(self->namer) : NULL;
+    PyObject *renamed = namer && namer != Py_None
+                            ? PyObject_CallFunctionObjArgs(namer, error, name, NULL) : NULL;
+    Py_XDECREF(namer);
+    Py_XDECREF(name);
+    if (renamed == NULL) {
+        if (PyErr_Occurred()) { /* naming failed: that error */
+            Py_XDECREF(type);
+            Py_XDECREF(error);
+        } else {
+            PyErr_Restore(type, error, trace);
+            return NULL;
+        }
+    } else {
+        PyException_SetContext(renamed, Py_NewRef(error));
+        PyException_SetCause(renamed, error); /* (takes error; suppresses the context) */
+        PyErr_SetObject((PyObject *)Py_TYPE(renamed), renamed);
+        Py_DECREF(renamed);
+        Py_XDECREF(type);
+    }
+    Py_XDECREF(trace);
+    return NULL;
+}
+
 static PyObject *lane_send(Lane *self, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != 3) {
         PyErr_SetString(PyExc_TypeError, "send takes 3 arguments");
         return NULL;
     }
-    return one_move(self, 1, args[0], args[1], args[2]);
+    PyObject *result = one_move(self, 1, args[0], args[1], args[2]);
+    return result ? result : named(self, "send to rank %S", args[1]);
 }
 
 static PyObject *lane_recv(Lane *self, PyObject *const *args, Py_ssize_t nargs)
@@ -1241,7 +1289,8 @@ static PyObject *lane_recv(Lane *self, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "recv takes 3 arguments");
         return NULL;
     }
-    return one_move(self, 0, args[0], args[1], args[2]);
+    PyObject *result = one_move(self, 0, args[0], args[1], args[2]);
+    return result ? result : named(self, "recv from rank %S", args[1]);
 }
 
 static int take_root(PyObject *root, long *value)
@@ -1276,6 +1325,16 @@ static PyObject *lane_direct(Lane *self, PyObject *const *args, Py_ssize_t nargs
     return one_call(self, (int)kind, args[1], args[2], root, args[4], 0);
 }
 
+/* A call of the communicator's (bind), its errors named. */
+static PyObject *bound_call(Lane *self, int kind, PyObject *x, PyObject *op, long root,
+                            PyObject *out)
+{
+    PyObject *result = one_call(self, kind, x, op, root, out, 1);
+    if (result != NULL || self->names == NULL)
+        return result;
+    return named(self, "%U", PyTuple_GET_ITEM(self->names, kind));
+}
+
 /* The communicator's calls (bind): all_reduce(x, op, out), all_gather(x, out),
  * reduce_scatter(x, op, out), broadcast(x, root, out). */
 static PyObject *lane_all_reduce(Lane *self, PyObject *const *args, Py_ssize_t nargs)
@@ -1284,7 +1343,7 @@ static PyObject *lane_all_reduce(Lane *self, PyObject *const *args, Py_ssize_t n
         PyErr_SetString(PyExc_TypeError, "all_reduce takes 3 arguments");
         return NULL;
     }
-    return one_call(self, ALL_REDUCE, args[0], args[1], -1, args[2], 1);
+    return bound_call(self, ALL_REDUCE, args[0], args[1], -1, args[2]);
 }
 
 static PyObject *lane_all_gather(Lane *self, PyObject *const *args, Py_ssize_t nargs)
@@ -1293,7 +1352,7 @@ static PyObject *lane_all_gather(Lane *self, PyObject *const *args, Py_ssize_t n
         PyErr_SetString(PyExc_TypeError, "all_gather takes 2 arguments");
         return NULL;
     }
-    return one_call(self, ALL_GATHER, args[0], Py_None, -1, args[1], 1);
+    return bound_call(self, ALL_GATHER, args[0], Py_None, -1, args[1]);
 }
 
 static PyObject *lane_reduce_scatter(Lane *self, PyObject *const *args, Py_ssize_t nargs)
@@ -1302,7 +1361,7 @@ static PyObject *lane_reduce_scatter(Lane *self, PyObject *const *args, Py_ssize
         PyErr_SetString(PyExc_TypeError, "reduce_scatter takes 3 arguments");
         return NULL;
     }
-    return one_call(self, REDUCE_SCATTER, args[0], args[1], -1, args[2], 1);
+    return bound_call(self, REDUCE_SCATTER, args[0], args[1], -1, args[2]);
 }
 
 static PyObject *lane_broadcast(Lane *self, PyObject *const *args, Py_ssize_t nargs)
@@ -1314,7 +1373,7 @@ static PyObject *lane_broadcast(Lane *self, PyObject *const *args, Py_ssize_t na
     }
     if (!take_root(args[1], &root))
         Py_RETURN_NONE;
-    return one_call(self, BROADCAST, args[0], Py_None, root, args[2], 1);
+    return bound_call(self, BROADCAST, args[0], Py_None, root, args[2]);
 }
 
 #define FASTCALL(f) (PyCFunction)(void (*)(void))(f), METH_FASTCALL
