@@ -199,5 +199,5 @@ def test_a_round_refuses_strides_outside_its_buffers(segment, stride):
     from tbcoll.shm.flags import atomics
     src, dst = np.zeros(8, np.uint8), np.zeros(64, np.uint8)
     with pytest.raises(ValueError, match="do not fit"):
-        lane = atomics.Lane(segment.buffer, 0, 4, 0, [1024, 1024], 256, 0.01, None)
+        lane = atomics.Lane(segment.buffer, 0, 4, 0, [1024, 1024], 256, 0.01, None, 0)
         lane.round(atomics.ALL_GATHER, src, 0, dst, stride, 8, 0, 0, 1)

@@ -1,7 +1,7 @@
 /*
  * The shm transport's collective rounds, and its one-call lane (tbcoll/shm/native.py).
  *
- * Lane(segment, flags, size, rank, sets, slot_bytes, budget, resume) is one communicator's
+ * Lane(segment, flags, size, rank, sets, slot_bytes, budget, resume, pids) is one communicator's
  * segment: the rounds (round(); the protocol is written once, in run_round, below), the count
  * of rounds done (`rounds`), and, once calls() told it what to check and how to sign each
  * call, one-call paths for small arrays that do in C what the Communicator and the transport
@@ -228,12 +228,16 @@ typedef struct {
     /* the rounds */
     PyObject *segment;         /* the mapped segment (a writable buffer) */
     Py_ssize_t flags, size, rank, sets[2], slot_bytes;
+    Py_ssize_t pids_at;        /* where the ranks' pids (int64) are in the segment */
     double budget;             /* seconds a wait runs before resume looks at the peers */
     unsigned long long rounds; /* rounds begun and finished (round seq uses set seq % 2) */
     PyObject *resume;          /* resume(stage, seq, signature): wait in Python, or raise */
     /* calls(): what the one-call paths take and how they sign a call */
     int checks;                /* calls() was called */
     Py_ssize_t largest[ONE_CALL_KINDS]; /* the largest x each kind takes (limit()) */
+    /* attach(): a larger all_gather copies each block once, from its owner's x */
+    int attached, everyone_dtype, everyone_op; /* on; int64's code, min's (a verdict round) */
+    PyObject *refused;         /* refused(): a copy was refused, CMA is off from now on */
     PyObject *ndarray, *dtypes, *ops, *empty; /* numpy.ndarray, dtypes by code, op -> code,
                                                  numpy.empty */
     uint64_t all_reduce_calls[DTYPES][OPS], all_gather_calls[DTYPES],
@@ -260,7 +264,6 @@ typedef struct {
     Py_ssize_t stream_capacity;    /* each ring's data bytes */
     Py_ssize_t pull_bytes;     /* payloads this large are pulled (to a peer that pulls) */
     uint32_t announce_bit, answer_context; /* an announcement's context bit; an answer's */
-    Py_ssize_t pids_at;        /* where the ranks' pids (int64) are in the segment */
     double send_budget, recv_budget; /* seconds a move waits in C before Python takes over */
 } Lane;
 
@@ -281,6 +284,7 @@ static int lane_traverse(Lane *self, visitproc visit, void *arg)
     Py_VISIT(self->ops);
     Py_VISIT(self->empty);
     Py_VISIT(self->broadcast_call);
+    Py_VISIT(self->refused);
     Py_VISIT(self->guard);
     Py_VISIT(self->ring);
     Py_VISIT(self->entries);
@@ -308,6 +312,8 @@ static int lane_clear(Lane *self)
     Py_CLEAR(self->ops);
     Py_CLEAR(self->empty);
     Py_CLEAR(self->broadcast_call);
+    Py_CLEAR(self->refused);
+    self->attached = 0;
     Py_CLEAR(self->guard);
     Py_CLEAR(self->ring);
     Py_CLEAR(self->entries);
@@ -341,10 +347,10 @@ static void lane_dealloc(Lane *self)
 static int lane_init(Lane *self, PyObject *args, PyObject *kwargs)
 {
     PyObject *segment, *resume;
-    Py_ssize_t flags, size, rank, set0, set1, slot_bytes;
+    Py_ssize_t flags, size, rank, set0, set1, slot_bytes, pids;
     double budget;
-    if (!PyArg_ParseTuple(args, "Onnn(nn)ndO:Lane", &segment, &flags, &size, &rank, &set0,
-                          &set1, &slot_bytes, &budget, &resume))
+    if (!PyArg_ParseTuple(args, "Onnn(nn)ndOn:Lane", &segment, &flags, &size, &rank, &set0,
+                          &set1, &slot_bytes, &budget, &resume, &pids))
         return -1;
     Py_buffer view;
     if (PyObject_GetBuffer(segment, &view, PyBUF_WRITABLE) < 0)
@@ -354,8 +360,10 @@ static int lane_init(Lane *self, PyObject *args, PyObject *kwargs)
     Py_ssize_t last_set = set0 > set1 ? set0 : set1;
     if (size < 1 || size > MAX_RANKS || rank < 0 || rank >= size || flags < 0 || flags % 8 ||
         flags + size * LINE > len || slot_bytes < 0 || set0 < 0 || set1 < 0 ||
-        slot_bytes > (len - last_set) / (size + 1)) { /* + a split all_reduce's result area */
-        PyErr_SetString(PyExc_ValueError, "the flags and data sets do not fit the segment");
+        slot_bytes > (len - last_set) / (size + 1) || /* + a split all_reduce's result area */
+        pids < 0 || pids % 8 || pids > len - 8 * size) {
+        PyErr_SetString(PyExc_ValueError, "the flags, pids and data sets do not fit the "
+                                          "segment");
         return -1;
     }
     lane_clear(self);
@@ -369,6 +377,7 @@ static int lane_init(Lane *self, PyObject *args, PyObject *kwargs)
     self->sets[0] = set0;
     self->sets[1] = set1;
     self->slot_bytes = slot_bytes;
+    self->pids_at = pids;
     self->budget = budget;
     self->rounds = 0;
     return 0;
@@ -523,6 +532,29 @@ static PyObject *lane_limit(Lane *self, PyObject *args)
 }
 
 /*
+ * attach(on, everyone, refused): whether a bound all_gather of more than its limit() copies
+ * each block once, from its owner's x (Linux's cross-memory attach; tbcoll/shm/native.py's
+ * _one_copy_round, whose rounds it makes alike); everyone, the (dtype, op) codes of int64 and
+ * min; refused(), called where a copy was refused on some rank (CMA is then off).
+ */
+static PyObject *lane_attach(Lane *self, PyObject *args)
+{
+    int on, dtype, op;
+    PyObject *refused;
+    if (!PyArg_ParseTuple(args, "p(ii)O:attach", &on, &dtype, &op, &refused))
+        return NULL;
+    if (dtype < 0 || dtype >= DTYPES || op < 0 || op >= OPS) {
+        PyErr_SetString(PyExc_ValueError, "bad dtype or op code");
+        return NULL;
+    }
+    self->attached = on && HAVE_CMA;
+    self->everyone_dtype = dtype;
+    self->everyone_op = op;
+    Py_XSETREF(self->refused, Py_NewRef(refused));
+    Py_RETURN_NONE;
+}
+
+/*
  * bind(guard, ring, ring_size, entries, names, enabled, max_tag, comm_error, namer)
  * The communicator whose calls take the lane: its tbcoll.ownership guard (taken around each
  * call, and counting the collectives), its flight recorder's ring (a list of ring_size, or
@@ -570,20 +602,18 @@ static PyObject *lane_bind(Lane *self, PyObject *args)
  * bytes; budgets, (send, recv) seconds a move waits in C; engine, the engine's __dict__;
  * peers, by rank, (ring to it, ring from it, its Peer's __dict__), None for this rank; moves,
  * the engine's (send, recv, finish_send, finish_recv, finish_pulled_send, finish_announced);
- * pulls, (pull_bytes, the announcement's context bit, the answer's context, where the pids
- * are in the segment).
+ * pulls, (pull_bytes, the announcement's context bit, the answer's context).
  */
 static PyObject *lane_streams(Lane *self, PyObject *args)
 {
     PyObject *context, *engine, *peers, *moves[6];
-    Py_ssize_t capacity, pull_bytes, pids_at;
+    Py_ssize_t capacity, pull_bytes;
     unsigned long announce_bit, answer_context;
     double send_budget, recv_budget;
-    if (!PyArg_ParseTuple(args, "O!n(dd)O!O!(OOOOOO)(nkkn):streams", &PyLong_Type, &context,
+    if (!PyArg_ParseTuple(args, "O!n(dd)O!O!(OOOOOO)(nkk):streams", &PyLong_Type, &context,
                           &capacity, &send_budget, &recv_budget, &PyDict_Type, &engine,
                           &PyTuple_Type, &peers, &moves[0], &moves[1], &moves[2], &moves[3],
-                          &moves[4], &moves[5], &pull_bytes, &announce_bit, &answer_context,
-                          &pids_at))
+                          &moves[4], &moves[5], &pull_bytes, &announce_bit, &answer_context))
         return NULL;
     Py_buffer segment;
     if (PyObject_GetBuffer(self->segment, &segment, PyBUF_SIMPLE) < 0)
@@ -593,7 +623,7 @@ static PyObject *lane_streams(Lane *self, PyObject *args)
     unsigned long word = PyLong_AsUnsignedLong(context);
     if (PyErr_Occurred() || word > UINT32_MAX || announce_bit > UINT32_MAX ||
         answer_context > UINT32_MAX || PyTuple_GET_SIZE(peers) != self->size ||
-        pull_bytes < 1 || pids_at < 0 || pids_at % 8 || pids_at > len - 8 * self->size)
+        pull_bytes < 1)
         goto bad;
     Py_ssize_t *at = PyMem_New(Py_ssize_t, 2 * self->size);
     if (at == NULL)
@@ -633,14 +663,13 @@ static PyObject *lane_streams(Lane *self, PyObject *args)
     self->pull_bytes = pull_bytes;
     self->announce_bit = (uint32_t)announce_bit;
     self->answer_context = (uint32_t)answer_context;
-    self->pids_at = pids_at;
     self->send_budget = send_budget;
     self->recv_budget = recv_budget;
     Py_RETURN_NONE;
 bad:
     PyErr_Clear();
-    PyErr_SetString(PyExc_ValueError, "bad context, pull size, pids, peers, or rings outside "
-                                      "the segment");
+    PyErr_SetString(PyExc_ValueError, "bad context, pull size, peers, or rings outside the "
+                                      "segment");
     return NULL;
 }
 
@@ -758,6 +787,74 @@ static unsigned long long count_call(PyObject *guard)
     return failed ? 0 : seq;
 }
 
+/* A pid of rank k's, from the segment (stored there before the first round). */
+static long pid_of(Lane *self, const char *base, Py_ssize_t k)
+{
+    return (long)__atomic_load_n((const int64_t *)(base + self->pids_at) + k, __ATOMIC_RELAXED);
+}
+
+/*
+ * An all_gather of r (its x and result, x's signature) past the lane's limit, each block
+ * copied once, in tbcoll/shm/native.py's rounds for it (_one_copy_round, _gather), so that a
+ * rank running those takes part alike: a round in which the ranks give where their x and
+ * result are (none of them in a comm.empty allocation: attach() is off where this rank's
+ * are); each rank's copies, every other rank's block from its x (cma_move), its next rank's
+ * first, and its own; a round that tells every rank whether every copy went. Where one was
+ * refused, CMA goes off (refused()) and the slots' rounds run instead. Why the bytes are
+ * whole where they land (ARM64 as x86-64): native.py, _one_copy_round. 0, or -1.
+ */
+static int gather_one_copy(Lane *self, Round *r, char *base, uint64_t signature)
+{
+    Py_ssize_t size = self->size, rank = self->rank, block = r->src_len;
+    int64_t where[2][3] = {{(int64_t)(uintptr_t)r->src, -1, 0},  /* (address, heap's */
+                           {(int64_t)(uintptr_t)r->dst, -1, 0}}; /*  NOT_IN_HEAP) */
+    int64_t *table = PyMem_New(int64_t, 6 * (size_t)size);
+    if (table == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    Round tell = {.src = (const char *)where, .src_len = sizeof where, .dst = (char *)table,
+                  .dst_len = size * (Py_ssize_t)sizeof where, .dst_stride = sizeof where,
+                  .kind = ALL_GATHER, .dtype = BYTES_DTYPE};
+    if (lane_round(self, &tell, base, signature) < 0) {
+        PyMem_Free(table);
+        return -1;
+    }
+    int error = 0;
+    for (Py_ssize_t i = 1; i <= size; i++) {
+        Py_ssize_t k = (rank + i) % size;
+        char *theirs = r->dst + k * block;
+        if (k != rank && !error)
+            error = cma_move(pid_of(self, base, k), (uint64_t)table[6 * k], theirs, block, 0);
+        else if (k == rank && theirs != r->src) {
+            Py_BEGIN_ALLOW_THREADS
+            memcpy(theirs, r->src, (size_t)block);
+            Py_END_ALLOW_THREADS
+        }
+    }
+    PyMem_Free(table);
+    int64_t everyone = !error;
+    Round verdict = {.src = (const char *)&everyone, .src_len = 8, .dst = (char *)&everyone,
+                     .dst_len = 8, .kind = ALL_REDUCE, .dtype = self->everyone_dtype,
+                     .op = self->everyone_op};
+    if (lane_round(self, &verdict, base, 0) < 0)
+        return -1;
+    if (everyone)
+        return 0;
+    PyObject *off = PyObject_CallNoArgs(self->refused);
+    if (off == NULL)
+        return -1;
+    Py_DECREF(off);
+    for (Py_ssize_t lo = 0; lo < block; lo += self->slot_bytes) {
+        Round part = {.src = r->src + lo, .dst = r->dst + lo, .dst_len = r->dst_len - lo,
+                      .dst_stride = block, .kind = ALL_GATHER, .dtype = BYTES_DTYPE,
+                      .src_len = block - lo < self->slot_bytes ? block - lo : self->slot_bytes};
+        if (lane_round(self, &part, base, lo == 0 ? signature : 0) < 0)
+            return -1;
+    }
+    return 0;
+}
+
 /*
  * The one-call path of a collective of the given kind: x (a numpy array), op (ALL_REDUCE,
  * REDUCE_SCATTER), root (BROADCAST), out (None or an array of the result's shape and x's
@@ -816,6 +913,9 @@ static PyObject *one_call(Lane *self, int kind, PyObject *x, PyObject *op_name, 
     Py_ssize_t shape[64];
     int ndim = xv.ndim < 63 ? result_shape(kind, &xv, self->size, shape) : -1;
     int qualifies = ndim >= 0 && xv.len <= self->largest[kind];
+    /* past the limit, a bound all_gather may copy each block once (gather_one_copy) */
+    int one_copy = !qualifies && ndim >= 0 && guarded && kind == ALL_GATHER && self->attached;
+    qualifies |= one_copy;
     int have_out = 0, have_segment = 0;
     if (qualifies && out != Py_None) {
         if (PyObject_GetBuffer(out, &ov, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
@@ -826,6 +926,11 @@ static PyObject *one_call(Lane *self, int kind, PyObject *x, PyObject *op_name, 
             have_out = 1;
             qualifies = ov.ndim == ndim &&
                         (ndim == 0 || !memcmp(ov.shape, shape, ndim * sizeof *shape));
+            /* an x within the result: this rank's block of it, or the Python path's copy */
+            const char *x_at = xv.buf, *own = (const char *)ov.buf + self->rank * xv.len;
+            if (one_copy && x_at != own && x_at < (const char *)ov.buf + ov.len &&
+                (const char *)ov.buf < x_at + xv.len)
+                qualifies = 0;
         }
     }
     if (!qualifies) {
@@ -896,7 +1001,8 @@ static PyObject *one_call(Lane *self, int kind, PyObject *x, PyObject *op_name, 
         break;
     }
     }
-    if (lane_round(self, &r, (char *)segment.buf, signature) < 0)
+    if ((one_copy ? gather_one_copy(self, &r, segment.buf, signature)
+                  : lane_round(self, &r, (char *)segment.buf, signature)) < 0)
         goto done;
     if (guarded) {
         unsigned long long seq = count_call(self->guard);
@@ -1383,6 +1489,7 @@ static PyMethodDef lane_methods[] = {
     {"limit", (PyCFunction)lane_limit, METH_VARARGS, "The largest x a kind's path takes."},
     {"bind", (PyCFunction)lane_bind, METH_VARARGS, "The communicator whose calls take it."},
     {"streams", (PyCFunction)lane_streams, METH_VARARGS, "The stream engine's rings, lent."},
+    {"attach", (PyCFunction)lane_attach, METH_VARARGS, "Whether a large all_gather attaches."},
     {"direct", FASTCALL(lane_direct), "A transport's one-call path."},
     {"all_reduce", FASTCALL(lane_all_reduce), "The communicator's all_reduce, or None."},
     {"all_gather", FASTCALL(lane_all_gather), "The communicator's all_gather, or None."},

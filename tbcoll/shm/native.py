@@ -217,7 +217,7 @@ class ShmNative:
         sets = [self.layout.data + k * self.layout.set_bytes for k in (0, 1)]
         # the rounds, and the one-call paths (direct_*; Communicator's calls, once bound)
         self.lane = atomics.Lane(buffer, self.layout.flags, size, rank, sets, SLOT, WAIT_SLICE,
-                                 self._resume)
+                                 self._resume, self.layout.pids)
         self.lane.calls(SINGLE_PASS_BYTES, np.ndarray, _DTYPES, OP_CODES, np.empty,
                         _ALL_REDUCE, _ALL_GATHER, _REDUCE_SCATTER, _broadcast_call)
         self._round = self.lane.round
@@ -371,9 +371,17 @@ class ShmNative:
         return buffer
 
     def _limit_gather(self) -> None:
-        """all_gather's one-call path ends where its one copy can start (all_gather)."""
+        """all_gather's one-call path ends where its one copy can start (all_gather), and
+        past that it makes the copy itself where they are cross-memory copies from the x
+        (lane.c's gather_one_copy)."""
         self.lane.limit(atomics.ALL_GATHER,
                         self._gather_one_copy if self._cma or self.heap.used else SLOT)
+        self.lane.attach(self._cma and not self.heap.used, (_INT64, _MIN), self._cma_refused)
+
+    def _cma_refused(self) -> None:
+        """A cross-memory copy was refused on some rank: the segment's rounds from now on."""
+        self._cma = False
+        self._limit_gather()
 
     def _everyone(self, ok: bool) -> bool:
         """A round that tells every rank whether every rank's ok is true."""
@@ -424,7 +432,7 @@ class ShmNative:
         copies(peers)
         if self._everyone(not peers.failed):
             return True
-        self._cma = False
+        self._cma_refused()
         return False
 
     def close(self) -> None:

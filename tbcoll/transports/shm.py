@@ -94,7 +94,7 @@ class ShmStream(StreamTransport):
         lane.streams(endpoint.context, ring.capacity, (_ROOM_WAIT, WAIT_SLICE), vars(self), peers,
                      (endpoint.send, endpoint.recv, self._finish_send, self._finish_recv,
                       self._finish_pulled_send, self._finish_announcement),
-                     (PULL_BYTES, *self.PULL_CONTEXTS, self._native.layout.pids))
+                     (PULL_BYTES, *self.PULL_CONTEXTS))
 
     def send(self, buf: np.ndarray, dest: int, context: int, tag: int,
              call: tuple[int, int] = NO_CALL) -> None:
