@@ -235,7 +235,7 @@ typedef struct {
     /* calls(): what the one-call paths take and how they sign a call */
     int checks;                /* calls() was called */
     Py_ssize_t largest[ONE_CALL_KINDS]; /* the largest x each kind takes (limit()) */
-    /* attach(): a larger all_gather copies each block once, from its owner's x */
+    /* attach(): a larger all_gather or broadcast copies each block once (one_copy) */
     int attached, everyone_dtype, everyone_op; /* on; int64's code, min's (a verdict round) */
     PyObject *refused;         /* refused(): a copy was refused, CMA is off from now on */
     PyObject *ndarray, *dtypes, *ops, *empty; /* numpy.ndarray, dtypes by code, op -> code,
@@ -532,10 +532,10 @@ static PyObject *lane_limit(Lane *self, PyObject *args)
 }
 
 /*
- * attach(on, everyone, refused): whether a bound all_gather of more than its limit() copies
- * each block once, from its owner's x (Linux's cross-memory attach; tbcoll/shm/native.py's
- * _one_copy_round, whose rounds it makes alike); everyone, the (dtype, op) codes of int64 and
- * min; refused(), called where a copy was refused on some rank (CMA is then off).
+ * attach(on, everyone, refused): whether a bound all_gather or broadcast of more than its
+ * limit() copies each block once (Linux's cross-memory attach: one_copy); everyone, the
+ * (dtype, op) codes of int64 and min; refused(), called where a copy was refused on some rank
+ * (CMA is then off).
  */
 static PyObject *lane_attach(Lane *self, PyObject *args)
 {
@@ -793,44 +793,67 @@ static long pid_of(Lane *self, const char *base, Py_ssize_t k)
     return (long)__atomic_load_n((const int64_t *)(base + self->pids_at) + k, __ATOMIC_RELAXED);
 }
 
-/*
- * An all_gather of r (its x and result, x's signature) past the lane's limit, each block
- * copied once, in tbcoll/shm/native.py's rounds for it (_one_copy_round, _gather), so that a
- * rank running those takes part alike: a round in which the ranks give where their x and
- * result are (none of them in a comm.empty allocation: attach() is off where this rank's
- * are); each rank's copies, every other rank's block from its x (cma_move), its next rank's
- * first, and its own; a round that tells every rank whether every copy went. Where one was
- * refused, CMA goes off (refused()) and the slots' rounds run instead. Why the bytes are
- * whole where they land (ARM64 as x86-64): native.py, _one_copy_round. 0, or -1.
- */
-static int gather_one_copy(Lane *self, Round *r, char *base, uint64_t signature)
+/* Copy n bytes without the GIL. */
+static void copy_bytes(char *to, const char *from, Py_ssize_t n)
 {
-    Py_ssize_t size = self->size, rank = self->rank, block = r->src_len;
-    int64_t where[2][3] = {{(int64_t)(uintptr_t)r->src, -1, 0},  /* (address, heap's */
-                           {(int64_t)(uintptr_t)r->dst, -1, 0}}; /*  NOT_IN_HEAP) */
-    int64_t *table = PyMem_New(int64_t, 6 * (size_t)size);
+    Py_BEGIN_ALLOW_THREADS
+    memcpy(to, from, (size_t)n);
+    Py_END_ALLOW_THREADS
+}
+
+/*
+ * An all_gather or broadcast of r (x, the result, the call's signature) past the lane's
+ * limit, each block copied once, in tbcoll/shm/native.py's rounds for it (_one_copy_round,
+ * and its copies: _gather, _spread), so that a rank running those takes part alike: a round
+ * in which the ranks give where their buffers are (all_gather: x and result; broadcast: the
+ * result, root's x copied there first; none in a comm.empty allocation: attach() is off where
+ * this rank's are); the copies (cma_move): all_gather, every other rank's block from its x,
+ * the next rank's first, and this rank's own; broadcast, the root writes the first 1/p of
+ * every other result and the others read the rest from the root's; then a round that tells
+ * every rank whether every copy went. Where one was refused, CMA goes off (refused()) and the
+ * segment's rounds run instead. Why the bytes are whole where they land (ARM64 as x86-64):
+ * native.py, _one_copy_round. 0, or -1.
+ */
+static int one_copy(Lane *self, Round *r, char *base, uint64_t signature)
+{
+    Py_ssize_t size = self->size, rank = self->rank, slot = self->slot_bytes;
+    int gather = r->kind == ALL_GATHER;
+    Py_ssize_t n = gather ? r->src_len : r->dst_len, buffers = gather ? 2 : 1;
+    if (!gather && rank == r->root && r->src != r->dst)
+        copy_bytes(r->dst, r->src, n);
+    int64_t where[2][3] = {{(int64_t)(uintptr_t)(gather ? r->src : r->dst), -1, 0},
+                           {(int64_t)(uintptr_t)r->dst, -1, 0}}; /* (address, NOT_IN_HEAP) */
+    int64_t *table = PyMem_New(int64_t, 3 * buffers * size);
     if (table == NULL) {
         PyErr_NoMemory();
         return -1;
     }
-    Round tell = {.src = (const char *)where, .src_len = sizeof where, .dst = (char *)table,
-                  .dst_len = size * (Py_ssize_t)sizeof where, .dst_stride = sizeof where,
-                  .kind = ALL_GATHER, .dtype = BYTES_DTYPE};
+    Py_ssize_t told = buffers * 3 * 8;
+    Round tell = {.src = (const char *)where, .src_len = told, .dst = (char *)table,
+                  .dst_len = size * told, .dst_stride = told, .kind = ALL_GATHER,
+                  .dtype = BYTES_DTYPE};
     if (lane_round(self, &tell, base, signature) < 0) {
         PyMem_Free(table);
         return -1;
     }
     int error = 0;
-    for (Py_ssize_t i = 1; i <= size; i++) {
-        Py_ssize_t k = (rank + i) % size;
-        char *theirs = r->dst + k * block;
-        if (k != rank && !error)
-            error = cma_move(pid_of(self, base, k), (uint64_t)table[6 * k], theirs, block, 0);
-        else if (k == rank && theirs != r->src) {
-            Py_BEGIN_ALLOW_THREADS
-            memcpy(theirs, r->src, (size_t)block);
-            Py_END_ALLOW_THREADS
+    if (gather) {
+        for (Py_ssize_t i = 1; i <= size; i++) {
+            Py_ssize_t k = (rank + i) % size;
+            char *block = r->dst + k * n;
+            if (k != rank && !error)
+                error = cma_move(pid_of(self, base, k), (uint64_t)table[6 * k], block, n, 0);
+            else if (k == rank && block != r->src)
+                copy_bytes(block, r->src, n);
         }
+    } else if (rank == r->root) {
+        for (Py_ssize_t k = 0; k < size && !error; k++)
+            if (k != rank)
+                error = cma_move(pid_of(self, base, k), (uint64_t)table[3 * k], r->dst,
+                                 n / size, 1);
+    } else {
+        error = cma_move(pid_of(self, base, r->root), (uint64_t)table[3 * r->root] + n / size,
+                         r->dst + n / size, n - n / size, 0);
     }
     PyMem_Free(table);
     int64_t everyone = !error;
@@ -845,10 +868,12 @@ static int gather_one_copy(Lane *self, Round *r, char *base, uint64_t signature)
     if (off == NULL)
         return -1;
     Py_DECREF(off);
-    for (Py_ssize_t lo = 0; lo < block; lo += self->slot_bytes) {
-        Round part = {.src = r->src + lo, .dst = r->dst + lo, .dst_len = r->dst_len - lo,
-                      .dst_stride = block, .kind = ALL_GATHER, .dtype = BYTES_DTYPE,
-                      .src_len = block - lo < self->slot_bytes ? block - lo : self->slot_bytes};
+    for (Py_ssize_t lo = 0; lo < n; lo += slot) {
+        Py_ssize_t piece = n - lo < slot ? n - lo : slot;
+        Round part = {.src = (gather ? r->src : r->dst) + lo, .src_len = piece,
+                      .dst = r->dst + lo, .dst_len = gather ? r->dst_len - lo : piece,
+                      .dst_stride = gather ? n : 0, .kind = r->kind, .dtype = BYTES_DTYPE,
+                      .root = r->root};
         if (lane_round(self, &part, base, lo == 0 ? signature : 0) < 0)
             return -1;
     }
@@ -913,9 +938,10 @@ static PyObject *one_call(Lane *self, int kind, PyObject *x, PyObject *op_name, 
     Py_ssize_t shape[64];
     int ndim = xv.ndim < 63 ? result_shape(kind, &xv, self->size, shape) : -1;
     int qualifies = ndim >= 0 && xv.len <= self->largest[kind];
-    /* past the limit, a bound all_gather may copy each block once (gather_one_copy) */
-    int one_copy = !qualifies && ndim >= 0 && guarded && kind == ALL_GATHER && self->attached;
-    qualifies |= one_copy;
+    /* past the limit, a bound all_gather or broadcast may copy each block once (one_copy) */
+    int copy_once = !qualifies && ndim >= 0 && guarded && self->attached &&
+                    (kind == ALL_GATHER || kind == BROADCAST);
+    qualifies |= copy_once;
     int have_out = 0, have_segment = 0;
     if (qualifies && out != Py_None) {
         if (PyObject_GetBuffer(out, &ov, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
@@ -926,9 +952,12 @@ static PyObject *one_call(Lane *self, int kind, PyObject *x, PyObject *op_name, 
             have_out = 1;
             qualifies = ov.ndim == ndim &&
                         (ndim == 0 || !memcmp(ov.shape, shape, ndim * sizeof *shape));
-            /* an x within the result: this rank's block of it, or the Python path's copy */
-            const char *x_at = xv.buf, *own = (const char *)ov.buf + self->rank * xv.len;
-            if (one_copy && x_at != own && x_at < (const char *)ov.buf + ov.len &&
+            /* an x within the result: this rank's block of it (all_gather), the result itself
+             * (broadcast), or the Python path's */
+            const char *x_at = xv.buf, *mine = (const char *)ov.buf;
+            if (kind == ALL_GATHER)
+                mine += self->rank * xv.len;
+            if (copy_once && x_at != mine && x_at < (const char *)ov.buf + ov.len &&
                 (const char *)ov.buf < x_at + xv.len)
                 qualifies = 0;
         }
@@ -1001,8 +1030,8 @@ static PyObject *one_call(Lane *self, int kind, PyObject *x, PyObject *op_name, 
         break;
     }
     }
-    if ((one_copy ? gather_one_copy(self, &r, segment.buf, signature)
-                  : lane_round(self, &r, (char *)segment.buf, signature)) < 0)
+    if ((copy_once ? one_copy(self, &r, segment.buf, signature)
+                   : lane_round(self, &r, (char *)segment.buf, signature)) < 0)
         goto done;
     if (guarded) {
         unsigned long long seq = count_call(self->guard);
@@ -1489,7 +1518,7 @@ static PyMethodDef lane_methods[] = {
     {"limit", (PyCFunction)lane_limit, METH_VARARGS, "The largest x a kind's path takes."},
     {"bind", (PyCFunction)lane_bind, METH_VARARGS, "The communicator whose calls take it."},
     {"streams", (PyCFunction)lane_streams, METH_VARARGS, "The stream engine's rings, lent."},
-    {"attach", (PyCFunction)lane_attach, METH_VARARGS, "Whether a large all_gather attaches."},
+    {"attach", (PyCFunction)lane_attach, METH_VARARGS, "Whether large calls copy once."},
     {"direct", FASTCALL(lane_direct), "A transport's one-call path."},
     {"all_reduce", FASTCALL(lane_all_reduce), "The communicator's all_reduce, or None."},
     {"all_gather", FASTCALL(lane_all_gather), "The communicator's all_gather, or None."},

@@ -371,9 +371,9 @@ class ShmNative:
         return buffer
 
     def _limit_gather(self) -> None:
-        """all_gather's one-call path ends where its one copy can start (all_gather), and
-        past that it makes the copy itself where they are cross-memory copies from the x
-        (lane.c's gather_one_copy)."""
+        """all_gather's one-call path ends where its one copy can start (all_gather); past
+        that, and past a slot for broadcast, the lane makes the copies itself where they are
+        cross-memory copies (lane.c's one_copy)."""
         self.lane.limit(atomics.ALL_GATHER,
                         self._gather_one_copy if self._cma or self.heap.used else SLOT)
         self.lane.attach(self._cma and not self.heap.used, (_INT64, _MIN), self._cma_refused)
