@@ -68,6 +68,8 @@ print("one copy" if shm._cma else "rounds")
     (2, "", {}, "one copy"), (3, "", {}, "one copy"),
     (3, "1", {}, "rounds"),  # one rank refused: every rank falls back
     (2, "", {"TBCOLL_SHM_CMA": "0"}, "rounds"),
+    # without the lane (as under TBCOLL_CHECK), native.py's rounds and the lane's copies
+    (2, "", {"TBCOLL_CHECK": "1"}, "one copy"), (3, "1", {"TBCOLL_CHECK": "1"}, "rounds"),
 ])
 def test_large_all_gather_and_broadcast(script, np_, refuse, env, path):
     job = script(JOB)

@@ -802,15 +802,82 @@ static void copy_bytes(char *to, const char *from, Py_ssize_t n)
 }
 
 /*
+ * The cross-memory copies of an all_gather or broadcast of n bytes a rank (tbcoll/shm/
+ * native.py's _one_copy_round, Attached): table[k] holds where rank k's buffers are (x and
+ * result for all_gather, the result for broadcast: address, then two words of comm.empty's),
+ * base the segment (its pids). all_gather: every other rank's block from its x, the next
+ * rank's first (ranks copying at once read different ranks' memory), and this rank's own into
+ * dst; broadcast: the root writes the first 1/p of every other rank's result while each of
+ * them reads the rest from the root's, so that every core copies, not the root alone.
+ * 0, or the errno of the first copy refused (the others are not made).
+ */
+static int attached_copies(Lane *self, int kind, long root, const char *src, char *dst,
+                           Py_ssize_t n, const int64_t *table, const char *base)
+{
+    Py_ssize_t size = self->size, rank = self->rank, head = n / size;
+    int error = 0;
+    if (kind == ALL_GATHER) {
+        for (Py_ssize_t i = 1; i <= size; i++) {
+            Py_ssize_t k = (rank + i) % size;
+            char *block = dst + k * n;
+            if (k != rank && !error)
+                error = cma_move(pid_of(self, base, k), (uint64_t)table[6 * k], block, n, 0);
+            else if (k == rank && block != src)
+                copy_bytes(block, src, n);
+        }
+    } else if (rank == root) {
+        for (Py_ssize_t k = 0; k < size && !error; k++)
+            if (k != rank)
+                error = cma_move(pid_of(self, base, k), (uint64_t)table[3 * k], dst, head, 1);
+    } else {
+        error = cma_move(pid_of(self, base, root), (uint64_t)table[3 * root] + (uint64_t)head,
+                         dst + head, n - head, 0);
+    }
+    return error;
+}
+
+/*
+ * copies(kind, src, dst, root, table) -> 0 or an errno: attached_copies, for native.py's
+ * _one_copy_round (src: x's bytes, or the result's for broadcast; dst: the result's; table:
+ * its int64 array of where every rank's buffers are, size x (2 or 1) x 3).
+ */
+static PyObject *lane_copies(Lane *self, PyObject *args)
+{
+    int kind;
+    long root;
+    PyObject *src_obj, *dst_obj, *table_obj;
+    if (!PyArg_ParseTuple(args, "iOOlO:copies", &kind, &src_obj, &dst_obj, &root, &table_obj))
+        return NULL;
+    Py_buffer views[4]; /* src, dst, table, segment */
+    if (take_buffers((BufferRequest[]){{src_obj, PyBUF_SIMPLE}, {dst_obj, PyBUF_WRITABLE},
+                                       {table_obj, PyBUF_SIMPLE},
+                                       {self->segment, PyBUF_SIMPLE}}, views, 4) < 0)
+        return NULL;
+    int gather = kind == ALL_GATHER;
+    Py_ssize_t n = views[0].len;
+    int fits = (gather || kind == BROADCAST) &&
+               views[2].len == self->size * (gather ? 6 : 3) * (Py_ssize_t)sizeof(int64_t) &&
+               (gather ? views[1].len == self->size * n : views[1].len == n) &&
+               (gather || (root >= 0 && root < self->size && views[0].buf == views[1].buf));
+    int error = fits ? attached_copies(self, kind, root, views[0].buf, views[1].buf, n,
+                                       views[2].buf, views[3].buf)
+                     : 0;
+    release_buffers(views, 4);
+    if (!fits) {
+        PyErr_SetString(PyExc_ValueError, "bad kind, root, or buffers of other sizes");
+        return NULL;
+    }
+    return PyLong_FromLong(error);
+}
+
+/*
  * An all_gather or broadcast of r (x, the result, the call's signature) past the lane's
  * limit, each block copied once, in tbcoll/shm/native.py's rounds for it (_one_copy_round,
  * and its copies: _gather, _spread), so that a rank running those takes part alike: a round
  * in which the ranks give where their buffers are (all_gather: x and result; broadcast: the
  * result, root's x copied there first; none in a comm.empty allocation: attach() is off where
- * this rank's are); the copies (cma_move): all_gather, every other rank's block from its x,
- * the next rank's first, and this rank's own; broadcast, the root writes the first 1/p of
- * every other result and the others read the rest from the root's; then a round that tells
- * every rank whether every copy went. Where one was refused, CMA goes off (refused()) and the
+ * this rank's are); the copies (attached_copies); then a round that tells every rank whether
+ * every copy went. Where one was refused, CMA goes off (refused()) and the
  * segment's rounds run instead. Why the bytes are whole where they land (ARM64 as x86-64):
  * native.py, _one_copy_round. 0, or -1.
  */
@@ -836,25 +903,8 @@ static int one_copy(Lane *self, Round *r, char *base, uint64_t signature)
         PyMem_Free(table);
         return -1;
     }
-    int error = 0;
-    if (gather) {
-        for (Py_ssize_t i = 1; i <= size; i++) {
-            Py_ssize_t k = (rank + i) % size;
-            char *block = r->dst + k * n;
-            if (k != rank && !error)
-                error = cma_move(pid_of(self, base, k), (uint64_t)table[6 * k], block, n, 0);
-            else if (k == rank && block != r->src)
-                copy_bytes(block, r->src, n);
-        }
-    } else if (rank == r->root) {
-        for (Py_ssize_t k = 0; k < size && !error; k++)
-            if (k != rank)
-                error = cma_move(pid_of(self, base, k), (uint64_t)table[3 * k], r->dst,
-                                 n / size, 1);
-    } else {
-        error = cma_move(pid_of(self, base, r->root), (uint64_t)table[3 * r->root] + n / size,
-                         r->dst + n / size, n - n / size, 0);
-    }
+    int error = attached_copies(self, r->kind, r->root, gather ? r->src : r->dst, r->dst, n,
+                                table, base);
     PyMem_Free(table);
     int64_t everyone = !error;
     Round verdict = {.src = (const char *)&everyone, .src_len = 8, .dst = (char *)&everyone,
@@ -1519,6 +1569,7 @@ static PyMethodDef lane_methods[] = {
     {"bind", (PyCFunction)lane_bind, METH_VARARGS, "The communicator whose calls take it."},
     {"streams", (PyCFunction)lane_streams, METH_VARARGS, "The stream engine's rings, lent."},
     {"attach", (PyCFunction)lane_attach, METH_VARARGS, "Whether large calls copy once."},
+    {"copies", (PyCFunction)lane_copies, METH_VARARGS, "A one-copy round's CMA copies."},
     {"direct", FASTCALL(lane_direct), "A transport's one-call path."},
     {"all_reduce", FASTCALL(lane_all_reduce), "The communicator's all_reduce, or None."},
     {"all_gather", FASTCALL(lane_all_gather), "The communicator's all_gather, or None."},

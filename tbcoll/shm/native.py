@@ -154,8 +154,6 @@ def available() -> None:
 class Mapped:
     """The peers' buffers of a _one_copy_round as this rank maps them (comm.empty's)."""
 
-    failed = 0
-
     def __init__(self, heap: Heap, table: np.ndarray, mapped: list[bool]) -> None:
         self._heap, self._table = heap, table  # per rank, per buffer: address, allocation, offset
         self.mapped = mapped  # per buffer: whether it is in one allocation on every rank
@@ -174,25 +172,6 @@ class Mapped:
             np.copyto(theirs, part)
         else:
             np.copyto(part, theirs)
-
-
-class Attached:
-    """The peers' buffers of a _one_copy_round through cross-memory attach (Linux): copies
-    only, and failed (an errno) once one is refused."""
-
-    def __init__(self, pids: np.ndarray, table: np.ndarray) -> None:
-        self._pids, self._table, self.failed = pids, table, 0
-        self.mapped = [False] * table.shape[1]
-
-    def copy(self, rank: int, part: np.ndarray, offset: int, write: bool, buffer: int = 0
-             ) -> None:
-        if not self.failed and part.nbytes:
-            self.failed = atomics.cma_copy(int(self._pids[rank]),
-                                           int(self._table[rank, buffer, 0]) + offset, part,
-                                           write)
-
-
-Peers = Mapped | Attached
 
 
 class ShmNative:
@@ -252,7 +231,7 @@ class ShmNative:
             return
         src, dst = _bytes(data), _bytes(recv)
         if recv.nbytes > SLOT and self._one_copy_round((src, dst), call, partial(
-                self._reduce_parts, src, dst, recv.dtype, op, send is None), attach=False):
+                self._reduce_parts, src, dst, recv.dtype, op, send is None)):
             return
         prefault(recv)
         step = SLOT // recv.itemsize * recv.itemsize
@@ -273,6 +252,7 @@ class ShmNative:
                 np.copyto(own, src)
                 src = own  # (no second copy below; the others read it from dst, or src)
             if self._one_copy_round((src, dst), call, partial(self._gather, src, dst),
+                                    partial(self.lane.copies, atomics.ALL_GATHER, src, dst, -1),
                                     mapped_if=any):
                 return
         prefault(recv)
@@ -280,9 +260,10 @@ class ShmNative:
             self._round(atomics.ALL_GATHER, src[lo:lo + SLOT], 0, dst[lo:], block, _BYTES, 0, 0,
                         call if lo == 0 else 0)
 
-    def _gather(self, src: np.ndarray, dst: np.ndarray, peers: Peers) -> None:
-        """all_gather's copies: every other rank's block from its x (buffer 0) where the x
-        are mapped or attached, else from its result (buffer 1), where it is in place."""
+    def _gather(self, src: np.ndarray, dst: np.ndarray, peers: Mapped) -> None:
+        """all_gather's copies between comm.empty buffers: every other rank's block from its
+        x (buffer 0) where the x are mapped, else from its result (buffer 1), where it is in
+        place. (Cross-memory copies: lane.c's attached_copies.)"""
         block, rank = src.nbytes, self.rank
         results = peers.mapped[1] and not peers.mapped[0]
         for k in self._from_the_next():
@@ -313,8 +294,9 @@ class ShmNative:
         prefault(buf)
         data = _bytes(buf)
         call = signature("broadcast", buf.dtype, None, buf.nbytes, root)
-        if buf.nbytes > SLOT and self._one_copy_round((data,), call,
-                                                      partial(self._spread, data, root)):
+        if buf.nbytes > SLOT and self._one_copy_round(
+                (data,), call, partial(self._spread, data, root),
+                partial(self.lane.copies, atomics.BROADCAST, data, data, root)):
             return
         for lo in range(0, buf.nbytes, SLOT):
             chunk = data[lo:lo + SLOT]
@@ -325,8 +307,9 @@ class ShmNative:
         self._round(atomics.BARRIER, _NO_BYTES, 0, _NO_BYTES, 0, _BYTES, 0, 0,
                     signature("barrier"))
 
-    def _spread(self, data: np.ndarray, root: int, peers: Peers) -> None:
-        """broadcast's copies, shared by the p ranks: the root writes the first 1/p of every
+    def _spread(self, data: np.ndarray, root: int, peers: Mapped) -> None:
+        """broadcast's copies between comm.empty buffers, shared by the p ranks (as lane.c's
+        attached_copies shares cross-memory ones): the root writes the first 1/p of every
         other rank's buffer while each of them reads the rest from the root's, so that every
         core copies (p-1)/p of a buffer, not one reader the whole of it."""
         head = data.nbytes // self.size
@@ -390,19 +373,21 @@ class ShmNative:
         return bool(everyone_ok[0])
 
     def _one_copy_round(self, buffers: tuple[np.ndarray, ...], call: int,
-                        copies: Callable[[Peers], object], attach: bool = True,
+                        copies: Callable[[Mapped], object],
+                        attached: Callable[[np.ndarray], int] | None = None,
                         mapped_if: Callable[[list[bool]], bool] = all) -> bool:
         """One copy per block: the ranks gather where each one's buffers are in a round that
-        compares their calls; copies(peers) then moves this rank's parts with peers.copy
-        (and reads with peers.view where the buffers are mapped); a last round tells every
-        rank whether every copy succeeded. The copies are loads and stores through this
-        rank's mappings of the peers' buffers where mapped_if(for each buffer, whether it lies
-        in the same comm.empty allocation on every rank) (Mapped), else, with attach, the
-        kernel's cross-memory attach (Attached, Linux). False where neither applies (no round
-        past the first), or where a cross-memory copy failed (then and from then on, CMA is
-        off on this communicator: the caller's slot rounds then overwrite what was copied).
-        No round at all where neither can ever apply (no CMA, no allocation yet): the same on
-        every rank.
+        compares their calls; this rank's parts move, then a last round tells every rank
+        whether every copy succeeded. The copies are loads and stores through this rank's
+        mappings of the peers' buffers (copies(Mapped), with peers.copy and peers.view) where
+        mapped_if(for each buffer, whether it lies in the same comm.empty allocation on every
+        rank), else the kernel's cross-memory attach (Linux): attached(the table of where
+        every rank's buffers are) -> 0, or the errno of a refused copy (lane.c's copies,
+        whose one_copy makes these rounds alike for a whole call). False where neither
+        applies (no round past the first), or where a cross-memory copy failed (then and from
+        then on, CMA is off on this communicator: the caller's slot rounds then overwrite
+        what was copied). No round at all where neither can ever apply (no CMA, no
+        allocation yet): the same on every rank.
 
         Why the bytes are whole where they land, on ARM64 as on x86-64: bytes read were
         stored by their owner before its release store of ARRIVE in the first round (or in a
@@ -413,8 +398,8 @@ class ShmNative:
         release orders every earlier load and store), which their owner acquires before it
         returns. No rank changes its buffers, nor returns, before the last round, which it
         leaves only once every rank has arrived there, after its copies."""
-        heap, attach = self.heap, attach and self._cma
-        if not (attach or heap.used):
+        heap, attached = self.heap, attached if self._cma else None
+        if not (attached or heap.used):
             return False
         where = np.array([(atomics.address(b), *heap.locate(b)) for b in buffers], np.int64)
         table = np.empty((self.size, *where.shape), np.int64)
@@ -424,13 +409,13 @@ class ShmNative:
             mapped = [bool(column[0] >= 0 and (column == column[0]).all())
                       for column in table[:, :, 1].T]
         if mapped_if(mapped):
-            peers: Peers = Mapped(heap, table, mapped)
-        elif attach:
-            peers = Attached(self.pids, table)
+            copies(Mapped(heap, table, mapped))
+            failed = 0
+        elif attached:
+            failed = attached(table)
         else:
             return False
-        copies(peers)
-        if self._everyone(not peers.failed):
+        if self._everyone(not failed):
             return True
         self._cma_refused()
         return False
