@@ -29,10 +29,11 @@ exchange where their buffers are in a round, each copies the blocks it needs str
 (or to) the owner's buffer, and a last round tells every rank that every copy is done and
 succeeded. Where every rank's buffer lies in the same allocation of comm.empty
 (tbcoll.shm.heap), every rank maps the others' and copies with plain loads and stores, on any
-OS. Else, on Linux, the copies are the kernel's (cross-memory attach,
-_atomics.cma_copy); where a policy forbids such copies (Yama's ptrace_scope 1 or more between
-sibling processes, a seccomp filter) the ranks see it in that last round, take the slot
-rounds from then on, and say nothing: it is only slower. TBCOLL_SHM_CMA=0 turns it off.
+OS. Else, on Linux, the copies are the kernel's (cross-memory attach, lane.c's
+attached_copies; the lane makes such a call's rounds in C too); where a policy forbids such
+copies (Yama's ptrace_scope 1 or more between sibling processes, a seccomp filter) the ranks
+see it in that last round, take the slot rounds from then on, and say nothing: it is only
+slower. TBCOLL_SHM_CMA=0 turns it off.
 
 When a round's wait runs out of its slice (a slow or gone peer), the C call calls back into
 this module (_resume), which waits in Python, noticing dead ranks and the deadline, and then

@@ -34,7 +34,7 @@ from tbcoll.shm.native import RING, WAIT_SLICE, Layout, ShmNative, alive, availa
 from tbcoll.shm.pipe import OverwrittenRing, Ring, ShmDuplex
 from tbcoll.shm.segment import MAX_NAME, Segment
 from tbcoll.transports.base import P2P
-from tbcoll.transports.stream import Peer, StreamEndpoint, StreamTransport, _Send
+from tbcoll.transports.stream import Peer, StreamEndpoint, StreamTransport
 
 _SETUP_TAG = 30000
 _SPINS = 50  # polls of the rings before a waiting rank starts to yield its core
@@ -181,9 +181,7 @@ class ShmStream(StreamTransport):
 
     def _finish_pulled_send(self, buf: np.ndarray, dest: int, pull: int) -> None:
         """The rest of a pulled send whose announcement (`pull`) a C path wrote: its answer."""
-        peer = self._peers[dest]
-        request = peer.announced[pull] = _Send(peer, [], buf)
-        self.waitall([request])
+        self._await_answer(self._peers[dest], buf, pull)
 
     def _finish_announcement(self, buf: np.ndarray, source: int, header: bytes,
                              descriptor: bytes) -> None:

@@ -103,6 +103,9 @@ class _Announced:
 
 
 class Peer:
+    # tbcoll/shm/lane.c reads sendq, lost, target, start, end, posted, unexpected, pulls and
+    # next_pull by these names (and the engine's _mismatch), to move a message itself where
+    # nothing of the engine's must go first: rename them there too.
     def __init__(self, rank: int, channel: Channel) -> None:
         self.rank = rank
         self.channel = channel
@@ -289,6 +292,12 @@ class StreamTransport:
         peer.target, peer.target_owner = memoryview(owner.descriptor)[arrived:], owner
         if arrived == _DESCRIPTOR.size:
             self._finish_message(peer)
+        self.waitall([request])
+
+    def _await_answer(self, peer: Peer, buf: np.ndarray, pull: int) -> None:
+        """Wait for the answer to announcement `pull` of buf, which a subclass's own path
+        wrote (a refusal resends buf through the stream, as for the engine's own)."""
+        request = peer.announced[pull] = _Send(peer, [], buf)
         self.waitall([request])
 
     def _send_rest(self, peer: Peer, header: bytes, payload: memoryview, written: int) -> _Send:
