@@ -54,9 +54,10 @@ class BuildExtAndDieWithParent(build_ext):
 
 
 setup(cmdclass={"build_ext": BuildExtAndDieWithParent}, ext_modules=[
-    Extension("tbcoll.shm._atomics", ["tbcoll/shm/_atomics.c", "tbcoll/shm/lane.c"],
+    Extension("tbcoll.shm._atomics", ["tbcoll/shm/_atomics.c", "tbcoll/shm/lane.c",
+                                      "tbcoll/shm/moves.c"],
               depends=["tbcoll/shm/reduce.h", "tbcoll/shm/cpu_relax.h", "tbcoll/shm/shm.h",
-                       "tbcoll/shm/buffers.h"], optional=True),
+                       "tbcoll/shm/lane.h", "tbcoll/shm/buffers.h"], optional=True),
     Extension("tbcoll.transports._sockets", ["tbcoll/transports/_sockets.c"],
               depends=["tbcoll/shm/reduce.h", "tbcoll/shm/buffers.h"], optional=True),
     Extension("tbcoll.rdma._verbs", ["tbcoll/rdma/_verbs.c"],

@@ -1,0 +1,77 @@
+/* The shm lane's type, shared by its two C files: tbcoll/shm/lane.c (the rounds and the
+ * collectives' one-call paths) and tbcoll/shm/moves.c (send and recv over the stream
+ * engine's rings). */
+#ifndef TBCOLL_LANE_H
+#define TBCOLL_LANE_H
+
+#include <Python.h>
+#include <stdint.h>
+
+#include "shm.h"
+
+#define DTYPES 9         /* tbcoll.dtypes.DTYPE_CODES, in that order */
+#define OPS 4            /* tbcoll.dtypes.OP_CODES */
+#define BYTES_DTYPE 8    /* uint8's code: what a round that only copies calls its data */
+#define ONE_CALL_KINDS 4 /* ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, BROADCAST */
+
+typedef struct {
+    PyObject_HEAD
+    /* the rounds */
+    PyObject *segment;         /* the mapped segment (a writable buffer) */
+    Py_ssize_t flags, size, rank, sets[2], slot_bytes;
+    Py_ssize_t pids_at;        /* where the ranks' pids (int64) are in the segment */
+    double budget;             /* seconds a wait runs before resume looks at the peers */
+    unsigned long long rounds; /* rounds begun and finished (round seq uses set seq % 2) */
+    PyObject *resume;          /* resume(stage, seq, signature): wait in Python, or raise */
+    /* calls(): what the one-call paths take and how they sign a call */
+    int checks;                /* calls() was called */
+    Py_ssize_t largest[ONE_CALL_KINDS]; /* the largest x each kind takes (limit()) */
+    /* attach(): a larger all_gather or broadcast copies each block once (one_copy) */
+    int attached, everyone_dtype, everyone_op; /* on; int64's code, min's (a verdict round) */
+    PyObject *refused;         /* refused(): a copy was refused, CMA is off from now on */
+    PyObject *ndarray, *dtypes, *ops, *empty; /* numpy.ndarray, dtypes by code, op -> code,
+                                                 numpy.empty */
+    uint64_t all_reduce_calls[DTYPES][OPS], all_gather_calls[DTYPES],
+        reduce_scatter_calls[DTYPES][OPS]; /* signatures less the byte count */
+    PyObject *broadcast_call;  /* broadcast_call(dtype, root) -> signature less bytes */
+    uint64_t *broadcast_calls; /* [dtype * size + root], 0 where not yet asked */
+    /* bind(): the communicator whose calls take the lane */
+    PyObject *guard, *ring, *entries, *names; /* entries, names: by kind */
+    Py_ssize_t ring_size;
+    int enabled;               /* bit k: kind k's calls may take the lane; MOVES: send, recv */
+    long max_tag;
+    PyObject *comm_error, *namer; /* tbcoll.errors.CommError; a weakref.WeakMethod to the
+                                     Communicator's _named(error, what) */
+    /* streams(): the stream engine's rings, its state and its Python paths (tbcoll/transports/
+     * shm.py's ShmStream.lend_lane); send NULL until then */
+    PyObject *send, *recv;     /* the engine's send(buf, peer, tag), recv(buf, peer, tag) */
+    PyObject *finish_send, *finish_recv; /* (buf, peer, header, bytes moved in C) */
+    PyObject *finish_pulled_send;  /* (buf, peer, pull): an announced send, not yet answered */
+    PyObject *finish_announced;    /* (buf, peer, header, descriptor): a pulled receive */
+    PyObject *peer_states, *engine; /* each rank's Peer.__dict__ (a tuple), the engine's */
+    PyObject *context;         /* the endpoint's context (an int), */
+    uint32_t context_word;     /* and as its messages' headers carry it */
+    Py_ssize_t *stream_at;     /* [2k]: the ring to rank k, [2k + 1]: the ring from it */
+    Py_ssize_t stream_capacity;    /* each ring's data bytes */
+    Py_ssize_t pull_bytes;     /* payloads this large are pulled (to a peer that pulls) */
+    uint32_t announce_bit, answer_context; /* an announcement's context bit; an answer's */
+    double send_budget, recv_budget; /* seconds a move waits in C before Python takes over */
+} Lane;
+
+#define MOVES (1 << ONE_CALL_KINDS) /* the enabled bit of send and recv */
+
+/* lane.c's, for moves.c: */
+int lane_refused(void);                                          /* numpy refused a buffer */
+int lane_dtype_code(Lane *self, PyObject *array, PyObject **dtype); /* -1: none; -2: error */
+int lane_take_guard(Lane *self, PyObject *name, PyObject **lock);
+PyObject *lane_give_guard(PyObject *lock, PyObject *result);
+PyObject *lane_named(Lane *self, const char *what, PyObject *arg);
+
+/* moves.c's, for lane.c: the Lane methods streams(), send() and recv(), and the names of
+ * the stream engine's state they read (interned once, at import). */
+PyObject *lane_streams(Lane *self, PyObject *args);
+PyObject *lane_send(Lane *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *lane_recv(Lane *self, PyObject *const *args, Py_ssize_t nargs);
+int intern_move_names(void);
+
+#endif

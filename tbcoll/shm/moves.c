@@ -1,0 +1,453 @@
+/*
+ * The shm lane's send and recv (tbcoll/shm/lane.h): a point-to-point call that the lane has
+ * checked and taken moves here, in C, over the stream engine's rings (tbcoll/transports/
+ * shm.py lends them: streams()), where nothing of the engine's must go first; what C cannot
+ * do or finish, the engine's Python does (tbcoll/transports/stream.py).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "lane.h"
+
+/* the send or recv a guard is taken for; the stream engine's state that says whether a
+ * message may skip it (tbcoll/transports/stream.py: Peer's attributes, and the engine's
+ * _mismatch) */
+static PyObject *SEND, *RECV, *SENDQ, *LOST, *TARGET, *START, *END, *POSTED, *UNEXPECTED,
+    *MISMATCH, *PULLS, *NEXT_PULL;
+
+int intern_move_names(void)
+{
+    return (!(SEND = PyUnicode_InternFromString("send")) ||
+            !(RECV = PyUnicode_InternFromString("recv")) ||
+            !(SENDQ = PyUnicode_InternFromString("sendq")) ||
+            !(LOST = PyUnicode_InternFromString("lost")) ||
+            !(TARGET = PyUnicode_InternFromString("target")) ||
+            !(START = PyUnicode_InternFromString("start")) ||
+            !(END = PyUnicode_InternFromString("end")) ||
+            !(POSTED = PyUnicode_InternFromString("posted")) ||
+            !(UNEXPECTED = PyUnicode_InternFromString("unexpected")) ||
+            !(MISMATCH = PyUnicode_InternFromString("_mismatch")) ||
+            !(PULLS = PyUnicode_InternFromString("pulls")) ||
+            !(NEXT_PULL = PyUnicode_InternFromString("next_pull")))
+               ? -1
+               : 0;
+}
+
+/*
+ * streams(context, capacity, budgets, engine, peers, moves, pulls)
+ * Lend the lane the stream engine's rings (tbcoll/transports/shm.py, ShmStream.lend_lane):
+ * context, the endpoint's whose messages send and recv move; capacity, each ring's data
+ * bytes; budgets, (send, recv) seconds a move waits in C; engine, the engine's __dict__;
+ * peers, by rank, (ring to it, ring from it, its Peer's __dict__), None for this rank; moves,
+ * the engine's (send, recv, finish_send, finish_recv, finish_pulled_send, finish_announced);
+ * pulls, (pull_bytes, the announcement's context bit, the answer's context).
+ */
+PyObject *lane_streams(Lane *self, PyObject *args)
+{
+    PyObject *context, *engine, *peers, *moves[6];
+    Py_ssize_t capacity, pull_bytes;
+    unsigned long announce_bit, answer_context;
+    double send_budget, recv_budget;
+    if (!PyArg_ParseTuple(args, "O!n(dd)O!O!(OOOOOO)(nkk):streams", &PyLong_Type, &context,
+                          &capacity, &send_budget, &recv_budget, &PyDict_Type, &engine,
+                          &PyTuple_Type, &peers, &moves[0], &moves[1], &moves[2], &moves[3],
+                          &moves[4], &moves[5], &pull_bytes, &announce_bit, &answer_context))
+        return NULL;
+    Py_buffer segment;
+    if (PyObject_GetBuffer(self->segment, &segment, PyBUF_SIMPLE) < 0)
+        return NULL;
+    Py_ssize_t len = segment.len;
+    PyBuffer_Release(&segment);
+    unsigned long word = PyLong_AsUnsignedLong(context);
+    if (PyErr_Occurred() || word > UINT32_MAX || announce_bit > UINT32_MAX ||
+        answer_context > UINT32_MAX || PyTuple_GET_SIZE(peers) != self->size ||
+        pull_bytes < 1)
+        goto bad;
+    Py_ssize_t *at = PyMem_New(Py_ssize_t, 2 * self->size);
+    if (at == NULL)
+        return PyErr_NoMemory();
+    PyObject *states = PyTuple_New(self->size);
+    if (states == NULL) {
+        PyMem_Free(at);
+        return NULL;
+    }
+    for (Py_ssize_t k = 0; k < self->size; k++) {
+        PyObject *peer = PyTuple_GET_ITEM(peers, k), *state = Py_None;
+        at[2 * k] = at[2 * k + 1] = 0;
+        if ((k == self->rank) != (peer == Py_None) ||
+            (peer != Py_None && !PyArg_ParseTuple(peer, "nnO!", &at[2 * k], &at[2 * k + 1],
+                                                  &PyDict_Type, &state)) ||
+            (peer != Py_None && !(ring_inside(at[2 * k], capacity, len) &&
+                                  ring_inside(at[2 * k + 1], capacity, len)))) {
+            PyMem_Free(at);
+            Py_DECREF(states);
+            goto bad;
+        }
+        PyTuple_SET_ITEM(states, k, Py_NewRef(state));
+    }
+    PyMem_Free(self->stream_at);
+    self->stream_at = at;
+    Py_XSETREF(self->peer_states, states);
+    Py_XSETREF(self->engine, Py_NewRef(engine));
+    Py_XSETREF(self->context, Py_NewRef(context));
+    self->context_word = (uint32_t)word;
+    Py_XSETREF(self->send, Py_NewRef(moves[0]));
+    Py_XSETREF(self->recv, Py_NewRef(moves[1]));
+    Py_XSETREF(self->finish_send, Py_NewRef(moves[2]));
+    Py_XSETREF(self->finish_recv, Py_NewRef(moves[3]));
+    Py_XSETREF(self->finish_pulled_send, Py_NewRef(moves[4]));
+    Py_XSETREF(self->finish_announced, Py_NewRef(moves[5]));
+    self->stream_capacity = capacity;
+    self->pull_bytes = pull_bytes;
+    self->announce_bit = (uint32_t)announce_bit;
+    self->answer_context = (uint32_t)answer_context;
+    self->send_budget = send_budget;
+    self->recv_budget = recv_budget;
+    Py_RETURN_NONE;
+bad:
+    PyErr_Clear();
+    PyErr_SetString(PyExc_ValueError, "bad context, pull size, peers, or rings outside the "
+                                      "segment");
+    return NULL;
+}
+
+/* An entry of the stream engine's state (a Peer's or the engine's __dict__), borrowed; NULL
+ * with an exception where it has none (the engine no longer names it so). */
+static PyObject *engine_entry(PyObject *state, PyObject *name)
+{
+    PyObject *value = PyDict_GetItemWithError(state, name);
+    if (value == NULL && !PyErr_Occurred())
+        PyErr_Format(PyExc_RuntimeError, "the shm lane reads the stream engine's %R, which it "
+                                         "no longer has", name);
+    return value;
+}
+
+/* Whether the engine holds a receive or a message for (context, tag) in `held` (a Peer's
+ * posted or unexpected: dicts of deques); -1 with an exception. */
+static int holds(Lane *self, PyObject *state, PyObject *held_name, PyObject *tag)
+{
+    PyObject *held = engine_entry(state, held_name);
+    if (held == NULL)
+        return -1;
+    if (PyDict_GET_SIZE(held) == 0)
+        return 0;
+    PyObject *key = PyTuple_Pack(2, self->context, tag);
+    if (key == NULL)
+        return -1;
+    PyObject *queue = PyDict_GetItemWithError(held, key);
+    Py_DECREF(key);
+    if (queue == NULL)
+        return PyErr_Occurred() ? -1 : 0;
+    return PyObject_IsTrue(queue);
+}
+
+/* Whether a message to or from rank peer may skip the engine now, as tbcoll/transports/
+ * stream.py's _sends_idle and _receives_idle say: 1, 0, or -1 with an exception. Sending:
+ * nothing is queued for the peer and its stream is not lost. Receiving: nothing of the
+ * peer's is lost, half-read or staged, no difference of calls is pending, and no receive for
+ * (context, tag) is posted nor a message for it held. */
+static int engine_idle(Lane *self, int sending, Py_ssize_t peer, PyObject *tag)
+{
+    PyObject *state = PyTuple_GET_ITEM(self->peer_states, peer), *lost, *queue;
+    if (!(lost = engine_entry(state, LOST)))
+        return -1;
+    if (lost != Py_None)
+        return 0;
+    if (sending) {
+        if (!(queue = engine_entry(state, SENDQ)))
+            return -1;
+        Py_ssize_t queued = PyObject_Length(queue);
+        return queued < 0 ? -1 : queued == 0;
+    }
+    PyObject *target, *start, *end, *mismatch;
+    if (!(target = engine_entry(state, TARGET)) || !(start = engine_entry(state, START)) ||
+        !(end = engine_entry(state, END)) || !(mismatch = engine_entry(self->engine, MISMATCH)))
+        return -1;
+    if (target != Py_None || mismatch != Py_None)
+        return 0;
+    int staged = PyObject_RichCompareBool(start, end, Py_NE);
+    if (staged != 0)
+        return staged < 0 ? -1 : 0;
+    int held = holds(self, state, POSTED, tag);
+    if (held == 0)
+        held = holds(self, state, UNEXPECTED, tag);
+    return held < 0 ? -1 : !held;
+}
+
+static void put_big_endian(unsigned char *p, uint64_t value, int n)
+{
+    for (int i = n - 1; i >= 0; i--, value >>= 8)
+        p[i] = (unsigned char)value;
+}
+
+static uint64_t get_big_endian(const unsigned char *p, int n)
+{
+    uint64_t value = 0;
+    for (int i = 0; i < n; i++)
+        value = value << 8 | p[i];
+    return value;
+}
+
+/* A header as tbcoll/transports/stream.py's _HEADER packs it (context u32, tag u32, nbytes
+ * u64, seq u64, call u64, big-endian) for a message of no collective's call (0, 0): a user's
+ * message, an announcement of one, an answer that it was pulled. */
+static void put_header(unsigned char *header, uint32_t context, uint64_t tag, Py_ssize_t nbytes)
+{
+    memset(header, 0, HEADER_BYTES);
+    put_big_endian(header, context, 4);
+    put_big_endian(header + 4, tag, 4);
+    put_big_endian(header + 8, (uint64_t)nbytes, 8);
+}
+
+/* What a move in C did (move_in_c, pull_in_c), and what one_move does next. */
+enum {
+    ENGINE,         /* nothing: the engine's send or recv does it all */
+    MOVED,          /* all of it */
+    FINISH,         /* part: finish_send/finish_recv(x, peer, header, moved) */
+    ANNOUNCED_SEND, /* announced, not yet answered: finish_pulled_send(x, peer, pull) */
+    ANNOUNCED_RECV, /* the announcement (moved bytes of it) taken: finish_announced(...) */
+};
+
+typedef struct {
+    unsigned char header[HEADER_BYTES];         /* the message's own header */
+    unsigned char descriptor[DESCRIPTOR_BYTES]; /* a pulled message's, as it came */
+    Py_ssize_t moved;
+    uint64_t pull;
+} Move;
+
+/* Whether the engine is idle both ways with peer (see engine_idle), or -1. */
+static int idle_both_ways(Lane *self, Py_ssize_t peer, PyObject *tag)
+{
+    int idle = engine_idle(self, 1, peer, tag);
+    return idle > 0 ? engine_idle(self, 0, peer, tag) : idle;
+}
+
+/* Whether the ring has room for n bytes now. */
+static int ring_has_room(const char *ring, Py_ssize_t capacity, Py_ssize_t n)
+{
+    uint64_t tail = __atomic_load_n((const uint64_t *)(ring + RING_LINE), __ATOMIC_ACQUIRE);
+    return capacity - (Py_ssize_t)(own_counter(ring) - tail) >= n;
+}
+
+/* A message under pull_bytes, or one to or from a peer that does not pull, through the ring:
+ * the header and payload bytes that went (sending), or of the payload that came or as
+ * ring_take says (receiving), in m->moved. ENGINE where the engine is not idle, -1. */
+static int move_in_c(Lane *self, int sending, Py_ssize_t peer, long tag, PyObject *tag_obj,
+                     Py_buffer *payload, char *segment, Move *m)
+{
+    int idle = engine_idle(self, sending, peer, tag_obj);
+    if (idle <= 0)
+        return idle < 0 ? -1 : ENGINE;
+    char *ring = segment + self->stream_at[2 * peer + !sending];
+    Py_ssize_t capacity = self->stream_capacity, whole = payload->len;
+    put_header(m->header, self->context_word, (uint64_t)tag, payload->len);
+    if (sending) {
+        m->moved = ring_put_message(ring, capacity, (const char *)m->header, HEADER_BYTES,
+                                    payload->buf, payload->len, self->send_budget);
+        whole += HEADER_BYTES;
+    } else {
+        m->moved = ring_take(ring, capacity, m->header, payload->buf, payload->len,
+                             self->recv_budget);
+    }
+    return m->moved == whole ? MOVED : FINISH;
+}
+
+#if HAVE_CMA
+/*
+ * A message of pull_bytes or more to or from a peer that pulls, as the engine would move it
+ * (tbcoll/transports/stream.py): the sender announces it (header with the announce bit, then
+ * the descriptor: address, nbytes, pull id) and waits for the answer; the receiver takes the
+ * announcement, copies the payload from the sender's memory (cma_move) and answers. C goes
+ * only where both ways are idle and, receiving, where the answer fits the ring now; what it
+ * does not finish the engine does. Why the payload is whole when read and untouched until
+ * then (ARM64 as x86-64): tbcoll/transports/shm.py, ShmStream.
+ */
+static int pull_in_c(Lane *self, int sending, Py_ssize_t peer, long tag, PyObject *tag_obj,
+                     Py_buffer *payload, char *segment, Move *m)
+{
+    PyObject *state = PyTuple_GET_ITEM(self->peer_states, peer), *pulls, *next;
+    int idle = idle_both_ways(self, peer, tag_obj);
+    if (idle <= 0)
+        return idle < 0 ? -1 : ENGINE;
+    if (!(pulls = engine_entry(state, PULLS)) || !(next = engine_entry(state, NEXT_PULL)))
+        return -1;
+    if (pulls != Py_True)
+        return ENGINE;
+    char *to = segment + self->stream_at[2 * peer], *from = segment + self->stream_at[2 * peer + 1];
+    Py_ssize_t capacity = self->stream_capacity;
+    unsigned char announcement[HEADER_BYTES], answer[HEADER_BYTES];
+    put_header(m->header, self->context_word, (uint64_t)tag, payload->len);
+    put_header(announcement, self->context_word | self->announce_bit, (uint64_t)tag,
+               DESCRIPTOR_BYTES);
+    if (sending) {
+        if (!ring_has_room(to, capacity, HEADER_BYTES + DESCRIPTOR_BYTES))
+            return ENGINE;
+        m->pull = PyLong_AsUnsignedLongLong(next);
+        PyObject *after = PyErr_Occurred() ? NULL
+                                           : PyLong_FromUnsignedLongLong((m->pull + 1) & 0xFFFFFFFF);
+        if (after == NULL || PyDict_SetItem(state, NEXT_PULL, after) < 0) {
+            Py_XDECREF(after);
+            return -1;
+        }
+        Py_DECREF(after);
+        put_big_endian(m->descriptor, (uint64_t)(uintptr_t)payload->buf, 8);
+        put_big_endian(m->descriptor + 8, (uint64_t)payload->len, 8);
+        put_big_endian(m->descriptor + 16, m->pull, 8);
+        /* whole, as there is room: release, the payload (written before this call) and the
+         * descriptor before the head that publishes them */
+        ring_put_message(to, capacity, (const char *)announcement, HEADER_BYTES,
+                         (const char *)m->descriptor, DESCRIPTOR_BYTES, self->send_budget);
+        put_header(answer, self->answer_context, m->pull, 0);
+        char none;
+        /* acquire (ring_take): the receiver's copy is done before its answer's head */
+        return ring_take(from, capacity, answer, &none, 0, self->recv_budget) == 0
+                   ? MOVED : ANNOUNCED_SEND;
+    }
+    m->moved = ring_take(from, capacity, announcement, (char *)m->descriptor, DESCRIPTOR_BYTES,
+                         self->recv_budget);
+    if (m->moved < 0)
+        return FINISH; /* none yet, another message first, or an overwritten ring */
+    if (m->moved < DESCRIPTOR_BYTES ||
+        get_big_endian(m->descriptor + 8, 8) != (uint64_t)payload->len ||
+        !ring_has_room(to, capacity, HEADER_BYTES))
+        return ANNOUNCED_RECV;
+    long pid = (long)__atomic_load_n((const int64_t *)(segment + self->pids_at) + peer,
+                                     __ATOMIC_RELAXED); /* stored before the rings were set up */
+    if (cma_move(pid, get_big_endian(m->descriptor, 8), payload->buf, payload->len, 0) != 0)
+        return ANNOUNCED_RECV; /* the engine pulls again, and says what a refusal means */
+    put_header(answer, self->answer_context, get_big_endian(m->descriptor + 16, 8), 0);
+    /* release: the copy has returned before the answer's head */
+    ring_put_message(to, capacity, (const char *)answer, HEADER_BYTES, NULL, 0,
+                     self->send_budget);
+    return MOVED;
+}
+#endif
+
+/* Move what one_move takes in C where it can (an outcome above, or -1), with the segment's
+ * buffer held meanwhile. */
+static int move(Lane *self, int sending, Py_ssize_t peer, long tag, PyObject *tag_obj,
+                Py_buffer *payload, Move *m)
+{
+    int pulled = payload->len >= self->pull_bytes;
+    if (pulled && !HAVE_CMA)
+        return ENGINE; /* through the ring, in pieces as the receiver reads: the engine's */
+    Py_buffer segment;
+    if (PyObject_GetBuffer(self->segment, &segment, PyBUF_WRITABLE) < 0)
+        return -1;
+    int outcome =
+#if HAVE_CMA
+        pulled ? pull_in_c(self, sending, peer, tag, tag_obj, payload, segment.buf, m) :
+#endif
+                 move_in_c(self, sending, peer, tag, tag_obj, payload, segment.buf, m);
+    PyBuffer_Release(&segment);
+    return outcome;
+}
+
+/* The engine's part of a move (see the outcomes above): its result, or NULL. */
+static PyObject *engine_part(Lane *self, int sending, int outcome, PyObject *x,
+                             PyObject *peer_obj, PyObject *tag_obj, const Move *m)
+{
+    PyObject *callable, *args[4] = {x, peer_obj, NULL, NULL};
+    Py_ssize_t nargs = 4;
+    if (outcome == ENGINE) {
+        callable = sending ? self->send : self->recv;
+        args[2] = Py_NewRef(tag_obj);
+        nargs = 3;
+    } else if (outcome == ANNOUNCED_SEND) {
+        callable = self->finish_pulled_send;
+        args[2] = PyLong_FromUnsignedLongLong(m->pull);
+        nargs = 3;
+    } else {
+        callable = outcome == FINISH ? (sending ? self->finish_send : self->finish_recv)
+                                     : self->finish_announced;
+        args[2] = PyBytes_FromStringAndSize((const char *)m->header, HEADER_BYTES);
+        args[3] = outcome == FINISH
+                      ? PyLong_FromSsize_t(m->moved)
+                      : PyBytes_FromStringAndSize((const char *)m->descriptor, m->moved);
+    }
+    PyObject *result = NULL;
+    if (args[2] && (nargs == 3 || args[3]))
+        result = PyObject_Vectorcall(callable, args, (size_t)nargs, NULL);
+    Py_XDECREF(args[2]);
+    Py_XDECREF(args[3]);
+    return result;
+}
+
+/*
+ * send(x, dst, tag) -> True, recv(out, src, tag) -> out, or None where the call does not
+ * qualify: a whole point-to-point call of a 1-D numpy array of a known dtype (C-contiguous;
+ * writable to receive into) with another rank of the communicator and a tag in range, checked
+ * and taken (the guard) here, and moved here (move) where the engine is idle; else the
+ * engine's send or recv moves it, or finishes what C began (a full ring, a late sender,
+ * another message first, a pull refused).
+ */
+static PyObject *one_move(Lane *self, int sending, PyObject *x, PyObject *peer_obj,
+                          PyObject *tag_obj)
+{
+    if (!(self->enabled & MOVES) || self->send == NULL ||
+        Py_TYPE(x) != (PyTypeObject *)self->ndarray || !PyLong_CheckExact(peer_obj) ||
+        !PyLong_CheckExact(tag_obj))
+        Py_RETURN_NONE;
+    long peer = PyLong_AsLong(peer_obj), tag = PyLong_AsLong(tag_obj);
+    if (PyErr_Occurred()) { /* (out of a long's range: the Python path says what is wrong) */
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    if (peer < 0 || peer >= self->size || peer == self->rank || tag < 0 || tag > self->max_tag)
+        Py_RETURN_NONE;
+    PyObject *dtype;
+    int code = lane_dtype_code(self, x, &dtype);
+    if (code == -2)
+        return NULL;
+    Py_DECREF(dtype);
+    Py_buffer view;
+    if (code < 0)
+        Py_RETURN_NONE;
+    if (PyObject_GetBuffer(x, &view, PyBUF_C_CONTIGUOUS | (sending ? 0 : PyBUF_WRITABLE)) < 0)
+        return lane_refused() ? Py_NewRef(Py_None) : NULL;
+    if (view.ndim != 1) {
+        PyBuffer_Release(&view);
+        Py_RETURN_NONE;
+    }
+    PyObject *lock;
+    int taken = lane_take_guard(self, sending ? SEND : RECV, &lock);
+    if (taken <= 0) {
+        PyBuffer_Release(&view);
+        return taken < 0 ? (lock ? lane_give_guard(lock, NULL) : NULL) : Py_NewRef(Py_None);
+    }
+    Move m;
+    int outcome = move(self, sending, peer, tag, tag_obj, &view, &m);
+    PyBuffer_Release(&view);
+    PyObject *result = outcome == MOVED ? Py_NewRef(Py_None)
+                       : outcome < 0    ? NULL
+                                        : engine_part(self, sending, outcome, x, peer_obj,
+                                                      tag_obj, &m);
+    if (result != NULL) {
+        Py_DECREF(result);
+        result = Py_NewRef(sending ? Py_True : x);
+    }
+    return lane_give_guard(lock, result);
+}
+
+PyObject *lane_send(Lane *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "send takes 3 arguments");
+        return NULL;
+    }
+    PyObject *result = one_move(self, 1, args[0], args[1], args[2]);
+    return result ? result : lane_named(self, "send to rank %S", args[1]);
+}
+
+PyObject *lane_recv(Lane *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "recv takes 3 arguments");
+        return NULL;
+    }
+    PyObject *result = one_move(self, 0, args[0], args[1], args[2]);
+    return result ? result : lane_named(self, "recv from rank %S", args[1]);
+}
+
