@@ -63,7 +63,7 @@ PyObject *lane_streams(Lane *self, PyObject *args)
     unsigned long word = PyLong_AsUnsignedLong(context);
     if (PyErr_Occurred() || word > UINT32_MAX || announce_bit > UINT32_MAX ||
         answer_context > UINT32_MAX || PyTuple_GET_SIZE(peers) != self->size ||
-        pull_bytes < 1)
+        pull_bytes < 1 || capacity < HEADER_BYTES + DESCRIPTOR_BYTES)
         goto bad;
     Py_ssize_t *at = PyMem_New(Py_ssize_t, 2 * self->size);
     if (at == NULL)
@@ -108,8 +108,8 @@ PyObject *lane_streams(Lane *self, PyObject *args)
     Py_RETURN_NONE;
 bad:
     PyErr_Clear();
-    PyErr_SetString(PyExc_ValueError, "bad context, pull size, peers, or rings outside the "
-                                      "segment");
+    PyErr_SetString(PyExc_ValueError, "bad context, pull size, peers, or rings too small or "
+                                      "outside the segment");
     return NULL;
 }
 
