@@ -172,10 +172,8 @@ static PyObject *wait_all(PyObject *self, PyObject *args)
  */
 static PyObject *gathered_reduce(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 7) {
-        PyErr_SetString(PyExc_TypeError, "gathered_reduce takes 7 arguments");
+    if (!positional("gathered_reduce", nargs, 7))
         return NULL;
-    }
     Py_ssize_t block = PyLong_AsSsize_t(args[1]), size = PyLong_AsSsize_t(args[2]),
                header = PyLong_AsSsize_t(args[3]);
     long dtype = PyLong_AsLong(args[5]), op = PyLong_AsLong(args[6]);
@@ -222,10 +220,8 @@ static PyObject *gathered_reduce(PyObject *self, PyObject *const *args, Py_ssize
  * assignment took ~0.9 us of a 3 us call). */
 static PyObject *put_call(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "put_call takes 3 arguments");
+    if (!positional("put_call", nargs, 3))
         return NULL;
-    }
     uint64_t word = (uint64_t)PyLong_AsUnsignedLongLong(args[1]);
     if (PyErr_Occurred())
         return NULL;
@@ -285,12 +281,12 @@ static char *ring_at(const Py_buffer *segment, Py_ssize_t at, Py_ssize_t capacit
     return ring_inside(at, capacity, segment->len) ? (char *)segment->buf + at : NULL;
 }
 
-/* Copy as many of n bytes as there is room for now; returns how many. Safe without the GIL. */
+/* Copy as many of n bytes as there is room for now; returns how many. Safe without the GIL.
+ * *head: the ring's head, as this producer last stored it. */
 static Py_ssize_t ring_fill(char *ring, Py_ssize_t capacity, uint64_t *head, const char *from,
                             Py_ssize_t n)
 {
-    uint64_t tail = __atomic_load_n((uint64_t *)(ring + RING_LINE), __ATOMIC_ACQUIRE);
-    Py_ssize_t room = capacity - (Py_ssize_t)(*head - tail), take = n < room ? n : room;
+    Py_ssize_t room = ring_room(ring, capacity), take = n < room ? n : room;
     if (take <= 0)
         return 0;
     ring_copy_in(ring + RING_DATA, capacity, *head, from, take);
@@ -311,8 +307,7 @@ Py_ssize_t ring_put(char *ring, Py_ssize_t capacity, const char *from, Py_ssize_
     Py_ssize_t done = 0;
     while (done < n) {
         Py_ssize_t want = n - done < quarter(capacity) ? n - done : quarter(capacity);
-        uint64_t tail = __atomic_load_n((uint64_t *)(ring + RING_LINE), __ATOMIC_ACQUIRE);
-        if (capacity - (Py_ssize_t)(head - tail) < want &&
+        if (ring_room(ring, capacity) < want &&
             !wait_flags(ring + RING_LINE, 8, 1, head + (uint64_t)want - (uint64_t)capacity,
                         budget))
             break;
@@ -334,8 +329,7 @@ Py_ssize_t ring_put_message(char *ring, Py_ssize_t capacity, const char *header,
                             double budget)
 {
     uint64_t head = own_counter(ring);
-    uint64_t tail = __atomic_load_n((uint64_t *)(ring + RING_LINE), __ATOMIC_ACQUIRE);
-    if (n < NOGIL_BYTES && capacity - (Py_ssize_t)(head - tail) >= header_len + n) {
+    if (n < NOGIL_BYTES && ring_room(ring, capacity) >= header_len + n) {
         ring_copy_in(ring + RING_DATA, capacity, head, header, header_len);
         ring_copy_in(ring + RING_DATA, capacity, head + (uint64_t)header_len, payload, n);
         /* release: the bytes, then head */
@@ -357,10 +351,8 @@ Py_ssize_t ring_put_message(char *ring, Py_ssize_t capacity, const char *header,
  */
 static PyObject *ring_send(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 6) {
-        PyErr_SetString(PyExc_TypeError, "ring_send takes 6 arguments");
+    if (!positional("ring_send", nargs, 6))
         return NULL;
-    }
     Py_ssize_t at = PyLong_AsSsize_t(args[1]), capacity = PyLong_AsSsize_t(args[2]);
     double budget = PyFloat_AsDouble(args[5]);
     if (PyErr_Occurred())
@@ -379,14 +371,6 @@ static PyObject *ring_send(PyObject *self, PyObject *const *args, Py_ssize_t nar
         return NULL;
     }
     return PyLong_FromSsize_t(written);
-}
-
-static uint64_t big_endian(const unsigned char *p, int n)
-{
-    uint64_t v = 0;
-    for (int i = 0; i < n; i++)
-        v = v << 8 | p[i];
-    return v;
 }
 
 Py_ssize_t ring_take(char *ring, Py_ssize_t capacity, const void *expected, char *dst,
@@ -447,10 +431,8 @@ Py_ssize_t ring_take(char *ring, Py_ssize_t capacity, const void *expected, char
  */
 static PyObject *ring_recv(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 6) {
-        PyErr_SetString(PyExc_TypeError, "ring_recv takes 6 arguments");
+    if (!positional("ring_recv", nargs, 6))
         return NULL;
-    }
     Py_ssize_t at = PyLong_AsSsize_t(args[1]), capacity = PyLong_AsSsize_t(args[2]);
     double budget = PyFloat_AsDouble(args[5]);
     if (PyErr_Occurred())

@@ -1,11 +1,21 @@
-/* take_buffers and release_buffers: the Python buffers a C extension's function works on
- * (tbcoll.shm._atomics and its lane, tbcoll.transports._sockets), taken in one call and let go
- * in one place. A release missed on one of a ladder of error paths leaves the object exported
+/* A C extension's function's arguments (tbcoll.shm._atomics and its lane,
+ * tbcoll.transports._sockets): positional, their count; take_buffers and release_buffers, the
+ * Python buffers it works on, taken in one call and let go in one place. A release missed on one of a ladder of error paths leaves the object exported
  * for ever (numpy then refuses to resize the array); taking all or none rules that out. */
 #ifndef TBCOLL_BUFFERS_H
 #define TBCOLL_BUFFERS_H
 
 #include <Python.h>
+
+/* Whether a METH_FASTCALL function got the `want` arguments it takes; else a TypeError naming
+ * it. */
+static inline int positional(const char *name, Py_ssize_t nargs, Py_ssize_t want)
+{
+    if (nargs == want)
+        return 1;
+    PyErr_Format(PyExc_TypeError, "%s takes %zd arguments (%zd given)", name, want, nargs);
+    return 0;
+}
 
 /* One buffer wanted: whose, and how (PyBUF_SIMPLE to read, PyBUF_WRITABLE to write). */
 typedef struct {

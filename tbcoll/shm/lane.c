@@ -361,10 +361,8 @@ static int lane_round(Lane *self, Round *r, char *base, uint64_t signature)
  */
 static PyObject *lane_round_method(Lane *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 9) {
-        PyErr_SetString(PyExc_TypeError, "round takes 9 arguments");
+    if (!positional("round", nargs, 9))
         return NULL;
-    }
     Round r;
     long kind = PyLong_AsLong(args[0]), dtype = PyLong_AsLong(args[5]),
          op = PyLong_AsLong(args[6]), root = PyLong_AsLong(args[7]);
@@ -650,12 +648,6 @@ static unsigned long long count_call(PyObject *guard)
     int failed = PyObject_SetAttr(guard, COMPLETED, value);
     Py_DECREF(value);
     return failed ? 0 : seq;
-}
-
-/* A pid of rank k's, from the segment (stored there before the first round). */
-static long pid_of(Lane *self, const char *base, Py_ssize_t k)
-{
-    return (long)__atomic_load_n((const int64_t *)(base + self->pids_at) + k, __ATOMIC_RELAXED);
 }
 
 /* Copy n bytes without the GIL. */
@@ -1022,10 +1014,8 @@ static int take_root(PyObject *root, long *value)
 static PyObject *lane_direct(Lane *self, PyObject *const *args, Py_ssize_t nargs)
 {
     long kind, root = -1;
-    if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError, "direct takes 5 arguments");
+    if (!positional("direct", nargs, 5))
         return NULL;
-    }
     kind = PyLong_AsLong(args[0]);
     if (kind < 0 || kind >= ONE_CALL_KINDS) {
         if (!PyErr_Occurred())
@@ -1051,38 +1041,30 @@ static PyObject *bound_call(Lane *self, int kind, PyObject *x, PyObject *op, lon
  * reduce_scatter(x, op, out), broadcast(x, root, out). */
 static PyObject *lane_all_reduce(Lane *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "all_reduce takes 3 arguments");
+    if (!positional("all_reduce", nargs, 3))
         return NULL;
-    }
     return bound_call(self, ALL_REDUCE, args[0], args[1], -1, args[2]);
 }
 
 static PyObject *lane_all_gather(Lane *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "all_gather takes 2 arguments");
+    if (!positional("all_gather", nargs, 2))
         return NULL;
-    }
     return bound_call(self, ALL_GATHER, args[0], Py_None, -1, args[1]);
 }
 
 static PyObject *lane_reduce_scatter(Lane *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "reduce_scatter takes 3 arguments");
+    if (!positional("reduce_scatter", nargs, 3))
         return NULL;
-    }
     return bound_call(self, REDUCE_SCATTER, args[0], args[1], -1, args[2]);
 }
 
 static PyObject *lane_broadcast(Lane *self, PyObject *const *args, Py_ssize_t nargs)
 {
     long root;
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "broadcast takes 3 arguments");
+    if (!positional("broadcast", nargs, 3))
         return NULL;
-    }
     if (!take_root(args[1], &root))
         Py_RETURN_NONE;
     return bound_call(self, BROADCAST, args[0], Py_None, root, args[2]);

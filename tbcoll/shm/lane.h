@@ -60,6 +60,13 @@ typedef struct {
 
 #define MOVES (1 << ONE_CALL_KINDS) /* the enabled bit of send and recv */
 
+/* A pid of rank k's, from the segment at base (each rank stores its own there before the
+ * communicator's first round or message). */
+static inline long pid_of(const Lane *self, const char *base, Py_ssize_t k)
+{
+    return (long)__atomic_load_n((const int64_t *)(base + self->pids_at) + k, __ATOMIC_RELAXED);
+}
+
 /* lane.c's, for moves.c: */
 int lane_refused(void);                                          /* numpy refused a buffer */
 int lane_dtype_code(Lane *self, PyObject *array, PyObject **dtype); /* -1: none; -2: error */

@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "buffers.h"
 #include "lane.h"
 
 /* the send or recv a guard is taken for; the stream engine's state that says whether a
@@ -182,14 +183,6 @@ static void put_big_endian(unsigned char *p, uint64_t value, int n)
         p[i] = (unsigned char)value;
 }
 
-static uint64_t get_big_endian(const unsigned char *p, int n)
-{
-    uint64_t value = 0;
-    for (int i = 0; i < n; i++)
-        value = value << 8 | p[i];
-    return value;
-}
-
 /* A header as tbcoll/transports/stream.py's _HEADER packs it (context u32, tag u32, nbytes
  * u64, seq u64, call u64, big-endian) for a message of no collective's call (0, 0): a user's
  * message, an announcement of one, an answer that it was pulled. */
@@ -222,13 +215,6 @@ static int idle_both_ways(Lane *self, Py_ssize_t peer, PyObject *tag)
 {
     int idle = engine_idle(self, 1, peer, tag);
     return idle > 0 ? engine_idle(self, 0, peer, tag) : idle;
-}
-
-/* Whether the ring has room for n bytes now. */
-static int ring_has_room(const char *ring, Py_ssize_t capacity, Py_ssize_t n)
-{
-    uint64_t tail = __atomic_load_n((const uint64_t *)(ring + RING_LINE), __ATOMIC_ACQUIRE);
-    return capacity - (Py_ssize_t)(own_counter(ring) - tail) >= n;
 }
 
 /* A message under pull_bytes, or one to or from a peer that does not pull, through the ring:
@@ -282,7 +268,7 @@ static int pull_in_c(Lane *self, int sending, Py_ssize_t peer, long tag, PyObjec
     put_header(announcement, self->context_word | self->announce_bit, (uint64_t)tag,
                DESCRIPTOR_BYTES);
     if (sending) {
-        if (!ring_has_room(to, capacity, HEADER_BYTES + DESCRIPTOR_BYTES))
+        if (ring_room(to, capacity) < HEADER_BYTES + DESCRIPTOR_BYTES)
             return ENGINE;
         m->pull = PyLong_AsUnsignedLongLong(next);
         PyObject *after = PyErr_Occurred() ? NULL
@@ -310,14 +296,13 @@ static int pull_in_c(Lane *self, int sending, Py_ssize_t peer, long tag, PyObjec
     if (m->moved < 0)
         return FINISH; /* none yet, another message first, or an overwritten ring */
     if (m->moved < DESCRIPTOR_BYTES ||
-        get_big_endian(m->descriptor + 8, 8) != (uint64_t)payload->len ||
-        !ring_has_room(to, capacity, HEADER_BYTES))
+        big_endian(m->descriptor + 8, 8) != (uint64_t)payload->len ||
+        ring_room(to, capacity) < HEADER_BYTES)
         return ANNOUNCED_RECV;
-    long pid = (long)__atomic_load_n((const int64_t *)(segment + self->pids_at) + peer,
-                                     __ATOMIC_RELAXED); /* stored before the rings were set up */
-    if (cma_move(pid, get_big_endian(m->descriptor, 8), payload->buf, payload->len, 0) != 0)
+    if (cma_move(pid_of(self, segment, peer), big_endian(m->descriptor, 8), payload->buf,
+                 payload->len, 0) != 0)
         return ANNOUNCED_RECV; /* the engine pulls again, and says what a refusal means */
-    put_header(answer, self->answer_context, get_big_endian(m->descriptor + 16, 8), 0);
+    put_header(answer, self->answer_context, big_endian(m->descriptor + 16, 8), 0);
     /* release: the copy has returned before the answer's head */
     ring_put_message(to, capacity, (const char *)answer, HEADER_BYTES, NULL, 0,
                      self->send_budget);
@@ -433,20 +418,16 @@ static PyObject *one_move(Lane *self, int sending, PyObject *x, PyObject *peer_o
 
 PyObject *lane_send(Lane *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "send takes 3 arguments");
+    if (!positional("send", nargs, 3))
         return NULL;
-    }
     PyObject *result = one_move(self, 1, args[0], args[1], args[2]);
     return result ? result : lane_named(self, "send to rank %S", args[1]);
 }
 
 PyObject *lane_recv(Lane *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "recv takes 3 arguments");
+    if (!positional("recv", nargs, 3))
         return NULL;
-    }
     PyObject *result = one_move(self, 0, args[0], args[1], args[2]);
     return result ? result : lane_named(self, "recv from rank %S", args[1]);
 }

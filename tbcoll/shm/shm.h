@@ -53,6 +53,23 @@ static inline uint64_t own_counter(const char *word)
     return __atomic_load_n((const uint64_t *)word, __ATOMIC_RELAXED);
 }
 
+/* The bytes free in the ring now, as its producer sees them: acquire, the consumer has
+ * copied out what it freed before its tail says so. */
+static inline Py_ssize_t ring_room(const char *ring, Py_ssize_t capacity)
+{
+    uint64_t tail = __atomic_load_n((const uint64_t *)(ring + RING_LINE), __ATOMIC_ACQUIRE);
+    return capacity - (Py_ssize_t)(own_counter(ring) - tail);
+}
+
+/* The n-byte big-endian number at p (the stream engine's headers and descriptors). */
+static inline uint64_t big_endian(const unsigned char *p, int n)
+{
+    uint64_t value = 0;
+    for (int i = 0; i < n; i++)
+        value = value << 8 | p[i];
+    return value;
+}
+
 /* Whether a ring of `capacity` bytes at `at` lies inside a segment of `len` bytes. */
 static inline int ring_inside(Py_ssize_t at, Py_ssize_t capacity, Py_ssize_t len)
 {

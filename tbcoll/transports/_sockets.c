@@ -58,10 +58,8 @@ static ssize_t send_one(int fd, const void *header, size_t header_len, const voi
  */
 static PyObject *send_message(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "send takes 3 arguments");
+    if (!positional("send", nargs, 3))
         return NULL;
-    }
     int fd = (int)PyLong_AsLong(args[0]);
     if (PyErr_Occurred())
         return NULL;
@@ -176,10 +174,8 @@ static struct received receive_one(int fd, const char *expected, char *dst, Py_s
  */
 static PyObject *receive_message(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 6) {
-        PyErr_SetString(PyExc_TypeError, "recv takes 6 arguments");
+    if (!positional("recv", nargs, 6))
         return NULL;
-    }
     int fd = (int)PyLong_AsLong(args[0]);
     double spin = PyFloat_AsDouble(args[4]), budget = PyFloat_AsDouble(args[5]);
     if (PyErr_Occurred())
@@ -314,10 +310,8 @@ static void reduce_does_not_fit(void)
 /* reduce(blocks, mine, rank, out, dtype, op): reduce_blocks */
 static PyObject *reduce(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 6) {
-        PyErr_SetString(PyExc_TypeError, "reduce takes 6 arguments");
+    if (!positional("reduce", nargs, 6))
         return NULL;
-    }
     long rank = PyLong_AsLong(args[2]), dtype = PyLong_AsLong(args[4]);
     long op = PyLong_AsLong(args[5]);
     if (PyErr_Occurred())
