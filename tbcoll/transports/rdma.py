@@ -32,6 +32,7 @@ from tbcoll.rdma import devices
 from tbcoll.rendezvous import Store
 from tbcoll.transports.stream import Peer, StreamEndpoint, StreamTransport
 from tbcoll.transports.tcp import TcpTransport, connect_mesh, listen_hosts, peer_route
+from tbcoll.transports.turns import SHARED_SLICE, Turns
 
 try:
     from tbcoll.rdma import _verbs
@@ -125,9 +126,11 @@ class RdmaNative:
     direct_broadcast = direct_reduce_scatter = None
 
     def __init__(self, fabric: object, rank: int, size: int, watch: Watch,
-                 timeout: float) -> None:
+                 timeout: float, turns: Turns) -> None:
+        """turns: the stream's (tbcoll.transports.turns): the mesh and the stream share the
+        device's completion queue, which the C code does not guard against two threads."""
         self._fabric, self.rank, self.size = fabric, rank, size
-        self._watch, self._timeout = watch, timeout
+        self._watch, self._timeout, self._turns = watch, timeout, turns
         self._piece = _verbs.COLL_BYTES
         self._empty = np.empty(0, np.uint8)
 
@@ -187,10 +190,18 @@ class RdmaNative:
 
     def _mesh(self, kind: int, src: np.ndarray, dst: np.ndarray, dtype: int, op: int,
               call: int) -> None:
-        """One mesh call, in C slices of WAIT_SLICE between which the peers are watched."""
+        """One mesh call, in C slices of WAIT_SLICE between which the peers are watched (and,
+        once the stream is shared by threads, slices of SHARED_SLICE between which another
+        thread may take its turn)."""
+        with self._turns:
+            self._mesh_held(kind, src, dst, dtype, op, call)
+
+    def _mesh_held(self, kind: int, src: np.ndarray, dst: np.ndarray, dtype: int, op: int,
+                   call: int) -> None:
         deadline = None
         while True:
-            result = self._fabric.mesh(kind, src, dst, dtype, op, call, WAIT_SLICE)
+            budget = SHARED_SLICE if self._turns.shared else WAIT_SLICE
+            result = self._fabric.mesh(kind, src, dst, dtype, op, call, budget)
             if result == 0:
                 return
             if result > 0:
@@ -210,6 +221,7 @@ class RdmaNative:
                 raise PeerTimeoutError(f"timed out after {self._timeout:g} s (TBCOLL_TIMEOUT) "
                                        "waiting for the other ranks' blocks of a native "
                                        "collective", peers)
+            self._turns.pass_turn()
 
 
 class RdmaGroup:
@@ -236,7 +248,7 @@ class RdmaGroup:
 
     def split(self, color: int | None, key: int, members: list[int],
               context: int) -> RdmaGroup | None:
-        self._stream.next_context = context + 2  # as TcpGroup.split
+        self._stream.new_group(context, color is not None)  # as TcpGroup.split
         if color is None:
             return None
         return RdmaGroup(self._stream, context, [self.members[m] for m in members], None, None)
@@ -293,7 +305,7 @@ def open_world(info: LaunchInfo | None, prefix: str) -> tuple[RdmaGroup, int, in
     peers = [k for k in range(info.size) if k != info.rank]
     watch = Watch(fabric, side, peers)
     stream = RdmaStream(fabric, info.rank, info.size, watch, info.timeout)
-    native = RdmaNative(fabric, info.rank, info.size, watch, info.timeout)
+    native = RdmaNative(fabric, info.rank, info.size, watch, info.timeout, stream.turns)
     group = RdmaGroup(stream, 0, list(range(info.size)), native, _World(fabric, side))
     return group, *placement(info)
 

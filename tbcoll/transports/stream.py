@@ -16,9 +16,12 @@ receive is posted; otherwise its payload is read straight into the destination. 
 through a small staging buffer, so one read can bring several small messages, and large
 payloads bypass it (recv_into the caller's array).
 
-There are no threads: progress happens in isend (an eager first write) and in waitall, which
-keeps reading every stream while its sends are stalled. Two ranks sending each other large
-messages at once therefore cannot deadlock.
+The engine has no threads of its own: progress happens in isend (an eager first write) and in
+waitall, which keeps reading every stream while its sends are stalled. Two ranks sending each
+other large messages at once therefore cannot deadlock. Several threads may use one engine (a
+communicator each, split from one world, or a progress thread beside the caller): each door
+into it (StreamEndpoint, a transport's natives) takes its Turns (tbcoll.transports.turns), and
+every method of StreamTransport runs with them held.
 
 Pulled messages (a transport that can copy from another rank's memory: shm on Linux): a large
 payload does not go through the stream. Its sender announces it (the header with the context's
@@ -44,6 +47,7 @@ import numpy as np
 
 from tbcoll.calls import MISMATCH_ADVICE, NO_CALL, mismatch
 from tbcoll.errors import CommError, PeerLostError, PeerTimeoutError
+from tbcoll.transports.turns import SHARED_SLICE, Turns
 
 _HEADER = struct.Struct("!IIQQQ")
 _DESCRIPTOR = struct.Struct("!QQQ")  # a pulled message's address, nbytes and pull id
@@ -132,20 +136,26 @@ def _bytes_of(buf: np.ndarray) -> memoryview:
 class StreamTransport:
     """Point-to-point messages over one byte stream (Channel) per pair of ranks.
 
-    Subclasses say how to wait for streams to become ready (_ready) and may follow which
-    streams have sends pending (_write_interest) and which are gone (_forget). One that can
-    copy from another rank's memory (_pull, _address) sets Peer.pulls where it may, and
-    pull_bytes.
+    Subclasses say how to wait for streams to become ready (_ready), and whether that wait
+    may run with the engine released (waits_released), and may follow which streams have
+    sends pending (_write_interest) and which are gone (_forget). One that can copy from
+    another rank's memory (_pull, _address) sets Peer.pulls where it may, and pull_bytes.
+    Every method runs with `turns` held by the caller.
     """
 
     pull_bytes = 0  # payloads at least this large go by pull to a peer that pulls
+    # _ready may run with the engine released, by one thread at a time (Turns.wait_released):
+    # it touches nothing another thread changes
+    waits_released = False
     DESCRIPTOR_BYTES = _DESCRIPTOR.size
     PULL_CONTEXTS = (_ANNOUNCE, _PULLED)  # an announcement's context bit, an answer's context
 
     def __init__(self, rank: int, size: int, channels: dict[int, Channel],
                  timeout: float) -> None:
         self.rank, self.size, self.timeout = rank, size, timeout
+        self.turns = Turns()
         self.next_context = 2  # contexts 0 and 1 belong to the world group
+        self._contexts = {0}  # the first context of each group made here
         self._peers = {peer: Peer(peer, channel) for peer, channel in channels.items()}
         self._writing: set[Peer] = set()
         self._calls: dict[int, tuple[int, int]] = {}  # context -> the call this rank runs
@@ -178,6 +188,22 @@ class StreamTransport:
     def peer(self, rank: int) -> Peer | None:
         """The stream to rank, if this rank has one."""
         return self._peers.get(rank)
+
+    def new_group(self, context: int, member: bool) -> None:
+        """A split has agreed on context (and context + 1) for a new group, of which this rank
+        is a member or not. Two splits of communicators of this engine run at once by two
+        threads could agree on one context: the second is refused here, on every rank where
+        it happens, rather than share the first's messages."""
+        with self.turns:
+            self.next_context = max(self.next_context, context + 2)
+            if not member:
+                return
+            if context in self._contexts:
+                raise CommError(f"rank {self.rank}: two communicators split at once, by two "
+                                "threads, were given the same context: split communicators "
+                                "from one thread at a time (make a thread's communicator "
+                                "before it starts)")
+            self._contexts.add(context)
 
     def close(self) -> None:
         for peer in self._peers.values():
@@ -361,20 +387,32 @@ class StreamTransport:
                 raise PeerTimeoutError(f"timed out after {self.timeout:g} s (TBCOLL_TIMEOUT) "
                                        f"waiting for rank(s) {', '.join(map(str, peers))}",
                                        tuple(peers))
-            for peer, readable, writable in self._ready(min(deadline - now, 1.0)):
-                if writable:
-                    self._pump_out(peer)
-                if readable:
-                    self._pump_in(peer)
+            self._wait_and_move(min(deadline - now, 1.0))
 
-    def test(self, requests: Sequence[_Send | _Recv]) -> bool:
-        for peer in list(self._writing):
-            self._pump_out(peer)
-        for peer, readable, writable in self._ready(0.0):
+    def _wait_and_move(self, timeout: float) -> None:
+        """Wait up to timeout for streams to be ready, then move what they have. Other threads
+        meanwhile: see tbcoll.transports.turns."""
+        turns = self.turns
+        if self.waits_released:
+            ready = turns.wait_released(self._ready, timeout) or ()
+        else:
+            ready = self._ready(min(timeout, SHARED_SLICE) if turns.shared else timeout)
+        self._move(ready)
+        if not self.waits_released:
+            turns.pass_turn()
+
+    def _move(self, ready: Iterable[tuple[Peer, bool, bool]]) -> None:
+        for peer, readable, writable in ready:
             if writable:
                 self._pump_out(peer)
             if readable:
                 self._pump_in(peer)
+
+    def test(self, requests: Sequence[_Send | _Recv]) -> bool:
+        for peer in list(self._writing):
+            self._pump_out(peer)
+        if not self.turns.polling:  # else the thread that polls moves what comes
+            self._move(self._ready(0.0))
         if self._mismatch:
             raise CommError(self._mismatch)
         for request in requests:
@@ -619,8 +657,8 @@ class StreamEndpoint:
 
     def __init__(self, transport: StreamTransport, context: int, members: list[int]) -> None:
         self._transport, self.context, self._members = transport, context, members
+        self._turns = transport.turns  # each method here is a door into the engine
         self.rank, self.size = members.index(transport.rank), len(members)
-        self.waitall, self.test = transport.waitall, transport.test
         self._call = NO_CALL
 
     def begin_call(self, seq: int, signature: int) -> None:
@@ -642,13 +680,27 @@ class StreamEndpoint:
         return call
 
     def send(self, buf: np.ndarray, peer: int, tag: int) -> None:
-        self._transport.send(buf, self._members[peer], self.context, tag, self._call)
+        with self._turns:
+            self._transport.send(buf, self._members[peer], self.context, tag, self._call)
 
     def recv(self, buf: np.ndarray, peer: int, tag: int) -> None:
-        self._transport.recv(buf, self._members[peer], self.context, tag, self._call)
+        with self._turns:
+            self._transport.recv(buf, self._members[peer], self.context, tag, self._call)
 
     def isend(self, buf: np.ndarray, peer: int, tag: int) -> _Send:
-        return self._transport.isend(buf, self._members[peer], self.context, tag, self._call)
+        with self._turns:
+            return self._transport.isend(buf, self._members[peer], self.context, tag,
+                                         self._call)
 
     def irecv(self, buf: np.ndarray, peer: int, tag: int) -> _Recv:
-        return self._transport.irecv(buf, self._members[peer], self.context, tag, self._call)
+        with self._turns:
+            return self._transport.irecv(buf, self._members[peer], self.context, tag,
+                                         self._call)
+
+    def waitall(self, requests: Sequence[_Send | _Recv]) -> None:
+        with self._turns:
+            self._transport.waitall(requests)
+
+    def test(self, requests: Sequence[_Send | _Recv]) -> bool:
+        with self._turns:
+            return self._transport.test(requests)

@@ -73,6 +73,8 @@ class TcpTransport(StreamTransport):
         super().__init__(rank, size, channels, timeout)
         self._holding = [peer for peer in self._peers.values()
                          if isinstance(peer.channel, DelayedChannel)]
+        # Held bytes' due times are the engine's state: such waits keep the engine (turns)
+        self.waits_released = not self._holding
         self._by_fd: dict[int, Peer] = {}
         self._links: dict[int, str] = {}  # peer -> "this end -> that end", for messages
         self._poller = select.poll()
@@ -81,6 +83,12 @@ class TcpTransport(StreamTransport):
             self._by_fd[peer.channel.fileno()] = peer
             self._poller.register(peer.channel, _READ_EVENTS)
             self._links[peer.rank] = _link_of(peer.channel)
+        # A thread whose send stalls while another thread polls for everyone wakes it through
+        # this pair, so that its poll() watches that socket for room too
+        self._wake, self._woken = socket.socketpair()
+        for end in (self._wake, self._woken):
+            end.setblocking(False)
+        self._poller.register(self._woken, select.POLLIN)
         self._in_c = _sockets is not None and not self._holding
         # exchange's C arguments by group of peers: (streams, their fds, their stages)
         self._exchanges: dict[tuple[int, ...], tuple[list[Peer], tuple, tuple]] = {}
@@ -111,7 +119,7 @@ class TcpTransport(StreamTransport):
             return
         header = self._header(context, tag, buf.nbytes, call[0], call[1])
         copied, staged, error = _sockets.recv(peer.channel.fileno(), header, buf, peer.stage,
-                                              _SPIN, _C_SLICE)
+                                              *self._c_wait())
         if copied != buf.nbytes:
             self.waitall([self._resumed(peer, buf, context, tag, call, copied, staged, error)])
 
@@ -126,7 +134,7 @@ class TcpTransport(StreamTransport):
         streams, fds, stages = self._exchanges.get(peers) or self._exchange_args(peers)
         if fds and not self._writing and self._idle(streams, context, tag):
             header = self._header(context, tag, buf.nbytes, call[0], call[1])
-            stopped = _sockets.exchange(fds, header, buf, blocks, stages, _SPIN, _C_SLICE,
+            stopped = _sockets.exchange(fds, header, buf, blocks, stages, *self._c_wait(),
                                         reduction)
             if stopped is None:
                 return reduction is not None
@@ -137,6 +145,11 @@ class TcpTransport(StreamTransport):
             self.recv(blocks[i], rank, context, tag, call)
         self.waitall(sends)
         return False
+
+    def _c_wait(self) -> tuple[float, float]:
+        """How long a C path may spin, and wait, for its peers: none once another thread has
+        wanted the engine (C holds it while it waits; the engine's own waits release it)."""
+        return (0.0, 0.0) if self.turns.shared else (_SPIN, _C_SLICE)
 
     def _exchange_on(self, buf: np.ndarray, streams: list[Peer], blocks: np.ndarray,
                      context: int, tag: int, call: tuple[int, int], header: bytes,
@@ -229,8 +242,18 @@ class TcpTransport(StreamTransport):
                 ready = self._poller.poll(0)
             if not ready:
                 ready = self._poller.poll(1000 * timeout)
+        woken = self._woken.fileno()
+        if any(fd == woken for fd, _ in ready):
+            self._drain_wake()
         return [(self._by_fd[fd], bool(events & _READ_EVENTS), bool(events & select.POLLOUT))
-                for fd, events in ready]
+                for fd, events in ready if fd != woken]
+
+    def _drain_wake(self) -> None:
+        try:
+            while self._woken.recv(64):
+                pass
+        except BlockingIOError:
+            pass
 
     def _ready_or_due(self, timeout: float) -> list[tuple[Peer, bool, bool]]:
         """_ready where channels hold bytes back (DelayedChannel): a held message's due time
@@ -256,9 +279,19 @@ class TcpTransport(StreamTransport):
 
     def _write_interest(self, peer: Peer, want: bool) -> None:
         self._poller.modify(peer.channel, _READ_EVENTS | (select.POLLOUT if want else 0))
+        if self.turns.polling:  # another thread polls, with the old interests: wake it
+            try:
+                self._wake.send(b"\0")
+            except BlockingIOError:
+                pass  # it has enough to wake on
 
     def _forget(self, peer: Peer) -> None:
         self._poller.unregister(peer.channel)
+
+    def close(self) -> None:
+        super().close()
+        self._wake.close()
+        self._woken.close()
 
 
 def connect_mesh(rank: int, size: int, hosts: list[str], route: Callable[[int], str | None],
@@ -487,7 +520,7 @@ class TcpGroup:
               context: int) -> TcpGroup | None:
         # Every member of a new group has next_context <= context, so the pair of contexts
         # (context, context + 1) is new to every pair of ranks that share the group.
-        self._transport.next_context = context + 2
+        self._transport.new_group(context, color is not None)
         if color is None:
             return None
         return TcpGroup(self._transport, context, [self.members[m] for m in members], False)

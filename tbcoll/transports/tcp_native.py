@@ -92,8 +92,10 @@ class TcpNative:
         if blocks is None:
             blocks = self._kept_blocks(mine)
         # the others', in rank order, and where C could, the sum (or op) of all
-        if self._transport.exchange(mine, self._peers, blocks, self._context, _TAG, call,
-                                    (out, self.rank, dtype_code, op_code)):
+        with self._transport.turns:
+            reduced = self._transport.exchange(mine, self._peers, blocks, self._context, _TAG,
+                                               call, (out, self.rank, dtype_code, op_code))
+        if reduced:
             return
         if _sockets is not None:
             _sockets.reduce(blocks, mine, self.rank, out, dtype_code, op_code)
