@@ -20,6 +20,9 @@ reports its exit. Before a Python rank aborts, a rank on tbrun's host writes its
 tbrun's job directory (TBCOLL_MPI_REPORTS): Hydra's teardown can cut the rank's last lines and
 Hydra's own exit codes, and tbrun must still name the rank. It also removes the topology file
 that its host's Hydra proxy would leave in /tmp after the abort (tbcoll.launch.hydratopo).
+A rank that ends with os._exit(0) while MPI runs makes Hydra kill the others and call the job
+a success: it writes left-RANK first, and every rank whose program ends writes ended-RANK, so
+that tbrun can fail the job and name the rank (note_early_exits).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import os
 import stat
 import sys
 from collections.abc import Mapping
+from typing import NoReturn
 
 from tbcoll.launch.hydratopo import remove_proxy_topology
 
@@ -128,6 +132,7 @@ def main() -> None:
             report_failure(rank, 127)
             sys.exit(127)
     sys.argv[1:] = program
+    note_early_exits(rank)
     from mpi4py.run import main as run_with_mpi4py
 
     try:
@@ -135,6 +140,8 @@ def main() -> None:
     except SystemExit as exc:
         if exc.code not in (None, 0):
             before_abort(rank, exc.code if isinstance(exc.code, int) else 1)
+        else:
+            report(rank, "ended", "0")
         raise
     except KeyboardInterrupt:
         before_abort(rank, 130)
@@ -142,6 +149,27 @@ def main() -> None:
     except BaseException:
         before_abort(rank, 1)
         raise
+    report(rank, "ended", "0")
+
+
+def note_early_exits(rank: str | None) -> None:
+    """Have os._exit, in this process, first tell tbrun when it ends the rank while MPI is
+    initialized and not finalized: with status 0, Hydra would kill the other ranks and call
+    the job a success, and nothing else of this process runs to say which rank left
+    (left-RANK; tbrun names it); with another status, as before_abort."""
+    exit_now, me = os._exit, os.getpid()
+
+    def noted_exit(status: int) -> NoReturn:
+        mpi = sys.modules.get("mpi4py.MPI")
+        if (os.getpid() == me and mpi is not None and mpi.Is_initialized()
+                and not mpi.Is_finalized()):
+            if status == 0:
+                report(rank, "left", "0")
+            else:
+                before_abort(rank, status)
+        exit_now(status)
+
+    os._exit = noted_exit
 
 
 def before_abort(rank: str | None, status: int) -> None:
@@ -154,7 +182,12 @@ def before_abort(rank: str | None, status: int) -> None:
 
 
 def report_failure(rank: str | None, status: int) -> None:
-    """Write `status` to tbrun's job directory as failed-RANK, if this host has that directory
+    """Write `status` to tbrun's job directory as failed-RANK."""
+    report(rank, "failed", f"{status & 0xFF}")
+
+
+def report(rank: str | None, outcome: str, text: str) -> None:
+    """Write text to tbrun's job directory as OUTCOME-RANK, if this host has that directory
     and it is this user's alone (on another host the same path could be anybody's)."""
     directory = os.environ.get(REPORTS)
     if not directory or rank is None:
@@ -164,10 +197,10 @@ def report_failure(rank: str | None, status: int) -> None:
         if (not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid()
                 or info.st_mode & 0o077):
             return
-        fd = os.open(os.path.join(directory, f"failed-{rank}"),
+        fd = os.open(os.path.join(directory, f"{outcome}-{rank}"),
                      os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "w") as f:
-            f.write(f"{status & 0xFF}\n")
+            f.write(f"{text}\n")
     except OSError:
         pass  # tbrun falls back on MPICH's words
 

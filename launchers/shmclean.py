@@ -47,6 +47,8 @@ def remove_unmapped(created: set[str], log: Callable[[str], None]) -> None:
         for path in created - mapped:
             try:
                 os.unlink(path)
+            except FileNotFoundError:
+                pass  # tbrun's janitor, which also watches the job, was first
             except OSError as e:
                 log(f"could not remove MPICH's shared-memory file {path}: {e}")
         created = mapped

@@ -478,7 +478,8 @@ class Communicator:
         return output(None, template, template.shape, template.dtype), restore
 
     def _check_peer(self, peer: int, what: str, tag: int) -> None:
-        if not isinstance(tag, (int, np.integer)) or not 0 <= tag <= MAX_TAG:
+        if isinstance(tag, bool) or not isinstance(tag, (int, np.integer)) or not (
+                0 <= tag <= MAX_TAG):
             raise ValueError(f"tag={tag!r} must be an int in 0..{MAX_TAG}")
         check_rank(peer, self.size, what)
         if self._closed:

@@ -57,6 +57,13 @@ def test_tags_are_bounded(comm):
         comm.send(np.ones(1), 0, tag=40000)
 
 
+@pytest.mark.parametrize("tag", [True, False, np.bool_(True)])
+def test_a_bool_is_no_tag(comm, tag):
+    for call in (comm.send, comm.isend, comm.recv, comm.irecv):
+        with pytest.raises(ValueError, match=f"tag={tag!r} must be an int in 0..32767"):
+            call(np.ones(1), 0, tag=tag)
+
+
 def test_closed_communicator_refuses_work(comm):
     comm.close()
     with pytest.raises(TbcollError, match="all_reduce on a closed communicator"):

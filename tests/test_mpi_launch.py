@@ -230,3 +230,36 @@ def test_the_rank_wrapper_places_ranks_by_the_topology():
         rank_environment({"PMI_RANK": "3", "PMI_SIZE": "2", LAUNCH: job.encode()})
     assert rank_environment({"PMI_RANK": "1", "PMI_SIZE": "4"}) == {  # a plain mpiexec
         "RANK": "1", "WORLD_SIZE": "4"}
+
+
+EARLY_EXIT = """
+import os
+import numpy as np
+import tbcoll
+
+comm = tbcoll.init()
+comm.all_reduce(np.ones(4))
+if comm.rank == 1:
+    os._exit(0)  # no MPI_Finalize, while the others are in the next all_reduce
+comm.all_reduce(np.ones(4))
+"""
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+def test_a_rank_that_leaves_early_with_os_exit_fails_the_job_and_is_named(script, np_):
+    before = mpich_segments()
+    p = tbrun("--backend", "mpi", "-np", np_, script(EARLY_EXIT), timeout=60)
+    assert p.returncode == 1, p.stdout + p.stderr
+    killed = "rank 0" if np_ == 2 else "ranks 0, 2"
+    assert (f"rank 1 exited with status 0 (os._exit) without MPI_Finalize while the others "
+            f"ran on; mpiexec then killed {killed}") in p.stderr
+    assert mpich_segments() <= before
+
+
+def test_a_rank_that_left_is_blamed_only_where_others_were_killed(tmp_path):
+    from tbcoll.launch.starters.mpiexec import killed, left_early
+
+    (tmp_path / "left-1").write_text("0\n")
+    (tmp_path / "ended-0").write_text("0\n")
+    assert left_early(tmp_path, [0, 1]) == []  # every rank ended by itself
+    assert left_early(tmp_path, [0, 1, 2]) == [1] and killed(tmp_path, [0, 1, 2]) == [2]

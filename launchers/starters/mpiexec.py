@@ -27,7 +27,7 @@ import signal
 from pathlib import Path
 
 from tbcoll.launch.config import LaunchConfig, master_overrides, thread_limits
-from tbcoll.launch.diagnose import describe_exit
+from tbcoll.launch.diagnose import describe_exit, ranks_phrase
 from tbcoll.launch.hosts import LOOPBACK, JobPlan, free_port, plan_job, ssh_options
 from tbcoll.launch.mpirank import LAUNCH, REPORTS, MpiJob
 from tbcoll.launch.output import STREAMS, OutputRouter, log
@@ -131,7 +131,10 @@ def run_mpi(cfg: LaunchConfig) -> int:
                                 postmortem=scope.postmortem)
         before = mpich_segments()
         status = supervisor.run(after_spawn=scope.store.start)
-        if status and supervisor.launcher_failed:
+        local = [rank for host in plan.hosts if host.local for rank in host.ranks]
+        if (left := left_early(folder, local)) and not reported(folder):
+            status = blame_early_exit(left, killed(folder, local))
+        elif status and supervisor.launcher_failed:
             status = explain_failure(status, cfg.nprocs, placement_of(cfg), output,
                                      reported(folder))
         if status:
@@ -178,6 +181,39 @@ def reported(job_dir: Path) -> list[tuple[int, int]]:
         except ValueError:
             pass  # killed while writing it
     return reports
+
+
+def _notes(job_dir: Path, outcome: str) -> list[Path]:
+    """The ranks' notes of one outcome (tbcoll.launch.mpirank's report), oldest first."""
+    return sorted(job_dir.glob(f"{outcome}-*"), key=lambda path: path.stat().st_mtime_ns)
+
+
+def _rank_of(path: Path) -> int:
+    return int(path.name.rpartition("-")[2])
+
+
+def killed(job_dir: Path, local: list[int]) -> list[int]:
+    """The ranks on this host that wrote no note: mpiexec ended them (or they hang on)."""
+    noted = {_rank_of(path) for outcome in ("ended", "left", "failed")
+             for path in _notes(job_dir, outcome)}
+    return [rank for rank in local if rank not in noted]
+
+
+def left_early(job_dir: Path, local: list[int]) -> list[int]:
+    """The ranks whose program left with os._exit(0) without MPI_Finalize (mpirank's
+    note_early_exits), first first, if that ended others: Hydra then kills the rest and
+    calls the job a success. Empty where every rank ended by itself (a program may call
+    MPI_Finalize, then os._exit)."""
+    left = [_rank_of(path) for path in _notes(job_dir, "left")]
+    return left if left and killed(job_dir, local) else []
+
+
+def blame_early_exit(left: list[int], ended: list[int]) -> int:
+    """Say which rank ended the job by leaving early; the job's status, 1, is what its peers
+    get on the other backends (a CommError)."""
+    log(f"rank {left[0]} exited with status 0 (os._exit) without MPI_Finalize while the others "
+        f"ran on; mpiexec then killed {ranks_phrase(ended)}")
+    return 1
 
 
 def explain_failure(status: int, nprocs: int, placement: list[int], output: OutputRouter,

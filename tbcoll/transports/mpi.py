@@ -75,6 +75,11 @@ class CallCheck:
         self._request: MPI.Request | None = None
 
     def start(self, word: int) -> None:
+        if self._request is not None:
+            # this rank's previous call failed after its check began: that check still runs,
+            # and must not write its maxima over this call's (new buffers; the request keeps
+            # the old ones alive)
+            self._mine, self._most = np.zeros(2, np.uint64), np.zeros(2, np.uint64)
         self._mine[0], self._mine[1] = word, word ^ _ALL_ONES
         self._request = self._comm.Iallreduce(self._mine, self._most, MPI.MAX)
 
@@ -200,6 +205,14 @@ def _poll(requests: Sequence[MPI.Request], timeout: float, what: str,
 _NUMPY_OPS = ("max", "min")  # of floats, numpy's (see MpiNative._op)
 
 
+def _typed(array: np.ndarray) -> list:
+    """[buffer, MPI datatype] of an array of a dtype tbcoll takes (bfloat16, which has no
+    buffer format, travels as its 2-byte carrier)."""
+    if array.dtype == _BFLOAT16:
+        return [array.view(np.uint16), MPI.UINT16_T]
+    return [array, _DATATYPES[array.dtype]]
+
+
 def _numpy_op(ufunc: np.ufunc, dtype: np.dtype) -> MPI.Op:
     """ufunc as an MPI operation on arrays of dtype (bfloat16 travels as uint16)."""
     def apply(inbuf: object, inoutbuf: object, datatype: MPI.Datatype) -> None:
@@ -222,6 +235,7 @@ class MpiNative:
         self._numpy_ops: dict[tuple[str, np.dtype], MPI.Op] = {}
         self._plans: dict[tuple[np.dtype, str, int], tuple[int, int, int, int]] = {}
         self._scratch = (0, _NO_BYTES, _NO_BYTES)  # _gathered_all_reduce's (block, send, all)
+        self._stand_ins: list[tuple[np.ndarray, np.ndarray]] = []  # (array, aligned copy): _into
 
     def direct_all_reduce(self, x: np.ndarray, op: str, root: int,
                           out: np.ndarray | None) -> np.ndarray | None:
@@ -230,8 +244,10 @@ class MpiNative:
         plan = self._plans.get((x.dtype, op, x.nbytes))
         if plan is None:
             plan = self._plans[x.dtype, op, x.nbytes] = self._plan(x.dtype, op, x.nbytes)
-        if plan is _INELIGIBLE or not x.flags.c_contiguous:
-            return None
+        flags = x.flags
+        if plan is _INELIGIBLE or not (flags.c_contiguous and flags.aligned) or (
+                out is not None and not out.flags.aligned):
+            return None  # the general path gives MPI aligned copies (MpiNative._into)
         word, block, dtype, code = plan
         if block:
             return self._gathered_all_reduce(x, out, word, block, dtype, code)
@@ -301,66 +317,90 @@ class MpiNative:
 
     def all_reduce(self, send: np.ndarray | None, recv: np.ndarray, op: str) -> None:
         """send None: in place on recv."""
-        self._finish(self._comm.Iallreduce(self._spec(send), self._spec(recv),
-                                           self._op(op, recv.dtype)), "MPI_Allreduce")
+        self._finish(lambda: self._comm.Iallreduce(
+            self._spec(send), self._into(recv), self._op(op, recv.dtype)), "MPI_Allreduce")
 
     def all_gather(self, send: np.ndarray, recv: np.ndarray) -> None:
-        self._finish(self._comm.Iallgather(self._spec(send), self._spec(recv)), "MPI_Allgather")
+        self._finish(lambda: self._comm.Iallgather(self._spec(send), self._into(recv)),
+                     "MPI_Allgather")
 
     def reduce_scatter(self, send: np.ndarray, recv: np.ndarray, op: str) -> None:
-        self._finish(self._comm.Ireduce_scatter_block(
-            self._spec(send), self._spec(recv), self._op(op, recv.dtype)),
+        self._finish(lambda: self._comm.Ireduce_scatter_block(
+            self._spec(send), self._into(recv), self._op(op, recv.dtype)),
             "MPI_Reduce_scatter_block")
 
     def broadcast(self, buf: np.ndarray, root: int) -> None:
-        self._finish(self._comm.Ibcast(self._spec(buf), root), "MPI_Bcast")
+        self._finish(lambda: self._comm.Ibcast(self._into(buf), root), "MPI_Bcast")
 
     def barrier(self) -> None:
-        self._finish(self._comm.Ibarrier(), "MPI_Barrier")
+        self._finish(self._comm.Ibarrier, "MPI_Barrier")
 
     def all_to_all(self, send: np.ndarray, recv: np.ndarray, send_counts: np.ndarray,
                    recv_counts: np.ndarray) -> None:
         """Counts in elements per rank; MPI_Alltoall where they are all equal."""
         if (send_counts == send_counts[0]).all() and (recv_counts == send_counts[0]).all():
-            self._finish(self._comm.Ialltoall(self._spec(send), self._spec(recv)),
+            self._finish(lambda: self._comm.Ialltoall(self._spec(send), self._into(recv)),
                          "MPI_Alltoall")
             return
-        self._finish(self._comm.Ialltoallv(self._counted(send, send_counts),
-                                           self._counted(recv, recv_counts)), "MPI_Alltoallv")
+        self._finish(lambda: self._comm.Ialltoallv(
+            self._counted(self._spec(send), send_counts),
+            self._counted(self._into(recv), recv_counts)), "MPI_Alltoallv")
 
     def gather(self, send: np.ndarray, recv: np.ndarray | None, root: int) -> None:
-        self._finish(self._comm.Igather(self._spec(send), self._spec(recv) if recv is not None
-                                        else None, root), "MPI_Gather")
+        self._finish(lambda: self._comm.Igather(
+            self._spec(send), self._into(recv) if recv is not None else None, root),
+            "MPI_Gather")
 
     def scatter(self, send: np.ndarray | None, recv: np.ndarray, root: int) -> None:
-        self._finish(self._comm.Iscatter(self._spec(send) if send is not None else None,
-                                         self._spec(recv), root), "MPI_Scatter")
+        self._finish(lambda: self._comm.Iscatter(
+            self._spec(send) if send is not None else None, self._into(recv), root),
+            "MPI_Scatter")
 
     def reduce(self, send: np.ndarray, recv: np.ndarray | None, op: str, root: int) -> None:
-        self._finish(self._comm.Ireduce(self._spec(send), self._spec(recv) if recv is not None
-                                        else None, self._op(op, send.dtype), root),
-                     "MPI_Reduce")
+        self._finish(lambda: self._comm.Ireduce(
+            self._spec(send), self._into(recv) if recv is not None else None,
+            self._op(op, send.dtype), root), "MPI_Reduce")
 
-    def _finish(self, request: MPI.Request, what: str) -> None:
-        _wait((request,), self._timeout, what, check=self._check)
+    def _finish(self, start: Callable[[], MPI.Request], what: str) -> None:
+        """Start the call and wait for it; then copy what MPI wrote into aligned stand-ins
+        (_into) to the caller's arrays."""
+        try:
+            _wait((start(),), self._timeout, what, check=self._check)
+            for target, stand_in in self._stand_ins:
+                np.copyto(target, stand_in)
+        finally:
+            self._stand_ins.clear()
 
     def close(self) -> None:
         for op in self._numpy_ops.values():
             op.Free()
         self._numpy_ops.clear()
 
-    def _counted(self, array: np.ndarray, counts: np.ndarray) -> list:
+    @staticmethod
+    def _counted(spec: list, counts: np.ndarray) -> list:
         """[buffer, counts, displacements, datatype] for the v-collectives."""
         displacements = np.concatenate(([0], np.cumsum(counts)[:-1]))
-        buffer = array.view(np.uint16) if array.dtype == _BFLOAT16 else array
-        return [buffer, (counts.tolist(), displacements.tolist()), _DATATYPES[array.dtype]]
+        return [spec[0], (counts.tolist(), displacements.tolist()), spec[1]]
 
     def _spec(self, array: np.ndarray | None) -> object:
+        """[buffer, MPI datatype] of an array MPI reads; an aligned copy where it is not
+        aligned (see _into)."""
         if array is None:
             return MPI.IN_PLACE
-        if array.dtype.char == "E":  # bfloat16: no buffer format; a 2-byte carrier type
-            return [array.view(np.uint16), MPI.UINT16_T]
-        return array  # mpi4py reads the MPI datatype from the buffer's format
+        if not array.flags.aligned:
+            array = array.copy()
+        return _typed(array)
+
+    def _into(self, array: np.ndarray) -> list:
+        """[buffer, MPI datatype] of an array MPI writes (and may read: in place, broadcast's
+        root). MPI's reductions read and write a buffer as its C type, which must be aligned,
+        and mpi4py cannot name the type of an unaligned numpy array (its format is '=d', not
+        'd'): such an array is replaced by an aligned copy for the call, copied back after."""
+        if not array.flags.aligned:
+            stand_in = array.copy()
+            self._stand_ins.append((array, stand_in))
+            array = stand_in
+        return _typed(array)
 
     def _op(self, op: str, dtype: np.dtype) -> MPI.Op:
         """MPI's op, or numpy's where MPI has none (bfloat16) or differs (max and min of
