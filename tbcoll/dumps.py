@@ -46,6 +46,7 @@ from tbcoll.recorder import (
     rooted,
     take_traced,
     trace_full,
+    trace_rows,
 )
 from tbcoll.rendezvous import Store, tell_tbrun
 
@@ -297,12 +298,11 @@ class _TraceSender:
             if self._done:
                 return False
             self._done = last
-            events = [{**describe(entry), "ranks": list(members), "site": site}
-                      for members, calls in take_traced() for entry, site in calls]
-            for start in range(0, len(events), self._chunk):
-                self._put(events[start:start + self._chunk], False)
+            comms, rows = trace_rows(take_traced())
+            for start in range(0, len(rows), self._chunk):
+                self._put(comms, rows[start:start + self._chunk], False)
             if last:
-                self._put([], True)
+                self._put([], [], True)
             return not last
         except (OSError, TbcollError):
             self._done = True
@@ -310,10 +310,10 @@ class _TraceSender:
         finally:
             self._lock.release()
 
-    def _put(self, events: list[dict[str, Any]], last: bool) -> None:
+    def _put(self, comms: list[list[int]], rows: list[tuple], last: bool) -> None:
         self._sent += 1
         text = json.dumps({"rank": self._rank, "host": self._host, "clock": self._clock,
-                           "events": events, "last": last}, default=str)
+                           "comms": comms, "calls": rows, "last": last}, default=str)
         self._store.set(TRACE_KEY.format(self._rank, self._sent), text)
 
 

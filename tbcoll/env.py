@@ -29,7 +29,7 @@ Read by the library as well, set by the user:
     TBCOLL_RECORD      calls each communicator's flight recorder keeps (default 512; 0: off;
                        at most 100000)
     TBCOLL_TRACE       1 (set by tbrun --trace): keep every call for the job's timeline
-    TBCOLL_TRACE_CHUNK under --trace, calls a rank sends tbrun at a time (default 4096)
+    TBCOLL_TRACE_CHUNK under --trace, calls a rank sends tbrun at a time (default 1024)
     TBCOLL_RDMA_DEVICES  --backend rdma: one RDMA device for every pair ("rxe0"), or MLX's
                        matrix as JSON ([i][j]: the device host i reaches host j by), which
                        tbrun sets from the hostfile's "rdma" entries
@@ -68,7 +68,7 @@ DEFAULT_RECORD = 512
 # ~200 bytes a call kept, in memory and in a dump's JSON: 20 MB a communicator at most, and a
 # dump of a few communicators within the store's 64 MB field
 MAX_RECORD = 100_000
-DEFAULT_TRACE_CHUNK = 4096  # ~1 MB of JSON
+DEFAULT_TRACE_CHUNK = 1024  # ~100 KB of JSON, ~4 ms of a rank's time to encode
 MAX_TRACE_CHUNK = 100_000
 _MPI_RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
 

@@ -78,6 +78,33 @@ def take_traced() -> list[tuple[tuple[int, ...], list[tuple[Entry, str]]]]:
     return taken
 
 
+# a traced call as tbcoll.dumps sends it and tbcoll.trace reads it: a row of these, with the
+# index of its communicator in its chunk's list of them
+TRACE_ROW = ("seq", "collective", "dtype", "bytes", "op", "root", "algorithm", "start", "end",
+             "site")
+_dtype_names: dict[Any, str] = {}
+
+
+def trace_rows(taken: list[tuple[tuple[int, ...], list[tuple[Entry, str]]]]
+               ) -> tuple[list[list[int]], list[tuple]]:
+    """What take_traced() took as (communicators, rows): plain values, cheap to encode (a
+    dict a call took twice the time, in the rank, while it runs). The one-call path's entries
+    are left out: they time nothing (no call takes that path under --trace)."""
+    comms = [list(members) for members, _ in taken]
+    rows = []
+    for index, (_, calls) in enumerate(taken):
+        for entry, site in calls:
+            if len(entry) != 9:
+                continue
+            seq, kind, dtype, nbytes, op, root, algorithm, start, end = entry
+            name = _dtype_names.get(dtype)
+            if name is None:
+                name = _dtype_names[dtype] = None if dtype is None else str(dtype)
+            rows.append((index, seq, kind.name, name, nbytes, op, rooted(root), algorithm,
+                         start, end, site))
+    return comms, rows
+
+
 def call_site(frame: FrameType | None) -> str:
     """file:line of the first frame outside tbcoll, from frame outwards ("" if none)."""
     while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):

@@ -7,9 +7,12 @@ The file is Chrome's trace format (JSON `traceEvents`), which Perfetto (ui.perfe
 chrome://tracing open: a track per rank (a row per communicator), an event per collective with
 its bytes, algorithm and the user's line. Each rank times its calls with its own clock; the
 clocks are aligned on the calls themselves: a collective's ranks leave it within a message's
-latency of each other, so a rank's offset to rank 0 is the median, over their common calls on
-the world communicator, of the difference between their end times (no clock protocol, and
-hosts whose clocks disagree by seconds line up to within that latency).
+latency of each other, so a rank's offset to rank 0 is the median, over their first 4096
+common calls on the world communicator, of the difference between their end times (no clock
+protocol, and hosts whose clocks disagree by seconds line up to within that latency).
+
+tbrun writes the file from the chunks each rank sent as it ran (tbcoll.dumps), a chunk in
+memory at a time (write_trace); the summary reads the whole file.
 
 The summary answers the question a tensor-parallel user asks first: per collective, the time
 spent in it, and how much of that was waiting for the slowest rank to arrive (load
@@ -24,10 +27,11 @@ import math
 import statistics
 import sys
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from tbcoll.recorder import TRACE_ROW
 from tbcoll.records import record
 
 # how many of a rank's first calls on the world communicator its clock offset is measured on
@@ -60,7 +64,7 @@ class _Survey:
 
 def write_trace(ranks: Mapping[int, Chunks], out: TextIO) -> Written:
     """Write one Chrome trace to out from each rank's chunks (what tbcoll.dumps sent: host,
-    clock, events, and last on the final one), holding one chunk in memory at a time: a
+    clock, comms, calls, and last on the final one), holding one chunk in memory at a time: a
     first pass over every rank's chunks finds the clock offsets, the origin and the
     communicators, a second writes the events. ranks: rank -> a function that yields its
     chunks, in order, each time it is called."""
@@ -88,7 +92,7 @@ def write_trace(ranks: Mapping[int, Chunks], out: TextIO) -> Written:
                        "tid": row[tuple(e["ranks"])], "ts": round((e["start"] + shift) * 1e6, 3),
                        "dur": round((e["end"] - e["start"]) * 1e6, 3),
                        "args": {k: e.get(k) for k in _ARGS}}
-                      for e in chunk["events"] if e.get("start") is not None]
+                      for e in _calls(chunk)]
             if events:
                 out.write(separator + json.dumps(events)[1:-1])
                 calls += len(events)
@@ -97,19 +101,26 @@ def write_trace(ranks: Mapping[int, Chunks], out: TextIO) -> Written:
     return Written(calls, {rank: s.ended for rank, s in surveys.items()})
 
 
+def _calls(chunk: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
+    """A chunk's calls (rows of TRACE_ROW after their communicator's index), as dicts."""
+    comms = chunk["comms"]
+    for index, *row in chunk["calls"]:
+        yield {**dict(zip(TRACE_ROW, row, strict=True)), "ranks": comms[index]}
+
+
 def _survey(chunks: Chunks) -> _Survey:
+    """The first pass over a rank's chunks (on the rows themselves: no dict per call)."""
     survey = None
     for chunk in chunks():
         if survey is None:
             survey = _Survey(chunk.get("host", "?"), chunk["clock"])
-        for e in chunk["events"]:
-            if e.get("start") is None:
-                continue  # the one-call path times nothing (not taken under --trace)
-            members = tuple(e["ranks"])
-            survey.comms.add(members)
-            survey.first = min(survey.first, e["start"] + survey.shift)
-            if len(survey.ends) < _OFFSET_SAMPLE and members == tuple(range(len(members))):
-                survey.ends.setdefault((len(members), e["seq"]), e["end"] + survey.shift)
+        comms = [tuple(members) for members in chunk["comms"]]
+        survey.comms.update(comms)
+        ordered = [members == tuple(range(len(members))) for members in comms]
+        for index, seq, *_, start, end, _site in chunk["calls"]:
+            survey.first = min(survey.first, start + survey.shift)
+            if ordered[index] and len(survey.ends) < _OFFSET_SAMPLE:
+                survey.ends.setdefault((len(comms[index]), seq), end + survey.shift)
         survey.ended = bool(chunk.get("last"))
     return survey or _Survey("?", {"wall": 0.0, "perf": 0.0})
 
