@@ -12,12 +12,15 @@ mixed within a line. With tags off the bytes pass through at once, under the sam
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import select
 import sys
 import time
 from collections.abc import Callable
+
+from tbcoll.launch.folders import open_own_file, safe_folder
 
 from tbcoll.errors import LaunchError
 
@@ -96,18 +99,18 @@ class OutputRouter:
         _active = self
 
     def _open_files(self, folder: str, nranks: int) -> None:
-        path = folder
+        """DIR/rank-N.out and .err, truncated; never through a link (tbcoll.launch.folders)."""
+        path = safe_folder(folder, "--output-dir")
         try:
-            os.makedirs(folder, exist_ok=True)
             for rank in range(nranks):
                 for stream in STREAMS:
                     path = os.path.join(folder, f"rank-{rank}.{stream}")
-                    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
-                    self._files[rank, stream] = os.open(path, flags, 0o644)
+                    self._files[rank, stream] = open_own_file(path)
         except OSError as e:
             for fd in self._files.values():
                 os.close(fd)
-            raise LaunchError(f"--output-dir {folder}: cannot write {path} ({e.strerror}); "
+            why = "a symbolic link" if e.errno == errno.ELOOP else e.strerror
+            raise LaunchError(f"--output-dir {folder}: cannot write {path} ({why}); "
                               "give a folder you can write to") from None
 
     def write(self, rank: int, stream: str, data: bytes) -> None:

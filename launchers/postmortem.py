@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from tbcoll.launch.diagnose import ranks_phrase
+from tbcoll.launch.folders import PRIVATE_FOLDER, new_folder, write_new
 
 from tbcoll.dump_keys import ANSWER_KEY, DUMP_KEY, LISTENING_KEY, REQUEST_KEY
 from tbcoll.rendezvous import StoreServer
@@ -30,8 +31,9 @@ _NUDGED = 0.3
 class Postmortem:
     def __init__(self, store: StoreServer, size: int, log: Callable[[str], None],
                  folder: str | None = None) -> None:
-        """folder: where the dumps go (--dump-dir); by default a new private folder in the
-        temporary directory, one per request."""
+        """folder: the job's own folder under --dump-dir (tbcoll.launch.scope made it), where
+        request n writes dump-n; by default a new private folder in the temporary directory,
+        one per request."""
         self._store = store
         self.size = size
         self._log = log
@@ -68,30 +70,37 @@ class Postmortem:
                     self._log(f"rank {rank} sent a dump that is not JSON; left out")
         if not dumps:
             return None
-        folder = self._write(n, reason, dumps)
         from tbcoll.launch.whereabouts import where  # here: typing, for a job that fails
 
         lines = where(dumps, silent)
+        try:
+            folder = self._write(n, reason, dumps)
+        except OSError as e:  # said in one line; the screen and the job's status stay
+            folder = None
+            self._log(f"cannot write the dumps ({e.filename or self._folder}: {e.strerror})")
+        where_they_are = f"dumps in {folder}" if folder else "dumps not written"
         if lines:
-            self._log(f"where each rank was ({reason}; dumps in {folder}):")
+            self._log(f"where each rank was ({reason}; {where_they_are}):")
             for line in lines:
                 self._log(line)
         else:
-            self._log(f"no rank was in a call ({reason}); their dumps are in {folder}")
+            self._log(f"no rank was in a call ({reason}; {where_they_are})")
         return folder
 
     def _write(self, n: int, reason: str, dumps: dict[int, dict]) -> str:
+        """A new folder (in the job's own, under --dump-dir; else in the temporary
+        directory) and the dumps in it, each file new (tbcoll.launch.folders)."""
         if self._folder is not None:
-            os.makedirs(self._folder, mode=0o700, exist_ok=True)
             folder = os.path.join(self._folder, f"dump-{n}")
-            os.makedirs(folder, mode=0o700, exist_ok=True)
+            os.mkdir(folder, PRIVATE_FOLDER)
         else:
             import tempfile  # here: a job that does not fail starts without it (~4 ms)
 
-            folder = tempfile.mkdtemp(prefix=f"tbrun-dump-{os.getpid()}-{n}-")
+            folder = new_folder(tempfile.gettempdir(), f"tbrun-dump-{os.getpid()}-{n}-")
         for rank, dump in dumps.items():
-            _write_text(os.path.join(folder, f"rank-{rank}.json"), json.dumps(dump, indent=1))
-        _write_text(os.path.join(folder, "stacks.txt"), _stacks_text(reason, dumps))
+            write_new(os.path.join(folder, f"rank-{rank}.json"),
+                      json.dumps(dump, indent=1).encode())
+        write_new(os.path.join(folder, "stacks.txt"), _stacks_text(reason, dumps).encode())
         return folder
 
 
@@ -113,8 +122,3 @@ def _stacks_text(reason: str, dumps: dict[int, dict]) -> str:
             out += [f"    {frame}" for frame in stack["frames"]]
         out.append("")
     return "\n".join(out)
-
-
-def _write_text(path: str, text: str) -> None:
-    with open(path, "w") as f:
-        f.write(text)

@@ -4,9 +4,11 @@ rendezvous store and the janitor that cleans up should tbrun be killed."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from tbcoll.launch.folders import check_trace_path, new_folder, safe_folder
 from tbcoll.launch.hosts import JobPlan
 from tbcoll.launch.janitor import Janitor, janitor_for
 from tbcoll.launch.output import log
@@ -17,6 +19,7 @@ from tbcoll.launch.store import StoreServer, serve_store
 
 from tbcoll.auth import new_token
 from tbcoll.env import segment_prefix
+from tbcoll.errors import LaunchError
 
 UNMADE = "<made at launch>"  # the token a dry run shows
 
@@ -59,25 +62,59 @@ def job_scope(plan: JobPlan, store_port: int, clients: int, *, dry_run: bool = F
     """A job's scope: on leaving it, the timeline is written (trace: the file), the store is
     closed, the folder removed, and the job's shared-memory segments unlinked (tbcoll's, by
     the token's prefix; with mpich, MPICH's are watched by the janitor instead, and the
-    caller removes them). A dry run serves no store. clients: the number of ranks."""
+    caller removes them). A dry run serves no store. clients: the number of ranks.
+
+    Before anything starts, --trace's file is checked and --dump-dir's folder, in which the
+    job makes a new folder of its own (tbcoll.launch.folders): LaunchError if they cannot be
+    written."""
+    dumps = None if dry_run else _dumps_folder(dump_dir, trace)
     job = new_job_id()
     segments = None if mpich or dry_run else segment_prefix(job)
     with janitor_for(segments=segments, mpich=mpich and not dry_run, job=job) as janitor:
         scope = JobScope(UNMADE if dry_run else new_token(), job, janitor)
+        spool = None
         try:
             if not dry_run:
                 scope.store = serve_store(scope.token, plan, store_port, clients)
-                scope.postmortem = Postmortem(scope.store, clients, log, dump_dir)
-            yield scope
-        finally:
-            if scope.store is not None:
+                scope.postmortem = Postmortem(scope.store, clients, log, dumps)
                 if trace is not None:
                     # imported here: a job without --trace starts without the timeline's
                     # modules (statistics among them: ~2 ms of tbrun's start-up)
-                    from tbcoll.launch.timeline import save_trace
+                    from tbcoll.launch.timeline import TraceSpool
 
-                    save_trace(scope.store, clients, trace, log)
+                    spool = TraceSpool(scope.store, scope.folder, log)
+            yield scope
+        finally:
+            if scope.store is not None:
                 scope.store.close()
+            if spool is not None:
+                from tbcoll.launch.timeline import save_trace
+
+                save_trace(spool, clients, trace, log)
             scope.remove_folder()
+            if dumps is not None:
+                _remove_if_empty(dumps)
             if segments is not None:
                 remove_job_segments(segments, log)
+
+
+def _dumps_folder(dump_dir: str | None, trace: str | None) -> str | None:
+    """Check --trace, and make the job's own folder under --dump-dir (None without it)."""
+    if trace is not None:
+        check_trace_path(trace)
+    if dump_dir is None:
+        return None
+    safe_folder(dump_dir, "--dump-dir")
+    try:
+        return new_folder(dump_dir, f"tbrun-{os.getpid()}-")
+    except OSError as e:
+        raise LaunchError(f"--dump-dir {dump_dir}: cannot make a folder in it "
+                          f"({e.strerror}); give a folder you can write to") from None
+
+
+def _remove_if_empty(folder: str) -> None:
+    """The job's folder under --dump-dir, where no dump was written."""
+    try:
+        os.rmdir(folder)
+    except OSError:
+        pass

@@ -47,10 +47,10 @@ from tbcoll.collectives import (
 )
 from tbcoll.dtypes import OPS
 from tbcoll.dumps import on_failure
-from tbcoll.env import algorithm_overrides, check_mode, record_size, tracing
+from tbcoll.env import algorithm_overrides, check_mode, record_size, trace_chunk, tracing
 from tbcoll.errors import CommError, PeerError, TbcollError
 from tbcoll.ownership import Guard, track
-from tbcoll.recorder import call_site, new_ring, new_trace
+from tbcoll.recorder import call_site, new_ring, new_trace, trace_full
 from tbcoll.rendezvous import report_peer_failure
 from tbcoll.requests import P2PRequest, Progress, Request
 from tbcoll.transports.base import Group
@@ -87,6 +87,7 @@ class Communicator:
         self._ring_size = record_size()
         self._ring = new_ring(self._ring_size)
         self._trace = new_trace(tracing(), self._world_ranks)  # every call, under --trace
+        self._trace_chunk = trace_chunk() if self._trace is not None else 0
         self._closed = False
         self._progress: Progress | None = None  # made by the first non-blocking call
         # A transport may offer one-call paths (Native.direct_*), taken for algorithm
@@ -361,6 +362,8 @@ class Communicator:
             self._ring[seq % self._ring_size] = entry
         if self._trace is not None:
             self._trace.append((entry, call_site(sys._getframe(1))))
+            if len(self._trace) >= self._trace_chunk:
+                trace_full.set()  # tbcoll.dumps sends them
 
     def _submit(self, call: Call) -> Request:
         """A non-blocking call: checked and described already; queued in its turn."""

@@ -8,5 +8,8 @@ DUMP_KEY = "tbrun/dump/{}"  # rank -> its latest dump (JSON)
 LISTENING_KEY = "tbrun/dump-listening/{}"  # rank -> set once the rank answers requests
 REQUEST_KEY = "tbrun/dump-request/{}"  # n -> why tbrun asks, for n = 1, 2, ...
 ANSWER_KEY = "tbrun/dump-answer/{}/{}"  # (n, rank) -> set once the rank answered request n
-TRACE_KEY = "tbrun/trace/{}"  # rank -> every call it made (JSON), under tbrun --trace
+# (rank, n) -> the rank's n-th chunk of calls (JSON), under tbrun --trace; tbrun's store hands
+# every key under TRACE_PREFIX to its spool (tbcoll.launch.timeline) rather than keep it
+TRACE_PREFIX = "tbrun/trace/"
+TRACE_KEY = TRACE_PREFIX + "{}/{}"
 STACKS_SIGNAL = signal.SIGUSR2  # write every thread's stack to stderr (tbcoll.dumps)

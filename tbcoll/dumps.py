@@ -34,7 +34,7 @@ from tbcoll.dump_keys import (
     STACKS_SIGNAL,
     TRACE_KEY,
 )
-from tbcoll.env import LaunchInfo, launch_info, tracing
+from tbcoll.env import LaunchInfo, launch_info, trace_chunk, tracing
 from tbcoll.errors import TbcollError
 from tbcoll.ownership import live_communicators
 from tbcoll.recorder import (
@@ -44,13 +44,17 @@ from tbcoll.recorder import (
     entries,
     frames,
     rooted,
-    traced,
+    take_traced,
+    trace_full,
+    trace_rows,
 )
 from tbcoll.rendezvous import Store, tell_tbrun
 
 _LISTENER = "tbcoll-dumps"  # the thread that answers tbrun (left out of the dumps)
 _SEND_TIMEOUT = 2.0
-_TRACE_TIMEOUT = 10.0  # a long job's calls are megabytes
+_TRACE_TIMEOUT = 10.0
+_TRACER = "tbcoll-trace"  # the thread that sends the calls under --trace (left out too)
+_FLUSH_PERIOD = 1.0  # seconds between sends of the calls under --trace, at most
 _LISTEN_PERIOD = 3600.0
 
 
@@ -79,7 +83,7 @@ def snapshot(reason: str, failed: Any = None, error: str = "") -> dict[str, Any]
                         "main": ident == threading.main_thread().ident,
                         "site": call_site(frame), "frames": _stack(frame)}
                        for ident, frame in stacks.items()
-                       if getattr(threads.get(ident), "name", "") != _LISTENER]}
+                       if getattr(threads.get(ident), "name", "") not in (_LISTENER, _TRACER)]}
 
 
 def _stack(frame: FrameType) -> list[str]:
@@ -211,7 +215,7 @@ def start_listening(info: LaunchInfo | None) -> None:
     if info is None or not _listening.acquire(blocking=False):
         return
     if tracing():
-        atexit.register(send_trace)
+        _start_tracing(info)
     _stacks_on_signal()
     try:
         store = Store(*info.store, info.token, timeout=_LISTEN_PERIOD)
@@ -253,13 +257,70 @@ def _listen(store: Store, rank: int) -> None:
         n += 1
 
 
-def send_trace() -> None:
-    """Under tbrun --trace: every call this process made, for tbrun's timeline."""
-    info = launch_info()
-    if info is None:
+class _TraceSender:
+    """Under tbrun --trace: this process's calls, sent to tbrun's store in chunks of
+    trace_chunk() calls as the job runs (when a communicator holds a chunk's worth, and every
+    FLUSH_PERIOD), from a thread of its own over a connection of its own, and the rest at
+    exit (marked last). What a rank holds stays within about a chunk; one killed loses only
+    what it had not sent."""
+
+    def __init__(self, info: LaunchInfo) -> None:
+        self._rank = info.rank
+        self._store = Store(*info.store, info.token, timeout=_TRACE_TIMEOUT,
+                            connect_timeout=_TRACE_TIMEOUT)
+        self._chunk = trace_chunk()
+        self._clock = clock_anchor()  # one for every chunk: tbrun shifts them alike
+        self._host = socket.gethostname()
+        self._sent = 0
+        self._lock = threading.Lock()  # one sender at a time on the connection
+        self._done = False
+        self._pid = os.getpid()
+
+    def run(self) -> None:
+        while not self._done:
+            trace_full.wait(_FLUSH_PERIOD)
+            trace_full.clear()
+            if not self._send(last=False):
+                return
+
+    def finish(self) -> None:
+        """At exit: the calls not sent yet, the last chunk (not from a forked child: the
+        connection is its parent's)."""
+        if os.getpid() == self._pid:
+            self._send(last=True)
+
+    def _send(self, last: bool) -> bool:
+        """Send what the communicators hold; False once there is no more to do (the job or
+        this process is over, or the store is gone)."""
+        if not self._lock.acquire(timeout=_TRACE_TIMEOUT):
+            return False
+        try:
+            if self._done:
+                return False
+            self._done = last
+            comms, rows = trace_rows(take_traced())
+            for start in range(0, len(rows), self._chunk):
+                self._put(comms, rows[start:start + self._chunk], False)
+            if last:
+                self._put([], [], True)
+            return not last
+        except (OSError, TbcollError):
+            self._done = True
+            return False
+        finally:
+            self._lock.release()
+
+    def _put(self, comms: list[list[int]], rows: list[tuple], last: bool) -> None:
+        self._sent += 1
+        text = json.dumps({"rank": self._rank, "host": self._host, "clock": self._clock,
+                           "comms": comms, "calls": rows, "last": last}, default=str)
+        self._store.set(TRACE_KEY.format(self._rank, self._sent), text)
+
+
+def _start_tracing(info: LaunchInfo) -> None:
+    try:
+        sender = _TraceSender(info)
+    except (OSError, TbcollError):
         return
-    events = [{**describe(entry), "ranks": list(members), "site": site}
-              for members, calls in traced() for entry, site in calls]
-    text = json.dumps({"rank": info.rank, "host": socket.gethostname(), "clock": clock_anchor(),
-                       "events": events}, default=str)
-    tell_tbrun(TRACE_KEY, text, _TRACE_TIMEOUT)
+    atexit.register(sender.finish)
+    threading.Thread(target=sender.run, name=_TRACER, daemon=True).start()

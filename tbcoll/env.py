@@ -26,8 +26,10 @@ Read by the library as well, set by the user:
 
     TBCOLL_ALGO        force an algorithm: "ring", or per collective "all_reduce=rd,all_gather=mesh"
     TBCOLL_CHECK       1: before each collective, check across ranks that the calls agree
-    TBCOLL_RECORD      calls each communicator's flight recorder keeps (default 512; 0: off)
+    TBCOLL_RECORD      calls each communicator's flight recorder keeps (default 512; 0: off;
+                       at most 100000)
     TBCOLL_TRACE       1 (set by tbrun --trace): keep every call for the job's timeline
+    TBCOLL_TRACE_CHUNK under --trace, calls a rank sends tbrun at a time (default 1024)
     TBCOLL_RDMA_DEVICES  --backend rdma: one RDMA device for every pair ("rxe0"), or MLX's
                        matrix as JSON ([i][j]: the device host i reaches host j by), which
                        tbrun sets from the hostfile's "rdma" entries
@@ -63,6 +65,11 @@ from tbcoll.topology import Layout
 
 DEFAULT_TIMEOUT = 300.0
 DEFAULT_RECORD = 512
+# ~200 bytes a call kept, in memory and in a dump's JSON: 20 MB a communicator at most, and a
+# dump of a few communicators within the store's 64 MB field
+MAX_RECORD = 100_000
+DEFAULT_TRACE_CHUNK = 1024  # ~100 KB of JSON, ~4 ms of a rank's time to encode
+MAX_TRACE_CHUNK = 100_000
 _MPI_RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
 
 
@@ -254,14 +261,30 @@ def check_mode(environ: Mapping[str, str] | None = None) -> bool:
 
 
 def record_size(environ: Mapping[str, str] | None = None) -> int:
-    """TBCOLL_RECORD: how many calls each communicator remembers (0: the recorder is off)."""
+    """TBCOLL_RECORD: how many calls each communicator remembers (0: the recorder is off),
+    at most MAX_RECORD."""
+    return _count("TBCOLL_RECORD", DEFAULT_RECORD, 0, MAX_RECORD,
+                  "how many calls each communicator remembers (0 turns the recorder off)",
+                  environ)
+
+
+def trace_chunk(environ: Mapping[str, str] | None = None) -> int:
+    """TBCOLL_TRACE_CHUNK: under tbrun --trace, how many calls a rank sends tbrun at a time
+    (tbcoll.dumps); what it holds of them at most, give or take a chunk."""
+    return _count("TBCOLL_TRACE_CHUNK", DEFAULT_TRACE_CHUNK, 1, MAX_TRACE_CHUNK,
+                  "how many calls a rank sends at a time under tbrun --trace", environ)
+
+
+def _count(name: str, default: int, low: int, high: int, what: str,
+           environ: Mapping[str, str] | None) -> int:
+    """A whole number from low to high in the variable name (default where unset)."""
     env = os.environ if environ is None else environ
-    text = env.get("TBCOLL_RECORD", "").strip()
+    text = env.get(name, "").strip()
     if not text:
-        return DEFAULT_RECORD
-    if not text.isdigit():
-        raise TbcollError(f"TBCOLL_RECORD={text!r}: give how many calls each communicator "
-                          "remembers, a whole number (0 turns the recorder off)")
+        return default
+    if not (text.isascii() and text.isdigit() and low <= int(text) <= high):
+        raise TbcollError(f"{name}={text!r}: give {what}, a whole number from {low} to "
+                          f"{high}")
     return int(text)
 
 

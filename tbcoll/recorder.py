@@ -14,12 +14,14 @@ way, read off its frame.
 What a rank is doing *now* is not recorded at all: the call in progress is read, when a dump
 is asked for, from the stacks of the process's threads (the Communicator's frames hold the
 call's arguments), and so is the user's line that made it. Recorded calls carry a call site
-only under tbrun --trace (TBCOLL_TRACE=1), which keeps every call for the timeline.
+only under tbrun --trace (TBCOLL_TRACE=1), which keeps every call for the timeline until
+tbcoll.dumps sends it to tbrun, a chunk at a time.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -45,13 +47,17 @@ def entries(ring: list[Entry | None] | None) -> list[Entry]:
     return sorted((e for e in ring or () if e is not None), key=lambda e: e[0])
 
 
-# under --trace, every call of every communicator of this process, with its call site:
-# (a communicator's world ranks, [(entry, site), ...])
+# under --trace, the calls of every communicator of this process not yet sent to tbrun, with
+# their call sites: (a communicator's world ranks, [(entry, site), ...]); tbcoll.dumps takes
+# them out a chunk at a time, as the job runs
 _traced: list[tuple[tuple[int, ...], list[tuple[Entry, str]]]] = []
+# set when a communicator holds a chunk's worth: tbcoll.dumps's sender wakes up
+trace_full = threading.Event()
 
 
 def new_trace(trace: bool, members: tuple[int, ...]) -> list[tuple[Entry, str]] | None:
-    """Where a communicator (members: its world ranks) keeps every call under --trace."""
+    """Where a communicator (members: its world ranks) keeps its calls under --trace until
+    they are sent (the communicator calls trace_full.set() once it holds trace_chunk())."""
     if not trace:
         return None
     calls: list[tuple[Entry, str]] = []
@@ -59,9 +65,44 @@ def new_trace(trace: bool, members: tuple[int, ...]) -> list[tuple[Entry, str]] 
     return calls
 
 
-def traced() -> list[tuple[tuple[int, ...], list[tuple[Entry, str]]]]:
-    """Every communicator's calls under --trace, closed communicators' too."""
-    return list(_traced)
+def take_traced() -> list[tuple[tuple[int, ...], list[tuple[Entry, str]]]]:
+    """The calls every communicator holds now, taken out of it (closed communicators' too);
+    calls added meanwhile stay for the next time (a list's slice and its del each run whole
+    under the GIL, and the communicator only appends)."""
+    taken = []
+    for members, calls in list(_traced):
+        n = len(calls)
+        if n:
+            taken.append((members, calls[:n]))
+            del calls[:n]
+    return taken
+
+
+# a traced call as tbcoll.dumps sends it and tbcoll.trace reads it: a row of these, with the
+# index of its communicator in its chunk's list of them
+TRACE_ROW = ("seq", "collective", "dtype", "bytes", "op", "root", "algorithm", "start", "end",
+             "site")
+_dtype_names: dict[Any, str] = {}
+
+
+def trace_rows(taken: list[tuple[tuple[int, ...], list[tuple[Entry, str]]]]
+               ) -> tuple[list[list[int]], list[tuple]]:
+    """What take_traced() took as (communicators, rows): plain values, cheap to encode (a
+    dict a call took twice the time, in the rank, while it runs). The one-call path's entries
+    are left out: they time nothing (no call takes that path under --trace)."""
+    comms = [list(members) for members, _ in taken]
+    rows = []
+    for index, (_, calls) in enumerate(taken):
+        for entry, site in calls:
+            if len(entry) != 9:
+                continue
+            seq, kind, dtype, nbytes, op, root, algorithm, start, end = entry
+            name = _dtype_names.get(dtype)
+            if name is None:
+                name = _dtype_names[dtype] = None if dtype is None else str(dtype)
+            rows.append((index, seq, kind.name, name, nbytes, op, rooted(root), algorithm,
+                         start, end, site))
+    return comms, rows
 
 
 def call_site(frame: FrameType | None) -> str:

@@ -79,6 +79,8 @@ class StoreServer:
         self._token = token
         self._log = log
         self._data: dict[bytes, bytes] = {}
+        # key prefix -> what takes the values set under it instead of the table (divert)
+        self._diverted: dict[bytes, Callable[[bytes, bytes], None]] = {}
         self._changed = threading.Condition()
         self._closed = threading.Event()
         self._conns: set[socket.socket] = set()
@@ -99,11 +101,22 @@ class StoreServer:
         peers, _, what = value.decode(errors="replace").partition("\n")
         return what, tuple(int(p) for p in peers.split(",") if p.isascii() and p.isdigit())
 
+    def divert(self, prefix: Key, sink: Callable[[bytes, bytes], None]) -> None:
+        """Hand the values that clients set under keys starting with prefix to sink(key,
+        value), from the thread that serves the client, instead of keeping them: what
+        streams (tbrun --trace's chunks) then holds no memory here. The client's set returns
+        once sink has."""
+        self._diverted[_b(prefix)] = sink
+
     def set(self, key: Key, value: Key) -> None:
         """Set key here, in tbrun's own process, as a client's set would."""
         with self._changed:
             self._data[_b(key)] = _b(value)
             self._changed.notify_all()
+
+    def _sink_of(self, key: bytes) -> Callable[[bytes, bytes], None] | None:
+        return next((sink for prefix, sink in self._diverted.items() if key.startswith(prefix)),
+                    None)
 
     def get(self, key: Key) -> bytes | None:
         """The value of key now (None: unset), read here in tbrun's own process."""
@@ -211,6 +224,9 @@ class StoreServer:
             return  # the rank went away; nothing to clean up
 
     def _apply(self, op: int, fields: list[bytes], timeout: float) -> tuple[int, bytes]:
+        if op == _SET and (sink := self._sink_of(fields[0])) is not None:
+            sink(fields[0], fields[1])
+            return _OK, b""
         with self._changed:
             if op == _SET:
                 self._data[fields[0]] = fields[1]

@@ -26,7 +26,14 @@ def assert_usage_error(p, *fragments):
     (["-np", "1", "--timeout", "nan", "true"], ["'nan' is not a finite number of seconds"]),
     (["-np", "1", "--grace", "nan", "true"], ["'nan' is not a finite number of seconds"]),
     (["-np", "1", "--output-dir", "/proc/no-such-dir", "true"],
-     ["--output-dir /proc/no-such-dir: cannot write"]),
+     ["--output-dir /proc/no-such-dir: cannot make it"]),
+    (["-np", "1", "--dump-dir", "/proc/tbrun-dumps", "true"],
+     ["--dump-dir /proc/tbrun-dumps: cannot make it"]),
+    (["-np", "1", "--dump-dir", "/etc/hostname/dumps", "true"],
+     ["--dump-dir /etc/hostname/dumps: cannot make it (Not a directory)"]),
+    (["-np", "1", "--trace", "/nonexistent/dir/t.json", "true"],
+     ["--trace /nonexistent/dir/t.json: cannot write there (No such file or directory)"]),
+    (["-np", "1", "--trace", "/dev/full", "true"], ["--trace /dev/full: not a regular file"]),
     (["-np", "1", "--stdin", "x", "true"], ["--stdin x: give a rank (0..0), all or none"]),
     (["-np", "two", "x.py"], ["'two' is not a valid integer"]),
     (["x.py"], ["give the number of ranks with -np N"]),
@@ -76,3 +83,9 @@ def test_help_documents_every_flag():
                  "--module", "--dry-run", "--stdin", "--master-addr", "--master-port",
                  "TBRUN_"]:
         assert flag in p.stdout, flag
+
+
+def test_a_dump_dir_under_a_file(tmp_path):
+    (tmp_path / "file").write_text("")
+    assert_usage_error(tbrun("-np", "1", "--dump-dir", tmp_path / "file" / "dumps", "true",
+                             timeout=30), f"--dump-dir {tmp_path / 'file' / 'dumps'}: ")

@@ -198,3 +198,21 @@ def test_router_holds_back_half_a_character(capfd):
     snowman = "☃".encode()
     route([(0.0, 0, b"a" + snowman[:1]), (0.1, 0, None), (0.2, 0, snowman[1:] + b"\n")])
     assert capfd.readouterr().out == "[0] a☃\n"
+
+
+@pytest.mark.parametrize("how", ["link", "writable by others", "owned by another user"])
+def test_output_dir_follows_no_planted_link(script, tmp_path, how):
+    out_dir, victim = tmp_path / "out", tmp_path / "victim.txt"
+    out_dir.mkdir(mode=0o700)
+    victim.write_text("precious")
+    (out_dir / "rank-0.out").symlink_to(victim)
+    if how == "writable by others":
+        out_dir.chmod(0o777)
+    elif how == "owned by another user":
+        os.chown(out_dir, 65534, 65534)
+    p = tbrun("-np", 1, "--output-dir", out_dir, script(TWO_STREAMS))
+    assert p.returncode == 2, p.stderr
+    assert p.stderr.startswith(f"tbrun: error: --output-dir {out_dir}")
+    assert len(p.stderr.splitlines()) == 1
+    assert ("a symbolic link" if how == "link" else how) in p.stderr
+    assert victim.read_text() == "precious"
