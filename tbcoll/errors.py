@@ -25,6 +25,9 @@ class PeerLostError(PeerError):
 # in a PeerLostError's message where the link itself was found dead (a pulled cable), not the
 # peer: tbrun then names the link, even from one end's report alone
 LINK_DOWN = "the link is down"
+# how every transport that can see it names a peer whose process has gone (whatever its exit
+# status: a rank that returns, exits 0 or crashes before receiving is lost alike)
+PEER_ENDED = "it ended (exited or crashed)"
 
 
 class PeerTimeoutError(PeerError):

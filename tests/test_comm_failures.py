@@ -216,3 +216,33 @@ def test_mismatched_point_to_point_and_a_closed_communicator(script, backend, sc
     assert "recv from rank 0 on rank 1:" in longer and "sizes must match" in longer
     assert f"rank 0 sent {16 * scale} bytes where rank 1 expected {32 * scale}" in shorter
     assert closed == "send to rank 0 on a closed communicator"
+
+
+SEND_TO_ENDED = """
+import sys, time, numpy as np, tbcoll
+comm = tbcoll.init()
+if comm.rank == 1:
+    sys.exit(0)  # ends, status 0, without receiving
+time.sleep(0.5)
+try:
+    comm.send(np.ones(50 << 20, np.uint8), 1)  # past any ring's or socket's room
+except tbcoll.CommError as e:
+    print(f"{type(e).__name__}: {e}", flush=True)
+    sys.exit(3)
+"""
+
+
+@pytest.mark.parametrize("backend", ["shm", "tcp", "mlx", pytest.param("mpi", id="mpiexec")])
+def test_a_send_to_a_rank_that_ended_fails_naming_it(script, backend):
+    """One behaviour, named (issue 34): a send that cannot be done because its receiver has
+    ended, whatever its status, fails with PeerLostError saying so; MPI cannot see a peer end,
+    so there the wait ends at TBCOLL_TIMEOUT."""
+    p = tbrun("-np", 2, "--backend", backend, "--comm-timeout", 4, script(SEND_TO_ENDED),
+              timeout=90)
+    (line,) = tagged_lines(p.stdout)[0]
+    if backend == "mpi":
+        assert line.startswith("CommError: send to rank 1 on rank 0: timed out after 4 s"), line
+    else:
+        assert line.startswith("PeerLostError: send to rank 1 on rank 0: lost connection to "
+                               "rank 1 (it ended (exited or crashed)"), line
+    assert p.returncode == 3, p.stderr

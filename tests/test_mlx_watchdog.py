@@ -21,7 +21,7 @@ def test_a_closed_or_reset_connection_is_seen_without_reading_it():
     assert _gone(here) is None  # data waiting: alive (and the data is left in place)
     assert here.recv(4) == b"data"
     there.close()
-    assert _gone(here) == "it closed the connection: exited or crashed"
+    assert _gone(here) == "it ended (exited or crashed): it closed the connection"
     here.close()
 
 

@@ -52,7 +52,7 @@ import numpy as np
 from tbcoll.calls import mismatch, signature
 from tbcoll.dtypes import DTYPE_CODES, OP_CODES, OPS
 from tbcoll.env import shm_cma
-from tbcoll.errors import CommError, PeerLostError, PeerTimeoutError, TbcollError
+from tbcoll.errors import PEER_ENDED, CommError, PeerLostError, PeerTimeoutError, TbcollError
 from tbcoll.shm.flags import AtomicFlags, atomics
 from tbcoll.shm.heap import NOT_IN_HEAP, Heap
 from tbcoll.shm.pipe import LINE, Ring
@@ -454,7 +454,7 @@ class ShmNative:
             for rank in late:
                 pid = int(self.pids[rank])
                 if not alive(pid):
-                    raise PeerLostError(f"rank {rank} (pid {pid}) died", (rank,))
+                    raise PeerLostError(f"rank {rank} (pid {pid}): {PEER_ENDED}", (rank,))
             if time.monotonic() > deadline:
                 raise PeerTimeoutError(f"timed out after {self._timeout:g} s (TBCOLL_TIMEOUT) "
                                        f"waiting for rank(s) {', '.join(map(str, late))}",

@@ -27,7 +27,7 @@ import numpy as np
 
 from tbcoll.calls import NO_CALL
 from tbcoll.env import LaunchInfo, comm_timeout, placement, segment_prefix, shm_cma, single_host
-from tbcoll.errors import CommError, PeerLostError
+from tbcoll.errors import PEER_ENDED, CommError, PeerLostError
 from tbcoll.rendezvous import Store
 from tbcoll.shm.flags import atomics
 from tbcoll.shm.native import RING, WAIT_SLICE, Layout, ShmNative, alive, available
@@ -228,7 +228,7 @@ class ShmStream(StreamTransport):
         pid = int(self._native.pids[peer.rank])
         error = atomics.cma_copy(pid, address, view, False)
         if error == errno.ESRCH:
-            self._lose(peer, f"it died: pid {pid}")
+            self._lose(peer, f"{PEER_ENDED}: pid {pid} is gone")
         return error == 0
 
     def _ready(self, timeout: float) -> Iterable[tuple[Peer, bool, bool]]:
@@ -267,7 +267,7 @@ class ShmStream(StreamTransport):
         for peer in self._peers.values():
             pid = int(self._native.pids[peer.rank])
             if not peer.lost and pid and not alive(pid):
-                self._lose(peer, f"it died: pid {pid}")
+                self._lose(peer, f"{PEER_ENDED}: pid {pid} is gone")
 
 
 class _Names:

@@ -436,7 +436,7 @@ class StreamTransport:
             except BlockingIOError:
                 break
             except OSError as e:
-                self._lose(peer, f"send failed: {e.strerror or e}")
+                self._lose(peer, self._send_failure(e))
                 raise PeerLostError(f"lost connection to rank {peer.rank} ({peer.lost})",
                                     (peer.rank,)) from e
             views = request.views
@@ -639,6 +639,11 @@ class StreamTransport:
         if peer.lost:
             raise PeerLostError(f"lost connection to rank {rank} ({peer.lost})", (rank,))
         return peer
+
+    @staticmethod
+    def _send_failure(error: OSError) -> str:
+        """Why a channel's send failed, for the PeerLostError (a subclass names its causes)."""
+        return f"send failed: {error.strerror or error}"
 
     def _lose(self, peer: Peer, reason: str) -> None:
         if peer.lost is None:

@@ -14,6 +14,7 @@ hold bytes back) goes through the engine, which goes on from wherever C left off
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import logging
 import os
@@ -30,7 +31,13 @@ import numpy as np
 from tbcoll.auth import HANDSHAKE_TIMEOUT, Doorman, accept_handshake, connect_proven
 from tbcoll.calls import NO_CALL
 from tbcoll.env import LaunchInfo, format_hostport, link_delay, parse_hostport, placement
-from tbcoll.errors import LINK_DOWN, AuthenticationError, CommError, PeerLostError
+from tbcoll.errors import (
+    LINK_DOWN,
+    PEER_ENDED,
+    AuthenticationError,
+    CommError,
+    PeerLostError,
+)
 from tbcoll.rendezvous import Store
 from tbcoll.topology import route_source
 from tbcoll.transports.delayed import DelayedChannel
@@ -197,18 +204,22 @@ class TcpTransport(StreamTransport):
             peer.start, peer.end = 0, staged
             self._parse(peer)
         if error:
-            self._lose(peer, "it closed the connection: exited or crashed" if error < 0
+            self._lose(peer, f"{PEER_ENDED}: it closed the connection" if error < 0
                        else f"receive failed: {os.strerror(error)}")
         if copied >= 0:  # its header and first bytes are in
             return self._rest_of_message(peer, memoryview(buf.view(np.uint8)), copied)
         return self.irecv(buf, peer.rank, context, tag, call)
 
     def _send_failed(self, peer: Peer, error: int) -> PeerLostError:
-        self._lose(peer, f"send failed: {os.strerror(error)}")
+        self._lose(peer, send_failure(error))
         return PeerLostError(f"lost connection to rank {peer.rank} ({peer.lost})", (peer.rank,))
 
     def _lose(self, peer: Peer, reason: str) -> None:
         super()._lose(peer, f"{reason}; the link {self.link(peer.rank)}")
+
+    @staticmethod
+    def _send_failure(error: OSError) -> str:
+        return send_failure(error.errno) if error.errno else f"send failed: {error}"
 
     def _check_links(self, peers: Iterable[Peer]) -> None:
         for peer in peers:
@@ -392,12 +403,19 @@ def _gone(sock: socket.socket) -> str | None:
     """Why the connection has ended, looking without reading (MSG_PEEK), or None."""
     try:
         if sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b"":
-            return "it closed the connection: exited or crashed"
+            return f"{PEER_ENDED}: it closed the connection"
     except BlockingIOError:
         pass
     except OSError as e:
         return f"connection failed: {e.strerror or e}"
     return _unanswered(sock)
+
+
+def send_failure(error: int) -> str:
+    """Why a send failed with errno error: the peer's end is gone (it ended), or else."""
+    if error in (errno.EPIPE, errno.ECONNRESET):
+        return f"{PEER_ENDED}: it closed the connection ({os.strerror(error)})"
+    return f"send failed: {os.strerror(error)}"
 
 
 def _link_of(sock: socket.socket) -> str:
