@@ -1,6 +1,6 @@
 """tbcoll's tcp transport against the floor under it: a bare Python socket on loopback.
 
-    python benchmarks/socket_floor.py --rounds 5 [--before /path/to/another/checkout]
+    python benchmarks/socket_floor.py --rounds 5 [--before /path/to/another/checkout] [--shared]
 
 In turns (A B A B ...): two processes ping-ponging over one TCP socket (TCP_NODELAY,
 recv_into a preallocated buffer: the least Python can do per message), blocking in recv and
@@ -11,7 +11,8 @@ call (or per leg), and tbcoll's over the bare ones (issue 25's goal: 8 B all_red
 within 2.0x a polling socket's one-way time). A blocking receiver pays the wake-up of an idle
 core, which varies with what ran just before; the polling one does not. --before times
 another checkout's tbcoll in the same turns (its directory first on PYTHONPATH, as this
-one's is where PYTHONPATH names it).
+one's is where PYTHONPATH names it). --shared times this checkout's calls after two threads
+have used its engine at once (its C paths no longer wait in C: tbcoll.transports.turns).
 """
 
 from __future__ import annotations
@@ -80,9 +81,17 @@ import json, statistics, sys, time
 import numpy as np
 import tbcoll
 
-sizes, iters = json.loads(sys.argv[1]), int(sys.argv[2])
+sizes, iters, shared = json.loads(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "shared"
 comm = tbcoll.init()
 peer, medians = 1 - comm.rank, {}
+if shared:  # a second thread uses a sub-communicator while this one calls: the engine is shared
+    import threading
+    sub, go = comm.split(0), np.ones(2, np.float32)
+    other = threading.Thread(target=lambda: [sub.all_reduce(go) for _ in range(500)])
+    other.start()
+    for _ in range(500):
+        comm.all_reduce(go)
+    other.join()
 for n in sizes:
     x = np.ones(n // 4, np.float32)
     out = np.empty_like(x)
@@ -106,16 +115,18 @@ if comm.rank == 0:
 """
 
 
-def tbcoll_times(iters: int, checkout: str | None = None) -> dict[str, float]:
+def tbcoll_times(iters: int, checkout: str | None = None, shared: bool = False
+                 ) -> dict[str, float]:
     """Rank 0's median time per call (us) of all_reduce and of a sendrecv leg, per size, over
     tcp at np=2 under tbrun, keyed "COLLECTIVE SIZE" (checkout: the tbcoll to import, else
-    the one this Python finds)."""
+    the one this Python finds; shared: after two threads used the engine at once)."""
     env = {**os.environ, "PYTHONPATH": checkout} if checkout else None
     with tempfile.TemporaryDirectory() as tmp:
         script = Path(tmp) / "rank.py"
         script.write_text(_RANK_SCRIPT)
         done = subprocess.run([str(BIN / "tbrun"), "-np", "2", "--backend", "tcp", str(script),
-                               json.dumps(SIZES), str(iters)], check=True, capture_output=True,
+                               json.dumps(SIZES), str(iters), "shared" if shared else "alone"],
+                              check=True, capture_output=True,
                               text=True, env=env)
     return json.loads(done.stdout.strip().removeprefix("[0]").strip())
 
@@ -125,6 +136,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("-n", "--iters", type=int, default=2000)
     parser.add_argument("--before", help="another checkout's tbcoll, timed in the same turns")
+    parser.add_argument("--shared", action="store_true",
+                        help="time this checkout's calls after a second thread has used its "
+                             "engine at once (tbcoll.transports.turns), not --before's")
     args = parser.parse_args()
     bare = {poll: {n: [] for n in SIZES} for poll in (False, True)}
     ours = {c: {n: [] for n in SIZES} for c in ("all_reduce", "sendrecv")}
@@ -133,9 +147,10 @@ def main() -> None:
         for n in SIZES:
             for poll, times in bare.items():
                 times[n].append(bare_half_round_trip(n, args.iters, poll))
-        for figures, checkout in ((ours, None), (before, args.before)):
+        for figures, checkout, shared in ((ours, None, args.shared),
+                                          (before, args.before, False)):
             if figures:
-                for key, t in tbcoll_times(args.iters, checkout).items():
+                for key, t in tbcoll_times(args.iters, checkout, shared).items():
                     collective, n = key.split()
                     figures[collective][int(n)].append(t)
     print(f"# np=2 over loopback TCP, medians over {args.rounds} rounds, us")

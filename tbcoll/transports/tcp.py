@@ -154,9 +154,10 @@ class TcpTransport(StreamTransport):
         return False
 
     def _c_wait(self) -> tuple[float, float]:
-        """How long a C path may spin, and wait, for its peers: none once another thread has
-        wanted the engine (C holds it while it waits; the engine's own waits release it)."""
-        return (0.0, 0.0) if self.turns.shared else (_SPIN, _C_SLICE)
+        """How long a C path may spin, and wait, for its peers: once another thread has wanted
+        the engine, only its spin (C holds the engine while it waits, so another thread waits
+        at most that long; the engine's own waits release it)."""
+        return (_SPIN, _SPIN) if self.turns.shared else (_SPIN, _C_SLICE)
 
     def _exchange_on(self, buf: np.ndarray, streams: list[Peer], blocks: np.ndarray,
                      context: int, tag: int, call: tuple[int, int], header: bytes,

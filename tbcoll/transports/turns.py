@@ -15,8 +15,9 @@ never holds it for long:
 - where it cannot (rdma's device, held bytes under TBCOLL_LINK_DELAY_US), waits are cut into
   short slices once a second thread has used the engine, and between slices a thread that
   waits to enter goes first (pass_turn).
-A thread alone keeps its C paths' longer spins; `shared` (sticky, set the first time a thread
-finds the engine taken) tells the transport to stop waiting in C with the engine held.
+A thread alone keeps its C paths' longer waits; `shared` (sticky, set the first time a thread
+finds the engine taken) tells the transport to cut the waits it makes in C with the engine held
+(tcp: to their 50 us spin).
 """
 
 from __future__ import annotations
