@@ -124,6 +124,7 @@ class Supervisor:
         self._grace = grace
         self._log = log
         self._procs: dict[int, subprocess.Popen] = {}
+        self._told: set[int] = set()  # the ranks whose end _reap handled
         self._by_rank = {cmd.rank: cmd for cmd in commands}
         self._pending_signals: list[int] = []
         self._peer_failure = peer_failure
@@ -331,18 +332,16 @@ class Supervisor:
                     pass
 
     def _running(self) -> range | list[int]:
-        """The ranks whose process has not ended yet, looked at without reaping it (the loop
-        reaps, and tells the verdict); all ranks while a launcher (mpiexec) of them runs."""
+        """The ranks whose process has not ended yet; all ranks while a launcher (mpiexec) of
+        them runs. Popen.poll (waitpid with WNOHANG) reaps a rank that ended and keeps its
+        status, which _reap tells the verdict next: os.waitid, which could look without
+        reaping, is not built on macOS."""
         running = []
         for rank, proc in self._procs.items():
-            try:
-                if proc.returncode is None and os.waitid(
-                        os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
-                    if self._by_rank[rank].launcher:
-                        return range(self._postmortem.size)
-                    running.append(rank)
-            except ChildProcessError:
-                pass
+            if proc.poll() is None:  # an ended rank is reaped here; _reap tells its exit
+                if self._by_rank[rank].launcher:
+                    return range(self._postmortem.size)
+                running.append(rank)
         return running
 
     def _pump(self, selector: selectors.BaseSelector, key: selectors.SelectorKey) -> bool:
@@ -366,8 +365,9 @@ class Supervisor:
         """Tell the verdict of each rank that ended non-zero, with what it left: its last
         words (routed first), its report of peers it failed because of, a hint."""
         for rank, proc in self._procs.items():
-            if proc.returncode is not None or proc.poll() is None:
+            if rank in self._told or proc.poll() is None:
                 continue
+            self._told.add(rank)
             cmd = self._by_rank[rank]
             self._input.rank_exited(rank)
             if proc.returncode == 0:
@@ -406,7 +406,8 @@ class Supervisor:
         sweep(strays, self._own(), _STRAY_PATIENCE)
 
     def _alive(self) -> tuple[int, ...]:
-        return tuple(rank for rank, proc in self._procs.items() if proc.returncode is None)
+        """The ranks whose end the verdict was not told yet (_reap tells it)."""
+        return tuple(rank for rank in self._procs if rank not in self._told)
 
     def _kill_groups(self, sig: int) -> None:
         """Signal the process group of every rank: the rank and all it started. A wrapped

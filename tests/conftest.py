@@ -126,9 +126,12 @@ def leftover_segments() -> list[str]:
 
 
 def mpich_segments() -> set[Path]:
-    """MPICH's shared-memory files (it unlinks them at MPI_Finalize; a killed rank does not)."""
+    """MPICH's shared-memory files (it unlinks them at MPI_Finalize; a killed rank does not).
+    None under the macOS lane: tbrun cannot list them there (no /dev/shm on a Mac), and what
+    a killed MPICH rank leaves stays (README, On a Mac)."""
     shm = Path("/dev/shm")
-    return set(shm.glob("mpich_shm_*")) if shm.is_dir() else set()
+    lane = os.environ.get("TBCOLL_MACOS_LANE") == "1"
+    return set(shm.glob("mpich_shm_*")) if shm.is_dir() and not lane else set()
 
 
 def hydra_topology_files() -> set[Path]:
