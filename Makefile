@@ -68,9 +68,16 @@ rdma-lab: rdma-lab-tools
 # As root with apt-get (CI), the labs must run (network namespaces, Slurm, the RDMA VM):
 # TBCOLL_REQUIRE_LABS=1 turns their skips into failures (tests/conftest.py), so a lab that
 # broke cannot read green.
+# The macOS lane (tests/maclane): these files again under macOS's rules as far as Linux allows
+# (the names macOS's Python lacks removed, kqueue's selector, no PR_SET_PDEATHSIG, subreaper,
+# /proc or process_vm_readv, 256 open files). Not yet in it: test_comm_failures,
+# test_flight_recorder and test_pytest_plugin, which still fail there (README, On a Mac).
+MACOS_LANE := tests/test_exit_status.py tests/test_stdin.py tests/test_open_files.py \
+              tests/test_output.py tests/test_supervision.py
 test: lint cluster-tools rdma-lab-tools
 	TBCOLL_REQUIRE_LABS=$$(if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; \
 	  then echo 1; fi) $(BIN)/python -m pytest
+	$(BIN)/python -m pytest -p tests.maclane $(MACOS_LANE)
 
 clean:
 	rm -rf $(VENV) build *.egg-info
