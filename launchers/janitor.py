@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
@@ -29,6 +30,7 @@ from tbcoll.launch.shmclean import mpich_segments, remove_job_segments, remove_u
 from tbcoll.env import job_marks
 
 _PATIENCE = 5.0  # seconds the sweep may go on killing a job that keeps forking
+_WRAPPER_PATIENCE = 2.0  # seconds a local wrapper gets to kill its rank and exit
 
 
 class Janitor:
@@ -50,8 +52,10 @@ class Janitor:
         os.close(read)
         self._orders = open(write, "wb")  # closed by dismiss
 
-    def watch_group(self, pgid: int) -> None:
-        self._say(f"group {pgid}")
+    def watch_group(self, pgid: int, wrapped: bool = False) -> None:
+        """wrapped: the group of a local tbcoll.launch.remote, whose rank runs in a session
+        of its own, which the wrapper kills when tbrun's pipe to it ends."""
+        self._say(f"{'wrapped' if wrapped else 'group'} {pgid}")
 
     def watch_job(self, job: str) -> None:
         self._say(f"job {job}")
@@ -101,7 +105,7 @@ def janitor_for(segments: str | None = None, mpich: bool = False,
 def main(orders: Iterable[bytes]) -> None:
     """Read tbrun's orders until "done" (leave) or their end (tbrun died: clean up)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is tbrun's to handle
-    groups, folders, prefixes, jobs = [], [], [], []
+    groups, wrapped, folders, prefixes, jobs = [], [], [], [], []
     mpich_before = None
     for raw in orders:
         kind, _, value = raw.decode(errors="replace").rstrip("\n").partition(" ")
@@ -109,6 +113,8 @@ def main(orders: Iterable[bytes]) -> None:
             return
         if kind == "group" and value.isdigit():
             groups.append(int(value))
+        elif kind == "wrapped" and value.isdigit():
+            wrapped.append(int(value))
         elif kind == "job" and value:
             jobs.append(job_marks(value))
         elif kind == "folder":
@@ -121,7 +127,8 @@ def main(orders: Iterable[bytes]) -> None:
     if mpich_before is not None:  # Hydra's proxies (sessions of their own) outlive mpiexec
         table = processes()
         topologies = held_topologies(p.pid for pgid in groups for p in descendants(pgid, table))
-    for pgid in groups:  # tbrun is gone: end everything it started
+    _let_wrappers_end(wrapped)
+    for pgid in groups + wrapped:  # tbrun is gone: end everything it started
         try:
             os.killpg(pgid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
@@ -138,3 +145,23 @@ def main(orders: Iterable[bytes]) -> None:
     if mpich_before is not None:
         remove_unmapped(mpich_segments() - mpich_before, log=lambda message: None)
         remove_topologies(topologies)
+
+
+def _let_wrappers_end(pgids: list[int]) -> None:
+    """Wait (up to _WRAPPER_PATIENCE) for the local wrappers' groups to end: each kills its
+    rank, whose session only it knows (macOS has no /proc to find it by), once tbrun's pipe
+    to it ends. A SIGKILL first would leave the rank running."""
+    deadline = time.monotonic() + _WRAPPER_PATIENCE
+    while pgids and time.monotonic() < deadline:
+        pgids = [pgid for pgid in pgids if _group_exists(pgid)]
+        time.sleep(0.02)
+
+
+def _group_exists(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True

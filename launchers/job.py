@@ -8,6 +8,7 @@ import shlex
 
 from tbcoll.launch.config import LaunchConfig, master_overrides, thread_limits
 from tbcoll.launch.hosts import LOOPBACK, JobPlan, free_port, plan_job
+from tbcoll.launch.openfiles import raise_open_files
 from tbcoll.launch.output import OutputRouter, log
 from tbcoll.launch.scope import UNMADE, job_scope
 from tbcoll.launch.starters import RankSpec, starter_for
@@ -16,6 +17,11 @@ from tbcoll.launch.supervisor import RankCommand, Supervisor
 
 from tbcoll.env import LaunchInfo, worker_env
 from tbcoll.errors import LaunchError
+
+# descriptors tbrun holds a rank, with room: measured on Linux, 2 (its output pipes; tbrun
+# held 14 for -np 2, 30 for -np 10), and a wrapped rank (macOS) has its input pipe too
+_FILES_PER_RANK = 4
+_FILES_SPARE = 64
 
 TYPE_CHECKING = False  # typing's, without importing typing (~2 ms of tbrun's start-up)
 if TYPE_CHECKING:
@@ -82,6 +88,17 @@ def dry_run(cfg: LaunchConfig, plan: JobPlan) -> int:
     return 0
 
 
+def check_open_files(limit: int, nprocs: int) -> None:
+    """LaunchError where tbrun could run out of descriptors (~_FILES_PER_RANK a rank) under
+    the soft limit of open files, which raise_open_files could not raise far enough."""
+    needed = _FILES_PER_RANK * nprocs + _FILES_SPARE
+    if limit < needed:
+        raise LaunchError(f"{nprocs} ranks need about {needed} open files in tbrun, and the "
+                          f"limit is {limit} (ulimit -n; its hard limit stops tbrun from "
+                          f"raising it): raise it (ulimit -n {needed}, or on macOS "
+                          "launchctl limit maxfiles) or start fewer ranks")
+
+
 def run(cfg: LaunchConfig) -> int:
     """Run the job and return its exit status."""
     job_starter = starter_for(cfg)
@@ -93,6 +110,7 @@ def run(cfg: LaunchConfig) -> int:
                           "picks it) across hosts")
     if cfg.dry_run:
         return dry_run(cfg, plan_job(cfg.hostfile, cfg.nprocs, cfg.map_by, route=False))
+    check_open_files(raise_open_files(), cfg.nprocs)
     plan = plan_job(cfg.hostfile, cfg.nprocs, cfg.map_by)
     with job_scope(plan, cfg.store_port, cfg.nprocs, dump_dir=cfg.dump_dir,
                    trace=cfg.trace) as scope:

@@ -29,6 +29,7 @@ import sys
 import tempfile
 import threading
 
+from tbcoll.launch.openfiles import raise_open_files
 from tbcoll.launch.reaper import carrying, descendants, set_subreaper, sweep
 from tbcoll.launch.stdin import read_frames
 
@@ -123,6 +124,7 @@ def main() -> None:
     if not os.path.isdir(cwd):
         _fail(f"working directory {cwd} does not exist here; give tbrun --cwd DIR", 2)
     set_subreaper(True)  # the rank's orphans become this wrapper's children (Linux)
+    raise_open_files()  # as tbrun does, for a rank on another host
     with tempfile.TemporaryDirectory(prefix="tbrun-") as folder:  # mode 0700
         for name, content in setup.get("files", {}).items():
             path = os.path.join(folder, f"{name}.json")

@@ -20,6 +20,7 @@ from __future__ import annotations
 import errno
 import os
 import selectors
+import stat
 from collections.abc import Callable
 
 _HIGH_WATER = 1 << 20
@@ -41,6 +42,15 @@ def standard_input() -> int | None:
     except OSError:
         return None
     return 0
+
+
+def selectable(fd: int) -> bool:
+    """Whether a selector may watch fd: a pipe, a socket or a terminal. A regular file or
+    another device never blocks, and is read each round instead: epoll (Linux) refuses them,
+    but macOS's kqueue accepts a regular file and never reports its end (a rank reading
+    `tbrun ... < data.txt` to its end would wait forever there) and refuses devices."""
+    mode = os.fstat(fd).st_mode
+    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or os.isatty(fd)
 
 
 def frame(kind: str, payload: bytes) -> bytes:
@@ -183,10 +193,10 @@ class InputForwarder:
         if full and registered:
             selector.unregister(self.source)
         elif not full and not registered:
-            try:
-                selector.register(self.source, selectors.EVENT_READ, ("stdin",))
-            except OSError:  # epoll refuses regular files and /dev/null: they never
-                self._unpollable = True  # block, so they are read each round instead
+            if not selectable(self.source):
+                self._unpollable = True
+                return True
+            selector.register(self.source, selectors.EVENT_READ, ("stdin",))
         return False
 
     def ready(self, selector: selectors.BaseSelector, key: selectors.SelectorKey) -> None:

@@ -107,15 +107,16 @@ class Supervisor:
                  keepalive: Sequence[int] = (), stdin_fd: int | None = None,
                  peer_failure: Callable[[int], tuple[str, tuple[int, ...]] | None]
                  = lambda rank: None,
-                 on_spawn: Callable[[int], None] = lambda pgid: None,
+                 on_spawn: Callable[[int, bool], None] = lambda pgid, wrapped: None,
                  job: str = "", postmortem: Postmortem | None = None) -> None:
         """streams: more (rank, "out"/"err") -> readable fd to route, beside the commands'
         pipes (e.g. FIFOs mpiexec writes); keepalive: write ends of those held open so that
         they do not end before their writer opens them, closed once every command exited;
         stdin_fd: tbrun's standard input, forwarded to the commands with stdin set;
         peer_failure(rank): what the rank reported before failing because of peers (the
-        error, and those peers), or None; on_spawn(pgid): a process group was started (for
-        tbcoll.launch.janitor); job: the job's TBCOLL_JOB, whose carriers are killed at the end;
+        error, and those peers), or None; on_spawn(pgid, wrapped): a process group was started
+        (for tbcoll.launch.janitor), wrapped: a local tbcoll.launch.remote's; job: the job's
+        TBCOLL_JOB, whose carriers are killed at the end;
         postmortem: gathers the ranks' dumps when the job fails and on SIGUSR1."""
         self._commands = commands
         self._streams = dict(streams or {})
@@ -124,6 +125,7 @@ class Supervisor:
         self._grace = grace
         self._log = log
         self._procs: dict[int, subprocess.Popen] = {}
+        self._told: set[int] = set()  # the ranks whose end _reap handled
         self._by_rank = {cmd.rank: cmd for cmd in commands}
         self._pending_signals: list[int] = []
         self._peer_failure = peer_failure
@@ -223,7 +225,8 @@ class Supervisor:
                 self._kill_groups(signal.SIGKILL)
                 raise LaunchError(f"cannot start {cmd.name} ({cmd.argv[0]}): {e}") from e
             self._procs[cmd.rank] = proc
-            self._on_spawn(proc.pid)  # its own session: the group's id is its pid
+            # its own session: the group's id is its pid
+            self._on_spawn(proc.pid, cmd.setup is not None and not cmd.host)
             if proc.stdin is not None:  # the forwarder takes over its own copy of the pipe
                 pipe = self._input.add(cmd.rank, os.dup(proc.stdin.fileno()),
                                        framed=cmd.setup is not None, reads_stdin=cmd.stdin)
@@ -331,18 +334,16 @@ class Supervisor:
                     pass
 
     def _running(self) -> range | list[int]:
-        """The ranks whose process has not ended yet, looked at without reaping it (the loop
-        reaps, and tells the verdict); all ranks while a launcher (mpiexec) of them runs."""
+        """The ranks whose process has not ended yet; all ranks while a launcher (mpiexec) of
+        them runs. Popen.poll (waitpid with WNOHANG) reaps a rank that ended and keeps its
+        status, which _reap tells the verdict next: os.waitid, which could look without
+        reaping, is not built on macOS."""
         running = []
         for rank, proc in self._procs.items():
-            try:
-                if proc.returncode is None and os.waitid(
-                        os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
-                    if self._by_rank[rank].launcher:
-                        return range(self._postmortem.size)
-                    running.append(rank)
-            except ChildProcessError:
-                pass
+            if proc.poll() is None:  # an ended rank is reaped here; _reap tells its exit
+                if self._by_rank[rank].launcher:
+                    return range(self._postmortem.size)
+                running.append(rank)
         return running
 
     def _pump(self, selector: selectors.BaseSelector, key: selectors.SelectorKey) -> bool:
@@ -366,20 +367,22 @@ class Supervisor:
         """Tell the verdict of each rank that ended non-zero, with what it left: its last
         words (routed first), its report of peers it failed because of, a hint."""
         for rank, proc in self._procs.items():
-            if proc.returncode is not None or proc.poll() is None:
+            if rank in self._told or proc.poll() is None:
                 continue
+            self._told.add(rank)
             cmd = self._by_rank[rank]
             self._input.rank_exited(rank)
             if proc.returncode == 0:
                 continue
+            returncode = _rank_returncode(cmd, proc.returncode)
             report = advice = None
             if not cmd.launcher:
                 self._drain(selector, rank)
                 report = self._peer_failure(rank)
                 if report is None:
-                    advice = hint(cmd.host, status_of(proc.returncode), cmd.argv[-1], cmd.program,
+                    advice = hint(cmd.host, status_of(returncode), cmd.argv[-1], cmd.program,
                                   self._output.stderr_tail(rank))
-            self._tell(Exited(rank, proc.pid, proc.returncode, time.monotonic(), self._alive(),
+            self._tell(Exited(rank, proc.pid, returncode, time.monotonic(), self._alive(),
                               report, advice or "", cmd.launcher))
 
     def _drain(self, selector: selectors.BaseSelector, rank: int) -> None:
@@ -406,7 +409,8 @@ class Supervisor:
         sweep(strays, self._own(), _STRAY_PATIENCE)
 
     def _alive(self) -> tuple[int, ...]:
-        return tuple(rank for rank, proc in self._procs.items() if proc.returncode is None)
+        """The ranks whose end the verdict was not told yet (_reap tells it)."""
+        return tuple(rank for rank in self._procs if rank not in self._told)
 
     def _kill_groups(self, sig: int) -> None:
         """Signal the process group of every rank: the rank and all it started. A wrapped
@@ -426,6 +430,15 @@ class Supervisor:
                 os.killpg(proc.pid, sig)
             except (ProcessLookupError, PermissionError):
                 pass  # the group is gone
+
+
+def _rank_returncode(cmd: RankCommand, returncode: int) -> int:
+    """The rank's own returncode (-N for signal N). A rank wrapped on this machine (macOS,
+    where tbcoll.launch.remote stands in for PR_SET_PDEATHSIG) has its wrapper's status, in
+    which a signal N is 128 + N: tbrun names the signal, as it does for a rank it runs."""
+    if cmd.setup is not None and not cmd.host and 128 < returncode < 128 + signal.NSIG:
+        return 128 - returncode
+    return returncode
 
 
 def _read(fd: int) -> bytes | None:

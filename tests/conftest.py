@@ -21,6 +21,10 @@ from tbcoll.env import launch_info, started_by_mpiexec
 collect_ignore = [] if launch_info() or started_by_mpiexec() else ["spmd"]
 
 TBRUN = str(Path(sys.executable).with_name("tbrun"))
+# Linux's own rules are in force: not under the macOS lane (tests/maclane), where what only
+# Linux has (PR_SET_PDEATHSIG, the subreaper, /proc) is off for tbrun and its ranks
+MACOS_LANE = os.environ.get("TBCOLL_MACOS_LANE") == "1"
+LINUX_RULES = sys.platform.startswith("linux") and not MACOS_LANE
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -126,9 +130,11 @@ def leftover_segments() -> list[str]:
 
 
 def mpich_segments() -> set[Path]:
-    """MPICH's shared-memory files (it unlinks them at MPI_Finalize; a killed rank does not)."""
+    """MPICH's shared-memory files (it unlinks them at MPI_Finalize; a killed rank does not).
+    None under the macOS lane: tbrun cannot list them there (no /dev/shm on a Mac), and what
+    a killed MPICH rank leaves stays (README, On a Mac)."""
     shm = Path("/dev/shm")
-    return set(shm.glob("mpich_shm_*")) if shm.is_dir() else set()
+    return set(shm.glob("mpich_shm_*")) if shm.is_dir() and not MACOS_LANE else set()
 
 
 def hydra_topology_files() -> set[Path]:

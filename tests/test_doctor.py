@@ -1,6 +1,7 @@
 """tbrun doctor and tbrun hostfile: on this machine for real, and on Macs from what macOS
 would report (system_profiler, networksetup, rdma_ctl, ifconfig), since CI has no Mac."""
 
+import errno
 import json
 import os
 
@@ -251,3 +252,22 @@ def test_doctor_does_not_vouch_for_the_cabling_of_hosts_it_cannot_see(tmp_path):
     assert p.returncode == 1
     assert "ok    cabling" not in p.stdout
     assert "skip  cabling: skipped: cannot see mac0.invalid, mac1.invalid" in p.stdout
+
+
+@pytest.mark.parametrize("failure", [os.strerror(errno.EHOSTUNREACH), "timed out"])
+def test_doctor_names_macos_privacy_and_firewall_when_a_mac_peer_is_silently_blocked(failure):
+    """macOS's Local Network privacy and its Application Firewall block a connection between
+    Macs with no word beyond EHOSTUNREACH or a timeout: the fix says where to allow it."""
+    hostfile = Hostfile.from_file(REPO / "hostfiles" / "links3.json")
+    facts = [mac_facts(i) for i in range(3)]
+    for fact in facts:
+        fact["reach"] = {a: "ok" for host in hostfile.hosts for a in host.links if a}
+    address = hostfile.hosts[1].links[0]  # mac0 reaches mac1 there
+    facts[0]["reach"][address] = failure
+    failed = [c for c in checks(hostfile.hosts, facts, "python3") if c.status == "FAIL"]
+    link = next(c for c in failed if c.what.startswith("link ") and address in c.detail)
+    assert "Local Network" in link.fix and "socketfilterfw" in link.fix, link
+    facts[0]["reach"][address] = "Connection reset by peer"  # not what a block gives
+    failed = [c for c in checks(hostfile.hosts, facts, "python3") if c.status == "FAIL"]
+    link = next(c for c in failed if c.what.startswith("link ") and address in c.detail)
+    assert "Local Network" not in link.fix

@@ -88,3 +88,19 @@ def test_an_open_stdin_does_not_keep_a_finished_job(script):
     finally:
         proc.stdin.close()
     assert sorted(lines) == ["[0] done\n", "[1] done\n"]
+
+
+@pytest.mark.parametrize("source", ["file", "device"])
+def test_stdin_from_a_file_or_a_device_ends(script, tmp_path, source):
+    """`tbrun ... < data.txt`: the ranks read the file to its end and the job ends. macOS's
+    kqueue accepts a regular file and never reports its end (the macOS lane's selector does
+    the same), so tbrun must read a file (or a device such as /dev/null) without a selector."""
+    data = tmp_path / "data.txt"
+    data.write_bytes(b"x" * 200_000 + b"\nend\n")
+    path = script("import sys\nprint(len(sys.stdin.buffer.read()))\n")
+    with open(data if source == "file" else "/dev/null", "rb") as stdin:
+        p = subprocess.run([TBRUN, "-np", "2", "--stdin", "all", str(path)], stdin=stdin,
+                           capture_output=True, text=True, timeout=30)
+    assert p.returncode == 0, p.stdout + p.stderr
+    size = str(data.stat().st_size) if source == "file" else "0"
+    assert tagged_lines(p.stdout) == {0: [size], 1: [size]}, p.stdout + p.stderr

@@ -12,6 +12,7 @@ import pytest
 from tbcoll.launch.stdin import frame
 
 from .conftest import (
+    LINUX_RULES,
     TBRUN,
     WRITE_PIDS,
     hydra_topology_files,
@@ -209,7 +210,7 @@ time.sleep(60)
 """
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux only")
+@pytest.mark.skipif(not LINUX_RULES, reason="PR_SET_PDEATHSIG is Linux only")
 def test_ranks_die_with_tbrun_even_when_its_janitor_dies_first(script, tmp_path):
     """kill -9 of tbrun's janitor, then of tbrun: nothing is left to clean up, yet each rank
     ends, by PR_SET_PDEATHSIG (tbcoll.launch.parentdeath)."""
@@ -248,7 +249,7 @@ time.sleep(60)
 """
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux only")
+@pytest.mark.skipif(not LINUX_RULES, reason="PR_SET_PDEATHSIG is Linux only")
 @pytest.mark.parametrize("way", ["die-with-parent", "preexec_fn"])
 def test_a_tied_child_dies_with_its_parent(way):
     """Both ways tbrun ties a child to itself: the program built at install, and the
@@ -309,7 +310,7 @@ def kill_leftovers(pids):
             os.kill(pid, signal.SIGKILL)
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"),
+@pytest.mark.skipif(not LINUX_RULES,
                     reason="macOS has no subreaper and no /proc: these processes survive there")
 @pytest.mark.parametrize("end", ["normal", "kill -9"])
 def test_nothing_a_rank_detached_outlives_the_job(script, tmp_path, end):
@@ -344,7 +345,7 @@ def test_nothing_a_rank_detached_outlives_the_job(script, tmp_path, end):
         kill_leftovers(read_pids(piddir, 6))
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="no /proc but on Linux")
+@pytest.mark.skipif(not LINUX_RULES, reason="no /proc but on Linux")
 def test_the_kernels_list_of_children_is_the_scans():
     from tbcoll.launch.reaper import children, processes
     sleepers = [subprocess.Popen(["sleep", "30"]) for _ in range(2)]
@@ -358,7 +359,7 @@ def test_the_kernels_list_of_children_is_the_scans():
             sleeper.wait()
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="no subreaper but on Linux")
+@pytest.mark.skipif(not LINUX_RULES, reason="no subreaper but on Linux")
 def test_the_subreaper_is_set_alike_by_the_c_module_and_through_ctypes():
     """tbcoll.launch._subreaper (built at install) and the ctypes fallback of
     reaper.set_subreaper: each says what the other set."""
@@ -375,7 +376,7 @@ def test_the_subreaper_is_set_alike_by_the_c_module_and_through_ctypes():
         swap(before)
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="no subreaper but on Linux")
+@pytest.mark.skipif(not LINUX_RULES, reason="no subreaper but on Linux")
 def test_tbrun_reaps_the_orphans_it_adopts(script, tmp_path):
     """Short-lived daemons of a rank end as tbrun's children: tbrun reaps them during the
     job, so that no zombie piles up."""
@@ -411,7 +412,7 @@ time.sleep(1000)
         finish(proc)
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"),
+@pytest.mark.skipif(not LINUX_RULES,
                     reason="macOS has no subreaper and no /proc: these processes survive there")
 @pytest.mark.parametrize("end", ["normal", "tbrun gone"])
 def test_the_rank_wrapper_leaves_nothing_of_its_rank(tmp_path, end):

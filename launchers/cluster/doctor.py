@@ -6,7 +6,9 @@ Checks that need macOS say "skipped: macOS only" elsewhere; none passes without 
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -94,7 +96,7 @@ def _links(hosts: Sequence[Host], facts: list[dict | str]) -> list[Check]:
     for i, fact in enumerate(facts):
         if not isinstance(fact, dict):
             continue
-        for peer in hosts:
+        for j, peer in enumerate(hosts):
             address = peer.links[i] if len(peer.links) > i else None
             if not address:
                 continue
@@ -103,10 +105,33 @@ def _links(hosts: Sequence[Host], facts: list[dict | str]) -> list[Check]:
             if result == "ok":
                 found.append(Check("ok", what, f"{address} answers"))
             else:
-                found.append(Check("FAIL", what, f"{address}: {result}",
-                                   f"check the cable between them and that {address} is set on "
-                                   f"{peer.name}'s end of it (ifconfig)"))
+                fix = (f"check the cable between them and that {address} is set on "
+                       f"{peer.name}'s end of it (ifconfig)")
+                if _silently_blocked(result) and "darwin" in (fact["os"], _os_of(facts[j])):
+                    fix += f"; {MACOS_BLOCKS}"
+                found.append(Check("FAIL", what, f"{address}: {result}", fix))
     return found
+
+
+# What macOS does to a connection between Macs that its privacy or firewall settings block:
+# no refusal, only EHOSTUNREACH or a timeout
+MACOS_BLOCKS = ("on macOS, Local Network privacy (System Settings > Privacy & Security > Local "
+                "Network: allow the terminal or app that runs tbrun and python) or the "
+                "Application Firewall (System Settings > Network > Firewall: allow incoming "
+                "connections for python, or /usr/libexec/ApplicationFirewall/socketfilterfw "
+                "--add $(which python3) --unblockapp $(which python3)) may block it with no "
+                "other error")
+
+
+def _silently_blocked(result: str) -> bool:
+    """A failure that a block by macOS's privacy or firewall settings gives: no route to
+    the host (EHOSTUNREACH), or a timeout."""
+    return result in (os.strerror(errno.EHOSTUNREACH), "timed out", "TimeoutError")
+
+
+def _os_of(fact: dict | str) -> str | None:
+    """The OS a host's probe reported (None: the host was not reached)."""
+    return fact.get("os") if isinstance(fact, dict) else None
 
 
 def _macos(host: Host, fact: dict) -> list[Check]:
