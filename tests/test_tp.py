@@ -98,7 +98,7 @@ def test_every_split_of_smollm2_holds_every_head_once():
         (slice(0, 3), slice(0, 1)), (slice(3, 5), slice(1, 2)), (slice(5, 7), slice(1, 3)),
         (slice(7, 9), slice(2, 3))]
     assert describe(cfg, 4)[2].startswith(
-        "rank 2: query heads 5-6 (2), KV heads 1-2 (2), shared with rank 1, 3, MLP rows "
+        "rank 2: query heads 5-6 (2), KV heads 1-2 (2), shared with ranks 1, 3, MLP rows "
         "768-1151 (384), vocabulary rows 24576-36863 (12288);")
 
 

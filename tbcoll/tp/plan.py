@@ -76,7 +76,7 @@ def _span(s: slice, what: str) -> str:
     return f"{what} {ids} ({s.stop - s.start})"
 
 
-def describe(cfg: Any, size: int, itemsize: int = 4) -> list[str]:
+def describe(cfg: Any, size: int, itemsize: float = 4) -> list[str]:
     """One line per rank: what it holds, and its weights' memory at itemsize bytes each."""
     parts = plan(cfg, size)
     lines = []
@@ -84,7 +84,8 @@ def describe(cfg: Any, size: int, itemsize: int = 4) -> list[str]:
         shared = [p.rank for p in parts if p.rank != part.rank
                   and max(p.kv_heads.start, part.kv_heads.start)
                   < min(p.kv_heads.stop, part.kv_heads.stop)]
-        also = f", shared with rank {', '.join(map(str, shared))}" if shared else ""
+        also = (f", shared with rank{'s' * (len(shared) > 1)} {', '.join(map(str, shared))}"
+                if shared else "")
         mib = parameters(cfg, part) * itemsize / 2**20
         lines.append(f"rank {part.rank}: {_span(part.heads, 'query heads')}, "
                      f"{_span(part.kv_heads, 'KV heads')}{also}, "
