@@ -97,8 +97,13 @@ class ShardedToAllLinear:
 
     def __call__(self, x: Any) -> Any:
         partial_sum = x @ self.weight_t
-        in_place = isinstance(partial_sum, np.ndarray)  # mlx arrays are immutable
-        y = self.comm.all_reduce(partial_sum, out=partial_sum if in_place else None)
+        if isinstance(partial_sum, np.ndarray):  # in place (mlx arrays are immutable)
+            # as one row: tcp under TBCOLL_LINK_DELAY_US loses a 2-D array's bytes (its send
+            # counts a memoryview's len, rows, as bytes); a 1-D view costs nothing
+            flat = partial_sum.reshape(-1)
+            y = self.comm.all_reduce(flat, out=flat).reshape(partial_sum.shape)
+        else:
+            y = self.comm.all_reduce(partial_sum)
         if self.bias is not None:  # added once, after the sum, not on every rank's part
             y += self.bias
         return y
