@@ -102,6 +102,26 @@ def test_every_split_of_smollm2_holds_every_head_once():
         "768-1151 (384), vocabulary rows 24576-36863 (12288);")
 
 
+def test_the_plan_is_printed_before_loading(tmp_path):
+    """python -m tbcoll.tp plan reads a config alone (here a folder with no weights)."""
+    import subprocess
+    import sys
+
+    from tbcoll.tp.llama import LlamaConfig
+
+    cfg = LlamaConfig(576, 1536, 9, 3, 30, 49152)
+    (tmp_path / "config.json").write_text(json.dumps(cfg.__dict__))
+    p = subprocess.run([sys.executable, "-m", "tbcoll.tp", "plan", "-np", "4", "--model",
+                        str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    assert len(lines) == 4 and lines[0].startswith("rank 0: query heads 0-2 (3), KV heads 0 (1)")
+    assert lines[3].endswith("; 236 MiB")
+    p = subprocess.run([sys.executable, "-m", "tbcoll.tp", "plan", "-np", "0", "--model",
+                        str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "-np 0: give 1 or more ranks" in p.stderr
+
+
 @pytest.mark.parametrize("np_, arrays", [(1, "numpy"), (2, "numpy"), (3, "numpy"),
                                          (4, "numpy"), (5, "numpy"), (1, "mlx"), (3, "mlx")])
 def test_tensor_parallel_decoding_matches_the_reference(tiny_llama, script, np_, arrays):
