@@ -119,6 +119,33 @@ def test_json_lines_with_mlx_arrays(one_process):
     assert lines[0]["tokens"][-1] == 2  # <|im_end|>: the end of the turn is included
 
 
+def test_a_hugging_face_folder_loads_the_same_way(one_process, smollm2, tmp_path):
+    """The same model written as a Hugging Face folder (config.json, safetensors,
+    tokenizer.json, tokenizer_config.json's chat template): the same prompt ids and tokens
+    at np 3."""
+    from dataclasses import asdict
+
+    from safetensors.numpy import save_file
+
+    from tbcoll.tp import checkpoint
+    from tbcoll.tp.tokenizer import load_tokenizer
+
+    cfg, weights = checkpoint.load(smollm2)
+    save_file({name: weights[name] for name in weights}, str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text(json.dumps(
+        {**asdict(cfg), "hidden_act": "silu", "tie_word_embeddings": True}))
+    load_tokenizer(smollm2).tokenizer.save(str(tmp_path / "tokenizer.json"))
+    template = checkpoint.open_gguf(smollm2).fields["tokenizer.chat_template"].contents()
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(
+        {"chat_template": template, "bos_token": "<|im_start|>", "eos_token": "<|im_end|>"}))
+    p = tbrun("-np", 3, REPO / "examples" / "chat.py", "--json", "--model", tmp_path,
+              "--max-tokens", TOKENS, PROMPTS[1], timeout=240)
+    assert p.returncode == 0, p.stdout + p.stderr
+    found = json.loads(p.stdout.partition("] ")[2])
+    ids, tokens, _ = one_process[1]
+    assert found["prompt_tokens"] == ids and found["tokens"] == tokens
+
+
 REFERENCE = """
 import json, sys
 import torch

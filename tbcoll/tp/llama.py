@@ -60,6 +60,9 @@ def load_checkpoint(folder: Path) -> tuple[LlamaConfig, dict[str, np.ndarray]]:
         weights.update(load_file(str(file)))
     if not weights:
         raise FileNotFoundError(f"no *.safetensors in {folder}")
+    if any(name.endswith(".scales") for name in weights):
+        raise ValueError(f"{folder}: a quantized mlx-lm checkpoint (*.scales); give one in "
+                         f"float16, bfloat16 or float32, or a GGUF file")
     return LlamaConfig.from_file(folder / "config.json"), weights
 
 
