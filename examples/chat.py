@@ -130,10 +130,10 @@ def report(result, comm) -> None:
 def main(argv) -> int:
     args = parse(argv)
     xp = np
-    if args.xp == "mlx":
-        import mlx.core as xp
     started = time.perf_counter()
     try:
+        if args.xp == "mlx":
+            import mlx.core as xp
         path = args.model or checkpoint.smollm2_path()
         cfg = checkpoint.config(path)
     except (ImportError, OSError, ValueError) as e:
