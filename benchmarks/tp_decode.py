@@ -54,8 +54,8 @@ class CountingComm:
     def all_reduce(self, x, **kwargs):
         return self._timed("all_reduce", x, **kwargs)
 
-    def all_gather(self, x):
-        return self._timed("all_gather", x)
+    def all_gather(self, x, **kwargs):
+        return self._timed("all_gather", x, **kwargs)
 
     def send(self, x, dst):
         return self._timed("send", x, dst)
@@ -75,7 +75,7 @@ class PipelineLlama:
         from tbcoll.tp.llama import TensorParallelLlama
 
         self.comm, self.cfg = comm, cfg
-        stage = shard_bounds(cfg.num_hidden_layers, comm.rank, comm.size, "the layers")
+        stage = shard_bounds(cfg.num_hidden_layers, comm.rank, comm.size)
         mine = range(stage.start, stage.stop)
         local = {}  # this stage's layers, renumbered from 0, and the embedding, norm and head
         for key, value in weights.items():
@@ -198,12 +198,10 @@ def check_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
         parser.error(f"--ranks {args.ranks}: give numbers of ranks like 1,2,4")
     if args.tokens < 1 or args.layers < 1 or args.cores < 1 or min(ranks) < 1:
         parser.error("--ranks, --tokens, --layers and --cores must be positive")
-    sizes = {**SHAPE, "layers": args.layers}
-    for n in ranks:
-        bad = [f"{name} ({size})" for name, size in sizes.items() if size % n]
-        if bad:
-            parser.error(f"--ranks {n}: cannot split {', '.join(bad)} across {n} ranks; "
-                         f"use ranks that divide them (e.g. --layers {n * args.layers})")
+    for n in ranks:  # tp splits any count (tbcoll.tp.plan); pp needs a layer for each stage
+        if args.layers < n:
+            parser.error(f"--ranks {n}: cannot split layers ({args.layers}) across {n} ranks; "
+                         f"give each pipeline stage a layer (e.g. --layers {n})")
     return ranks
 
 

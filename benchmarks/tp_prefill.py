@@ -54,8 +54,8 @@ class TimedComm:
         self.seconds += time.perf_counter() - started
         return y
 
-    def all_gather(self, x: np.ndarray) -> np.ndarray:
-        return self.comm.all_gather(x)
+    def all_gather(self, x: np.ndarray, counts: list[int] | None = None) -> np.ndarray:
+        return self.comm.all_gather(x, counts=counts)
 
     def empty(self, shape: int, dtype: np.dtype) -> np.ndarray:
         return self.comm.empty(shape, dtype)

@@ -21,7 +21,7 @@ from weakref import WeakMethod
 
 import numpy as np
 
-from tbcoll import allocation, tuning
+from tbcoll import allocation, tuning, uneven
 from tbcoll.algorithms import ALGORITHMS, COLLECTIVES, function
 from tbcoll.arrays import contiguous_flat, is_mlx, to_numpy
 from tbcoll.checks import verify_calls_match
@@ -164,8 +164,12 @@ class Communicator:
         return self._dispatch(ALL_REDUCE.call(self, x, op, algorithm, out))
 
     def all_gather(self, x: Any, algorithm: str | None = None,
-                   out: np.ndarray | None = None) -> Any:
-        """Concatenate every rank's x along axis 0 (a 0-d x gives shape (size,))."""
+                   out: np.ndarray | None = None, counts: Any = None) -> Any:
+        """Concatenate every rank's x along axis 0 (a 0-d x gives shape (size,)). With counts
+        (the rows of each rank's x, in rank order, the same on every rank: MPI's Allgatherv)
+        the parts may differ in size."""
+        if counts is not None:
+            return uneven.all_gather(self, x, counts, algorithm, out)
         if algorithm is None and (lane := self._lane) is not None and (
                 result := lane.all_gather(x, out)) is not None:
             return result

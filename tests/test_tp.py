@@ -1,5 +1,5 @@
-"""Tensor parallelism: shapes that do not divide are refused; the MiniLM main job gives the
-float64 reference's embeddings at every rank count."""
+"""Tensor parallelism: shapes that do not divide split as evenly as they can; the MiniLM main
+job gives the float64 reference's embeddings at every rank count."""
 
 import json
 import re
@@ -8,17 +8,18 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from tbcoll.tp.layers import AllToShardedLinear, ShardedToAllLinear, Solo
+from tbcoll.tp.layers import AllToShardedLinear, ShardedToAllLinear, Solo, shard_bounds, split
 
 from .conftest import REPO, tbrun
 
 
-def test_shapes_that_do_not_divide_are_refused():
-    comm = SimpleNamespace(rank=0, size=4)
-    with pytest.raises(ValueError, match="Cannot shard the output of size 11 across 4 ranks"):
-        AllToShardedLinear.from_full(np.zeros((11, 8)), None, comm)
-    with pytest.raises(ValueError, match="Cannot shard the input of size 6 across 4 ranks"):
-        ShardedToAllLinear.from_full(np.zeros((8, 6)), None, comm)
+def test_uneven_shapes_split_as_evenly_as_possible():
+    assert split(9, 4) == [3, 2, 2, 2] and split(2, 3) == [1, 1, 0]
+    assert [shard_bounds(11, r, 4) for r in range(4)] == [
+        slice(0, 3), slice(3, 6), slice(6, 9), slice(9, 11)]
+    comm = SimpleNamespace(rank=3, size=4)
+    assert AllToShardedLinear.from_full(np.zeros((11, 8)), None, comm).weight_t.shape == (8, 2)
+    assert ShardedToAllLinear.from_full(np.zeros((8, 6)), None, comm).weight_t.shape == (1, 8)
 
 
 def test_column_then_row_parallel_equals_the_full_product():
@@ -27,8 +28,8 @@ def test_column_then_row_parallel_equals_the_full_product():
         rng.standard_normal((3, 8)), rng.standard_normal(3)
     x = rng.standard_normal((2, 5))
     partials = []
-    for rank in range(4):  # four ranks in one process: add up what each would all-reduce
-        comm = SimpleNamespace(rank=rank, size=4, all_reduce=lambda y, out=None: y)
+    for rank in range(5):  # five ranks in one process (8 features: 2, 2, 2, 1, 1)
+        comm = SimpleNamespace(rank=rank, size=5, all_reduce=lambda y, out=None: y)
         up = AllToShardedLinear.from_full(w1, b1, comm, np.float64)
         down = ShardedToAllLinear.from_full(w2, None, comm, np.float64)
         partials.append(down(up(x)))
@@ -76,19 +77,56 @@ def test_kv_cache_decoding_equals_recomputing_from_scratch(tiny_llama):
         np.testing.assert_allclose(logits, again, rtol=1e-10, atol=1e-10)
 
 
-def test_layouts_that_do_not_divide_are_refused(tiny_llama):
-    from tbcoll.tp.llama import TensorParallelLlama, load_checkpoint
+def test_every_split_of_smollm2_holds_every_head_once():
+    """SmolLM2's shape (9 query heads, 3 key/value heads) on 1 to 8 ranks: no split refused;
+    each query head on one rank, with the key/value head it reads."""
+    from tbcoll.tp.llama import LlamaConfig
+    from tbcoll.tp.plan import describe, plan
 
-    cfg, weights = load_checkpoint(tiny_llama)
-    with pytest.raises(ValueError, match="Cannot shard the key/value heads of size 4 across 8"):
-        TensorParallelLlama(weights, cfg, SimpleNamespace(rank=0, size=8))
+    cfg = LlamaConfig(576, 1536, 9, 3, 30, 49152)
+    for size in range(1, 9):
+        parts = plan(cfg, size)
+        heads = [h for p in parts for h in range(p.heads.start, p.heads.stop)]
+        assert heads == list(range(9))
+        for p in parts:
+            assert all(p.kv_heads.start <= h // 3 < p.kv_heads.stop
+                       for h in range(p.heads.start, p.heads.stop))
+        assert sum(p.mlp.stop - p.mlp.start for p in parts) == 1536
+        assert sum(p.vocab.stop - p.vocab.start for p in parts) == 49152
+        assert len(describe(cfg, size)) == size
+    assert [(p.heads, p.kv_heads) for p in plan(cfg, 4)] == [
+        (slice(0, 3), slice(0, 1)), (slice(3, 5), slice(1, 2)), (slice(5, 7), slice(1, 3)),
+        (slice(7, 9), slice(2, 3))]
+    assert describe(cfg, 4)[2].startswith(
+        "rank 2: query heads 5-6 (2), KV heads 1-2 (2), shared with ranks 1, 3, MLP rows "
+        "768-1151 (384), vocabulary rows 24576-36863 (12288);")
+
+
+def test_the_plan_is_printed_before_loading(tmp_path):
+    """python -m tbcoll.tp plan reads a config alone (here a folder with no weights)."""
+    import subprocess
+    import sys
+
+    from tbcoll.tp.llama import LlamaConfig
+
+    cfg = LlamaConfig(576, 1536, 9, 3, 30, 49152)
+    (tmp_path / "config.json").write_text(json.dumps(cfg.__dict__))
+    p = subprocess.run([sys.executable, "-m", "tbcoll.tp", "plan", "-np", "4", "--model",
+                        str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    assert len(lines) == 4 and lines[0].startswith("rank 0: query heads 0-2 (3), KV heads 0 (1)")
+    assert lines[3].endswith("; 236 MiB")
+    p = subprocess.run([sys.executable, "-m", "tbcoll.tp", "plan", "-np", "0", "--model",
+                        str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "-np 0: give 1 or more ranks" in p.stderr
 
 
 @pytest.mark.parametrize("np_, arrays", [(1, "numpy"), (2, "numpy"), (3, "numpy"),
-                                         (4, "numpy"), (1, "mlx"), (2, "mlx")])
+                                         (4, "numpy"), (5, "numpy"), (1, "mlx"), (3, "mlx")])
 def test_tensor_parallel_decoding_matches_the_reference(tiny_llama, script, np_, arrays):
-    if TINY["num_key_value_heads"] % np_:
-        pytest.skip(f"{TINY['num_key_value_heads']} key/value heads do not split {np_} ways")
+    """np 3 and 5 split 8 query heads and 4 key/value heads unevenly (3, 3, 2 and 2, 2, 2,
+    1, 1): key/value heads are shared between ranks, the vocabulary of 100 splits unevenly."""
     if arrays == "mlx":
         pytest.importorskip("mlx.core")
     path = script(f"""

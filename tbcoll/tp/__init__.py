@@ -1,5 +1,8 @@
-"""Tensor parallelism: every rank holds 1/N of every layer (Megatron-LM's layout).
+"""Tensor parallelism: every rank holds its part of every layer (Megatron-LM's layout), as
+evenly as the counts split, none refused.
 
-layers.py has the building blocks, named for their data movement; bert.py a BERT encoder
-(all-MiniLM-L6-v2) built from them, with a float64 single-process reference.
+layers.py has the building blocks, named for their data movement; plan.py says what each
+rank holds of a Llama (`python -m tbcoll.tp plan -np N` prints it); llama.py the decoder;
+checkpoint.py and tokenizer.py read GGUF files and Hugging Face folders; bert.py a BERT
+encoder (all-MiniLM-L6-v2) with a float64 single-process reference.
 """

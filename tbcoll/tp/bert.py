@@ -1,9 +1,10 @@
 """A BERT encoder (all-MiniLM-L6-v2) run tensor-parallel, and a float64 reference.
 
 TensorParallelBert holds 1/N of every layer: each rank owns heads/N attention heads and
-intermediate/N MLP features; embeddings and LayerNorms are replicated. Each layer costs two
-all_reduce calls (after attention and after the MLP). Sentence embeddings are the mean of the
-token states over the attention mask, L2-normalised, as sentence-transformers does.
+intermediate/N MLP features, as evenly as they split (12 heads on 5 ranks: 3, 3, 2, 2, 2);
+embeddings and LayerNorms are replicated. Each layer costs two all_reduce calls (after
+attention and after the MLP). Sentence embeddings are the mean of the token states over the
+attention mask, L2-normalised, as sentence-transformers does.
 
 reference_embeddings() is a separate, plain float64 implementation from the same config and
 weights, written without any sharding, for checking. xp=mlx.core computes with mlx arrays.
@@ -80,15 +81,17 @@ def _pool(states: Any, mask: Any, xp: Any = np) -> Any:
 class _Layer:
     def __init__(self, w: dict[str, np.ndarray], prefix: str, cfg: BertConfig, comm: Any,
                  dtype: np.dtype, xp: Any) -> None:
-        heads = shard_bounds(cfg.heads, comm.rank, comm.size, "the attention heads")
+        heads = shard_bounds(cfg.heads, comm.rank, comm.size)  # whole heads, maybe uneven
         self.local_heads = heads.stop - heads.start
-        self.head_dim = cfg.hidden // cfg.heads
+        self.head_dim = d = cfg.hidden // cfg.heads
+        features = slice(heads.start * d, heads.stop * d)
         attn = prefix + "attention."
         self.q, self.k, self.v = (AllToShardedLinear.from_full(
-            w[f"{attn}self.{n}.weight"], w[f"{attn}self.{n}.bias"], comm, dtype, xp)
+            w[f"{attn}self.{n}.weight"], w[f"{attn}self.{n}.bias"], comm, dtype, xp, features)
             for n in ("query", "key", "value"))
         self.attn_out = ShardedToAllLinear.from_full(
-            w[f"{attn}output.dense.weight"], w[f"{attn}output.dense.bias"], comm, dtype, xp)
+            w[f"{attn}output.dense.weight"], w[f"{attn}output.dense.bias"], comm, dtype, xp,
+            features)
         self.ln1 = (as_array(w[f"{attn}output.LayerNorm.weight"], dtype, xp),
                     as_array(w[f"{attn}output.LayerNorm.bias"], dtype, xp))
         self.up = AllToShardedLinear.from_full(

@@ -2,24 +2,28 @@
 
 RMSNorm, rotary position embeddings (Hugging Face's rotate-half layout), grouped-query
 attention and a SwiGLU MLP, loaded from a Hugging Face folder (config.json and
-*.safetensors). Each rank holds heads/N query heads, kv_heads/N key/value heads (query head
-j reads key/value head j // (heads / kv_heads), so contiguous slices line up), 1/N of every
-MLP and 1/N of the vocabulary of the output head; per layer two all_reduce calls, per token
-one all_gather of the logits. TensorParallelLlama(weights, cfg, layers.Solo(), np.float64)
-is the single-process reference. xp=mlx.core computes with mlx arrays instead of numpy's.
+*.safetensors) here, or from a GGUF file (tbcoll.tp.checkpoint). Each rank holds its part of
+tbcoll.tp.plan: whole query heads as evenly as they split, the key/value heads they read
+(duplicated where ranks share one), its rows of every MLP and of the output head's
+vocabulary. Per layer two all_reduce calls, per token one all_gather of the logits (of
+unequal parts where the vocabulary does not divide). TensorParallelLlama(weights, cfg,
+layers.Solo(), np.float64) is the single-process reference. xp=mlx.core computes with mlx
+arrays instead of numpy's.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from tbcoll.tp.layers import AllToShardedLinear, ShardedToAllLinear, as_array, shard_bounds
+from tbcoll.tp.layers import AllToShardedLinear, ShardedToAllLinear, as_array
+from tbcoll.tp.plan import RankPart, plan, vocab_counts
 
 
 @dataclass(frozen=True)
@@ -56,6 +60,9 @@ def load_checkpoint(folder: Path) -> tuple[LlamaConfig, dict[str, np.ndarray]]:
         weights.update(load_file(str(file)))
     if not weights:
         raise FileNotFoundError(f"no *.safetensors in {folder}")
+    if any(name.endswith(".scales") for name in weights):
+        raise ValueError(f"{folder}: a quantized mlx-lm checkpoint (*.scales); give one in "
+                         f"float16, bfloat16 or float32, or a GGUF file")
     return LlamaConfig.from_file(folder / "config.json"), weights
 
 
@@ -98,22 +105,37 @@ def _rotate(x: Any, cos: Any, sin: Any, xp: Any) -> Any:
     return x * cos + rotated * sin
 
 
+def _features(heads: slice, d: int) -> slice:
+    """The rows (or columns) of a projection that belong to these heads."""
+    return slice(heads.start * d, heads.stop * d)
+
+
 class _Layer:
-    def __init__(self, w: dict, p: str, cfg: LlamaConfig, comm: Any, dtype: np.dtype,
-                 xp: Any) -> None:
-        shard_bounds(cfg.num_attention_heads, comm.rank, comm.size, "the attention heads")
-        shard_bounds(cfg.num_key_value_heads, comm.rank, comm.size, "the key/value heads")
-        self.heads = cfg.num_attention_heads // comm.size
-        self.kv_heads = cfg.num_key_value_heads // comm.size
-        self.d, self.eps, self.xp = cfg.head_dim, cfg.rms_norm_eps, xp
+    def __init__(self, w: Mapping, p: str, cfg: LlamaConfig, comm: Any, part: RankPart,
+                 dtype: np.dtype, xp: Any) -> None:
+        d = cfg.head_dim
+        self.heads = part.heads.stop - part.heads.start
+        self.kv_heads = part.kv_heads.stop - part.kv_heads.start
+        self.d, self.eps, self.xp = d, cfg.rms_norm_eps, xp
+        group = cfg.num_attention_heads // cfg.num_key_value_heads
+        # the key/value head (of this rank's) that each of its query heads reads
+        kv_of_head = np.arange(part.heads.start, part.heads.stop) // group - part.kv_heads.start
+        self.kv_of_head = kv_of_head if xp is np else xp.array(kv_of_head)
         a, m = p + "self_attn.", p + "mlp."
-        self.q, self.k, self.v, self.gate, self.up = (
-            AllToShardedLinear.from_full(w[name + ".weight"], None, comm, dtype, xp)
-            for name in (a + "q_proj", a + "k_proj", a + "v_proj", m + "gate_proj",
-                         m + "up_proj"))
-        self.o = ShardedToAllLinear.from_full(w[a + "o_proj.weight"], None, comm, dtype, xp)
-        self.down = ShardedToAllLinear.from_full(w[m + "down_proj.weight"], None, comm, dtype,
-                                                 xp)
+        q_rows, kv_rows = _features(part.heads, d), _features(part.kv_heads, d)
+
+        def column(name: str, rows: slice) -> AllToShardedLinear:
+            return AllToShardedLinear.from_full(w[name + ".weight"], None, comm, dtype, xp, rows)
+
+        def row(name: str, columns: slice) -> ShardedToAllLinear:
+            return ShardedToAllLinear.from_full(w[name + ".weight"], None, comm, dtype, xp,
+                                                columns)
+
+        self.q, self.k, self.v = (column(a + "q_proj", q_rows), column(a + "k_proj", kv_rows),
+                                  column(a + "v_proj", kv_rows))
+        self.o = row(a + "o_proj", q_rows)
+        self.gate, self.up = column(m + "gate_proj", part.mlp), column(m + "up_proj", part.mlp)
+        self.down = row(m + "down_proj", part.mlp)
         self.norm1 = as_array(w[p + "input_layernorm.weight"], dtype, xp)
         self.norm2 = as_array(w[p + "post_attention_layernorm.weight"], dtype, xp)
         self.cache_k = self.cache_v = None  # (kv_heads, positions, d), this rank's heads
@@ -127,13 +149,13 @@ class _Layer:
         v = self.v(h).reshape(t, self.kv_heads, self.d).transpose(1, 0, 2)
         self.cache_k = k if self.cache_k is None else xp.concatenate([self.cache_k, k], 1)
         self.cache_v = v if self.cache_v is None else xp.concatenate([self.cache_v, v], 1)
-        group = self.heads // self.kv_heads
-        keys = xp.repeat(self.cache_k, group, axis=0)
-        values = xp.repeat(self.cache_v, group, axis=0)
+        keys = xp.take(self.cache_k, self.kv_of_head, axis=0)
+        values = xp.take(self.cache_v, self.kv_of_head, axis=0)
         scores = q @ keys.transpose(0, 2, 1) * (1.0 / math.sqrt(self.d))
-        total = keys.shape[1]  # a query at position total-t+i sees keys up to it
-        future = np.arange(total)[None, :] > (np.arange(t) + total - t)[:, None]
-        scores = xp.where(xp.array(future) if xp is not np else future, -np.inf, scores)
+        if t > 1:  # a query at position total-t+i sees keys up to it
+            total = keys.shape[1]
+            future = np.arange(total)[None, :] > (np.arange(t) + total - t)[:, None]
+            scores = xp.where(xp.array(future) if xp is not np else future, -np.inf, scores)
         probs = xp.exp(scores - scores.max(-1, keepdims=True))
         probs = probs / probs.sum(-1, keepdims=True)
         context = (probs @ values).transpose(1, 0, 2).reshape(t, self.heads * self.d)
@@ -144,15 +166,18 @@ class _Layer:
 
 
 class TensorParallelLlama:
-    def __init__(self, weights: dict[str, np.ndarray], cfg: LlamaConfig, comm: Any,
+    def __init__(self, weights: Mapping[str, np.ndarray], cfg: LlamaConfig, comm: Any,
                  dtype: np.dtype = np.float32, xp: Any = np) -> None:
         self.cfg, self.comm, self.dtype, self.xp = cfg, comm, np.dtype(dtype), xp
-        self.embed = as_array(weights["model.embed_tokens.weight"], dtype, xp)
+        part = plan(cfg, comm.size)[comm.rank]
+        embed = weights["model.embed_tokens.weight"]
+        self.embed = as_array(embed, dtype, xp)
         self.norm = as_array(weights["model.norm.weight"], dtype, xp)
-        self.layers = [_Layer(weights, f"model.layers.{i}.", cfg, comm, dtype, xp)
+        self.layers = [_Layer(weights, f"model.layers.{i}.", cfg, comm, part, dtype, xp)
                        for i in range(cfg.num_hidden_layers)]
-        head = weights.get("lm_head.weight", weights["model.embed_tokens.weight"])
-        self.head = AllToShardedLinear.from_full(head, None, comm, dtype, xp)  # vocab-parallel
+        head = weights["lm_head.weight"] if "lm_head.weight" in weights else embed  # tied
+        self.head = AllToShardedLinear.from_full(head, None, comm, dtype, xp, part.vocab)
+        self.vocab_counts = vocab_counts(cfg, comm.size)
         d = cfg.head_dim
         self.inv_freq = 1.0 / cfg.rope_theta ** (np.arange(0, d, 2) / d)
         self.position = 0
@@ -180,17 +205,30 @@ class TensorParallelLlama:
         return x
 
     def logits(self, x: np.ndarray) -> np.ndarray:
-        """The whole vocabulary's logits after the last hidden state (one all_gather)."""
+        """The whole vocabulary's logits after the last hidden state (one all_gather of each
+        rank's rows of the vocabulary)."""
         local = self.head(_rms_norm(x[-1:], self.norm, self.cfg.rms_norm_eps))[0]
-        return self.comm.all_gather(local)
+        return self.comm.all_gather(local, counts=self.vocab_counts)
+
+    def stream(self, prompt: list[int], max_tokens: int, stop: frozenset[int] = frozenset()
+               ) -> Iterator[tuple[int, np.ndarray]]:
+        """Greedy decoding: each token as it is chosen, with the logits that chose it; ends
+        after max_tokens or a stop token (which is yielded). Every rank gets the same logits
+        bit for bit, so every rank chooses the same token."""
+        self.reset()
+        logits = self.forward(np.asarray(prompt))
+        for step in range(max_tokens):
+            logits = np.asarray(logits)
+            token = int(np.argmax(logits))
+            yield token, logits
+            if token in stop or step == max_tokens - 1:
+                return
+            logits = self.forward(np.asarray([token]))
 
     def generate(self, prompt: list[int], steps: int) -> tuple[list[int], list[np.ndarray]]:
         """Greedy decoding: the tokens after the prompt, and the logits that chose each."""
-        self.reset()
-        logits = self.forward(np.asarray(prompt))
         tokens, trace = [], []
-        for _ in range(steps):
-            trace.append(np.asarray(logits))
-            tokens.append(int(np.argmax(trace[-1])))
-            logits = self.forward(np.asarray(tokens[-1:]))
+        for token, logits in self.stream(prompt, steps):
+            tokens.append(token)
+            trace.append(logits)
         return tokens, trace

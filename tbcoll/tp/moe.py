@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from tbcoll.tp.layers import shard_bounds
+from tbcoll.tp.layers import even_bounds, shard_bounds
 
 
 @dataclass(frozen=True)
@@ -77,7 +77,7 @@ class ExpertParallelMoE:
     """Experts split across ranks; each rank's own tokens travel to their experts and back."""
 
     def __init__(self, w: MoeWeights, comm: Any, dtype: np.dtype = np.float32) -> None:
-        mine = shard_bounds(w.experts, comm.rank, comm.size, "the experts")
+        mine = even_bounds(w.experts, comm.rank, comm.size, "the experts")
         self.comm, self.top_k, self.dtype = comm, w.top_k, np.dtype(dtype)
         self.per_rank = mine.stop - mine.start
         self.gate = w.gate.astype(dtype)
@@ -113,7 +113,7 @@ class TensorParallelMoE:
     """Every expert split across ranks; every rank runs every token, one all_reduce sums."""
 
     def __init__(self, w: MoeWeights, comm: Any, dtype: np.dtype = np.float32) -> None:
-        part = shard_bounds(w.w1.shape[1], comm.rank, comm.size, "the experts' ffn")
+        part = shard_bounds(w.w1.shape[1], comm.rank, comm.size)
         self.comm, self.top_k = comm, w.top_k
         self.gate = w.gate.astype(dtype)
         self.w1 = w.w1[:, part].astype(dtype)

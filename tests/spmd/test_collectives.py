@@ -95,6 +95,27 @@ class TestAllGather:
         scalars = comm.all_gather(np.array(comm.rank * 1.5), algorithm=algorithm)
         assert_equal(scalars, np.arange(comm.size) * 1.5, "0-d")
 
+    @pytest.mark.parametrize("dtype", BIG_DTYPES)
+    def test_unequal_parts(self, comm, algorithm, dtype):
+        """counts: rank r gives counts[r] rows (Allgatherv), some none, some equal."""
+        usable(comm, "all_gather", algorithm)
+        dtype = DTYPES[dtype]
+        for rows in ([r % 3 for r in range(comm.size)], [5] * comm.size,
+                     [9831 - (r > 1) for r in range(comm.size)]):  # 49152 in 5, vocabulary-like
+            parts = [rank_input(r, rows[r] * 3, dtype).reshape(rows[r], 3)
+                     for r in range(comm.size)]
+            got = comm.all_gather(parts[comm.rank], algorithm=algorithm, counts=rows)
+            assert_equal(got, np.concatenate(parts), f"rows {rows[:6]}")
+            out = np.empty((sum(rows), 3), dtype)
+            assert comm.all_gather(parts[comm.rank], algorithm=algorithm, out=out,
+                                   counts=np.array(rows)) is out
+            assert_equal(out, np.concatenate(parts), f"rows {rows[:6]} into out")
+        with pytest.raises(ValueError, match=f"counts say rank {comm.rank} gives"):
+            comm.all_gather(np.zeros((7, 3), dtype), algorithm=algorithm,
+                            counts=[6] * comm.size)
+        with pytest.raises(ValueError, match="all_gather counts must be"):
+            comm.all_gather(np.zeros((1, 3), dtype), counts=[1] * (comm.size + 1))
+
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS["reduce_scatter"])
 class TestReduceScatter:

@@ -19,6 +19,11 @@ def test_collectives_on_mlx_arrays(comm, dtype):
     assert np.array_equal(np.array(reduced.astype(mx.float32)), want)
     gathered = comm.all_gather(x)
     assert isinstance(gathered, mx.array) and gathered.shape == (2 * p * p,)
+    rows = [r + 1 for r in range(p)]  # unequal parts: rank r gives r + 1 elements
+    uneven = comm.all_gather(x[:comm.rank + 1], counts=rows)
+    assert isinstance(uneven, mx.array) and uneven.dtype == mlx_dtype
+    assert np.array_equal(np.array(uneven.astype(mx.float32)),
+                          np.concatenate([np.arange(r + 1) + r for r in range(p)]))
     block = comm.reduce_scatter(x, op="max")
     assert isinstance(block, mx.array) and block.shape == (2,)
     assert np.array_equal(np.array(block.astype(mx.float32)),

