@@ -52,3 +52,25 @@ def test_a_bad_delay_is_named(script):
     p = tbrun("-np", 2, "--backend", "tcp", "-x", "TBCOLL_LINK_DELAY_US=soon", path)
     assert p.returncode != 0
     assert "TBCOLL_LINK_DELAY_US='soon': give a number of microseconds >= 0" in p.stderr
+
+
+MANY_SMALL = """
+import numpy as np
+import tbcoll
+
+comm = tbcoll.init()
+x = np.arange(6.0).reshape(2, 3) + comm.rank  # a 2-D array, as tensor-parallel layers pass
+for _ in range(200):  # messages due while others are readable: the wait's two kinds at once
+    total = comm.all_reduce(x)
+print(total.tolist())
+"""
+
+
+def test_held_and_ready_messages_at_once_and_2d_arrays(script):
+    """A wait that found messages due and sockets ready at once raised ValueError, and a 2-D
+    array's bytes were counted by rows (issue 36's decode at 100-150 us)."""
+    for delay in (150, 400):
+        p = tbrun("-np", 2, "--backend", "tcp", "-x", f"TBCOLL_LINK_DELAY_US={delay}",
+                  script(MANY_SMALL), timeout=120)
+        assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+        assert tagged_lines(p.stdout)[0] == ["[[1.0, 3.0, 5.0], [7.0, 9.0, 11.0]]"], p.stdout

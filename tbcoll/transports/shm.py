@@ -34,7 +34,7 @@ from tbcoll.shm.native import RING, WAIT_SLICE, Layout, ShmNative, alive, availa
 from tbcoll.shm.pipe import OverwrittenRing, Ring, ShmDuplex
 from tbcoll.shm.segment import MAX_NAME, Segment
 from tbcoll.transports.base import P2P
-from tbcoll.transports.stream import Peer, StreamEndpoint, StreamTransport
+from tbcoll.transports.stream import Peer, StreamEndpoint, StreamTransport, bytes_of
 
 _SETUP_TAG = 30000
 _SPINS = 50  # polls of the rings before a waiting rank starts to yield its core
@@ -116,7 +116,7 @@ class ShmStream(StreamTransport):
     def _finish_send(self, buf: np.ndarray, dest: int, header: bytes, written: int) -> None:
         """The rest of a message of which a C path wrote `written` bytes (header first)."""
         peer = self._peers[dest]
-        self.waitall([self._send_rest(peer, header, memoryview(buf.view(np.uint8)), written)])
+        self.waitall([self._send_rest(peer, header, bytes_of(buf), written)])
 
     def _send_pulled(self, peer: Peer, buf: np.ndarray, dest: int, context: int, tag: int,
                      call: tuple[int, int]) -> None:
@@ -177,7 +177,7 @@ class ShmStream(StreamTransport):
             super().recv(buf, source, context, tag, tuple(call))
             return
         # its first bytes are in
-        self.waitall([self._rest_of_message(peer, memoryview(buf.view(np.uint8)), copied)])
+        self.waitall([self._rest_of_message(peer, bytes_of(buf), copied)])
 
     def _finish_pulled_send(self, buf: np.ndarray, dest: int, pull: int) -> None:
         """The rest of a pulled send whose announcement (`pull`) a C path wrote: its answer."""
@@ -188,7 +188,7 @@ class ShmStream(StreamTransport):
         """The rest of a pulled receive into buf (header: its message's) whose announcement
         (descriptor: the bytes of it that came) a C path took."""
         context, tag, _, *call = self._header_of(header)
-        self._finish_announced(self._peers[source], memoryview(buf.view(np.uint8)), context, tag,
+        self._finish_announced(self._peers[source], bytes_of(buf), context, tag,
                                tuple(call), descriptor, len(descriptor))
 
     def _overwritten(self, peer: Peer, error: OSError) -> PeerLostError:
@@ -218,7 +218,7 @@ class ShmStream(StreamTransport):
                 if written < len(answer):
                     self.waitall([self._queue(peer, [memoryview(answer)[written:]])])
                 return
-        self._finish_announced(peer, memoryview(buf.view(np.uint8)), context, tag, call,
+        self._finish_announced(peer, bytes_of(buf), context, tag, call,
                                self._descriptor.tobytes(), arrived)
 
     def _address(self, buf: np.ndarray) -> int:

@@ -128,9 +128,9 @@ class Peer:
         self.refused: dict[int, tuple[_Recv | _Unexpected, memoryview]] = {}  # to be resent
 
 
-def _bytes_of(buf: np.ndarray) -> memoryview:
+def bytes_of(buf: np.ndarray) -> memoryview:
     """buf's bytes as a flat memoryview (works for dtypes with no buffer format, e.g. bfloat16)."""
-    return memoryview(buf.view(np.uint8))
+    return memoryview(buf.view(np.uint8).reshape(-1))  # a 2-D view counts rows, not bytes
 
 
 class StreamTransport:
@@ -223,7 +223,7 @@ class StreamTransport:
         peer = self._live_peer(dest)
         if peer.pulls and buf.nbytes >= self.pull_bytes:
             return self._enqueue(peer, self._announce(peer, buf, context, tag, call))
-        payload = _bytes_of(buf)
+        payload = bytes_of(buf)
         views = [memoryview(self._header(context, tag, payload.nbytes, call[0], call[1]))]
         if payload.nbytes:
             views.append(payload)
@@ -271,7 +271,7 @@ class StreamTransport:
         peer = self._peers.get(source)
         if peer is None:
             raise CommError(f"rank {self.rank} has no connection to rank {source}")
-        request = _Recv(peer, _bytes_of(buf), call)
+        request = _Recv(peer, bytes_of(buf), call)
         early = peer.unexpected.get((context, tag))
         if early:
             message = early.popleft()
@@ -602,7 +602,7 @@ class StreamTransport:
             return
         peer.pulls = False
         request.views = [memoryview(self._header(_RESENT, pull, payload.nbytes, 0, 0)),
-                         _bytes_of(payload)]
+                         bytes_of(payload)]
         self._enqueue(peer, request)
 
     @staticmethod

@@ -41,7 +41,7 @@ from tbcoll.errors import (
 from tbcoll.rendezvous import Store
 from tbcoll.topology import route_source
 from tbcoll.transports.delayed import DelayedChannel
-from tbcoll.transports.stream import Peer, StreamEndpoint, StreamTransport, _Recv, _Send
+from tbcoll.transports.stream import Peer, StreamEndpoint, StreamTransport, _Recv, _Send, bytes_of
 from tbcoll.transports.tcp_native import TcpNative
 from tbcoll.wire import recv_exactly
 
@@ -112,7 +112,7 @@ class TcpTransport(StreamTransport):
             written = _sockets.send(peer.channel.fileno(), header, buf)
         except OSError as e:
             raise self._send_failed(peer, e.errno) from e
-        return self._send_rest(peer, header, memoryview(buf.view(np.uint8)), written)
+        return self._send_rest(peer, header, bytes_of(buf), written)
 
     def recv(self, buf: np.ndarray, source: int, context: int, tag: int,
              call: tuple[int, int] = NO_CALL) -> None:
@@ -164,7 +164,7 @@ class TcpTransport(StreamTransport):
                      stopped: tuple[tuple[int, int, int, int, int], ...]) -> None:
         """Finish an exchange from where C stopped (stopped: per peer, what was sent, the
         send's errno, and _sockets.recv's copied, staged, error)."""
-        payload, requests = memoryview(buf.view(np.uint8)), []
+        payload, requests = bytes_of(buf), []
         for stream, (sent, failed, *_) in zip(streams, stopped, strict=True):
             if failed:
                 raise self._send_failed(stream, failed)
@@ -208,7 +208,7 @@ class TcpTransport(StreamTransport):
             self._lose(peer, f"{PEER_ENDED}: it closed the connection" if error < 0
                        else f"receive failed: {os.strerror(error)}")
         if copied >= 0:  # its header and first bytes are in
-            return self._rest_of_message(peer, memoryview(buf.view(np.uint8)), copied)
+            return self._rest_of_message(peer, bytes_of(buf), copied)
         return self.irecv(buf, peer.rank, context, tag, call)
 
     def _send_failed(self, peer: Peer, error: int) -> PeerLostError:
@@ -282,7 +282,8 @@ class TcpTransport(StreamTransport):
                 wait = 0.0 if due_now else max(0.0, min(left, soonest or left))
                 ready = self._polled(wait)
                 if ready or due_now or time.perf_counter() >= end:
-                    return due_now + [r for r in ready if r[0] not in dict(due_now)]
+                    due = {peer for peer, _, _ in due_now}
+                    return due_now + [r for r in ready if r[0] not in due]
                 continue
             ready = self._polled(0.0)
             if ready:
