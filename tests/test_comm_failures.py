@@ -1,13 +1,16 @@
 """A lost or silent peer becomes a CommError naming it and the collective, never a hang."""
 
+import _posixshmem
+import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from .conftest import leftover_segments, mpich_segments, tagged_lines, tbrun
+from .conftest import TBRUN, leftover_segments, mpich_segments, tagged_lines, tbrun, wait_for
 
 MPIEXEC = str(Path(sys.executable).with_name("mpiexec"))
 
@@ -132,24 +135,67 @@ def test_mpiexec_ends_a_job_whose_rank_died(script):
     assert mpich_segments() <= before
 
 
-@pytest.mark.skipif(not Path("/dev/shm").is_dir(), reason="needs /dev/shm to list segments")
+# a rank that makes a segment the way the shm transport does, then is killed (or waits for
+# tbrun to be) before it unlinks the name
+HOLDS_A_SEGMENT = """
+import os, signal, time, tbcoll
+from tbcoll.env import segment_prefix
+from tbcoll.shm.segment import Segment
+segment = Segment.create_unique(segment_prefix(tbcoll.launch_info().job), 4096)
+print("created", segment.name, flush=True)
+if "{dies}" == "rank":
+    os.kill(os.getpid(), signal.SIGKILL)
+time.sleep(60)
+"""
+
+
+def segment_exists(name: str) -> bool:
+    """Whether the shared memory called name exists (on any OS: no listing of /dev/shm)."""
+    try:
+        os.close(_posixshmem.shm_open(name, os.O_RDONLY, mode=0o600))
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def created_segment(line: str) -> str:
+    assert line.startswith("[0] created /tbc-"), line
+    return line.split()[-1]
+
+
 def test_tbrun_removes_a_dead_jobs_segments(script):
-    """A job killed while a segment still had its name (between create and unlink): tbrun
-    finds it by the job's prefix and removes it."""
-    path = script("""
-        import os, signal, _posixshmem, tbcoll
-        from tbcoll.env import segment_prefix
-        info = tbcoll.launch_info()
-        name = segment_prefix(info.job) + "orphan"
-        os.close(_posixshmem.shm_open(name, os.O_CREAT | os.O_RDWR, mode=0o600))
-        assert os.path.exists("/dev/shm" + name)
-        print("created", name)
-        os.kill(os.getpid(), signal.SIGKILL)
-    """)
-    p = tbrun("-np", 1, path, timeout=30)
-    assert p.returncode == 128 + signal.SIGKILL
-    assert "[0] created /tbc-" in p.stdout
-    assert not leftover_segments()
+    """A rank killed while its segment still had its name (between create and unlink): it had
+    written the name down in the job's folder (TBCOLL_SHM_NAMES), where tbrun finds it on
+    every OS. Under the macOS lane tbrun cannot list /dev/shm, as on a Mac, where the segment
+    stayed until reboot."""
+    p = tbrun("-np", 1, script(HOLDS_A_SEGMENT.format(dies="rank")), timeout=30)
+    assert p.returncode == 128 + signal.SIGKILL, p.stderr
+    name = created_segment(p.stdout.splitlines()[0])
+    assert not segment_exists(name)
+
+
+def test_the_janitor_of_a_killed_tbrun_removes_its_jobs_segments(script, tmp_path):
+    """kill -9 of tbrun while a rank holds a segment with its name: the janitor kills the rank
+    and unlinks the name the rank wrote down, and removes the folder of names."""
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    proc = subprocess.Popen([TBRUN, "-np", "1", str(script(HOLDS_A_SEGMENT.format(dies="")))],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            stdin=subprocess.DEVNULL, env={**os.environ, "TMPDIR": str(temp)})
+    name = None
+    try:
+        name = created_segment(proc.stdout.readline())
+        assert any(p.name.startswith("tbrun-shm-") for p in temp.iterdir())
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.communicate(timeout=30)
+        wait_for(lambda: not segment_exists(name), 10, f"the janitor to unlink {name}")
+        wait_for(lambda: not any(temp.iterdir()), 10, "the folder of names to go")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        if name and segment_exists(name):
+            _posixshmem.shm_unlink(name)
 
 
 @pytest.mark.parametrize("calls, expected", [
