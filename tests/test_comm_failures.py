@@ -51,12 +51,12 @@ def rank_1_was_named(p, lost: str = "") -> dict[int, str]:
     ("shm", "ring", "lost connection to rank"),
 ])
 def test_rank_killed_mid_all_reduce(script, backend, algorithm, lost):
-    started = time.monotonic()
+    started, before = time.monotonic(), set(leftover_segments())
     p = tbrun("-np", 3, "--grace", "10", "--backend", backend,
               script(KILLED_MID_ALL_REDUCE.format(algorithm=algorithm, count=1 << 20)), timeout=60)
     rank_1_was_named(p, lost)
     assert time.monotonic() - started < 30
-    assert not leftover_segments()
+    assert set(leftover_segments()) <= before  # (others' jobs on this machine may leave some)
 
 
 @pytest.mark.parametrize("backend", ["tcp", "shm"])
