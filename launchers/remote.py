@@ -4,7 +4,8 @@ tbrun sends one JSON line on stdin, {"argv", "cwd", "env", "defaults", "files", 
 that the job's token never shows on a command line, then keeps stdin open. "files" maps a
 variable to the content of a file it should name (MLX's hostfiles); they live in a private
 temporary folder removed when the rank ends. Then come frames (tbcoll.launch.stdin): a signal to
-pass on to the rank's process group ("TERM", "INT"), or the rank's input where "stdin" is
+pass on to the rank's process group ("TERM", "INT"; "USR2", tbcoll.dumps' request for stacks, to
+the rank's process alone), or the rank's input where "stdin" is
 true (else the rank reads /dev/null). End of file means tbrun or the ssh connection is gone,
 and the rank is killed: the remote twin of PR_SET_PDEATHSIG. The rank's output goes straight
 to ssh's channels; the exit status is the rank's (128+N for signal N).
@@ -33,6 +34,7 @@ from tbcoll.launch.openfiles import raise_open_files
 from tbcoll.launch.reaper import carrying, descendants, set_subreaper, sweep
 from tbcoll.launch.stdin import read_frames
 
+from tbcoll.dump_keys import STACKS_SIGNAL
 from tbcoll.env import rank_marks
 
 _PATIENCE = 5.0  # seconds the sweep may go on killing what keeps forking
@@ -67,6 +69,8 @@ def _follow_orders(pid: int, rest: bytes, feed: queue.SimpleQueue | None) -> Non
         name = payload.decode(errors="replace")
         if kind == "signal" and name in ("INT", "TERM", "HUP", "KILL", "CONT"):
             _signal_group(pid, signal.Signals[f"SIG{name}"])
+        elif kind == "signal" and name == STACKS_SIGNAL.name[3:]:
+            _signal_rank(pid, STACKS_SIGNAL)  # its children need not handle it
         elif kind == "stdin" and feed is not None:
             feed.put(payload)
     _signal_group(pid, signal.SIGKILL)
@@ -91,6 +95,13 @@ def _feed_input(pipe, feed: queue.SimpleQueue) -> None:
 def _signal_group(pid: int, sig: signal.Signals) -> None:
     try:
         os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _signal_rank(pid: int, sig: signal.Signals) -> None:
+    try:
+        os.kill(pid, sig)
     except (ProcessLookupError, PermissionError):
         pass
 
