@@ -124,9 +124,12 @@ def read_pids(folder: Path, files: int, timeout: float = 20, pattern: str = "*")
 
 
 def leftover_segments() -> list[str]:
-    """tbcoll's shared-memory names in /dev/shm (none can be listed on macOS)."""
-    shm = Path("/dev/shm")
-    return sorted(p.name for p in shm.glob("tbc-*")) if shm.is_dir() else []
+    """tbcoll's shared-memory names in /dev/shm (none can be listed on macOS, nor in a rank
+    under the macOS lane, where /dev/shm answers stat but not a listing)."""
+    try:
+        return sorted(p.name for p in Path("/dev/shm").glob("tbc-*"))
+    except OSError:
+        return []
 
 
 def mpich_segments() -> set[Path]:
