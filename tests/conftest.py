@@ -146,6 +146,17 @@ def hydra_topology_files() -> set[Path]:
     return set(Path("/tmp").glob("hydra_hwloc_xmlfile_*"))
 
 
+def unheld(paths: set[Path]) -> set[Path]:
+    """Those of paths that no process holds open (read from /proc by the test itself)."""
+    held = set()
+    for fds in Path("/proc").glob("[0-9]*/fd"):
+        try:
+            held.update(os.readlink(link) for link in fds.iterdir())
+        except OSError:
+            continue  # the process ended, or is not ours to read
+    return {path for path in paths if str(path) not in held}
+
+
 @pytest.fixture(scope="session", autouse=True)
 def no_shared_memory_left_behind():
     """After the whole suite, no job of it may have left a shared-memory name behind."""
