@@ -35,8 +35,8 @@ _NEW_RECORD = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXE
 
 # What to do where a segment cannot be had. Linux keeps POSIX shared memory in /dev/shm, a
 # tmpfs of its own size (64 MB in a Docker container by default); macOS has no such file
-# system: a segment takes the machine's memory as any other does (limited by memory, not by a
-# setting: the kern.sysv.shm* sysctls are System V's, not POSIX's).
+# system: ftruncate of a segment allocates its memory (XNU's pshm_truncate, mach_vm_allocate)
+# with no limit of its own, so memory is the limit (the kern.sysv.shm* sysctls are System V's).
 NO_ROOM_ADVICE = ("on Linux enlarge /dev/shm (e.g. docker --shm-size); on macOS, which has no "
                   "/dev/shm, free memory or run fewer ranks; or use --backend tcp")
 
