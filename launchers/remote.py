@@ -10,6 +10,12 @@ true (else the rank reads /dev/null). End of file means tbrun or the ssh connect
 and the rank is killed: the remote twin of PR_SET_PDEATHSIG. The rank's output goes straight
 to ssh's channels; the exit status is the rank's (128+N for signal N).
 
+A rank on another host writes the shared-memory names it makes down in a folder of this
+wrapper's (TBCOLL_SHM_NAMES, in the private temporary folder; a local wrapper's rank uses
+tbrun's): when the rank has ended, the names it left there (it was killed between making a
+segment and unlinking it) are unlinked, which is the only way on macOS, where shared memory
+cannot be listed. Only this rank's: the job's other ranks here may still use theirs.
+
 When the rank has ended (by itself or killed), what it started is killed too: its process
 group and, on Linux, what left that group (tbcoll.launch.reaper): this wrapper is a child
 subreaper, so the rank's orphans (a child in a session of its own, a double-forked daemon)
@@ -32,10 +38,11 @@ import threading
 
 from tbcoll.launch.openfiles import raise_open_files
 from tbcoll.launch.reaper import carrying, descendants, set_subreaper, sweep
+from tbcoll.launch.shmclean import remove_written_down
 from tbcoll.launch.stdin import read_frames
 
 from tbcoll.dump_keys import STACKS_SIGNAL
-from tbcoll.env import rank_marks
+from tbcoll.env import job_id, rank_marks, segment_names, segment_prefix
 
 _PATIENCE = 5.0  # seconds the sweep may go on killing what keeps forking
 
@@ -124,6 +131,17 @@ def _end_leftovers(pid: int, env: dict[str, str]) -> None:
                          }.values(), (), _PATIENCE)
 
 
+def _names_folder(folder: str, env: dict[str, str]) -> str | None:
+    """A folder in folder where the rank writes its shared-memory names down, set in env as
+    TBCOLL_SHM_NAMES; None where tbrun gave one (a local wrapper) or there is no job."""
+    if segment_names(env) or not job_id(env):
+        return None
+    names = os.path.join(folder, "shm")
+    os.mkdir(names, 0o700)
+    env["TBCOLL_SHM_NAMES"] = names
+    return names
+
+
 def main() -> None:
     line, rest = _read_setup()
     try:
@@ -142,6 +160,7 @@ def main() -> None:
             with open(path, "w") as f:
                 f.write(content)
             env[name] = path
+        names = _names_folder(folder, env)
         wants_input = bool(setup.get("stdin"))
         try:
             proc = subprocess.Popen(argv, env=env, cwd=cwd, start_new_session=True,
@@ -155,6 +174,10 @@ def main() -> None:
                          daemon=True).start()
         status = _wait_reaping(proc)
         _end_leftovers(proc.pid, env)
+        if names is not None:
+            remove_written_down(segment_prefix(job_id(env)), names,
+                                lambda message: print(f"tbrun: on {socket.gethostname()}: "
+                                                      f"{message}", file=sys.stderr))
     sys.exit(status if status >= 0 else 128 - status)
 
 

@@ -19,7 +19,7 @@ def remove_job_segments(prefix: str, names: str | None, log: Callable[[str], Non
     wrote down in the folder names (TBCOLL_SHM_NAMES) and did not cross out, with the folder;
     and, where /dev/shm lists them, any other of the job's names."""
     if names is not None:
-        _remove_written_down(prefix, names, log)
+        remove_written_down(prefix, names, log)
     for path in _files(prefix.lstrip("/")):
         try:
             os.unlink(path)
@@ -29,7 +29,7 @@ def remove_job_segments(prefix: str, names: str | None, log: Callable[[str], Non
             log(f"could not remove the job's shared-memory file {path}: {e}")
 
 
-def _remove_written_down(prefix: str, folder: str, log: Callable[[str], None]) -> None:
+def remove_written_down(prefix: str, folder: str, log: Callable[[str], None]) -> None:
     """Unlink each segment written down in folder under the job's prefix (what a killed rank
     made and did not unlink), then remove the records and the folder."""
     try:

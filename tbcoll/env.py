@@ -21,11 +21,13 @@ reads or writes these variables.
     TBCOLL_JOB         random id of the job (not a secret); every process of the job inherits
                        it, and tbrun and its janitor kill what still carries it when the job
                        ends (launchers/reaper.py)
-    TBCOLL_SHM_NAMES   for ranks on tbrun's host: a private folder (0700) of the job where a rank
+    TBCOLL_SHM_NAMES   a private folder (0700) of the job on the rank's host (tbrun's, or for a
+                       remote rank its wrapper's, launchers/remote.py) where a rank
                        writes down each shared-memory name before it makes the segment (an
                        empty file of that name, less its '/') and removes the file once the
                        name is unlinked. When the job ends, tbrun (or its janitor, if tbrun was
-                       killed) unlinks the names left there: a killed rank's. macOS cannot list
+                       killed; or the remote rank's wrapper when its rank ends) unlinks the
+                       names left there: a killed rank's. macOS cannot list
                        shared memory, so without them a killed job's segment would stay until
                        reboot
 
@@ -365,6 +367,11 @@ def segment_names(environ: Mapping[str, str] | None = None) -> str:
     makes ("": nowhere)."""
     env = os.environ if environ is None else environ
     return env.get("TBCOLL_SHM_NAMES", "")
+
+
+def job_id(environ: Mapping[str, str]) -> str:
+    """TBCOLL_JOB of the process whose environment this is ("": none)."""
+    return environ.get("TBCOLL_JOB", "")
 
 
 def segment_record(folder: str, name: str) -> str:

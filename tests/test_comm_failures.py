@@ -1,10 +1,12 @@
 """A lost or silent peer becomes a CommError naming it and the collective, never a hang."""
 
 import _posixshmem
+import json
 import os
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -196,6 +198,39 @@ def test_the_janitor_of_a_killed_tbrun_removes_its_jobs_segments(script, tmp_pat
             proc.communicate()
         if name and segment_exists(name):
             _posixshmem.shm_unlink(name)
+
+
+def test_a_remote_ranks_wrapper_removes_its_segments(tmp_path):
+    """A rank on another host (tbcoll.launch.remote, as tbrun starts it through ssh) writes
+    its names down in its wrapper's folder, and the wrapper unlinks what its killed rank
+    left: tbrun's own folder is on another host."""
+    rank = tmp_path / "rank.py"
+    rank.write_text(textwrap.dedent("""
+        import os, signal
+        from tbcoll.env import job_id, segment_prefix
+        from tbcoll.shm.segment import Segment
+        segment = Segment.create_unique(segment_prefix(job_id(os.environ)), 4096)
+        print("[0] created", segment.name, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    """))
+    setup = {"argv": [sys.executable, str(rank)], "cwd": str(tmp_path), "defaults": {},
+             "env": {"TBCOLL_RANK": "0", "TBCOLL_JOB": f"{os.getpid():08x}feed"}}
+    environ = {k: v for k, v in os.environ.items() if k != "TBCOLL_SHM_NAMES"}
+    wrapper = subprocess.Popen([sys.executable, "-m", "tbcoll.launch.remote"], env=environ,
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    wrapper.stdin.write(json.dumps(setup) + "\n")
+    wrapper.stdin.flush()  # and kept open: its end would be tbrun's
+    try:
+        name = created_segment(wrapper.stdout.readline())
+        assert wrapper.wait(timeout=30) == 128 + signal.SIGKILL, wrapper.stderr.read()
+    finally:
+        if wrapper.poll() is None:
+            wrapper.kill()
+        wrapper.communicate()
+    if segment_exists(name):
+        _posixshmem.shm_unlink(name)
+        raise AssertionError(f"the wrapper left {name}")
 
 
 @pytest.mark.parametrize("calls, expected", [
