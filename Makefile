@@ -83,18 +83,18 @@ rdma-lab: rdma-lab-tools
 # broke cannot read green.
 # The macOS lane (tests/maclane): these files again under macOS's rules as far as Linux allows
 # (the names macOS's Python lacks removed, kqueue's selector, no PR_SET_PDEATHSIG, subreaper,
-# /proc or process_vm_readv, 256 open files). Not yet in it: test_comm_failures,
-# test_flight_recorder and test_pytest_plugin, which still fail there (README, On a Mac).
+# /proc or process_vm_readv, 256 open files), and a share of tests/spmd (shm at 3 ranks, tcp
+# at 2). What the lane cannot hold, each test skips there saying which rule it needs (MPICH's
+# shared memory after kill -9 of tbrun is found only through /dev/shm and /proc: README, On a
+# Mac).
 MACOS_LANE := tests/test_exit_status.py tests/test_stdin.py tests/test_open_files.py \
-              tests/test_output.py tests/test_supervision.py
-# open in the lane: MPICH's shared memory after kill -9 of tbrun (macOS cannot list it), and
-# a job whose wrapped ranks have not started within --timeout 1.5 (not understood yet)
-MACOS_LANE_OPEN := "tests/test_supervision.py::test_a_killed_tbrun_leaves_no_process_and_no_file[mpiexec]" \
-                   tests/test_supervision.py::test_timeout_ends_the_job
+              tests/test_output.py tests/test_supervision.py tests/test_comm_failures.py \
+              tests/test_flight_recorder.py tests/test_pytest_plugin.py tests/test_dead_links.py \
+              tests/test_spmd.py::test_collectives_under_the_macos_lane
 test: lint cluster-tools rdma-lab-tools reference-tools
 	TBCOLL_REQUIRE_LABS=$$(if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; \
 	  then echo 1; fi) $(BIN)/python -m pytest
-	$(BIN)/python -m pytest -p tests.maclane $(MACOS_LANE) $(MACOS_LANE_OPEN:%=--deselect %)
+	$(BIN)/python -m pytest -p tests.maclane $(MACOS_LANE)
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -5,8 +5,9 @@ any thread.
 
 tbrun tells it, one line each through a pipe, what a dead tbrun would leave: "group PGID" (a
 rank's process group: the rank and whatever it started), "job ID" (the job's TBCOLL_JOB, which
-every process of the job inherits), "folder PATH" (the job's private folder), "shm PREFIX"
-(the job's shared-memory names), "mpich" (MPICH's shared memory that ranks create during the
+every process of the job inherits), "folder PATH" (the job's private folder), "shm PREFIX
+[FOLDER]" (the job's shared-memory names, and the folder where its ranks write them down:
+TBCOLL_SHM_NAMES), "mpich" (MPICH's shared memory that ranks create during the
 job), and "done" when tbrun has cleaned up itself. End of file without "done" means tbrun
 died: the janitor kills every group with SIGKILL, then every process of this user that still
 carries the job's cookie (on Linux: a child that left its rank's group for a session of its
@@ -63,8 +64,9 @@ class Janitor:
     def watch_folder(self, path: str) -> None:
         self._say(f"folder {path}")
 
-    def watch_segments(self, prefix: str) -> None:
-        self._say(f"shm {prefix}")
+    def watch_segments(self, prefix: str, names: str | None) -> None:
+        """prefix: segment_prefix, with no space; names: TBCOLL_SHM_NAMES's folder."""
+        self._say(f"shm {prefix} {names or ''}".rstrip())
 
     def watch_mpich(self) -> None:
         self._say("mpich")
@@ -84,17 +86,17 @@ class Janitor:
 
 
 @contextmanager
-def janitor_for(segments: str | None = None, mpich: bool = False,
+def janitor_for(segments: str | None = None, names: str | None = None, mpich: bool = False,
                 job: str | None = None) -> Iterator[Janitor]:
-    """A janitor that knows the job's shared-memory prefix (or that MPICH's shared memory is
-    to be watched) and the job's TBCOLL_JOB, and is dismissed when the block ends: put
-    tbrun's own clean-up inside the block."""
+    """A janitor that knows the job's shared-memory prefix and the folder of names its ranks
+    write down (or that MPICH's shared memory is to be watched) and the job's TBCOLL_JOB, and
+    is dismissed when the block ends: put tbrun's own clean-up inside the block."""
     janitor = Janitor()
     try:
         if job is not None:
             janitor.watch_job(job)
         if segments is not None:
-            janitor.watch_segments(segments)
+            janitor.watch_segments(segments, names)
         if mpich:
             janitor.watch_mpich()
         yield janitor
@@ -120,7 +122,8 @@ def main(orders: Iterable[bytes]) -> None:
         elif kind == "folder":
             folders.append(value)
         elif kind == "shm":
-            prefixes.append(value)
+            prefix, _, names = value.partition(" ")
+            prefixes.append((prefix, names or None))
         elif kind == "mpich":
             mpich_before = mpich_segments()
     topologies = []
@@ -140,8 +143,8 @@ def main(orders: Iterable[bytes]) -> None:
 
         for folder in folders:
             shutil.rmtree(folder, ignore_errors=True)
-    for prefix in prefixes:
-        remove_job_segments(prefix, log=lambda message: None)
+    for prefix, names in prefixes:  # after the ranks' end: none writes a name down any more
+        remove_job_segments(prefix, names, log=lambda message: None)
     if mpich_before is not None:
         remove_unmapped(mpich_segments() - mpich_before, log=lambda message: None)
         remove_topologies(topologies)

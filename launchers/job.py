@@ -30,8 +30,9 @@ if TYPE_CHECKING:
 
 def rank_commands(cfg: LaunchConfig, plan: JobPlan, store_port: int, token: str,
                   master_port: int, mlx: MlxVariables | None, files_dir: str,
-                  job: str) -> list[RankCommand]:
-    """One command per rank, in rank order, each from its host's starter."""
+                  job: str, segment_names: str) -> list[RankCommand]:
+    """One command per rank, in rank order, each from its host's starter; segment_names
+    (TBCOLL_SHM_NAMES) goes to the ranks on this host."""
     n = cfg.nprocs
     commands = []
     for node, host in enumerate(plan.hosts):
@@ -40,7 +41,8 @@ def rank_commands(cfg: LaunchConfig, plan: JobPlan, store_port: int, token: str,
             info = LaunchInfo(rank=rank, size=n, local_rank=local_rank, local_size=len(host.ranks),
                               node_rank=node, backend=cfg.backend,
                               store=(host.store_host, store_port), token=token,
-                              topology=plan.topology, timeout=cfg.comm_timeout, job=job)
+                              topology=plan.topology, timeout=cfg.comm_timeout, job=job,
+                              segment_names=segment_names if host.local else "")
             env = {**cfg.exports, "PYTHONUNBUFFERED": "1",
                    **worker_env(info, (plan.master_addr, master_port)),
                    **master_overrides(cfg.exports), **(mlx.for_rank(rank) if mlx else {}),
@@ -75,7 +77,7 @@ def mlx_variables(cfg: LaunchConfig, plan: JobPlan) -> MlxVariables | None:
 def dry_run(cfg: LaunchConfig, plan: JobPlan) -> int:
     """Print each rank's command and the variables tbrun would set, and start nothing."""
     commands = rank_commands(cfg, plan, cfg.store_port, UNMADE, 0, mlx_variables(cfg, plan),
-                             "<job directory>", UNMADE)
+                             "<job directory>", UNMADE, UNMADE)
     print("# port 0: a free port is chosen at launch")
     for cmd in commands:
         print(f"{cmd.name}: {shlex.join(cmd.argv)}")
@@ -120,7 +122,7 @@ def run(cfg: LaunchConfig) -> int:
             with open(os.path.join(files_dir, f"{name}.json"), "w") as f:
                 f.write(content)
         commands = rank_commands(cfg, plan, scope.store.port, scope.token, free_port(LOOPBACK),
-                                 mlx, files_dir, scope.job)
+                                 mlx, files_dir, scope.job, scope.segment_names)
         hide = {starter_for(cfg, host).hide for host in plan.hosts} - {None}
         output = OutputRouter(cfg.nprocs, cfg.tag_output, cfg.output_dir,
                               hide=hide.pop() if hide else None)

@@ -4,10 +4,17 @@ tbrun sends one JSON line on stdin, {"argv", "cwd", "env", "defaults", "files", 
 that the job's token never shows on a command line, then keeps stdin open. "files" maps a
 variable to the content of a file it should name (MLX's hostfiles); they live in a private
 temporary folder removed when the rank ends. Then come frames (tbcoll.launch.stdin): a signal to
-pass on to the rank's process group ("TERM", "INT"), or the rank's input where "stdin" is
+pass on to the rank's process group ("TERM", "INT"; "USR2", tbcoll.dumps' request for stacks, to
+the rank's process alone), or the rank's input where "stdin" is
 true (else the rank reads /dev/null). End of file means tbrun or the ssh connection is gone,
 and the rank is killed: the remote twin of PR_SET_PDEATHSIG. The rank's output goes straight
 to ssh's channels; the exit status is the rank's (128+N for signal N).
+
+A rank on another host writes the shared-memory names it makes down in a folder of this
+wrapper's (TBCOLL_SHM_NAMES, in the private temporary folder; a local wrapper's rank uses
+tbrun's): when the rank has ended, the names it left there (it was killed between making a
+segment and unlinking it) are unlinked, which is the only way on macOS, where shared memory
+cannot be listed. Only this rank's: the job's other ranks here may still use theirs.
 
 When the rank has ended (by itself or killed), what it started is killed too: its process
 group and, on Linux, what left that group (tbcoll.launch.reaper): this wrapper is a child
@@ -31,9 +38,11 @@ import threading
 
 from tbcoll.launch.openfiles import raise_open_files
 from tbcoll.launch.reaper import carrying, descendants, set_subreaper, sweep
+from tbcoll.launch.shmclean import remove_written_down
 from tbcoll.launch.stdin import read_frames
 
-from tbcoll.env import rank_marks
+from tbcoll.dump_keys import STACKS_SIGNAL
+from tbcoll.env import job_id, rank_marks, segment_names, segment_prefix
 
 _PATIENCE = 5.0  # seconds the sweep may go on killing what keeps forking
 
@@ -67,6 +76,8 @@ def _follow_orders(pid: int, rest: bytes, feed: queue.SimpleQueue | None) -> Non
         name = payload.decode(errors="replace")
         if kind == "signal" and name in ("INT", "TERM", "HUP", "KILL", "CONT"):
             _signal_group(pid, signal.Signals[f"SIG{name}"])
+        elif kind == "signal" and name == STACKS_SIGNAL.name[3:]:
+            _signal_rank(pid, STACKS_SIGNAL)  # its children need not handle it
         elif kind == "stdin" and feed is not None:
             feed.put(payload)
     _signal_group(pid, signal.SIGKILL)
@@ -95,6 +106,13 @@ def _signal_group(pid: int, sig: signal.Signals) -> None:
         pass
 
 
+def _signal_rank(pid: int, sig: signal.Signals) -> None:
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
 def _wait_reaping(proc: subprocess.Popen) -> int:
     """Wait for the rank, reaping the orphans adopted meanwhile; its Popen returncode."""
     while True:
@@ -111,6 +129,17 @@ def _end_leftovers(pid: int, env: dict[str, str]) -> None:
     me = os.getpid()
     sweep(lambda table: {p.pid: p for p in [*descendants(me, table), *carrying(marks, table)]
                          }.values(), (), _PATIENCE)
+
+
+def _names_folder(folder: str, env: dict[str, str]) -> str | None:
+    """A folder in folder where the rank writes its shared-memory names down, set in env as
+    TBCOLL_SHM_NAMES; None where tbrun gave one (a local wrapper) or there is no job."""
+    if segment_names(env) or not job_id(env):
+        return None
+    names = os.path.join(folder, "shm")
+    os.mkdir(names, 0o700)
+    env["TBCOLL_SHM_NAMES"] = names
+    return names
 
 
 def main() -> None:
@@ -131,6 +160,7 @@ def main() -> None:
             with open(path, "w") as f:
                 f.write(content)
             env[name] = path
+        names = _names_folder(folder, env)
         wants_input = bool(setup.get("stdin"))
         try:
             proc = subprocess.Popen(argv, env=env, cwd=cwd, start_new_session=True,
@@ -144,6 +174,10 @@ def main() -> None:
                          daemon=True).start()
         status = _wait_reaping(proc)
         _end_leftovers(proc.pid, env)
+        if names is not None:
+            remove_written_down(segment_prefix(job_id(env)), names,
+                                lambda message: print(f"tbrun: on {socket.gethostname()}: "
+                                                      f"{message}", file=sys.stderr))
     sys.exit(status if status >= 0 else 128 - status)
 
 

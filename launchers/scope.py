@@ -27,9 +27,11 @@ UNMADE = "<made at launch>"  # the token a dry run shows
 class JobScope:
     """What a job holds while it runs (job_scope makes it, and gives it all back)."""
 
-    def __init__(self, token: str, job: str, janitor: Janitor) -> None:
+    def __init__(self, token: str, job: str, janitor: Janitor, segment_names: str) -> None:
         self.token = token  # TBCOLL_TOKEN, the job's secret
         self.job = job  # TBCOLL_JOB, the cookie every process of the job carries
+        # TBCOLL_SHM_NAMES for the ranks on this host ("": none, as for mpiexec's ranks)
+        self.segment_names = segment_names
         self.janitor = janitor
         self.store: StoreServer | None = None  # not started yet; None for a dry run
         # the ranks' dumps, when the job fails; None for a dry run
@@ -60,9 +62,10 @@ def job_scope(plan: JobPlan, store_port: int, clients: int, *, dry_run: bool = F
               mpich: bool = False, dump_dir: str | None = None,
               trace: str | None = None) -> Iterator[JobScope]:
     """A job's scope: on leaving it, the timeline is written (trace: the file), the store is
-    closed, the folder removed, and the job's shared-memory segments unlinked (tbcoll's, by
-    the token's prefix; with mpich, MPICH's are watched by the janitor instead, and the
-    caller removes them). A dry run serves no store. clients: the number of ranks.
+    closed, the folder removed, and the job's shared-memory segments unlinked (tbcoll's, those
+    its ranks wrote down in the folder of names, TBCOLL_SHM_NAMES, and on Linux those /dev/shm
+    lists under the job's prefix; with mpich, MPICH's are watched by the janitor instead, and
+    the caller removes them). A dry run serves no store. clients: the number of ranks.
 
     Before anything starts, --trace's file is checked and --dump-dir's folder, in which the
     job makes a new folder of its own (tbcoll.launch.folders): LaunchError if they cannot be
@@ -70,8 +73,11 @@ def job_scope(plan: JobPlan, store_port: int, clients: int, *, dry_run: bool = F
     dumps = None if dry_run else _dumps_folder(dump_dir, trace)
     job = new_job_id()
     segments = None if mpich or dry_run else segment_prefix(job)
-    with janitor_for(segments=segments, mpich=mpich and not dry_run, job=job) as janitor:
-        scope = JobScope(UNMADE if dry_run else new_token(), job, janitor)
+    names = None if segments is None else _names_folder()
+    with janitor_for(segments=segments, names=names, mpich=mpich and not dry_run,
+                     job=job) as janitor:
+        scope = JobScope(UNMADE if dry_run else new_token(), job, janitor,
+                         UNMADE if dry_run else names or "")
         spool = None
         try:
             if not dry_run:
@@ -95,7 +101,7 @@ def job_scope(plan: JobPlan, store_port: int, clients: int, *, dry_run: bool = F
             if dumps is not None:
                 _remove_if_empty(dumps)
             if segments is not None:
-                remove_job_segments(segments, log)
+                remove_job_segments(segments, names, log)
 
 
 def _dumps_folder(dump_dir: str | None, trace: str | None) -> str | None:
@@ -110,6 +116,18 @@ def _dumps_folder(dump_dir: str | None, trace: str | None) -> str | None:
     except OSError as e:
         raise LaunchError(f"--dump-dir {dump_dir}: cannot make a folder in it "
                           f"({e.strerror}); give a folder you can write to") from None
+
+
+def _names_folder() -> str:
+    """A new private folder where the job's ranks on this host write down the shared-memory
+    names they make (TBCOLL_SHM_NAMES), in the temporary directory (as tempfile finds it,
+    without tempfile: ~4 ms of tbrun's start-up)."""
+    parent = os.environ.get("TMPDIR") or "/tmp"
+    try:
+        return new_folder(parent, "tbrun-shm-")
+    except OSError as e:
+        raise LaunchError(f"cannot make the job's folder in {parent} ({e.strerror}): set "
+                          "TMPDIR to a folder you can write to") from None
 
 
 def _remove_if_empty(folder: str) -> None:

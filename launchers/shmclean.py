@@ -1,6 +1,8 @@
 """Removing the shared memory a job's ranks leave behind when they die before unlinking it:
-tbcoll's own (named from the job's TBCOLL_JOB) and MPICH's. Linux lists both under /dev/shm;
-macOS cannot list shared memory at all, and there the ranks' own unlinking has to do."""
+tbcoll's own (named from the job's TBCOLL_JOB) and MPICH's. tbcoll's ranks write each name
+down in the job's folder of names (TBCOLL_SHM_NAMES) before they make the segment, on every
+OS; Linux also lists both kinds under /dev/shm. macOS cannot list shared memory at all: there
+tbcoll's names come from the folder alone, and MPICH's cannot be found."""
 
 from __future__ import annotations
 
@@ -12,13 +14,50 @@ _SHM = "/dev/shm"
 _UNMAP_WAIT = 2.0  # seconds killed ranks get to let go of their shared memory
 
 
-def remove_job_segments(prefix: str, log: Callable[[str], None]) -> None:
-    """Unlink the job's tbcoll segments (prefix: segment_prefix)."""
+def remove_job_segments(prefix: str, names: str | None, log: Callable[[str], None]) -> None:
+    """Unlink the job's tbcoll segments (prefix: segment_prefix): those whose names its ranks
+    wrote down in the folder names (TBCOLL_SHM_NAMES) and did not cross out, with the folder;
+    and, where /dev/shm lists them, any other of the job's names."""
+    if names is not None:
+        remove_written_down(prefix, names, log)
     for path in _files(prefix.lstrip("/")):
         try:
             os.unlink(path)
+        except FileNotFoundError:
+            pass
         except OSError as e:
             log(f"could not remove the job's shared-memory file {path}: {e}")
+
+
+def remove_written_down(prefix: str, folder: str, log: Callable[[str], None]) -> None:
+    """Unlink each segment written down in folder under the job's prefix (what a killed rank
+    made and did not unlink), then remove the records and the folder."""
+    try:
+        entries = os.listdir(folder)
+    except FileNotFoundError:
+        return
+    for entry in entries:
+        if entry.startswith(prefix.lstrip("/")):
+            _unlink_segment("/" + entry, log)
+        try:
+            os.unlink(os.path.join(folder, entry))
+        except OSError:
+            pass
+    try:
+        os.rmdir(folder)
+    except OSError as e:
+        log(f"could not remove the job's folder of shared-memory names {folder}: {e}")
+
+
+def _unlink_segment(name: str, log: Callable[[str], None]) -> None:
+    import _posixshmem  # here: only a job that left a segment needs it
+
+    try:
+        _posixshmem.shm_unlink(name)
+    except FileNotFoundError:
+        pass  # unlinked, and killed before it crossed the name out
+    except OSError as e:
+        log(f"could not remove the job's shared memory {name}: {e}")
 
 
 def mpich_segments() -> set[str]:

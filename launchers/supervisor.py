@@ -323,15 +323,20 @@ class Supervisor:
 
     def _ask_for_stacks(self, ranks: list[int]) -> None:
         """Signal silent ranks to write their stacks to stderr (tbcoll.dumps), the rank's
-        process only: its children need not handle the signal. Ranks run here directly,
-        that is: not those behind a wrapper or a launcher."""
+        process only: its children need not handle the signal. A wrapped rank (every local
+        rank on macOS, a remote one) is asked through its wrapper (tbcoll.launch.remote),
+        which signals the rank alone; a launcher's (mpiexec's) ranks are not asked."""
         for rank in ranks:
             cmd, proc = self._by_rank.get(rank), self._procs.get(rank)
-            if cmd is not None and proc is not None and cmd.setup is None and not cmd.launcher:
-                try:
-                    os.kill(proc.pid, STACKS_SIGNAL)
-                except (ProcessLookupError, PermissionError):
-                    pass
+            if cmd is None or proc is None or cmd.launcher:
+                continue
+            if cmd.setup is not None:
+                self._input.pipes[rank].put_signal(STACKS_SIGNAL.name[3:])
+                continue
+            try:
+                os.kill(proc.pid, STACKS_SIGNAL)
+            except (ProcessLookupError, PermissionError):
+                pass
 
     def _running(self) -> range | list[int]:
         """The ranks whose process has not ended yet; all ranks while a launcher (mpiexec) of

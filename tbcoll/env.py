@@ -21,6 +21,15 @@ reads or writes these variables.
     TBCOLL_JOB         random id of the job (not a secret); every process of the job inherits
                        it, and tbrun and its janitor kill what still carries it when the job
                        ends (launchers/reaper.py)
+    TBCOLL_SHM_NAMES   a private folder (0700) of the job on the rank's host (tbrun's, or for a
+                       remote rank its wrapper's, launchers/remote.py) where a rank
+                       writes down each shared-memory name before it makes the segment (an
+                       empty file of that name, less its '/') and removes the file once the
+                       name is unlinked. When the job ends, tbrun (or its janitor, if tbrun was
+                       killed; or the remote rank's wrapper when its rank ends) unlinks the
+                       names left there: a killed rank's. macOS cannot list
+                       shared memory, so without them a killed job's segment would stay until
+                       reboot
 
 Read by the library as well, set by the user:
 
@@ -88,6 +97,7 @@ class LaunchInfo:
     topology: Layout
     timeout: float
     job: str = ""  # TBCOLL_JOB
+    segment_names: str = ""  # TBCOLL_SHM_NAMES ("": none, as for ranks on other hosts)
 
 
 def worker_env(info: LaunchInfo, master: tuple[str, int]) -> dict[str, str]:
@@ -104,6 +114,7 @@ def worker_env(info: LaunchInfo, master: tuple[str, int]) -> dict[str, str]:
         "TBCOLL_HOSTFILE": info.topology.to_json(),
         "TBCOLL_TIMEOUT": f"{info.timeout:g}",
         "TBCOLL_JOB": info.job,
+        **({"TBCOLL_SHM_NAMES": info.segment_names} if info.segment_names else {}),
         "RANK": str(info.rank),
         "WORLD_SIZE": str(info.size),
         "LOCAL_RANK": str(info.local_rank),
@@ -149,6 +160,7 @@ def launch_info(environ: Mapping[str, str] | None = None) -> LaunchInfo | None:
         topology=_layout(env, "TBCOLL_HOSTFILE"),
         timeout=comm_timeout(None, env),
         job=env.get("TBCOLL_JOB", ""),
+        segment_names=env.get("TBCOLL_SHM_NAMES", ""),
     )
     if not 0 <= info.rank < info.size:
         raise TbcollError(f"TBCOLL_RANK={info.rank} is outside 0..{info.size - 1} (TBCOLL_SIZE)")
@@ -348,6 +360,23 @@ def segment_prefix(job: str) -> str:
     of one set by hand only letters and digits count (a '/' has no place in the name).
     """
     return f"/tbc-{''.join(c for c in job if c.isascii() and c.isalnum())[:8]}-"
+
+
+def segment_names(environ: Mapping[str, str] | None = None) -> str:
+    """TBCOLL_SHM_NAMES: the folder where this rank writes down the shared-memory names it
+    makes ("": nowhere)."""
+    env = os.environ if environ is None else environ
+    return env.get("TBCOLL_SHM_NAMES", "")
+
+
+def job_id(environ: Mapping[str, str]) -> str:
+    """TBCOLL_JOB of the process whose environment this is ("": none)."""
+    return environ.get("TBCOLL_JOB", "")
+
+
+def segment_record(folder: str, name: str) -> str:
+    """The file in folder (TBCOLL_SHM_NAMES) that stands for the segment called name."""
+    return os.path.join(folder, name.lstrip("/"))
 
 
 def placement(info: LaunchInfo | None) -> tuple[int, int]:

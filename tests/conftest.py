@@ -124,9 +124,12 @@ def read_pids(folder: Path, files: int, timeout: float = 20, pattern: str = "*")
 
 
 def leftover_segments() -> list[str]:
-    """tbcoll's shared-memory names in /dev/shm (none can be listed on macOS)."""
-    shm = Path("/dev/shm")
-    return sorted(p.name for p in shm.glob("tbc-*")) if shm.is_dir() else []
+    """tbcoll's shared-memory names in /dev/shm (none can be listed on macOS, nor in a rank
+    under the macOS lane, where /dev/shm answers stat but not a listing)."""
+    try:
+        return sorted(p.name for p in Path("/dev/shm").glob("tbc-*"))
+    except OSError:
+        return []
 
 
 def mpich_segments() -> set[Path]:
@@ -141,6 +144,17 @@ def hydra_topology_files() -> set[Path]:
     """The hwloc topology files MPICH's Hydra proxies write to /tmp (a proxy unlinks its own
     when it ends normally; tbcoll.launch.hydratopo removes it when a rank aborts)."""
     return set(Path("/tmp").glob("hydra_hwloc_xmlfile_*"))
+
+
+def unheld(paths: set[Path]) -> set[Path]:
+    """Those of paths that no process holds open (read from /proc by the test itself)."""
+    held = set()
+    for fds in Path("/proc").glob("[0-9]*/fd"):
+        try:
+            held.update(os.readlink(link) for link in fds.iterdir())
+        except OSError:
+            continue  # the process ended, or is not ours to read
+    return {path for path in paths if str(path) not in held}
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -259,7 +259,10 @@ def test_a_trace_streams_while_the_job_runs_so_a_killed_rank_keeps_its_calls(scr
 
 def test_a_dump_that_cannot_be_written_still_says_where_each_rank_was(script, tmp_path):
     """The dump folder turns into a file while the job runs: one line says so, the screen
-    is shown, and the job's status is the failed rank's."""
+    is shown, and the job's status is the failed rank's. (No traceback of tbrun's own, which
+    would be untagged: rank 1 may print one, "[1] Traceback", of the PeerLostError it gets
+    when it sees rank 0 gone before tbrun stops it. That is the rule for wrapped ranks, as on
+    macOS or under the lane, where tbrun learns of rank 0's end through its wrapper.)"""
     dumps = tmp_path / "dumps"
     path = script(f"""
         import os, shutil, sys, tbcoll
@@ -276,7 +279,7 @@ def test_a_dump_that_cannot_be_written_still_says_where_each_rank_was(script, tm
     p = tbrun("-np", 2, "--comm-timeout", 30, "--dump-dir", dumps, path, timeout=60,
               cwd=tmp_path)
     assert p.returncode == 3, p.stderr
-    assert "Traceback" not in p.stderr
+    assert not [line for line in p.stderr.splitlines() if line.startswith("Traceback")]
     assert "tbrun: cannot write the dumps" in p.stderr
     assert "where each rank was" in p.stderr and "rank 1: barrier #2" in p.stderr
 

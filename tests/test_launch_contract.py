@@ -14,9 +14,10 @@ from .conftest import REPO, tagged_lines, tbrun
 
 CONTRACT = ["TBCOLL_RANK", "TBCOLL_SIZE", "TBCOLL_LOCAL_RANK", "TBCOLL_LOCAL_SIZE",
             "TBCOLL_NODE_RANK", "TBCOLL_BACKEND", "TBCOLL_STORE", "TBCOLL_TOKEN",
-            "TBCOLL_HOSTFILE", "TBCOLL_TIMEOUT", "TBCOLL_JOB", "RANK", "WORLD_SIZE", "LOCAL_RANK",
-            "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "PYTHONUNBUFFERED",
-            "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "FROM_X", "HOME"]
+            "TBCOLL_HOSTFILE", "TBCOLL_TIMEOUT", "TBCOLL_JOB", "TBCOLL_SHM_NAMES", "RANK",
+            "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+            "PYTHONUNBUFFERED", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+            "FROM_X", "HOME"]
 
 PRINT_ENV = f"""
 import json, os
@@ -44,6 +45,8 @@ def test_every_rank_gets_the_contract(script):
     assert len(tokens) == 1 and len(tokens.pop()) == 64
     jobs = {r["env"]["TBCOLL_JOB"] for r in ranks.values()}
     assert len(jobs) == 1 and len(jobs.pop()) == 16  # one random id for the whole job
+    names = {r["env"]["TBCOLL_SHM_NAMES"] for r in ranks.values()}  # one folder, removed after
+    assert len(names) == 1 and os.path.basename(names.pop()).startswith("tbrun-shm-")
     for rank, out in ranks.items():
         env = out["env"]
         assert env["TBCOLL_RANK"] == env["RANK"] == env["TBCOLL_LOCAL_RANK"] == str(rank)

@@ -86,17 +86,20 @@ def test_waiting_on_several_flags(segment):
 @pytest.mark.skipif(not hasattr(os, "posix_fallocate"), reason="Linux only: posix_fallocate")
 def test_no_room_is_an_error_at_creation_not_a_crash_later():
     free = os.statvfs("/dev/shm").f_bavail * os.statvfs("/dev/shm").f_frsize
-    with pytest.raises(SegmentSpaceError, match="enlarge /dev/shm .* or use --backend tcp"):
+    with pytest.raises(SegmentSpaceError, match="on Linux enlarge /dev/shm .*; on macOS, which "
+                       "has no /dev/shm, free memory .* or use --backend tcp"):
         Segment.create(f"/tbc-test-big-{os.getpid()}", free + (1 << 30))
     assert not os.path.exists(f"/dev/shm/tbc-test-big-{os.getpid()}")
 
 
-def test_planted_names_are_passed_over(monkeypatch):
-    """Another local user who plants the next name makes tbcoll draw another, never fail."""
+def test_planted_names_are_passed_over(monkeypatch, tmp_path):
+    """Another local user who plants the next name makes tbcoll draw another, never fail; a
+    name passed over is not left written down (tbrun would unlink the planter's segment)."""
     import secrets
 
     from tbcoll.shm import segment as seg
 
+    monkeypatch.setenv("TBCOLL_SHM_NAMES", str(tmp_path))
     prefix = f"/tbc-t{os.getpid()}-"
     planted = prefix + "aaaaaaaaaa"
     fd = _posixshmem.shm_open(planted, os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=0o600)
@@ -106,10 +109,54 @@ def test_planted_names_are_passed_over(monkeypatch):
     try:
         segment = seg.Segment.create_unique(prefix, 4096)
         assert segment.name == prefix + "cccccccccc"
+        assert [p.name for p in tmp_path.iterdir()] == [segment.name[1:]]
         segment.unlink()
         segment.close()
     finally:
         _posixshmem.shm_unlink(planted)
+
+
+def test_a_name_is_written_down_until_its_segment_is_unlinked(monkeypatch, tmp_path):
+    """Under tbrun (TBCOLL_SHM_NAMES) the creator writes the name down before it makes the
+    segment, in a new private file, and crosses it out once the name is unlinked: what a
+    killed rank leaves there, tbrun unlinks (macOS cannot list shared memory)."""
+    monkeypatch.setenv("TBCOLL_SHM_NAMES", str(tmp_path))
+    segment = Segment.create_unique(f"/tbc-t{os.getpid()}-", 4096)
+    try:
+        (record,) = tmp_path.iterdir()
+        assert "/" + record.name == segment.name
+        assert record.stat().st_mode & 0o777 == 0o600
+        Segment.attach(segment.name, 4096).close()
+        assert list(tmp_path.iterdir()) == [record]  # the ranks that map it write nothing
+    finally:
+        segment.unlink()
+        segment.close()
+    assert not any(tmp_path.iterdir())
+
+
+def test_a_planted_record_is_a_name_taken(monkeypatch, tmp_path):
+    """A link planted in the folder of names under the next name is not followed: another
+    name is drawn, and the link stays as it was."""
+    import secrets
+
+    monkeypatch.setenv("TBCOLL_SHM_NAMES", str(tmp_path))
+    prefix = f"/tbc-t{os.getpid()}-"
+    target = tmp_path / "target"
+    (tmp_path / (prefix[1:] + "aaaaaaaaaa")).symlink_to(target)
+    draws = iter(["aaaaaaaaaa", "cccccccccc"])
+    monkeypatch.setattr(secrets, "token_hex", lambda n: next(draws))
+    segment = Segment.create_unique(prefix, 4096)
+    segment.unlink()
+    segment.close()
+    assert segment.name == prefix + "cccccccccc"
+    assert not target.exists()
+
+
+def test_a_folder_of_names_that_cannot_be_written_is_one_clear_error(monkeypatch, tmp_path):
+    monkeypatch.setenv("TBCOLL_SHM_NAMES", str(tmp_path / "gone"))
+    with pytest.raises(OSError, match="cannot write down the shared-memory name .* "
+                                      "TBCOLL_SHM_NAMES=.*gone"):
+        Segment.create_unique(f"/tbc-t{os.getpid()}-", 4096)
 
 
 class TestRingInC:

@@ -7,6 +7,12 @@ which the creator tells the others, keeps another local user from planting the n
 (a name that exists is never used: O_EXCL, and another is drawn); a rank that maps a segment
 by name first checks that it is this user's, 0600, and as large as expected. The whole name
 stays within macOS's 31 characters. Nothing is made in a folder other users share.
+
+Under tbrun, a rank writes each name down in the job's folder (TBCOLL_SHM_NAMES) before it
+makes the segment, and crosses it out after unlinking it: a rank killed in between leaves the
+name there for tbrun (or its janitor) to unlink. On Linux tbrun could also list /dev/shm;
+macOS has no way to list shared memory, and without the record the segment would stay until
+reboot.
 """
 
 from __future__ import annotations
@@ -19,9 +25,20 @@ import os
 import secrets
 import stat
 
+from tbcoll.env import segment_names, segment_record
+
 MAX_NAME = 31  # PSHMNAMLEN on macOS
 _RANDOM = 5  # bytes of the random part: 10 hex digits
 _TRIES = 8
+_NEW_RECORD = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+# What to do where a segment cannot be had. Linux keeps POSIX shared memory in /dev/shm, a
+# tmpfs of its own size (64 MB in a Docker container by default); macOS has no such file
+# system: ftruncate of a segment allocates its memory (XNU's pshm_truncate, mach_vm_allocate)
+# with no limit of its own, so memory is the limit (the kern.sysv.shm* sysctls are System V's).
+NO_ROOM_ADVICE = ("on Linux enlarge /dev/shm (e.g. docker --shm-size); on macOS, which has no "
+                  "/dev/shm, free memory or run fewer ranks; or use --backend tcp")
 
 
 class SegmentSpaceError(OSError):
@@ -29,8 +46,9 @@ class SegmentSpaceError(OSError):
 
 
 class Segment:
-    def __init__(self, name: str, fd: int, size: int) -> None:
+    def __init__(self, name: str, fd: int, size: int, record: str | None = None) -> None:
         self.name, self.size = name, size
+        self._record = record  # where this rank wrote the name down (the creator only)
         try:
             self._map = mmap.mmap(fd, size)  # (it keeps a descriptor of its own)
         finally:
@@ -53,7 +71,12 @@ class Segment:
     def create(cls, name: str, size: int) -> Segment:
         if len(name) > MAX_NAME:
             raise ValueError(f"shared-memory name {name!r} is longer than {MAX_NAME} characters")
-        fd = _posixshmem.shm_open(name, os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=0o600)
+        record = _write_down(name)
+        try:
+            fd = _posixshmem.shm_open(name, os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=0o600)
+        except BaseException:
+            _cross_out(record)  # not this rank's segment: tbrun must not unlink it
+            raise
         try:
             os.ftruncate(fd, size)
             if hasattr(os, "posix_fallocate"):  # Linux: claim the pages now, so that a full
@@ -61,10 +84,11 @@ class Segment:
         except OSError as e:
             os.close(fd)
             _posixshmem.shm_unlink(name)
+            _cross_out(record)
             raise SegmentSpaceError(
                 f"cannot make a {size / 2**20:.1f} MiB shared-memory segment ({e.strerror}): "
-                "enlarge /dev/shm (e.g. docker --shm-size) or use --backend tcp") from e
-        return cls(name, fd, size)
+                f"{NO_ROOM_ADVICE}") from e
+        return cls(name, fd, size, record)
 
     @classmethod
     def attach(cls, name: str, size: int) -> Segment:
@@ -84,11 +108,13 @@ class Segment:
         return cls(name, fd, size)
 
     def unlink(self) -> None:
-        """Remove the name; the mappings stay valid until close()."""
+        """Remove the name (and its record); the mappings stay valid until close()."""
         try:
             _posixshmem.shm_unlink(self.name)
         except FileNotFoundError:
             pass
+        _cross_out(self._record)
+        self._record = None
 
     def close(self) -> None:
         self.buffer.release()
@@ -97,4 +123,31 @@ class Segment:
         except BufferError:
             # arrays still view the mapping (a traceback's frames hold them at exit after a
             # failed call): it stays mapped until they go, or the process ends
+            pass
+
+
+def _write_down(name: str) -> str | None:
+    """Write name down in the job's folder (TBCOLL_SHM_NAMES) before the segment is made, so
+    that tbrun can unlink it should this rank be killed: the record's path, None with no
+    folder. A record that exists already is a name taken (FileExistsError: draw another)."""
+    folder = segment_names()
+    if not folder:
+        return None
+    path = segment_record(folder, name)
+    try:
+        os.close(os.open(path, _NEW_RECORD, 0o600))
+    except FileExistsError:
+        raise
+    except OSError as e:
+        raise OSError(e.errno, f"cannot write down the shared-memory name {name} in "
+                      f"TBCOLL_SHM_NAMES={folder} ({e.strerror}): tbrun sets it for the "
+                      "job's ranks on its host; unset it where it was set by hand") from None
+    return path
+
+
+def _cross_out(record: str | None) -> None:
+    if record is not None:
+        try:
+            os.unlink(record)
+        except FileNotFoundError:
             pass

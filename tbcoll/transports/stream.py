@@ -80,11 +80,13 @@ class _Send:
 
 
 class _Recv:
-    __slots__ = ("peer", "view", "call", "done", "error")
+    __slots__ = ("peer", "view", "call", "done", "error", "dropped")
 
     def __init__(self, peer: Peer, view: memoryview, call: tuple[int, int] = NO_CALL) -> None:
-        # error: why it can never complete (a message of another size or call came for it)
+        # error: why it can never complete (a message of another size or call came for it);
+        # dropped: that message, read and dropped; the error is raised once it is whole
         self.peer, self.view, self.call, self.done, self.error = peer, view, call, False, None
+        self.dropped: _Unexpected | None = None
 
 
 class _Unexpected:
@@ -126,6 +128,17 @@ class Peer:
         self.next_pull = 0
         self.announced: dict[int, _Send] = {}  # this rank's announced sends not yet pulled
         self.refused: dict[int, tuple[_Recv | _Unexpected, memoryview]] = {}  # to be resent
+
+
+def _failed(request: _Send | _Recv) -> bool:
+    """request can never complete, and the message that failed it (if any) has been read
+    whole: the stream is in step again for what comes next. (A failed receive raises only
+    then: after it a rank may call what moves nothing through the stream, as shm's native
+    collectives, and the sender of a message longer than the ring would wait forever.)"""
+    if not request.error:
+        return False
+    dropped = getattr(request, "dropped", None)
+    return dropped is None or dropped.done
 
 
 def bytes_of(buf: np.ndarray) -> memoryview:
@@ -275,9 +288,15 @@ class StreamTransport:
         early = peer.unexpected.get((context, tag))
         if early:
             message = early.popleft()
-            if message.call != call:
-                raise CommError(self._call_error(peer.rank, message.call, call))
-            self._check_size(peer, context, tag, len(message.data), request.view.nbytes)
+            if message.call != call or len(message.data) != request.view.nbytes:
+                error = (self._call_error(peer.rank, message.call, call)
+                         if message.call != call else
+                         self._size_error(peer, context, tag, len(message.data),
+                                          request.view.nbytes))
+                if message.done:
+                    raise CommError(error)
+                request.error, request.dropped = error, message  # raised once it is whole
+                return request
             if message.done:
                 request.view[:] = message.data
                 request.done = True
@@ -370,7 +389,7 @@ class StreamTransport:
             if not pending:
                 return
             for request in pending:
-                if request.error:
+                if _failed(request):
                     raise CommError(request.error)
                 if request.peer.lost:
                     raise PeerLostError(f"lost connection to rank {request.peer.rank} "
@@ -383,6 +402,9 @@ class StreamTransport:
                 next_check = now + 1.0
                 continue  # a stream found dead fails the wait above
             elif now >= deadline:
+                for request in pending:  # its dropped message never came whole: say why
+                    if request.error:
+                        raise CommError(request.error)
                 peers = sorted({r.peer.rank for r in pending})
                 raise PeerTimeoutError(f"timed out after {self.timeout:g} s (TBCOLL_TIMEOUT) "
                                        f"waiting for rank(s) {', '.join(map(str, peers))}",
@@ -418,7 +440,7 @@ class StreamTransport:
         for request in requests:
             if request.done:
                 continue
-            if request.error:
+            if _failed(request):
                 raise CommError(request.error)
             if request.peer.lost:
                 raise PeerLostError(f"lost connection to rank {request.peer.rank} "
@@ -554,7 +576,7 @@ class StreamTransport:
             failed.error = (self._call_error(peer.rank, call, failed.call)
                             if failed.call != call else
                             self._size_error(peer, context, tag, nbytes, failed.view.nbytes))
-            owner = _Unexpected(nbytes, call)
+            owner = failed.dropped = _Unexpected(nbytes, call)
             view = memoryview(owner.data)
         elif waiting:
             owner: _Recv | _Unexpected = waiting.popleft()
@@ -612,10 +634,6 @@ class StreamTransport:
         if isinstance(owner, _Unexpected) and owner.waiter is not None:
             owner.waiter.view[:] = owner.data
             owner.waiter.done = True
-
-    def _check_size(self, peer: Peer, context: int, tag: int, sent: int, expected: int) -> None:
-        if sent != expected:
-            raise CommError(self._size_error(peer, context, tag, sent, expected))
 
     def _call_error(self, sender: int, sent: tuple[int, int], running: tuple[int, int]) -> str:
         """Rank sender's message of call `sent` met this rank running call `running`."""

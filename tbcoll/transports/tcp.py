@@ -22,8 +22,10 @@ import queue
 import select
 import socket
 import struct
+import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable
 
 import numpy as np
@@ -59,6 +61,15 @@ _PROBE_EVERY, _PROBES = 1, 3  # keepalive: seconds between probes, unanswered on
 # struct tcp_info (Linux): 8 one-byte fields (retransmits is the third), then u32s of which
 # the fifth is tcpi_unacked
 _TCP_INFO = struct.Struct("8B5I")
+# struct tcp_connection_info (macOS: XNU's bsd/netinet/tcp.h, getsockopt TCP_CONNECTION_INFO,
+# 0x106, which CPython does not name): tcpi_state, snd_wscale, rcv_wscale, a pad byte; 13 u32
+# (options, flags, rto, maxseg, snd_ssthresh, snd_cwnd, snd_wnd, snd_sbbytes, rcv_wnd,
+# rttcur, srtt, rttvar, a word of bit fields); then from offset 56, 8-aligned, 7 u64
+# (txpackets, txbytes, txretransmitbytes, rxpackets, rxbytes, rxoutoforderbytes,
+# txretransmitpackets): 112 bytes
+TCP_CONNECTION_INFO = 0x106
+_TCP_CONNECTION_INFO = struct.Struct("=4B13I7Q")
+_SND_SBBYTES, _RXPACKETS, _TXRETRANSMITPACKETS = 11, 20, 23
 _DEAD_AFTER_RTOS = 3  # consecutive unanswered retransmission timeouts (~3 s) mean no link
 # A waiting rank looks at its sockets this long before it sleeps in poll(): waking from poll
 # costs more than a loopback message takes (8 B all_reduce at np=2: 72 -> 22-39 us). It
@@ -385,9 +396,16 @@ def notice_dead_links(sock: socket.socket) -> None:
 
 def _unanswered(sock: socket.socket) -> str | None:
     """Why the connection is dead though nothing failed yet: data in flight that nothing
-    acknowledged through _DEAD_AFTER_RTOS retransmission timeouts in a row (a pulled cable; a
-    live peer's kernel acknowledges at once, even while its process reads slowly). Linux
-    tells through TCP_INFO; elsewhere only keepalive and TBCOLL_TIMEOUT notice."""
+    acknowledged through _DEAD_AFTER_RTOS retransmissions in a row (a pulled cable; a live
+    peer's kernel acknowledges at once, even while its process reads slowly). Linux tells
+    through TCP_INFO, macOS through TCP_CONNECTION_INFO; elsewhere only keepalive and
+    TBCOLL_TIMEOUT notice."""
+    reader = _LINK_READERS.get(sys.platform)
+    return reader(sock) if reader is not None else None
+
+
+def _unanswered_linux(sock: socket.socket) -> str | None:
+    """tcpi_retransmits: the retransmission timeouts in a row, with tcpi_unacked bytes."""
     if not hasattr(socket, "TCP_INFO"):
         return None
     try:
@@ -399,6 +417,42 @@ def _unanswered(sock: socket.socket) -> str | None:
     if unacked and retransmits >= _DEAD_AFTER_RTOS:
         return f"{retransmits} retransmissions unanswered: {LINK_DOWN}"
     return None
+
+
+# socket -> (tcpi_rxpackets, tcpi_txretransmitpackets) when it was first seen with bytes to
+# deliver and nothing received since
+_QUIET_SINCE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _unanswered_macos(sock: socket.socket) -> str | None:
+    """macOS counts no retransmission timeouts in a row: what comes nearest is packets
+    retransmitted (tcpi_txretransmitpackets) while the send buffer holds bytes
+    (tcpi_snd_sbbytes) and not one packet arrives (tcpi_rxpackets): counted from the first
+    look that found it so. Any packet from the peer (an acknowledgement, a window probe's
+    answer) starts the count again."""
+    try:
+        info = sock.getsockopt(socket.IPPROTO_TCP, TCP_CONNECTION_INFO,
+                               _TCP_CONNECTION_INFO.size)
+    except OSError:
+        return None
+    if len(info) < _TCP_CONNECTION_INFO.size:
+        return None
+    fields = _TCP_CONNECTION_INFO.unpack_from(info)
+    received, retransmitted = fields[_RXPACKETS], fields[_TXRETRANSMITPACKETS]
+    mark = _QUIET_SINCE.get(sock)
+    if not fields[_SND_SBBYTES]:
+        _QUIET_SINCE.pop(sock, None)
+        return None
+    if mark is None or mark[0] != received:
+        _QUIET_SINCE[sock] = (received, retransmitted)
+        return None
+    unanswered = retransmitted - mark[1]
+    if unanswered >= _DEAD_AFTER_RTOS:
+        return f"{unanswered} retransmissions unanswered: {LINK_DOWN}"
+    return None
+
+
+_LINK_READERS = {"linux": _unanswered_linux, "darwin": _unanswered_macos}
 
 
 def _gone(sock: socket.socket) -> str | None:
