@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: demo test lint clean cluster-tools rdma-lab-tools rdma-lab reference-tools
+.PHONY: demo test lint clean cluster-tools rdma-lab-tools rdma-lab reference-tools arm64-lab
 
 $(STAMP): pyproject.toml setup.py Makefile tbcoll/shm/_atomics.c tbcoll/shm/reduce.h \
 	  tbcoll/shm/cpu_relax.h tbcoll/shm/buffers.h tbcoll/shm/lane.c tbcoll/shm/shm.h \
@@ -78,6 +78,23 @@ rdma-lab: rdma-lab-tools
 	      ibv_rc_pingpong -d $$RDMALAB_DEVICE -g 1 -n 1000 -p 18562 $$RDMALAB_ADDRESS && break; \
 	      sleep 0.5; done; wait $$!; }'
 
+# The arm64 lab (tests/arm64lab.py): an arm64 Debian root under qemu-user, where the C extensions
+# build with gcc and clang and the shm/tcp collectives run (tests/test_arm64.py). As root with
+# apt-get (CI), install qemu-user-static and debootstrap and build the root once, outside the
+# checkout (/var/cache/tbcoll/arm64-root, TBCOLL_ARM64_ROOT): minutes from scratch, nothing
+# when its stamp names the lab's recipe. Elsewhere its tests skip and say why.
+ARM64_APT := qemu-user-static binfmt-support debootstrap
+arm64-lab: $(STAMP)
+	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  if ! dpkg -s $(ARM64_APT) >/dev/null 2>&1; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	      apt-get install -y -qq $(ARM64_APT) >/dev/null; \
+	  fi; \
+	  $(BIN)/python -m tests.arm64lab --build; \
+	else \
+	  echo "arm64-lab: skipped: building the arm64 root needs root and apt-get"; \
+	fi
+
 # As root with apt-get (CI), the labs must run (network namespaces, Slurm, the RDMA VM):
 # TBCOLL_REQUIRE_LABS=1 turns their skips into failures (tests/conftest.py), so a lab that
 # broke cannot read green.
@@ -91,7 +108,7 @@ MACOS_LANE := tests/test_exit_status.py tests/test_stdin.py tests/test_open_file
               tests/test_output.py tests/test_supervision.py tests/test_comm_failures.py \
               tests/test_flight_recorder.py tests/test_pytest_plugin.py tests/test_dead_links.py \
               tests/test_spmd.py::test_collectives_under_the_macos_lane
-test: lint cluster-tools rdma-lab-tools reference-tools
+test: lint cluster-tools rdma-lab-tools reference-tools arm64-lab
 	TBCOLL_REQUIRE_LABS=$$(if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; \
 	  then echo 1; fi) $(BIN)/python -m pytest
 	$(BIN)/python -m pytest -p tests.maclane $(MACOS_LANE)

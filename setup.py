@@ -15,9 +15,12 @@
 optional=True: without a compiler (or without the verbs header) the install still succeeds;
 tbcoll.shm then uses its pure-Python flags, tcp its stream engine's Python path, the rdma
 backend says how to get it built, and tbrun sets PR_SET_PDEATHSIG from Python in each forked
-rank instead, and PR_SET_CHILD_SUBREAPER through ctypes.
+rank instead, and PR_SET_CHILD_SUBREAPER through ctypes. TBCOLL_REQUIRE_C=1 makes every one
+of them required, so that a build with CFLAGS="-Wall -Werror" fails on a warning instead of
+leaving the extension out (tests/test_arm64.py builds so under gcc and clang).
 """
 
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -29,6 +32,7 @@ from setuptools.errors import CompileError, LinkError
 _LINUX = sys.platform.startswith("linux")
 _DL = ["dl"] if _LINUX else []
 _DIE_WITH_PARENT = "die-with-parent"
+_OPTIONAL = os.environ.get("TBCOLL_REQUIRE_C") != "1"
 
 
 class BuildExtAndDieWithParent(build_ext):
@@ -45,6 +49,8 @@ class BuildExtAndDieWithParent(build_ext):
             built = Path(self.build_lib, "tbcoll", "launch")
             self.compiler.link_executable(objects, _DIE_WITH_PARENT, output_dir=str(built))
         except (CompileError, LinkError) as e:  # optional, as the extensions
+            if not _OPTIONAL:
+                raise
             print(f"warning: {_DIE_WITH_PARENT} not built ({e}); tbrun sets PR_SET_PDEATHSIG "
                   "from a preexec_fn instead", file=sys.stderr)
             return
@@ -57,12 +63,12 @@ setup(cmdclass={"build_ext": BuildExtAndDieWithParent}, ext_modules=[
     Extension("tbcoll.shm._atomics", ["tbcoll/shm/_atomics.c", "tbcoll/shm/lane.c",
                                       "tbcoll/shm/moves.c"],
               depends=["tbcoll/shm/reduce.h", "tbcoll/shm/cpu_relax.h", "tbcoll/shm/shm.h",
-                       "tbcoll/shm/lane.h", "tbcoll/shm/buffers.h"], optional=True),
+                       "tbcoll/shm/lane.h", "tbcoll/shm/buffers.h"], optional=_OPTIONAL),
     Extension("tbcoll.transports._sockets", ["tbcoll/transports/_sockets.c"],
-              depends=["tbcoll/shm/reduce.h", "tbcoll/shm/buffers.h"], optional=True),
+              depends=["tbcoll/shm/reduce.h", "tbcoll/shm/buffers.h"], optional=_OPTIONAL),
     Extension("tbcoll.rdma._verbs", ["tbcoll/rdma/_verbs.c"],
               depends=["tbcoll/shm/reduce.h", "tbcoll/shm/cpu_relax.h"], libraries=_DL,
-              optional=True),
-    *([Extension("tbcoll.launch._subreaper", ["launchers/_subreaper.c"], optional=True)]
+              optional=_OPTIONAL),
+    *([Extension("tbcoll.launch._subreaper", ["launchers/_subreaper.c"], optional=_OPTIONAL)]
       if _LINUX else []),
 ])

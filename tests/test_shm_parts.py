@@ -11,10 +11,13 @@ import pytest
 from tbcoll.launch import reaper
 
 from tbcoll.env import segment_prefix
+from tbcoll.shm import native
 from tbcoll.shm.flags import AtomicFlags
 from tbcoll.shm.pipe import OverwrittenRing, Ring
 from tbcoll.shm.segment import Segment, SegmentSpaceError
 from tbcoll.transports.stream import _HEADER
+
+from .conftest import tagged_lines, tbrun
 
 
 @pytest.fixture
@@ -248,3 +251,39 @@ def test_a_round_refuses_strides_outside_its_buffers(segment, stride):
     with pytest.raises(ValueError, match="do not fit"):
         lane = atomics.Lane(segment.buffer, 0, 4, 0, [1024, 1024], 256, 0.01, None, 0)
         lane.round(atomics.ALL_GATHER, src, 0, dst, stride, 8, 0, 0, 1)
+
+
+def test_a_pid_not_yet_published_is_not_known_gone_and_never_signalled(monkeypatch):
+    """A rank's pid word reads 0 until that rank stores its pid. The liveness check must take
+    0 as "not yet" and never call os.kill(0, 0), which signals this process's own group (and
+    answers "alive" of nobody), nor os.kill with a negative number (another group)."""
+    signalled = []
+    real_kill = os.kill
+    monkeypatch.setattr(os, "kill", lambda pid, sig: (signalled.append(pid), real_kill(pid, sig)))
+    assert not native.gone(0)
+    assert not native.gone(-os.getpgid(0))
+    assert signalled == []
+    assert not native.gone(os.getpid())
+    child = os.fork()
+    if child == 0:
+        os._exit(0)
+    os.waitpid(child, 0)
+    assert native.gone(child)
+
+
+def test_each_rank_publishes_its_pid_with_a_release_store(script):
+    """Every rank finds every other rank's pid in the segment (loaded with acquire)."""
+    job = script("""
+        import os
+        import numpy as np
+        import tbcoll
+        comm = tbcoll.init()
+        native = comm._group.native
+        pids = comm.all_gather(np.array([os.getpid()]))
+        print(all(native.pid_of(r) == int(pids[r]) for r in range(comm.size)))
+        comm.close()
+    """)
+    p = tbrun("-np", "3", "--backend", "shm", job, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert {r: lines[-1] for r, lines in tagged_lines(p.stdout).items()} == \
+        {0: "True", 1: "True", 2: "True"}

@@ -371,6 +371,7 @@ static int progress(Fabric *f)
     for (int d = 0; d < f->ndev; d++) {
         int n;
         while ((n = ibv_poll_cq(f->dev[d].cq, 32, wc)) > 0) {
+            __atomic_thread_fence(__ATOMIC_ACQUIRE); /* data after its CQE, on any provider */
             for (int i = 0; i < n; i++)
                 completed(f, &wc[i]);
             total += n;

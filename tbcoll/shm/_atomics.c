@@ -390,6 +390,7 @@ Py_ssize_t ring_take(char *ring, Py_ssize_t capacity, const void *expected, char
             copied = 0;
             PyThreadState *saved = len >= NOGIL_BYTES ? PyEval_SaveThread() : NULL;
             while (copied < len) {
+                /* acquire: the producer copied the bytes up to head in before storing it */
                 uint64_t head = __atomic_load_n((const uint64_t *)head_word, __ATOMIC_ACQUIRE);
                 if (head - tail > (uint64_t)capacity) {  /* the peer's counter is not one */
                     copied = -3;

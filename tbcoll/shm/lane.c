@@ -147,6 +147,8 @@ static int run_round(const Round *r, uint64_t seq, int stage, double budget, uin
             if (saved)
                 PyEval_RestoreThread(saved);
         }
+        /* relaxed: published by the release store of the flag just below, which every reader
+         * acquires first; round seq-2's readers of this word are done (every flag >= seq-1) */
         __atomic_store_n((uint64_t *)(base + signature_at + rank * line), signature,
                          __ATOMIC_RELAXED);
         /* release: the slot's bytes and the signature become visible no later than the flag */
@@ -161,6 +163,7 @@ static int run_round(const Round *r, uint64_t seq, int stage, double budget, uin
     /* acquire, inside all_reached: everything the flags' writers stored before is visible */
     if (!wait_flags(flag_base, line, size, seq, budget))
         return 2;
+    /* relaxed: after the acquire of rank k's flag, which its signature's store preceded */
     for (Py_ssize_t k = 0; k < size; k++)
         if (__atomic_load_n((uint64_t *)(base + signature_at + k * line), __ATOMIC_RELAXED) !=
             signature)

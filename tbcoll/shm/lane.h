@@ -60,8 +60,10 @@ typedef struct {
 
 #define MOVES (1 << ONE_CALL_KINDS) /* the enabled bit of send and recv */
 
-/* A pid of rank k's, from the segment at base (each rank stores its own there before the
- * communicator's first round or message). */
+/* A pid of rank k's, from the segment at base. Each rank stores its own there (release,
+ * tbcoll/shm/native.py's publish_pid) before the communicator's first round or message; a
+ * pull reads it only after an acquire of that rank's flag or ring head, stored later, so the
+ * pid happens-before this load and relaxed suffices (on ARM64 too). */
 static inline long pid_of(const Lane *self, const char *base, Py_ssize_t k)
 {
     return (long)__atomic_load_n((const int64_t *)(base + self->pids_at) + k, __ATOMIC_RELAXED);

@@ -191,7 +191,6 @@ class ShmNative:
         self.layout = Layout(size)
         buffer = segment.buffer
         self.flags = AtomicFlags(buffer)
-        self.pids = np.frombuffer(buffer, np.int64, size, self.layout.pids)
         self._lines = np.frombuffer(buffer, np.uint64, size * LINE // 8,
                                     self.layout.flags).reshape(size, LINE // 8)
         sets = [self.layout.data + k * self.layout.set_bytes for k in (0, 1)]
@@ -422,7 +421,7 @@ class ShmNative:
         return False
 
     def close(self) -> None:
-        self.pids = self._lines = None
+        self._lines = None
         self.heap.close()
         self.segment.close()
 
@@ -446,14 +445,28 @@ class ShmNative:
     def _flag(self, rank: int, word: int) -> int:
         return self.layout.flags + rank * LINE + word
 
+    # Each rank's pid, an int64 in the segment's first line. A rank stores its own (release)
+    # once, before its first round or message, and never again; lane.c's pulls load it relaxed
+    # (lane.h's pid_of: the round's or ring's acquire that let them pull came after it). The
+    # slow waits read it at any time, with acquire: 0 there means "not stored yet", which says
+    # nothing of that rank's life (see gone).
+
+    def publish_pid(self) -> None:
+        """Store this rank's pid where the others look for it (release)."""
+        self.flags.store(self.layout.pids + 8 * self.rank, os.getpid())
+
+    def pid_of(self, rank: int) -> int:
+        """rank's pid, or 0 where it has not stored it yet (acquire)."""
+        return self.flags.load(self.layout.pids + 8 * rank)
+
     def _wait_all(self, word: int, target: int) -> None:
         offset, ranks = self._flag(0, word), range(self.size)
         deadline = time.monotonic() + self._timeout - WAIT_SLICE
         while not self.flags.wait_all(offset, LINE, self.size, target, WAIT_SLICE):
             late = [r for r in ranks if self.flags.load(offset + r * LINE) < target]
             for rank in late:
-                pid = int(self.pids[rank])
-                if not alive(pid):
+                pid = self.pid_of(rank)
+                if gone(pid):
                     raise PeerLostError(f"rank {rank} (pid {pid}): {PEER_ENDED}", (rank,))
             if time.monotonic() > deadline:
                 raise PeerTimeoutError(f"timed out after {self._timeout:g} s (TBCOLL_TIMEOUT) "
@@ -468,7 +481,14 @@ def cores() -> int:
         return os.cpu_count() or 1
 
 
-def alive(pid: int) -> bool:
+def gone(pid: int) -> bool:
+    """Whether the rank that published pid has ended (a zombie counts as ended). A pid of 0
+    (or less) is one not published yet: not known gone, and never handed to os.kill, where
+    0 would signal this process's own group and a negative number another group."""
+    return pid > 0 and not _alive(pid)
+
+
+def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

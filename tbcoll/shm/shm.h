@@ -15,7 +15,9 @@
 
 #define MAX_RANKS 4096      /* of one shm segment: far past the cores of any host */
 /* The layout of a rank's flag line: */
-#define LINE 128            /* bytes of a flag line (two cache lines on Apple's cores) */
+#define LINE 128            /* bytes of a flag line: one cache line on Apple's M-series
+                             * cores (128-byte lines), two on x86-64 (64-byte lines), so
+                             * that no two ranks' flags share a line on either */
 #define ARRIVE_OFFSET 0     /* the round this rank has arrived at */
 #define DONE_OFFSET 8       /* the round whose part of a split all-reduce this rank has done */
 #define SIGNATURE_OFFSET 16 /* two signature words, for rounds of each parity */

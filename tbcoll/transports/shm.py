@@ -30,7 +30,7 @@ from tbcoll.env import LaunchInfo, comm_timeout, placement, segment_prefix, shm_
 from tbcoll.errors import PEER_ENDED, CommError, PeerLostError
 from tbcoll.rendezvous import Store
 from tbcoll.shm.flags import atomics
-from tbcoll.shm.native import RING, WAIT_SLICE, Layout, ShmNative, alive, available
+from tbcoll.shm.native import RING, WAIT_SLICE, Layout, ShmNative, available, gone
 from tbcoll.shm.pipe import OverwrittenRing, Ring, ShmDuplex
 from tbcoll.shm.segment import MAX_NAME, Segment
 from tbcoll.transports.base import P2P
@@ -225,7 +225,9 @@ class ShmStream(StreamTransport):
         return atomics.address(buf)
 
     def _pull(self, peer: Peer, address: int, view: memoryview | np.ndarray) -> bool:
-        pid = int(self._native.pids[peer.rank])
+        pid = self._native.pid_of(peer.rank)
+        if pid <= 0:  # not published yet (it always is by then): through the ring instead
+            return False
         error = atomics.cma_copy(pid, address, view, False)
         if error == errno.ESRCH:
             self._lose(peer, f"{PEER_ENDED}: pid {pid} is gone")
@@ -265,8 +267,8 @@ class ShmStream(StreamTransport):
 
     def _lose_dead_peers(self) -> None:
         for peer in self._peers.values():
-            pid = int(self._native.pids[peer.rank])
-            if not peer.lost and pid and not alive(pid):
+            pid = self._native.pid_of(peer.rank)
+            if not peer.lost and gone(pid):
                 self._lose(peer, f"{PEER_ENDED}: pid {pid} is gone")
 
 
@@ -289,7 +291,7 @@ class ShmGroup:
         self.members, self._names, self._timeout = members, names, timeout
         self.native = ShmNative(segment, rank, len(members), timeout, names.prefix)
         self.allocate = self.native.allocate
-        self.native.pids[rank] = os.getpid()  # read by peers' slow waits, long after
+        self.native.publish_pid()  # before any round or message (see ShmNative.pid_of)
         self._stream = ShmStream(self.native, timeout)
         ranks = list(range(len(members)))
         self.p2p = StreamEndpoint(self._stream, 0, ranks)
