@@ -13,6 +13,7 @@ import re
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -99,14 +100,18 @@ def test_a_killed_rank_is_named_under_the_apple_profile(rdma_lab, profile, tmp_p
     assert time.monotonic() - started < 120
 
 
-def test_a_refused_rtr_is_one_line_and_never_tried_again(rdma_lab, profile, script):
-    """GID index 0 of rxe0 is link-local (fe80::): the profile refuses RTR from it, as Apple's
-    driver does (errno 22). Each rank says so once and stops: a retry could wedge a Mac's
-    port."""
-    p = lab_tbrun(rdma_lab, "-np", 2, script(HELLO), timeout=150,
-                  env=under_profile(profile, TBCOLL_RDMA_GID_INDEX="0"))
-    assert p.returncode != 0
-    out = p.stdout + p.stderr
+def test_set_up_refusals_are_one_line_and_rtr_is_never_tried_again(rdma_lab, profile, script):
+    """Two jobs at once (their time is start-up). GID index 0 of rxe0 is link-local (fe80::):
+    the profile refuses RTR from it, as Apple's driver does (errno 22); each rank says so once
+    and stops, since a retry could wedge a Mac's port. And RC is refused, naming UC."""
+    hello = script(HELLO)
+    envs = [under_profile(profile, TBCOLL_RDMA_GID_INDEX="0"),
+            under_profile(profile, TBCOLL_RDMA_QP="rc")]
+    with ThreadPoolExecutor(2) as pool:
+        rtr, rc = pool.map(lambda env: lab_tbrun(rdma_lab, "-np", 2, hello, timeout=200,
+                                                 env=env), envs)
+    assert rtr.returncode != 0 and rc.returncode != 0
+    out = rtr.stdout + rtr.stderr
     refused = re.findall(r"apple-profile: RTR refused on rxe0 \(failed RTR number (\d+)", out)
     assert refused and set(refused) == {"1"}, out  # at most one per rank, each its first
     errors = [line for line in out.splitlines() if "CommError: " in line]
@@ -114,14 +119,8 @@ def test_a_refused_rtr_is_one_line_and_never_tried_again(rdma_lab, profile, scri
     assert "to RTR (ready to receive): Invalid argument (errno 22)" in errors[0], errors[0]
     assert "GID (index 0 of rxe0) is IPv4-mapped" in errors[0], errors[0]
     assert "not tried again" in errors[0], errors[0]
-
-
-def test_rc_under_the_profile_is_refused_naming_uc(rdma_lab, profile, script):
-    p = lab_tbrun(rdma_lab, "-np", 2, script(HELLO), timeout=150,
-                  env=under_profile(profile, TBCOLL_RDMA_QP="rc"))
-    assert p.returncode != 0
     assert "cannot create a RC queue pair on rxe0: Invalid argument (Apple's driver takes UC " \
-           "queue pairs only: TBCOLL_RDMA_QP=uc)" in p.stdout + p.stderr, p.stdout + p.stderr
+           "queue pairs only: TBCOLL_RDMA_QP=uc)" in rc.stdout + rc.stderr, rc.stdout + rc.stderr
 
 
 def test_doctor_under_the_profile_passes_rxe0(rdma_lab, profile):
