@@ -333,8 +333,14 @@ def rdma_settings(environ: Mapping[str, str] | None = None) -> RdmaSettings:
     if gid and not (gid.isascii() and gid.isdigit()):
         raise TbcollError(f"TBCOLL_RDMA_GID_INDEX={gid!r}: give a GID table index (0, 1, ...)")
     return RdmaSettings(env.get("TBCOLL_RDMA_DEVICES", "").strip(), qp == "rc",
-                        int(gid) if gid else -1,
-                        env.get("TBCOLL_RDMA_LIBRARY", "").strip() or None)
+                        int(gid) if gid else -1, rdma_library(env))
+
+
+def rdma_library(environ: Mapping[str, str] | None = None) -> str | None:
+    """TBCOLL_RDMA_LIBRARY: the verbs library to open instead of the platform's (tbrun doctor
+    looks at the one the rdma backend would open)."""
+    env = os.environ if environ is None else environ
+    return env.get("TBCOLL_RDMA_LIBRARY", "").strip() or None
 
 
 def link_delay(environ: Mapping[str, str] | None = None) -> float:

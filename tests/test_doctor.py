@@ -173,6 +173,22 @@ def test_doctor_names_a_down_port_and_the_interface_without_an_address():
     assert down.status == "FAIL" and "DOWN" in down.detail and "ip link set veth1 up" in down.fix
 
 
+def test_doctor_names_rdma_ctl_for_a_mac_port_that_is_not_active():
+    facts = [mac_facts(0), mac_facts(1)]
+    facts[1]["rdma"]["devices"][0]["ports"][0]["state"] = "DOWN"
+    found = {c.what: c for c in checks([Host("mac0"), Host("mac1")], facts, "python3")}
+    down = found["rdma rdma_en1 port 1 on mac1"]
+    assert down.status == "FAIL" and down.detail == "port DOWN"
+    assert "Thunderbolt cable on en1" in down.fix and "rdma_ctl enable" in down.fix
+    assert found["rdma rdma_en2 port 1 on mac1"].status == "ok"
+
+
+def test_doctor_looks_at_the_library_the_rdma_backend_would_open():
+    p = tbrun("doctor", timeout=60, env={**os.environ, "TBCOLL_RDMA_LIBRARY": "/nonexistent/v.so"})
+    line = next((x for x in p.stdout.splitlines() if "rdma on localhost" in x), p.stdout)
+    assert "the verbs library does not load (/nonexistent/v.so" in line, line
+
+
 def test_doctor_finds_each_device_the_hostfile_names_and_flags_two_cables():
     hosts = [Host("mac0", rdma=(None, ("rdma_en1", "rdma_en2"), "rdma_en9")),
              Host("mac1", rdma=("rdma_en1", None, "rdma_en2")),

@@ -113,9 +113,10 @@ def _ports(where: str, os_name: str, device: dict) -> list[Check]:
         what = f"rdma {name} port {port['port']} on {where}"
         iface = port.get("netdev") or f"the interface under {name}"
         if port["state"] not in ("ACTIVE", "ACTIVE_DEFER"):
-            fix = (f"check the Thunderbolt cable on {iface} and the Mac at its other end" if
-                   os_name == "darwin" else f"bring {iface} up (ip link set {iface} up) and "
-                   "check its link")
+            fix = (f"check the Thunderbolt cable on {iface} and the Mac at its other end, and "
+                   "that RDMA is enabled on both (`rdma_ctl status`; if disabled, run `rdma_ctl "
+                   "enable` in macOS Recovery's Terminal and restart)" if os_name == "darwin"
+                   else f"bring {iface} up (ip link set {iface} up) and check its link")
             found.append(Check("FAIL", what, f"port {port['state']}", fix))
             continue
         gid = _ipv4_gid(port, os_name)

@@ -16,6 +16,8 @@ import os
 import sys
 from pathlib import Path
 
+from tbcoll.env import rdma_library
+
 LIBRARIES = {"darwin": ("librdma.dylib",), "linux": ("libibverbs.so.1",)}
 PORT_STATES = {0: "NOP", 1: "DOWN", 2: "INIT", 3: "ARMED", 4: "ACTIVE", 5: "ACTIVE_DEFER"}
 MTUS = {1: 256, 2: 512, 3: 1024, 4: 2048, 5: 4096}
@@ -28,9 +30,11 @@ def _platform_key() -> str:
 
 
 def load() -> tuple[ctypes.CDLL | None, str]:
-    """The verbs library and its name, or None and why it did not load."""
+    """The verbs library and its name, or None and why it did not load: TBCOLL_RDMA_LIBRARY
+    where set (what the rdma backend would open), else the platform's."""
     errors = []
-    for name in LIBRARIES[_platform_key()]:
+    named = rdma_library()
+    for name in (named,) if named else LIBRARIES[_platform_key()]:
         try:
             return ctypes.CDLL(name, use_errno=True), name
         except OSError as e:

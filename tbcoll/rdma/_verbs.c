@@ -81,6 +81,10 @@
 #define COLL_SLOT (COLL_HEADER + COLL_BYTES)
 #define PORT 1
 #define MAX_PEERS 4096
+#define APPLE_MAX_DEPTH 32         /* outstanding work requests per queue known safe on Apple's
+                                    * driver (deeper posts fail there with ENOMEM) */
+_Static_assert(STREAM_SENDS + 1 <= APPLE_MAX_DEPTH && STREAM_RECVS <= APPLE_MAX_DEPTH,
+               "a stream queue pair deeper than Apple's driver takes");
 
 enum { QP_STREAM, QP_COLL };
 enum { WR_STREAM_RECV, WR_STREAM_SEND, WR_COLL_RECV, WR_COLL_SEND };
@@ -112,7 +116,7 @@ static struct {
      * struct ibv_port_attr, which is what verbs.h's own inline wrapper passes it */
     int (*query_port)(struct ibv_context *, uint8_t, struct ibv_port_attr *);
     int (*query_gid)(struct ibv_context *, uint8_t, int, union ibv_gid *);
-    const char *(*wc_status_str)(enum ibv_wc_status);
+    const char *(*wc_status_str)(enum ibv_wc_status); /* optional: NULL where missing */
 } V;
 
 static PyObject *LibraryError, *DeviceError, *GidError, *RegistrationError;
@@ -162,10 +166,22 @@ static int load_library(const char *path)
     SYM(modify_qp, "ibv_modify_qp");
     SYM(query_port, "ibv_query_port");
     SYM(query_gid, "ibv_query_gid");
-    SYM(wc_status_str, "ibv_wc_status_str");
 #undef SYM
+    /* Beyond the 16 above (what MLX's jaccl resolves from librdma.dylib), every symbol is
+     * optional: a library without it still loads, and its use degrades (wc_status_text). */
+    *(void **)&V.wc_status_str = dlsym(lib, "ibv_wc_status_str");
     V.lib = lib;
     return 0;
+}
+
+/* A completion's status as text: the library's words where it has ibv_wc_status_str (Apple's
+ * may not), else the number, which verbs.h's enum ibv_wc_status names. */
+static const char *wc_status_text(enum ibv_wc_status status, char *buf, size_t size)
+{
+    if (V.wc_status_str)
+        return V.wc_status_str(status);
+    snprintf(buf, size, "completion status %d", (int)status);
+    return buf;
 }
 
 /* devices(library=None) -> the names of the RDMA devices this host has */
@@ -321,10 +337,10 @@ static void completed(Fabric *f, struct ibv_wc *wc)
         return;
     Peer *p = &f->peer[k];
     if (wc->status != IBV_WC_SUCCESS) {
-        char why[160];
+        char why[160], status[32];
         snprintf(why, sizeof why, "%s failed on the RDMA device: %s",
                  kind == WR_STREAM_SEND || kind == WR_COLL_SEND ? "a send" : "a receive",
-                 V.wc_status_str(wc->status));
+                 wc_status_text(wc->status, status, sizeof status));
         lose(p, why);
         return;
     }
@@ -538,8 +554,13 @@ static struct ibv_qp *create_qp(Fabric *f, Device *d, int send_wr, int recv_wr)
     init.cap.max_inline_data = 0; /* no inline data: Apple's driver takes none */
     struct ibv_qp *qp = V.create_qp(d->pd, &init);
     if (!qp) {
-        PyErr_Format(PyExc_OSError, "cannot create a %s queue pair on %s: %s",
-                     f->rc ? "RC" : "UC", d->name, strerror(errno));
+        int err = errno;
+        PyErr_Format(PyExc_OSError, "cannot create a %s queue pair on %s: %s%s",
+                     f->rc ? "RC" : "UC", d->name, strerror(err),
+                     f->rc ? " (Apple's driver takes UC queue pairs only: TBCOLL_RDMA_QP=uc)"
+                     : err == EBUSY ? " (Apple's driver allows about 10 queue pairs per device, "
+                     "shared by every process; tbcoll takes 2 per peer: end other RDMA jobs on "
+                     "this host)" : "");
         return NULL;
     }
     struct ibv_qp_attr a;
@@ -731,6 +752,21 @@ static PyObject *Fabric_info(Fabric *f, PyObject *rank)
     return PyBytes_FromStringAndSize((const char *)out, INFO_BYTES);
 }
 
+/* OSError(errno, text) for a refused transition: ibv_modify_qp returns the errno (positive in
+ * rdma-core, negative from some providers), and errno itself may be stale. Returns -1. */
+static int transition_failed(int err, int k, Device *d, const char *state)
+{
+    err = err < 0 ? -err : err;
+    PyObject *text = PyUnicode_FromFormat("cannot bring the queue pair to rank %d on %s to %s: "
+                                          "%s (errno %d)", k, d->name, state, strerror(err), err);
+    PyObject *e = text ? PyObject_CallFunction(PyExc_OSError, "iN", err, text) : NULL;
+    if (e) {
+        PyErr_SetObject(PyExc_OSError, e);
+        Py_DECREF(e);
+    }
+    return -1;
+}
+
 /* Our two queue pairs to rank k's, INIT -> RTR -> RTS, from its info `in` (INFO_BYTES): 0, or
  * -1 with OSError. */
 static int bring_up(Fabric *f, int k, Peer *p, const unsigned char *in)
@@ -757,11 +793,11 @@ static int bring_up(Fabric *f, int k, Peer *p, const unsigned char *in)
             a.min_rnr_timer = 12;
             mask |= IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
         }
-        if (V.modify_qp(p->qp[q], &a, mask)) {
-            PyErr_Format(PyExc_OSError, "cannot bring the queue pair to rank %d on %s to RTR "
-                         "(ready to receive): %s", k, d->name, strerror(errno));
-            return -1;
-        }
+        /* tried once: on Apple's driver repeated failed RTR transitions can wedge the port
+         * until reboot, so the caller gives up and says why (tbcoll.transports.rdma) */
+        int err = V.modify_qp(p->qp[q], &a, mask);
+        if (err)
+            return transition_failed(err, k, d, "RTR (ready to receive)");
         memset(&a, 0, sizeof a);
         a.qp_state = IBV_QPS_RTS;
         a.sq_psn = p->psn[q];
@@ -774,11 +810,9 @@ static int bring_up(Fabric *f, int k, Peer *p, const unsigned char *in)
             mask |= IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
                     IBV_QP_MAX_QP_RD_ATOMIC;
         }
-        if (V.modify_qp(p->qp[q], &a, mask)) {
-            PyErr_Format(PyExc_OSError, "cannot bring the queue pair to rank %d on %s to RTS "
-                         "(ready to send): %s", k, d->name, strerror(errno));
-            return -1;
-        }
+        err = V.modify_qp(p->qp[q], &a, mask);
+        if (err)
+            return transition_failed(err, k, d, "RTS (ready to send)");
     }
     return 0;
 }

@@ -8,6 +8,7 @@ a host with exactly one device uses that one for every pair.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import sys
@@ -124,3 +125,16 @@ def registration_refused(text: str) -> str:
             "Apple's driver allows about 100 memory regions per device, shared by every "
             "process that uses it (MLX's jaccl registers many): end other RDMA jobs on this "
             "host; on Linux raise the locked-memory limit (ulimit -l)")
+
+
+def transition_refused(rank: int, described: tuple[str, int, str], error: OSError) -> str:
+    """A queue pair the device would not bring to RTR or RTS, said once, with the likely fix."""
+    device, gid_index, _ = described
+    text = f"rank {rank}: {error.strerror or error}"
+    if error.errno == errno.EINVAL and "RTR" in text:
+        text += (f"; Apple's driver refuses RTR unless the GID (index {gid_index} of {device}) "
+                 f"is IPv4-mapped (::ffff:a.b.c.d): give {interface_of(device)} an IPv4 "
+                 "address on both hosts, and leave TBCOLL_RDMA_GID_INDEX unset or name such a "
+                 "GID (`tbrun doctor` lists each port's)")
+    return text + ("; not tried again: on a Mac repeated failed RTR transitions can wedge the "
+                   "port until reboot")

@@ -354,6 +354,15 @@ def _connect_queue_pairs(fabric: object, info: LaunchInfo, store: Store, prefix:
             store.set(f"{prefix}/{rank}/{peer}", fabric.info(peer))
     for peer in range(size):
         if peer != rank:
-            fabric.connect(peer, store.get(f"{prefix}/{peer}/{rank}"))
+            _connect(fabric, rank, peer, store.get(f"{prefix}/{peer}/{rank}"))
     store.set(f"{prefix}/ready/{rank}", b"")
     store.wait([f"{prefix}/ready/{r}" for r in range(size)])
+
+
+def _connect(fabric: object, rank: int, peer: int, their_info: bytes) -> None:
+    """Bring the queue pairs to peer to RTS, once: a refused transition is not tried again
+    (on a Mac, repeated failed RTR transitions can wedge the port until reboot)."""
+    try:
+        fabric.connect(peer, their_info)
+    except OSError as e:
+        raise CommError(devices.transition_refused(rank, fabric.describe(peer), e)) from None
