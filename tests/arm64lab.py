@@ -190,7 +190,8 @@ def run_in_root(argv: list[str], timeout: float, root: Path = ROOT, env: dict | 
              "sh", "-c", 'cd "$0" && exec "$@"', cwd, *argv]
     command = ["unshare", "--mount", "--propagation", "private", "--pid", "--fork",
                "--kill-child", "sh", "-c", MOUNTED_RUN, "mounted-run", str(root), *inner]
-    output = {"stdout": log, "stderr": subprocess.STDOUT} if log else {"capture_output": True}
+    output = {"stdout": log, "stderr": subprocess.STDOUT} if log else \
+        {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
     process = subprocess.Popen(command, stdin=subprocess.DEVNULL, text=True,
                                start_new_session=True, **output)
     try:
