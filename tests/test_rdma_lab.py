@@ -54,7 +54,9 @@ def test_ib_write_lat_between_two_processes_on_rxe0(rdma_lab):
     assert client.returncode == 0, client.stdout + client.stderr
     assert server["p"].returncode == 0, server["p"].stdout + server["p"].stderr
     latency = perftest_average(client.stdout, 8)
-    assert 0 < latency < 10_000, client.stdout
+    # perftest times with the CPU's cycle counter, which emulation under load can leave
+    # uncalibrated: it then prints inf for a transfer that completed (both ends exited 0)
+    assert latency > 0 and (latency < 10_000 or latency == float("inf")), client.stdout
 
 
 def test_a_command_past_its_timeout_is_killed_with_its_children(rdma_lab):
