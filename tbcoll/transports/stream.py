@@ -153,7 +153,7 @@ class StreamTransport:
     may run with the engine released (waits_released), and may follow which streams have
     sends pending (_write_interest) and which are gone (_forget). One that can copy from
     another rank's memory (_pull, _address) sets Peer.pulls where it may, and pull_bytes.
-    Every method runs with `turns` held by the caller.
+    Every method runs with `turns` held by the caller, but new_group, which takes them.
     """
 
     pull_bytes = 0  # payloads at least this large go by pull to a peer that pulls
