@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed-stamp
 
 $(STAMP): pyproject.toml setup.py Makefile tbcoll/shm/_atomics.c tbcoll/shm/reduce.h \
 	  tbcoll/shm/cpu_relax.h tbcoll/shm/buffers.h tbcoll/shm/lane.c tbcoll/shm/shm.h \
-	  tbcoll/shm/lane.h tbcoll/shm/moves.c \
+	  tbcoll/shm/lane.h tbcoll/shm/moves.c tbcoll/_gate.c tbcoll/gate.h \
 	  tbcoll/rdma/_verbs.c tbcoll/transports/_sockets.c launchers/die_with_parent.c
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check -e ".[mpi,mlx,tp,test]"

@@ -1,5 +1,7 @@
 """Builds the C extensions and tbrun's die-with-parent; everything else is in pyproject.toml.
 
+- tbcoll._gate: a communicator's call gate (its lock, calls in progress, count and flight
+  recorder; tbcoll/gate.h), which the shm lane drives from C.
 - tbcoll.shm._atomics: the shm transport's flags, rings and rounds, and its one-call lane.
 - tbcoll.transports._sockets: the tcp transport's small-message path (a whole message per
   sendmsg; the next message read straight into its receive's buffer).
@@ -13,11 +15,12 @@
   rank through, so that the rank dies with tbrun (launchers/die_with_parent.c).
 
 optional=True: without a compiler (or without the verbs header) the install still succeeds;
-tbcoll.shm then uses its pure-Python flags, tcp its stream engine's Python path, the rdma
-backend says how to get it built, and tbrun sets PR_SET_PDEATHSIG from Python in each forked
-rank instead, and PR_SET_CHILD_SUBREAPER through ctypes. TBCOLL_REQUIRE_C=1 makes every one
-of them required, so that a build with CFLAGS="-Wall -Werror" fails on a warning instead of
-leaving the extension out (tests/test_arm64.py builds so under gcc and clang).
+tbcoll.gate then uses its Python twin (PyGate), tbcoll.shm its pure-Python flags, tcp its
+stream engine's Python path, the rdma backend says how to get it built, and tbrun sets
+PR_SET_PDEATHSIG from Python in each forked rank instead, and PR_SET_CHILD_SUBREAPER through
+ctypes. TBCOLL_REQUIRE_C=1 makes every one of them required, so that a build with
+CFLAGS="-Wall -Werror" fails on a warning instead of leaving the extension out
+(tests/test_arm64.py builds so under gcc and clang).
 """
 
 import os
@@ -60,10 +63,13 @@ class BuildExtAndDieWithParent(build_ext):
 
 
 setup(cmdclass={"build_ext": BuildExtAndDieWithParent}, ext_modules=[
+    Extension("tbcoll._gate", ["tbcoll/_gate.c"], depends=["tbcoll/gate.h"],
+              optional=_OPTIONAL),
     Extension("tbcoll.shm._atomics", ["tbcoll/shm/_atomics.c", "tbcoll/shm/lane.c",
                                       "tbcoll/shm/moves.c"],
               depends=["tbcoll/shm/reduce.h", "tbcoll/shm/cpu_relax.h", "tbcoll/shm/shm.h",
-                       "tbcoll/shm/lane.h", "tbcoll/shm/buffers.h"], optional=_OPTIONAL),
+                       "tbcoll/shm/lane.h", "tbcoll/shm/buffers.h", "tbcoll/gate.h"],
+              optional=_OPTIONAL),
     Extension("tbcoll.transports._sockets", ["tbcoll/transports/_sockets.c"],
               depends=["tbcoll/shm/reduce.h", "tbcoll/shm/buffers.h"], optional=_OPTIONAL),
     Extension("tbcoll.rdma._verbs", ["tbcoll/rdma/_verbs.c"],

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tbcoll.algorithms import tree
+from tbcoll.algorithms import COLLECTIVES, tree
 from tbcoll.arrays import contiguous_flat, is_mlx, may_overlap, restorer, same_buffer, to_numpy
 from tbcoll.calls import signature
 from tbcoll.dtypes import DTYPE_CODES, DTYPES, OPS, reducer
@@ -44,6 +44,12 @@ def _unchanged(result: np.ndarray) -> np.ndarray:
 # ids of the dtype objects of tbcoll.dtypes, which live as long as the process: a lookup by
 # id costs a fraction of hashing a dtype (~0.15 us), on the latency-critical path
 KNOWN_DTYPES = frozenset(id(dtype) for dtype in DTYPE_CODES)
+
+# what a communicator's calls are, as its call gate (tbcoll.gate) numbers them: the
+# collectives (in tbcoll.algorithms' order; an entry's `code`), then the calls that are not
+# collectives
+KINDS = (*COLLECTIVES, "send", "recv", "split", "empty", "isend", "irecv")
+KIND_CODES = {name: code for code, name in enumerate(KINDS)}
 
 
 def as_numpy(x: Any) -> tuple[np.ndarray, Callable[[np.ndarray], Any]]:
@@ -104,6 +110,10 @@ class Collective:
     input array and one result."""
 
     name = ""
+    code = -1  # the collective's KIND_CODES code, as the call gate records it
+
+    def __init_subclass__(cls) -> None:
+        cls.code = KIND_CODES[cls.name]
 
     def signature(self, call: Call) -> int:
         array = call.array

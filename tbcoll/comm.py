@@ -15,14 +15,13 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from functools import partial
-from time import perf_counter
 from typing import Any
 from weakref import WeakMethod
 
 import numpy as np
 
 from tbcoll import allocation, tuning, uneven
-from tbcoll.algorithms import ALGORITHMS, COLLECTIVES, function
+from tbcoll.algorithms import ALGORITHM_CODES, ALGORITHMS, COLLECTIVES, function
 from tbcoll.arrays import contiguous_flat, is_mlx, to_numpy
 from tbcoll.checks import verify_calls_match
 from tbcoll.collectives import (
@@ -33,6 +32,7 @@ from tbcoll.collectives import (
     BROADCAST,
     ENTRIES,
     GATHER,
+    KIND_CODES,
     KNOWN_DTYPES,
     REDUCE,
     REDUCE_SCATTER,
@@ -49,8 +49,9 @@ from tbcoll.dtypes import OPS
 from tbcoll.dumps import on_failure
 from tbcoll.env import algorithm_overrides, check_mode, record_size, trace_chunk, tracing
 from tbcoll.errors import CommError, PeerError, TbcollError
-from tbcoll.ownership import Guard, track
-from tbcoll.recorder import call_site, new_ring, new_trace, trace_full
+from tbcoll.gate import NATIVE, Gate
+from tbcoll.ownership import busy, track
+from tbcoll.recorder import call_site, new_trace, trace_full
 from tbcoll.rendezvous import report_peer_failure
 from tbcoll.requests import P2PRequest, Progress, Request
 from tbcoll.transports.base import Group
@@ -59,6 +60,7 @@ from tbcoll.transports.base import Group
 LANE_ENTRIES = (ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, BROADCAST)
 
 MAX_TAG = 32767  # the largest tag every MPI must support
+_SEND, _RECV = KIND_CODES["send"], KIND_CODES["recv"]
 _INT64 = 1 << 63
 
 
@@ -81,11 +83,9 @@ class Communicator:
                                                                         self.size)
                        for name in COLLECTIVES}
         self._check_calls = check_mode()
-        self._guard = Guard()  # see tbcoll.ownership
+        # the lock, the calls in progress, the count and the flight recorder (tbcoll.gate)
+        self._gate = Gate(record_size())
         self._release = track(self, group)
-        # the flight recorder (tbcoll.recorder): call seq goes to _ring[seq % _ring_size]
-        self._ring_size = record_size()
-        self._ring = new_ring(self._ring_size)
         self._trace = new_trace(tracing(), self._world_ranks)  # every call, under --trace
         self._trace_chunk = trace_chunk() if self._trace is not None else 0
         self._closed = False
@@ -122,7 +122,7 @@ class Communicator:
         for k in served:  # what the lane declines, _quickly would decline too
             self._quick[LANE_ENTRIES[k]] = None
         enabled = sum(1 << k for k in served)
-        lane.bind(self._guard, self._ring, self._ring_size, LANE_ENTRIES,
+        lane.bind(self._gate, (*(entry.code for entry in LANE_ENTRIES), _SEND, _RECV, NATIVE),
                   tuple(entry.name for entry in LANE_ENTRIES),
                   enabled | 1 << len(LANE_ENTRIES), MAX_TAG, CommError, WeakMethod(self._named))
         return lane
@@ -274,73 +274,76 @@ class Communicator:
         described, for the latency-critical calls (tensor parallelism's, twice per layer per
         token): where it applies nothing needs describing, and describing costs ~0.7 us of a
         2 us shm all_reduce. The caller has made _dispatch's and the entry's checks for this
-        case (a numpy array of a known dtype, a plain out or none, algorithm from the table).
-        None where the full path must run: x did not qualify, or the communicator is busy or
-        has calls queued (the full path then waits or raises)."""
-        guard = self._guard
-        if self._progress is not None or not guard.lock.acquire(False):
+        case (a numpy array of a known dtype, a plain out or none, algorithm from the
+        table). None where the full path must run: x did not qualify, or the
+        communicator is busy or has calls queued (the full path then waits or raises). The
+        call is not timed (a clock read cost as much as the rest of its record)."""
+        gate = self._gate
+        if self._progress is not None or (slot := gate.enter(
+                kind.code, dtype, op, root, x.nbytes, NATIVE, 0)) < 0:
             return None
-        guard.call = kind.name
         try:
             result = path(x, op, root, out)
             if result is not None:
-                guard.completed = seq = guard.completed + 1
-                if (ring := self._ring) is not None:  # no times, no size: see tbcoll.recorder
-                    ring[seq % self._ring_size] = (seq, kind, dtype, op, root)
+                gate.done(slot)
             return result
         except CommError as e:
             raise self._named(e, kind.name) from e
         finally:
-            guard.lock.release()
+            gate.leave(slot)
 
     def _dispatch(self, call: Call) -> Any:
         """A blocking call: this thread's, after the queued non-blocking ones."""
-        guard = self._guard
-        if not guard.lock.acquire(False):
-            raise guard.busy(self.rank, call.kind.name)
-        guard.call = call
+        gate = self._gate
+        kind, array = call.kind, call.array
+        if (slot := gate.enter(kind.code, None if array is None else array.dtype, call.op,
+                               call.root, 0 if array is None else array.nbytes,
+                               ALGORITHM_CODES[call.algorithm], 1)) < 0:
+            raise busy(self.rank, kind.name, gate)
         try:
             if self._progress is not None:
                 return self._progress.run(partial(self._run, call))
             # the transport's one-call path for a numpy array, as _run would take it, without
             # _run's frame (on the latency-critical path: ~10% of an 8 B shm all_reduce)
             if call.algorithm == "native" and type(call.x) is np.ndarray and (
-                    path := self._fast[call.kind]) is not None:
-                start = perf_counter()
+                    path := self._fast[kind]) is not None:
                 try:
                     result = path(call.x, call.op, call.root, call.out)
                 except CommError as e:
-                    raise self._named(e, call.kind.name) from e
+                    raise self._named(e, kind.name) from e
                 if result is not None:
-                    guard.completed += 1
-                    self._record(call, start)
+                    gate.count(slot)
+                    self._record(slot, call)
                     return result
                 return self._run(call, direct=False)  # x did not qualify: the general path
             return self._run(call)
         finally:
-            guard.lock.release()
+            gate.leave(slot)
 
     def _run(self, call: Call, direct: bool = True) -> Any:
         """The first path that applies: a world of one, the transport's one-call path (unless
-        tried already), its native collective, the algorithm (see tbcoll.collectives)."""
-        kind = call.kind
-        start = perf_counter()
+        tried already), its native collective, the algorithm (see tbcoll.collectives). The
+        call is in progress in the gate from here (on the thread that runs it), counted
+        before it moves data, recorded once done."""
+        kind, gate, array = call.kind, self._gate, call.array
+        slot = gate.begin(kind.code, None if array is None else array.dtype, call.op, call.root,
+                          0 if array is None else array.nbytes, ALGORITHM_CODES[call.algorithm])
         try:
             if self.size == 1:
-                self._guard.completed += 1
+                gate.count(slot)
                 result = kind.alone(self, call)
-                self._record(call, start)
+                self._record(slot, call)
                 return result
             native = call.algorithm == "native"
             if native and direct and (path := self._direct[kind.name]) is not None:
                 result = (path(call.x, call.op, call.root, call.out) if type(call.x) is np.ndarray
                           else kind.run_direct(self, path, call))
                 if result is not None:
-                    self._guard.completed += 1
-                    self._record(call, start)
+                    gate.count(slot)
+                    self._record(slot, call)
                     return result
             kind.prepare(self, call)  # may make calls of its own first (scatter's header)
-            self._guard.completed = seq = self._guard.completed + 1  # (for tbcoll.dumps)
+            seq = gate.count(slot)
             if self._check_calls:
                 verify_calls_match(self._group.coll, kind.name, kind.described(call), call.op,
                                    call.root, call.algorithm)
@@ -351,21 +354,19 @@ class Communicator:
                 kind.algorithm(self, call, function(kind.name, call.algorithm))
             self._group.end_call()
             result = kind.finish(self, call)
-            self._record(call, start)
+            self._record(slot, call)
             return result
         except CommError as e:
             raise self._named(e, kind.name) from e
+        finally:
+            gate.end(slot)
 
-    def _record(self, call: Call, start: float) -> None:
-        """The call just counted has completed: into the flight recorder (tbcoll.recorder)."""
-        x = call.x if call.array is None else call.array
-        seq = self._guard.completed
-        entry = (seq, call.kind, getattr(x, "dtype", None), getattr(x, "nbytes", 0),
-                 call.op, call.root, call.algorithm, start, perf_counter())
-        if self._ring is not None:
-            self._ring[seq % self._ring_size] = entry
+    def _record(self, slot: int, call: Call) -> None:
+        """The call of slot, counted, has completed: into the gate's flight recorder, and
+        under --trace into the trace with the user's line that made it."""
+        self._gate.record(slot)
         if self._trace is not None:
-            self._trace.append((entry, call_site(sys._getframe(1))))
+            self._trace.append((self._gate.last(), call_site(sys._getframe(1))))
             if len(self._trace) >= self._trace_chunk:
                 trace_full.set()  # tbcoll.dumps sends them
 
@@ -378,16 +379,15 @@ class Communicator:
     def _claimed(self, what: str, work: Callable[[], Any], ordered: bool = False) -> Any:
         """work() with the communicator taken for this thread (tbcoll.ownership); ordered:
         after the queued non-blocking calls."""
-        guard = self._guard
-        if not guard.lock.acquire(False):
-            raise guard.busy(self.rank, what)
-        guard.call = what
+        gate = self._gate
+        if (slot := gate.enter(KIND_CODES[what], None, None, -1, -1, -1, 0)) < 0:
+            raise busy(self.rank, what, gate)
         try:
             if ordered and self._progress is not None:
                 return self._progress.run(work)
             return work()
         finally:
-            guard.lock.release()
+            gate.leave(slot)
 
     def _progress_thread(self, what: str) -> Progress:
         if self._closed:
@@ -452,10 +452,10 @@ class Communicator:
     def _move(self, what: str, move: Callable, buf: np.ndarray, peer: int, tag: int) -> None:
         """A blocking send or recv: this thread's, after the queued non-blocking calls (no
         partial or context manager here: ~1 us of an 8 B message's 2)."""
-        guard = self._guard
-        if not guard.lock.acquire(False):
-            raise guard.busy(self.rank, what)
-        guard.call = what
+        gate = self._gate
+        if (slot := gate.enter_move(_SEND if what == "send" else _RECV, buf.dtype, peer, tag,
+                                    buf.nbytes)) < 0:
+            raise busy(self.rank, what, gate)
         try:
             if self._progress is not None:
                 self._progress.run(partial(move, buf, peer, tag))
@@ -464,7 +464,7 @@ class Communicator:
         except CommError as e:
             raise self._named(e, f"{what} {'to' if what == 'send' else 'from'} rank {peer}") from e
         finally:
-            guard.lock.release()
+            gate.leave(slot)
 
     def _start(self, what: str, start: Callable[[Any], Any], finish: Callable[[], Any]
                ) -> Request:
@@ -581,7 +581,7 @@ class Communicator:
         return "\n".join(lines + self._group.describe_links())
 
     def close(self) -> None:
-        if self._guard.forked:  # a child of os.fork(): the connections are the parent's
+        if self._gate.forked:  # a child of os.fork(): the connections are the parent's
             self._closed = True
         if not self._closed:
             if self._progress is not None:
@@ -637,3 +637,4 @@ class Communicator:
         peers = tuple(self._world_ranks[p] for p in error.peers if 0 <= p < self.size)
         report_peer_failure(message, peers)
         return type(error)(message, peers)
+

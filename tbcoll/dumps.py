@@ -1,5 +1,6 @@
-"""A rank's dump, and how it reaches tbrun: its communicators' recent calls (tbcoll.recorder),
-the call each is in now, with the user's line, and every thread's Python stack.
+"""A rank's dump, and how it reaches tbrun: its communicators' recent calls and the call each
+is in now (their call gates, tbcoll.gate, as tbcoll.recorder describes them), with the user's
+line, and every thread's Python stack.
 
 A rank sends a dump to tbrun's store when a call of its fails (Communicator._named), and when
 tbrun asks: on a failure that tears the job down, on --timeout, and on demand (SIGUSR1 to
@@ -13,7 +14,6 @@ from __future__ import annotations
 
 import atexit
 import faulthandler
-import functools
 import json
 import os
 import signal
@@ -25,7 +25,6 @@ import traceback
 from types import FrameType
 from typing import Any
 
-from tbcoll.algorithms import COLLECTIVES
 from tbcoll.dump_keys import (
     ANSWER_KEY,
     DUMP_KEY,
@@ -41,12 +40,11 @@ from tbcoll.recorder import (
     call_site,
     clock_anchor,
     describe,
-    entries,
-    frames,
-    rooted,
+    in_progress,
     take_traced,
     trace_full,
     trace_rows,
+    user_site,
 )
 from tbcoll.rendezvous import Store, tell_tbrun
 
@@ -64,16 +62,13 @@ def snapshot(reason: str, failed: Any = None, error: str = "") -> dict[str, Any]
     info = launch_info()
     threads = {t.ident: t for t in threading.enumerate()}
     stacks = sys._current_frames()
-    current = {}
-    for frame in stacks.values():
-        for comm, call in _calls_in(frame):
-            current.setdefault(id(comm), call)
     comms = []
     for comm in live_communicators():
+        gate = comm._gate
         entry = {"ranks": list(comm._world_ranks), "rank": comm.rank, "size": comm.size,
-                 "backend": comm.backend, "completed": comm._guard.completed,
-                 "calls": [describe(e) for e in entries(comm._ring)],
-                 "current": current.get(id(comm))}
+                 "backend": comm.backend, "completed": gate.completed,
+                 "calls": [describe(e) for e in gate.calls()],
+                 "current": _current(gate, stacks)}
         if comm is failed and entry["current"] is not None:
             entry["current"].update(state="failed", error=error)
         comms.append(entry)
@@ -95,96 +90,13 @@ def _stack(frame: FrameType) -> list[str]:
             for f in traceback.extract_stack(frame)]
 
 
-def _calls_in(frame: FrameType) -> list[tuple[Any, dict[str, Any]]]:
-    """The communicator calls in progress on a thread's stack, innermost first (a call made
-    inside another: scatter's header), each as (communicator, what the call is): read from
-    the Communicator's frames, which hold it."""
-    from tbcoll.comm import Communicator  # which calls this module: imported when needed
-
-    readers = _readers()
-    found = []
-    for f in frames(frame):
-        describe_call = readers.get(f.f_code)
-        if describe_call is None:
-            continue
-        local = f.f_locals
-        comm = local.get("self")
-        if not isinstance(comm, Communicator):
-            continue
-        if f.f_code in _entries() and found and found[-1][0] is comm:
-            continue  # a call the frames inside it describe
-        call = describe_call(local)
-        call.update(site=call_site(f), state="running")
-        if call["collective"] in COLLECTIVES:  # numbered: not send, recv, split
-            # _run's once it counted the call
-            call["seq"] = local.get("seq", comm._guard.completed + 1)
-        if local.get("start"):  # (the one-call path times nothing)
-            call["start"] = local["start"]
-        found.append((comm, call))
-    return found
-
-
-def _array(x: Any, **more: Any) -> dict[str, Any]:
-    return {"dtype": str(x.dtype) if hasattr(x, "dtype") else None,
-            "bytes": int(getattr(x, "nbytes", 0)), **more}
-
-
-def _quick(local: dict) -> dict[str, Any]:
-    return _entered(local["kind"].name, local)
-
-
-def _entered(collective: str, local: dict) -> dict[str, Any]:
-    """A collective's one-call path: _quickly's frame, or, innermost, the collective's own
-    (its C lane's call, or the checks before it)."""
-    return {"collective": collective, "op": local.get("op"), "algorithm": "native",
-            "root": rooted(local.get("root")), **_array(local.get("x"))}
-
-
-def _entered_send(local: dict) -> dict[str, Any]:
-    return _move("send", local["dst"], local["tag"], local.get("x"))
-
-
-def _entered_recv(local: dict) -> dict[str, Any]:
-    return _move("recv", local["src"], local["tag"], local.get("out_or_like"))
-
-
-def _described(local: dict) -> dict[str, Any]:
-    call = local["call"]
-    return {"collective": call.kind.name, "op": call.op, "algorithm": call.algorithm,
-            "root": rooted(call.root), **_array(call.x if call.array is None else call.array)}
-
-
-def _moving(local: dict) -> dict[str, Any]:
-    return _move(local["what"], local["peer"], local["tag"], local.get("buf"))
-
-
-def _move(what: str, peer: int, tag: int, buf: Any) -> dict[str, Any]:
-    return {"collective": what, "peer": peer, "tag": tag, **_array(buf)}
-
-
-def _claimed(local: dict) -> dict[str, Any]:
-    return {"collective": local["what"]}
-
-
-@functools.cache
-def _readers() -> dict[Any, Any]:
-    """What each of the Communicator's frames says of the call it runs, by code object."""
-    from tbcoll.comm import Communicator
-
-    return {Communicator._quickly.__code__: _quick, Communicator._dispatch.__code__: _described,
-            Communicator._run.__code__: _described, Communicator._move.__code__: _moving,
-            Communicator._claimed.__code__: _claimed, **_entries()}
-
-
-@functools.cache
-def _entries() -> dict[Any, Any]:
-    """The readers of the frames of the calls a C lane runs whole (innermost, they say what
-    runs), by code object."""
-    from tbcoll.comm import LANE_ENTRIES, Communicator
-
-    return {Communicator.send.__code__: _entered_send, Communicator.recv.__code__: _entered_recv,
-            **{getattr(Communicator, entry.name).__code__: functools.partial(_entered, entry.name)
-               for entry in LANE_ENTRIES}}
+def _current(gate: Any, stacks: dict[int, FrameType]) -> dict[str, Any] | None:
+    """The call a communicator's gate holds in progress, with the user's line that made it,
+    read off the stack of the thread that runs it."""
+    current = gate.current()
+    if current is None:
+        return None
+    return in_progress(current, gate.completed, user_site(stacks.get(current[-1])))
 
 
 def send(dump: dict[str, Any], store: Store | None = None) -> None:

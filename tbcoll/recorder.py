@@ -1,21 +1,21 @@
-"""The flight recorder: each communicator's last calls, and where a rank is stuck now.
+"""The flight recorder as plain data: each communicator's last calls, the call it is in now,
+and the calls under --trace.
 
 A job that hangs or diverges is explained by where each rank was: which call of which
 communicator (matched across ranks by its sequence number), with what, from which line of the
-user's code. Each communicator keeps its last TBCOLL_RECORD calls (default 512; 0: none) in a
-ring: the sequence number, the collective, dtype, bytes, op, root, algorithm, and the start and
-end times. Recording costs a tuple and a clock read per call, nothing formatted: the 8 B shm
-all_reduce takes ~1.4 us and the recorder must stay within its noise (RESULTS.md). So the
-latency-critical one-call path (Communicator._quickly) records neither times (a clock read
-cost as much as the rest of the record) nor the size (numpy's nbytes, 25 ns); the other
-paths, and every call under --trace, record all. The call in progress has its size either
-way, read off its frame.
+user's code. Each communicator's call gate (tbcoll.gate) keeps its last TBCOLL_RECORD calls
+(default 512; 0: none) in a ring of fixed-width records: the sequence number, the collective,
+dtype, op, root, bytes, algorithm (codes), and the start and end times. Recording costs a few
+stores in C per call, nothing formatted: the 8 B shm all_reduce takes ~1 us and the recorder
+must stay within its noise (RESULTS.md). So the latency-critical one-call paths (the shm
+lane, Communicator._quickly) time nothing (a clock read costs as much as the rest of the
+record); the other paths, and every call under --trace, are timed.
 
-What a rank is doing *now* is not recorded at all: the call in progress is read, when a dump
-is asked for, from the stacks of the process's threads (the Communicator's frames hold the
-call's arguments), and so is the user's line that made it. Recorded calls carry a call site
-only under tbrun --trace (TBCOLL_TRACE=1), which keeps every call for the timeline until
-tbcoll.dumps sends it to tbrun, a chunk at a time.
+What a rank is doing *now* is the gate's call in progress, with the thread that runs it: the
+user's line that made the call is read, when a dump is asked for, from that thread's stack
+(by code positions, not by the frames' locals). Recorded calls carry a call site only under
+tbrun --trace (TBCOLL_TRACE=1), which keeps every call for the timeline until tbcoll.dumps
+sends it to tbrun, a chunk at a time. This module turns the gate's codes into names.
 """
 
 from __future__ import annotations
@@ -23,28 +23,53 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from tbcoll.algorithms import COLLECTIVES, NAMES
+from tbcoll.collectives import KINDS
+from tbcoll.dtypes import DTYPES, OPS
+from tbcoll.gate import CURRENT, RECORD
+
 _PACKAGE = str(Path(__file__).resolve().parent) + os.sep
-
-# (seq, collective (a tbcoll.collectives.Collective), dtype, bytes, op, root, algorithm,
-#  start, end): the objects the call already had; perf_counter() times. The one-call path
-#  records (seq, collective, dtype, op, root) alone: algorithm "native", no size, no times.
-Entry = tuple
+_DTYPE_NAMES = tuple(DTYPES)
+_OP_NAMES = tuple(OPS)
+Entry = tuple  # a gate's record (tbcoll.gate.RECORD)
 
 
-def new_ring(size: int) -> list[Entry | None] | None:
-    """A communicator's recorder: a plain list (its item assignment is the fastest), entry
-    seq at index seq % size; None where the recorder is off."""
-    return [None] * size if size else None
+def named(codes: dict[str, Any]) -> dict[str, Any]:
+    """A record's or a call's fields with names for codes: collective for kind, dtype, op and
+    algorithm names; None for the codes -1 (none), the bytes -1 (not known), the times 0
+    (not timed)."""
+    fields = dict(codes)
+    fields["collective"] = KINDS[fields.pop("kind")]
+    for key, names in (("dtype", _DTYPE_NAMES), ("op", _OP_NAMES), ("algorithm", NAMES)):
+        fields[key] = _name(names, fields[key])
+    for key in ("root", "peer", "tag", "bytes"):
+        if key in fields and fields[key] < 0:
+            fields[key] = None
+    for key in ("start", "end"):
+        if key in fields and not fields[key]:
+            fields[key] = None
+    return fields
 
 
-def entries(ring: list[Entry | None] | None) -> list[Entry]:
-    """The calls a ring holds, oldest first."""
-    return sorted((e for e in ring or () if e is not None), key=lambda e: e[0])
+def describe(entry: Entry) -> dict[str, Any]:
+    """A recorded call as plain data (for a dump's JSON)."""
+    return {**named(dict(zip(RECORD, entry, strict=True))), "state": "done"}
+
+
+def in_progress(current: tuple, completed: int, site: str) -> dict[str, Any]:
+    """A gate's call in progress (tbcoll.gate.CURRENT, less its thread) as plain data: a
+    collective has its seq (the next one where it is not counted yet), the others none."""
+    fields = named(dict(zip(CURRENT, current, strict=True)))
+    del fields["thread"]
+    if fields["collective"] in COLLECTIVES:
+        fields["seq"] = fields["seq"] or completed + 1
+    else:
+        fields["seq"] = None
+    return {**fields, "site": site, "state": "running"}
 
 
 # under --trace, the calls of every communicator of this process not yet sent to tbrun, with
@@ -82,27 +107,27 @@ def take_traced() -> list[tuple[tuple[int, ...], list[tuple[Entry, str]]]]:
 # index of its communicator in its chunk's list of them
 TRACE_ROW = ("seq", "collective", "dtype", "bytes", "op", "root", "algorithm", "start", "end",
              "site")
-_dtype_names: dict[Any, str] = {}
 
 
 def trace_rows(taken: list[tuple[tuple[int, ...], list[tuple[Entry, str]]]]
                ) -> tuple[list[list[int]], list[tuple]]:
     """What take_traced() took as (communicators, rows): plain values, cheap to encode (a
-    dict a call took twice the time, in the rank, while it runs). The one-call path's entries
-    are left out: they time nothing (no call takes that path under --trace)."""
+    dict a call took twice the time, in the rank, while it runs). Calls not timed are left
+    out (the one-call paths'; no call takes them under --trace)."""
     comms = [list(members) for members, _ in taken]
     rows = []
     for index, (_, calls) in enumerate(taken):
-        for entry, site in calls:
-            if len(entry) != 9:
-                continue
-            seq, kind, dtype, nbytes, op, root, algorithm, start, end = entry
-            name = _dtype_names.get(dtype)
-            if name is None:
-                name = _dtype_names[dtype] = None if dtype is None else str(dtype)
-            rows.append((index, seq, kind.name, name, nbytes, op, rooted(root), algorithm,
-                         start, end, site))
+        for (seq, kind, dtype, op, root, nbytes, algorithm, start, end), site in calls:
+            if start:
+                rows.append((index, seq, KINDS[kind], _name(_DTYPE_NAMES, dtype),
+                             nbytes if nbytes >= 0 else None, _name(_OP_NAMES, op),
+                             root if root >= 0 else None, _name(NAMES, algorithm), start, end,
+                             site))
     return comms, rows
+
+
+def _name(names: tuple[str, ...], code: int) -> str | None:
+    return names[code] if code >= 0 else None
 
 
 def call_site(frame: FrameType | None) -> str:
@@ -123,28 +148,13 @@ def _short(path: str) -> str:
     return path if relative.startswith("..") else relative
 
 
-def describe(entry: Entry) -> dict[str, Any]:
-    """A recorded call as plain data (for a dump's JSON)."""
-    if len(entry) == 9:
-        seq, kind, dtype, nbytes, op, root, algorithm, start, end = entry
-    else:  # the one-call path's
-        (seq, kind, dtype, op, root), nbytes = entry, None
-        algorithm, start, end = "native", None, None
-    return {"seq": seq, "collective": kind.name, "dtype": None if dtype is None else str(dtype),
-            "bytes": nbytes, "op": op, "root": rooted(root), "algorithm": algorithm,
-            "start": start, "end": end, "state": "done"}
-
-
-def rooted(root: Any) -> int | None:
-    """A call's root as a dump says it: None for the calls without one (root -1)."""
-    return root if isinstance(root, int) and root >= 0 else None
-
-
-def frames(frame: FrameType | None) -> Iterator[FrameType]:
-    """frame and its callers, innermost first."""
-    while frame is not None:
-        yield frame
-        frame = frame.f_back
+def user_site(frame: FrameType | None) -> str:
+    """The user's line that made the call a thread is in (frame: its innermost): call_site
+    from the innermost frame of tbcoll's (frames inside the call may be other packages')."""
+    inner = frame
+    while inner is not None and not inner.f_code.co_filename.startswith(_PACKAGE):
+        inner = inner.f_back
+    return call_site(inner if inner is not None else frame)
 
 
 def clock_anchor() -> dict[str, float]:

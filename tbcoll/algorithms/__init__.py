@@ -23,6 +23,7 @@ ALGORITHMS: dict[str, tuple[str, ...]] = {
 }
 COLLECTIVES = tuple(ALGORITHMS)
 NAMES = (*MODULES, "native")  # every algorithm's name
+ALGORITHM_CODES = {name: code for code, name in enumerate(NAMES)}  # as tbcoll.gate records
 
 
 def function(collective: str, algorithm: str):  # noqa: ANN201 (the algorithm's own signature)

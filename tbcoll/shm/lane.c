@@ -5,9 +5,9 @@
  * communicator's segment: the rounds (round(); the protocol is written once, in run_round,
  * below), the count of rounds done (`rounds`), and, once calls() told it what to check and
  * how to sign each call, one-call paths for small arrays that do in C what the Communicator
- * and the transport do in Python: check the arguments, take the communicator (its
- * tbcoll.ownership guard), run the round, count the call and put it in the flight recorder
- * (tbcoll.recorder). That Python cost ~0.7 us of a 1.4 us 8 B all_reduce, more than the
+ * and the transport do in Python: check the arguments, take the communicator's call gate
+ * (tbcoll/gate.h: its lock, the call in progress), run the round, count the call and put it
+ * in the gate's flight recorder. That Python cost ~0.7 us of a 1.4 us 8 B all_reduce, more than the
  * round; MPICH's whole call takes ~1.1 us. A larger all_gather or broadcast copies each block
  * once here (one_copy, Linux); send and recv are checked and taken here too, and moved in C
  * (tbcoll/shm/moves.c). Each path returns None, having touched nothing, where the call does
@@ -219,7 +219,9 @@ collect:
     return 0;
 }
 
-static PyObject *DTYPE, *LOCK, *ACQUIRE, *RELEASE, *CALL, *COMPLETED; /* interned */
+static PyObject *DTYPE; /* interned */
+static PyTypeObject *GateType; /* tbcoll._gate.Gate; NULL where its import failed: */
+static PyObject *gate_error;   /* why (GATE_ERROR: tbcoll.shm.native raises it) */
 
 static int lane_traverse(Lane *self, visitproc visit, void *arg)
 {
@@ -231,9 +233,7 @@ static int lane_traverse(Lane *self, visitproc visit, void *arg)
     Py_VISIT(self->empty);
     Py_VISIT(self->broadcast_call);
     Py_VISIT(self->refused);
-    Py_VISIT(self->guard);
-    Py_VISIT(self->ring);
-    Py_VISIT(self->entries);
+    Py_VISIT(self->gate);
     Py_VISIT(self->names);
     Py_VISIT(self->comm_error);
     Py_VISIT(self->namer);
@@ -260,9 +260,7 @@ static int lane_clear(Lane *self)
     Py_CLEAR(self->broadcast_call);
     Py_CLEAR(self->refused);
     self->attached = 0;
-    Py_CLEAR(self->guard);
-    Py_CLEAR(self->ring);
-    Py_CLEAR(self->entries);
+    Py_CLEAR(self->gate);
     Py_CLEAR(self->names);
     Py_CLEAR(self->comm_error);
     Py_CLEAR(self->namer);
@@ -499,41 +497,41 @@ static PyObject *lane_attach(Lane *self, PyObject *args)
 }
 
 /*
- * bind(guard, ring, ring_size, entries, names, enabled, max_tag, comm_error, namer)
- * The communicator whose calls take the lane: its tbcoll.ownership guard (taken around each
- * call, and counting the collectives), its flight recorder's ring (a list of ring_size, or
- * None), each kind's tbcoll.collectives entry and name (tuples by kind), a mask of the kinds
- * that may take the lane (bit k: kind k; MOVES: send and recv, with tags up to max_tag, once
- * streams() was called), and how its errors are named: a comm_error raised in a call is
- * raised again as namer()(error, what) (see named).
+ * bind(gate, codes, names, enabled, max_tag, comm_error, namer)
+ * The communicator whose calls take the lane: its call gate (a tbcoll._gate.Gate, taken
+ * around each call, counting the collectives and recording them), the gate's codes of the
+ * lane's calls (tbcoll.gate: each kind's, in the kinds' order, then send's, recv's and the
+ * native algorithm's), each kind's name (for its errors), a mask of the kinds that may take
+ * the lane (bit k: kind k; MOVES: send and recv, with tags up to max_tag, once streams() was
+ * called), and how its errors are named: a comm_error raised in a call is raised again as
+ * namer()(error, what) (see named).
  */
 static PyObject *lane_bind(Lane *self, PyObject *args)
 {
-    PyObject *guard, *ring, *entries, *names, *comm_error, *namer;
-    Py_ssize_t ring_size;
+    PyObject *gate, *codes, *names, *comm_error, *namer;
     int enabled;
     long max_tag;
-    if (!PyArg_ParseTuple(args, "OOnO!O!ilOO:bind", &guard, &ring, &ring_size, &PyTuple_Type,
-                          &entries, &PyTuple_Type, &names, &enabled, &max_tag, &comm_error,
-                          &namer))
-        return NULL;
-    if (PyTuple_GET_SIZE(entries) != ONE_CALL_KINDS || PyTuple_GET_SIZE(names) !=
-        ONE_CALL_KINDS || (ring != Py_None && (!PyList_Check(ring) || ring_size < 1 ||
-                                                PyList_GET_SIZE(ring) != ring_size))) {
-        PyErr_SetString(PyExc_ValueError, "bad ring, entries or names");
+    if (GateType == NULL) {
+        PyErr_SetObject(PyExc_ImportError, gate_error);
         return NULL;
     }
-    Py_INCREF(guard);
-    Py_INCREF(ring);
-    Py_INCREF(entries);
-    Py_INCREF(names);
-    Py_XSETREF(self->guard, guard);
-    Py_XSETREF(self->ring, ring);
-    Py_XSETREF(self->entries, entries);
-    Py_XSETREF(self->names, names);
+    if (!PyArg_ParseTuple(args, "O!O!O!ilOO:bind", GateType, &gate, &PyTuple_Type, &codes,
+                          &PyTuple_Type, &names, &enabled, &max_tag, &comm_error, &namer))
+        return NULL;
+    if (PyTuple_GET_SIZE(codes) != CODES || PyTuple_GET_SIZE(names) != ONE_CALL_KINDS) {
+        PyErr_SetString(PyExc_ValueError, "bad codes or names");
+        return NULL;
+    }
+    for (int i = 0; i < CODES; i++) {
+        long code = PyLong_AsLong(PyTuple_GET_ITEM(codes, i));
+        if (code == -1 && PyErr_Occurred())
+            return NULL;
+        self->codes[i] = (int)code;
+    }
+    Py_XSETREF(self->gate, (Gate *)Py_NewRef(gate));
+    Py_XSETREF(self->names, Py_NewRef(names));
     Py_XSETREF(self->comm_error, Py_NewRef(comm_error));
     Py_XSETREF(self->namer, Py_NewRef(namer));
-    self->ring_size = ring_size;
     self->enabled = enabled;
     self->max_tag = max_tag;
     Py_RETURN_NONE;
@@ -579,78 +577,6 @@ static int result_shape(int kind, const Py_buffer *x, Py_ssize_t size, Py_ssize_
         shape[0] /= size;
     }
     return ndim;
-}
-
-/* Take the communicator's guard for the call named name: 1, 0 where another thread holds it
- * (*lock NULL), -1 with an exception (a child of os.fork(): its lock raises, saying why). */
-int lane_take_guard(Lane *self, PyObject *name, PyObject **lock)
-{
-    *lock = PyObject_GetAttr(self->guard, LOCK);
-    PyObject *taken = *lock ? PyObject_CallMethodOneArg(*lock, ACQUIRE, Py_False) : NULL;
-    if (taken == NULL) {
-        Py_CLEAR(*lock);
-        return -1;
-    }
-    Py_DECREF(taken);
-    if (taken != Py_True) {
-        Py_CLEAR(*lock);
-        return 0;
-    }
-    if (PyObject_SetAttr(self->guard, CALL, name) < 0)
-        return -1; /* (the caller releases the lock) */
-    return 1;
-}
-
-/* Release the guard taken, keeping the exception raised, if any; result, or NULL where the
- * release failed. */
-PyObject *lane_give_guard(PyObject *lock, PyObject *result)
-{
-    PyObject *error_type, *error, *trace;
-    PyErr_Fetch(&error_type, &error, &trace);
-    PyObject *released = PyObject_CallMethodNoArgs(lock, RELEASE);
-    Py_DECREF(lock);
-    if (released == NULL) {
-        Py_XDECREF(error_type);
-        Py_XDECREF(error);
-        Py_XDECREF(trace);
-        Py_XDECREF(result);
-        return NULL;
-    }
-    Py_DECREF(released);
-    PyErr_Restore(error_type, error, trace);
-    return result;
-}
-
-/* the flight recorder's entry of a call: (seq, entry, dtype, op, root) as tbcoll.recorder */
-static int record(Lane *self, int kind, unsigned long long seq, PyObject *dtype, PyObject *op,
-                  long root)
-{
-    if (self->ring == Py_None)
-        return 0;
-    PyObject *entry = Py_BuildValue("(KOOOl)", seq, PyTuple_GET_ITEM(self->entries, kind),
-                                    dtype, op, root);
-    if (entry == NULL)
-        return -1;
-    return PyList_SetItem(self->ring, (Py_ssize_t)(seq % (unsigned long long)self->ring_size),
-                          entry); /* steals entry */
-}
-
-/* guard.completed += 1; the new count, or 0 with an exception set */
-static unsigned long long count_call(PyObject *guard)
-{
-    PyObject *completed = PyObject_GetAttr(guard, COMPLETED);
-    if (completed == NULL)
-        return 0;
-    unsigned long long seq = PyLong_AsUnsignedLongLong(completed) + 1;
-    Py_DECREF(completed);
-    if (PyErr_Occurred())
-        return 0;
-    PyObject *value = PyLong_FromUnsignedLongLong(seq);
-    if (value == NULL)
-        return 0;
-    int failed = PyObject_SetAttr(guard, COMPLETED, value);
-    Py_DECREF(value);
-    return failed ? 0 : seq;
 }
 
 /* Copy n bytes without the GIL. */
@@ -794,7 +720,9 @@ static int one_copy(Lane *self, Round *r, char *base, uint64_t signature)
  * The one-call path of a collective of the given kind: x (a numpy array), op (ALL_REDUCE,
  * REDUCE_SCATTER), root (BROADCAST), out (None or an array of the result's shape and x's
  * dtype). guarded: the communicator's call (bind), else the transport's direct_* path,
- * whose caller holds the communicator. The result (out, or a new array), or None.
+ * whose caller holds the communicator. The result (out, or a new array), or None. A guarded
+ * call's CommError is named (lane_named) while the gate still holds the call, so that the
+ * dump made then shows it in progress.
  */
 static PyObject *one_call(Lane *self, int kind, PyObject *x, PyObject *op_name, long root,
                           PyObject *out, int guarded)
@@ -821,7 +749,8 @@ static PyObject *one_call(Lane *self, int kind, PyObject *x, PyObject *op_name, 
         root = -1;
     else if (root < 0 || root >= self->size)
         Py_RETURN_NONE;
-    PyObject *dtype, *out_dtype = NULL, *result = NULL, *lock = NULL, *target = NULL;
+    PyObject *dtype, *out_dtype = NULL, *result = NULL, *target = NULL;
+    int slot = -1; /* the gate's, once taken */
     int dtype_at = lane_dtype_code(self, x, &dtype);
     if (dtype_at == -2)
         return NULL;
@@ -877,10 +806,12 @@ static PyObject *one_call(Lane *self, int kind, PyObject *x, PyObject *op_name, 
         goto done;
     }
     if (guarded) {
-        int taken = lane_take_guard(self, PyTuple_GET_ITEM(self->names, kind), &lock);
-        if (taken < 0)
+        slot = gate_enter(self->gate, self->codes[kind], dtype_at,
+                          kind == ALL_REDUCE || kind == REDUCE_SCATTER ? op : -1, root, xv.len,
+                          self->codes[CODE_NATIVE], 0);
+        if (slot == -2) /* a child of os.fork(): the gate raised, saying why */
             goto done;
-        if (!taken) { /* another thread's call: the Python path says so */
+        if (slot == -1) { /* another thread's call: the Python path says so */
             result = Py_NewRef(Py_None);
             goto done;
         }
@@ -943,16 +874,16 @@ static PyObject *one_call(Lane *self, int kind, PyObject *x, PyObject *op_name, 
     if ((copy_once ? one_copy(self, &r, segment.buf, signature)
                    : lane_round(self, &r, (char *)segment.buf, signature)) < 0)
         goto done;
-    if (guarded) {
-        unsigned long long seq = count_call(self->guard);
-        if (seq == 0 || record(self, kind, seq, dtype, op_name, root) < 0)
-            goto done;
-    }
+    if (guarded)
+        gate_done(self->gate, slot);
     result = target;
     target = NULL;
 done:
-    if (lock != NULL)
-        result = lane_give_guard(lock, result);
+    if (slot >= 0) {
+        if (result == NULL)
+            lane_named(self, "%U", PyTuple_GET_ITEM(self->names, kind));
+        gate_leave(self->gate, slot);
+    }
     if (have_segment)
         PyBuffer_Release(&segment);
     if (have_out)
@@ -1030,37 +961,27 @@ static PyObject *lane_direct(Lane *self, PyObject *const *args, Py_ssize_t nargs
     return one_call(self, (int)kind, args[1], args[2], root, args[4], 0);
 }
 
-/* A call of the communicator's (bind), its errors named. */
-static PyObject *bound_call(Lane *self, int kind, PyObject *x, PyObject *op, long root,
-                            PyObject *out)
-{
-    PyObject *result = one_call(self, kind, x, op, root, out, 1);
-    if (result != NULL || self->names == NULL)
-        return result;
-    return lane_named(self, "%U", PyTuple_GET_ITEM(self->names, kind));
-}
-
-/* The communicator's calls (bind): all_reduce(x, op, out), all_gather(x, out),
+/* The communicator's calls (bind), their errors named: all_reduce(x, op, out), all_gather(x, out),
  * reduce_scatter(x, op, out), broadcast(x, root, out). */
 static PyObject *lane_all_reduce(Lane *self, PyObject *const *args, Py_ssize_t nargs)
 {
     if (!positional("all_reduce", nargs, 3))
         return NULL;
-    return bound_call(self, ALL_REDUCE, args[0], args[1], -1, args[2]);
+    return one_call(self, ALL_REDUCE, args[0], args[1], -1, args[2], 1);
 }
 
 static PyObject *lane_all_gather(Lane *self, PyObject *const *args, Py_ssize_t nargs)
 {
     if (!positional("all_gather", nargs, 2))
         return NULL;
-    return bound_call(self, ALL_GATHER, args[0], Py_None, -1, args[1]);
+    return one_call(self, ALL_GATHER, args[0], Py_None, -1, args[1], 1);
 }
 
 static PyObject *lane_reduce_scatter(Lane *self, PyObject *const *args, Py_ssize_t nargs)
 {
     if (!positional("reduce_scatter", nargs, 3))
         return NULL;
-    return bound_call(self, REDUCE_SCATTER, args[0], args[1], -1, args[2]);
+    return one_call(self, REDUCE_SCATTER, args[0], args[1], -1, args[2], 1);
 }
 
 static PyObject *lane_broadcast(Lane *self, PyObject *const *args, Py_ssize_t nargs)
@@ -1070,7 +991,7 @@ static PyObject *lane_broadcast(Lane *self, PyObject *const *args, Py_ssize_t na
         return NULL;
     if (!take_root(args[1], &root))
         Py_RETURN_NONE;
-    return bound_call(self, BROADCAST, args[0], Py_None, root, args[2]);
+    return one_call(self, BROADCAST, args[0], Py_None, root, args[2], 1);
 }
 
 #define FASTCALL(f) (PyCFunction)(void (*)(void))(f), METH_FASTCALL
@@ -1112,16 +1033,28 @@ static PyTypeObject LaneType = {
     .tp_members = lane_members,
 };
 
+/* tbcoll._gate's Gate, its layout checked (gate_import); where that fails the module still
+ * imports, saying why in GATE_ERROR (None otherwise), which tbcoll.shm.native raises. */
+static int import_gate(PyObject *module)
+{
+    GateType = gate_import();
+    if (GateType == NULL) {
+        PyObject *type, *error, *trace;
+        PyErr_Fetch(&type, &error, &trace);
+        gate_error = error ? PyObject_Str(error) : NULL;
+        Py_XDECREF(type);
+        Py_XDECREF(error);
+        Py_XDECREF(trace);
+        if (gate_error == NULL)
+            return -1;
+    }
+    return PyModule_AddObjectRef(module, "GATE_ERROR", gate_error ? gate_error : Py_None);
+}
+
 int add_lane_type(PyObject *module)
 {
-    if (!(DTYPE = PyUnicode_InternFromString("dtype")) ||
-        !(LOCK = PyUnicode_InternFromString("lock")) ||
-        !(ACQUIRE = PyUnicode_InternFromString("acquire")) ||
-        !(RELEASE = PyUnicode_InternFromString("release")) ||
-        !(CALL = PyUnicode_InternFromString("call")) ||
-        !(COMPLETED = PyUnicode_InternFromString("completed")) ||
-        intern_move_names() < 0 ||
-        PyType_Ready(&LaneType) < 0)
+    if (!(DTYPE = PyUnicode_InternFromString("dtype")) || intern_move_names() < 0 ||
+        PyType_Ready(&LaneType) < 0 || import_gate(module) < 0)
         return -1;
     Py_INCREF(&LaneType);
     if (PyModule_AddObject(module, "Lane", (PyObject *)&LaneType) < 0) {

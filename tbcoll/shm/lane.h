@@ -7,12 +7,18 @@
 #include <Python.h>
 #include <stdint.h>
 
+#include "../gate.h"
 #include "shm.h"
 
 #define DTYPES 9         /* tbcoll.dtypes.DTYPE_CODES, in that order */
 #define OPS 4            /* tbcoll.dtypes.OP_CODES */
 #define BYTES_DTYPE 8    /* uint8's code: what a round that only copies calls its data */
 #define ONE_CALL_KINDS 4 /* ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, BROADCAST */
+/* bind()'s codes (tbcoll.gate's registries): the kinds', in their order, then these */
+#define CODE_SEND ONE_CALL_KINDS
+#define CODE_RECV (ONE_CALL_KINDS + 1)
+#define CODE_NATIVE (ONE_CALL_KINDS + 2) /* the algorithm the lane's calls run */
+#define CODES (ONE_CALL_KINDS + 3)
 
 typedef struct {
     PyObject_HEAD
@@ -36,8 +42,9 @@ typedef struct {
     PyObject *broadcast_call;  /* broadcast_call(dtype, root) -> signature less bytes */
     uint64_t *broadcast_calls; /* [dtype * size + root], 0 where not yet asked */
     /* bind(): the communicator whose calls take the lane */
-    PyObject *guard, *ring, *entries, *names; /* entries, names: by kind */
-    Py_ssize_t ring_size;
+    Gate *gate;                /* its call gate (tbcoll/gate.h), taken around each call */
+    int codes[CODES];          /* the gate's codes of the lane's calls (CODE_*) */
+    PyObject *names;           /* each kind's name, for its errors */
     int enabled;               /* bit k: kind k's calls may take the lane; MOVES: send, recv */
     long max_tag;
     PyObject *comm_error, *namer; /* tbcoll.errors.CommError; a weakref.WeakMethod to the
@@ -72,8 +79,6 @@ static inline long pid_of(const Lane *self, const char *base, Py_ssize_t k)
 /* lane.c's, for moves.c: */
 int lane_refused(void);                                          /* numpy refused a buffer */
 int lane_dtype_code(Lane *self, PyObject *array, PyObject **dtype); /* -1: none; -2: error */
-int lane_take_guard(Lane *self, PyObject *name, PyObject **lock);
-PyObject *lane_give_guard(PyObject *lock, PyObject *result);
 PyObject *lane_named(Lane *self, const char *what, PyObject *arg);
 
 /* moves.c's, for lane.c: the Lane methods streams(), send() and recv(), and the names of

@@ -12,17 +12,14 @@
 #include "buffers.h"
 #include "lane.h"
 
-/* the send or recv a guard is taken for; the stream engine's state that says whether a
- * message may skip it (tbcoll/transports/stream.py: Peer's attributes, and the engine's
- * _mismatch) */
-static PyObject *SEND, *RECV, *SENDQ, *LOST, *TARGET, *START, *END, *POSTED, *UNEXPECTED,
+/* the stream engine's state that says whether a message may skip it (tbcoll/transports/
+ * stream.py: Peer's attributes, and the engine's _mismatch) */
+static PyObject *SENDQ, *LOST, *TARGET, *START, *END, *POSTED, *UNEXPECTED,
     *MISMATCH, *PULLS, *NEXT_PULL;
 
 int intern_move_names(void)
 {
-    return (!(SEND = PyUnicode_InternFromString("send")) ||
-            !(RECV = PyUnicode_InternFromString("recv")) ||
-            !(SENDQ = PyUnicode_InternFromString("sendq")) ||
+    return (!(SENDQ = PyUnicode_InternFromString("sendq")) ||
             !(LOST = PyUnicode_InternFromString("lost")) ||
             !(TARGET = PyUnicode_InternFromString("target")) ||
             !(START = PyUnicode_InternFromString("start")) ||
@@ -364,9 +361,10 @@ static PyObject *engine_part(Lane *self, int sending, int outcome, PyObject *x,
  * send(x, dst, tag) -> True, recv(out, src, tag) -> out, or None where the call does not
  * qualify: a whole point-to-point call of a 1-D numpy array of a known dtype (C-contiguous;
  * writable to receive into) with another rank of the communicator and a tag in range, checked
- * and taken (the guard) here, and moved here (move) where the engine is idle; else the
- * engine's send or recv moves it, or finishes what C began (a full ring, a late sender,
- * another message first, a pull refused).
+ * and taken (the communicator's call gate, tbcoll/gate.h) here, and moved here (move) where
+ * the engine is idle; else the engine's send or recv moves it, or finishes what C began (a
+ * full ring, a late sender, another message first, a pull refused). A CommError is named
+ * (lane_named) while the gate still holds the call.
  */
 static PyObject *one_move(Lane *self, int sending, PyObject *x, PyObject *peer_obj,
                           PyObject *tag_obj)
@@ -396,11 +394,11 @@ static PyObject *one_move(Lane *self, int sending, PyObject *x, PyObject *peer_o
         PyBuffer_Release(&view);
         Py_RETURN_NONE;
     }
-    PyObject *lock;
-    int taken = lane_take_guard(self, sending ? SEND : RECV, &lock);
-    if (taken <= 0) {
+    int slot = gate_enter_move(self->gate, self->codes[sending ? CODE_SEND : CODE_RECV], code,
+                               peer, tag, view.len);
+    if (slot < 0) { /* -1: another thread's call (the Python path says so); -2: forked */
         PyBuffer_Release(&view);
-        return taken < 0 ? (lock ? lane_give_guard(lock, NULL) : NULL) : Py_NewRef(Py_None);
+        return slot == -1 ? Py_NewRef(Py_None) : NULL;
     }
     Move m;
     int outcome = move(self, sending, peer, tag, tag_obj, &view, &m);
@@ -412,23 +410,24 @@ static PyObject *one_move(Lane *self, int sending, PyObject *x, PyObject *peer_o
     if (result != NULL) {
         Py_DECREF(result);
         result = Py_NewRef(sending ? Py_True : x);
+    } else {
+        lane_named(self, sending ? "send to rank %S" : "recv from rank %S", peer_obj);
     }
-    return lane_give_guard(lock, result);
+    gate_leave(self->gate, slot);
+    return result;
 }
 
 PyObject *lane_send(Lane *self, PyObject *const *args, Py_ssize_t nargs)
 {
     if (!positional("send", nargs, 3))
         return NULL;
-    PyObject *result = one_move(self, 1, args[0], args[1], args[2]);
-    return result ? result : lane_named(self, "send to rank %S", args[1]);
+    return one_move(self, 1, args[0], args[1], args[2]);
 }
 
 PyObject *lane_recv(Lane *self, PyObject *const *args, Py_ssize_t nargs)
 {
     if (!positional("recv", nargs, 3))
         return NULL;
-    PyObject *result = one_move(self, 0, args[0], args[1], args[2]);
-    return result ? result : lane_named(self, "recv from rank %S", args[1]);
+    return one_move(self, 0, args[0], args[1], args[2]);
 }
 

@@ -2,7 +2,7 @@
 every round in one C call (tbcoll/shm/lane.c, run_round: the protocol is written there once;
 this module drives it and checks at import that both sides agree on the layout). The same
 C object, the lane, also runs a small array's whole call (the Communicator's checks, its
-guard and flight recorder, the round) where the Communicator binds it (bind_lane).
+call gate and flight recorder, the round) where the Communicator binds it (bind_lane).
 
     segment = header (pids) | one flag line per rank | 2 data sets | pipes
     data set = p slots of SLOT bytes (one per rank) + a result area of SLOT bytes
@@ -89,6 +89,8 @@ def _check_layout() -> None:
     if differs:
         raise ImportError(f"tbcoll.shm._atomics was built from another version of _atomics.c "
                           f"(layout {differs}, this module's first): reinstall tbcoll")
+    if atomics.GATE_ERROR is not None:  # the call gate it drives (tbcoll/gate.h)
+        raise ImportError(atomics.GATE_ERROR)
 
 
 _check_layout()
