@@ -175,6 +175,10 @@ static inline void gate_done(Gate *g, int slot)
  * built from another layout (a stale build: rebuild with `make`). */
 static inline PyTypeObject *gate_import(void)
 {
+    PyObject *module = PyImport_ImportModule("tbcoll._gate"); /* (then the capsule is found) */
+    if (module == NULL)
+        return NULL;
+    Py_DECREF(module);
     const GateLayout *found = (const GateLayout *)PyCapsule_Import(GATE_CAPSULE, 0);
     if (found == NULL)
         return NULL;

@@ -73,9 +73,9 @@ def test_a_rank_that_takes_another_branch_is_named_with_its_line(script, tmp_pat
     calls = dumps[0]["communicators"][0]["calls"]
     assert [c["seq"] for c in calls] == list(range(1, 51))
     assert {c["collective"] for c in calls} == {"all_reduce"}
-    if backend == "shm":  # the one-call path: no times, no size
-        assert all(c["start"] is None and c["end"] is None and c["bytes"] is None
-                   and c["dtype"] == "float32" for c in calls)
+    if backend == "shm":  # the lane (one C call): no times
+        assert all(c["start"] is None and c["end"] is None and c["bytes"] == 4096
+                   and c["dtype"] == "float32" and c["algorithm"] == "native" for c in calls)
     else:
         assert all(c["start"] <= c["end"] and c["bytes"] == 4096 for c in calls)
         assert [c["end"] for c in calls] == sorted(c["end"] for c in calls)

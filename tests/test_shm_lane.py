@@ -12,7 +12,9 @@ import sys, threading
 import ml_dtypes
 import numpy as np
 import tbcoll
-from tbcoll.collectives import ALL_REDUCE
+from tbcoll.collectives import ALL_REDUCE, KIND_CODES
+from tbcoll.dtypes import DTYPE_CODES, OP_CODES
+from tbcoll.gate import NATIVE
 
 comm = tbcoll.init()
 r, p = comm.rank, comm.size
@@ -41,7 +43,7 @@ if comm._lane is None:
     print("no lane")
     sys.exit()
 comm._lane = lane = Counting(comm._lane)
-calls = comm._guard.completed
+calls = comm._gate.completed
 
 def data(shape, dtype, k):
     values = np.arange(int(np.prod(shape)), dtype=np.float64).reshape(shape) % 7 + k
@@ -85,13 +87,14 @@ for dtype in (np.float32, np.float64, np.int8, np.float16, ml_dtypes.bfloat16):
     made += 2
 took = sum(lane.took.values())
 assert took == made, (lane.took, made)
-assert comm._guard.completed == calls + made
+assert comm._gate.completed == calls + made
 
-# the flight recorder has each call, numbered
+# the flight recorder has each call, numbered, with its size (the lane times nothing)
 x = np.arange(4, dtype=np.float32)
 comm.all_reduce(x, op="max")
-seq = comm._guard.completed
-assert comm._ring[seq % comm._ring_size] == (seq, ALL_REDUCE, x.dtype, "max", -1)
+seq = comm._gate.completed
+assert comm._gate.calls()[-1] == (seq, ALL_REDUCE.code, DTYPE_CODES[x.dtype], OP_CODES["max"],
+                                  -1, 16, NATIVE, 0.0, 0.0), comm._gate.calls()[-1]
 print("lane took", took)
 took += 1
 
@@ -133,7 +136,8 @@ for bad in (lambda: comm.send(np.ones(2), r), lambda: comm.send(np.ones(2), peer
         print("refused:", e)
 
 # a second thread's call while this one holds the communicator
-comm._guard.lock.acquire()
+slot = comm._gate.enter(KIND_CODES["barrier"], None, None, -1, 0, -1, 0)
+assert slot >= 0 and comm._gate.held
 errors = []
 def second():
     try:
@@ -143,8 +147,8 @@ def second():
 thread = threading.Thread(target=second)
 thread.start()
 thread.join()
-comm._guard.lock.release()
-assert len(errors) == 1 and "another thread is using" in errors[0], errors
+comm._gate.leave(slot)
+assert len(errors) == 1 and "another thread is using (barrier)" in errors[0], errors
 
 # non-blocking calls: the lane steps aside, the answers stay right
 comm.iall_reduce(np.ones(3)).wait()

@@ -128,7 +128,7 @@ holder = threading.Thread(target=comm.barrier)
 if r == 0:
     time.sleep(1.0)
 holder.start()
-while r and not comm._guard.lock.locked():  # (the holder is in its call)
+while r and not comm._gate.held:  # (the holder is in its call)
     time.sleep(0.01)
 if r:
     try:
