@@ -31,11 +31,11 @@ from . import arm64lab
 from .conftest import REPO, skip_or_fail
 
 WERROR = "-Wall -Werror"
-EXTENSIONS = ["tbcoll/shm/_atomics", "tbcoll/transports/_sockets", "tbcoll/rdma/_verbs",
-              "launchers/_subreaper"]
-C_SOURCES = ["tbcoll/shm/_atomics.c", "tbcoll/shm/lane.c", "tbcoll/shm/moves.c",
-             "tbcoll/transports/_sockets.c", "tbcoll/rdma/_verbs.c", "launchers/_subreaper.c",
-             "launchers/die_with_parent.c"]
+EXTENSIONS = ["tbcoll/_gate", "tbcoll/shm/_atomics", "tbcoll/transports/_sockets",
+              "tbcoll/rdma/_verbs", "launchers/_subreaper"]
+C_SOURCES = ["tbcoll/_gate.c", "tbcoll/shm/_atomics.c", "tbcoll/shm/lane.c",
+             "tbcoll/shm/moves.c", "tbcoll/transports/_sockets.c", "tbcoll/rdma/_verbs.c",
+             "launchers/_subreaper.c", "launchers/die_with_parent.c"]
 # the C buffer tests whole; of the lane's, those that run its C paths and their answers
 IN_ROOT_TESTS = ["tests/test_c_buffers.py",
                  "tests/test_shm_lane.py::test_the_lane_gives_the_python_paths_answers",

@@ -74,9 +74,9 @@ class Native(Protocol):
     takes_mlx: bool
     # Optionally `lane`: a C object whose all_reduce(x, op, out), all_gather(x, out),
     # reduce_scatter(x, op, out), broadcast(x, root, out), send(x, dst, tag) and
-    # recv(out, src, tag) run a whole call (checks, the communicator's guard, count and flight
-    # recorder, the transport's work) or return None, once the Communicator has bound it
-    # (tbcoll/shm/lane.c, the one so far).
+    # recv(out, src, tag) run a whole call (checks, the communicator's call gate: its lock,
+    # count and flight recorder, driven from C through tbcoll/gate.h; the transport's work)
+    # or return None, once the Communicator has bound it (tbcoll/shm/lane.c, the one so far).
 
     def all_reduce(self, send: np.ndarray, recv: np.ndarray, op: str) -> None: ...
 
