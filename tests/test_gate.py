@@ -95,8 +95,8 @@ def test_the_call_in_progress_is_the_innermost_and_its_codes_come_from_the_regis
 
 def test_the_lane_takes_only_a_gate_built_from_its_layout():
     """The shm lane drives the gate's struct from C (tbcoll/gate.h): it checked the layout of
-    tbcoll._gate's at import (a stale build says so: tbcoll.shm.native raises it), and binds
-    nothing but a Gate."""
+    tbcoll._gate's at import (a stale build is kept and said: the shm backend refuses), and binds
+    nothing but a Gate: shm then says what to do."""
     from tbcoll.shm import _atomics
 
     assert _atomics.GATE_ERROR is None
@@ -104,9 +104,11 @@ def test_the_lane_takes_only_a_gate_built_from_its_layout():
     with pytest.raises(TypeError, match="Gate"):
         lane.bind(gates.PyGate(4), (0,) * 7, ("a",) * 4, 0, 1, TbcollError, None)
     stale = subprocess.run([sys.executable, "-c", (
-        "from tbcoll.shm import _atomics; _atomics.GATE_ERROR = 'layout 2, built for 1'\n"
-        "import tbcoll.shm.native")], capture_output=True, text=True, timeout=60)
-    assert stale.returncode == 1 and "ImportError: layout 2, built for 1" in stale.stderr
+        "from tbcoll.shm import _atomics, native; _atomics.GATE_ERROR = 'layout 2, built for 1'"
+        "\nnative.available()")], capture_output=True, text=True, timeout=60)
+    assert stale.returncode == 1 and (
+        "TbcollError: the shm backend cannot use tbcoll's call gate (tbcoll._gate): layout 2, "
+        "built for 1; reinstall tbcoll (make)") in stale.stderr, stale.stderr
 
 
 IN_PROGRESS = """

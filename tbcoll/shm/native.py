@@ -89,8 +89,6 @@ def _check_layout() -> None:
     if differs:
         raise ImportError(f"tbcoll.shm._atomics was built from another version of _atomics.c "
                           f"(layout {differs}, this module's first): reinstall tbcoll")
-    if atomics.GATE_ERROR is not None:  # the call gate it drives (tbcoll/gate.h)
-        raise ImportError(atomics.GATE_ERROR)
 
 
 _check_layout()
@@ -152,6 +150,10 @@ def available() -> None:
         raise TbcollError("the shm backend needs tbcoll's C extension (tbcoll.shm._atomics), "
                           "which was not built: install a C compiler (xcode-select --install; "
                           "apt-get install gcc) and reinstall tbcoll, or use --backend tcp")
+    if atomics.GATE_ERROR is not None:  # the call gate its lane drives (tbcoll/gate.h)
+        raise TbcollError(f"the shm backend cannot use tbcoll's call gate (tbcoll._gate): "
+                          f"{atomics.GATE_ERROR}; reinstall tbcoll (make), or use --backend "
+                          "tcp")
 
 
 class Mapped:
