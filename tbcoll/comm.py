@@ -637,4 +637,3 @@ class Communicator:
         peers = tuple(self._world_ranks[p] for p in error.peers if 0 <= p < self.size)
         report_peer_failure(message, peers)
         return type(error)(message, peers)
-

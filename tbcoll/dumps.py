@@ -35,15 +35,14 @@ from tbcoll.dump_keys import (
 )
 from tbcoll.env import LaunchInfo, launch_info, trace_chunk, tracing
 from tbcoll.errors import TbcollError
+from tbcoll.gate import describe, in_progress, row
 from tbcoll.ownership import live_communicators
 from tbcoll.recorder import (
+    Entry,
     call_site,
     clock_anchor,
-    describe,
-    in_progress,
     take_traced,
     trace_full,
-    trace_rows,
     user_site,
 )
 from tbcoll.rendezvous import Store, tell_tbrun
@@ -227,6 +226,23 @@ class _TraceSender:
         text = json.dumps({"rank": self._rank, "host": self._host, "clock": self._clock,
                            "comms": comms, "calls": rows, "last": last}, default=str)
         self._store.set(TRACE_KEY.format(self._rank, self._sent), text)
+
+
+def trace_rows(taken: list[tuple[tuple[int, ...], list[tuple[Entry, str]]]]
+               ) -> tuple[list[list[int]], list[tuple]]:
+    """What take_traced() took as (communicators, rows: their communicator's index, then
+    tbcoll.recorder.TRACE_ROW's fields): plain values, cheap to encode (a dict a call took
+    twice the time, in the rank, while it runs). Calls not timed are left out (the one-call
+    paths'; no call takes them under --trace)."""
+    comms = [list(members) for members, _ in taken]
+    rows = []
+    for index, (_, calls) in enumerate(taken):
+        for record, site in calls:
+            if record[-2]:  # (its start)
+                seq, collective, dtype, op, root, nbytes, algorithm, start, end = row(record)
+                rows.append((index, seq, collective, dtype, nbytes, op, root, algorithm, start,
+                             end, site))
+    return comms, rows
 
 
 def _start_tracing(info: LaunchInfo) -> None:

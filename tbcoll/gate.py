@@ -18,7 +18,8 @@ OP_CODES (tbcoll.dtypes), ALGORITHM_CODES (tbcoll.algorithms); -1 for none. A ca
 op are given as they are (a numpy dtype, an op's name, or None), and the gate takes their
 codes from tbcoll.dtypes' tables, handed to it at import: on the latency-critical paths that
 costs less than a lookup in Python. Where the C extension is not built, PyGate does the same
-in Python (the shm lane needs the C one).
+in Python (the shm lane needs the C one). describe, in_progress and row turn records and
+calls into names, for tbcoll.dumps.
 """
 
 from __future__ import annotations
@@ -27,8 +28,9 @@ import threading
 from time import perf_counter
 from typing import Any
 
-from tbcoll.algorithms import ALGORITHM_CODES
-from tbcoll.dtypes import DTYPE_CODES, OP_CODES
+from tbcoll.algorithms import ALGORITHM_CODES, COLLECTIVES, NAMES
+from tbcoll.collectives import KINDS
+from tbcoll.dtypes import DTYPE_CODES, DTYPES, OP_CODES, OPS
 
 # a record, as calls() and last() give it
 RECORD = ("seq", "kind", "dtype", "op", "root", "bytes", "algorithm", "start", "end")
@@ -37,6 +39,52 @@ CURRENT = ("seq", "kind", "dtype", "op", "root", "bytes", "algorithm", "peer", "
            "thread")
 NATIVE = ALGORITHM_CODES["native"]
 DEPTH = 8  # calls in progress at once (tbcoll/gate.h's GATE_DEPTH)
+_DTYPE_NAMES, _OP_NAMES = tuple(DTYPES), tuple(OPS)
+
+
+def named(codes: dict[str, Any]) -> dict[str, Any]:
+    """A record's or a call's fields with names for codes: collective for kind, dtype, op and
+    algorithm names; None for the codes -1 (none), the bytes -1 (not known), the times 0
+    (not timed)."""
+    fields = dict(codes)
+    fields["collective"] = KINDS[fields.pop("kind")]
+    for key, names in (("dtype", _DTYPE_NAMES), ("op", _OP_NAMES), ("algorithm", NAMES)):
+        fields[key] = name(names, fields[key])
+    for key in ("root", "peer", "tag", "bytes"):
+        if key in fields and fields[key] < 0:
+            fields[key] = None
+    for key in ("start", "end"):
+        if key in fields and not fields[key]:
+            fields[key] = None
+    return fields
+
+
+def name(names: tuple[str, ...], code: int) -> str | None:
+    return names[code] if code >= 0 else None
+
+
+def describe(record: tuple) -> dict[str, Any]:
+    """A recorded call (RECORD) as plain data (for a dump's JSON)."""
+    return {**named(dict(zip(RECORD, record, strict=True))), "state": "done"}
+
+
+def in_progress(current: tuple, completed: int, site: str) -> dict[str, Any]:
+    """A call in progress (CURRENT; its thread left out) as plain data, made at site: a
+    collective has its seq (the next one, completed + 1, where it is not counted yet), the
+    others none."""
+    fields = named(dict(zip(CURRENT, current, strict=True)))
+    del fields["thread"]
+    fields["seq"] = (fields["seq"] or completed + 1) if fields["collective"] in COLLECTIVES \
+        else None
+    return {**fields, "site": site, "state": "running"}
+
+
+def row(record: tuple) -> tuple:
+    """A recorded call (RECORD) with names for its codes (None for -1), in RECORD's order."""
+    seq, kind, dtype, op, root, nbytes, algorithm, start, end = record
+    return (seq, KINDS[kind], name(_DTYPE_NAMES, dtype), name(_OP_NAMES, op),
+            root if root >= 0 else None, nbytes if nbytes >= 0 else None, name(NAMES, algorithm),
+            start, end)
 
 
 

@@ -15,7 +15,8 @@ What a rank is doing *now* is the gate's call in progress, with the thread that 
 user's line that made the call is read, when a dump is asked for, from that thread's stack
 (by code positions, not by the frames' locals). Recorded calls carry a call site only under
 tbrun --trace (TBCOLL_TRACE=1), which keeps every call for the timeline until tbcoll.dumps
-sends it to tbrun, a chunk at a time. This module turns the gate's codes into names.
+sends it to tbrun, a chunk at a time. tbrun reads TRACE_ROW here: this module imports
+nothing of the library's (numpy); tbcoll.gate turns the records' codes into names.
 """
 
 from __future__ import annotations
@@ -25,51 +26,9 @@ import threading
 import time
 from pathlib import Path
 from types import FrameType
-from typing import Any
-
-from tbcoll.algorithms import COLLECTIVES, NAMES
-from tbcoll.collectives import KINDS
-from tbcoll.dtypes import DTYPES, OPS
-from tbcoll.gate import CURRENT, RECORD
 
 _PACKAGE = str(Path(__file__).resolve().parent) + os.sep
-_DTYPE_NAMES = tuple(DTYPES)
-_OP_NAMES = tuple(OPS)
-Entry = tuple  # a gate's record (tbcoll.gate.RECORD)
-
-
-def named(codes: dict[str, Any]) -> dict[str, Any]:
-    """A record's or a call's fields with names for codes: collective for kind, dtype, op and
-    algorithm names; None for the codes -1 (none), the bytes -1 (not known), the times 0
-    (not timed)."""
-    fields = dict(codes)
-    fields["collective"] = KINDS[fields.pop("kind")]
-    for key, names in (("dtype", _DTYPE_NAMES), ("op", _OP_NAMES), ("algorithm", NAMES)):
-        fields[key] = _name(names, fields[key])
-    for key in ("root", "peer", "tag", "bytes"):
-        if key in fields and fields[key] < 0:
-            fields[key] = None
-    for key in ("start", "end"):
-        if key in fields and not fields[key]:
-            fields[key] = None
-    return fields
-
-
-def describe(entry: Entry) -> dict[str, Any]:
-    """A recorded call as plain data (for a dump's JSON)."""
-    return {**named(dict(zip(RECORD, entry, strict=True))), "state": "done"}
-
-
-def in_progress(current: tuple, completed: int, site: str) -> dict[str, Any]:
-    """A gate's call in progress (tbcoll.gate.CURRENT, less its thread) as plain data: a
-    collective has its seq (the next one where it is not counted yet), the others none."""
-    fields = named(dict(zip(CURRENT, current, strict=True)))
-    del fields["thread"]
-    if fields["collective"] in COLLECTIVES:
-        fields["seq"] = fields["seq"] or completed + 1
-    else:
-        fields["seq"] = None
-    return {**fields, "site": site, "state": "running"}
+Entry = tuple  # a call gate's record (tbcoll.gate.RECORD)
 
 
 # under --trace, the calls of every communicator of this process not yet sent to tbrun, with
@@ -107,27 +66,6 @@ def take_traced() -> list[tuple[tuple[int, ...], list[tuple[Entry, str]]]]:
 # index of its communicator in its chunk's list of them
 TRACE_ROW = ("seq", "collective", "dtype", "bytes", "op", "root", "algorithm", "start", "end",
              "site")
-
-
-def trace_rows(taken: list[tuple[tuple[int, ...], list[tuple[Entry, str]]]]
-               ) -> tuple[list[list[int]], list[tuple]]:
-    """What take_traced() took as (communicators, rows): plain values, cheap to encode (a
-    dict a call took twice the time, in the rank, while it runs). Calls not timed are left
-    out (the one-call paths'; no call takes them under --trace)."""
-    comms = [list(members) for members, _ in taken]
-    rows = []
-    for index, (_, calls) in enumerate(taken):
-        for (seq, kind, dtype, op, root, nbytes, algorithm, start, end), site in calls:
-            if start:
-                rows.append((index, seq, KINDS[kind], _name(_DTYPE_NAMES, dtype),
-                             nbytes if nbytes >= 0 else None, _name(_OP_NAMES, op),
-                             root if root >= 0 else None, _name(NAMES, algorithm), start, end,
-                             site))
-    return comms, rows
-
-
-def _name(names: tuple[str, ...], code: int) -> str | None:
-    return names[code] if code >= 0 else None
 
 
 def call_site(frame: FrameType | None) -> str:

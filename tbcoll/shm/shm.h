@@ -48,8 +48,8 @@ int wait_flags(const char *base, Py_ssize_t stride, Py_ssize_t count, uint64_t t
 #define DESCRIPTOR_BYTES 24       /* a pulled message's descriptor (likewise) */
 
 /* This side's own counter (the producer's head, the consumer's tail). Only this side stores
- * it, and a communicator's calls never overlap (its guard, a lock, orders one thread's calls
- * before the next's), so a relaxed load returns the last value stored. */
+ * it, and a communicator's calls never overlap (its call gate, a lock, orders one thread's
+ * calls before the next's), so a relaxed load returns the last value stored. */
 static inline uint64_t own_counter(const char *word)
 {
     return __atomic_load_n((const uint64_t *)word, __ATOMIC_RELAXED);
