@@ -244,6 +244,7 @@ static int lane_traverse(Lane *self, visitproc visit, void *arg)
     Py_VISIT(self->finish_pulled_send);
     Py_VISIT(self->finish_announced);
     Py_VISIT(self->words.obj);
+    Py_VISIT(self->publish);
     return 0;
 }
 
@@ -271,6 +272,7 @@ static int lane_clear(Lane *self)
     Py_CLEAR(self->finish_pulled_send);
     Py_CLEAR(self->finish_announced);
     lane_release_words(self);
+    Py_CLEAR(self->publish);
     PyMem_Free(self->stream_at);
     self->stream_at = NULL;
     self->checks = 0;

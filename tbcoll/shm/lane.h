@@ -49,6 +49,7 @@ typedef struct {
     PyObject *finish_pulled_send;  /* (buf, peer, pull): an announced send, not yet answered */
     PyObject *finish_announced;    /* (buf, peer, header, descriptor): a pulled receive */
     Py_buffer words;           /* the engine's words (moves.c), held; obj NULL until then */
+    PyObject *publish;         /* publish(): the engine's publish_words, where they are stale */
     uint32_t context_word;     /* the endpoint's context, as its messages' headers carry it */
     Py_ssize_t *stream_at;     /* [2k]: the ring to rank k, [2k + 1]: the ring from it */
     Py_ssize_t stream_capacity;    /* each ring's data bytes */

@@ -19,18 +19,20 @@ static PyObject *SEND, *RECV;
  * The stream engine's words (tbcoll/transports/stream.py: WORDS_PER_PEER and the bits below,
  * the same there; tbcoll/transports/shm.py checks at import that these constants, which the
  * module exports, are its): per peer, what C must know before it moves a message to or from
- * that peer, each word tested with one load. The engine publishes the state words at each of
- * its doors' exit (StreamTransport.publish_words), so they are true whenever C looks; C
- * stores only next_pull's.
+ * that peer, each word tested with one load. Each of the engine's doors marks them STALE as
+ * it leaves; C, finding them so, has the engine publish them (StreamTransport.publish_words)
+ * before it tests one, so that they are true whenever C tests them. C stores only next_pull's.
  *
  * Why plain loads and stores: the words are this process's own memory (an array the engine
  * owns, its buffer held here from streams() on, so it can neither move nor be resized), and
  * only the thread that holds the communicator touches them, with the GIL held: C from the
  * guard's taking in one_move to its giving, the engine within its doors, which run only
  * within that thread's calls (C calls them after its move, never between its load of a word
- * and the move that the word allows). No other thread or process reads them.
+ * and the move that the word allows), and publish_words, which C calls with the guard held
+ * and no door open. No other thread or process reads them.
  */
-enum { WORDS_PER_PEER = 2, STATE_WORD = 0, NEXT_PULL_WORD = 1 };
+enum { ENGINE_WORD = 0, PEER_WORDS = 1, WORDS_PER_PEER = 2, STATE_WORD = 0, NEXT_PULL_WORD = 1 };
+#define STALE (1u << 0)      /* (the engine word's) the state words may be out of date */
 #define SENDING (1u << 0)    /* a send to the peer is queued */
 #define LOST (1u << 1)       /* its stream is lost */
 #define READING (1u << 2)    /* a message of its is half-read, or its stage holds unread bytes */
@@ -57,6 +59,7 @@ int add_move_words(PyObject *module)
         const char *name;
         long value;
     } layout[] = {
+        {"ENGINE_WORD", ENGINE_WORD}, {"STALE", STALE}, {"PEER_WORDS", PEER_WORDS},
         {"WORDS_PER_PEER", WORDS_PER_PEER}, {"STATE_WORD", STATE_WORD},
         {"NEXT_PULL_WORD", NEXT_PULL_WORD}, {"SENDING", SENDING}, {"LOST", LOST},
         {"READING", READING}, {"POSTED", POSTED}, {"UNEXPECTED", UNEXPECTED},
@@ -76,26 +79,27 @@ void lane_release_words(Lane *self)
 }
 
 /*
- * streams(context, capacity, budgets, words, rings, moves, pulls)
+ * streams(context, capacity, budgets, (words, publish), rings, moves, pulls)
  * Lend the lane the stream engine's rings (tbcoll/transports/shm.py, ShmStream.lend_lane):
  * context, the endpoint's whose messages send and recv move; capacity, each ring's data
  * bytes; budgets, (send, recv) seconds a move waits in C; words, the engine's (a writable
- * buffer of WORDS_PER_PEER uint64 per rank, see above), held from now on; rings, by rank,
- * (ring to it, ring from it), None for this rank; moves, the engine's (send, recv,
- * finish_send, finish_recv, finish_pulled_send, finish_announced); pulls, (pull_bytes, the
- * announcement's context bit, the answer's context).
+ * buffer of PEER_WORDS + WORDS_PER_PEER uint64 per rank, see above), held from now on, and
+ * publish(), the engine's publish_words; rings, by rank, (ring to it, ring from it), None for
+ * this rank; moves, the engine's (send, recv, finish_send, finish_recv, finish_pulled_send,
+ * finish_announced); pulls, (pull_bytes, the announcement's context bit, the answer's
+ * context).
  */
 PyObject *lane_streams(Lane *self, PyObject *args)
 {
-    PyObject *context, *rings, *moves[6];
+    PyObject *context, *publish, *rings, *moves[6];
     Py_buffer words;
     Py_ssize_t capacity, pull_bytes;
     unsigned long announce_bit, answer_context;
     double send_budget, recv_budget;
-    if (!PyArg_ParseTuple(args, "O!n(dd)w*O!(OOOOOO)(nkk):streams", &PyLong_Type, &context,
-                          &capacity, &send_budget, &recv_budget, &words, &PyTuple_Type, &rings,
-                          &moves[0], &moves[1], &moves[2], &moves[3], &moves[4], &moves[5],
-                          &pull_bytes, &announce_bit, &answer_context))
+    if (!PyArg_ParseTuple(args, "O!n(dd)(w*O)O!(OOOOOO)(nkk):streams", &PyLong_Type,
+                          &context, &capacity, &send_budget, &recv_budget, &words, &publish,
+                          &PyTuple_Type, &rings, &moves[0], &moves[1], &moves[2], &moves[3],
+                          &moves[4], &moves[5], &pull_bytes, &announce_bit, &answer_context))
         return NULL;
     Py_buffer segment;
     if (PyObject_GetBuffer(self->segment, &segment, PyBUF_SIMPLE) < 0) {
@@ -108,8 +112,8 @@ PyObject *lane_streams(Lane *self, PyObject *args)
     if (PyErr_Occurred() || word > UINT32_MAX || announce_bit > UINT32_MAX ||
         answer_context > UINT32_MAX || PyTuple_GET_SIZE(rings) != self->size ||
         pull_bytes < 1 || capacity < HEADER_BYTES + DESCRIPTOR_BYTES ||
-        words.len != self->size * WORDS_PER_PEER * (Py_ssize_t)sizeof(uint64_t) ||
-        (uintptr_t)words.buf % sizeof(uint64_t) != 0)
+        words.len != (PEER_WORDS + self->size * WORDS_PER_PEER) * (Py_ssize_t)sizeof(uint64_t) ||
+        (uintptr_t)words.buf % sizeof(uint64_t) != 0 || !PyCallable_Check(publish))
         goto bad;
     Py_ssize_t *at = PyMem_New(Py_ssize_t, 2 * self->size);
     if (at == NULL) {
@@ -131,6 +135,7 @@ PyObject *lane_streams(Lane *self, PyObject *args)
     self->stream_at = at;
     lane_release_words(self);
     self->words = words; /* held: the array can neither move nor be resized meanwhile */
+    Py_XSETREF(self->publish, Py_NewRef(publish));
     self->context_word = (uint32_t)word;
     Py_XSETREF(self->send, Py_NewRef(moves[0]));
     Py_XSETREF(self->recv, Py_NewRef(moves[1]));
@@ -148,15 +153,34 @@ PyObject *lane_streams(Lane *self, PyObject *args)
 bad:
     PyBuffer_Release(&words);
     PyErr_Clear();
-    PyErr_SetString(PyExc_ValueError, "bad context, pull size, words or rings (too small or "
-                                      "outside the segment)");
+    PyErr_SetString(PyExc_ValueError, "bad context, pull size, words, publish or rings (too "
+                                      "small or outside the segment)");
     return NULL;
 }
 
 /* peer's word at `which` (STATE_WORD, NEXT_PULL_WORD): see the words above */
 static inline uint64_t *word_of(Lane *self, Py_ssize_t peer, int which)
 {
-    return (uint64_t *)self->words.buf + peer * WORDS_PER_PEER + which;
+    return (uint64_t *)self->words.buf + PEER_WORDS + peer * WORDS_PER_PEER + which;
+}
+
+/* Have the engine publish its words where a door has left it since they were: 0, or -1
+ * with an exception. */
+static int words_fresh(Lane *self)
+{
+    uint64_t *engine = (uint64_t *)self->words.buf + ENGINE_WORD;
+    if (!(*engine & STALE))
+        return 0;
+    PyObject *done = PyObject_CallNoArgs(self->publish);
+    if (done == NULL)
+        return -1;
+    Py_DECREF(done);
+    if (*engine & STALE) {
+        PyErr_SetString(PyExc_RuntimeError, "the stream engine's publish_words left its words "
+                                            "stale (the shm lane would read them as true)");
+        return -1;
+    }
+    return 0;
 }
 
 static void put_big_endian(unsigned char *p, uint64_t value, int n)
@@ -281,6 +305,8 @@ static int move(Lane *self, int sending, Py_ssize_t peer, long tag, Py_buffer *p
     int pulled = payload->len >= self->pull_bytes;
     if (pulled && !HAVE_CMA)
         return ENGINE; /* through the ring, in pieces as the receiver reads: the engine's */
+    if (words_fresh(self) < 0)
+        return -1;
     Py_buffer segment;
     if (PyObject_GetBuffer(self->segment, &segment, PyBUF_WRITABLE) < 0)
         return -1;

@@ -61,11 +61,13 @@ _DIRECT = 16 << 10  # a payload remainder this large is read straight into its d
 
 # The engine's words (StreamTransport.words): per peer, what a transport's C path must know
 # before it moves a message to or from that peer by itself, each in one machine word that C
-# tests with one load. Peer k's are words[k * WORDS_PER_PEER + STATE_WORD] (bits below) and
-# words[k * WORDS_PER_PEER + NEXT_PULL_WORD] (the id of the next message pulled from this
-# rank by k, which the engine and C both take). tbcoll/shm/moves.c has the same layout;
+# tests with one load. words[ENGINE_WORD] is STALE where the state words may be out of date
+# (see publish_words). Peer k's are words[PEER_WORDS + k * WORDS_PER_PEER + STATE_WORD] (the
+# bits below) and [... + NEXT_PULL_WORD] (the id of the next message pulled from this rank by
+# k, which the engine and C both take). tbcoll/shm/moves.c has the same layout;
 # tbcoll/transports/shm.py checks that at import (WORD_LAYOUT).
-WORDS_PER_PEER, STATE_WORD, NEXT_PULL_WORD = 2, 0, 1
+ENGINE_WORD, STALE = 0, 1
+PEER_WORDS, WORDS_PER_PEER, STATE_WORD, NEXT_PULL_WORD = 1, 2, 0, 1
 SENDING = 1 << 0  # a send to the peer is queued: what goes next to it is the engine's
 LOST = 1 << 1  # the peer's stream is lost
 READING = 1 << 2  # a message from the peer is half-read, or its stage holds unread bytes
@@ -73,7 +75,8 @@ POSTED = 1 << 3  # a receive from the peer is posted (any context and tag)
 UNEXPECTED = 1 << 4  # a message from the peer is held for its receive (any context and tag)
 MISMATCH = 1 << 5  # the ranks' calls were found to differ (the engine's: in every peer's word)
 PULLS = 1 << 6  # large messages to and from the peer are pulled
-WORD_LAYOUT = {"WORDS_PER_PEER": WORDS_PER_PEER, "STATE_WORD": STATE_WORD,
+WORD_LAYOUT = {"ENGINE_WORD": ENGINE_WORD, "STALE": STALE, "PEER_WORDS": PEER_WORDS,
+               "WORDS_PER_PEER": WORDS_PER_PEER, "STATE_WORD": STATE_WORD,
                "NEXT_PULL_WORD": NEXT_PULL_WORD, "SENDING": SENDING, "LOST": LOST,
                "READING": READING, "POSTED": POSTED, "UNEXPECTED": UNEXPECTED,
                "MISMATCH": MISMATCH, "PULLS": PULLS}
@@ -134,7 +137,7 @@ class Peer:
     def __init__(self, rank: int, channel: Channel) -> None:
         self.rank = rank
         self.channel = channel
-        self.words_at = rank * WORDS_PER_PEER  # where its words are in StreamTransport.words
+        self.words_at = PEER_WORDS + rank * WORDS_PER_PEER  # its StreamTransport.words
         self.sendq: deque[_Send] = deque()
         # by (context, tag); a key is removed with its last entry (publish_words: POSTED)
         self.posted: defaultdict[tuple[int, int], deque[_Recv]] = defaultdict(deque)
@@ -205,7 +208,7 @@ class StreamTransport:
         self._mismatch: str | None = None  # calls found to differ: every wait fails with it
         # per peer: its state as a C path tests it, and the id of its next pull (see
         # WORDS_PER_PEER); the state words are set by publish_words only
-        self.words = array("Q", bytes(8 * WORDS_PER_PEER * size))
+        self.words = array("Q", bytes(8 * (PEER_WORDS + WORDS_PER_PEER * size)))
 
     def _ready(self, timeout: float) -> Iterable[tuple[Peer, bool, bool]]:
         """Wait up to timeout seconds; return (peer, readable, writable) for ready streams."""
@@ -257,14 +260,16 @@ class StreamTransport:
         self._peers.clear()
 
     def publish_words(self) -> None:
-        """Set each peer's state word (see WORDS_PER_PEER) from the engine's state. A
-        transport whose C path reads them calls this whenever control leaves the engine (each
-        door's exit: tbcoll/transports/shm.py), so the words are true whenever C looks: the
-        engine's state changes only inside it, and C changes none of it but next_pull (its own
-        word). The words are conservative: POSTED and UNEXPECTED say that anything is held for
-        the peer, of any context and tag, and C then leaves the message to the engine, whose
-        own check is exact; a message C might have taken is only taken later, never out of
-        order."""
+        """Set each peer's state word (see WORDS_PER_PEER) from the engine's state, and clear
+        STALE. A transport whose C path reads them sets STALE whenever control leaves the
+        engine (each door's exit: tbcoll/transports/shm.py), and its C calls this, with no
+        door open, before it tests a word where it finds STALE: the engine's state changes
+        only inside it, and C changes none of it but next_pull (its own word), so the words
+        are true whenever C tests them (and an engine entered many times between two C moves
+        publishes once). They are conservative: POSTED and UNEXPECTED say that anything is
+        held for the peer, of any context and tag, and C then leaves the message to the
+        engine, whose own check is exact: a message C might have taken is only taken later,
+        never out of order."""
         words, mismatch = self.words, MISMATCH if self._mismatch else 0
         for peer in self._peers.values():
             words[peer.words_at + STATE_WORD] = (
@@ -272,6 +277,7 @@ class StreamTransport:
                 | (READING if peer.target is not None or peer.start != peer.end else 0)
                 | (POSTED if peer.posted else 0) | (UNEXPECTED if peer.unexpected else 0)
                 | (PULLS if peer.pulls else 0))
+        words[ENGINE_WORD] = 0
 
     def _next_pull(self, peer: Peer) -> int:
         """The id of the next message pulled from this rank by peer (its word, which a C path
