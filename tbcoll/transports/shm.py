@@ -155,7 +155,7 @@ class ShmStream(StreamTransport):
                      (PULL_BYTES, *self.PULL_CONTEXTS))
 
     def _door(self, method: Callable[..., None]) -> Callable[..., None]:
-        """method, entered as a door into the engine (its Turns, which publish the words)."""
+        """method, entered as a door into the engine (its Turns, which mark the words STALE)."""
         turns = self.turns
 
         def entered(*args: Any) -> None:

@@ -133,7 +133,7 @@ class _Announced:
 
 class Peer:
     # No C code reads these: what a C path needs of them is in the engine's words (see
-    # StreamTransport.publish_words), one of which (next_pull) is this peer's state itself.
+    # StreamTransport.publish_words), where this peer's next pull id is kept (_next_pull).
     def __init__(self, rank: int, channel: Channel) -> None:
         self.rank = rank
         self.channel = channel
@@ -186,7 +186,8 @@ class StreamTransport:
     may run with the engine released (waits_released), and may follow which streams have
     sends pending (_write_interest) and which are gone (_forget). One that can copy from
     another rank's memory (_pull, _address) sets Peer.pulls where it may, and pull_bytes.
-    Every method runs with `turns` held by the caller, but new_group, which takes them.
+    Every method runs with `turns` held by the caller, but new_group, which takes them, and
+    publish_words (see there).
     """
 
     pull_bytes = 0  # payloads at least this large go by pull to a peer that pulls
