@@ -243,9 +243,8 @@ static int lane_traverse(Lane *self, visitproc visit, void *arg)
     Py_VISIT(self->finish_recv);
     Py_VISIT(self->finish_pulled_send);
     Py_VISIT(self->finish_announced);
-    Py_VISIT(self->peer_states);
-    Py_VISIT(self->engine);
-    Py_VISIT(self->context);
+    Py_VISIT(self->words.obj);
+    Py_VISIT(self->publish);
     return 0;
 }
 
@@ -272,9 +271,8 @@ static int lane_clear(Lane *self)
     Py_CLEAR(self->finish_recv);
     Py_CLEAR(self->finish_pulled_send);
     Py_CLEAR(self->finish_announced);
-    Py_CLEAR(self->peer_states);
-    Py_CLEAR(self->engine);
-    Py_CLEAR(self->context);
+    lane_release_words(self);
+    Py_CLEAR(self->publish);
     PyMem_Free(self->stream_at);
     self->stream_at = NULL;
     self->checks = 0;
@@ -1120,7 +1118,7 @@ int add_lane_type(PyObject *module)
         !(RELEASE = PyUnicode_InternFromString("release")) ||
         !(CALL = PyUnicode_InternFromString("call")) ||
         !(COMPLETED = PyUnicode_InternFromString("completed")) ||
-        intern_move_names() < 0 ||
+        add_move_words(module) < 0 ||
         PyType_Ready(&LaneType) < 0)
         return -1;
     Py_INCREF(&LaneType);

@@ -48,9 +48,9 @@ typedef struct {
     PyObject *finish_send, *finish_recv; /* (buf, peer, header, bytes moved in C) */
     PyObject *finish_pulled_send;  /* (buf, peer, pull): an announced send, not yet answered */
     PyObject *finish_announced;    /* (buf, peer, header, descriptor): a pulled receive */
-    PyObject *peer_states, *engine; /* each rank's Peer.__dict__ (a tuple), the engine's */
-    PyObject *context;         /* the endpoint's context (an int), */
-    uint32_t context_word;     /* and as its messages' headers carry it */
+    Py_buffer words;           /* the engine's words (moves.c), held; obj NULL until then */
+    PyObject *publish;         /* publish(): the engine's publish_words, where they are stale */
+    uint32_t context_word;     /* the endpoint's context, as its messages' headers carry it */
     Py_ssize_t *stream_at;     /* [2k]: the ring to rank k, [2k + 1]: the ring from it */
     Py_ssize_t stream_capacity;    /* each ring's data bytes */
     Py_ssize_t pull_bytes;     /* payloads this large are pulled (to a peer that pulls) */
@@ -76,11 +76,12 @@ int lane_take_guard(Lane *self, PyObject *name, PyObject **lock);
 PyObject *lane_give_guard(PyObject *lock, PyObject *result);
 PyObject *lane_named(Lane *self, const char *what, PyObject *arg);
 
-/* moves.c's, for lane.c: the Lane methods streams(), send() and recv(), and the names of
- * the stream engine's state they read (interned once, at import). */
+/* moves.c's, for lane.c: the Lane methods streams(), send() and recv(); the release of the
+ * engine's words (tp_clear); and, at import, the words' layout as module constants. */
 PyObject *lane_streams(Lane *self, PyObject *args);
 PyObject *lane_send(Lane *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *lane_recv(Lane *self, PyObject *const *args, Py_ssize_t nargs);
-int intern_move_names(void);
+void lane_release_words(Lane *self);
+int add_move_words(PyObject *module);
 
 #endif
