@@ -49,12 +49,18 @@ from tbcoll.calls import MISMATCH_ADVICE, NO_CALL, mismatch
 from tbcoll.errors import CommError, PeerLostError, PeerTimeoutError
 from tbcoll.transports.turns import SHARED_SLICE, Turns
 
-_HEADER = struct.Struct("!IIQQQ")
-_DESCRIPTOR = struct.Struct("!QQQ")  # a pulled message's address, nbytes and pull id
+# The wire, as C describes it too (tbcoll/include/wire.h; tbcoll.wire_check compares the two
+# as each C extension is imported): the header's and the descriptor's fields, big-endian
+HEADER_FIELDS = (("context", "I"), ("tag", "I"), ("nbytes", "Q"), ("seq", "Q"), ("call", "Q"))
+DESCRIPTOR_FIELDS = (("address", "Q"), ("nbytes", "Q"), ("pull", "Q"))  # a pulled message's
+_HEADER = struct.Struct("!" + "".join(code for _, code in HEADER_FIELDS))
+_DESCRIPTOR = struct.Struct("!" + "".join(code for _, code in DESCRIPTOR_FIELDS))
 # Contexts with the top bit set carry the engine's own messages (communicators count from 0):
 _ANNOUNCE = 1 << 31  # | the message's context; payload: its _DESCRIPTOR
 _PULLED = _ANNOUNCE | 1 << 30  # tag: the pull id; seq: 0 pulled, 1 refused (send it)
 _RESENT = _PULLED + 1  # tag: the pull id; payload: the message whose pull was refused
+CONTEXTS = {"announce": _ANNOUNCE, "pulled": _PULLED, "resent": _RESENT}
+PULL_IDS = 0xFFFFFFFF  # pull ids count modulo 2**32 (an answer's tag holds one)
 _STAGE = 256 << 10  # staging buffer per stream
 _DIRECT = 16 << 10  # a payload remainder this large is read straight into its destination
 
@@ -250,7 +256,7 @@ class StreamTransport:
     def _announce(self, peer: Peer, buf: np.ndarray, context: int, tag: int,
                   call: tuple[int, int]) -> _Send:
         """A send of buf by pull, its announcement still to write (its views)."""
-        pull, peer.next_pull = peer.next_pull, (peer.next_pull + 1) & 0xFFFFFFFF
+        pull, peer.next_pull = peer.next_pull, (peer.next_pull + 1) & PULL_IDS
         announcement = (self._announce_header(context, tag, call)
                         + _DESCRIPTOR.pack(self._address(buf), buf.nbytes, pull))
         request = _Send(peer, [memoryview(announcement)], buf)
