@@ -138,7 +138,7 @@ static uint16_t float_to_bf16(float f)  /* round to nearest, ties to even, as ml
 /* A signed integer type: sum and prod in the unsigned WIDE, max and min as themselves. */
 #define BY_INT(T, WIDE)                                                                     \
     do {                                                                                    \
-        if (op == OP_SUM || op == OP_PROD)                                                  \
+        if (op <= OP_PROD) /* OP_SUM or OP_PROD, the first codes */                     \
             BY_OP(T, WIDE, SAME, (T), MAX_A, MIN_A)                                         \
         else                                                                                \
             BY_OP(T, T, SAME, SAME, MAX_A, MIN_A)                                           \
