@@ -1,6 +1,8 @@
-/* What the shm transport's two C files share: tbcoll/shm/_atomics.c (flags, waits, rings,
- * copies; the module) and tbcoll/shm/lane.c (the collectives' rounds and the one-call lane).
- * tbcoll/shm/native.py checks at import that its layout is this one. */
+/* What the shm transport's C files share: tbcoll/shm/_atomics.c (flags, waits, rings,
+ * copies; the module), tbcoll/shm/lane.c (the collectives' rounds and the one-call lane) and
+ * tbcoll/shm/moves.c (its send and recv). tbcoll/shm/native.py checks at import that its
+ * layout is this one; the wire that shm shares with tcp and rdma (codes, the stream engine's
+ * header) is tbcoll/include/wire.h. */
 #ifndef TBCOLL_SHM_H
 #define TBCOLL_SHM_H
 
