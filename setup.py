@@ -59,15 +59,18 @@ class BuildExtAndDieWithParent(build_ext):
             shutil.copy2(built / _DIE_WITH_PARENT, Path(source, _DIE_WITH_PARENT))
 
 
+# the headers every extension shares (tbcoll/include: the wire, reductions, buffers, the pause
+# of a spin) and shm's own
+_SHARED = ["tbcoll/include/wire.h", "tbcoll/include/reduce.h", "tbcoll/include/buffers.h",
+           "tbcoll/include/cpu_relax.h"]
+
 setup(cmdclass={"build_ext": BuildExtAndDieWithParent}, ext_modules=[
     Extension("tbcoll.shm._atomics", ["tbcoll/shm/_atomics.c", "tbcoll/shm/lane.c",
                                       "tbcoll/shm/moves.c"],
-              depends=["tbcoll/shm/reduce.h", "tbcoll/shm/cpu_relax.h", "tbcoll/shm/shm.h",
-                       "tbcoll/shm/lane.h", "tbcoll/shm/buffers.h"], optional=_OPTIONAL),
-    Extension("tbcoll.transports._sockets", ["tbcoll/transports/_sockets.c"],
-              depends=["tbcoll/shm/reduce.h", "tbcoll/shm/buffers.h"], optional=_OPTIONAL),
-    Extension("tbcoll.rdma._verbs", ["tbcoll/rdma/_verbs.c"],
-              depends=["tbcoll/shm/reduce.h", "tbcoll/shm/cpu_relax.h"], libraries=_DL,
+              depends=[*_SHARED, "tbcoll/shm/shm.h", "tbcoll/shm/lane.h"], optional=_OPTIONAL),
+    Extension("tbcoll.transports._sockets", ["tbcoll/transports/_sockets.c"], depends=_SHARED,
+              optional=_OPTIONAL),
+    Extension("tbcoll.rdma._verbs", ["tbcoll/rdma/_verbs.c"], depends=_SHARED, libraries=_DL,
               optional=_OPTIONAL),
     *([Extension("tbcoll.launch._subreaper", ["launchers/_subreaper.c"], optional=_OPTIONAL)]
       if _LINUX else []),

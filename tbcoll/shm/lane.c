@@ -20,8 +20,8 @@
 #include <string.h>
 #include <structmember.h> /* T_ULONGLONG */
 
-#include "buffers.h"
-#include "reduce.h" /* reduce_rows, ITEMSIZE */
+#include "../include/buffers.h"
+#include "../include/reduce.h" /* reduce_rows */
 #include "lane.h"
 
 /* rank k's elements at slots + k * slot_bytes, reduced with op in rank order */
@@ -746,8 +746,10 @@ static int one_copy(Lane *self, Round *r, char *base, uint64_t signature)
     Py_ssize_t n = gather ? r->src_len : r->dst_len, buffers = gather ? 2 : 1;
     if (!gather && rank == r->root && r->src != r->dst)
         copy_bytes(r->dst, r->src, n);
-    int64_t where[2][3] = {{(int64_t)(uintptr_t)(gather ? r->src : r->dst), -1, 0},
-                           {(int64_t)(uintptr_t)r->dst, -1, 0}}; /* (address, NOT_IN_HEAP) */
+    int64_t where[2][3] = {{(int64_t)(uintptr_t)(gather ? r->src : r->dst),
+                            NOT_IN_HEAP_ALLOCATION, NOT_IN_HEAP_OFFSET},
+                           {(int64_t)(uintptr_t)r->dst, NOT_IN_HEAP_ALLOCATION,
+                            NOT_IN_HEAP_OFFSET}}; /* (address, allocation, offset): shm.h */
     int64_t *table = PyMem_New(int64_t, 3 * buffers * size);
     if (table == NULL) {
         PyErr_NoMemory();

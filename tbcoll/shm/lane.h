@@ -7,12 +7,10 @@
 #include <Python.h>
 #include <stdint.h>
 
-#include "shm.h"
+#include "shm.h" /* and wire.h */
 
-#define DTYPES 9         /* tbcoll.dtypes.DTYPE_CODES, in that order */
-#define OPS 4            /* tbcoll.dtypes.OP_CODES */
-#define BYTES_DTYPE 8    /* uint8's code: what a round that only copies calls its data */
-#define ONE_CALL_KINDS 4 /* ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, BROADCAST */
+/* DTYPES and OPS (the codes' counts): tbcoll/include/wire.h; ONE_CALL_KINDS: shm.h */
+#define BYTES_DTYPE DTYPE_UINT8 /* what a round that only copies calls its data */
 
 typedef struct {
     PyObject_HEAD

@@ -9,7 +9,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "buffers.h"
+#include "../include/buffers.h"
 #include "lane.h"
 
 /* the send or recv a guard is taken for */
@@ -186,21 +186,15 @@ static int words_fresh(Lane *self)
     return 0;
 }
 
-static void put_big_endian(unsigned char *p, uint64_t value, int n)
-{
-    for (int i = n - 1; i >= 0; i--, value >>= 8)
-        p[i] = (unsigned char)value;
-}
-
-/* A header as tbcoll/transports/stream.py's _HEADER packs it (context u32, tag u32, nbytes
- * u64, seq u64, call u64, big-endian) for a message of no collective's call (0, 0): a user's
- * message, an announcement of one, an answer that it was pulled. */
+/* A message's header (tbcoll/include/wire.h; stream.py's _HEADER packs the same) for a
+ * message of no collective's call (seq and call 0): a user's message, an announcement of one,
+ * an answer that it was pulled. */
 static void put_header(unsigned char *header, uint32_t context, uint64_t tag, Py_ssize_t nbytes)
 {
     memset(header, 0, HEADER_BYTES);
-    put_big_endian(header, context, 4);
-    put_big_endian(header + 4, tag, 4);
-    put_big_endian(header + 8, (uint64_t)nbytes, 8);
+    put_big_endian(header + HEADER_CONTEXT, context, HEADER_CONTEXT_WIDTH);
+    put_big_endian(header + HEADER_TAG, tag, HEADER_TAG_WIDTH);
+    put_big_endian(header + HEADER_NBYTES, (uint64_t)nbytes, HEADER_NBYTES_WIDTH);
 }
 
 /* What a move in C did (move_in_c, pull_in_c), and what one_move does next. */
@@ -268,10 +262,12 @@ static int pull_in_c(Lane *self, int sending, Py_ssize_t peer, long tag, Py_buff
             return ENGINE;
         uint64_t *next = word_of(self, peer, NEXT_PULL_WORD); /* the engine's _take_pull */
         m->pull = *next;
-        *next = (m->pull + 1) & 0xFFFFFFFF;
-        put_big_endian(m->descriptor, (uint64_t)(uintptr_t)payload->buf, 8);
-        put_big_endian(m->descriptor + 8, (uint64_t)payload->len, 8);
-        put_big_endian(m->descriptor + 16, m->pull, 8);
+        *next = (m->pull + 1) & PULL_IDS;
+        put_big_endian(m->descriptor + DESCRIPTOR_ADDRESS, (uint64_t)(uintptr_t)payload->buf,
+                       DESCRIPTOR_ADDRESS_WIDTH);
+        put_big_endian(m->descriptor + DESCRIPTOR_NBYTES, (uint64_t)payload->len,
+                       DESCRIPTOR_NBYTES_WIDTH);
+        put_big_endian(m->descriptor + DESCRIPTOR_PULL, m->pull, DESCRIPTOR_PULL_WIDTH);
         /* whole, as there is room: release, the payload (written before this call) and the
          * descriptor before the head that publishes them */
         ring_put_message(to, capacity, (const char *)announcement, HEADER_BYTES,
@@ -287,13 +283,16 @@ static int pull_in_c(Lane *self, int sending, Py_ssize_t peer, long tag, Py_buff
     if (m->moved < 0)
         return FINISH; /* none yet, another message first, or an overwritten ring */
     if (m->moved < DESCRIPTOR_BYTES ||
-        big_endian(m->descriptor + 8, 8) != (uint64_t)payload->len ||
+        big_endian(m->descriptor + DESCRIPTOR_NBYTES, DESCRIPTOR_NBYTES_WIDTH) !=
+            (uint64_t)payload->len ||
         ring_room(to, capacity) < HEADER_BYTES)
         return ANNOUNCED_RECV;
-    if (cma_move(pid_of(self, segment, peer), big_endian(m->descriptor, 8), payload->buf,
-                 payload->len, 0) != 0)
+    if (cma_move(pid_of(self, segment, peer),
+                 big_endian(m->descriptor + DESCRIPTOR_ADDRESS, DESCRIPTOR_ADDRESS_WIDTH),
+                 payload->buf, payload->len, 0) != 0)
         return ANNOUNCED_RECV; /* the engine pulls again, and says what a refusal means */
-    put_header(answer, self->answer_context, big_endian(m->descriptor + 16, 8), 0);
+    put_header(answer, self->answer_context,
+               big_endian(m->descriptor + DESCRIPTOR_PULL, DESCRIPTOR_PULL_WIDTH), 0);
     /* release: the copy has returned before the answer's head */
     ring_put_message(to, capacity, (const char *)answer, HEADER_BYTES, NULL, 0,
                      self->send_budget);

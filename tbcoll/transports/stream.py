@@ -50,12 +50,18 @@ from tbcoll.calls import MISMATCH_ADVICE, NO_CALL, mismatch
 from tbcoll.errors import CommError, PeerLostError, PeerTimeoutError
 from tbcoll.transports.turns import SHARED_SLICE, Turns
 
-_HEADER = struct.Struct("!IIQQQ")
-_DESCRIPTOR = struct.Struct("!QQQ")  # a pulled message's address, nbytes and pull id
+# The wire, as C describes it too (tbcoll/include/wire.h; tbcoll.wire_check compares the two
+# as each C extension is imported): the header's and the descriptor's fields, big-endian
+HEADER_FIELDS = (("context", "I"), ("tag", "I"), ("nbytes", "Q"), ("seq", "Q"), ("call", "Q"))
+DESCRIPTOR_FIELDS = (("address", "Q"), ("nbytes", "Q"), ("pull", "Q"))  # a pulled message's
+_HEADER = struct.Struct("!" + "".join(code for _, code in HEADER_FIELDS))
+_DESCRIPTOR = struct.Struct("!" + "".join(code for _, code in DESCRIPTOR_FIELDS))
 # Contexts with the top bit set carry the engine's own messages (communicators count from 0):
 _ANNOUNCE = 1 << 31  # | the message's context; payload: its _DESCRIPTOR
 _PULLED = _ANNOUNCE | 1 << 30  # tag: the pull id; seq: 0 pulled, 1 refused (send it)
 _RESENT = _PULLED + 1  # tag: the pull id; payload: the message whose pull was refused
+CONTEXTS = {"announce": _ANNOUNCE, "pulled": _PULLED, "resent": _RESENT}
+PULL_IDS = 0xFFFFFFFF  # pull ids count modulo 2**32 (an answer's tag holds one)
 _STAGE = 256 << 10  # staging buffer per stream
 _DIRECT = 16 << 10  # a payload remainder this large is read straight into its destination
 
@@ -288,7 +294,7 @@ class StreamTransport:
     def _take_pull(self, peer: Peer) -> int:
         """_next_pull, taken."""
         pull = self._next_pull(peer)
-        self.words[peer.words_at + NEXT_PULL_WORD] = (pull + 1) & 0xFFFFFFFF
+        self.words[peer.words_at + NEXT_PULL_WORD] = (pull + 1) & PULL_IDS
         return pull
 
     # --- posting -------------------------------------------------------------------------
