@@ -7,9 +7,9 @@ STAMP  := $(VENV)/.installed-stamp
 
 .PHONY: demo test lint clean cluster-tools rdma-lab-tools rdma-lab reference-tools arm64-lab
 
-$(STAMP): pyproject.toml setup.py Makefile tbcoll/shm/_atomics.c tbcoll/shm/reduce.h \
-	  tbcoll/shm/cpu_relax.h tbcoll/shm/buffers.h tbcoll/shm/lane.c tbcoll/shm/shm.h \
-	  tbcoll/shm/lane.h tbcoll/shm/moves.c tbcoll/_gate.c tbcoll/gate.h \
+$(STAMP): pyproject.toml setup.py Makefile tbcoll/include/wire.h tbcoll/include/reduce.h \
+	  tbcoll/include/cpu_relax.h tbcoll/include/buffers.h tbcoll/include/gate.h tbcoll/_gate.c \
+	  tbcoll/shm/_atomics.c tbcoll/shm/lane.c tbcoll/shm/shm.h tbcoll/shm/lane.h tbcoll/shm/moves.c \
 	  tbcoll/rdma/_verbs.c tbcoll/transports/_sockets.c launchers/die_with_parent.c
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check -e ".[mpi,mlx,tp,test]"

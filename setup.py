@@ -1,7 +1,7 @@
 """Builds the C extensions and tbrun's die-with-parent; everything else is in pyproject.toml.
 
 - tbcoll._gate: a communicator's call gate (its lock, calls in progress, count and flight
-  recorder; tbcoll/gate.h), which the shm lane drives from C.
+  recorder; tbcoll/include/gate.h), which the shm lane drives from C.
 - tbcoll.shm._atomics: the shm transport's flags, rings and rounds, and its one-call lane.
 - tbcoll.transports._sockets: the tcp transport's small-message path (a whole message per
   sendmsg; the next message read straight into its receive's buffer).
@@ -62,18 +62,21 @@ class BuildExtAndDieWithParent(build_ext):
             shutil.copy2(built / _DIE_WITH_PARENT, Path(source, _DIE_WITH_PARENT))
 
 
+# the headers every extension shares (tbcoll/include: the wire, reductions, buffers, the pause
+# of a spin) and shm's own
+_SHARED = ["tbcoll/include/wire.h", "tbcoll/include/reduce.h", "tbcoll/include/buffers.h",
+           "tbcoll/include/cpu_relax.h"]
+
 setup(cmdclass={"build_ext": BuildExtAndDieWithParent}, ext_modules=[
-    Extension("tbcoll._gate", ["tbcoll/_gate.c"], depends=["tbcoll/gate.h"],
+    Extension("tbcoll._gate", ["tbcoll/_gate.c"], depends=["tbcoll/include/gate.h"],
               optional=_OPTIONAL),
     Extension("tbcoll.shm._atomics", ["tbcoll/shm/_atomics.c", "tbcoll/shm/lane.c",
                                       "tbcoll/shm/moves.c"],
-              depends=["tbcoll/shm/reduce.h", "tbcoll/shm/cpu_relax.h", "tbcoll/shm/shm.h",
-                       "tbcoll/shm/lane.h", "tbcoll/shm/buffers.h", "tbcoll/gate.h"],
+              depends=[*_SHARED, "tbcoll/shm/shm.h", "tbcoll/shm/lane.h",
+                       "tbcoll/include/gate.h"], optional=_OPTIONAL),
+    Extension("tbcoll.transports._sockets", ["tbcoll/transports/_sockets.c"], depends=_SHARED,
               optional=_OPTIONAL),
-    Extension("tbcoll.transports._sockets", ["tbcoll/transports/_sockets.c"],
-              depends=["tbcoll/shm/reduce.h", "tbcoll/shm/buffers.h"], optional=_OPTIONAL),
-    Extension("tbcoll.rdma._verbs", ["tbcoll/rdma/_verbs.c"],
-              depends=["tbcoll/shm/reduce.h", "tbcoll/shm/cpu_relax.h"], libraries=_DL,
+    Extension("tbcoll.rdma._verbs", ["tbcoll/rdma/_verbs.c"], depends=_SHARED, libraries=_DL,
               optional=_OPTIONAL),
     *([Extension("tbcoll.launch._subreaper", ["launchers/_subreaper.c"], optional=_OPTIONAL)]
       if _LINUX else []),

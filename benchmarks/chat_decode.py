@@ -8,8 +8,7 @@ Each row is one job of examples/chat.py --json (greedy, --tokens tokens of one p
 tbrun; rows run in turns, every row once a round, and the table gives each row's median over
 the rounds. Delay 0 uses the shm transport; a delay (TBCOLL_LINK_DELAY_US, the one-way
 latency of an emulated cable: 4 us is Thunderbolt 5 RDMA's, 300 us TCP over Thunderbolt's)
-uses tcp, whose messages then arrive no sooner than that (on 2026-11-27 tcp failed where it
-had to hold a message back, from ~100 us: see RESULTS.md). Every job's tokens must equal the
+uses tcp, whose messages then arrive no sooner than that. Every job's tokens must equal the
 first np=1 job's. The planner (tbcoll.bench.planner) prices the same decoding on Macs: the
 model in float32 as tbcoll.tp.llama computes it, --gbps-memory per Mac, the delay as alpha
 and Thunderbolt 5's ~7 GB/s as bandwidth; on this 2-core machine np=4 puts 2 ranks on a core,

@@ -1,14 +1,14 @@
 /*
- * tbcoll._gate.Gate: a communicator's call gate (tbcoll/gate.h has its layout and operations;
- * tbcoll/gate.py its codes and its Python twin, taken where this is not built). The
- * Communicator drives it through the methods below; C code that makes a whole call (the shm
+ * tbcoll._gate.Gate: a communicator's call gate (tbcoll/include/gate.h has its layout and
+ * operations; tbcoll/gate.py its codes and its Python twin, taken where this is not built).
+ * The Communicator drives it through the methods below; C code that makes a whole call (the shm
  * lane) through gate.h's functions on the same struct. See gate.h for why the GIL alone keeps
  * it consistent.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
-#include "gate.h"
+#include "include/gate.h"
 
 /* tbcoll.dtypes' dtypes and ops in the order of their codes (DTYPE_CODES, OP_CODES), as
  * tbcoll.gate gives them at its import (codes()): the one registry, not a copy of it */
@@ -333,7 +333,7 @@ static PyMethodDef module_methods[] = {
 };
 
 static struct PyModuleDef gate_module = {
-    PyModuleDef_HEAD_INIT, "tbcoll._gate", "A communicator's call gate (tbcoll/gate.h).", -1,
+    PyModuleDef_HEAD_INIT, "tbcoll._gate", "A communicator's call gate (include/gate.h).", -1,
     module_methods, NULL, NULL, NULL, NULL,
 };
 

@@ -54,10 +54,16 @@ from tbcoll.ownership import busy, track
 from tbcoll.recorder import call_site, new_trace, trace_full
 from tbcoll.rendezvous import report_peer_failure
 from tbcoll.requests import P2PRequest, Progress, Request
+from tbcoll.shm.flags import atomics
 from tbcoll.transports.base import Group
+from tbcoll.wire_check import check_constants
 
-# the collectives a C lane takes, in the order of its kinds (tbcoll/shm/shm.h)
+# the collectives a C lane takes, in the order of its kinds (tbcoll/shm/shm.h, whose names
+# for them _atomics exports as LANE_KINDS: checked here)
 LANE_ENTRIES = (ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, BROADCAST)
+if atomics is not None:
+    check_constants(atomics, {"LANE_KINDS": tuple(entry.name for entry in LANE_ENTRIES)},
+                    "tbcoll.comm's LANE_ENTRIES")
 
 MAX_TAG = 32767  # the largest tag every MPI must support
 _SEND, _RECV = KIND_CODES["send"], KIND_CODES["recv"]

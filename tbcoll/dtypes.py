@@ -12,7 +12,9 @@ DTYPES: dict[str, np.dtype] = {
         ("int64", np.int64), ("uint8", np.uint8),
     ]
 }
-# Codes for the TBCOLL_CHECK descriptor; their order is part of that small wire format.
+# Codes by position: the C extensions name dtypes and ops by them (tbcoll/include/wire.h, which
+# lists the same names in the same order: tbcoll.wire_check compares them at import), and so do
+# the TBCOLL_CHECK descriptor and tbcoll.calls' signatures.
 DTYPE_CODES = {dtype: code for code, dtype in enumerate(DTYPES.values())}
 
 OPS = {"sum": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minimum}

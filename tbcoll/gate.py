@@ -1,6 +1,6 @@
 """A communicator's call gate: who may call it now, the calls in progress, the count of its
 collectives and its flight recorder, in one C object (tbcoll/_gate.c; its layout, and the
-operations the shm lane uses from C, in tbcoll/gate.h).
+operations the shm lane uses from C, in tbcoll/include/gate.h).
 
 - The lock: one user thread's call at a time (tbcoll.ownership says why). enter() takes it
   without waiting, or returns -1 where another call holds it; leave() gives it back. In a
@@ -38,7 +38,7 @@ RECORD = ("seq", "kind", "dtype", "op", "root", "bytes", "algorithm", "start", "
 CURRENT = ("seq", "kind", "dtype", "op", "root", "bytes", "algorithm", "peer", "tag", "start",
            "thread")
 NATIVE = ALGORITHM_CODES["native"]
-DEPTH = 8  # calls in progress at once (tbcoll/gate.h's GATE_DEPTH)
+DEPTH = 8  # calls in progress at once (tbcoll/include/gate.h's GATE_DEPTH)
 _DTYPE_NAMES, _OP_NAMES = tuple(DTYPES), tuple(OPS)
 
 

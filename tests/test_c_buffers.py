@@ -1,4 +1,4 @@
-"""The C extensions' buffers (tbcoll/shm/buffers.h): a call takes all its buffers or none.
+"""The C extensions' buffers (tbcoll/include/buffers.h): a call takes all its buffers or none.
 Each call below with one buffer refused (read-only where it writes, not a buffer at all)
 raises the buffer protocol's error, and leaves none of its other buffers exported (a
 bytearray still exported cannot be resized); so does a call that succeeds."""

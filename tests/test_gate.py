@@ -1,7 +1,7 @@
-"""A communicator's call gate (tbcoll.gate: tbcoll/_gate.c and gate.h): its lock, its calls in
-progress, its count and its flight recorder, in C (and its Python twin, alike); the shm lane
-drives the same struct from C; a dump's call in progress is the gate's, whichever path the
-call took, with the user's line read off the thread that runs it."""
+"""A communicator's call gate (tbcoll.gate: tbcoll/_gate.c and include/gate.h): its lock, its
+calls in progress, its count and its flight recorder, in C (and its Python twin, alike); the
+shm lane drives the same struct from C; a dump's call in progress is the gate's, whichever
+path the call took, with the user's line read off the thread that runs it."""
 
 import json
 import subprocess
@@ -94,9 +94,9 @@ def test_the_call_in_progress_is_the_innermost_and_its_codes_come_from_the_regis
 
 
 def test_the_lane_takes_only_a_gate_built_from_its_layout():
-    """The shm lane drives the gate's struct from C (tbcoll/gate.h): it checked the layout of
-    tbcoll._gate's at import (a stale build is kept and said: the shm backend refuses), and binds
-    nothing but a Gate: shm then says what to do."""
+    """The shm lane drives the gate's struct from C (tbcoll/include/gate.h): it checked the
+    layout of tbcoll._gate's at import (a stale build is kept and said: the shm backend
+    refuses, saying what to do), and binds nothing but a Gate."""
     from tbcoll.shm import _atomics
 
     assert _atomics.GATE_ERROR is None

@@ -75,6 +75,32 @@ def one_process(smollm2):
     return found
 
 
+def test_a_rank_dequantizes_only_its_part_and_gets_the_whole_weights_slice(smollm2):
+    """GGUFWeights.part reads the rows and the quantization blocks of columns a rank holds;
+    at np 4 and 5 (uneven: columns that start inside a 32-element block), each rank's part
+    of each kind of projection is the whole dequantized (and un-permuted) weight's slice."""
+    from tbcoll.tp import checkpoint
+    from tbcoll.tp.plan import plan
+
+    cfg, weights = checkpoint.load(smollm2)
+    d, layer = cfg.head_dim, "model.layers.7."
+    whole = {name: weights.part(name) for name in (
+        f"{layer}self_attn.q_proj.weight", f"{layer}self_attn.k_proj.weight",
+        f"{layer}self_attn.o_proj.weight", f"{layer}mlp.up_proj.weight",
+        f"{layer}mlp.down_proj.weight")}
+    for size in (4, 5):
+        for part in plan(cfg, size):
+            q, kv = (slice(h.start * d, h.stop * d) for h in (part.heads, part.kv_heads))
+            for name, rows, columns in ((f"{layer}self_attn.q_proj.weight", q, slice(None)),
+                                        (f"{layer}self_attn.k_proj.weight", kv, slice(None)),
+                                        (f"{layer}self_attn.o_proj.weight", slice(None), q),
+                                        (f"{layer}mlp.up_proj.weight", part.mlp, slice(None)),
+                                        (f"{layer}mlp.down_proj.weight", slice(None), part.mlp)):
+                assert np.array_equal(weights.part(name, rows, columns),
+                                      whole[name][rows, columns]), (size, part, name)
+    assert any(part.mlp.start % 32 for part in plan(cfg, 5))  # a split inside a block
+
+
 @pytest.mark.parametrize("np_", [1, 2, 3, 4, 5])
 def test_tokens_and_logits_equal_one_process(one_process, script, tmp_path, np_):
     """np 2-5 split 9 query heads 5/4, 3/3/3, 3/2/2/2, 2/2/2/2/1, sharing key/value heads,

@@ -5,6 +5,9 @@ the Python path (which raises where the call is wrong), refuse a second thread, 
 aside where the table or TBCOLL_ALGO picks another algorithm, under TBCOLL_CHECK and
 --trace (collectives), and once non-blocking calls run."""
 
+import subprocess
+import sys
+
 from .conftest import tagged_lines, tbrun
 
 COUNTING = """
@@ -310,6 +313,48 @@ comm.send(message(n, r), peer, tag=6)
 assert np.array_equal(comm.recv(np.empty(n, np.float32), peer, tag=6), message(n, peer))
 took(_finish_pulled_send=1, recv=1) if pulls else by_engine()
 
+comm.barrier()
+
+# a message held for another tag: C leaves every receive from that peer to the engine (its
+# word says only that something is held), and the answers are right; once the held message
+# is taken, C moves again
+if r == 0:
+    comm.send(message(4, 7), peer, tag=7)
+    comm.send(message(4, 8), peer, tag=8)
+    comm.barrier()  # the engine holds tag 7's
+    comm.send(message(4, 9), peer, tag=9)
+    took()
+else:
+    assert np.array_equal(comm.recv(np.empty(4, np.float32), peer, tag=8), message(4, 8))
+    took(_finish_recv=1)  # C met tag 7's first; the engine holds it
+    comm.barrier()
+    assert np.array_equal(comm.recv(np.empty(4, np.float32), peer, tag=9), message(4, 9))
+    took(recv=1)  # the next message, but something is held: the engine's
+    assert np.array_equal(comm.recv(np.empty(4, np.float32), peer, tag=7), message(4, 7))
+    took(recv=1)
+ping_pong(comm, 6)
+took()
+
+comm.barrier()
+
+# a receive posted for another tag (the engine's own irecv, as a collective's): likewise
+if r == 0:
+    comm.barrier()
+    comm.send(message(2, 12), peer, tag=12)
+    comm.send(message(2, 11), peer, tag=11)
+    took()
+else:
+    posted = np.empty(2, np.float32)
+    request = comm._group.p2p.irecv(posted, peer, 11)
+    comm.barrier()
+    assert np.array_equal(comm.recv(np.empty(2, np.float32), peer, tag=12), message(2, 12))
+    took(recv=1)
+    comm._group.p2p.waitall([request])
+    assert np.array_equal(posted, message(2, 11))
+comm.barrier()  # (else rank 1's wait may read the ping's message too, and hold it)
+ping_pong(comm, 6)
+took()
+
 # a communicator made by split (its own segment, ranks reversed) moves in C too
 sub = comm.split(0, key=-r)
 took()
@@ -325,3 +370,21 @@ def test_the_lane_moves_small_messages_and_leaves_the_rest_to_the_engine(script)
         p = tbrun("-np", 2, "--backend", "shm", *options, path, timeout=60)
         assert p.returncode == 0, (options, p.stderr + p.stdout)
         assert tagged_lines(p.stdout) == {0: ["moved"], 1: ["moved"]}, (options, p.stdout)
+
+
+CHANGED_WORDS = """
+import tbcoll.shm._atomics as built
+built.PULLS <<= 1  # as a build of another moves.c would say
+import tbcoll.transports.shm
+"""
+
+
+def test_a_build_with_other_engine_words_is_refused_at_import():
+    """The engine's words are laid out in moves.c as in stream.py, or the import says so."""
+    p = subprocess.run([sys.executable, "-c", CHANGED_WORDS], capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode != 0 and p.stderr.splitlines(), p.stdout + p.stderr
+    assert p.stderr.splitlines()[-1] == (
+        "ImportError: tbcoll.shm._atomics was built from another version of moves.c (the "
+        "engine's words {'PULLS': (64, 128)}, tbcoll.transports.stream's first): reinstall "
+        "tbcoll"), p.stderr

@@ -69,8 +69,8 @@
 #include <unistd.h>
 #include <infiniband/verbs.h>
 
-#include "../shm/cpu_relax.h"
-#include "../shm/reduce.h" /* reduce_rows, ITEMSIZE */
+#include "../include/cpu_relax.h"
+#include "../include/reduce.h" /* reduce_rows, and wire.h's codes */
 
 #define STREAM_CHUNK (64 << 10)    /* bytes of one stream message, header included */
 #define STREAM_HEADER 8            /* u32 credits returned, u32 reserved */
@@ -1030,7 +1030,7 @@ static PyObject *Fabric_mesh(Fabric *f, PyObject *args)
     long result = 0;
     Py_ssize_t n = src.len;
     int parity = (int)(f->coll_seq & 1);
-    if (n > COLL_BYTES || dtype < 0 || dtype > 8 || op < 0 || op > 3 ||
+    if (n > COLL_BYTES || dtype < 0 || dtype >= DTYPES || op < 0 || op >= OPS ||
         (kind == MESH_ALL_REDUCE && (dst.len != n || n % ITEMSIZE[dtype])) ||
         (kind == MESH_ALL_GATHER && dst.len != n * f->size) || f->ndev == 0) {
         PyErr_SetString(PyExc_ValueError, "mesh: bad sizes, dtype or op");
@@ -1334,7 +1334,8 @@ PyMODINIT_FUNC PyInit__verbs(void)
         PyModule_AddObject(m, "RegistrationError", RegistrationError) < 0 ||
         PyModule_AddIntConstant(m, "COLL_BYTES", COLL_BYTES) < 0 ||
         PyModule_AddIntConstant(m, "MESH_ALL_REDUCE", MESH_ALL_REDUCE) < 0 ||
-        PyModule_AddIntConstant(m, "MESH_ALL_GATHER", MESH_ALL_GATHER) < 0)
+        PyModule_AddIntConstant(m, "MESH_ALL_GATHER", MESH_ALL_GATHER) < 0 ||
+        add_wire(m) < 0) /* its dtype and op codes, checked at import by tbcoll.wire_check */
         return NULL;
     return m;
 }

@@ -22,8 +22,8 @@
 #include <sys/uio.h> /* process_vm_readv */
 #endif
 
-#include "buffers.h"
-#include "cpu_relax.h"
+#include "../include/buffers.h"
+#include "../include/cpu_relax.h"
 #include "shm.h"
 
 static int get_word(PyObject *obj, Py_ssize_t offset, Py_buffer *view, uint64_t **word)
@@ -159,7 +159,7 @@ static PyObject *wait_all(PyObject *self, PyObject *args)
     return PyBool_FromLong(done);
 }
 
-#include "reduce.h" /* reduce_rows, ITEMSIZE */
+#include "../include/reduce.h" /* reduce_rows */
 
 /*
  * gathered_reduce(src, block, size, header, dst, dtype, op) -> -1, or a rank
@@ -179,7 +179,8 @@ static PyObject *gathered_reduce(PyObject *self, PyObject *const *args, Py_ssize
     long dtype = PyLong_AsLong(args[5]), op = PyLong_AsLong(args[6]);
     if (PyErr_Occurred())
         return NULL;
-    if (dtype < 0 || dtype > 8 || op < 0 || op > 3 || size < 1 || header < 0 || block < header) {
+    if (dtype < 0 || dtype >= DTYPES || op < 0 || op >= OPS || size < 1 || header < 0 ||
+        block < header) {
         PyErr_SetString(PyExc_ValueError, "bad dtype, op, size, header or block");
         return NULL;
     }
@@ -379,12 +380,12 @@ Py_ssize_t ring_take(char *ring, Py_ssize_t capacity, const void *expected, char
     uint64_t tail = own_counter(ring + RING_LINE);
     const char *head_word = ring, *data = ring + RING_DATA;
     uint64_t *tail_word = (uint64_t *)(ring + RING_LINE);
-    Py_ssize_t copied = -1;
+    Py_ssize_t copied = RING_NONE_YET;
     unsigned char header[HEADER_BYTES];
     if (wait_flags(head_word, 8, 1, tail + sizeof header, budget)) {  /* acquire */
         ring_copy_out(data, capacity, tail, (char *)header, sizeof header);
         if (memcmp(header, expected, sizeof header) != 0) {
-            copied = -2;
+            copied = RING_ANOTHER_FIRST;
         } else {
             tail += sizeof header;
             copied = 0;
@@ -393,7 +394,7 @@ Py_ssize_t ring_take(char *ring, Py_ssize_t capacity, const void *expected, char
                 /* acquire: the producer copied the bytes up to head in before storing it */
                 uint64_t head = __atomic_load_n((const uint64_t *)head_word, __ATOMIC_ACQUIRE);
                 if (head - tail > (uint64_t)capacity) {  /* the peer's counter is not one */
-                    copied = -3;
+                    copied = RING_OVERWRITTEN;
                     break;
                 }
                 Py_ssize_t ready = (Py_ssize_t)(head - tail);
@@ -445,7 +446,8 @@ static PyObject *ring_recv(PyObject *self, PyObject *const *args, Py_ssize_t nar
     const Py_buffer *expected = &views[1], *dst = &views[2];
     char *ring = ring_at(&views[0], at, capacity);
     int fits = ring && expected->len == HEADER_BYTES && capacity >= HEADER_BYTES &&
-               big_endian((const unsigned char *)expected->buf + 8, 8) == (uint64_t)dst->len;
+               big_endian((const unsigned char *)expected->buf + HEADER_NBYTES,
+                          HEADER_NBYTES_WIDTH) == (uint64_t)dst->len;
     Py_ssize_t copied =
         fits ? ring_take(ring, capacity, expected->buf, dst->buf, dst->len, budget) : 0;
     release_buffers(views, 3);
@@ -546,17 +548,36 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_atomics", NULL, -1, methods};
 
+/* LANE_KINDS: the one-call kinds' names, by code (shm.h) */
+static PyObject *lane_kinds(void)
+{
+#define KIND_NAME(kind, name) name,
+    static const char *const names[KINDS] = {SHM_KINDS(KIND_NAME)};
+#undef KIND_NAME
+    PyObject *kinds = PyTuple_New(ONE_CALL_KINDS);
+    for (int k = 0; kinds != NULL && k < ONE_CALL_KINDS; k++) {
+        PyObject *name = PyUnicode_FromString(names[k]);
+        if (name == NULL)
+            Py_CLEAR(kinds);
+        else
+            PyTuple_SET_ITEM(kinds, k, name);
+    }
+    return kinds;
+}
+
 PyMODINIT_FUNC PyInit__atomics(void)
 {
     PyObject *m = PyModule_Create(&module);
-    /* the layout Python shares with this file, checked at import by tbcoll/shm/native.py */
+    /* the layout Python shares with this file, checked at import by tbcoll/shm/native.py,
+     * the lane's kinds by tbcoll/comm.py, and the wire (tbcoll/include/wire.h) by
+     * tbcoll/shm/flags.py */
     if (m == NULL || PyModule_AddIntConstant(m, "LINE", LINE) < 0 ||
         PyModule_AddIntConstant(m, "ARRIVE_OFFSET", ARRIVE_OFFSET) < 0 ||
         PyModule_AddIntConstant(m, "DONE_OFFSET", DONE_OFFSET) < 0 ||
         PyModule_AddIntConstant(m, "SIGNATURE_OFFSET", SIGNATURE_OFFSET) < 0 ||
         PyModule_AddIntConstant(m, "RING_CONTROL", RING_DATA) < 0 ||
         PyModule_AddIntConstant(m, "RING_TAIL_OFFSET", RING_LINE) < 0 ||
-        PyModule_AddIntConstant(m, "HEADER_BYTES", HEADER_BYTES) < 0 ||
+        PyModule_AddIntConstant(m, "RING_OVERWRITTEN", RING_OVERWRITTEN) < 0 ||
         PyModule_AddIntConstant(m, "MAX_RANKS", MAX_RANKS) < 0 ||
         PyModule_AddIntConstant(m, "HAVE_CMA", HAVE_CMA) < 0 ||
         PyModule_AddIntConstant(m, "ALL_REDUCE", ALL_REDUCE) < 0 ||
@@ -565,7 +586,10 @@ PyMODINIT_FUNC PyInit__atomics(void)
         PyModule_AddIntConstant(m, "BROADCAST", BROADCAST) < 0 ||
         PyModule_AddIntConstant(m, "BARRIER", BARRIER) < 0 ||
         PyModule_AddIntConstant(m, "ALL_REDUCE_SPLIT", ALL_REDUCE_SPLIT) < 0 ||
-        add_lane_type(m) < 0) {
+        PyModule_AddObject(m, "LANE_KINDS", lane_kinds()) < 0 ||
+        PyModule_AddObject(m, "NOT_IN_HEAP", Py_BuildValue("(ii)", NOT_IN_HEAP_ALLOCATION,
+                                                           NOT_IN_HEAP_OFFSET)) < 0 ||
+        add_wire(m) < 0 || add_lane_type(m) < 0) {
         Py_XDECREF(m);
         return NULL;
     }

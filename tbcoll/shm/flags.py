@@ -10,10 +10,14 @@ missing (atomics is None) and the shm backend says so (tbcoll.shm.native.availab
 
 from __future__ import annotations
 
+from tbcoll.wire_check import check_wire
+
 try:
     from tbcoll.shm import _atomics as atomics
 except ImportError:  # built without a compiler
     atomics = None
+if atomics is not None:
+    check_wire(atomics)
 
 
 class AtomicFlags:

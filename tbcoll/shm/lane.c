@@ -6,9 +6,9 @@
  * below), the count of rounds done (`rounds`), and, once calls() told it what to check and
  * how to sign each call, one-call paths for small arrays that do in C what the Communicator
  * and the transport do in Python: check the arguments, take the communicator's call gate
- * (tbcoll/gate.h: its lock, the call in progress), run the round, count the call and put it
- * in the gate's flight recorder. That Python cost ~0.7 us of a 1.4 us 8 B all_reduce, more than the
- * round; MPICH's whole call takes ~1.1 us. A larger all_gather or broadcast copies each block
+ * (tbcoll/include/gate.h: its lock, the call in progress), run the round, count the call and
+ * put it in the gate's flight recorder. That Python cost ~0.7 us of a 1.4 us 8 B all_reduce,
+ * more than the round; MPICH's whole call takes ~1.1 us. A larger all_gather or broadcast copies each block
  * once here (one_copy, Linux); send and recv are checked and taken here too, and moved in C
  * (tbcoll/shm/moves.c). Each path returns None, having touched nothing, where the call does
  * not qualify (another array type or dtype, an out of another shape, too large, a busy
@@ -20,8 +20,8 @@
 #include <string.h>
 #include <structmember.h> /* T_ULONGLONG */
 
-#include "buffers.h"
-#include "reduce.h" /* reduce_rows, ITEMSIZE */
+#include "../include/buffers.h"
+#include "../include/reduce.h" /* reduce_rows */
 #include "lane.h"
 
 /* rank k's elements at slots + k * slot_bytes, reduced with op in rank order */
@@ -243,9 +243,8 @@ static int lane_traverse(Lane *self, visitproc visit, void *arg)
     Py_VISIT(self->finish_recv);
     Py_VISIT(self->finish_pulled_send);
     Py_VISIT(self->finish_announced);
-    Py_VISIT(self->peer_states);
-    Py_VISIT(self->engine);
-    Py_VISIT(self->context);
+    Py_VISIT(self->words.obj);
+    Py_VISIT(self->publish);
     return 0;
 }
 
@@ -270,9 +269,8 @@ static int lane_clear(Lane *self)
     Py_CLEAR(self->finish_recv);
     Py_CLEAR(self->finish_pulled_send);
     Py_CLEAR(self->finish_announced);
-    Py_CLEAR(self->peer_states);
-    Py_CLEAR(self->engine);
-    Py_CLEAR(self->context);
+    lane_release_words(self);
+    Py_CLEAR(self->publish);
     PyMem_Free(self->stream_at);
     self->stream_at = NULL;
     self->checks = 0;
@@ -674,8 +672,10 @@ static int one_copy(Lane *self, Round *r, char *base, uint64_t signature)
     Py_ssize_t n = gather ? r->src_len : r->dst_len, buffers = gather ? 2 : 1;
     if (!gather && rank == r->root && r->src != r->dst)
         copy_bytes(r->dst, r->src, n);
-    int64_t where[2][3] = {{(int64_t)(uintptr_t)(gather ? r->src : r->dst), -1, 0},
-                           {(int64_t)(uintptr_t)r->dst, -1, 0}}; /* (address, NOT_IN_HEAP) */
+    int64_t where[2][3] = {{(int64_t)(uintptr_t)(gather ? r->src : r->dst),
+                            NOT_IN_HEAP_ALLOCATION, NOT_IN_HEAP_OFFSET},
+                           {(int64_t)(uintptr_t)r->dst, NOT_IN_HEAP_ALLOCATION,
+                            NOT_IN_HEAP_OFFSET}}; /* (address, allocation, offset): shm.h */
     int64_t *table = PyMem_New(int64_t, 3 * buffers * size);
     if (table == NULL) {
         PyErr_NoMemory();
@@ -1053,7 +1053,7 @@ static int import_gate(PyObject *module)
 
 int add_lane_type(PyObject *module)
 {
-    if (!(DTYPE = PyUnicode_InternFromString("dtype")) || intern_move_names() < 0 ||
+    if (!(DTYPE = PyUnicode_InternFromString("dtype")) || add_move_words(module) < 0 ||
         PyType_Ready(&LaneType) < 0 || import_gate(module) < 0)
         return -1;
     Py_INCREF(&LaneType);

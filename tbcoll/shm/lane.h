@@ -7,13 +7,11 @@
 #include <Python.h>
 #include <stdint.h>
 
-#include "../gate.h"
-#include "shm.h"
+#include "../include/gate.h"
+#include "shm.h" /* and wire.h */
 
-#define DTYPES 9         /* tbcoll.dtypes.DTYPE_CODES, in that order */
-#define OPS 4            /* tbcoll.dtypes.OP_CODES */
-#define BYTES_DTYPE 8    /* uint8's code: what a round that only copies calls its data */
-#define ONE_CALL_KINDS 4 /* ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, BROADCAST */
+/* DTYPES and OPS (the codes' counts): tbcoll/include/wire.h; ONE_CALL_KINDS: shm.h */
+#define BYTES_DTYPE DTYPE_UINT8 /* what a round that only copies calls its data */
 /* bind()'s codes (tbcoll.gate's registries): the kinds', in their order, then these */
 #define CODE_SEND ONE_CALL_KINDS
 #define CODE_RECV (ONE_CALL_KINDS + 1)
@@ -42,7 +40,7 @@ typedef struct {
     PyObject *broadcast_call;  /* broadcast_call(dtype, root) -> signature less bytes */
     uint64_t *broadcast_calls; /* [dtype * size + root], 0 where not yet asked */
     /* bind(): the communicator whose calls take the lane */
-    Gate *gate;                /* its call gate (tbcoll/gate.h), taken around each call */
+    Gate *gate;                /* its call gate (include/gate.h), taken around each call */
     int codes[CODES];          /* the gate's codes of the lane's calls (CODE_*) */
     PyObject *names;           /* each kind's name, for its errors */
     int enabled;               /* bit k: kind k's calls may take the lane; MOVES: send, recv */
@@ -55,9 +53,9 @@ typedef struct {
     PyObject *finish_send, *finish_recv; /* (buf, peer, header, bytes moved in C) */
     PyObject *finish_pulled_send;  /* (buf, peer, pull): an announced send, not yet answered */
     PyObject *finish_announced;    /* (buf, peer, header, descriptor): a pulled receive */
-    PyObject *peer_states, *engine; /* each rank's Peer.__dict__ (a tuple), the engine's */
-    PyObject *context;         /* the endpoint's context (an int), */
-    uint32_t context_word;     /* and as its messages' headers carry it */
+    Py_buffer words;           /* the engine's words (moves.c), held; obj NULL until then */
+    PyObject *publish;         /* publish(): the engine's publish_words, where they are stale */
+    uint32_t context_word;     /* the endpoint's context, as its messages' headers carry it */
     Py_ssize_t *stream_at;     /* [2k]: the ring to rank k, [2k + 1]: the ring from it */
     Py_ssize_t stream_capacity;    /* each ring's data bytes */
     Py_ssize_t pull_bytes;     /* payloads this large are pulled (to a peer that pulls) */
@@ -81,11 +79,12 @@ int lane_refused(void);                                          /* numpy refuse
 int lane_dtype_code(Lane *self, PyObject *array, PyObject **dtype); /* -1: none; -2: error */
 PyObject *lane_named(Lane *self, const char *what, PyObject *arg);
 
-/* moves.c's, for lane.c: the Lane methods streams(), send() and recv(), and the names of
- * the stream engine's state they read (interned once, at import). */
+/* moves.c's, for lane.c: the Lane methods streams(), send() and recv(); the release of the
+ * engine's words (tp_clear); and, at import, the words' layout as module constants. */
 PyObject *lane_streams(Lane *self, PyObject *args);
 PyObject *lane_send(Lane *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *lane_recv(Lane *self, PyObject *const *args, Py_ssize_t nargs);
-int intern_move_names(void);
+void lane_release_words(Lane *self);
+int add_move_words(PyObject *module);
 
 #endif

@@ -9,87 +9,131 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "buffers.h"
+#include "../include/buffers.h"
 #include "lane.h"
 
-/* the stream engine's state that says whether a message may skip it (tbcoll/transports/
- * stream.py: Peer's attributes, and the engine's _mismatch) */
-static PyObject *SENDQ, *LOST, *TARGET, *START, *END, *POSTED, *UNEXPECTED,
-    *MISMATCH, *PULLS, *NEXT_PULL;
 
-int intern_move_names(void)
+/*
+ * The stream engine's words (tbcoll/transports/stream.py: WORDS_PER_PEER and the bits below,
+ * the same there; tbcoll/transports/shm.py checks at import that these constants, which the
+ * module exports, are its): per peer, what C must know before it moves a message to or from
+ * that peer, each word tested with one load. Each of the engine's doors marks them STALE as
+ * it leaves; C, finding them so, has the engine publish them (StreamTransport.publish_words)
+ * before it tests one, so that they are true whenever C tests them. C stores only next_pull's.
+ *
+ * Why plain loads and stores: the words are this process's own memory (an array the engine
+ * owns, its buffer held here from streams() on, so it can neither move nor be resized), and
+ * only the thread that holds the communicator touches them, with the GIL held: C from the
+ * gate's taking in one_move to its giving, the engine within its doors, which run only
+ * within that thread's calls (C calls them after its move, never between its load of a word
+ * and the move that the word allows), and publish_words, which C calls with the gate held
+ * and no door open. No other thread or process reads them.
+ */
+enum { ENGINE_WORD = 0, PEER_WORDS = 1, WORDS_PER_PEER = 2, STATE_WORD = 0, NEXT_PULL_WORD = 1 };
+#define STALE (1u << 0)      /* (the engine word's) the state words may be out of date */
+#define SENDING (1u << 0)    /* a send to the peer is queued */
+#define LOST (1u << 1)       /* its stream is lost */
+#define READING (1u << 2)    /* a message of its is half-read, or its stage holds unread bytes */
+#define POSTED (1u << 3)     /* a receive from it is posted (any context and tag) */
+#define UNEXPECTED (1u << 4) /* a message of its is held for its receive (likewise) */
+#define MISMATCH (1u << 5)   /* the ranks' calls were found to differ */
+#define PULLS (1u << 6)      /* large messages to and from it are pulled */
+/* what makes a send, and a receive, the engine's: a message before it to go or to be taken,
+ * or a reason to fail. POSTED and UNEXPECTED are of any (context, tag), where the engine's
+ * own check (_receives_idle) asks only of this message's: a receive that C leaves to the
+ * engine for that reason is right (the engine is what C stands in for, and takes its own C
+ * path where its exact check allows); it is only slower, and only where a receive of another
+ * tag is pending or a message of another tag is held, which a blocking send/recv program
+ * leaves only where its messages arrive out of the order it takes them (or a collective of
+ * the engine's, context 1, meets a message of its next call early). The common path, a
+ * message to or from a peer with nothing held, tests one bit mask (tests/test_shm_lane.py
+ * counts which paths ran). */
+#define SEND_HELD (SENDING | LOST)
+#define RECV_HELD (LOST | READING | POSTED | UNEXPECTED | MISMATCH)
+
+int add_move_words(PyObject *module)
 {
-    return (!(SENDQ = PyUnicode_InternFromString("sendq")) ||
-            !(LOST = PyUnicode_InternFromString("lost")) ||
-            !(TARGET = PyUnicode_InternFromString("target")) ||
-            !(START = PyUnicode_InternFromString("start")) ||
-            !(END = PyUnicode_InternFromString("end")) ||
-            !(POSTED = PyUnicode_InternFromString("posted")) ||
-            !(UNEXPECTED = PyUnicode_InternFromString("unexpected")) ||
-            !(MISMATCH = PyUnicode_InternFromString("_mismatch")) ||
-            !(PULLS = PyUnicode_InternFromString("pulls")) ||
-            !(NEXT_PULL = PyUnicode_InternFromString("next_pull")))
-               ? -1
-               : 0;
+    static const struct {
+        const char *name;
+        long value;
+    } layout[] = {
+        {"ENGINE_WORD", ENGINE_WORD}, {"STALE", STALE}, {"PEER_WORDS", PEER_WORDS},
+        {"WORDS_PER_PEER", WORDS_PER_PEER}, {"STATE_WORD", STATE_WORD},
+        {"NEXT_PULL_WORD", NEXT_PULL_WORD}, {"SENDING", SENDING}, {"LOST", LOST},
+        {"READING", READING}, {"POSTED", POSTED}, {"UNEXPECTED", UNEXPECTED},
+        {"MISMATCH", MISMATCH}, {"PULLS", PULLS},
+    };
+    for (size_t k = 0; k < sizeof layout / sizeof layout[0]; k++)
+        if (PyModule_AddIntConstant(module, layout[k].name, layout[k].value) < 0)
+            return -1;
+    return 0;
+}
+
+void lane_release_words(Lane *self)
+{
+    if (self->words.obj != NULL)
+        PyBuffer_Release(&self->words);
+    self->words.obj = NULL;
 }
 
 /*
- * streams(context, capacity, budgets, engine, peers, moves, pulls)
+ * streams(context, capacity, budgets, (words, publish), rings, moves, pulls)
  * Lend the lane the stream engine's rings (tbcoll/transports/shm.py, ShmStream.lend_lane):
  * context, the endpoint's whose messages send and recv move; capacity, each ring's data
- * bytes; budgets, (send, recv) seconds a move waits in C; engine, the engine's __dict__;
- * peers, by rank, (ring to it, ring from it, its Peer's __dict__), None for this rank; moves,
- * the engine's (send, recv, finish_send, finish_recv, finish_pulled_send, finish_announced);
- * pulls, (pull_bytes, the announcement's context bit, the answer's context).
+ * bytes; budgets, (send, recv) seconds a move waits in C; words, the engine's (a writable
+ * buffer of PEER_WORDS + WORDS_PER_PEER uint64 per rank, see above), held from now on, and
+ * publish(), the engine's publish_words; rings, by rank, (ring to it, ring from it), None for
+ * this rank; moves, the engine's (send, recv, finish_send, finish_recv, finish_pulled_send,
+ * finish_announced); pulls, (pull_bytes, the announcement's context bit, the answer's
+ * context).
  */
 PyObject *lane_streams(Lane *self, PyObject *args)
 {
-    PyObject *context, *engine, *peers, *moves[6];
+    PyObject *context, *publish, *rings, *moves[6];
+    Py_buffer words;
     Py_ssize_t capacity, pull_bytes;
     unsigned long announce_bit, answer_context;
     double send_budget, recv_budget;
-    if (!PyArg_ParseTuple(args, "O!n(dd)O!O!(OOOOOO)(nkk):streams", &PyLong_Type, &context,
-                          &capacity, &send_budget, &recv_budget, &PyDict_Type, &engine,
-                          &PyTuple_Type, &peers, &moves[0], &moves[1], &moves[2], &moves[3],
+    if (!PyArg_ParseTuple(args, "O!n(dd)(w*O)O!(OOOOOO)(nkk):streams", &PyLong_Type,
+                          &context, &capacity, &send_budget, &recv_budget, &words, &publish,
+                          &PyTuple_Type, &rings, &moves[0], &moves[1], &moves[2], &moves[3],
                           &moves[4], &moves[5], &pull_bytes, &announce_bit, &answer_context))
         return NULL;
     Py_buffer segment;
-    if (PyObject_GetBuffer(self->segment, &segment, PyBUF_SIMPLE) < 0)
+    if (PyObject_GetBuffer(self->segment, &segment, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&words);
         return NULL;
+    }
     Py_ssize_t len = segment.len;
     PyBuffer_Release(&segment);
     unsigned long word = PyLong_AsUnsignedLong(context);
     if (PyErr_Occurred() || word > UINT32_MAX || announce_bit > UINT32_MAX ||
-        answer_context > UINT32_MAX || PyTuple_GET_SIZE(peers) != self->size ||
-        pull_bytes < 1 || capacity < HEADER_BYTES + DESCRIPTOR_BYTES)
+        answer_context > UINT32_MAX || PyTuple_GET_SIZE(rings) != self->size ||
+        pull_bytes < 1 || capacity < HEADER_BYTES + DESCRIPTOR_BYTES ||
+        words.len != (PEER_WORDS + self->size * WORDS_PER_PEER) * (Py_ssize_t)sizeof(uint64_t) ||
+        (uintptr_t)words.buf % sizeof(uint64_t) != 0 || !PyCallable_Check(publish))
         goto bad;
     Py_ssize_t *at = PyMem_New(Py_ssize_t, 2 * self->size);
-    if (at == NULL)
+    if (at == NULL) {
+        PyBuffer_Release(&words);
         return PyErr_NoMemory();
-    PyObject *states = PyTuple_New(self->size);
-    if (states == NULL) {
-        PyMem_Free(at);
-        return NULL;
     }
     for (Py_ssize_t k = 0; k < self->size; k++) {
-        PyObject *peer = PyTuple_GET_ITEM(peers, k), *state = Py_None;
+        PyObject *ring = PyTuple_GET_ITEM(rings, k);
         at[2 * k] = at[2 * k + 1] = 0;
-        if ((k == self->rank) != (peer == Py_None) ||
-            (peer != Py_None && !PyArg_ParseTuple(peer, "nnO!", &at[2 * k], &at[2 * k + 1],
-                                                  &PyDict_Type, &state)) ||
-            (peer != Py_None && !(ring_inside(at[2 * k], capacity, len) &&
+        if ((k == self->rank) != (ring == Py_None) ||
+            (ring != Py_None && !PyArg_ParseTuple(ring, "nn", &at[2 * k], &at[2 * k + 1])) ||
+            (ring != Py_None && !(ring_inside(at[2 * k], capacity, len) &&
                                   ring_inside(at[2 * k + 1], capacity, len)))) {
             PyMem_Free(at);
-            Py_DECREF(states);
             goto bad;
         }
-        PyTuple_SET_ITEM(states, k, Py_NewRef(state));
     }
     PyMem_Free(self->stream_at);
     self->stream_at = at;
-    Py_XSETREF(self->peer_states, states);
-    Py_XSETREF(self->engine, Py_NewRef(engine));
-    Py_XSETREF(self->context, Py_NewRef(context));
+    lane_release_words(self);
+    self->words = words; /* held: the array can neither move nor be resized meanwhile */
+    Py_XSETREF(self->publish, Py_NewRef(publish));
     self->context_word = (uint32_t)word;
     Py_XSETREF(self->send, Py_NewRef(moves[0]));
     Py_XSETREF(self->recv, Py_NewRef(moves[1]));
@@ -105,90 +149,47 @@ PyObject *lane_streams(Lane *self, PyObject *args)
     self->recv_budget = recv_budget;
     Py_RETURN_NONE;
 bad:
+    PyBuffer_Release(&words);
     PyErr_Clear();
-    PyErr_SetString(PyExc_ValueError, "bad context, pull size, peers, or rings too small or "
-                                      "outside the segment");
+    PyErr_SetString(PyExc_ValueError, "bad context, pull size, words, publish or rings (too "
+                                      "small or outside the segment)");
     return NULL;
 }
 
-/* An entry of the stream engine's state (a Peer's or the engine's __dict__), borrowed; NULL
- * with an exception where it has none (the engine no longer names it so). */
-static PyObject *engine_entry(PyObject *state, PyObject *name)
+/* peer's word at `which` (STATE_WORD, NEXT_PULL_WORD): see the words above */
+static inline uint64_t *word_of(Lane *self, Py_ssize_t peer, int which)
 {
-    PyObject *value = PyDict_GetItemWithError(state, name);
-    if (value == NULL && !PyErr_Occurred())
-        PyErr_Format(PyExc_RuntimeError, "the shm lane reads the stream engine's %R, which it "
-                                         "no longer has", name);
-    return value;
+    return (uint64_t *)self->words.buf + PEER_WORDS + peer * WORDS_PER_PEER + which;
 }
 
-/* Whether the engine holds a receive or a message for (context, tag) in `held` (a Peer's
- * posted or unexpected: dicts of deques); -1 with an exception. */
-static int holds(Lane *self, PyObject *state, PyObject *held_name, PyObject *tag)
+/* Have the engine publish its words where a door has left it since they were: 0, or -1
+ * with an exception. */
+static int words_fresh(Lane *self)
 {
-    PyObject *held = engine_entry(state, held_name);
-    if (held == NULL)
-        return -1;
-    if (PyDict_GET_SIZE(held) == 0)
+    uint64_t *engine = (uint64_t *)self->words.buf + ENGINE_WORD;
+    if (!(*engine & STALE))
         return 0;
-    PyObject *key = PyTuple_Pack(2, self->context, tag);
-    if (key == NULL)
+    PyObject *done = PyObject_CallNoArgs(self->publish);
+    if (done == NULL)
         return -1;
-    PyObject *queue = PyDict_GetItemWithError(held, key);
-    Py_DECREF(key);
-    if (queue == NULL)
-        return PyErr_Occurred() ? -1 : 0;
-    return PyObject_IsTrue(queue);
-}
-
-/* Whether a message to or from rank peer may skip the engine now, as tbcoll/transports/
- * stream.py's _sends_idle and _receives_idle say: 1, 0, or -1 with an exception. Sending:
- * nothing is queued for the peer and its stream is not lost. Receiving: nothing of the
- * peer's is lost, half-read or staged, no difference of calls is pending, and no receive for
- * (context, tag) is posted nor a message for it held. */
-static int engine_idle(Lane *self, int sending, Py_ssize_t peer, PyObject *tag)
-{
-    PyObject *state = PyTuple_GET_ITEM(self->peer_states, peer), *lost, *queue;
-    if (!(lost = engine_entry(state, LOST)))
+    Py_DECREF(done);
+    if (*engine & STALE) {
+        PyErr_SetString(PyExc_RuntimeError, "the stream engine's publish_words left its words "
+                                            "stale (the shm lane would read them as true)");
         return -1;
-    if (lost != Py_None)
-        return 0;
-    if (sending) {
-        if (!(queue = engine_entry(state, SENDQ)))
-            return -1;
-        Py_ssize_t queued = PyObject_Length(queue);
-        return queued < 0 ? -1 : queued == 0;
     }
-    PyObject *target, *start, *end, *mismatch;
-    if (!(target = engine_entry(state, TARGET)) || !(start = engine_entry(state, START)) ||
-        !(end = engine_entry(state, END)) || !(mismatch = engine_entry(self->engine, MISMATCH)))
-        return -1;
-    if (target != Py_None || mismatch != Py_None)
-        return 0;
-    int staged = PyObject_RichCompareBool(start, end, Py_NE);
-    if (staged != 0)
-        return staged < 0 ? -1 : 0;
-    int held = holds(self, state, POSTED, tag);
-    if (held == 0)
-        held = holds(self, state, UNEXPECTED, tag);
-    return held < 0 ? -1 : !held;
+    return 0;
 }
 
-static void put_big_endian(unsigned char *p, uint64_t value, int n)
-{
-    for (int i = n - 1; i >= 0; i--, value >>= 8)
-        p[i] = (unsigned char)value;
-}
-
-/* A header as tbcoll/transports/stream.py's _HEADER packs it (context u32, tag u32, nbytes
- * u64, seq u64, call u64, big-endian) for a message of no collective's call (0, 0): a user's
- * message, an announcement of one, an answer that it was pulled. */
+/* A message's header (tbcoll/include/wire.h; stream.py's _HEADER packs the same) for a
+ * message of no collective's call (seq and call 0): a user's message, an announcement of one,
+ * an answer that it was pulled. */
 static void put_header(unsigned char *header, uint32_t context, uint64_t tag, Py_ssize_t nbytes)
 {
     memset(header, 0, HEADER_BYTES);
-    put_big_endian(header, context, 4);
-    put_big_endian(header + 4, tag, 4);
-    put_big_endian(header + 8, (uint64_t)nbytes, 8);
+    put_big_endian(header + HEADER_CONTEXT, context, HEADER_CONTEXT_WIDTH);
+    put_big_endian(header + HEADER_TAG, tag, HEADER_TAG_WIDTH);
+    put_big_endian(header + HEADER_NBYTES, (uint64_t)nbytes, HEADER_NBYTES_WIDTH);
 }
 
 /* What a move in C did (move_in_c, pull_in_c), and what one_move does next. */
@@ -207,22 +208,14 @@ typedef struct {
     uint64_t pull;
 } Move;
 
-/* Whether the engine is idle both ways with peer (see engine_idle), or -1. */
-static int idle_both_ways(Lane *self, Py_ssize_t peer, PyObject *tag)
-{
-    int idle = engine_idle(self, 1, peer, tag);
-    return idle > 0 ? engine_idle(self, 0, peer, tag) : idle;
-}
-
 /* A message under pull_bytes, or one to or from a peer that does not pull, through the ring:
  * the header and payload bytes that went (sending), or of the payload that came or as
- * ring_take says (receiving), in m->moved. ENGINE where the engine is not idle, -1. */
-static int move_in_c(Lane *self, int sending, Py_ssize_t peer, long tag, PyObject *tag_obj,
-                     Py_buffer *payload, char *segment, Move *m)
+ * ring_take says (receiving), in m->moved. ENGINE where the engine's word holds it. */
+static int move_in_c(Lane *self, int sending, Py_ssize_t peer, long tag, Py_buffer *payload,
+                     char *segment, Move *m)
 {
-    int idle = engine_idle(self, sending, peer, tag_obj);
-    if (idle <= 0)
-        return idle < 0 ? -1 : ENGINE;
+    if (*word_of(self, peer, STATE_WORD) & (sending ? SEND_HELD : RECV_HELD))
+        return ENGINE;
     char *ring = segment + self->stream_at[2 * peer + !sending];
     Py_ssize_t capacity = self->stream_capacity, whole = payload->len;
     put_header(m->header, self->context_word, (uint64_t)tag, payload->len);
@@ -247,16 +240,11 @@ static int move_in_c(Lane *self, int sending, Py_ssize_t peer, long tag, PyObjec
  * does not finish the engine does. Why the payload is whole when read and untouched until
  * then (ARM64 as x86-64): tbcoll/transports/shm.py, ShmStream.
  */
-static int pull_in_c(Lane *self, int sending, Py_ssize_t peer, long tag, PyObject *tag_obj,
-                     Py_buffer *payload, char *segment, Move *m)
+static int pull_in_c(Lane *self, int sending, Py_ssize_t peer, long tag, Py_buffer *payload,
+                     char *segment, Move *m)
 {
-    PyObject *state = PyTuple_GET_ITEM(self->peer_states, peer), *pulls, *next;
-    int idle = idle_both_ways(self, peer, tag_obj);
-    if (idle <= 0)
-        return idle < 0 ? -1 : ENGINE;
-    if (!(pulls = engine_entry(state, PULLS)) || !(next = engine_entry(state, NEXT_PULL)))
-        return -1;
-    if (pulls != Py_True)
+    uint64_t state = *word_of(self, peer, STATE_WORD);
+    if ((state & (SEND_HELD | RECV_HELD)) || !(state & PULLS))
         return ENGINE;
     char *to = segment + self->stream_at[2 * peer], *from = segment + self->stream_at[2 * peer + 1];
     Py_ssize_t capacity = self->stream_capacity;
@@ -267,17 +255,14 @@ static int pull_in_c(Lane *self, int sending, Py_ssize_t peer, long tag, PyObjec
     if (sending) {
         if (ring_room(to, capacity) < HEADER_BYTES + DESCRIPTOR_BYTES)
             return ENGINE;
-        m->pull = PyLong_AsUnsignedLongLong(next);
-        PyObject *after = PyErr_Occurred() ? NULL
-                                           : PyLong_FromUnsignedLongLong((m->pull + 1) & 0xFFFFFFFF);
-        if (after == NULL || PyDict_SetItem(state, NEXT_PULL, after) < 0) {
-            Py_XDECREF(after);
-            return -1;
-        }
-        Py_DECREF(after);
-        put_big_endian(m->descriptor, (uint64_t)(uintptr_t)payload->buf, 8);
-        put_big_endian(m->descriptor + 8, (uint64_t)payload->len, 8);
-        put_big_endian(m->descriptor + 16, m->pull, 8);
+        uint64_t *next = word_of(self, peer, NEXT_PULL_WORD); /* the engine's _take_pull */
+        m->pull = *next;
+        *next = (m->pull + 1) & PULL_IDS;
+        put_big_endian(m->descriptor + DESCRIPTOR_ADDRESS, (uint64_t)(uintptr_t)payload->buf,
+                       DESCRIPTOR_ADDRESS_WIDTH);
+        put_big_endian(m->descriptor + DESCRIPTOR_NBYTES, (uint64_t)payload->len,
+                       DESCRIPTOR_NBYTES_WIDTH);
+        put_big_endian(m->descriptor + DESCRIPTOR_PULL, m->pull, DESCRIPTOR_PULL_WIDTH);
         /* whole, as there is room: release, the payload (written before this call) and the
          * descriptor before the head that publishes them */
         ring_put_message(to, capacity, (const char *)announcement, HEADER_BYTES,
@@ -293,13 +278,16 @@ static int pull_in_c(Lane *self, int sending, Py_ssize_t peer, long tag, PyObjec
     if (m->moved < 0)
         return FINISH; /* none yet, another message first, or an overwritten ring */
     if (m->moved < DESCRIPTOR_BYTES ||
-        big_endian(m->descriptor + 8, 8) != (uint64_t)payload->len ||
+        big_endian(m->descriptor + DESCRIPTOR_NBYTES, DESCRIPTOR_NBYTES_WIDTH) !=
+            (uint64_t)payload->len ||
         ring_room(to, capacity) < HEADER_BYTES)
         return ANNOUNCED_RECV;
-    if (cma_move(pid_of(self, segment, peer), big_endian(m->descriptor, 8), payload->buf,
-                 payload->len, 0) != 0)
+    if (cma_move(pid_of(self, segment, peer),
+                 big_endian(m->descriptor + DESCRIPTOR_ADDRESS, DESCRIPTOR_ADDRESS_WIDTH),
+                 payload->buf, payload->len, 0) != 0)
         return ANNOUNCED_RECV; /* the engine pulls again, and says what a refusal means */
-    put_header(answer, self->answer_context, big_endian(m->descriptor + 16, 8), 0);
+    put_header(answer, self->answer_context,
+               big_endian(m->descriptor + DESCRIPTOR_PULL, DESCRIPTOR_PULL_WIDTH), 0);
     /* release: the copy has returned before the answer's head */
     ring_put_message(to, capacity, (const char *)answer, HEADER_BYTES, NULL, 0,
                      self->send_budget);
@@ -309,20 +297,21 @@ static int pull_in_c(Lane *self, int sending, Py_ssize_t peer, long tag, PyObjec
 
 /* Move what one_move takes in C where it can (an outcome above, or -1), with the segment's
  * buffer held meanwhile. */
-static int move(Lane *self, int sending, Py_ssize_t peer, long tag, PyObject *tag_obj,
-                Py_buffer *payload, Move *m)
+static int move(Lane *self, int sending, Py_ssize_t peer, long tag, Py_buffer *payload, Move *m)
 {
     int pulled = payload->len >= self->pull_bytes;
     if (pulled && !HAVE_CMA)
         return ENGINE; /* through the ring, in pieces as the receiver reads: the engine's */
+    if (words_fresh(self) < 0)
+        return -1;
     Py_buffer segment;
     if (PyObject_GetBuffer(self->segment, &segment, PyBUF_WRITABLE) < 0)
         return -1;
     int outcome =
 #if HAVE_CMA
-        pulled ? pull_in_c(self, sending, peer, tag, tag_obj, payload, segment.buf, m) :
+        pulled ? pull_in_c(self, sending, peer, tag, payload, segment.buf, m) :
 #endif
-                 move_in_c(self, sending, peer, tag, tag_obj, payload, segment.buf, m);
+                 move_in_c(self, sending, peer, tag, payload, segment.buf, m);
     PyBuffer_Release(&segment);
     return outcome;
 }
@@ -361,9 +350,9 @@ static PyObject *engine_part(Lane *self, int sending, int outcome, PyObject *x,
  * send(x, dst, tag) -> True, recv(out, src, tag) -> out, or None where the call does not
  * qualify: a whole point-to-point call of a 1-D numpy array of a known dtype (C-contiguous;
  * writable to receive into) with another rank of the communicator and a tag in range, checked
- * and taken (the communicator's call gate, tbcoll/gate.h) here, and moved here (move) where
- * the engine is idle; else the engine's send or recv moves it, or finishes what C began (a
- * full ring, a late sender, another message first, a pull refused). A CommError is named
+ * and taken (the communicator's call gate, tbcoll/include/gate.h) here, and moved here (move)
+ * where the engine is idle; else the engine's send or recv moves it, or finishes what C began
+ * (a full ring, a late sender, another message first, a pull refused). A CommError is named
  * (lane_named) while the gate still holds the call.
  */
 static PyObject *one_move(Lane *self, int sending, PyObject *x, PyObject *peer_obj,
@@ -401,7 +390,7 @@ static PyObject *one_move(Lane *self, int sending, PyObject *x, PyObject *peer_o
         return slot == -1 ? Py_NewRef(Py_None) : NULL;
     }
     Move m;
-    int outcome = move(self, sending, peer, tag, tag_obj, &view, &m);
+    int outcome = move(self, sending, peer, tag, &view, &m);
     PyBuffer_Release(&view);
     PyObject *result = outcome == MOVED ? Py_NewRef(Py_None)
                        : outcome < 0    ? NULL

@@ -57,6 +57,7 @@ from tbcoll.shm.flags import AtomicFlags, atomics
 from tbcoll.shm.heap import NOT_IN_HEAP, Heap
 from tbcoll.shm.pipe import LINE, Ring
 from tbcoll.shm.segment import Segment
+from tbcoll.wire_check import check_constants
 
 SLOT = 1 << 20
 # all_gather's blocks larger than this go in one copy where every rank has a core: np=2, 256 KiB
@@ -77,18 +78,14 @@ _PAGE = 4096
 
 
 def _check_layout() -> None:
-    """The layout written in _atomics.c is this module's (a build of another version of the C
-    file would read other words of the segment)."""
-    if atomics is None:
-        return
-    ours = {"LINE": LINE, "ARRIVE_OFFSET": _ARRIVE, "DONE_OFFSET": _DONE,
+    """The layout of tbcoll/shm/shm.h is this package's (a build of another version of the C
+    files would read other words of the segment, or take a refusal for a count of bytes)."""
+    if atomics is not None:
+        check_constants(atomics, {
+            "LINE": LINE, "ARRIVE_OFFSET": _ARRIVE, "DONE_OFFSET": _DONE,
             "SIGNATURE_OFFSET": _SIGNATURE, "RING_CONTROL": Ring.CONTROL,
-            "RING_TAIL_OFFSET": LINE}
-    differs = {name: (value, getattr(atomics, name, None)) for name, value in ours.items()
-               if getattr(atomics, name, None) != value}
-    if differs:
-        raise ImportError(f"tbcoll.shm._atomics was built from another version of _atomics.c "
-                          f"(layout {differs}, this module's first): reinstall tbcoll")
+            "RING_TAIL_OFFSET": LINE, "RING_OVERWRITTEN": Ring.OVERWRITTEN,
+            "NOT_IN_HEAP": NOT_IN_HEAP}, "tbcoll.shm (native.py, pipe.py, heap.py)")
 
 
 _check_layout()
@@ -150,7 +147,7 @@ def available() -> None:
         raise TbcollError("the shm backend needs tbcoll's C extension (tbcoll.shm._atomics), "
                           "which was not built: install a C compiler (xcode-select --install; "
                           "apt-get install gcc) and reinstall tbcoll, or use --backend tcp")
-    if atomics.GATE_ERROR is not None:  # the call gate its lane drives (tbcoll/gate.h)
+    if atomics.GATE_ERROR is not None:  # the call gate its lane drives (tbcoll/include/gate.h)
         raise TbcollError(f"the shm backend cannot use tbcoll's call gate (tbcoll._gate): "
                           f"{atomics.GATE_ERROR}; reinstall tbcoll (make), or use --backend "
                           "tcp")

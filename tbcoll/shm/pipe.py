@@ -30,7 +30,9 @@ class OverwrittenRing(OSError):
 
 class Ring:
     CONTROL = 2 * LINE  # head line, tail line
-    OVERWRITTEN = -3  # what C's receive returns where the producer's counter cannot be one
+    # what C's receive returns where the producer's counter cannot be one (shm.h's
+    # RING_OVERWRITTEN, checked at import by tbcoll.shm.native)
+    OVERWRITTEN = -3
 
     def __init__(self, buffer: memoryview, flags: AtomicFlags, base: int,
                  capacity: int) -> None:

@@ -1,11 +1,15 @@
-/* What the shm transport's two C files share: tbcoll/shm/_atomics.c (flags, waits, rings,
- * copies; the module) and tbcoll/shm/lane.c (the collectives' rounds and the one-call lane).
- * tbcoll/shm/native.py checks at import that its layout is this one. */
+/* What the shm transport's C files share: tbcoll/shm/_atomics.c (flags, waits, rings,
+ * copies; the module), tbcoll/shm/lane.c (the collectives' rounds and the one-call lane) and
+ * tbcoll/shm/moves.c (its send and recv). tbcoll/shm/native.py checks at import that its
+ * layout is this one; the wire that shm shares with tcp and rdma (codes, the stream engine's
+ * header) is tbcoll/include/wire.h. */
 #ifndef TBCOLL_SHM_H
 #define TBCOLL_SHM_H
 
 #include <Python.h>
 #include <stdint.h>
+
+#include "../include/wire.h" /* HEADER_BYTES, DESCRIPTOR_BYTES, big_endian */
 
 #ifdef __linux__
 #define HAVE_CMA 1 /* cma_move below */
@@ -23,8 +27,23 @@
 #define SIGNATURE_OFFSET 16 /* two signature words, for rounds of each parity */
 #define NOGIL_BYTES (32 << 10) /* copies at least this large release the GIL */
 
-/* the kinds of round (lane.c); the first four are also the one-call paths' collectives */
-enum { ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, BROADCAST, BARRIER, ALL_REDUCE_SPLIT, KINDS };
+/* the kinds of round (lane.c), X(kind, name): the first ONE_CALL_KINDS are also the one-call
+ * paths' collectives, named as tbcoll.collectives names them (tbcoll.comm's LANE_ENTRIES, in
+ * this order: _atomics exports their names as LANE_KINDS, which tbcoll.comm checks at
+ * import) */
+#define SHM_KINDS(X)                                                                        \
+    X(ALL_REDUCE, "all_reduce") X(ALL_GATHER, "all_gather")                                 \
+    X(REDUCE_SCATTER, "reduce_scatter") X(BROADCAST, "broadcast") X(BARRIER, "barrier")     \
+    X(ALL_REDUCE_SPLIT, "all_reduce_split")
+enum { SHM_KINDS(WIRE_CODE) KINDS };
+#define ONE_CALL_KINDS (BROADCAST + 1)
+
+/* Where a rank's buffer is, as the ranks exchange it before one copy (lane.c's one_copy,
+ * tbcoll/shm/native.py's _one_copy_round): int64 words address, allocation, offset; a buffer
+ * in none of comm.empty's allocations has NOT_IN_HEAP's (tbcoll/shm/heap.py checks its own
+ * against these at import, through _atomics' NOT_IN_HEAP). */
+#define NOT_IN_HEAP_ALLOCATION (-1)
+#define NOT_IN_HEAP_OFFSET 0
 
 /* Wait until the count flags at base, base+stride, ... are all >= target (acquire), for at
  * most budget seconds: 1 when they are, 0 when the budget ran out. Releases the GIL once a
@@ -44,8 +63,6 @@ int wait_flags(const char *base, Py_ssize_t stride, Py_ssize_t count, uint64_t t
  */
 #define RING_LINE 128
 #define RING_DATA (2 * RING_LINE) /* the control lines before the data */
-#define HEADER_BYTES 32           /* a message's header (tbcoll/transports/stream.py) */
-#define DESCRIPTOR_BYTES 24       /* a pulled message's descriptor (likewise) */
 
 /* This side's own counter (the producer's head, the consumer's tail). Only this side stores
  * it, and a communicator's calls never overlap (its call gate, a lock, orders one thread's
@@ -61,15 +78,6 @@ static inline Py_ssize_t ring_room(const char *ring, Py_ssize_t capacity)
 {
     uint64_t tail = __atomic_load_n((const uint64_t *)(ring + RING_LINE), __ATOMIC_ACQUIRE);
     return capacity - (Py_ssize_t)(own_counter(ring) - tail);
-}
-
-/* The n-byte big-endian number at p (the stream engine's headers and descriptors). */
-static inline uint64_t big_endian(const unsigned char *p, int n)
-{
-    uint64_t value = 0;
-    for (int i = 0; i < n; i++)
-        value = value << 8 | p[i];
-    return value;
 }
 
 /* Whether a ring of `capacity` bytes at `at` lies inside a segment of `len` bytes. */
@@ -91,10 +99,13 @@ Py_ssize_t ring_put_message(char *ring, Py_ssize_t capacity, const char *header,
                             double budget);
 
 /* Consumer: take the next message if its header is `expected` (HEADER_BYTES, whose byte count
- * is len), its payload straight into dst. Returns -1 when no whole header came within budget,
- * -2 when the next message is another one (nothing is consumed), -3 when the producer's
- * counter says more bytes wait than the ring holds (the segment was overwritten), else how
- * many payload bytes arrived (len unless the budget ran out while they came). */
+ * is len), its payload straight into dst. Returns RING_NONE_YET when no whole header came
+ * within budget, RING_ANOTHER_FIRST when the next message is another one (nothing is
+ * consumed), RING_OVERWRITTEN when the producer's counter says more bytes wait than the ring
+ * holds (the segment was overwritten), else how many payload bytes arrived (len unless the
+ * budget ran out while they came). (tbcoll/shm/pipe.py's Ring.OVERWRITTEN is checked against
+ * _atomics' RING_OVERWRITTEN at import.) */
+enum { RING_NONE_YET = -1, RING_ANOTHER_FIRST = -2, RING_OVERWRITTEN = -3 };
 Py_ssize_t ring_take(char *ring, Py_ssize_t capacity, const void *expected, char *dst,
                      Py_ssize_t len, double budget);
 

@@ -3,7 +3,9 @@ Hugging Face / mlx-lm folders (config.json and *.safetensors), read into one lay
 
 The weights come as a mapping from Hugging Face's names to numpy arrays of shape (out, in);
 a GGUF tensor is dequantized (gguf.quants.dequantize: Q4_0, Q4_1, Q8_0, K-quants, F16, ...)
-when the model asks for it, so a rank never holds the whole model in float32 at once.
+when the model asks for it, and only the rows and blocks of columns a rank holds
+(GGUFWeights.part), so a rank never holds the whole model in float32 at once, nor spends the
+time to make it.
 GGUF stores the Q and K projections of Llama models permuted for llama.cpp's rotary layout
 (pairs of adjacent features, where Hugging Face rotates the two halves of a head); they are
 permuted back here, as transformers' GGUF loader does.
@@ -66,16 +68,44 @@ class GGUFWeights(Mapping):
         self.tensors = {name: t for t in reader.tensors if (name := hf_name(t.name))}
 
     def __getitem__(self, name: str) -> np.ndarray:
+        return self.part(name)
+
+    def part(self, name: str, rows: slice = slice(None),
+             columns: slice = slice(None)) -> np.ndarray:
+        """weight[rows, columns] of a 2-D weight (out, in), dequantizing only the rows asked
+        for and the quantization blocks that hold the columns: a rank of np reads ~1/np of
+        each layer. Q and K rows must be whole heads (a rank's are): the un-permutation stays
+        within a head."""
+        from gguf.constants import GGML_QUANT_SIZES
         from gguf.quants import dequantize
 
         tensor = self.tensors[name]
-        weight = dequantize(tensor.data, tensor.tensor_type).astype(np.float32, copy=False)
-        weight = weight.reshape([int(n) for n in reversed(tensor.shape)])  # (out, in)
-        if name.endswith("self_attn.q_proj.weight"):
-            weight = unpermute(weight, self.cfg.num_attention_heads)
-        elif name.endswith("self_attn.k_proj.weight"):
-            weight = unpermute(weight, self.cfg.num_key_value_heads)
+        shape = [int(n) for n in reversed(tensor.shape)]  # (out, in), or (n,) for a norm
+        if len(shape) == 1:
+            return dequantize(tensor.data, tensor.tensor_type).astype(np.float32, copy=False)
+        rows = range(shape[0])[rows]
+        data = tensor.data[rows.start:rows.stop:rows.step]
+        columns = range(shape[1])[columns]
+        first, last = columns.start, columns.stop
+        if data.dtype == np.uint8:  # quantized: each row is its blocks' bytes
+            block, block_bytes = GGML_QUANT_SIZES[tensor.tensor_type]
+            first_block, end_block = first // block, -(-last // block)
+            data = data[:, first_block * block_bytes:end_block * block_bytes]
+            first, last = first - first_block * block, last - first_block * block
+        weight = dequantize(data, tensor.tensor_type).astype(np.float32, copy=False)
+        weight = weight.reshape(len(rows), -1)[:, first:last:columns.step]
+        heads = self.heads_of(name)
+        if heads:
+            weight = unpermute(weight, heads * len(rows) // shape[0])
         return weight
+
+    def heads_of(self, name: str) -> int:
+        """The heads of a Q or K projection (GGUF permutes their rows), else 0."""
+        if name.endswith("self_attn.q_proj.weight"):
+            return self.cfg.num_attention_heads
+        if name.endswith("self_attn.k_proj.weight"):
+            return self.cfg.num_key_value_heads
+        return 0
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.tensors)

@@ -110,6 +110,14 @@ def _features(heads: slice, d: int) -> slice:
     return slice(heads.start * d, heads.stop * d)
 
 
+def _part(w: Mapping, name: str, rows: slice = slice(None),
+          columns: slice = slice(None)) -> np.ndarray:
+    """w[name][rows, columns], read as such where the checkpoint can (a GGUF file's
+    quantized tensors: tbcoll.tp.checkpoint.GGUFWeights.part)."""
+    part = getattr(w, "part", None)
+    return part(name, rows, columns) if part is not None else w[name][rows, columns]
+
+
 class _Layer:
     def __init__(self, w: Mapping, p: str, cfg: LlamaConfig, comm: Any, part: RankPart,
                  dtype: np.dtype, xp: Any) -> None:
@@ -125,11 +133,12 @@ class _Layer:
         q_rows, kv_rows = _features(part.heads, d), _features(part.kv_heads, d)
 
         def column(name: str, rows: slice) -> AllToShardedLinear:
-            return AllToShardedLinear.from_full(w[name + ".weight"], None, comm, dtype, xp, rows)
+            return AllToShardedLinear.from_full(_part(w, name + ".weight", rows=rows), None,
+                                                comm, dtype, xp, slice(None))
 
         def row(name: str, columns: slice) -> ShardedToAllLinear:
-            return ShardedToAllLinear.from_full(w[name + ".weight"], None, comm, dtype, xp,
-                                                columns)
+            return ShardedToAllLinear.from_full(_part(w, name + ".weight", columns=columns),
+                                                None, comm, dtype, xp, slice(None))
 
         self.q, self.k, self.v = (column(a + "q_proj", q_rows), column(a + "k_proj", kv_rows),
                                   column(a + "v_proj", kv_rows))

@@ -24,10 +24,9 @@
 #include <sys/uio.h>
 #include <time.h>
 
-#include "../shm/buffers.h"
-#include "../shm/reduce.h"
-
-#define HEADER_BYTES 32 /* stream.py's _HEADER: context u32, tag u32, nbytes u64, seq, call */
+#include "../include/buffers.h"
+#include "../include/reduce.h"
+#include "../include/wire.h" /* HEADER_BYTES: a message's header, as stream.py packs it */
 
 #ifdef MSG_NOSIGNAL
 #define SEND_FLAGS (MSG_DONTWAIT | MSG_NOSIGNAL)
@@ -268,15 +267,15 @@ static int receive_some(struct way *w, const char *expected, Py_ssize_t len)
 /*
  * out = the blocks of ranks 0, 1, ... op'ed in rank order (every rank computes the same
  * bits), where blocks holds every other rank's block in rank order and mine is this rank's
- * (out may be mine). dtype and op: tbcoll.dtypes' codes. 1 when done, 0 when the arguments
+ * (out may be mine). dtype and op: wire.h's codes. 1 when done, 0 when the arguments
  * do not fit, -1 with MemoryError.
  */
 static int reduce_blocks(const Py_buffer *blocks, const Py_buffer *mine, long rank,
                          const Py_buffer *out, long dtype, long op)
 {
     Py_ssize_t len = mine->len, others = len ? blocks->len / len : 0;
-    if (!(dtype >= 0 && dtype < (long)(sizeof ITEMSIZE / sizeof ITEMSIZE[0]) && op >= 0 &&
-          op < 4 && out->len == len && (len == 0 || (len % ITEMSIZE[dtype] == 0 &&
+    if (!(dtype >= 0 && dtype < DTYPES && op >= 0 && op < OPS && out->len == len &&
+          (len == 0 || (len % ITEMSIZE[dtype] == 0 &&
           others <= MAX_PEERS && blocks->len == others * len && rank >= 0 && rank <= others))))
         return 0;
     if (!len)
@@ -470,7 +469,8 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_sockets", NULL, -1,
 PyMODINIT_FUNC PyInit__sockets(void)
 {
     PyObject *m = PyModule_Create(&module);
-    if (m == NULL || PyModule_AddIntConstant(m, "MAX_PEERS", MAX_PEERS) < 0) {
+    if (m == NULL || PyModule_AddIntConstant(m, "MAX_PEERS", MAX_PEERS) < 0 ||
+        add_wire(m) < 0) { /* checked at import by tbcoll.wire_check */
         Py_XDECREF(m);
         return NULL;
     }

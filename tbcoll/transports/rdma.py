@@ -33,11 +33,14 @@ from tbcoll.rendezvous import Store
 from tbcoll.transports.stream import Peer, StreamEndpoint, StreamTransport
 from tbcoll.transports.tcp import TcpTransport, connect_mesh, listen_hosts, peer_route
 from tbcoll.transports.turns import SHARED_SLICE, Turns
+from tbcoll.wire_check import check_wire
 
 try:
     from tbcoll.rdma import _verbs
 except ImportError:  # built without infiniband/verbs.h
     _verbs = None
+if _verbs is not None:
+    check_wire(_verbs)
 
 WAIT_SLICE = 0.05  # seconds a wait stays in C before it looks at the peers and the deadline
 

@@ -21,7 +21,9 @@ from __future__ import annotations
 import errno
 import os
 import time
-from collections.abc import Iterable
+from array import array
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import numpy as np
 
@@ -34,7 +36,16 @@ from tbcoll.shm.native import RING, WAIT_SLICE, Layout, ShmNative, available, go
 from tbcoll.shm.pipe import OverwrittenRing, Ring, ShmDuplex
 from tbcoll.shm.segment import MAX_NAME, Segment
 from tbcoll.transports.base import P2P
-from tbcoll.transports.stream import Peer, StreamEndpoint, StreamTransport, bytes_of
+from tbcoll.transports.stream import (
+    ENGINE_WORD,
+    STALE,
+    WORD_LAYOUT,
+    Peer,
+    StreamEndpoint,
+    StreamTransport,
+    bytes_of,
+)
+from tbcoll.transports.turns import Turns
 
 _SETUP_TAG = 30000
 _SPINS = 50  # polls of the rings before a waiting rank starts to yield its core
@@ -49,6 +60,40 @@ _ROOM_WAIT = 2e-3  # how long a blocking send waits in C for room before the eng
 # whole needs no answer from the receiver.
 PULL_BYTES = RING
 _NOTHING = np.empty(0, np.uint8)
+
+
+def _check_words() -> None:
+    """The engine's words are laid out in tbcoll/shm/moves.c as in tbcoll.transports.stream
+    (a build of another version would test other bits, and move a message that must wait)."""
+    if atomics is None:
+        return
+    differs = {name: (value, getattr(atomics, name, None)) for name, value in WORD_LAYOUT.items()
+               if getattr(atomics, name, None) != value}
+    if differs:
+        raise ImportError(f"tbcoll.shm._atomics was built from another version of moves.c "
+                          f"(the engine's words {differs}, tbcoll.transports.stream's first): "
+                          "reinstall tbcoll")
+
+
+_check_words()
+
+
+class _Marking(Turns):
+    """The engine's Turns, which mark its words STALE as each door leaves the engine (with
+    the engine still held): the lane's C has the engine publish them before it tests one
+    (StreamTransport.publish_words). Publishing at each door's exit instead cost ~0.4 us of
+    CPU per door more (np=2, measured under load), on every message that does not take the
+    lane (a 2-D array's, a Python collective's)."""
+
+    __slots__ = ("words",)
+
+    def __init__(self, words: array) -> None:
+        super().__init__()
+        self.words = words
+
+    def __exit__(self, kind: object, error: object, trace: object) -> None:
+        self.words[ENGINE_WORD] = STALE  # (its one bit; named arguments: *exc costs more)
+        Turns.__exit__(self, kind, error, trace)
 
 
 class ShmStream(StreamTransport):
@@ -75,6 +120,7 @@ class ShmStream(StreamTransport):
         channels = {peer: ShmDuplex(ring(rank, peer), ring(peer, rank))
                     for peer in range(size) if peer != rank}
         super().__init__(rank, size, channels, timeout)
+        self.turns = _Marking(self.words)  # before any door is made
         self._native = native
         pulls = bool(atomics.HAVE_CMA) and shm_cma()
         for peer in self._peers.values():
@@ -82,19 +128,40 @@ class ShmStream(StreamTransport):
         self._descriptor = np.empty(self.DESCRIPTOR_BYTES, np.uint8)
 
     def lend_lane(self, lane: atomics.Lane, endpoint: StreamEndpoint) -> None:
-        """Let the communicator's lane (tbcoll/shm/lane.c) move endpoint's messages itself
-        where this engine would take its C paths below: it reads the engine's state (vars()
-        of each Peer and of this engine) to see that nothing must go first, and leaves to the
-        engine what it cannot (endpoint.send/recv) or did not finish (the _finish_* methods).
-        endpoint's ranks are this engine's (one segment per communicator)."""
-        peers = tuple(None if rank == self.rank else
-                      (peer.channel.outgoing.base, peer.channel.incoming.base, vars(peer))
+        """Let the communicator's lane (tbcoll/shm/moves.c) move endpoint's messages itself
+        where this engine would take its C paths below: it tests the engine's words (see
+        tbcoll.transports.stream's WORDS_PER_PEER; publish_words where they are STALE) to see
+        that nothing must go first, takes next_pull's, and leaves to the engine what it cannot
+        (endpoint.send/recv) or did not finish (the _finish_* methods, entered as doors).
+        endpoint's ranks are this engine's (one segment per communicator).
+
+        Why plain loads and stores of the words are safe: the words are this process's own
+        memory, and only the thread that holds the communicator touches them, with the GIL
+        held (the lane's send and recv hold its guard from their check to their last store;
+        the engine's doors hold its Turns, and run only within that thread's calls: the
+        communicator gives up the lane before another thread may use it, see comm.py's
+        _progress_thread; publish_words, which the lane calls, opens no door: it reads what
+        only that thread changes, and its caller holds the guard)."""
+        rings = tuple(None if rank == self.rank else
+                      (peer.channel.outgoing.base, peer.channel.incoming.base)
                       for rank in range(self.size) for peer in [self._peers.get(rank)])
         ring = next(iter(self._peers.values())).channel.outgoing
-        lane.streams(endpoint.context, ring.capacity, (_ROOM_WAIT, WAIT_SLICE), vars(self), peers,
-                     (endpoint.send, endpoint.recv, self._finish_send, self._finish_recv,
-                      self._finish_pulled_send, self._finish_announcement),
+        doors = (self._door(self._finish_send), self._door(self._finish_recv),
+                 self._door(self._finish_pulled_send), self._door(self._finish_announcement))
+        self.publish_words()
+        moves = (endpoint.send, endpoint.recv, *doors)
+        lane.streams(endpoint.context, ring.capacity, (_ROOM_WAIT, WAIT_SLICE),
+                     (self.words, self.publish_words), rings, moves,
                      (PULL_BYTES, *self.PULL_CONTEXTS))
+
+    def _door(self, method: Callable[..., None]) -> Callable[..., None]:
+        """method, entered as a door into the engine (its Turns, which mark the words STALE)."""
+        turns = self.turns
+
+        def entered(*args: Any) -> None:
+            with turns:
+                method(*args)
+        return entered
 
     def send(self, buf: np.ndarray, dest: int, context: int, tag: int,
              call: tuple[int, int] = NO_CALL) -> None:
@@ -123,7 +190,7 @@ class ShmStream(StreamTransport):
         """Announce buf in one C call, then wait in C for the answer when it is the next
         message from dest; else (a full ring, another message first, a slow receiver) the
         engine goes on."""
-        pull = peer.next_pull  # the id _announce gives this message
+        pull = self._next_pull(peer)  # the id _announce gives this message
         request = self._announce(peer, buf, context, tag, call)
         announcement = request.views.pop()
         written = peer.channel.outgoing.send(announcement, _NOTHING, _ROOM_WAIT)

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import struct
 import time
+from array import array
 from collections import defaultdict, deque
 from collections.abc import Iterable, Sequence
 from typing import Protocol
@@ -49,14 +50,42 @@ from tbcoll.calls import MISMATCH_ADVICE, NO_CALL, mismatch
 from tbcoll.errors import CommError, PeerLostError, PeerTimeoutError
 from tbcoll.transports.turns import SHARED_SLICE, Turns
 
-_HEADER = struct.Struct("!IIQQQ")
-_DESCRIPTOR = struct.Struct("!QQQ")  # a pulled message's address, nbytes and pull id
+# The wire, as C describes it too (tbcoll/include/wire.h; tbcoll.wire_check compares the two
+# as each C extension is imported): the header's and the descriptor's fields, big-endian
+HEADER_FIELDS = (("context", "I"), ("tag", "I"), ("nbytes", "Q"), ("seq", "Q"), ("call", "Q"))
+DESCRIPTOR_FIELDS = (("address", "Q"), ("nbytes", "Q"), ("pull", "Q"))  # a pulled message's
+_HEADER = struct.Struct("!" + "".join(code for _, code in HEADER_FIELDS))
+_DESCRIPTOR = struct.Struct("!" + "".join(code for _, code in DESCRIPTOR_FIELDS))
 # Contexts with the top bit set carry the engine's own messages (communicators count from 0):
 _ANNOUNCE = 1 << 31  # | the message's context; payload: its _DESCRIPTOR
 _PULLED = _ANNOUNCE | 1 << 30  # tag: the pull id; seq: 0 pulled, 1 refused (send it)
 _RESENT = _PULLED + 1  # tag: the pull id; payload: the message whose pull was refused
+CONTEXTS = {"announce": _ANNOUNCE, "pulled": _PULLED, "resent": _RESENT}
+PULL_IDS = 0xFFFFFFFF  # pull ids count modulo 2**32 (an answer's tag holds one)
 _STAGE = 256 << 10  # staging buffer per stream
 _DIRECT = 16 << 10  # a payload remainder this large is read straight into its destination
+
+# The engine's words (StreamTransport.words): per peer, what a transport's C path must know
+# before it moves a message to or from that peer by itself, each in one machine word that C
+# tests with one load. words[ENGINE_WORD] is STALE where the state words may be out of date
+# (see publish_words). Peer k's are words[PEER_WORDS + k * WORDS_PER_PEER + STATE_WORD] (the
+# bits below) and [... + NEXT_PULL_WORD] (the id of the next message pulled from this rank by
+# k, which the engine and C both take). tbcoll/shm/moves.c has the same layout;
+# tbcoll/transports/shm.py checks that at import (WORD_LAYOUT).
+ENGINE_WORD, STALE = 0, 1
+PEER_WORDS, WORDS_PER_PEER, STATE_WORD, NEXT_PULL_WORD = 1, 2, 0, 1
+SENDING = 1 << 0  # a send to the peer is queued: what goes next to it is the engine's
+LOST = 1 << 1  # the peer's stream is lost
+READING = 1 << 2  # a message from the peer is half-read, or its stage holds unread bytes
+POSTED = 1 << 3  # a receive from the peer is posted (any context and tag)
+UNEXPECTED = 1 << 4  # a message from the peer is held for its receive (any context and tag)
+MISMATCH = 1 << 5  # the ranks' calls were found to differ (the engine's: in every peer's word)
+PULLS = 1 << 6  # large messages to and from the peer are pulled
+WORD_LAYOUT = {"ENGINE_WORD": ENGINE_WORD, "STALE": STALE, "PEER_WORDS": PEER_WORDS,
+               "WORDS_PER_PEER": WORDS_PER_PEER, "STATE_WORD": STATE_WORD,
+               "NEXT_PULL_WORD": NEXT_PULL_WORD, "SENDING": SENDING, "LOST": LOST,
+               "READING": READING, "POSTED": POSTED, "UNEXPECTED": UNEXPECTED,
+               "MISMATCH": MISMATCH, "PULLS": PULLS}
 
 
 class Channel(Protocol):
@@ -109,13 +138,14 @@ class _Announced:
 
 
 class Peer:
-    # tbcoll/shm/lane.c reads sendq, lost, target, start, end, posted, unexpected, pulls and
-    # next_pull by these names (and the engine's _mismatch), to move a message itself where
-    # nothing of the engine's must go first: rename them there too.
+    # No C code reads these: what a C path needs of them is in the engine's words (see
+    # StreamTransport.publish_words), where this peer's next pull id is kept (_next_pull).
     def __init__(self, rank: int, channel: Channel) -> None:
         self.rank = rank
         self.channel = channel
+        self.words_at = PEER_WORDS + rank * WORDS_PER_PEER  # its StreamTransport.words
         self.sendq: deque[_Send] = deque()
+        # by (context, tag); a key is removed with its last entry (publish_words: POSTED)
         self.posted: defaultdict[tuple[int, int], deque[_Recv]] = defaultdict(deque)
         self.unexpected: defaultdict[tuple[int, int], deque[_Unexpected]] = defaultdict(deque)
         self.stage = bytearray(_STAGE)
@@ -125,9 +155,18 @@ class Peer:
         self.target_owner: _Recv | _Unexpected | None = None
         self.lost: str | None = None
         self.pulls = False  # large messages to and from this peer are pulled (see above)
-        self.next_pull = 0
         self.announced: dict[int, _Send] = {}  # this rank's announced sends not yet pulled
         self.refused: dict[int, tuple[_Recv | _Unexpected, memoryview]] = {}  # to be resent
+
+
+def _first(held: dict[tuple[int, int], deque], key: tuple[int, int]) -> _Recv | _Unexpected:
+    """Take the first of held[key] (a Peer's posted or unexpected), and the key with it if
+    it was the last: a peer holds something exactly when the dict is not empty."""
+    queue = held[key]
+    first = queue.popleft()
+    if not queue:
+        del held[key]
+    return first
 
 
 def _failed(request: _Send | _Recv) -> bool:
@@ -153,7 +192,8 @@ class StreamTransport:
     may run with the engine released (waits_released), and may follow which streams have
     sends pending (_write_interest) and which are gone (_forget). One that can copy from
     another rank's memory (_pull, _address) sets Peer.pulls where it may, and pull_bytes.
-    Every method runs with `turns` held by the caller, but new_group, which takes them.
+    Every method runs with `turns` held by the caller, but new_group, which takes them, and
+    publish_words (see there).
     """
 
     pull_bytes = 0  # payloads at least this large go by pull to a peer that pulls
@@ -173,6 +213,9 @@ class StreamTransport:
         self._writing: set[Peer] = set()
         self._calls: dict[int, tuple[int, int]] = {}  # context -> the call this rank runs
         self._mismatch: str | None = None  # calls found to differ: every wait fails with it
+        # per peer: its state as a C path tests it, and the id of its next pull (see
+        # WORDS_PER_PEER); the state words are set by publish_words only
+        self.words = array("Q", bytes(8 * (PEER_WORDS + WORDS_PER_PEER * size)))
 
     def _ready(self, timeout: float) -> Iterable[tuple[Peer, bool, bool]]:
         """Wait up to timeout seconds; return (peer, readable, writable) for ready streams."""
@@ -223,6 +266,37 @@ class StreamTransport:
             peer.channel.close()
         self._peers.clear()
 
+    def publish_words(self) -> None:
+        """Set each peer's state word (see WORDS_PER_PEER) from the engine's state, and clear
+        STALE. A transport whose C path reads them sets STALE whenever control leaves the
+        engine (each door's exit: tbcoll/transports/shm.py), and its C calls this, with no
+        door open, before it tests a word where it finds STALE: the engine's state changes
+        only inside it, and C changes none of it but next_pull (its own word), so the words
+        are true whenever C tests them (and an engine entered many times between two C moves
+        publishes once). They are conservative: POSTED and UNEXPECTED say that anything is
+        held for the peer, of any context and tag, and C then leaves the message to the
+        engine, whose own check is exact: a message C might have taken is only taken later,
+        never out of order."""
+        words, mismatch = self.words, MISMATCH if self._mismatch else 0
+        for peer in self._peers.values():
+            words[peer.words_at + STATE_WORD] = (
+                mismatch | (SENDING if peer.sendq else 0) | (LOST if peer.lost else 0)
+                | (READING if peer.target is not None or peer.start != peer.end else 0)
+                | (POSTED if peer.posted else 0) | (UNEXPECTED if peer.unexpected else 0)
+                | (PULLS if peer.pulls else 0))
+        words[ENGINE_WORD] = 0
+
+    def _next_pull(self, peer: Peer) -> int:
+        """The id of the next message pulled from this rank by peer (its word, which a C path
+        takes too)."""
+        return self.words[peer.words_at + NEXT_PULL_WORD]
+
+    def _take_pull(self, peer: Peer) -> int:
+        """_next_pull, taken."""
+        pull = self._next_pull(peer)
+        self.words[peer.words_at + NEXT_PULL_WORD] = (pull + 1) & PULL_IDS
+        return pull
+
     # --- posting -------------------------------------------------------------------------
 
     def begin_call(self, context: int, call: tuple[int, int]) -> None:
@@ -250,7 +324,7 @@ class StreamTransport:
     def _announce(self, peer: Peer, buf: np.ndarray, context: int, tag: int,
                   call: tuple[int, int]) -> _Send:
         """A send of buf by pull, its announcement still to write (its views)."""
-        pull, peer.next_pull = peer.next_pull, (peer.next_pull + 1) & 0xFFFFFFFF
+        pull = self._take_pull(peer)
         announcement = (self._announce_header(context, tag, call)
                         + _DESCRIPTOR.pack(self._address(buf), buf.nbytes, pull))
         request = _Send(peer, [memoryview(announcement)], buf)
@@ -285,9 +359,8 @@ class StreamTransport:
         if peer is None:
             raise CommError(f"rank {self.rank} has no connection to rank {source}")
         request = _Recv(peer, bytes_of(buf), call)
-        early = peer.unexpected.get((context, tag))
-        if early:
-            message = early.popleft()
+        if (context, tag) in peer.unexpected:
+            message = _first(peer.unexpected, (context, tag))
             if message.call != call or len(message.data) != request.view.nbytes:
                 error = (self._call_error(peer.rank, message.call, call)
                          if message.call != call else
@@ -572,14 +645,14 @@ class StreamTransport:
         if waiting and (waiting[0].view.nbytes != nbytes or waiting[0].call != call):
             # The receive fails (its waitall says why); the message is read and dropped, so
             # the stream stays in step for whatever comes next.
-            failed = waiting.popleft()
+            failed = _first(peer.posted, (context, tag))
             failed.error = (self._call_error(peer.rank, call, failed.call)
                             if failed.call != call else
                             self._size_error(peer, context, tag, nbytes, failed.view.nbytes))
             owner = failed.dropped = _Unexpected(nbytes, call)
             view = memoryview(owner.data)
         elif waiting:
-            owner: _Recv | _Unexpected = waiting.popleft()
+            owner: _Recv | _Unexpected = _first(peer.posted, (context, tag))
             view = owner.view
         else:
             owner = _Unexpected(nbytes, call)

@@ -46,11 +46,14 @@ from tbcoll.transports.delayed import DelayedChannel
 from tbcoll.transports.stream import Peer, StreamEndpoint, StreamTransport, _Recv, _Send, bytes_of
 from tbcoll.transports.tcp_native import TcpNative
 from tbcoll.wire import recv_exactly
+from tbcoll.wire_check import check_wire
 
 try:
     from tbcoll.transports import _sockets
 except ImportError:  # built without a compiler: every message takes the engine's Python path
     _sockets = None
+if _sockets is not None:
+    check_wire(_sockets)
 
 log = logging.getLogger("tbcoll.tcp")
 

@@ -85,12 +85,12 @@ static unsigned char message_byte(long i, Py_ssize_t k)
     return (unsigned char)(i * 31 + k * 7 + 1);
 }
 
+/* The stream engine's header (tbcoll/include/wire.h) of message i: its own seq, its bytes. */
 static void message_header(long i, unsigned char *header)
 {
     memset(header, 0, HEADER_BYTES);
-    memcpy(header, &i, sizeof i);
-    Py_ssize_t n = message_bytes(i);
-    memcpy(header + 8, &n, sizeof n);
+    put_big_endian(header + HEADER_SEQ, (uint64_t)i, HEADER_SEQ_WIDTH);
+    put_big_endian(header + HEADER_NBYTES, (uint64_t)message_bytes(i), HEADER_NBYTES_WIDTH);
 }
 
 static void *produce(void *ring)

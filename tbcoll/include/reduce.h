@@ -1,13 +1,15 @@
 /*
  * Reduction kernels with numpy's semantics, shared by tbcoll's C extensions (the shm
  * transport's rounds, the rdma transport's mesh): reduce_rows(rows, size, out, n, dtype, op)
- * reduces rank k's n elements at rows[k], in rank order, into out. dtype codes follow
- * tbcoll.dtypes.DTYPES, op codes tbcoll.dtypes.OPS. Include after Python.h.
+ * reduces rank k's n elements at rows[k], in rank order, into out; dtype and op are wire.h's
+ * codes.
  */
 #ifndef TBCOLL_REDUCE_H
 #define TBCOLL_REDUCE_H
 #include <stdint.h>
 #include <string.h>
+
+#include "wire.h" /* DTYPE_*, OP_*, ITEMSIZE */
 
 /* --- element types for the small all-reduce kernel ------------------------------------ */
 
@@ -82,12 +84,12 @@ static uint16_t float_to_bf16(float f)  /* round to nearest, ties to even, as ml
 /* numpy's semantics: maximum/minimum propagate NaN (the first one); integer sum and product
  * wrap around. On a tie of +0 and -0, numpy's float16 loop keeps a (the _A forms) while its
  * float32/float64 loops and ml_dtypes' bfloat16 give b (the _B forms). */
-#define OP_SUM(a, b) ((a) + (b))
-#define OP_PROD(a, b) ((a) * (b))
-#define OP_MAX_A(a, b) (((a) >= (b) || (a) != (a)) ? (a) : (b))
-#define OP_MIN_A(a, b) (((a) <= (b) || (a) != (a)) ? (a) : (b))
-#define OP_MAX_B(a, b) (((a) != (a)) ? (a) : ((b) != (b) || (b) >= (a)) ? (b) : (a))
-#define OP_MIN_B(a, b) (((a) != (a)) ? (a) : ((b) != (b) || (b) <= (a)) ? (b) : (a))
+#define PLUS(a, b) ((a) + (b))
+#define TIMES(a, b) ((a) * (b))
+#define MAX_A(a, b) (((a) >= (b) || (a) != (a)) ? (a) : (b))
+#define MIN_A(a, b) (((a) <= (b) || (a) != (a)) ? (a) : (b))
+#define MAX_B(a, b) (((a) != (a)) ? (a) : ((b) != (b) || (b) >= (a)) ? (b) : (a))
+#define MIN_B(a, b) (((a) != (a)) ? (a) : ((b) != (b) || (b) <= (a)) ? (b) : (a))
 
 /* out = slot0 op slot1 op ... in rank order, so every rank computes the same bits; one pass
  * per slot, each a simple loop the compiler can vectorise. */
@@ -105,10 +107,10 @@ static uint16_t float_to_bf16(float f)  /* round to nearest, ties to even, as ml
 
 #define BY_OP(T, ACC, LOAD, STORE, MAX, MIN)                                                \
     switch (op) {                                                                           \
-    case 0: REDUCE(T, ACC, LOAD, STORE, OP_SUM); break;                                     \
-    case 1: REDUCE(T, ACC, LOAD, STORE, OP_PROD); break;                                    \
-    case 2: REDUCE(T, ACC, LOAD, STORE, MAX); break;                                        \
-    default: REDUCE(T, ACC, LOAD, STORE, MIN); break;                                       \
+    case OP_SUM: REDUCE(T, ACC, LOAD, STORE, PLUS); break;                                  \
+    case OP_PROD: REDUCE(T, ACC, LOAD, STORE, TIMES); break;                                \
+    case OP_MAX: REDUCE(T, ACC, LOAD, STORE, MAX); break;                                   \
+    default: REDUCE(T, ACC, LOAD, STORE, MIN); break; /* OP_MIN */                          \
     }
 
 /* Reduces 16-bit floats one step at a time with rounding after each, as numpy's loops do. */
@@ -127,41 +129,38 @@ static uint16_t float_to_bf16(float f)  /* round to nearest, ties to even, as ml
 
 #define BY_OP16(TO_F, FROM_F, MAX, MIN)                                                     \
     switch (op) {                                                                           \
-    case 0: REDUCE16(TO_F, FROM_F, OP_SUM); break;                                          \
-    case 1: REDUCE16(TO_F, FROM_F, OP_PROD); break;                                         \
-    case 2: REDUCE16(TO_F, FROM_F, MAX); break;                                             \
-    default: REDUCE16(TO_F, FROM_F, MIN); break;                                            \
+    case OP_SUM: REDUCE16(TO_F, FROM_F, PLUS); break;                                       \
+    case OP_PROD: REDUCE16(TO_F, FROM_F, TIMES); break;                                     \
+    case OP_MAX: REDUCE16(TO_F, FROM_F, MAX); break;                                        \
+    default: REDUCE16(TO_F, FROM_F, MIN); break; /* OP_MIN */                               \
     }
 
 /* A signed integer type: sum and prod in the unsigned WIDE, max and min as themselves. */
 #define BY_INT(T, WIDE)                                                                     \
     do {                                                                                    \
-        if (op < 2)                                                                         \
-            BY_OP(T, WIDE, SAME, (T), OP_MAX_A, OP_MIN_A)                                   \
+        if (op <= OP_PROD) /* OP_SUM or OP_PROD, the first codes */                     \
+            BY_OP(T, WIDE, SAME, (T), MAX_A, MIN_A)                                         \
         else                                                                                \
-            BY_OP(T, T, SAME, SAME, OP_MAX_A, OP_MIN_A)                                     \
+            BY_OP(T, T, SAME, SAME, MAX_A, MIN_A)                                           \
     } while (0)
 
-static const Py_ssize_t ITEMSIZE[] = {2, 2, 4, 8, 1, 2, 4, 8, 1};
-
-/* out = rows[0] op rows[1] op ... in rank order (rows[k]: rank k's n elements); dtype codes
- * follow tbcoll.dtypes.DTYPES, op codes tbcoll.dtypes.OPS. out must not be one of the rows
- * but the first. */
+/* out = rows[0] op rows[1] op ... in rank order (rows[k]: rank k's n elements); dtype and op:
+ * wire.h's codes. out must not be one of the rows but the first. */
 static void reduce_rows(const char *const *rows, Py_ssize_t size, char *out, Py_ssize_t n,
                         int dtype, int op)
 {
     switch (dtype) {
-    case 0: BY_OP16(half_to_float, float_to_half, OP_MAX_A, OP_MIN_A); break;
-    case 1: BY_OP16(bf16_to_float, float_to_bf16, OP_MAX_B, OP_MIN_B); break;
-    case 2: BY_OP(float, float, SAME, SAME, OP_MAX_B, OP_MIN_B); break;
-    case 3: BY_OP(double, double, SAME, SAME, OP_MAX_B, OP_MIN_B); break;
+    case DTYPE_FLOAT16: BY_OP16(half_to_float, float_to_half, MAX_A, MIN_A); break;
+    case DTYPE_BFLOAT16: BY_OP16(bf16_to_float, float_to_bf16, MAX_B, MIN_B); break;
+    case DTYPE_FLOAT32: BY_OP(float, float, SAME, SAME, MAX_B, MIN_B); break;
+    case DTYPE_FLOAT64: BY_OP(double, double, SAME, SAME, MAX_B, MIN_B); break;
     /* Integers add and multiply in an unsigned type at least as wide as int (no promotion to
      * signed int): wrap-around without undefined behaviour; the low bits are the answer. */
-    case 4: BY_INT(int8_t, uint32_t); break;
-    case 5: BY_INT(int16_t, uint32_t); break;
-    case 6: BY_INT(int32_t, uint32_t); break;
-    case 7: BY_INT(int64_t, uint64_t); break;
-    default: BY_OP(uint8_t, uint32_t, SAME, (uint8_t), OP_MAX_A, OP_MIN_A); break;
+    case DTYPE_INT8: BY_INT(int8_t, uint32_t); break;
+    case DTYPE_INT16: BY_INT(int16_t, uint32_t); break;
+    case DTYPE_INT32: BY_INT(int32_t, uint32_t); break;
+    case DTYPE_INT64: BY_INT(int64_t, uint64_t); break;
+    default: BY_OP(uint8_t, uint32_t, SAME, (uint8_t), MAX_A, MIN_A); break; /* UINT8 */
     }
 }
 

@@ -1,0 +1,119 @@
+/*
+ * The wire that tbcoll's C extensions share with its Python, described once:
+ * - the element types' and reductions' codes (tbcoll/dtypes.py holds their numpy types, in
+ *   this order; a collective's arrays and reductions are named by these codes to C);
+ * - the stream engine's message header and a pulled message's descriptor, and the contexts
+ *   of the engine's own messages (tbcoll/transports/stream.py packs and parses them in
+ *   Python; shm's moves.c and _atomics.c and tcp's _sockets.c write, read or compare them
+ *   here).
+ * Each extension exports this description as its module's WIRE (add_wire) and
+ * tbcoll.wire_check compares it with Python's as the extension is imported: a build of
+ * another version of this file fails to import, naming what differs, where it would
+ * otherwise read other bytes or codes than Python writes without a word.
+ */
+#ifndef TBCOLL_WIRE_H
+#define TBCOLL_WIRE_H
+
+#include <Python.h>
+#include <stdint.h>
+
+/* --- element types: X(code, name in tbcoll.dtypes.DTYPES, bytes), in code order --------- */
+#define WIRE_DTYPES(X)                                                                      \
+    X(DTYPE_FLOAT16, "float16", 2) X(DTYPE_BFLOAT16, "bfloat16", 2)                         \
+    X(DTYPE_FLOAT32, "float32", 4) X(DTYPE_FLOAT64, "float64", 8) X(DTYPE_INT8, "int8", 1)  \
+    X(DTYPE_INT16, "int16", 2) X(DTYPE_INT32, "int32", 4) X(DTYPE_INT64, "int64", 8)        \
+    X(DTYPE_UINT8, "uint8", 1)
+
+/* --- reductions: X(code, name in tbcoll.dtypes.OPS), in code order ------------------------ */
+#define WIRE_OPS(X) X(OP_SUM, "sum") X(OP_PROD, "prod") X(OP_MAX, "max") X(OP_MIN, "min")
+
+#define WIRE_CODE(code, ...) code,
+enum { WIRE_DTYPES(WIRE_CODE) DTYPES }; /* DTYPES: how many */
+enum { WIRE_OPS(WIRE_CODE) OPS };
+
+#define WIRE_ITEMSIZE(code, name, bytes) bytes,
+static const Py_ssize_t ITEMSIZE[DTYPES] = {WIRE_DTYPES(WIRE_ITEMSIZE)};
+
+/* --- the stream engine's messages: X(field, name in stream.py, offset, bytes), big-endian -
+ * A message is its header, then its payload (header.nbytes bytes). */
+#define WIRE_HEADER(X)                                                                      \
+    X(HEADER_CONTEXT, "context", 0, 4) X(HEADER_TAG, "tag", 4, 4)                           \
+    X(HEADER_NBYTES, "nbytes", 8, 8) X(HEADER_SEQ, "seq", 16, 8) X(HEADER_CALL, "call", 24, 8)
+#define HEADER_BYTES 32
+/* A pulled message's announcement carries this as its payload: where the sender's payload
+ * is, how large, and the pull id its answer names. */
+#define WIRE_DESCRIPTOR(X)                                                                  \
+    X(DESCRIPTOR_ADDRESS, "address", 0, 8) X(DESCRIPTOR_NBYTES, "nbytes", 8, 8)             \
+    X(DESCRIPTOR_PULL, "pull", 16, 8)
+#define DESCRIPTOR_BYTES 24
+
+/* FIELD: its offset; FIELD_WIDTH: its bytes */
+#define WIRE_AT(field, name, at, bytes) field = at, field##_WIDTH = bytes,
+enum { WIRE_HEADER(WIRE_AT) };
+enum { WIRE_DESCRIPTOR(WIRE_AT) };
+_Static_assert(HEADER_CALL + HEADER_CALL_WIDTH == HEADER_BYTES, "the header's fields fill it");
+_Static_assert(DESCRIPTOR_PULL + DESCRIPTOR_PULL_WIDTH == DESCRIPTOR_BYTES,
+               "the descriptor's fields fill it");
+
+/* Contexts with the top bit set carry the engine's own messages (communicators count from
+ * 0): X(name in stream.py's CONTEXTS, value). An announcement is the message's header with
+ * ANNOUNCE_BIT added to its context, its payload the descriptor; the answer, PULLED_CONTEXT
+ * with the pull id as its tag and seq 0 (pulled) or 1 (refused: send it); then a refused
+ * message's payload follows as RESENT_CONTEXT, the pull id as its tag. */
+#define ANNOUNCE_BIT 0x80000000u
+#define PULLED_CONTEXT (ANNOUNCE_BIT | 0x40000000u)
+#define RESENT_CONTEXT (PULLED_CONTEXT + 1)
+#define WIRE_CONTEXTS(X)                                                                    \
+    X("announce", ANNOUNCE_BIT) X("pulled", PULLED_CONTEXT) X("resent", RESENT_CONTEXT)
+#define PULL_IDS 0xFFFFFFFFu /* pull ids count modulo 2^32 (an answer's tag holds one) */
+
+/* The n-byte big-endian number at p. */
+static inline uint64_t big_endian(const unsigned char *p, int n)
+{
+    uint64_t value = 0;
+    for (int i = 0; i < n; i++)
+        value = value << 8 | p[i];
+    return value;
+}
+
+/* Store value at p as an n-byte big-endian number. */
+static inline void put_big_endian(unsigned char *p, uint64_t value, int n)
+{
+    for (int i = n - 1; i >= 0; i--, value >>= 8)
+        p[i] = (unsigned char)value;
+}
+
+/* --- the export: WIRE = {"dtypes": ((name, bytes), ...), "ops": (name, ...), "header":
+ * ((name, offset, bytes), ...), "descriptor": (likewise), "contexts": {name: value},
+ * "pull_ids": mask, "byte_order": "big"}, as tbcoll.wire_check builds Python's. One
+ * Py_BuildValue: each list gives its part of the format and its arguments. */
+#define WIRE_DTYPE_FORMAT(code, name, bytes) "(si)"
+#define WIRE_DTYPE_ARGS(code, name, bytes) name, bytes,
+#define WIRE_OP_FORMAT(code, name) "s"
+#define WIRE_OP_ARGS(code, name) name,
+#define WIRE_FIELD_FORMAT(field, name, at, bytes) "(sii)"
+#define WIRE_FIELD_ARGS(field, name, at, bytes) name, at, bytes,
+#define WIRE_CONTEXT_FORMAT(name, value) "sk"
+#define WIRE_CONTEXT_ARGS(name, value) name, (unsigned long)(value),
+
+/* Adds WIRE, the description above, to the module: 0, or -1 with an exception. */
+static inline int add_wire(PyObject *module)
+{
+    PyObject *wire = Py_BuildValue(
+        "{s(" WIRE_DTYPES(WIRE_DTYPE_FORMAT) ")s(" WIRE_OPS(WIRE_OP_FORMAT) ")"
+        "s(" WIRE_HEADER(WIRE_FIELD_FORMAT) ")s(" WIRE_DESCRIPTOR(WIRE_FIELD_FORMAT) ")"
+        "s{" WIRE_CONTEXTS(WIRE_CONTEXT_FORMAT) "}sksz}",
+        "dtypes", WIRE_DTYPES(WIRE_DTYPE_ARGS) "ops", WIRE_OPS(WIRE_OP_ARGS)
+        "header", WIRE_HEADER(WIRE_FIELD_ARGS) "descriptor", WIRE_DESCRIPTOR(WIRE_FIELD_ARGS)
+        "contexts", WIRE_CONTEXTS(WIRE_CONTEXT_ARGS) "pull_ids", (unsigned long)PULL_IDS,
+        "byte_order", "big");
+    if (wire == NULL)
+        return -1;
+    if (PyModule_AddObject(module, "WIRE", wire) < 0) {
+        Py_DECREF(wire);
+        return -1;
+    }
+    return 0;
+}
+
+#endif /* TBCOLL_WIRE_H */
