@@ -106,7 +106,7 @@ arm64-lab: $(STAMP)
 # Mac).
 MACOS_LANE := tests/test_exit_status.py tests/test_stdin.py tests/test_open_files.py \
               tests/test_output.py tests/test_supervision.py tests/test_comm_failures.py \
-              tests/test_flight_recorder.py tests/test_pytest_plugin.py tests/test_dead_links.py \
+              tests/test_flight_recorder.py tests/test_dead_links.py \
               tests/test_spmd.py::test_collectives_under_the_macos_lane
 test: lint cluster-tools rdma-lab-tools reference-tools arm64-lab
 	TBCOLL_REQUIRE_LABS=$$(if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; \
