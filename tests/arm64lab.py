@@ -285,7 +285,7 @@ def glibc_minor_of(root: Path) -> int:
     return int(found.group(1))
 
 
-def byte_compile(root: Path, folders: list[str], log) -> None:
+def byte_compile(root: Path, folders: list[str], log=None) -> None:
     """Write the .pyc files of folders (paths in root) that the root's Python reads, with the
     native Python of the same version (bytecode is the same on any machine): under emulation
     a compileall of the stdlib and wheels took over 10 minutes here, under load, and each
@@ -301,12 +301,13 @@ def byte_compile(root: Path, folders: list[str], log) -> None:
     # recorded as their paths in the root: -s strips the root, -p puts "/" back
     argv = [*python, "-m", "compileall", "-q", "-s", str(root), "-p", "/",
             *(f"{root}{folder}" for folder in folders)]
-    print(f"arm64lab: {shlex.join(argv)}", file=log, flush=True)
-    done = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, env=environment,
-                          timeout=900)
+    done = subprocess.run(argv, capture_output=True, text=True, env=environment, timeout=900)
+    if log:
+        print(f"arm64lab: {shlex.join(argv)}\n{done.stdout}{done.stderr}", file=log, end="",
+              flush=True)
     if done.returncode != 0:
-        raise Arm64LabError(f"byte-compiling {', '.join(folders)} failed ({done.returncode})"
-                            f"; see {log.name}")
+        raise Arm64LabError(f"byte-compiling {', '.join(folders)} failed ({done.returncode}): "
+                            f"{(done.stdout + done.stderr)[-2000:]}")
 
 
 def install_wheels(root: Path, log) -> None:
