@@ -78,12 +78,15 @@ rdma-lab: rdma-lab-tools
 	      ibv_rc_pingpong -d $$RDMALAB_DEVICE -g 1 -n 1000 -p 18562 $$RDMALAB_ADDRESS && break; \
 	      sleep 0.5; done; wait $$!; }'
 
-# The arm64 lab (tests/arm64lab.py): an arm64 Debian root under qemu-user, where the C extensions
-# build with gcc and clang and the shm/tcp collectives run (tests/test_arm64.py). As root with
-# apt-get (CI), install qemu-user-static and debootstrap and build the root once, outside the
-# checkout (/var/cache/tbcoll/arm64-root, TBCOLL_ARM64_ROOT): minutes from scratch, nothing
-# when its stamp names the lab's recipe. Elsewhere its tests skip and say why.
-ARM64_APT := qemu-user-static binfmt-support debootstrap
+# The arm64 lab (tests/arm64lab.py): an arm64 Debian root under qemu-user, where the shm/tcp
+# collectives and the C buffer and lane tests run (tests/test_arm64.py), and the sysroot of
+# the C extensions' cross builds on the host (gcc-aarch64-linux-gnu, clang; -Wall -Werror).
+# As root with apt-get (CI), install qemu-user-static, mmdebstrap and the cross compilers,
+# and build the root once, outside the checkout (/var/cache/tbcoll/arm64-root,
+# TBCOLL_ARM64_ROOT): 1-2.5 minutes from scratch (mmdebstrap unpacks the packages and the
+# host's pip fetches the wheels: nothing is installed under emulation), nothing when its
+# stamp names the lab's recipe. Elsewhere its tests skip and say why.
+ARM64_APT := qemu-user-static binfmt-support mmdebstrap gcc-aarch64-linux-gnu clang
 arm64-lab: $(STAMP)
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	  if ! dpkg -s $(ARM64_APT) >/dev/null 2>&1; then \

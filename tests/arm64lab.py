@@ -1,16 +1,29 @@
 """The arm64 lab: an arm64 Debian root run under qemu-user, where tbcoll is built and run.
 
 A Mac is arm64; this machine is x86-64. With qemu-user-static registered in binfmt_misc, an
-arm64 Debian userland (debootstrap, minbase) runs here as if native: the C extensions build
-with the root's own gcc and clang for aarch64, and tbrun's ranks run there. What it shows:
-the project builds and runs on aarch64 (the acquire/release builtins become LDAR/STLR). What
-it cannot: weak memory ordering (qemu runs a guest's loads and stores as x86's, which are
-stronger than ARM's), nor macOS. qemu-user has no process_vm_readv (ENOSYS): shm's pulls
-fall back to its rings there.
+arm64 Debian userland runs here as if native: tbrun's ranks run there, on the root's Python and
+numpy for aarch64. What it shows: the project builds and runs on aarch64 (the acquire/release
+builtins become LDAR/STLR). What it cannot: weak memory ordering (qemu runs a guest's loads and
+stores as x86's, which are stronger than ARM's), nor macOS. qemu-user has no process_vm_readv
+(ENOSYS): shm's pulls fall back to its rings there.
+
+Nothing is installed under emulation (dpkg, apt-get and pip there took ~8 minutes here):
+- mmdebstrap --variant=extract unpacks the recipe's packages (Essential ones, python3,
+  python3-dev, libibverbs-dev...) with their dependencies into the root, from the host: no
+  maintainer script runs, so no dpkg under emulation (its database stays empty; the root is
+  a sysroot and a Python, not a system to apt-get into). What those scripts would have done
+  and the lab needs is done here: /etc/passwd and /etc/group from base-passwd's masters.
+- the host's pip puts numpy, ml_dtypes, pytest and click's wheels for the root's Python
+  (cp313, manylinux aarch64) into the root's /usr/local/lib/python3.13/dist-packages.
+- one import of them in the root writes the .pyc files that Debian's postinst (py3compile)
+  would have (a whole compileall under emulation took over 10 minutes here, under load; each
+  later Python start in the root then reads them instead of compiling).
+The C extensions are built on the host by cross compilers with this root as their sysroot
+(tests/test_arm64.py).
 
 The root is built once and kept outside the checkout, at ROOT (TBCOLL_ARM64_ROOT), with a stamp
-naming its recipe; a later run reuses it, and a changed RECIPE builds it again. Building takes
-minutes (debootstrap, apt-get and pip under emulation); using it, seconds.
+naming its recipe; a later run reuses it, and a changed RECIPE builds it again (~1-2 minutes,
+most of it downloading).
 
     ensure_root()                          # build it unless its stamp names this RECIPE
     p = run_in_root(["uname", "-m"], timeout=60)   # "aarch64"; a CompletedProcess
@@ -32,6 +45,7 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -44,18 +58,26 @@ REPO = Path(__file__).resolve().parent.parent
 ROOT = Path(os.environ.get("TBCOLL_ARM64_ROOT", "/var/cache/tbcoll/arm64-root"))
 STAMP = ".tbcoll-arm64-root.json"  # in the root, written last: a partial build has none
 INSTALL = "as root: `make arm64-lab` installs and builds it"
-HOST_APT = ("qemu-user-static", "binfmt-support", "debootstrap")
+# the host's packages: the emulator, the root's builder and the cross compilers
+HOST_APT = ("qemu-user-static", "binfmt-support", "mmdebstrap", "gcc-aarch64-linux-gnu",
+            "clang")
 # What the root holds. Change any of it and bump "version": the next run builds it again.
 RECIPE = {
-    "version": 1,
+    "version": 2,
     "suite": "trixie",
-    "apt": ["python3", "python3-venv", "python3-dev", "python3-pip", "python3-setuptools",
-            "gcc", "clang", "libc6-dev", "libibverbs-dev"],
-    # from PyPI, into the root's system Python (a throwaway root: --break-system-packages)
+    # unpacked with their dependencies (?essential: an apt pattern, Debian's Essential set);
+    # libstdc++6: numpy's wheels link it
+    "extract": ["?essential", "python3", "python3-venv", "python3-dev", "libibverbs-dev",
+                "libstdc++6"],
+    # wheels from PyPI for the root's Python, put there by the host's pip
     "pip": ["numpy", "pytest", "click", "ml_dtypes"],
+    # the same Python for x86-64 (the same suite: the same version), unpacked inside the root
+    # at NATIVE_PYTHON and never run under emulation: it writes the root's .pyc files
+    "native": ["python3"],
 }
-CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
-CA_IN_ROOT = "/etc/ssl/certs/host-ca-bundle.crt"
+NATIVE_PYTHON = "opt/tbcoll-native-python"
+# the root's Python code, compiled once at build (paths in the root)
+PYTHON_FOLDERS = ["/usr/lib/python{version}", "/usr/local/lib/python{version}/dist-packages"]
 PATH_IN_ROOT = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 # Run inside `unshare --mount --pid --fork`: mount what a Debian userland expects, run the
@@ -87,9 +109,10 @@ def why_not_available() -> str | None:
     if os.uname().machine == "aarch64":
         return None if os.geteuid() == 0 else "the arm64 lab needs root (mounts, chroot)"
     if os.geteuid() != 0:
-        return "the arm64 lab needs root (debootstrap, binfmt_misc, mounts and chroot)"
+        return "the arm64 lab needs root (mmdebstrap, binfmt_misc, mounts and chroot)"
     needs = [("qemu-aarch64-static", "qemu-user-static"), ("update-binfmts", "binfmt-support"),
-             ("debootstrap", "debootstrap"), ("unshare", "util-linux"), ("chroot", "coreutils")]
+             ("mmdebstrap", "mmdebstrap"), ("aarch64-linux-gnu-gcc", "gcc-aarch64-linux-gnu"),
+             ("clang", "clang"), ("unshare", "util-linux"), ("chroot", "coreutils")]
     for tool, package in needs:
         if shutil.which(tool) is None:
             return f"{tool} is not installed (apt-get install {package}; {INSTALL})"
@@ -183,9 +206,7 @@ def run_in_root(argv: list[str], timeout: float, root: Path = ROOT, env: dict | 
     """Run argv chrooted in root as root, with the mounts above, and wait for it. Its stdout
     and stderr come back as text (or go to log, a file); past timeout seconds everything it
     started is killed and TimeoutError raised."""
-    environment = {"PATH": PATH_IN_ROOT, "HOME": "/root", "LANG": "C.UTF-8",
-                   "PIP_CERT": CA_IN_ROOT, "PIP_DISABLE_PIP_VERSION_CHECK": "1",
-                   "PIP_CONFIG_FILE": "/dev/null", **(env or {})}
+    environment = {"PATH": PATH_IN_ROOT, "HOME": "/root", "LANG": "C.UTF-8", **(env or {})}
     inner = ["/usr/bin/env", "-i", *(f"{k}={v}" for k, v in environment.items()),
              "sh", "-c", 'cd "$0" && exec "$@"', cwd, *argv]
     command = ["unshare", "--mount", "--propagation", "private", "--pid", "--fork",
@@ -216,32 +237,91 @@ def checked(argv: list[str], timeout: float, log, **kwargs) -> None:
 
 
 def build_root(root: Path = ROOT, log=sys.stderr) -> float:
-    """Build the root from RECIPE beside root, then put it in root's place; its seconds. A
-    build interrupted after debootstrap goes on from there (debootstrap is the longest part
-    on a loaded machine); any other leftover is deleted first."""
+    """Build the root from RECIPE beside root, then put it in root's place; its seconds."""
     started = time.monotonic()
     new = root.with_name(root.name + ".new")
-    bootstrapped = new / ".tbcoll-debootstrapped"  # names the suite
-    if not (bootstrapped.exists() and bootstrapped.read_text() == RECIPE["suite"]):
-        remove_tree(new)
-        checked(["debootstrap", "--arch=arm64", "--variant=minbase", RECIPE["suite"],
-                 str(new), apt_mirror()], 3600, log)
-        bootstrapped.write_text(RECIPE["suite"])
-    shutil.copy("/etc/resolv.conf", new / "etc/resolv.conf")
-    apt = ["env", "DEBIAN_FRONTEND=noninteractive", "apt-get", "-q", "-y",
-           "-o", "Acquire::Retries=3"]
-    checked([*apt, "update"], 900, log, root=new)
-    checked([*apt, "install", "--no-install-recommends", *RECIPE["apt"]], 3600, log, root=new)
-    checked([*apt, "clean"], 300, log, root=new)
-    ca = new / CA_IN_ROOT.lstrip("/")  # after apt: ca-certificates rewrites that folder
-    ca.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copy(CA_BUNDLE, ca)  # pip needs the host's CAs in the root
-    checked(["python3", "-m", "pip", "install", "--break-system-packages", "--no-cache-dir",
-             "--only-binary", ":all:", *RECIPE["pip"]], 1800, log, root=new)
+    remove_tree(new)
+    includes = [f"--include={name}" for name in RECIPE["extract"]]
+    checked(["mmdebstrap", "--mode=root", "--variant=extract", "--arch=arm64", *includes,
+             RECIPE["suite"], str(new), apt_mirror()], 1800, log)
+    complete_extracted(new)
+    (new / NATIVE_PYTHON).parent.mkdir(parents=True, exist_ok=True)
+    checked(["mmdebstrap", "--mode=root", "--variant=extract", "--arch=amd64",
+             *(f"--include={name}" for name in RECIPE["native"]), RECIPE["suite"],
+             str(new / NATIVE_PYTHON), apt_mirror()], 1800, log)
+    install_wheels(new, log)
+    version = python_of(new)
+    byte_compile(new, [folder.format(version=version) for folder in PYTHON_FOLDERS], log)
+    checked(["python3", "-c", "import click, ml_dtypes, numpy, pytest"], 600, log, root=new)
     (new / STAMP).write_text(json.dumps({"recipe": RECIPE}))
     remove_tree(root)
     new.rename(root)
     return time.monotonic() - started
+
+
+def complete_extracted(root: Path) -> None:
+    """What the extracted packages' maintainer scripts would have made that the lab needs: the
+    merged-/usr links (base-files ships them in trixie; made here if it did not), and
+    /etc/passwd and /etc/group (base-passwd's postinst copies them from its masters)."""
+    for name in ("bin", "lib", "sbin"):
+        if not (root / name).exists() and not (root / name).is_symlink():
+            (root / name).symlink_to(f"usr/{name}")
+    for name in ("passwd", "group"):
+        if not (root / "etc" / name).exists():
+            shutil.copy(root / f"usr/share/base-passwd/{name}.master", root / "etc" / name)
+
+
+def python_of(root: Path) -> str:
+    """The root's Python as "3.13" (/usr/bin/python3 links to python3.13)."""
+    return os.readlink(root / "usr/bin/python3").removeprefix("python")
+
+
+def glibc_minor_of(root: Path) -> int:
+    """The 41 of the root's glibc 2.41, read from libc.so.6's banner."""
+    found = re.search(rb"release version 2\.(\d+)",
+                      (root / "usr/lib/aarch64-linux-gnu/libc.so.6").read_bytes())
+    if not found:
+        raise Arm64LabError(f"no glibc version in {root}/usr/lib/aarch64-linux-gnu/libc.so.6")
+    return int(found.group(1))
+
+
+def byte_compile(root: Path, folders: list[str], log=None) -> None:
+    """Write the .pyc files of folders (paths in root) that the root's Python reads, with the
+    native Python of the same version (bytecode is the same on any machine): under emulation
+    a compileall of the stdlib and wheels took over 10 minutes here, under load, and each
+    Python started in a root without them compiles what it imports."""
+    native = root / NATIVE_PYTHON
+    libraries = native / "usr/lib/x86_64-linux-gnu"
+    # its own loader and glibc (the suite's, maybe newer than the host's); one process
+    # (compileall -j starts helpers that would run the binary without its loader)
+    python = [str(libraries / "ld-linux-x86-64.so.2"), "--library-path", str(libraries),
+              str(native / f"usr/bin/python{python_of(root)}")]
+    environment = {"PATH": os.environ.get("PATH", ""), "LANG": "C.UTF-8",
+                   "PYTHONHOME": str(native / "usr")}
+    # recorded as their paths in the root: -s strips the root, -p puts "/" back
+    argv = [*python, "-m", "compileall", "-q", "-s", str(root), "-p", "/",
+            *(f"{root}{folder}" for folder in folders)]
+    done = subprocess.run(argv, capture_output=True, text=True, env=environment, timeout=900)
+    if log:
+        print(f"arm64lab: {shlex.join(argv)}\n{done.stdout}{done.stderr}", file=log, end="",
+              flush=True)
+    if done.returncode != 0:
+        raise Arm64LabError(f"byte-compiling {', '.join(folders)} failed ({done.returncode}): "
+                            f"{(done.stdout + done.stderr)[-2000:]}")
+
+
+def install_wheels(root: Path, log) -> None:
+    """RECIPE's wheels (and their dependencies) for the root's CPython on aarch64, by the host's
+    pip, into a folder on the root Python's sys.path; none compiled (the host's Python is not
+    the root's)."""
+    version = python_of(root)
+    target = root / f"usr/local/lib/python{version}/dist-packages"
+    platforms = [f"--platform=manylinux_2_{minor}_aarch64"
+                 for minor in range(17, glibc_minor_of(root) + 1)]
+    checked([sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+             "--no-compile", "--only-binary=:all:", "--target", str(target),
+             "--implementation=cp", f"--python-version={version}",
+             f"--abi=cp{version.replace('.', '')}", *platforms, *RECIPE["pip"]], 1800, log)
 
 
 def ensure_root(root: Path = ROOT, log=sys.stderr) -> float:
@@ -282,6 +362,8 @@ def main(argv: list[str] | None = None) -> int:
         built = f"built in {seconds:.0f} s" if seconds else "already built"
         print(f"arm64lab: {ROOT} ({RECIPE['suite']}, recipe {RECIPE['version']}): {built}",
               file=sys.stderr, flush=True)
+        if seconds and not command:
+            return 0  # the build's last step imported numpy and pytest there
         with locked(ROOT, exclusive=False):
             p = run_in_root(command or ["sh", "-c", "uname -m && python3 -c 'import numpy, "
                                         "pytest; print(numpy.__version__)'"], args.timeout)
