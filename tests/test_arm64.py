@@ -53,11 +53,13 @@ CROSS_GCC = "aarch64-linux-gnu-gcc"
 CLANG = ["clang", "--target=aarch64-linux-gnu"]
 EM_AARCH64 = 183  # ELF's e_machine for aarch64
 DIE_WITH_PARENT = ("launchers/die_with_parent.c", "launchers/die-with-parent")
-# the C buffer tests whole; of the lane's, those that run its C paths and their answers
+# the C buffer tests whole; of the lane's, those that run its C paths and their answers (the
+# moves with pulls allowed: qemu-user's process_vm_readv fails and the rings take over, which
+# is all that pulls off would run)
 IN_ROOT_TESTS = ["tests/test_c_buffers.py",
                  "tests/test_shm_lane.py::test_the_lane_gives_the_python_paths_answers",
                  "tests/test_shm_lane.py::"
-                 "test_the_lane_moves_small_messages_and_leaves_the_rest_to_the_engine"]
+                 "test_the_lane_moves_small_messages_and_leaves_the_rest_to_the_engine[pulls]"]
 TBRUN = """#!{python}
 import sys
 

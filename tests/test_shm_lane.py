@@ -8,6 +8,8 @@ aside where the table or TBCOLL_ALGO picks another algorithm, under TBCOLL_CHECK
 import subprocess
 import sys
 
+import pytest
+
 from .conftest import tagged_lines, tbrun
 
 COUNTING = """
@@ -364,12 +366,11 @@ print("moved")
 """
 
 
-def test_the_lane_moves_small_messages_and_leaves_the_rest_to_the_engine(script):
-    path = script(MOVES)
-    for options in ([], ["-x", "TBCOLL_SHM_CMA=0"]):
-        p = tbrun("-np", 2, "--backend", "shm", *options, path, timeout=60)
-        assert p.returncode == 0, (options, p.stderr + p.stdout)
-        assert tagged_lines(p.stdout) == {0: ["moved"], 1: ["moved"]}, (options, p.stdout)
+@pytest.mark.parametrize("options", [[], ["-x", "TBCOLL_SHM_CMA=0"]], ids=["pulls", "rings"])
+def test_the_lane_moves_small_messages_and_leaves_the_rest_to_the_engine(script, options):
+    p = tbrun("-np", 2, "--backend", "shm", *options, script(MOVES), timeout=60)
+    assert p.returncode == 0, p.stderr + p.stdout
+    assert tagged_lines(p.stdout) == {0: ["moved"], 1: ["moved"]}, p.stdout
 
 
 CHANGED_WORDS = """
