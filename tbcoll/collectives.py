@@ -115,6 +115,14 @@ class Collective:
     def __init_subclass__(cls) -> None:
         cls.code = KIND_CODES[cls.name]
 
+    def plain(self, x: Any, arg: Any, out: Any, size: int) -> bool:
+        """x (a numpy array of a known dtype), arg (op or root) and out (None, or a numpy array
+        the result can go into) need no conversion and no check says more of them: a
+        transport's one-call path may take the call as it is (tbcoll.routes). arg is op for
+        the reductions, root for broadcast, None for the others. False: the entry's `call`
+        checks and describes it."""
+        return False
+
     def signature(self, call: Call) -> int:
         array = call.array
         return signature(self.name, None if array is None else array.dtype, call.op,
@@ -149,6 +157,11 @@ class Collective:
 
 class AllReduce(Collective):
     name = "all_reduce"
+
+    def plain(self, x: Any, op: Any, out: Any, size: int) -> bool:
+        return (type(x) is np.ndarray and id(dtype := x.dtype) in KNOWN_DTYPES and op in OPS
+                and (out is None or (type(out) is np.ndarray and out.dtype is dtype
+                                     and out.shape == x.shape and out.flags.carray)))
 
     def call(self, comm: Communicator, x: Any, op: str, algorithm: str | None,
              out: Any) -> Call:
@@ -203,6 +216,10 @@ class AllReduce(Collective):
 class AllGather(Collective):
     name = "all_gather"
 
+    def plain(self, x: Any, arg: Any, out: Any, size: int) -> bool:
+        return (type(x) is np.ndarray and id(x.dtype) in KNOWN_DTYPES
+                and (out is None or plain_out(out, gathered_shape(x, size), x.dtype)))
+
     def call(self, comm: Communicator, x: Any, algorithm: str | None, out: Any) -> Call:
         array, restore = as_numpy(x)
         shape = gathered_shape(array, comm.size)
@@ -237,6 +254,12 @@ class AllGather(Collective):
 
 class ReduceScatter(Collective):
     name = "reduce_scatter"
+
+    def plain(self, x: Any, op: Any, out: Any, size: int) -> bool:
+        return (type(x) is np.ndarray and id(x.dtype) in KNOWN_DTYPES and op in OPS
+                and x.ndim > 0 and not x.shape[0] % size
+                and (out is None or plain_out(out, (x.shape[0] // size, *x.shape[1:]),
+                                              x.dtype)))
 
     def call(self, comm: Communicator, x: Any, op: str, algorithm: str | None,
              out: Any) -> Call:
@@ -280,6 +303,12 @@ class ReduceScatter(Collective):
 
 class Broadcast(Collective):
     name = "broadcast"
+
+    def plain(self, x: Any, root: Any, out: Any, size: int) -> bool:
+        return (type(x) is np.ndarray and type(root) is int and 0 <= root < size
+                and id(dtype := x.dtype) in KNOWN_DTYPES
+                and (out is None or (type(out) is np.ndarray and out.dtype is dtype
+                                     and out.shape == x.shape and out.flags.carray)))
 
     def call(self, comm: Communicator, x: Any, root: int, algorithm: str | None,
              out: Any) -> Call:

@@ -1,13 +1,16 @@
 """Communicator: the collective API over a transport's Group.
 
-A call takes one path. Its registry entry (tbcoll.collectives) checks the arguments where the
-user called (ValueError, TypeError) and describes the call; `_run` then takes the first of a
-world of one, the transport's one-call path, its native collective or the algorithm chosen
-(algorithm=, else TBCOLL_ALGO, else tbcoll.tuning's table), telling the transport the call's
-signature so that ranks whose calls differ fail (tbcoll.calls). A CommError from below is
-raised again naming the collective and this rank. Blocking calls take the communicator for
-their thread (tbcoll.ownership) and wait for queued non-blocking ones; a non-blocking call
-is described at once and queued (tbcoll.requests).
+A call takes one path. all_reduce, all_gather, reduce_scatter, broadcast, send and recv take
+their route, chosen once (tbcoll.routes: a transport's one-call path, shm's C lane where it
+has one, where the table takes it), which falls back to the class's method; every public
+method is that general path: its registry entry (tbcoll.collectives) checks the arguments
+where the user called (ValueError, TypeError) and describes the call; `_run` then takes the
+first of a world of one, the transport's one-call path, its native collective or the
+algorithm chosen (algorithm=, else TBCOLL_ALGO, else tbcoll.tuning's table), telling the
+transport the call's signature so that ranks whose calls differ fail (tbcoll.calls). A
+CommError from below is raised again naming the collective and this rank. Blocking calls take
+the communicator for their thread (tbcoll.ownership) and wait for queued non-blocking ones; a
+non-blocking call is described at once and queued (tbcoll.requests).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from weakref import WeakMethod
 
 import numpy as np
 
-from tbcoll import allocation, tuning, uneven
+from tbcoll import allocation, routes, tuning, uneven
 from tbcoll.algorithms import ALGORITHM_CODES, ALGORITHMS, COLLECTIVES, function
 from tbcoll.arrays import contiguous_flat, is_mlx, to_numpy
 from tbcoll.checks import verify_calls_match
@@ -30,7 +33,6 @@ from tbcoll.collectives import (
     ALL_TO_ALL,
     BARRIER,
     BROADCAST,
-    ENTRIES,
     GATHER,
     KIND_CODES,
     KNOWN_DTYPES,
@@ -41,11 +43,8 @@ from tbcoll.collectives import (
     Collective,
     check_rank,
     flat,
-    gathered_shape,
     output,
-    plain_out,
 )
-from tbcoll.dtypes import OPS
 from tbcoll.dumps import on_failure
 from tbcoll.env import algorithm_overrides, check_mode, record_size, trace_chunk, tracing
 from tbcoll.errors import CommError, PeerError, TbcollError
@@ -54,13 +53,14 @@ from tbcoll.ownership import busy, track
 from tbcoll.recorder import call_site, new_trace, trace_full
 from tbcoll.rendezvous import report_peer_failure
 from tbcoll.requests import P2PRequest, Progress, Request
+from tbcoll.routes import ROUTED
 from tbcoll.shm.flags import atomics
 from tbcoll.transports.base import Group
 from tbcoll.wire_check import check_constants
 
 # the collectives a C lane takes, in the order of its kinds (tbcoll/shm/shm.h, whose names
 # for them _atomics exports as LANE_KINDS: checked here)
-LANE_ENTRIES = (ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, BROADCAST)
+LANE_ENTRIES = ROUTED
 if atomics is not None:
     check_constants(atomics, {"LANE_KINDS": tuple(entry.name for entry in LANE_ENTRIES)},
                     "tbcoll.comm's LANE_ENTRIES")
@@ -71,7 +71,11 @@ _INT64 = 1 << 63
 
 
 class Communicator:
-    """A group of ranks that run collectives together. Use tbcoll.init() to get the world."""
+    """A group of ranks that run collectives together. Use tbcoll.init() to get the world.
+
+    Where a call has a route (tbcoll.routes), the instance holds it under the call's name
+    (_bind), so that comm.all_reduce is the route itself; the class's method, which the route
+    falls back to, documents the call and is its general path."""
 
     def __init__(self, group: Group, backend: str, local_rank: int, node_rank: int,
                  world_ranks: tuple[int, ...] | None = None) -> None:
@@ -100,44 +104,49 @@ class Communicator:
         # "native" unless per-call checks are on, and may take mlx arrays there as they are.
         native = None if self._check_calls else group.native
         self._direct = dict.fromkeys(COLLECTIVES)
-        if native is not None:
+        if native is not None and self.size > 1:
             self._direct.update(all_reduce=native.direct_all_reduce,
                                 all_gather=native.direct_all_gather,
                                 broadcast=native.direct_broadcast,
                                 reduce_scatter=native.direct_reduce_scatter)
         self._direct_takes_mlx = group.native is not None and group.native.takes_mlx
-        # _dispatch's: the one-call paths by entry, where _run would take them (not alone)
-        self._fast = {ENTRIES[name]: path if self.size > 1 else None
-                      for name, path in self._direct.items()}
-        # the one-call paths where the tuning table takes them (_quickly); none under --trace,
-        # whose calls take the dispatch, which times their start too
-        self._quick = {entry: None if path is None or tracing() else self._quick_path(entry, path)
-                       for entry, path in self._fast.items()}
-        self._lane = self._bind_lane(native)
+        # the one-call paths where the tuning table takes them, a route's first step
+        # (tbcoll.routes); none under --trace, whose calls take the dispatch, which times them
+        self._quick = {entry: None if tracing() else self._quick_path(entry,
+                                                                      self._direct[entry.name])
+                       for entry in LANE_ENTRIES}
+        self._lane, self._lane_kinds = self._bind_lane(native)
+        # each routed call's route (tbcoll.routes), put in this instance under its public
+        # name where the call has a first step; else the class's method (the general path)
+        self._routes = routes.bind(self)
 
-    def _bind_lane(self, native: Any) -> Any:
+    def _bind(self) -> None:
+        """The routes' first steps again, after an event that changes them: the first
+        non-blocking call, close."""
+        routes.rebind(self, self._routes)
+
+    def _bind_lane(self, native: Any) -> tuple[Any, frozenset[Collective]]:
         """The transport's C lane (tbcoll/shm/lane.c), bound to this communicator, for send,
-        recv and the collectives whose one-call path the table takes at every size; None
-        where it has none. A lane's call is the whole of _quickly's or _move's path in one C
-        call: ~0.6 us less."""
+        recv and the collectives whose one-call path the table takes at every size (which it
+        then takes in place of the direct path: ~0.6 us less); None where it has none."""
         lane = getattr(native, "lane", None)
         if lane is None or self.size == 1:
-            return None
+            return None, frozenset()
         served = [k for k, entry in enumerate(LANE_ENTRIES)
-                  if self._quick[entry] is self._fast[entry] is not None]
-        for k in served:  # what the lane declines, _quickly would decline too
-            self._quick[LANE_ENTRIES[k]] = None
-        enabled = sum(1 << k for k in served)
+                  if self._quick[entry] is self._direct[entry.name] is not None]
         lane.bind(self._gate, (*(entry.code for entry in LANE_ENTRIES), _SEND, _RECV, NATIVE),
                   tuple(entry.name for entry in LANE_ENTRIES),
-                  enabled | 1 << len(LANE_ENTRIES), MAX_TAG, CommError, WeakMethod(self._named))
-        return lane
+                  sum(1 << k for k in served) | 1 << len(LANE_ENTRIES), MAX_TAG, CommError,
+                  WeakMethod(self._named))
+        return lane, frozenset(LANE_ENTRIES[k] for k in served)
 
-    def _quick_path(self, entry: Collective, path: Callable) -> Callable | None:
+    def _quick_path(self, entry: Collective, path: Callable | None) -> Callable | None:
         """path where the table takes native at every size (shm, mpi), path behind a size
         check where it takes native up to a size (rdma: its C mesh), else None. A path also
         returns None for what it does not take; the call then takes the dispatch."""
         name = entry.name
+        if path is None:
+            return None
         if self._fixed[name] is not None:  # TBCOLL_ALGO, or the table, whatever the size
             return path if self._fixed[name] == "native" else None
         native, limit = tuning.native_up_to(self._table, name, self.size)
@@ -156,17 +165,6 @@ class Communicator:
     def all_reduce(self, x: Any, op: str = "sum", algorithm: str | None = None,
                    out: np.ndarray | None = None) -> Any:
         """Reduce x elementwise over all ranks with op; every rank gets the result."""
-        if algorithm is None and (lane := self._lane) is not None and (
-                result := lane.all_reduce(x, op, out)) is not None:
-            return result
-        if (type(x) is np.ndarray and algorithm is None
-                and (path := self._quick[ALL_REDUCE]) is not None
-                and id(dtype := x.dtype) in KNOWN_DTYPES and op in OPS and (out is None or (
-                    type(out) is np.ndarray and out.dtype is dtype and out.shape == x.shape
-                    and out.flags.carray))):
-            result = self._quickly(ALL_REDUCE, path, x, dtype, op, -1, out)
-            if result is not None:
-                return result
         return self._dispatch(ALL_REDUCE.call(self, x, op, algorithm, out))
 
     def all_gather(self, x: Any, algorithm: str | None = None,
@@ -176,48 +174,16 @@ class Communicator:
         the parts may differ in size."""
         if counts is not None:
             return uneven.all_gather(self, x, counts, algorithm, out)
-        if algorithm is None and (lane := self._lane) is not None and (
-                result := lane.all_gather(x, out)) is not None:
-            return result
-        if (type(x) is np.ndarray and algorithm is None
-                and (path := self._quick[ALL_GATHER]) is not None
-                and id(dtype := x.dtype) in KNOWN_DTYPES
-                and (out is None or plain_out(out, gathered_shape(x, self.size), dtype))):
-            result = self._quickly(ALL_GATHER, path, x, dtype, None, -1, out)
-            if result is not None:
-                return result
         return self._dispatch(ALL_GATHER.call(self, x, algorithm, out))
 
     def reduce_scatter(self, x: Any, op: str = "sum", algorithm: str | None = None,
                        out: np.ndarray | None = None) -> Any:
         """Reduce x over all ranks and return this rank's block of it along axis 0."""
-        if algorithm is None and (lane := self._lane) is not None and (
-                result := lane.reduce_scatter(x, op, out)) is not None:
-            return result
-        if (type(x) is np.ndarray and algorithm is None
-                and (path := self._quick[REDUCE_SCATTER]) is not None
-                and id(dtype := x.dtype) in KNOWN_DTYPES and op in OPS and x.ndim
-                and not x.shape[0] % self.size and (out is None or plain_out(
-                    out, (x.shape[0] // self.size, *x.shape[1:]), dtype))):
-            result = self._quickly(REDUCE_SCATTER, path, x, dtype, op, -1, out)
-            if result is not None:
-                return result
         return self._dispatch(REDUCE_SCATTER.call(self, x, op, algorithm, out))
 
     def broadcast(self, x: Any, root: int = 0, algorithm: str | None = None,
                   out: np.ndarray | None = None) -> Any:
         """Return root's x on every rank (x gives the shape and dtype on the others)."""
-        if algorithm is None and (lane := self._lane) is not None and (
-                result := lane.broadcast(x, root, out)) is not None:
-            return result
-        if (type(x) is np.ndarray and algorithm is None and type(root) is int
-                and 0 <= root < self.size and (path := self._quick[BROADCAST]) is not None
-                and id(dtype := x.dtype) in KNOWN_DTYPES and (out is None or (
-                    type(out) is np.ndarray and out.dtype is dtype and out.shape == x.shape
-                    and out.flags.carray))):
-            result = self._quickly(BROADCAST, path, x, dtype, None, root, out)
-            if result is not None:
-                return result
         return self._dispatch(BROADCAST.call(self, x, root, algorithm, out))
 
     def barrier(self) -> None:
@@ -274,30 +240,6 @@ class Communicator:
 
     # --- the one path of a collective ----------------------------------------------------
 
-    def _quickly(self, kind: Collective, path: Callable, x: np.ndarray, dtype: np.dtype,
-                 op: str | None, root: int, out: np.ndarray | None) -> Any:
-        """The dispatch's first step, the transport's one-call path, taken before the call is
-        described, for the latency-critical calls (tensor parallelism's, twice per layer per
-        token): where it applies nothing needs describing, and describing costs ~0.7 us of a
-        2 us shm all_reduce. The caller has made _dispatch's and the entry's checks for this
-        case (a numpy array of a known dtype, a plain out or none, algorithm from the
-        table). None where the full path must run: x did not qualify, or the
-        communicator is busy or has calls queued (the full path then waits or raises). The
-        call is not timed (a clock read cost as much as the rest of its record)."""
-        gate = self._gate
-        if self._progress is not None or (slot := gate.enter(
-                kind.code, dtype, op, root, x.nbytes, NATIVE, 0)) < 0:
-            return None
-        try:
-            result = path(x, op, root, out)
-            if result is not None:
-                gate.done(slot)
-            return result
-        except CommError as e:
-            raise self._named(e, kind.name) from e
-        finally:
-            gate.leave(slot)
-
     def _dispatch(self, call: Call) -> Any:
         """A blocking call: this thread's, after the queued non-blocking ones."""
         gate = self._gate
@@ -309,28 +251,15 @@ class Communicator:
         try:
             if self._progress is not None:
                 return self._progress.run(partial(self._run, call))
-            # the transport's one-call path for a numpy array, as _run would take it, without
-            # _run's frame (on the latency-critical path: ~10% of an 8 B shm all_reduce)
-            if call.algorithm == "native" and type(call.x) is np.ndarray and (
-                    path := self._fast[kind]) is not None:
-                try:
-                    result = path(call.x, call.op, call.root, call.out)
-                except CommError as e:
-                    raise self._named(e, kind.name) from e
-                if result is not None:
-                    gate.count(slot)
-                    self._record(slot, call)
-                    return result
-                return self._run(call, direct=False)  # x did not qualify: the general path
             return self._run(call)
         finally:
             gate.leave(slot)
 
-    def _run(self, call: Call, direct: bool = True) -> Any:
-        """The first path that applies: a world of one, the transport's one-call path (unless
-        tried already), its native collective, the algorithm (see tbcoll.collectives). The
-        call is in progress in the gate from here (on the thread that runs it), counted
-        before it moves data, recorded once done."""
+    def _run(self, call: Call) -> Any:
+        """The first path that applies: a world of one, the transport's one-call path, its
+        native collective, the algorithm (see tbcoll.collectives). The call is in progress in
+        the gate from here (on the thread that runs it), counted before it moves data,
+        recorded once done."""
         kind, gate, array = call.kind, self._gate, call.array
         slot = gate.begin(kind.code, None if array is None else array.dtype, call.op, call.root,
                           0 if array is None else array.nbytes, ALGORITHM_CODES[call.algorithm])
@@ -341,7 +270,7 @@ class Communicator:
                 self._record(slot, call)
                 return result
             native = call.algorithm == "native"
-            if native and direct and (path := self._direct[kind.name]) is not None:
+            if native and (path := self._direct[kind.name]) is not None:
                 result = (path(call.x, call.op, call.root, call.out) if type(call.x) is np.ndarray
                           else kind.run_direct(self, path, call))
                 if result is not None:
@@ -399,16 +328,14 @@ class Communicator:
         if self._closed:
             raise TbcollError(f"{what} on a closed communicator")
         if self._progress is None:  # from now on blocking calls wait for the queued ones
-            self._lane = None
             self._progress = Progress(f"tbcoll-progress-{self.backend}-{self.rank}")
+            self._bind()  # (routes: their first steps run after the queue)
         return self._progress
 
     # --- point to point ------------------------------------------------------------------
 
     def send(self, x: Any, dst: int, tag: int = 0) -> None:
         """Send x to rank dst; returns once x may be reused."""
-        if (lane := self._lane) is not None and lane.send(x, dst, tag) is not None:
-            return
         if type(x) is np.ndarray and x.flags.c_contiguous and self._plain(x, dst, tag):
             buf = flat(x)
         else:
@@ -420,9 +347,6 @@ class Communicator:
     def recv(self, out_or_like: Any, src: int, tag: int = 0) -> Any:
         """Receive from rank src into a numpy array (filled in place and returned), or, given
         an mlx array, into a new mlx array of its shape and dtype."""
-        if (lane := self._lane) is not None and (
-                result := lane.recv(out_or_like, src, tag)) is not None:
-            return result
         if (type(out_or_like) is np.ndarray and out_or_like.flags.carray
                 and self._plain(out_or_like, src, tag)):
             self._move("recv", self._group.p2p.recv, flat(out_or_like), src, tag)
@@ -593,11 +517,11 @@ class Communicator:
             if self._progress is not None:
                 self._progress.stop()  # what was started finishes first
             self._closed = True
-            self._lane = None
+            self._lane, self._lane_kinds = None, frozenset()
             self._direct = dict.fromkeys(self._direct)
-            self._fast = dict.fromkeys(self._fast)
             self._quick = dict.fromkeys(self._quick)
             self._fixed = dict.fromkeys(COLLECTIVES)  # every call goes to _choose, which refuses
+            self._bind()
             self._release()
 
     def __enter__(self) -> Communicator:

@@ -1,0 +1,192 @@
+"""The route of each latency-critical call, chosen once: bind once, call once.
+
+A Communicator's all_reduce, all_gather, reduce_scatter and broadcast (the calls a transport
+may make in one step) and its send and recv each have one route, chosen when the communicator
+is made and again on the few events that change it (Communicator._bind: the first
+non-blocking call, close), never per call. Whether a call may take a one-call path is asked
+there, once per transport, of: per-call checks (TBCOLL_CHECK: never), --trace (never for the
+collectives: their calls are timed), TBCOLL_ALGO and the tuning table (native at every size:
+the whole path, shm's C lane where the transport has one; native up to a size: the
+transport's direct path behind that size, rdma's C mesh), and the transport's offers.
+
+A call that has a first step when the communicator is made gets a route, put in the
+communicator's instance under the public name (bind), so that comm.all_reduce(x) is the route
+itself: one Python frame, as before, where a method calling a route cost ~0.2 us more (of a
+1 us call). The route reads its first step from a cell that the events change (rebind), so
+that a route a caller keeps (f = comm.all_reduce) follows them. Its first step is the C
+lane's call, or
+`gated` around the transport's direct path; where that returns None (a call it does not take:
+an mlx array, a strided x, a wrong argument, algorithm= given, the communicator busy) the
+route calls the class's method, which is the general path: the registry entry checks and
+describes the call, and Communicator._run runs it (tbcoll.collectives). A call without a first
+step is the class's method alone. A route holds its communicator weakly (so that a dropped
+split is still collected at once, tbcoll.ownership.track).
+
+Non-blocking calls: after the first one, a blocking call must wait for the queued ones
+(tbcoll.requests.Progress.run). The lane cannot see that queue, so it was dropped then, on that
+rank only: its blocking calls took the Python path while the other ranks' took the lane, two
+implementations of one collective, correct only as long as native.py's and lane.c's one-copy
+rounds stay "wire-compatible by construction". Here every route keeps its first step and runs
+it through the progress queue instead (queued): the same C call, after the queued ones, on
+every rank whatever calls it made before, recorded alike in the flight recorder (untimed,
+algorithm native). send and recv take the Python path then (the engine's, whose messages the
+lane's moves share the wire with: moves.c is the engine's C part, not a second protocol).
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+from tbcoll.collectives import ALL_GATHER, ALL_REDUCE, BROADCAST, REDUCE_SCATTER, Collective
+from tbcoll.errors import CommError, TbcollError
+from tbcoll.gate import NATIVE
+
+ROUTED = (ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, BROADCAST)  # the C lane's kinds' order
+
+
+def gated(comm: Any, entry: Collective, path: Callable) -> Callable:
+    """The transport's direct path as a route's first step, first(x, arg, out) (all_gather:
+    first(x, out)), as the lane makes it in C: taken only for a plain call (entry.plain), in
+    the call gate, counted and recorded untimed (a clock read cost as much as the rest of
+    its record), no call described (~0.7 us of a 2 us call); None where the path declines or
+    the gate is held (the general path then waits, or raises)."""
+    gate, code, name, size = comm._gate, entry.code, entry.name, comm.size
+    plain, named = entry.plain, weakref.WeakMethod(comm._named)
+    takes_op, takes_root = entry in (ALL_REDUCE, REDUCE_SCATTER), entry is BROADCAST
+
+    def first(x: Any, *args: Any) -> Any:
+        arg, out = args if len(args) == 2 else (None, args[0])
+        op, root = (arg, -1) if takes_op else (None, arg if takes_root else -1)
+        if not plain(x, arg, out, size) or (slot := gate.enter(
+                code, x.dtype, op, root, x.nbytes, NATIVE, 0)) < 0:
+            return None
+        try:
+            result = path(x, op, root, out)
+            if result is not None:
+                gate.done(slot)
+            return result
+        except CommError as e:
+            raise named()(e, name) from e
+        finally:
+            gate.leave(slot)
+
+    return first
+
+
+def queued(progress: Any, first: Callable) -> Callable:
+    """first, after the calls queued on the progress thread (see the module docstring)."""
+    run = progress.run
+
+    def after_the_queue(*args: Any) -> Any:
+        return run(partial(first, *args))
+
+    return after_the_queue
+
+
+def general(comm: Any, name: str) -> Callable:
+    """The class's method (the general path) for comm, held weakly."""
+    ref, method = weakref.ref(comm), getattr(type(comm), name)
+
+    def call(*args: Any) -> Any:
+        if (owner := ref()) is None:
+            raise TbcollError(f"{name} on a communicator that was collected")
+        return method(owner, *args)
+
+    return call
+
+
+def _all_reduce(cell: list, rest: Callable) -> Callable:
+    def all_reduce(x: Any, op: str = "sum", algorithm: str | None = None,
+                   out: Any = None) -> Any:
+        if algorithm is None and (first := cell[0]) is not None and (
+                result := first(x, op, out)) is not None:
+            return result
+        return rest(x, op, algorithm, out)
+    return all_reduce
+
+
+def _all_gather(cell: list, rest: Callable) -> Callable:
+    def all_gather(x: Any, algorithm: str | None = None, out: Any = None,
+                   counts: Any = None) -> Any:
+        if counts is None and algorithm is None and (first := cell[0]) is not None and (
+                result := first(x, out)) is not None:
+            return result
+        return rest(x, algorithm, out, counts)
+    return all_gather
+
+
+def _reduce_scatter(cell: list, rest: Callable) -> Callable:
+    def reduce_scatter(x: Any, op: str = "sum", algorithm: str | None = None,
+                       out: Any = None) -> Any:
+        if algorithm is None and (first := cell[0]) is not None and (
+                result := first(x, op, out)) is not None:
+            return result
+        return rest(x, op, algorithm, out)
+    return reduce_scatter
+
+
+def _broadcast(cell: list, rest: Callable) -> Callable:
+    def broadcast(x: Any, root: int = 0, algorithm: str | None = None, out: Any = None) -> Any:
+        if algorithm is None and (first := cell[0]) is not None and (
+                result := first(x, root, out)) is not None:
+            return result
+        return rest(x, root, algorithm, out)
+    return broadcast
+
+
+def _send(cell: list, rest: Callable) -> Callable:
+    def send(x: Any, dst: int, tag: int = 0) -> None:
+        if (first := cell[0]) is None or first(x, dst, tag) is None:
+            rest(x, dst, tag)
+    return send
+
+
+def _recv(cell: list, rest: Callable) -> Callable:
+    def recv(out_or_like: Any, src: int, tag: int = 0) -> Any:
+        if (first := cell[0]) is not None and (
+                result := first(out_or_like, src, tag)) is not None:
+            return result
+        return rest(out_or_like, src, tag)
+    return recv
+
+
+_FACTORIES = {ALL_REDUCE.name: _all_reduce, ALL_GATHER.name: _all_gather,
+              REDUCE_SCATTER.name: _reduce_scatter, BROADCAST.name: _broadcast,
+              "send": _send, "recv": _recv}
+
+
+def first_steps(comm: Any) -> dict[str, Callable]:
+    """Each routed call's first step on comm now (see the module docstring); absent: none."""
+    steps: dict[str, Callable] = {}
+    lane, progress = comm._lane, comm._progress
+    for entry in ROUTED:
+        if entry in comm._lane_kinds:
+            steps[entry.name] = getattr(lane, entry.name)
+        elif (path := comm._quick[entry]) is not None:
+            steps[entry.name] = gated(comm, entry, path)
+    if progress is not None:
+        steps = {name: queued(progress, first) for name, first in steps.items()}
+    elif lane is not None:
+        steps.update(send=lane.send, recv=lane.recv)
+    return steps
+
+
+def bind(comm: Any) -> dict[str, list]:
+    """Put in comm the routes of its calls that have a first step now, by public name; their
+    cells, each holding its route's first step, which rebind changes. Once per communicator:
+    a route a caller keeps (f = comm.all_reduce) follows every change."""
+    cells = {name: [first] for name, first in first_steps(comm).items()}
+    vars(comm).update({name: _FACTORIES[name](cell, general(comm, name))
+                       for name, cell in cells.items()})
+    return cells
+
+
+def rebind(comm: Any, cells: dict[str, list]) -> None:
+    """Each route's first step on comm now (the events only take steps away, or queue them:
+    a call without a route at first never has a first step later)."""
+    steps = first_steps(comm)
+    for name, cell in cells.items():
+        cell[0] = steps.get(name)
