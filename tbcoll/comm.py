@@ -41,6 +41,7 @@ from tbcoll.collectives import (
     SCATTER,
     Call,
     Collective,
+    Context,
     check_rank,
     flat,
     output,
@@ -86,12 +87,10 @@ class Communicator:
         self.backend = backend
         self._table = group.tuning  # the tuning table it follows
         self._overrides = algorithm_overrides(ALGORITHMS)
-        for collective, algorithm in self._overrides.items():
-            self._check_algorithm(collective, algorithm, "TBCOLL_ALGO")
-        # the algorithm of each collective where it does not depend on the size (most)
-        self._fixed = {name: self._overrides.get(name) or tuning.fixed(self._table, name,
-                                                                        self.size)
-                       for name in COLLECTIVES}
+        # what the registry's entries see of this communicator (tbcoll.collectives.Context)
+        self._ctx = Context(group, backend, self._run)
+        self._ctx.fix(self._overrides)
+        self._fixed = self._ctx.fixed  # each collective's algorithm, where one at any size
         self._check_calls = check_mode()
         # the lock, the calls in progress, the count and the flight recorder (tbcoll.gate)
         self._gate = Gate(record_size())
@@ -109,7 +108,6 @@ class Communicator:
                                 all_gather=native.direct_all_gather,
                                 broadcast=native.direct_broadcast,
                                 reduce_scatter=native.direct_reduce_scatter)
-        self._direct_takes_mlx = group.native is not None and group.native.takes_mlx
         # the one-call paths where the tuning table takes them, a route's first step
         # (tbcoll.routes); none under --trace, whose calls take the dispatch, which times them
         self._quick = {entry: None if tracing() else self._quick_path(entry,
@@ -165,7 +163,7 @@ class Communicator:
     def all_reduce(self, x: Any, op: str = "sum", algorithm: str | None = None,
                    out: np.ndarray | None = None) -> Any:
         """Reduce x elementwise over all ranks with op; every rank gets the result."""
-        return self._dispatch(ALL_REDUCE.call(self, x, op, algorithm, out))
+        return self._dispatch(ALL_REDUCE.call(self._ctx, x, op, algorithm, out))
 
     def all_gather(self, x: Any, algorithm: str | None = None,
                    out: np.ndarray | None = None, counts: Any = None) -> Any:
@@ -174,21 +172,21 @@ class Communicator:
         the parts may differ in size."""
         if counts is not None:
             return uneven.all_gather(self, x, counts, algorithm, out)
-        return self._dispatch(ALL_GATHER.call(self, x, algorithm, out))
+        return self._dispatch(ALL_GATHER.call(self._ctx, x, algorithm, out))
 
     def reduce_scatter(self, x: Any, op: str = "sum", algorithm: str | None = None,
                        out: np.ndarray | None = None) -> Any:
         """Reduce x over all ranks and return this rank's block of it along axis 0."""
-        return self._dispatch(REDUCE_SCATTER.call(self, x, op, algorithm, out))
+        return self._dispatch(REDUCE_SCATTER.call(self._ctx, x, op, algorithm, out))
 
     def broadcast(self, x: Any, root: int = 0, algorithm: str | None = None,
                   out: np.ndarray | None = None) -> Any:
         """Return root's x on every rank (x gives the shape and dtype on the others)."""
-        return self._dispatch(BROADCAST.call(self, x, root, algorithm, out))
+        return self._dispatch(BROADCAST.call(self._ctx, x, root, algorithm, out))
 
     def barrier(self) -> None:
         """Return once every rank has entered the barrier."""
-        return self._dispatch(BARRIER.call(self))
+        return self._dispatch(BARRIER.call(self._ctx))
 
     def all_to_all(self, x: Any, counts: Any = None, algorithm: str | None = None,
                    out: np.ndarray | None = None, recv_counts: Any = None) -> Any:
@@ -198,45 +196,45 @@ class Communicator:
         differ in size and the result is (rows received, the count from each rank); the ranks
         first tell each other their counts, unless every rank passes recv_counts (the rows it
         will get from each rank, e.g. when sending results back the way they came)."""
-        return self._dispatch(ALL_TO_ALL.call(self, x, counts, algorithm, out, recv_counts))
+        return self._dispatch(ALL_TO_ALL.call(self._ctx, x, counts, algorithm, out, recv_counts))
 
     def gather(self, x: Any, root: int = 0, algorithm: str | None = None,
                out: np.ndarray | None = None) -> Any:
         """Concatenate every rank's x along axis 0 at root (out is used there); others get
         None."""
-        return self._dispatch(GATHER.call(self, x, root, algorithm, out))
+        return self._dispatch(GATHER.call(self._ctx, x, root, algorithm, out))
 
     def scatter(self, x: Any, root: int = 0, algorithm: str | None = None,
                 out: np.ndarray | None = None) -> Any:
         """Split root's x along axis 0 into size blocks and give rank j block j; the other
         ranks pass None (their x is not read): root tells them the shape and dtype."""
-        return self._dispatch(SCATTER.call(self, x, root, algorithm, out))
+        return self._dispatch(SCATTER.call(self._ctx, x, root, algorithm, out))
 
     def reduce(self, x: Any, op: str = "sum", root: int = 0, algorithm: str | None = None,
                out: np.ndarray | None = None) -> Any:
         """Reduce x elementwise over all ranks with op; root gets the result (out is used
         there), the others None."""
-        return self._dispatch(REDUCE.call(self, x, op, root, algorithm, out))
+        return self._dispatch(REDUCE.call(self._ctx, x, op, root, algorithm, out))
 
     def iall_reduce(self, x: Any, op: str = "sum", algorithm: str | None = None,
                     out: np.ndarray | None = None) -> Request:
-        return self._submit(ALL_REDUCE.call(self, x, op, algorithm, out))
+        return self._submit(ALL_REDUCE.call(self._ctx, x, op, algorithm, out))
 
     def iall_gather(self, x: Any, algorithm: str | None = None,
                     out: np.ndarray | None = None) -> Request:
-        return self._submit(ALL_GATHER.call(self, x, algorithm, out))
+        return self._submit(ALL_GATHER.call(self._ctx, x, algorithm, out))
 
     def ireduce_scatter(self, x: Any, op: str = "sum", algorithm: str | None = None,
                         out: np.ndarray | None = None) -> Request:
-        return self._submit(REDUCE_SCATTER.call(self, x, op, algorithm, out))
+        return self._submit(REDUCE_SCATTER.call(self._ctx, x, op, algorithm, out))
 
     def ibroadcast(self, x: Any, root: int = 0, algorithm: str | None = None,
                    out: np.ndarray | None = None) -> Request:
-        return self._submit(BROADCAST.call(self, x, root, algorithm, out))
+        return self._submit(BROADCAST.call(self._ctx, x, root, algorithm, out))
 
     def iall_to_all(self, x: Any, counts: Any = None, algorithm: str | None = None,
                     out: np.ndarray | None = None, recv_counts: Any = None) -> Request:
-        return self._submit(ALL_TO_ALL.call(self, x, counts, algorithm, out, recv_counts))
+        return self._submit(ALL_TO_ALL.call(self._ctx, x, counts, algorithm, out, recv_counts))
 
     # --- the one path of a collective ----------------------------------------------------
 
@@ -260,35 +258,35 @@ class Communicator:
         native collective, the algorithm (see tbcoll.collectives). The call is in progress in
         the gate from here (on the thread that runs it), counted before it moves data,
         recorded once done."""
-        kind, gate, array = call.kind, self._gate, call.array
+        kind, gate, array, ctx = call.kind, self._gate, call.array, self._ctx
         slot = gate.begin(kind.code, None if array is None else array.dtype, call.op, call.root,
                           0 if array is None else array.nbytes, ALGORITHM_CODES[call.algorithm])
         try:
             if self.size == 1:
                 gate.count(slot)
-                result = kind.alone(self, call)
+                result = kind.alone(ctx, call)
                 self._record(slot, call)
                 return result
             native = call.algorithm == "native"
             if native and (path := self._direct[kind.name]) is not None:
                 result = (path(call.x, call.op, call.root, call.out) if type(call.x) is np.ndarray
-                          else kind.run_direct(self, path, call))
+                          else kind.run_direct(ctx, path, call))
                 if result is not None:
                     gate.count(slot)
                     self._record(slot, call)
                     return result
-            kind.prepare(self, call)  # may make calls of its own first (scatter's header)
+            kind.prepare(ctx, call)  # may make calls of its own first (scatter's header)
             seq = gate.count(slot)
             if self._check_calls:
                 verify_calls_match(self._group.coll, kind.name, kind.described(call), call.op,
                                    call.root, call.algorithm)
             self._group.begin_call(seq, kind.signature(call))
             if native:
-                kind.native(self, call)
+                kind.native(ctx, call)
             else:
-                kind.algorithm(self, call, function(kind.name, call.algorithm))
+                kind.algorithm(ctx, call, function(kind.name, call.algorithm))
             self._group.end_call()
-            result = kind.finish(self, call)
+            result = kind.finish(ctx, call)
             self._record(slot, call)
             return result
         except CommError as e:
@@ -446,7 +444,7 @@ class Communicator:
     def _split(self, color: int | None, key: int) -> Communicator | None:
         mine = np.array([-1 if color is None else color, key, self._group.context_hint(),
                          self.node_rank], np.int64)
-        table = self._run(ALL_GATHER.call(self, mine, None, None)).reshape(self.size, 4)
+        table = self._run(ALL_GATHER.call(self._ctx, mine, None, None)).reshape(self.size, 4)
         members = [] if color is None else sorted(
             (int(table[r, 1]), r) for r in range(self.size) if table[r, 0] == color)
         ranks = [r for _, r in members]
@@ -479,7 +477,7 @@ class Communicator:
     def _empty(self, shape: Any, dtype: Any) -> np.ndarray:
         words, dims, kind, problem = allocation.request(shape, dtype)
         if self.size > 1:  # every rank learns every rank's request before any raises
-            table = self._run(ALL_GATHER.call(self, words, None, None)).reshape(self.size, -1)
+            table = self._run(ALL_GATHER.call(self._ctx, words, None, None)).reshape(self.size, -1)
             if problem is None and (message := allocation.disagreement(table)):
                 problem = ValueError(message)
         if problem is not None:
@@ -496,7 +494,7 @@ class Communicator:
     def algorithms(self, collective: str) -> tuple[str, ...]:
         """The algorithms this communicator can run collective with."""
         return tuple(a for a in ALGORITHMS[collective]
-                     if a != "native" or self._has_native(collective))
+                     if a != "native" or self._ctx.has_native(collective))
 
     def describe(self) -> str:
         """Who this rank is and which algorithm each collective uses at which size."""
@@ -513,6 +511,7 @@ class Communicator:
     def close(self) -> None:
         if self._gate.forked:  # a child of os.fork(): the connections are the parent's
             self._closed = True
+            self._ctx.close()
         if not self._closed:
             if self._progress is not None:
                 self._progress.stop()  # what was started finishes first
@@ -520,7 +519,7 @@ class Communicator:
             self._lane, self._lane_kinds = None, frozenset()
             self._direct = dict.fromkeys(self._direct)
             self._quick = dict.fromkeys(self._quick)
-            self._fixed = dict.fromkeys(COLLECTIVES)  # every call goes to _choose, which refuses
+            self._ctx.close()  # every call goes to its choose, which refuses
             self._bind()
             self._release()
 
@@ -532,30 +531,6 @@ class Communicator:
 
     def __repr__(self) -> str:
         return f"<Communicator rank {self.rank} of {self.size}, backend {self.backend}>"
-
-    # --- helpers for the registry's entries ----------------------------------------------
-
-    def _choose(self, collective: str, nbytes: int, algorithm: str | None) -> str:
-        """The algorithm a call runs: algorithm=, else TBCOLL_ALGO, else the table."""
-        if self._closed:
-            raise TbcollError(f"{collective} on a closed communicator")
-        if algorithm is not None:
-            self._check_algorithm(collective, algorithm, "algorithm")
-            return algorithm
-        return self._fixed[collective] or tuning.choose(self._table, collective, nbytes,
-                                                        self.size)
-
-    def _check_algorithm(self, collective: str, algorithm: str, where: str) -> None:
-        allowed = ALGORITHMS[collective]
-        if algorithm not in allowed:
-            raise ValueError(f"{where}={algorithm!r} is not an algorithm of {collective}; "
-                             f"use one of {', '.join(allowed)}")
-        if algorithm == "native" and not self._has_native(collective):
-            raise ValueError(f"{where}='native': the {self.backend} transport has no native "
-                             f"{collective}; use one of {', '.join(allowed[:-1])}")
-
-    def _has_native(self, collective: str) -> bool:
-        return self._group.native is not None and collective in self._group.native.offers
 
     def _named(self, error: CommError, what: str) -> CommError:
         """error again, naming the operation and this rank. A failure caused by peers also
