@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
-from functools import partial
 from typing import Any
 
 from tbcoll.collectives import ALL_GATHER, ALL_REDUCE, BROADCAST, REDUCE_SCATTER, Collective
@@ -76,12 +75,27 @@ def gated(comm: Any, entry: Collective, path: Callable) -> Callable:
     return first
 
 
-def queued(progress: Any, first: Callable) -> Callable:
-    """first, after the calls queued on the progress thread (see the module docstring)."""
+def queued(gate: Any, code: int, progress: Any, first: Callable) -> Callable:
+    """first, after the calls queued on the progress thread (see the module docstring). The
+    call gate is taken while the queue drains, as the general path takes it (so that another
+    thread's call meanwhile raises at once, tbcoll.ownership), and handed to first, which
+    takes it itself (None, the general path's error, where another thread got it between)."""
     run = progress.run
 
     def after_the_queue(*args: Any) -> Any:
-        return run(partial(first, *args))
+        if (slot := gate.enter(code, None, None, -1, -1, -1, 0)) < 0:
+            return None  # another thread's call: the general path says so
+        held = [slot]
+
+        def handed_over() -> Any:
+            gate.leave(held.pop())
+            return first(*args)
+
+        try:
+            return run(handed_over)
+        finally:
+            if held:
+                gate.leave(held[0])
 
     return after_the_queue
 
@@ -164,12 +178,14 @@ def first_steps(comm: Any) -> dict[str, Callable]:
     lane, progress = comm._lane, comm._progress
     for entry in ROUTED:
         if entry in comm._lane_kinds:
-            steps[entry.name] = getattr(lane, entry.name)
+            first = getattr(lane, entry.name)
         elif (path := comm._quick[entry]) is not None:
-            steps[entry.name] = gated(comm, entry, path)
-    if progress is not None:
-        steps = {name: queued(progress, first) for name, first in steps.items()}
-    elif lane is not None:
+            first = gated(comm, entry, path)
+        else:
+            continue
+        steps[entry.name] = first if progress is None else queued(comm._gate, entry.code,
+                                                                  progress, first)
+    if lane is not None and progress is None:
         steps.update(send=lane.send, recv=lane.recv)
     return steps
 

@@ -161,6 +161,13 @@ comm.iall_reduce(np.ones(3)).wait()
 before = dict(lane.took)
 check(comm.all_reduce(np.ones(3)), np.full(3, float(p)), "after iall_reduce")
 assert lane.took["all_reduce"] == before["all_reduce"] + 1, (lane.took, before)
+# and a second thread's call is still refused at once, not run after this thread's
+slot = comm._gate.enter(KIND_CODES["barrier"], None, None, -1, 0, -1, 0)
+thread = threading.Thread(target=second)
+thread.start()
+thread.join()
+comm._gate.leave(slot)
+assert len(errors) == 2 and "another thread is using (barrier)" in errors[1], errors
 print("done")
 """
 
