@@ -56,11 +56,11 @@ def gated(comm: Any, entry: Collective, path: Callable) -> Callable:
     plain, named = entry.plain, weakref.WeakMethod(comm._named)
     takes_op, takes_root = entry in (ALL_REDUCE, REDUCE_SCATTER), entry is BROADCAST
 
-    def first(x: Any, *args: Any) -> Any:
-        arg, out = args if len(args) == 2 else (None, args[0])
+    def first(x: Any, arg: Any, out: Any) -> Any:
+        if not plain(x, arg, out, size):
+            return None
         op, root = (arg, -1) if takes_op else (None, arg if takes_root else -1)
-        if not plain(x, arg, out, size) or (slot := gate.enter(
-                code, x.dtype, op, root, x.nbytes, NATIVE, 0)) < 0:
+        if (slot := gate.enter(code, x.dtype, op, root, x.nbytes, NATIVE, 0)) < 0:
             return None
         try:
             result = path(x, op, root, out)
@@ -72,6 +72,8 @@ def gated(comm: Any, entry: Collective, path: Callable) -> Callable:
         finally:
             gate.leave(slot)
 
+    if entry is ALL_GATHER:  # (the lane's signature: no op or root)
+        return lambda x, out: first(x, None, out)
     return first
 
 
