@@ -14,13 +14,13 @@ communicator's instance under the public name (bind), so that comm.all_reduce(x)
 itself: one Python frame, as before, where a method calling a route cost ~0.2 us more (of a
 1 us call). The route reads its first step from a cell that the events change (rebind), so
 that a route a caller keeps (f = comm.all_reduce) follows them. Its first step is the C
-lane's call, or
-`gated` around the transport's direct path; where that returns None (a call it does not take:
-an mlx array, a strided x, a wrong argument, algorithm= given, the communicator busy) the
-route calls the class's method, which is the general path: the registry entry checks and
-describes the call, and Communicator._run runs it (tbcoll.collectives). A call without a first
-step is the class's method alone. A route holds its communicator weakly (so that a dropped
-split is still collected at once, tbcoll.ownership.track).
+lane's call, or `gated` around the transport's direct path; where that returns None (a call
+it does not take: an mlx array, a strided x, a wrong argument, the communicator busy), or
+where algorithm= is given, the route calls the class's method, which is the general path:
+the registry entry checks and describes the call, and Communicator._run runs it
+(tbcoll.collectives). A call without a first step is the class's method alone. A route holds
+its communicator weakly (so that a dropped split is still collected at once,
+tbcoll.ownership.track), and a route kept past that says so.
 
 Non-blocking calls: after the first one, a blocking call must wait for the queued ones
 (tbcoll.requests.Progress.run). The lane cannot see that queue, so it was dropped then, on that
@@ -199,7 +199,13 @@ def bind(comm: Any) -> dict[str, list]:
     cells = {name: [first] for name, first in first_steps(comm).items()}
     vars(comm).update({name: _FACTORIES[name](cell, general(comm, name))
                        for name, cell in cells.items()})
+    weakref.finalize(comm, _clear, cells)  # (its transport is closed then)
     return cells
+
+
+def _clear(cells: dict[str, list]) -> None:
+    for cell in cells.values():
+        cell[0] = None
 
 
 def rebind(comm: Any, cells: dict[str, list]) -> None:
