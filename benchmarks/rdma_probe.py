@@ -133,7 +133,6 @@ def under_tbrun(args) -> None:
     from tbcoll.routes import gated
 
     entry = ENTRIES["all_reduce"]
-    cell = comm._routes.get("all_reduce")  # the route's first step (tbcoll.routes), if any
     first = gated(comm, entry, native.direct_all_reduce)
 
     def quick(n: int) -> None:
@@ -141,13 +140,11 @@ def under_tbrun(args) -> None:
         (tbcoll.routes takes it as a whole only where the table says native at every size;
         rdma's says native up to 64 KiB, exactly where direct_all_reduce takes a call, and
         returns None above)."""
-        if cell is None:  # (no route on this communicator: the general path)
-            return tbcoll_(n)
-        kept, cell[0] = cell[0], first
+        kept, comm._first_all_reduce = comm._first_all_reduce, first
         try:
             tbcoll_(n)
         finally:
-            cell[0] = kept
+            comm._first_all_reduce = kept
 
     from tbcoll.collectives import KNOWN_DTYPES
     from tbcoll.dtypes import OPS
@@ -178,7 +175,7 @@ def under_tbrun(args) -> None:
     assert out[0] == 3.0, out
     if comm.rank == 0:
         print("threads:", [t.name for t in threading.enumerate()],
-              "route's first step:", cell is not None and cell[0] is not None)
+              "route's first step:", comm._first_all_reduce is not None)
         for name, values in times.items():
             print(f"tbrun {name:12s} median {statistics.median(values):8.1f} us per call "
                   f"(batches: {', '.join(f'{v:.1f}' for v in values)})")

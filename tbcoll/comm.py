@@ -1,16 +1,16 @@
 """Communicator: the collective API over a transport's Group.
 
-A call takes one path. all_reduce, all_gather, reduce_scatter, broadcast, send and recv take
-their route, chosen once (tbcoll.routes: a transport's one-call path, shm's C lane where it
-has one, where the table takes it), which falls back to the class's method; every public
-method is that general path: its registry entry (tbcoll.collectives) checks the arguments
-where the user called (ValueError, TypeError) and describes the call; `_run` then takes the
-first of a world of one, the transport's one-call path, its native collective or the
-algorithm chosen (algorithm=, else TBCOLL_ALGO, else tbcoll.tuning's table), telling the
-transport the call's signature so that ranks whose calls differ fail (tbcoll.calls). A
-CommError from below is raised again naming the collective and this rank. Blocking calls take
-the communicator for their thread (tbcoll.ownership) and wait for queued non-blocking ones; a
-non-blocking call is described at once and queued (tbcoll.requests).
+A call takes one path. all_reduce, all_gather, reduce_scatter, broadcast, send and recv first
+take their first step, chosen once (tbcoll.routes: a transport's one-call path, shm's C lane
+where it has one, where the table takes it); else, and for every other call, the general
+path: its registry entry (tbcoll.collectives) checks the arguments where the user called
+(ValueError, TypeError) and describes the call; `_run` then takes the first of a world of
+one, the transport's one-call path, its native collective or the algorithm chosen
+(algorithm=, else TBCOLL_ALGO, else tbcoll.tuning's table), telling the transport the call's
+signature so that ranks whose calls differ fail (tbcoll.calls). A CommError from below is
+raised again naming the collective and this rank. Blocking calls take the communicator for
+their thread (tbcoll.ownership) and wait for queued non-blocking ones; a non-blocking call
+is described at once and queued (tbcoll.requests).
 """
 
 from __future__ import annotations
@@ -72,11 +72,7 @@ _INT64 = 1 << 63
 
 
 class Communicator:
-    """A group of ranks that run collectives together. Use tbcoll.init() to get the world.
-
-    Where a call has a route (tbcoll.routes), the instance holds it under the call's name
-    (_bind), so that comm.all_reduce is the route itself; the class's method, which the route
-    falls back to, documents the call and is its general path."""
+    """A group of ranks that run collectives together. Use tbcoll.init() to get the world."""
 
     def __init__(self, group: Group, backend: str, local_rank: int, node_rank: int,
                  world_ranks: tuple[int, ...] | None = None) -> None:
@@ -114,14 +110,15 @@ class Communicator:
                                                                       self._direct[entry.name])
                        for entry in LANE_ENTRIES}
         self._lane, self._lane_kinds = self._bind_lane(native)
-        # each routed call's route (tbcoll.routes), put in this instance under its public
-        # name where the call has a first step; else the class's method (the general path)
-        self._routes = routes.bind(self)
+        self._bind()
 
     def _bind(self) -> None:
-        """The routes' first steps again, after an event that changes them: the first
-        non-blocking call, close."""
-        routes.rebind(self, self._routes)
+        """Each routed call's first step (tbcoll.routes), which its method takes before the
+        general path: here, and again after an event that changes them (the first
+        non-blocking call, close)."""
+        steps = routes.first_steps(self)
+        for name in routes.NAMES:
+            setattr(self, f"_first_{name}", steps.get(name))
 
     def _bind_lane(self, native: Any) -> tuple[Any, frozenset[Collective]]:
         """The transport's C lane (tbcoll/shm/lane.c), bound to this communicator, for send,
@@ -163,6 +160,9 @@ class Communicator:
     def all_reduce(self, x: Any, op: str = "sum", algorithm: str | None = None,
                    out: np.ndarray | None = None) -> Any:
         """Reduce x elementwise over all ranks with op; every rank gets the result."""
+        if algorithm is None and (first := self._first_all_reduce) is not None and (
+                result := first(x, op, out)) is not None:
+            return result
         return self._dispatch(ALL_REDUCE.call(self._ctx, x, op, algorithm, out))
 
     def all_gather(self, x: Any, algorithm: str | None = None,
@@ -172,16 +172,25 @@ class Communicator:
         the parts may differ in size."""
         if counts is not None:
             return uneven.all_gather(self, x, counts, algorithm, out)
+        if algorithm is None and (first := self._first_all_gather) is not None and (
+                result := first(x, out)) is not None:
+            return result
         return self._dispatch(ALL_GATHER.call(self._ctx, x, algorithm, out))
 
     def reduce_scatter(self, x: Any, op: str = "sum", algorithm: str | None = None,
                        out: np.ndarray | None = None) -> Any:
         """Reduce x over all ranks and return this rank's block of it along axis 0."""
+        if algorithm is None and (first := self._first_reduce_scatter) is not None and (
+                result := first(x, op, out)) is not None:
+            return result
         return self._dispatch(REDUCE_SCATTER.call(self._ctx, x, op, algorithm, out))
 
     def broadcast(self, x: Any, root: int = 0, algorithm: str | None = None,
                   out: np.ndarray | None = None) -> Any:
         """Return root's x on every rank (x gives the shape and dtype on the others)."""
+        if algorithm is None and (first := self._first_broadcast) is not None and (
+                result := first(x, root, out)) is not None:
+            return result
         return self._dispatch(BROADCAST.call(self._ctx, x, root, algorithm, out))
 
     def barrier(self) -> None:
@@ -334,6 +343,8 @@ class Communicator:
 
     def send(self, x: Any, dst: int, tag: int = 0) -> None:
         """Send x to rank dst; returns once x may be reused."""
+        if (first := self._first_send) is not None and first(x, dst, tag) is not None:
+            return
         if type(x) is np.ndarray and x.flags.c_contiguous and self._plain(x, dst, tag):
             buf = flat(x)
         else:
@@ -345,6 +356,9 @@ class Communicator:
     def recv(self, out_or_like: Any, src: int, tag: int = 0) -> Any:
         """Receive from rank src into a numpy array (filled in place and returned), or, given
         an mlx array, into a new mlx array of its shape and dtype."""
+        if (first := self._first_recv) is not None and (
+                result := first(out_or_like, src, tag)) is not None:
+            return result
         if (type(out_or_like) is np.ndarray and out_or_like.flags.carray
                 and self._plain(out_or_like, src, tag)):
             self._move("recv", self._group.p2p.recv, flat(out_or_like), src, tag)

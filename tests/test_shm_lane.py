@@ -449,28 +449,3 @@ def test_ranks_take_the_same_route_whatever_non_blocking_calls_each_made(script)
     timed = [(record[1], record[5]) for record in records[0] if not record[-1]]
     assert timed == [(0, 256 << 10)], records[0]
 
-
-KEPT = """
-import numpy as np
-import tbcoll
-
-world = tbcoll.init()
-sub = world.split(0)
-all_reduce, send = sub.all_reduce, sub.send  # routes, kept by the caller
-assert all_reduce(np.ones(1))[0] == 2.0
-del sub  # collected now: its segment and connections are closed
-for call in (lambda: all_reduce(np.ones(1)), lambda: send(np.ones(1), 1 - world.rank)):
-    try:
-        call()
-        raise SystemExit("a collected communicator's route ran")
-    except tbcoll.TbcollError as e:
-        print("refused:", e)
-"""
-
-
-def test_a_route_kept_past_its_communicator_says_so(script):
-    p = tbrun("-np", 2, "--backend", "shm", script(KEPT), timeout=60)
-    assert p.returncode == 0, p.stderr + p.stdout
-    for rank, lines in tagged_lines(p.stdout).items():
-        assert lines == ["refused: all_reduce on a communicator that was collected",
-                         "refused: send on a communicator that was collected"], (rank, lines)
