@@ -54,14 +54,13 @@ from tbcoll.ownership import busy, track
 from tbcoll.recorder import call_site, new_trace, trace_full
 from tbcoll.rendezvous import report_peer_failure
 from tbcoll.requests import P2PRequest, Progress, Request
-from tbcoll.routes import ROUTED
 from tbcoll.shm.flags import atomics
 from tbcoll.transports.base import Group
 from tbcoll.wire_check import check_constants
 
 # the collectives a C lane takes, in the order of its kinds (tbcoll/shm/shm.h, whose names
 # for them _atomics exports as LANE_KINDS: checked here)
-LANE_ENTRIES = ROUTED
+LANE_ENTRIES = routes.ROUTED
 if atomics is not None:
     check_constants(atomics, {"LANE_KINDS": tuple(entry.name for entry in LANE_ENTRIES)},
                     "tbcoll.comm's LANE_ENTRIES")
@@ -123,7 +122,8 @@ class Communicator:
     def _bind_lane(self, native: Any) -> tuple[Any, frozenset[Collective]]:
         """The transport's C lane (tbcoll/shm/lane.c), bound to this communicator, for send,
         recv and the collectives whose one-call path the table takes at every size (which it
-        then takes in place of the direct path: ~0.6 us less); None where it has none."""
+        then takes in place of the direct path: ~0.6 us less), and those collectives; None
+        and none where it has none."""
         lane = getattr(native, "lane", None)
         if lane is None or self.size == 1:
             return None, frozenset()
