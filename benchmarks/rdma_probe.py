@@ -130,25 +130,28 @@ def under_tbrun(args) -> None:
                 pass
 
     from tbcoll.collectives import ENTRIES
+    from tbcoll.routes import gated
 
     entry = ENTRIES["all_reduce"]
+    first = gated(comm, entry, native.direct_all_reduce)
 
     def quick(n: int) -> None:
         """comm.all_reduce had its table let it take the one-call path first, as shm's does
-        (comm.py takes it only where the table says native at every size; rdma's says native
-        up to 64 KiB, exactly where direct_all_reduce takes a call, and returns None above)."""
-        comm._quick[entry] = native.direct_all_reduce
+        (tbcoll.routes takes it as a whole only where the table says native at every size;
+        rdma's says native up to 64 KiB, exactly where direct_all_reduce takes a call, and
+        returns None above)."""
+        kept, comm._first_all_reduce = comm._first_all_reduce, first
         try:
             tbcoll_(n)
         finally:
-            comm._quick[entry] = None
+            comm._first_all_reduce = kept
 
     from tbcoll.collectives import KNOWN_DTYPES
     from tbcoll.dtypes import OPS
 
-    def quickly(n: int) -> None:  # comm's quick step, without all_reduce's checks before it
+    def quickly(n: int) -> None:  # the route's first step, without all_reduce's route
         for _ in range(n):
-            comm._quickly(entry, native.direct_all_reduce, x, x.dtype, "sum", -1, out)
+            first(x, "sum", out)
 
     def checks(n: int) -> None:  # all_reduce's checks for the quick path alone, then direct
         quick_path, op, algorithm = native.direct_all_reduce, "sum", None
@@ -172,7 +175,7 @@ def under_tbrun(args) -> None:
     assert out[0] == 3.0, out
     if comm.rank == 0:
         print("threads:", [t.name for t in threading.enumerate()],
-              "quick path taken:", comm._quick[entry] is not None)
+              "route's first step:", comm._first_all_reduce is not None)
         for name, values in times.items():
             print(f"tbrun {name:12s} median {statistics.median(values):8.1f} us per call "
                   f"(batches: {', '.join(f'{v:.1f}' for v in values)})")

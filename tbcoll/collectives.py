@@ -1,5 +1,6 @@
 """The collectives, one registry entry each: what a call of it needs of the Communicator's one
-dispatch (tbcoll.comm.Communicator._run).
+dispatch (tbcoll.comm.Communicator._run). An entry sees its communicator only through a
+Context: rank and size, the transport's native and coll, the algorithm's choice, a nested call.
 
 An entry's `call` checks a public call's arguments where the user made it and returns a Call
 (the input as numpy, where the result goes, op, root, the algorithm chosen). The dispatch then
@@ -12,17 +13,76 @@ Nothing else in tbcoll knows what a collective does with its buffers.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
+from weakref import WeakMethod
 
 import numpy as np
 
-from tbcoll.algorithms import COLLECTIVES, tree
+from tbcoll import tuning
+from tbcoll.algorithms import ALGORITHMS, COLLECTIVES, tree
 from tbcoll.arrays import contiguous_flat, is_mlx, may_overlap, restorer, same_buffer, to_numpy
 from tbcoll.calls import signature
 from tbcoll.dtypes import DTYPE_CODES, DTYPES, OPS, reducer
+from tbcoll.errors import TbcollError
 
-if TYPE_CHECKING:
-    from tbcoll.comm import Communicator
+
+class Context:
+    """What a registry entry may use of the communicator a call was made on: its rank and
+    size, its transport's native collectives (None: none) and the endpoint the algorithms run
+    on, whether its one-call paths take mlx arrays, the algorithm a call runs (choose, from
+    the algorithm of each collective whose choice does not depend on the size: fixed) and
+    a call made inside another (run: scatter's header). The Communicator makes it (its
+    _run held weakly: a context is kept by the communicator) and closes it."""
+
+    __slots__ = ("rank", "size", "native", "coll", "takes_mlx", "fixed", "backend", "closed",
+                 "_table", "_run")
+
+    def __init__(self, group: Any, backend: str, run: Callable[[Call], Any]) -> None:
+        self.rank, self.size, self.backend = group.rank, group.size, backend
+        self.native, self.coll = group.native, group.coll
+        self.takes_mlx = group.native is not None and group.native.takes_mlx
+        self._table, self._run = group.tuning, WeakMethod(run)
+        self.fixed: dict[str, str | None] = dict.fromkeys(COLLECTIVES)
+        self.closed = False
+
+    def fix(self, overrides: dict[str, str]) -> None:
+        """The algorithm of each collective where it does not depend on the size: TBCOLL_ALGO's
+        (overrides, checked here), else the table's where it is one at every size."""
+        for collective, algorithm in overrides.items():
+            self.check_algorithm(collective, algorithm, "TBCOLL_ALGO")
+        self.fixed.update({name: overrides.get(name) or tuning.fixed(self._table, name,
+                                                                     self.size)
+                           for name in COLLECTIVES})
+
+    def close(self) -> None:
+        """Every call from now on raises (choose)."""
+        self.closed = True
+        self.fixed.update(dict.fromkeys(COLLECTIVES))
+
+    def run(self, call: Call) -> Any:
+        return self._run()(call)
+
+    def choose(self, collective: str, nbytes: int, algorithm: str | None) -> str:
+        """The algorithm a call runs: algorithm=, else TBCOLL_ALGO, else the table."""
+        if self.closed:
+            raise TbcollError(f"{collective} on a closed communicator")
+        if algorithm is not None:
+            self.check_algorithm(collective, algorithm, "algorithm")
+            return algorithm
+        return self.fixed[collective] or tuning.choose(self._table, collective, nbytes,
+                                                       self.size)
+
+    def check_algorithm(self, collective: str, algorithm: str, where: str) -> None:
+        allowed = ALGORITHMS[collective]
+        if algorithm not in allowed:
+            raise ValueError(f"{where}={algorithm!r} is not an algorithm of {collective}; "
+                             f"use one of {', '.join(allowed)}")
+        if algorithm == "native" and not self.has_native(collective):
+            raise ValueError(f"{where}='native': the {self.backend} transport has no native "
+                             f"{collective}; use one of {', '.join(allowed[:-1])}")
+
+    def has_native(self, collective: str) -> bool:
+        return self.native is not None and collective in self.native.offers
 
 
 class Call:
@@ -115,6 +175,14 @@ class Collective:
     def __init_subclass__(cls) -> None:
         cls.code = KIND_CODES[cls.name]
 
+    def plain(self, x: Any, arg: Any, out: Any, size: int) -> bool:
+        """x (a numpy array of a known dtype), arg (op or root) and out (None, or a numpy array
+        the result can go into) need no conversion and no check says more of them: a
+        transport's one-call path may take the call as it is (tbcoll.routes). arg is op for
+        the reductions, root for broadcast, None for the others. False: the entry's `call`
+        checks and describes it."""
+        return False
+
     def signature(self, call: Call) -> int:
         array = call.array
         return signature(self.name, None if array is None else array.dtype, call.op,
@@ -124,33 +192,38 @@ class Collective:
         """What TBCOLL_CHECK compares (dtype and shape)."""
         return call.array
 
-    def run_direct(self, comm: Communicator, path: Callable, call: Call) -> Any:
+    def run_direct(self, ctx: Context, path: Callable, call: Call) -> Any:
         """The transport's one-call path for an x that is not a numpy array (the dispatch
         calls it itself for those): an mlx array unconverted where the transport takes them,
         else its numpy view, into out where one was given (a numpy scalar's)."""
-        if comm._direct_takes_mlx and (result := path(call.x, call.op, call.root,
+        if ctx.takes_mlx and (result := path(call.x, call.op, call.root,
                                                       None)) is not None:
             return result
         result = path(call.array, call.op, call.root, call.out)
         return None if result is None else call.restore(result)
 
-    def alone(self, comm: Communicator, call: Call) -> Any:
+    def alone(self, ctx: Context, call: Call) -> Any:
         """A world of one: prepare's buffers hold the answer (prepare knows size 1)."""
-        self.prepare(comm, call)
-        return self.finish(comm, call)
+        self.prepare(ctx, call)
+        return self.finish(ctx, call)
 
-    def prepare(self, comm: Communicator, call: Call) -> None:
+    def prepare(self, ctx: Context, call: Call) -> None:
         """Make the buffers native and algorithm need (call.state). A call it makes of its own
-        (comm._run) comes before this call in the communicator's sequence."""
+        (ctx.run) comes before this call in the communicator's sequence."""
 
-    def finish(self, comm: Communicator, call: Call) -> Any:
+    def finish(self, ctx: Context, call: Call) -> Any:
         return call.restore(call.state)
 
 
 class AllReduce(Collective):
     name = "all_reduce"
 
-    def call(self, comm: Communicator, x: Any, op: str, algorithm: str | None,
+    def plain(self, x: Any, op: Any, out: Any, size: int) -> bool:
+        return (type(x) is np.ndarray and id(dtype := x.dtype) in KNOWN_DTYPES and op in OPS
+                and (out is None or (type(out) is np.ndarray and out.dtype is dtype
+                                     and out.shape == x.shape and out.flags.carray)))
+
+    def call(self, ctx: Context, x: Any, op: str, algorithm: str | None,
              out: Any) -> Call:
         # the latency-critical call: as_numpy, plain_out and _choose's common cases inline
         # (each a function call, 0.1-0.2 us of a 2 us call)
@@ -164,17 +237,17 @@ class AllReduce(Collective):
             out = output(x, out, array.shape, array.dtype)
         if op not in OPS:
             reducer(op)  # raises, naming the ops
-        name = (algorithm is None and comm._fixed[self.name]
-                or comm._choose(self.name, array.nbytes, algorithm))
+        name = (algorithm is None and ctx.fixed[self.name]
+                or ctx.choose(self.name, array.nbytes, algorithm))
         return Call(self, x, array, out, op, -1, name, restore)
 
-    def alone(self, comm: Communicator, call: Call) -> Any:
+    def alone(self, ctx: Context, call: Call) -> Any:
         result = call.array.copy() if call.out is None else call.out
         if result is not call.array:
             np.copyto(result, call.array)
         return call.restore(result)
 
-    def prepare(self, comm: Communicator, call: Call) -> None:
+    def prepare(self, ctx: Context, call: Call) -> None:
         """The result, and what native reads (None: the result, in place). The algorithms
         reduce in place in the result, which therefore starts as a copy of x."""
         array = call.array
@@ -182,142 +255,158 @@ class AllReduce(Collective):
         in_place = same_buffer(result, array)
         if not in_place and may_overlap(result, array):
             array = array.copy()  # out overlaps x some other way: read from a copy
-        if not in_place and (call.algorithm != "native" or comm.size == 1 or not array.size):
+        if not in_place and (call.algorithm != "native" or ctx.size == 1 or not array.size):
             np.copyto(result, array)
         call.state = (result, None if in_place else contiguous_flat(array))
 
-    def native(self, comm: Communicator, call: Call) -> None:
+    def native(self, ctx: Context, call: Call) -> None:
         result, send = call.state
         if result.size:
-            comm._group.native.all_reduce(send, flat(result), call.op)
+            ctx.native.all_reduce(send, flat(result), call.op)
 
-    def algorithm(self, comm: Communicator, call: Call, run: Callable) -> None:
+    def algorithm(self, ctx: Context, call: Call, run: Callable) -> None:
         result, _ = call.state
         if result.size:
-            run(comm._group.coll, flat(result), reducer(call.op))
+            run(ctx.coll, flat(result), reducer(call.op))
 
-    def finish(self, comm: Communicator, call: Call) -> Any:
+    def finish(self, ctx: Context, call: Call) -> Any:
         return call.restore(call.state[0])
 
 
 class AllGather(Collective):
     name = "all_gather"
 
-    def call(self, comm: Communicator, x: Any, algorithm: str | None, out: Any) -> Call:
+    def plain(self, x: Any, arg: Any, out: Any, size: int) -> bool:
+        return (type(x) is np.ndarray and id(x.dtype) in KNOWN_DTYPES
+                and (out is None or plain_out(out, gathered_shape(x, size), x.dtype)))
+
+    def call(self, ctx: Context, x: Any, algorithm: str | None, out: Any) -> Call:
         array, restore = as_numpy(x)
-        shape = gathered_shape(array, comm.size)
+        shape = gathered_shape(array, ctx.size)
         out = output(x, out, shape, array.dtype)
         return Call(self, x, array, out, None, -1,
-                    comm._choose(self.name, array.nbytes * comm.size, algorithm), restore)
+                    ctx.choose(self.name, array.nbytes * ctx.size, algorithm), restore)
 
-    def prepare(self, comm: Communicator, call: Call) -> None:
+    def prepare(self, ctx: Context, call: Call) -> None:
         """The result and this rank's block (in place in the result, but for native, which
         takes it apart)."""
-        result = result_of(call, gathered_shape(call.array, comm.size), call.array.dtype)
+        result = result_of(call, gathered_shape(call.array, ctx.size), call.array.dtype)
         mine = contiguous_flat(call.array)
         if may_overlap(mine, result):  # e.g. x is this rank's block of out already
             mine = mine.copy()
-        if call.algorithm != "native" or comm.size == 1 or not mine.size:
-            flat(result)[comm.rank * mine.size:(comm.rank + 1) * mine.size] = mine
+        if call.algorithm != "native" or ctx.size == 1 or not mine.size:
+            flat(result)[ctx.rank * mine.size:(ctx.rank + 1) * mine.size] = mine
         call.state = (result, mine)
 
-    def native(self, comm: Communicator, call: Call) -> None:
+    def native(self, ctx: Context, call: Call) -> None:
         result, mine = call.state
         if mine.size:
-            comm._group.native.all_gather(mine, flat(result))
+            ctx.native.all_gather(mine, flat(result))
 
-    def algorithm(self, comm: Communicator, call: Call, run: Callable) -> None:
+    def algorithm(self, ctx: Context, call: Call, run: Callable) -> None:
         result, mine = call.state
         if mine.size:
-            run(comm._group.coll, flat(result))
+            run(ctx.coll, flat(result))
 
-    def finish(self, comm: Communicator, call: Call) -> Any:
+    def finish(self, ctx: Context, call: Call) -> Any:
         return call.restore(call.state[0])
 
 
 class ReduceScatter(Collective):
     name = "reduce_scatter"
 
-    def call(self, comm: Communicator, x: Any, op: str, algorithm: str | None,
+    def plain(self, x: Any, op: Any, out: Any, size: int) -> bool:
+        return (type(x) is np.ndarray and id(x.dtype) in KNOWN_DTYPES and op in OPS
+                and x.ndim > 0 and not x.shape[0] % size
+                and (out is None or plain_out(out, (x.shape[0] // size, *x.shape[1:]),
+                                              x.dtype)))
+
+    def call(self, ctx: Context, x: Any, op: str, algorithm: str | None,
              out: Any) -> Call:
         array, restore = as_numpy(x)
         if op not in OPS:
             reducer(op)
-        if array.ndim == 0 or array.shape[0] % comm.size:
+        if array.ndim == 0 or array.shape[0] % ctx.size:
             raise ValueError(f"reduce_scatter needs x.shape[0] divisible by the communicator "
-                             f"size {comm.size}; got shape {array.shape}")
-        out = output(x, out, (array.shape[0] // comm.size, *array.shape[1:]), array.dtype)
-        return Call(self, x, array, out, op, -1, comm._choose(self.name, array.nbytes, algorithm),
+                             f"size {ctx.size}; got shape {array.shape}")
+        out = output(x, out, (array.shape[0] // ctx.size, *array.shape[1:]), array.dtype)
+        return Call(self, x, array, out, op, -1, ctx.choose(self.name, array.nbytes, algorithm),
                     restore)
 
-    def prepare(self, comm: Communicator, call: Call) -> None:
+    def prepare(self, ctx: Context, call: Call) -> None:
         """The result, and the input (a copy where out overlaps it: the transports read x
         while they write out)."""
         array = call.array
-        result = result_of(call, (array.shape[0] // comm.size, *array.shape[1:]), array.dtype)
+        result = result_of(call, (array.shape[0] // ctx.size, *array.shape[1:]), array.dtype)
         if may_overlap(result, array):
             array = array.copy()
-        if comm.size == 1:
+        if ctx.size == 1:
             np.copyto(result, array)
         call.state = (result, array)
 
-    def native(self, comm: Communicator, call: Call) -> None:
+    def native(self, ctx: Context, call: Call) -> None:
         result, array = call.state
         if array.size:
-            comm._group.native.reduce_scatter(contiguous_flat(array), flat(result), call.op)
+            ctx.native.reduce_scatter(contiguous_flat(array), flat(result), call.op)
 
-    def algorithm(self, comm: Communicator, call: Call, run: Callable) -> None:
+    def algorithm(self, ctx: Context, call: Call, run: Callable) -> None:
         result, array = call.state
         if array.size:  # the algorithms reduce the whole buffer in place: a copy
             scratch = np.array(array, order="C").reshape(-1)
-            run(comm._group.coll, scratch, reducer(call.op))
-            block = scratch.size // comm.size
-            flat(result)[:] = scratch[comm.rank * block:(comm.rank + 1) * block]
+            run(ctx.coll, scratch, reducer(call.op))
+            block = scratch.size // ctx.size
+            flat(result)[:] = scratch[ctx.rank * block:(ctx.rank + 1) * block]
 
-    def finish(self, comm: Communicator, call: Call) -> Any:
+    def finish(self, ctx: Context, call: Call) -> Any:
         return call.restore(call.state[0])
 
 
 class Broadcast(Collective):
     name = "broadcast"
 
-    def call(self, comm: Communicator, x: Any, root: int, algorithm: str | None,
+    def plain(self, x: Any, root: Any, out: Any, size: int) -> bool:
+        return (type(x) is np.ndarray and type(root) is int and 0 <= root < size
+                and id(dtype := x.dtype) in KNOWN_DTYPES
+                and (out is None or (type(out) is np.ndarray and out.dtype is dtype
+                                     and out.shape == x.shape and out.flags.carray)))
+
+    def call(self, ctx: Context, x: Any, root: int, algorithm: str | None,
              out: Any) -> Call:
         array, restore = as_numpy(x)
-        check_rank(root, comm.size, "root")
+        check_rank(root, ctx.size, "root")
         out = output(x, out, array.shape, array.dtype)
         return Call(self, x, array, out, None, int(root),
-                    comm._choose(self.name, array.nbytes, algorithm), restore)
+                    ctx.choose(self.name, array.nbytes, algorithm), restore)
 
-    def prepare(self, comm: Communicator, call: Call) -> None:
+    def prepare(self, ctx: Context, call: Call) -> None:
         call.state = result = result_of(call, call.array.shape, call.array.dtype)
-        if comm.rank == call.root and result is not call.array:
+        if ctx.rank == call.root and result is not call.array:
             np.copyto(result, call.array)
 
-    def native(self, comm: Communicator, call: Call) -> None:
+    def native(self, ctx: Context, call: Call) -> None:
         if call.array.size:
-            comm._group.native.broadcast(flat(call.state), call.root)
+            ctx.native.broadcast(flat(call.state), call.root)
 
-    def algorithm(self, comm: Communicator, call: Call, run: Callable) -> None:
+    def algorithm(self, ctx: Context, call: Call, run: Callable) -> None:
         if call.array.size:
-            run(comm._group.coll, flat(call.state), call.root)
+            run(ctx.coll, flat(call.state), call.root)
 
 
 class Barrier(Collective):
     name = "barrier"
 
-    def call(self, comm: Communicator) -> Call:
-        return Call(self, None, None, None, None, -1, comm._choose(self.name, 0, None),
+    def call(self, ctx: Context) -> Call:
+        return Call(self, None, None, None, None, -1, ctx.choose(self.name, 0, None),
                     _unchanged)
 
-    def finish(self, comm: Communicator, call: Call) -> None:
+    def finish(self, ctx: Context, call: Call) -> None:
         return None
 
-    def native(self, comm: Communicator, call: Call) -> None:
-        comm._group.native.barrier()
+    def native(self, ctx: Context, call: Call) -> None:
+        ctx.native.barrier()
 
-    def algorithm(self, comm: Communicator, call: Call, run: Callable) -> None:
-        run(comm._group.coll)
+    def algorithm(self, ctx: Context, call: Call, run: Callable) -> None:
+        run(ctx.coll)
 
 
 class _Counts:
@@ -356,10 +445,10 @@ class AllToAll(Collective):
 
     name = "all_to_all"
 
-    def call(self, comm: Communicator, x: Any, counts: Any, algorithm: str | None, out: Any,
+    def call(self, ctx: Context, x: Any, counts: Any, algorithm: str | None, out: Any,
              recv_counts: Any) -> Call:
         array, restore = as_numpy(x)
-        size = comm.size
+        size = ctx.size
         if array.ndim == 0:
             raise ValueError("all_to_all needs x with at least one dimension")
         row = int(np.prod(array.shape[1:], dtype=np.int64))
@@ -370,7 +459,7 @@ class AllToAll(Collective):
             send = np.full(size, array.shape[0] // size, np.int64)
         else:
             send = _counts(counts, size, array.shape[0])
-        name = comm._choose(self.name, array.nbytes, algorithm)
+        name = ctx.choose(self.name, array.nbytes, algorithm)
         if name == "bruck" and counts is not None:
             if algorithm == "bruck":
                 raise ValueError("all_to_all algorithm='bruck' needs blocks of one size; "
@@ -393,29 +482,29 @@ class AllToAll(Collective):
     def described(self, call: Call) -> np.ndarray:
         return call.array[:0] if call.state.given else call.array
 
-    def alone(self, comm: Communicator, call: Call) -> Any:
+    def alone(self, ctx: Context, call: Call) -> Any:
         counts = call.state
         counts.recv = counts.send
         counts.result = result = result_of(call, call.array.shape, call.array.dtype)
         if not same_buffer(result, call.array):
             np.copyto(result, call.array)
-        return self.finish(comm, call)
+        return self.finish(ctx, call)
 
-    def native(self, comm: Communicator, call: Call) -> None:
-        self._exchange(comm, call, lambda send, recv, send_counts, recv_counts:
-                       comm._group.native.all_to_all(send, recv, send_counts, recv_counts))
+    def native(self, ctx: Context, call: Call) -> None:
+        self._exchange(ctx, call, lambda send, recv, send_counts, recv_counts:
+                       ctx.native.all_to_all(send, recv, send_counts, recv_counts))
 
-    def algorithm(self, comm: Communicator, call: Call, run: Callable) -> None:
-        self._exchange(comm, call, lambda send, recv, send_counts, recv_counts:
-                       run(comm._group.coll, _split(send, send_counts), _split(recv, recv_counts)))
+    def algorithm(self, ctx: Context, call: Call, run: Callable) -> None:
+        self._exchange(ctx, call, lambda send, recv, send_counts, recv_counts:
+                       run(ctx.coll, _split(send, send_counts), _split(recv, recv_counts)))
 
-    def _exchange(self, comm: Communicator, call: Call, move: Callable) -> None:
+    def _exchange(self, ctx: Context, call: Call, move: Callable) -> None:
         """First, where not told, how many rows each rank sends here (by the same means);
         then the rows."""
         counts, array = call.state, call.array
         if counts.recv is None:
-            counts.recv = np.empty(comm.size, np.int64)
-            ones = np.ones(comm.size, np.int64)
+            counts.recv = np.empty(ctx.size, np.int64)
+            ones = np.ones(ctx.size, np.int64)
             move(counts.send, counts.recv, ones, ones)
             call.out = output(call.x, call.out, (int(counts.recv.sum()), *array.shape[1:]),
                               array.dtype)
@@ -425,7 +514,7 @@ class AllToAll(Collective):
         move(contiguous_flat(send), flat(result), counts.send * counts.row,
              counts.recv * counts.row)
 
-    def finish(self, comm: Communicator, call: Call) -> Any:
+    def finish(self, ctx: Context, call: Call) -> Any:
         counts = call.state
         result = call.restore(counts.result)
         return (result, counts.recv) if counts.given else result
@@ -434,45 +523,45 @@ class AllToAll(Collective):
 class Gather(Collective):
     name = "gather"
 
-    def call(self, comm: Communicator, x: Any, root: int, algorithm: str | None,
+    def call(self, ctx: Context, x: Any, root: int, algorithm: str | None,
              out: Any) -> Call:
         array, restore = as_numpy(x)
-        check_rank(root, comm.size, "root")
-        if comm.rank == root:
-            out = output(x, out, gathered_shape(array, comm.size), array.dtype)
+        check_rank(root, ctx.size, "root")
+        if ctx.rank == root:
+            out = output(x, out, gathered_shape(array, ctx.size), array.dtype)
         return Call(self, x, array, out, None, int(root),
-                    comm._choose(self.name, array.nbytes * comm.size, algorithm), restore)
+                    ctx.choose(self.name, array.nbytes * ctx.size, algorithm), restore)
 
-    def prepare(self, comm: Communicator, call: Call) -> None:
+    def prepare(self, ctx: Context, call: Call) -> None:
         """The root's result (None elsewhere) and this rank's block."""
         result = None
-        if comm.rank == call.root:
-            result = result_of(call, gathered_shape(call.array, comm.size), call.array.dtype)
+        if ctx.rank == call.root:
+            result = result_of(call, gathered_shape(call.array, ctx.size), call.array.dtype)
         mine = contiguous_flat(call.array)
         if result is not None and may_overlap(mine, result):
             mine = mine.copy()
-        if comm.size == 1:
+        if ctx.size == 1:
             flat(result)[:] = mine
         call.state = (result, mine)
 
-    def native(self, comm: Communicator, call: Call) -> None:
+    def native(self, ctx: Context, call: Call) -> None:
         result, mine = call.state
         if mine.size:
-            comm._group.native.gather(mine, None if result is None else flat(result), call.root)
+            ctx.native.gather(mine, None if result is None else flat(result), call.root)
 
-    def algorithm(self, comm: Communicator, call: Call, run: Callable) -> None:
+    def algorithm(self, ctx: Context, call: Call, run: Callable) -> None:
         """The trees and the mesh keep blocks in order of rank relative to the root."""
         (result, mine), root = call.state, call.root
         if not mine.size:
             return
-        v = (comm.rank - root) % comm.size
-        blocks = (np.empty(tree.subtree(comm.size, v) * mine.size, mine.dtype)
+        v = (ctx.rank - root) % ctx.size
+        blocks = (np.empty(tree.subtree(ctx.size, v) * mine.size, mine.dtype)
                   if result is None or root else flat(result))
-        run(comm._group.coll, mine, blocks, root)
+        run(ctx.coll, mine, blocks, root)
         if result is not None and root:
-            flat(result)[:] = np.roll(blocks.reshape(comm.size, -1), root, 0).ravel()
+            flat(result)[:] = np.roll(blocks.reshape(ctx.size, -1), root, 0).ravel()
 
-    def finish(self, comm: Communicator, call: Call) -> Any:
+    def finish(self, ctx: Context, call: Call) -> Any:
         result, _ = call.state
         return None if result is None else call.restore(result)
 
@@ -486,21 +575,21 @@ class Scatter(Collective):
 
     name = "scatter"
 
-    def call(self, comm: Communicator, x: Any, root: int, algorithm: str | None,
+    def call(self, ctx: Context, x: Any, root: int, algorithm: str | None,
              out: Any) -> Call:
-        check_rank(root, comm.size, "root")
+        check_rank(root, ctx.size, "root")
         header = np.zeros(_HEADER, np.int64)
         array, restore = None, _unchanged
-        if comm.rank == root:
+        if ctx.rank == root:
             array, restore = as_numpy(x)
-            if array.ndim == 0 or array.shape[0] % comm.size or array.ndim > _HEADER - 3:
+            if array.ndim == 0 or array.shape[0] % ctx.size or array.ndim > _HEADER - 3:
                 raise ValueError(f"scatter needs root's x.shape[0] divisible by the "
-                                 f"communicator size {comm.size} (and at most {_HEADER - 3} "
+                                 f"communicator size {ctx.size} (and at most {_HEADER - 3} "
                                  f"dimensions); got shape {array.shape}")
             header[:3] = DTYPE_CODES[array.dtype], array.ndim, is_mlx(x)
-            header[3:3 + array.ndim] = (array.shape[0] // comm.size, *array.shape[1:])
+            header[3:3 + array.ndim] = (array.shape[0] // ctx.size, *array.shape[1:])
         return Call(self, x, array, out, None, int(root),
-                    comm._choose(self.name, 0, algorithm), restore, header)
+                    ctx.choose(self.name, 0, algorithm), restore, header)
 
     def signature(self, call: Call) -> int:
         """Only the root knows the dtype and size."""
@@ -509,11 +598,11 @@ class Scatter(Collective):
     def described(self, call: Call) -> None:
         return None
 
-    def prepare(self, comm: Communicator, call: Call) -> None:
+    def prepare(self, ctx: Context, call: Call) -> None:
         """Broadcast the header (by the broadcast's own choice), then make the result."""
         header = call.state
-        if comm.size > 1:
-            header = comm._run(BROADCAST.call(comm, header, call.root, None, None))
+        if ctx.size > 1:
+            header = ctx.run(BROADCAST.call(ctx, header, call.root, None, None))
         dtype = list(DTYPES.values())[header[0]]
         shape = tuple(int(d) for d in header[3:3 + header[1]])
         try:
@@ -524,32 +613,32 @@ class Scatter(Collective):
             result = np.empty(shape, dtype)
         call.restore = restorer(bool(header[2]), dtype)
         call.state = (header, result)
-        if comm.size == 1:
+        if ctx.size == 1:
             flat(result)[:] = contiguous_flat(call.array)
 
-    def native(self, comm: Communicator, call: Call) -> None:
+    def native(self, ctx: Context, call: Call) -> None:
         _, result = call.state
         if result.size:
-            send = contiguous_flat(call.array) if comm.rank == call.root else None
-            comm._group.native.scatter(send, flat(result), call.root)
+            send = contiguous_flat(call.array) if ctx.rank == call.root else None
+            ctx.native.scatter(send, flat(result), call.root)
 
-    def algorithm(self, comm: Communicator, call: Call, run: Callable) -> None:
+    def algorithm(self, ctx: Context, call: Call, run: Callable) -> None:
         """The algorithms take the root's blocks in order of rank relative to the root."""
         _, result = call.state
         block, root = result.size, call.root
         if not block:
             return
-        if comm.rank == root:
+        if ctx.rank == root:
             blocks = contiguous_flat(call.array)
             if root:
-                blocks = np.roll(blocks.reshape(comm.size, -1), -root, 0).ravel()
+                blocks = np.roll(blocks.reshape(ctx.size, -1), -root, 0).ravel()
         else:
-            blocks = np.empty(tree.subtree(comm.size, (comm.rank - root) % comm.size) * block,
+            blocks = np.empty(tree.subtree(ctx.size, (ctx.rank - root) % ctx.size) * block,
                               result.dtype)
-        run(comm._group.coll, blocks, block, root)
+        run(ctx.coll, blocks, block, root)
         flat(result)[:] = blocks[:block]
 
-    def finish(self, comm: Communicator, call: Call) -> Any:
+    def finish(self, ctx: Context, call: Call) -> Any:
         _, result = call.state
         if call.out is not None and result is not call.out:
             output(None, call.out, result.shape, result.dtype)  # raises, saying what is wrong
@@ -559,39 +648,39 @@ class Scatter(Collective):
 class Reduce(Collective):
     name = "reduce"
 
-    def call(self, comm: Communicator, x: Any, op: str, root: int, algorithm: str | None,
+    def call(self, ctx: Context, x: Any, op: str, root: int, algorithm: str | None,
              out: Any) -> Call:
         array, restore = as_numpy(x)
         if op not in OPS:
             reducer(op)
-        check_rank(root, comm.size, "root")
-        if comm.rank == root:
+        check_rank(root, ctx.size, "root")
+        if ctx.rank == root:
             out = output(x, out, array.shape, array.dtype)
         return Call(self, x, array, out, op, int(root),
-                    comm._choose(self.name, array.nbytes, algorithm), restore)
+                    ctx.choose(self.name, array.nbytes, algorithm), restore)
 
-    def prepare(self, comm: Communicator, call: Call) -> None:
-        if comm.rank == call.root:
+    def prepare(self, ctx: Context, call: Call) -> None:
+        if ctx.rank == call.root:
             call.state = result = result_of(call, call.array.shape, call.array.dtype)
-            if comm.size == 1 or not call.array.size:
+            if ctx.size == 1 or not call.array.size:
                 np.copyto(result, call.array)
 
-    def native(self, comm: Communicator, call: Call) -> None:
+    def native(self, ctx: Context, call: Call) -> None:
         if call.array.size:
             send, result = contiguous_flat(call.array), call.state
             if result is not None and may_overlap(send, result):
                 send = send.copy()
-            comm._group.native.reduce(send, None if result is None else flat(result),
+            ctx.native.reduce(send, None if result is None else flat(result),
                                       call.op, call.root)
 
-    def algorithm(self, comm: Communicator, call: Call, run: Callable) -> None:
+    def algorithm(self, ctx: Context, call: Call, run: Callable) -> None:
         if call.array.size:
             data = np.array(call.array, order="C").reshape(-1)  # combined in place
-            run(comm._group.coll, data, reducer(call.op), call.root)
+            run(ctx.coll, data, reducer(call.op), call.root)
             if call.state is not None:
                 flat(call.state)[:] = data
 
-    def finish(self, comm: Communicator, call: Call) -> Any:
+    def finish(self, ctx: Context, call: Call) -> Any:
         return None if call.state is None else call.restore(call.state)
 
 

@@ -1,8 +1,11 @@
 """Communicator: the collective API over a transport's Group.
 
-A call takes one path. Its registry entry (tbcoll.collectives) checks the arguments where the
-user called (ValueError, TypeError) and describes the call; `_run` then takes the first of a
-world of one, the transport's one-call path, its native collective or the algorithm chosen
+A call takes one path. all_reduce, all_gather, reduce_scatter, broadcast, send and recv first
+take their first step, chosen once (tbcoll.routes: a transport's one-call path, shm's C lane
+where it has one, where the table takes it); else, and for every other call, the general
+path: its registry entry (tbcoll.collectives) checks the arguments where the user called
+(ValueError, TypeError) and describes the call; `_run` then takes the first of a world of
+one, the transport's one-call path, its native collective or the algorithm chosen
 (algorithm=, else TBCOLL_ALGO, else tbcoll.tuning's table), telling the transport the call's
 signature so that ranks whose calls differ fail (tbcoll.calls). A CommError from below is
 raised again naming the collective and this rank. Blocking calls take the communicator for
@@ -20,7 +23,7 @@ from weakref import WeakMethod
 
 import numpy as np
 
-from tbcoll import allocation, tuning, uneven
+from tbcoll import allocation, routes, tuning, uneven
 from tbcoll.algorithms import ALGORITHM_CODES, ALGORITHMS, COLLECTIVES, function
 from tbcoll.arrays import contiguous_flat, is_mlx, to_numpy
 from tbcoll.checks import verify_calls_match
@@ -30,7 +33,6 @@ from tbcoll.collectives import (
     ALL_TO_ALL,
     BARRIER,
     BROADCAST,
-    ENTRIES,
     GATHER,
     KIND_CODES,
     KNOWN_DTYPES,
@@ -39,13 +41,11 @@ from tbcoll.collectives import (
     SCATTER,
     Call,
     Collective,
+    Context,
     check_rank,
     flat,
-    gathered_shape,
     output,
-    plain_out,
 )
-from tbcoll.dtypes import OPS
 from tbcoll.dumps import on_failure
 from tbcoll.env import algorithm_overrides, check_mode, record_size, trace_chunk, tracing
 from tbcoll.errors import CommError, PeerError, TbcollError
@@ -60,7 +60,7 @@ from tbcoll.wire_check import check_constants
 
 # the collectives a C lane takes, in the order of its kinds (tbcoll/shm/shm.h, whose names
 # for them _atomics exports as LANE_KINDS: checked here)
-LANE_ENTRIES = (ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, BROADCAST)
+LANE_ENTRIES = routes.ROUTED
 if atomics is not None:
     check_constants(atomics, {"LANE_KINDS": tuple(entry.name for entry in LANE_ENTRIES)},
                     "tbcoll.comm's LANE_ENTRIES")
@@ -82,12 +82,10 @@ class Communicator:
         self.backend = backend
         self._table = group.tuning  # the tuning table it follows
         self._overrides = algorithm_overrides(ALGORITHMS)
-        for collective, algorithm in self._overrides.items():
-            self._check_algorithm(collective, algorithm, "TBCOLL_ALGO")
-        # the algorithm of each collective where it does not depend on the size (most)
-        self._fixed = {name: self._overrides.get(name) or tuning.fixed(self._table, name,
-                                                                        self.size)
-                       for name in COLLECTIVES}
+        # what the registry's entries see of this communicator (tbcoll.collectives.Context)
+        self._ctx = Context(group, backend, self._run)
+        self._ctx.fix(self._overrides)
+        self._fixed = self._ctx.fixed  # each collective's algorithm, where one at any size
         self._check_calls = check_mode()
         # the lock, the calls in progress, the count and the flight recorder (tbcoll.gate)
         self._gate = Gate(record_size())
@@ -100,44 +98,50 @@ class Communicator:
         # "native" unless per-call checks are on, and may take mlx arrays there as they are.
         native = None if self._check_calls else group.native
         self._direct = dict.fromkeys(COLLECTIVES)
-        if native is not None:
+        if native is not None and self.size > 1:
             self._direct.update(all_reduce=native.direct_all_reduce,
                                 all_gather=native.direct_all_gather,
                                 broadcast=native.direct_broadcast,
                                 reduce_scatter=native.direct_reduce_scatter)
-        self._direct_takes_mlx = group.native is not None and group.native.takes_mlx
-        # _dispatch's: the one-call paths by entry, where _run would take them (not alone)
-        self._fast = {ENTRIES[name]: path if self.size > 1 else None
-                      for name, path in self._direct.items()}
-        # the one-call paths where the tuning table takes them (_quickly); none under --trace,
-        # whose calls take the dispatch, which times their start too
-        self._quick = {entry: None if path is None or tracing() else self._quick_path(entry, path)
-                       for entry, path in self._fast.items()}
-        self._lane = self._bind_lane(native)
+        # the one-call paths where the tuning table takes them, a route's first step
+        # (tbcoll.routes); none under --trace, whose calls take the dispatch, which times them
+        self._quick = {entry: None if tracing() else self._quick_path(entry,
+                                                                      self._direct[entry.name])
+                       for entry in LANE_ENTRIES}
+        self._lane, self._lane_kinds = self._bind_lane(native)
+        self._bind()
 
-    def _bind_lane(self, native: Any) -> Any:
+    def _bind(self) -> None:
+        """Each routed call's first step (tbcoll.routes), which its method takes before the
+        general path: here, and again after an event that changes them (the first
+        non-blocking call, close)."""
+        steps = routes.first_steps(self)
+        for name in routes.NAMES:
+            setattr(self, f"_first_{name}", steps.get(name))
+
+    def _bind_lane(self, native: Any) -> tuple[Any, frozenset[Collective]]:
         """The transport's C lane (tbcoll/shm/lane.c), bound to this communicator, for send,
-        recv and the collectives whose one-call path the table takes at every size; None
-        where it has none. A lane's call is the whole of _quickly's or _move's path in one C
-        call: ~0.6 us less."""
+        recv and the collectives whose one-call path the table takes at every size (which it
+        then takes in place of the direct path: ~0.6 us less), and those collectives; None
+        and none where it has none."""
         lane = getattr(native, "lane", None)
         if lane is None or self.size == 1:
-            return None
+            return None, frozenset()
         served = [k for k, entry in enumerate(LANE_ENTRIES)
-                  if self._quick[entry] is self._fast[entry] is not None]
-        for k in served:  # what the lane declines, _quickly would decline too
-            self._quick[LANE_ENTRIES[k]] = None
-        enabled = sum(1 << k for k in served)
+                  if self._quick[entry] is self._direct[entry.name] is not None]
         lane.bind(self._gate, (*(entry.code for entry in LANE_ENTRIES), _SEND, _RECV, NATIVE),
                   tuple(entry.name for entry in LANE_ENTRIES),
-                  enabled | 1 << len(LANE_ENTRIES), MAX_TAG, CommError, WeakMethod(self._named))
-        return lane
+                  sum(1 << k for k in served) | 1 << len(LANE_ENTRIES), MAX_TAG, CommError,
+                  WeakMethod(self._named))
+        return lane, frozenset(LANE_ENTRIES[k] for k in served)
 
-    def _quick_path(self, entry: Collective, path: Callable) -> Callable | None:
+    def _quick_path(self, entry: Collective, path: Callable | None) -> Callable | None:
         """path where the table takes native at every size (shm, mpi), path behind a size
         check where it takes native up to a size (rdma: its C mesh), else None. A path also
         returns None for what it does not take; the call then takes the dispatch."""
         name = entry.name
+        if path is None:
+            return None
         if self._fixed[name] is not None:  # TBCOLL_ALGO, or the table, whatever the size
             return path if self._fixed[name] == "native" else None
         native, limit = tuning.native_up_to(self._table, name, self.size)
@@ -156,18 +160,10 @@ class Communicator:
     def all_reduce(self, x: Any, op: str = "sum", algorithm: str | None = None,
                    out: np.ndarray | None = None) -> Any:
         """Reduce x elementwise over all ranks with op; every rank gets the result."""
-        if algorithm is None and (lane := self._lane) is not None and (
-                result := lane.all_reduce(x, op, out)) is not None:
+        if algorithm is None and (first := self._first_all_reduce) is not None and (
+                result := first(x, op, out)) is not None:
             return result
-        if (type(x) is np.ndarray and algorithm is None
-                and (path := self._quick[ALL_REDUCE]) is not None
-                and id(dtype := x.dtype) in KNOWN_DTYPES and op in OPS and (out is None or (
-                    type(out) is np.ndarray and out.dtype is dtype and out.shape == x.shape
-                    and out.flags.carray))):
-            result = self._quickly(ALL_REDUCE, path, x, dtype, op, -1, out)
-            if result is not None:
-                return result
-        return self._dispatch(ALL_REDUCE.call(self, x, op, algorithm, out))
+        return self._dispatch(ALL_REDUCE.call(self._ctx, x, op, algorithm, out))
 
     def all_gather(self, x: Any, algorithm: str | None = None,
                    out: np.ndarray | None = None, counts: Any = None) -> Any:
@@ -176,53 +172,30 @@ class Communicator:
         the parts may differ in size."""
         if counts is not None:
             return uneven.all_gather(self, x, counts, algorithm, out)
-        if algorithm is None and (lane := self._lane) is not None and (
-                result := lane.all_gather(x, out)) is not None:
+        if algorithm is None and (first := self._first_all_gather) is not None and (
+                result := first(x, out)) is not None:
             return result
-        if (type(x) is np.ndarray and algorithm is None
-                and (path := self._quick[ALL_GATHER]) is not None
-                and id(dtype := x.dtype) in KNOWN_DTYPES
-                and (out is None or plain_out(out, gathered_shape(x, self.size), dtype))):
-            result = self._quickly(ALL_GATHER, path, x, dtype, None, -1, out)
-            if result is not None:
-                return result
-        return self._dispatch(ALL_GATHER.call(self, x, algorithm, out))
+        return self._dispatch(ALL_GATHER.call(self._ctx, x, algorithm, out))
 
     def reduce_scatter(self, x: Any, op: str = "sum", algorithm: str | None = None,
                        out: np.ndarray | None = None) -> Any:
         """Reduce x over all ranks and return this rank's block of it along axis 0."""
-        if algorithm is None and (lane := self._lane) is not None and (
-                result := lane.reduce_scatter(x, op, out)) is not None:
+        if algorithm is None and (first := self._first_reduce_scatter) is not None and (
+                result := first(x, op, out)) is not None:
             return result
-        if (type(x) is np.ndarray and algorithm is None
-                and (path := self._quick[REDUCE_SCATTER]) is not None
-                and id(dtype := x.dtype) in KNOWN_DTYPES and op in OPS and x.ndim
-                and not x.shape[0] % self.size and (out is None or plain_out(
-                    out, (x.shape[0] // self.size, *x.shape[1:]), dtype))):
-            result = self._quickly(REDUCE_SCATTER, path, x, dtype, op, -1, out)
-            if result is not None:
-                return result
-        return self._dispatch(REDUCE_SCATTER.call(self, x, op, algorithm, out))
+        return self._dispatch(REDUCE_SCATTER.call(self._ctx, x, op, algorithm, out))
 
     def broadcast(self, x: Any, root: int = 0, algorithm: str | None = None,
                   out: np.ndarray | None = None) -> Any:
         """Return root's x on every rank (x gives the shape and dtype on the others)."""
-        if algorithm is None and (lane := self._lane) is not None and (
-                result := lane.broadcast(x, root, out)) is not None:
+        if algorithm is None and (first := self._first_broadcast) is not None and (
+                result := first(x, root, out)) is not None:
             return result
-        if (type(x) is np.ndarray and algorithm is None and type(root) is int
-                and 0 <= root < self.size and (path := self._quick[BROADCAST]) is not None
-                and id(dtype := x.dtype) in KNOWN_DTYPES and (out is None or (
-                    type(out) is np.ndarray and out.dtype is dtype and out.shape == x.shape
-                    and out.flags.carray))):
-            result = self._quickly(BROADCAST, path, x, dtype, None, root, out)
-            if result is not None:
-                return result
-        return self._dispatch(BROADCAST.call(self, x, root, algorithm, out))
+        return self._dispatch(BROADCAST.call(self._ctx, x, root, algorithm, out))
 
     def barrier(self) -> None:
         """Return once every rank has entered the barrier."""
-        return self._dispatch(BARRIER.call(self))
+        return self._dispatch(BARRIER.call(self._ctx))
 
     def all_to_all(self, x: Any, counts: Any = None, algorithm: str | None = None,
                    out: np.ndarray | None = None, recv_counts: Any = None) -> Any:
@@ -232,71 +205,47 @@ class Communicator:
         differ in size and the result is (rows received, the count from each rank); the ranks
         first tell each other their counts, unless every rank passes recv_counts (the rows it
         will get from each rank, e.g. when sending results back the way they came)."""
-        return self._dispatch(ALL_TO_ALL.call(self, x, counts, algorithm, out, recv_counts))
+        return self._dispatch(ALL_TO_ALL.call(self._ctx, x, counts, algorithm, out, recv_counts))
 
     def gather(self, x: Any, root: int = 0, algorithm: str | None = None,
                out: np.ndarray | None = None) -> Any:
         """Concatenate every rank's x along axis 0 at root (out is used there); others get
         None."""
-        return self._dispatch(GATHER.call(self, x, root, algorithm, out))
+        return self._dispatch(GATHER.call(self._ctx, x, root, algorithm, out))
 
     def scatter(self, x: Any, root: int = 0, algorithm: str | None = None,
                 out: np.ndarray | None = None) -> Any:
         """Split root's x along axis 0 into size blocks and give rank j block j; the other
         ranks pass None (their x is not read): root tells them the shape and dtype."""
-        return self._dispatch(SCATTER.call(self, x, root, algorithm, out))
+        return self._dispatch(SCATTER.call(self._ctx, x, root, algorithm, out))
 
     def reduce(self, x: Any, op: str = "sum", root: int = 0, algorithm: str | None = None,
                out: np.ndarray | None = None) -> Any:
         """Reduce x elementwise over all ranks with op; root gets the result (out is used
         there), the others None."""
-        return self._dispatch(REDUCE.call(self, x, op, root, algorithm, out))
+        return self._dispatch(REDUCE.call(self._ctx, x, op, root, algorithm, out))
 
     def iall_reduce(self, x: Any, op: str = "sum", algorithm: str | None = None,
                     out: np.ndarray | None = None) -> Request:
-        return self._submit(ALL_REDUCE.call(self, x, op, algorithm, out))
+        return self._submit(ALL_REDUCE.call(self._ctx, x, op, algorithm, out))
 
     def iall_gather(self, x: Any, algorithm: str | None = None,
                     out: np.ndarray | None = None) -> Request:
-        return self._submit(ALL_GATHER.call(self, x, algorithm, out))
+        return self._submit(ALL_GATHER.call(self._ctx, x, algorithm, out))
 
     def ireduce_scatter(self, x: Any, op: str = "sum", algorithm: str | None = None,
                         out: np.ndarray | None = None) -> Request:
-        return self._submit(REDUCE_SCATTER.call(self, x, op, algorithm, out))
+        return self._submit(REDUCE_SCATTER.call(self._ctx, x, op, algorithm, out))
 
     def ibroadcast(self, x: Any, root: int = 0, algorithm: str | None = None,
                    out: np.ndarray | None = None) -> Request:
-        return self._submit(BROADCAST.call(self, x, root, algorithm, out))
+        return self._submit(BROADCAST.call(self._ctx, x, root, algorithm, out))
 
     def iall_to_all(self, x: Any, counts: Any = None, algorithm: str | None = None,
                     out: np.ndarray | None = None, recv_counts: Any = None) -> Request:
-        return self._submit(ALL_TO_ALL.call(self, x, counts, algorithm, out, recv_counts))
+        return self._submit(ALL_TO_ALL.call(self._ctx, x, counts, algorithm, out, recv_counts))
 
     # --- the one path of a collective ----------------------------------------------------
-
-    def _quickly(self, kind: Collective, path: Callable, x: np.ndarray, dtype: np.dtype,
-                 op: str | None, root: int, out: np.ndarray | None) -> Any:
-        """The dispatch's first step, the transport's one-call path, taken before the call is
-        described, for the latency-critical calls (tensor parallelism's, twice per layer per
-        token): where it applies nothing needs describing, and describing costs ~0.7 us of a
-        2 us shm all_reduce. The caller has made _dispatch's and the entry's checks for this
-        case (a numpy array of a known dtype, a plain out or none, algorithm from the
-        table). None where the full path must run: x did not qualify, or the
-        communicator is busy or has calls queued (the full path then waits or raises). The
-        call is not timed (a clock read cost as much as the rest of its record)."""
-        gate = self._gate
-        if self._progress is not None or (slot := gate.enter(
-                kind.code, dtype, op, root, x.nbytes, NATIVE, 0)) < 0:
-            return None
-        try:
-            result = path(x, op, root, out)
-            if result is not None:
-                gate.done(slot)
-            return result
-        except CommError as e:
-            raise self._named(e, kind.name) from e
-        finally:
-            gate.leave(slot)
 
     def _dispatch(self, call: Call) -> Any:
         """A blocking call: this thread's, after the queued non-blocking ones."""
@@ -309,57 +258,44 @@ class Communicator:
         try:
             if self._progress is not None:
                 return self._progress.run(partial(self._run, call))
-            # the transport's one-call path for a numpy array, as _run would take it, without
-            # _run's frame (on the latency-critical path: ~10% of an 8 B shm all_reduce)
-            if call.algorithm == "native" and type(call.x) is np.ndarray and (
-                    path := self._fast[kind]) is not None:
-                try:
-                    result = path(call.x, call.op, call.root, call.out)
-                except CommError as e:
-                    raise self._named(e, kind.name) from e
-                if result is not None:
-                    gate.count(slot)
-                    self._record(slot, call)
-                    return result
-                return self._run(call, direct=False)  # x did not qualify: the general path
             return self._run(call)
         finally:
             gate.leave(slot)
 
-    def _run(self, call: Call, direct: bool = True) -> Any:
-        """The first path that applies: a world of one, the transport's one-call path (unless
-        tried already), its native collective, the algorithm (see tbcoll.collectives). The
-        call is in progress in the gate from here (on the thread that runs it), counted
-        before it moves data, recorded once done."""
-        kind, gate, array = call.kind, self._gate, call.array
+    def _run(self, call: Call) -> Any:
+        """The first path that applies: a world of one, the transport's one-call path, its
+        native collective, the algorithm (see tbcoll.collectives). The call is in progress in
+        the gate from here (on the thread that runs it), counted before it moves data,
+        recorded once done."""
+        kind, gate, array, ctx = call.kind, self._gate, call.array, self._ctx
         slot = gate.begin(kind.code, None if array is None else array.dtype, call.op, call.root,
                           0 if array is None else array.nbytes, ALGORITHM_CODES[call.algorithm])
         try:
             if self.size == 1:
                 gate.count(slot)
-                result = kind.alone(self, call)
+                result = kind.alone(ctx, call)
                 self._record(slot, call)
                 return result
             native = call.algorithm == "native"
-            if native and direct and (path := self._direct[kind.name]) is not None:
+            if native and (path := self._direct[kind.name]) is not None:
                 result = (path(call.x, call.op, call.root, call.out) if type(call.x) is np.ndarray
-                          else kind.run_direct(self, path, call))
+                          else kind.run_direct(ctx, path, call))
                 if result is not None:
                     gate.count(slot)
                     self._record(slot, call)
                     return result
-            kind.prepare(self, call)  # may make calls of its own first (scatter's header)
+            kind.prepare(ctx, call)  # may make calls of its own first (scatter's header)
             seq = gate.count(slot)
             if self._check_calls:
                 verify_calls_match(self._group.coll, kind.name, kind.described(call), call.op,
                                    call.root, call.algorithm)
             self._group.begin_call(seq, kind.signature(call))
             if native:
-                kind.native(self, call)
+                kind.native(ctx, call)
             else:
-                kind.algorithm(self, call, function(kind.name, call.algorithm))
+                kind.algorithm(ctx, call, function(kind.name, call.algorithm))
             self._group.end_call()
-            result = kind.finish(self, call)
+            result = kind.finish(ctx, call)
             self._record(slot, call)
             return result
         except CommError as e:
@@ -399,15 +335,15 @@ class Communicator:
         if self._closed:
             raise TbcollError(f"{what} on a closed communicator")
         if self._progress is None:  # from now on blocking calls wait for the queued ones
-            self._lane = None
             self._progress = Progress(f"tbcoll-progress-{self.backend}-{self.rank}")
+            self._bind()  # (routes: their first steps run after the queue)
         return self._progress
 
     # --- point to point ------------------------------------------------------------------
 
     def send(self, x: Any, dst: int, tag: int = 0) -> None:
         """Send x to rank dst; returns once x may be reused."""
-        if (lane := self._lane) is not None and lane.send(x, dst, tag) is not None:
+        if (first := self._first_send) is not None and first(x, dst, tag) is not None:
             return
         if type(x) is np.ndarray and x.flags.c_contiguous and self._plain(x, dst, tag):
             buf = flat(x)
@@ -420,8 +356,8 @@ class Communicator:
     def recv(self, out_or_like: Any, src: int, tag: int = 0) -> Any:
         """Receive from rank src into a numpy array (filled in place and returned), or, given
         an mlx array, into a new mlx array of its shape and dtype."""
-        if (lane := self._lane) is not None and (
-                result := lane.recv(out_or_like, src, tag)) is not None:
+        if (first := self._first_recv) is not None and (
+                result := first(out_or_like, src, tag)) is not None:
             return result
         if (type(out_or_like) is np.ndarray and out_or_like.flags.carray
                 and self._plain(out_or_like, src, tag)):
@@ -522,7 +458,7 @@ class Communicator:
     def _split(self, color: int | None, key: int) -> Communicator | None:
         mine = np.array([-1 if color is None else color, key, self._group.context_hint(),
                          self.node_rank], np.int64)
-        table = self._run(ALL_GATHER.call(self, mine, None, None)).reshape(self.size, 4)
+        table = self._run(ALL_GATHER.call(self._ctx, mine, None, None)).reshape(self.size, 4)
         members = [] if color is None else sorted(
             (int(table[r, 1]), r) for r in range(self.size) if table[r, 0] == color)
         ranks = [r for _, r in members]
@@ -555,7 +491,7 @@ class Communicator:
     def _empty(self, shape: Any, dtype: Any) -> np.ndarray:
         words, dims, kind, problem = allocation.request(shape, dtype)
         if self.size > 1:  # every rank learns every rank's request before any raises
-            table = self._run(ALL_GATHER.call(self, words, None, None)).reshape(self.size, -1)
+            table = self._run(ALL_GATHER.call(self._ctx, words, None, None)).reshape(self.size, -1)
             if problem is None and (message := allocation.disagreement(table)):
                 problem = ValueError(message)
         if problem is not None:
@@ -572,7 +508,7 @@ class Communicator:
     def algorithms(self, collective: str) -> tuple[str, ...]:
         """The algorithms this communicator can run collective with."""
         return tuple(a for a in ALGORITHMS[collective]
-                     if a != "native" or self._has_native(collective))
+                     if a != "native" or self._ctx.has_native(collective))
 
     def describe(self) -> str:
         """Who this rank is and which algorithm each collective uses at which size."""
@@ -589,15 +525,16 @@ class Communicator:
     def close(self) -> None:
         if self._gate.forked:  # a child of os.fork(): the connections are the parent's
             self._closed = True
+            self._ctx.close()
         if not self._closed:
             if self._progress is not None:
                 self._progress.stop()  # what was started finishes first
             self._closed = True
-            self._lane = None
+            self._lane, self._lane_kinds = None, frozenset()
             self._direct = dict.fromkeys(self._direct)
-            self._fast = dict.fromkeys(self._fast)
             self._quick = dict.fromkeys(self._quick)
-            self._fixed = dict.fromkeys(COLLECTIVES)  # every call goes to _choose, which refuses
+            self._ctx.close()  # every call goes to its choose, which refuses
+            self._bind()
             self._release()
 
     def __enter__(self) -> Communicator:
@@ -608,30 +545,6 @@ class Communicator:
 
     def __repr__(self) -> str:
         return f"<Communicator rank {self.rank} of {self.size}, backend {self.backend}>"
-
-    # --- helpers for the registry's entries ----------------------------------------------
-
-    def _choose(self, collective: str, nbytes: int, algorithm: str | None) -> str:
-        """The algorithm a call runs: algorithm=, else TBCOLL_ALGO, else the table."""
-        if self._closed:
-            raise TbcollError(f"{collective} on a closed communicator")
-        if algorithm is not None:
-            self._check_algorithm(collective, algorithm, "algorithm")
-            return algorithm
-        return self._fixed[collective] or tuning.choose(self._table, collective, nbytes,
-                                                        self.size)
-
-    def _check_algorithm(self, collective: str, algorithm: str, where: str) -> None:
-        allowed = ALGORITHMS[collective]
-        if algorithm not in allowed:
-            raise ValueError(f"{where}={algorithm!r} is not an algorithm of {collective}; "
-                             f"use one of {', '.join(allowed)}")
-        if algorithm == "native" and not self._has_native(collective):
-            raise ValueError(f"{where}='native': the {self.backend} transport has no native "
-                             f"{collective}; use one of {', '.join(allowed[:-1])}")
-
-    def _has_native(self, collective: str) -> bool:
-        return self._group.native is not None and collective in self._group.native.offers
 
     def _named(self, error: CommError, what: str) -> CommError:
         """error again, naming the operation and this rank. A failure caused by peers also

@@ -8,7 +8,7 @@ user's code. Each communicator's call gate (tbcoll.gate) keeps its last TBCOLL_R
 dtype, op, root, bytes, algorithm (codes), and the start and end times. Recording costs a few
 stores in C per call, nothing formatted: the 8 B shm all_reduce takes ~1 us and the recorder
 must stay within its noise (RESULTS.md). So the latency-critical one-call paths (the shm
-lane, Communicator._quickly) time nothing (a clock read costs as much as the rest of the
+lane, tbcoll.routes.gated) time nothing (a clock read costs as much as the rest of the
 record); the other paths, and every call under --trace, are timed.
 
 What a rank is doing *now* is the gate's call in progress, with the thread that runs it: the

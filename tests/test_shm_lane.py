@@ -3,8 +3,10 @@ in one C call. It must give what the Python path gives (every dtype, op, shape, 
 given or not, in place), count and record each collective, leave what it does not take to
 the Python path (which raises where the call is wrong), refuse a second thread, and step
 aside where the table or TBCOLL_ALGO picks another algorithm, under TBCOLL_CHECK and
---trace (collectives), and once non-blocking calls run."""
+--trace (collectives), and take blocking collectives after the queued non-blocking ones
+once those run (on every rank alike, whatever non-blocking calls each made)."""
 
+import json
 import subprocess
 import sys
 
@@ -48,6 +50,7 @@ if comm._lane is None:
     print("no lane")
     sys.exit()
 comm._lane = lane = Counting(comm._lane)
+comm._bind()  # (the routes take the lane's calls when they are bound)
 calls = comm._gate.completed
 
 def data(shape, dtype, k):
@@ -155,10 +158,18 @@ thread.join()
 comm._gate.leave(slot)
 assert len(errors) == 1 and "another thread is using (barrier)" in errors[0], errors
 
-# non-blocking calls: the lane steps aside, the answers stay right
+# non-blocking calls: the lane's calls come after the queued ones, the answers stay right
 comm.iall_reduce(np.ones(3)).wait()
-assert comm._lane is None
+before = dict(lane.took)
 check(comm.all_reduce(np.ones(3)), np.full(3, float(p)), "after iall_reduce")
+assert lane.took["all_reduce"] == before["all_reduce"] + 1, (lane.took, before)
+# and a second thread's call is still refused at once, not run after this thread's
+slot = comm._gate.enter(KIND_CODES["barrier"], None, None, -1, 0, -1, 0)
+thread = threading.Thread(target=second)
+thread.start()
+thread.join()
+comm._gate.leave(slot)
+assert len(errors) == 2 and "another thread is using (barrier)" in errors[1], errors
 print("done")
 """
 
@@ -178,6 +189,7 @@ BOUND = COUNTING + """
 took = []
 if comm._lane is not None:
     comm._lane = lane = Counting(comm._lane)
+    comm._bind()
 peer = 1 - r
 assert np.array_equal(comm.all_reduce(np.ones(3)), np.full(3, 2.0))
 assert np.array_equal(comm.broadcast(np.full(2, r), root=1), [1, 1])
@@ -389,3 +401,52 @@ def test_a_build_with_other_engine_words_is_refused_at_import():
         "ImportError: tbcoll.shm._atomics was built from another version of moves.c (the "
         "engine's words {'PULLS': (64, 128)}, tbcoll.transports.stream's first): reinstall "
         "tbcoll"), p.stderr
+
+
+AFTER_NONBLOCKING = """
+import json
+import numpy as np
+import tbcoll
+
+comm = tbcoll.init()
+r = comm.rank
+all_reduce = comm.all_reduce  # kept by the caller: it must follow the non-blocking call too
+# the first collective: non-blocking on rank 0 only, blocking on rank 1
+if r == 0:
+    first = comm.iall_reduce(np.ones(2))
+else:
+    first = None
+    assert comm.all_reduce(np.ones(2)).tolist() == [2.0, 2.0]
+if first is not None:
+    assert first.wait().tolist() == [2.0, 2.0]
+start = comm._gate.completed
+for n in (1, 5, 300, 32768):  # 8 B .. 256 KiB: the lane's sizes (the last its one copy's)
+    x = np.arange(n, dtype=np.float64) + r
+    assert np.array_equal(all_reduce(x), 2 * np.arange(n) + 1), n
+    got = comm.all_gather(x)
+    assert np.array_equal(got, np.concatenate([np.arange(n), np.arange(n) + 1])), n
+    out = np.empty(2 * n)
+    assert comm.all_gather(x, out=out) is out and np.array_equal(out, got), n
+    assert np.array_equal(comm.broadcast(x, root=1), np.arange(n) + 1), n
+# how each call ran: its record's codes, and whether it was timed (the lane's calls are not)
+records = [(*record[:7], record[7] == 0.0) for record in comm._gate.calls()
+           if record[0] > start]
+assert len(records) == 16, records
+print("RECORDS", json.dumps(records))
+"""
+
+
+def test_ranks_take_the_same_route_whatever_non_blocking_calls_each_made(script):
+    """Rank 0 made a non-blocking call, rank 1 did not: their blocking calls that follow still
+    take one implementation on both (the lane dropped on rank 0 alone made rank 0 take the
+    Python path, rank 1 the lane)."""
+    p = tbrun("-np", 2, "--backend", "shm", script(AFTER_NONBLOCKING), timeout=60)
+    assert p.returncode == 0, p.stderr + p.stdout
+    lines = tagged_lines(p.stdout)
+    records = [json.loads(next(line for line in lines[rank] if line.startswith("RECORDS"))
+                          .split(" ", 1)[1]) for rank in (0, 1)]
+    assert records[0] == records[1], records
+    # the lane's (untimed) on both, but the 256 KiB all_reduce, past its size (kind 0)
+    timed = [(record[1], record[5]) for record in records[0] if not record[-1]]
+    assert timed == [(0, 256 << 10)], records[0]
+

@@ -56,7 +56,7 @@ class _Native:
 
 
 class _Group:
-    rank, size, tuning = 0, 4, "rdma"
+    rank, size, tuning, coll = 0, 4, "rdma", None
 
     def __init__(self):
         self.native = _Native()
