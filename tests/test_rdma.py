@@ -18,13 +18,14 @@ from .conftest import REPO, TBRUN, tbrun
 from .test_comm_failures import KILLED_MID_ALL_REDUCE, rank_1_was_named
 
 # Everything runs ~50x slower in the VM, so the suites there keep what is the rdma
-# transport's own: every collective and algorithm over its stream and its C mesh with float32
-# (the stream moves bytes, whatever the dtype: the dtypes' arithmetic is tested on shm and
-# tcp), the mesh's four collectives also with float16, bfloat16 and int64 (its conversions),
-# and the tests without a dtype (messages, splits, barriers, non-blocking calls, shapes)
+# transport's own: its C mesh ("native") for every collective with float32, float16, bfloat16
+# and int64 (its conversions), the stream under tbcoll's ring with float32 (the stream moves
+# bytes, whatever the dtype or algorithm: those are tested on shm and tcp), and messages,
+# splits, barriers, progress under credit pressure and non-blocking calls
 OTHER_DTYPES = "(float16 or bfloat16 or float64 or int8 or int16 or int32 or int64 or uint8)"
-SUBSET = (f"not {OTHER_DTYPES} or native and (float16 or bfloat16 or int64) "
-          "and not (TestAllToAll or TestRooted)")
+SUBSET = (f"native and (float32 or float16 or int64) or ring and not {OTHER_DTYPES} or "
+          "identical_bits or TestBarrier or TestSendRecv or TestSplit or TestProgress or "
+          "TestOrdering or TestNonBlocking or overlaps")
 
 
 def lab_tbrun(lab, *args, timeout: float, env: dict | None = None):
@@ -41,8 +42,8 @@ def assert_suite_passed(p, at_least: int) -> None:
 
 # np=3 runs under the Apple profile (tests/test_rdma_apple.py), which keeps to what Apple's
 # driver allows and so holds this run's as well: each suite runs once, in the VM's minutes.
-# Its subset: float32's, less what np=2 runs for every root and count (and 3000 calls).
-THREE_RANKS_SUBSET = f"not ({OTHER_DTYPES} or thousands or every_root or equal_blocks)"
+# Its subset: the mesh and the ring with float32, messages, splits and progress.
+THREE_RANKS_SUBSET = "(native or ring) and float32 or TestSendRecv or TestSplit or TestProgress"
 
 
 def test_spmd_suite_over_soft_roce(rdma_lab):
