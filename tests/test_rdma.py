@@ -50,7 +50,7 @@ def test_spmd_suite_over_soft_roce(rdma_lab):
     p = lab_tbrun(rdma_lab, "-np", 2, "--timeout", "400", "-m", "pytest", "-q",
                   "-p", "no:cacheprovider", "-k", SUBSET, "tests/spmd/test_collectives.py",
                   "tests/spmd/test_all_to_all_rooted.py", timeout=450)
-    assert_suite_passed(p, 110)
+    assert_suite_passed(p, 40)
 
 
 def test_spmd_suite_with_one_rank_needs_no_device():

@@ -81,7 +81,7 @@ def test_spmd_suite_under_the_apple_profile(rdma_lab, profile):
     p = lab_tbrun(rdma_lab, "-np", 3, "--timeout", "400", "-m", "pytest", "-q",
                   "-p", "no:cacheprovider", "-k", THREE_RANKS_SUBSET,
                   "tests/spmd/test_collectives.py", timeout=450, env=under_profile(profile))
-    assert_suite_passed(p, 45)
+    assert_suite_passed(p, 17)
 
 
 def test_a_killed_rank_is_named_under_the_apple_profile(rdma_lab, profile, tmp_path):
