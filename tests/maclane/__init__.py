@@ -10,7 +10,6 @@ process_vm_readv, which macOS has not.
 
 from __future__ import annotations
 
-import glob
 import os
 import resource
 
@@ -36,28 +35,19 @@ def pytest_report_header(config: pytest.Config) -> str:
             f"{MACOS_OPEN_FILES} open files")
 
 
-_MPICH = "/dev/shm/mpich_shm_*"
 _mpich_before: set[str] = set()
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
-    _mpich_before.update(glob.glob(_MPICH))
+    from tbcoll.launch import shmclean  # (after the rules: tbcoll is imported under them)
+
+    _mpich_before.update(shmclean.mpich_segments())
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    """Unlink the MPICH segments this lane's killed MPI ranks left: under its rules tbrun
-    cannot find them (no /dev/shm or /proc on a Mac, where they stay: README, On a Mac), and
-    CI's machine must not keep them. Only those made during the session that no process maps."""
-    left = set(glob.glob(_MPICH)) - _mpich_before
-    mapped: set[str] = set()
-    for maps in glob.glob("/proc/[0-9]*/maps"):
-        try:
-            with open(maps) as f:
-                mapped.update(name for name in left if name in f.read())
-        except OSError:
-            continue
-    for name in left - mapped:
-        try:
-            os.unlink(name)
-        except OSError:
-            pass
+    """Unlink the MPICH segments this lane's killed MPI ranks left, as tbrun does elsewhere
+    (launchers/shmclean.py): under the lane's rules tbrun cannot find them (no /dev/shm or
+    /proc on a Mac, where they stay: README, On a Mac), and CI's machine must not keep them."""
+    from tbcoll.launch import shmclean
+
+    shmclean.remove_unmapped(shmclean.mpich_segments() - _mpich_before, print)
