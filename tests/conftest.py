@@ -89,6 +89,26 @@ def skip_or_fail(reason: str) -> None:
     pytest.skip(reason)
 
 
+LAB = "rdma_lab"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests in the RDMA lab run first, one after another: its VM is emulated, and even
+    idle it takes a share of a core from every test after it, so it is stopped after the
+    last of them (pytest_runtest_teardown), not at the end of the session."""
+    items.sort(key=lambda item: LAB not in getattr(item, "fixturenames", ()))
+
+
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    if LAB in getattr(item, "fixturenames", ()) and (
+            nextitem is None or LAB not in getattr(nextitem, "fixturenames", ())):
+        for lab in _labs:
+            lab.stop()
+
+
+_labs: list = []  # the session's lab, once booted
+
+
 @pytest.fixture(scope="session")
 def rdma_lab():
     """The RDMA lab (tests/rdmalab.py), booted once for the session: a VM with Soft-RoCE's
@@ -102,6 +122,7 @@ def rdma_lab():
         lab.start()
     except rdmalab.LabError as e:
         skip_or_fail(f"RDMA lab: {e}")
+    _labs.append(lab)
     yield lab
     lab.stop()
 

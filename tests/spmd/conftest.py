@@ -5,7 +5,7 @@ tbcoll's pytest plugin (tbcoll.testing: the `comm` fixture, the `spmd` marker):
     tbrun -np 4 -m pytest tests/spmd                # tbrun's backend (shm here)
 
 A plain `pytest` run does not collect them (tests/conftest.py); tests/test_spmd.py launches
-both forms for np 1..4.
+both forms, at 1 to 4 ranks.
 """
 
 import functools
