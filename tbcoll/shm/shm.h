@@ -7,7 +7,7 @@
  * .c file, and no function calls up a layer):
  *   pure C, no Python.h   shm.h (this), gil.h; flags.c (waits), rings.c (the byte rings),
  *                         cma.c (cross-process copies), rounds.c (the collectives' rounds)
- *   the Lane's state      lane.h; lane_common.c (a round resumed in Python, errors, dtypes)
+ *   the Lane's state      lane_base.h, lane_base.c (a round resumed in Python, errors, dtypes)
  *   the Lane's work       one_copy.c (large all_gather/broadcast, each block copied once),
  *                         moves.c (send and recv over the stream engine's rings)
  *   the Lane's type       lane.c (the Python type: its set-up and the one-call collectives)
