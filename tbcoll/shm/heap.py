@@ -21,7 +21,7 @@ import numpy as np
 from tbcoll.errors import TbcollError
 from tbcoll.shm.segment import MAX_NAME, Segment
 
-# (allocation, offset) of a buffer in none of them: tbcoll/shm/shm.h's too (lane.c's one_copy),
+# (allocation, offset) of a buffer in none of them: tbcoll/shm/shm.h's too (one_copy.c's),
 # checked at import by tbcoll.shm.native
 NOT_IN_HEAP = (-1, 0)
 _NAME = MAX_NAME + 1  # bytes per rank in the exchange of names (an empty one: creation failed)

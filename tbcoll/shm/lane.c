@@ -1,18 +1,21 @@
 /*
- * The shm transport's collective rounds, and its one-call lane (tbcoll/shm/native.py).
+ * The shm lane's Python type, Lane (tbcoll/shm/native.py), and its one-call collectives.
  *
  * Lane(segment, flags, size, rank, sets, slot_bytes, budget, resume, pids) is one
- * communicator's segment: the rounds (round(); the protocol is written once, in run_round,
- * below), the count of rounds done (`rounds`), and, once calls() told it what to check and
- * how to sign each call, one-call paths for small arrays that do in C what the Communicator
- * and the transport do in Python: check the arguments, take the communicator's call gate
- * (tbcoll/include/gate.h: its lock, the call in progress), run the round, count the call and
- * put it in the gate's flight recorder. That Python cost ~0.7 us of a 1.4 us 8 B all_reduce,
- * more than the round; MPICH's whole call takes ~1.1 us. A larger all_gather or broadcast copies each block
- * once here (one_copy, Linux); send and recv are checked and taken here too, and moved in C
- * (tbcoll/shm/moves.c). Each path returns None, having touched nothing, where the call does
- * not qualify (another array type or dtype, an out of another shape, too large, a busy
+ * communicator's segment: the rounds (round(); the protocol is written once, in rounds.c's
+ * run_round), the count of rounds done (`rounds`), and, once calls() told it what to check
+ * and how to sign each call, one-call paths for small arrays that do in C what the
+ * Communicator and the transport do in Python: check the arguments, take the communicator's
+ * call gate (tbcoll/include/gate.h: its lock, the call in progress), run the round, count the
+ * call and put it in the gate's flight recorder. That Python cost ~0.7 us of a 1.4 us 8 B
+ * all_reduce, more than the round; MPICH's whole call takes ~1.1 us. A larger all_gather or
+ * broadcast copies each block once (one_copy.c, Linux); send and recv are checked and taken,
+ * and moved in C (moves.c). Each path returns None, having touched nothing, where the call
+ * does not qualify (another array type or dtype, an out of another shape, too large, a busy
  * communicator): the Python path then runs, and raises where the call is wrong.
+ *
+ * Includes: Python.h, tbcoll/include/buffers.h, lane.h, lane_base.h, moves.h, one_copy.h,
+ * cma.h (HAVE_CMA); nothing includes this file's functions but _atomics.c (add_lane_type).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -21,205 +24,12 @@
 #include <structmember.h> /* T_ULONGLONG */
 
 #include "../include/buffers.h"
-#include "../include/reduce.h" /* reduce_rows */
+#include "cma.h" /* HAVE_CMA */
 #include "lane.h"
+#include "lane_base.h"
+#include "moves.h"
+#include "one_copy.h"
 
-/* rank k's elements at slots + k * slot_bytes, reduced with op in rank order */
-static void reduce_slots(const char *slots, Py_ssize_t slot_bytes, Py_ssize_t size, char *out,
-                         Py_ssize_t n, int dtype, int op)
-{
-    const char *rows[MAX_RANKS];
-    for (Py_ssize_t k = 0; k < size; k++)
-        rows[k] = slots + k * slot_bytes;
-    reduce_rows(rows, size, out, n, dtype, op);
-}
-
-/* Whether `count` pieces of `piece` bytes, `stride` bytes apart, lie inside `len` bytes:
- * the stride no less than the piece (nor negative), and no product that could overflow. */
-static int strided_fits(Py_ssize_t stride, Py_ssize_t piece, Py_ssize_t count, Py_ssize_t len)
-{
-    if (piece < 0 || stride < piece || piece > len)
-        return 0;
-    return count <= 1 || stride <= (len - piece) / (count - 1);
-}
-
-/* One round's buffers and parameters (see run_round). */
-typedef struct {
-    char *base;            /* the segment */
-    Py_ssize_t flags;      /* where the flag lines start in it */
-    Py_ssize_t size, rank;
-    Py_ssize_t slots, slot_bytes; /* the round's data set: size slots (+ a result area) */
-    const char *src;
-    Py_ssize_t src_len, src_stride;
-    char *dst;
-    Py_ssize_t dst_len, dst_stride;
-    int kind, dtype, op, root;
-} Round;
-
-/*
- * run_round(round, seq, stage, budget, signature) -> 0 done, a stage to resume, or -1
- *
- * One round of the shm transport's collectives: wait until every rank's ARRIVE flag is
- * >= seq-1 (the data set is free), copy this rank's data into its slot, put the call's
- * signature in its flag line, store ARRIVE = seq (release), wait for the flags it needs to
- * reach seq (acquire), compare the signatures, then produce its result:
- *   ALL_REDUCE      src -> slot; dst = all slots reduced with op, in rank order;
- *   ALL_GATHER      src -> slot; slot k -> dst + k * dst_stride (dst.len fits them);
- *   REDUCE_SCATTER  size pieces of dst.len bytes at src + k * src_stride -> slot, one after
- *                   the other, but its own piece, which only this rank reads and reads from
- *                   src (unless dst overlaps it); dst = piece `rank` of every slot reduced, in
- *                   rank order;
- *   BROADCAST       the root: src -> slot (and -> dst if dst is another buffer); the others
- *                   copy the root's slot into dst. Every rank waits for every flag, as in
- *                   the other kinds, to compare every rank's signature: a rank that names
- *                   another root fails the call on every rank (the non-roots arrive before
- *                   they wait, so this costs the root little);
- *   BARRIER         flags only;
- *   ALL_REDUCE_SPLIT  a chunk too large for one rank to reduce alone: rank r owns the
- *                   elements [r*n/size, (r+1)*n/size) of its n; src but its own part ->
- *                   slot; after the wait, the owned part of every slot (its own from src)
- *                   reduced in rank order -> the result area behind the slots, then DONE =
- *                   seq (release: the part is in place before the flag); once every DONE
- *                   flag is seq (acquire), the result area -> dst. The result area of round
- *                   seq is next written in round seq+2, after a wait for every ARRIVE flag
- *                   >= seq+2, stored only by ranks that finished round seq.
- * stage 1 starts from the beginning, stage 2 resumes at the second wait, stage 4 at the wait
- * for the DONE flags (ALL_REDUCE_SPLIT). The result is 0 when done, else the stage whose wait
- * ran out of budget, or 3 when the ranks' calls differ (each rank's signature, a
- * tbcoll.calls word, is compared with every other's before anyone's data is used), or -1
- * (ValueError) where the buffers do not fit the segment. Large copies and reductions run
- * without the GIL.
- */
-static int run_round(const Round *r, uint64_t seq, int stage, double budget, uint64_t signature)
-{
-    const int kind = r->kind;
-    const Py_ssize_t item = ITEMSIZE[r->dtype], size = r->size, rank = r->rank;
-    /* bytes of this rank's slot that the round fills, and checks that every copy stays
-     * inside its buffer */
-    Py_ssize_t piece = kind == REDUCE_SCATTER || (kind == BROADCAST && rank != r->root)
-                           ? r->dst_len : r->src_len;
-    Py_ssize_t filled = kind == REDUCE_SCATTER ? size * piece : kind == BARRIER ? 0 : piece;
-    int fits = filled <= r->slot_bytes && piece % item == 0;
-    if (kind == ALL_REDUCE || kind == ALL_REDUCE_SPLIT)
-        fits = fits && r->dst_len == piece;
-    else if (kind == ALL_GATHER)  /* the strides matter only where they are used */
-        fits = fits && strided_fits(r->dst_stride, piece, size, r->dst_len);
-    else if (kind == REDUCE_SCATTER)
-        fits = fits && strided_fits(r->src_stride, piece, size, r->src_len);
-    if (!fits) {
-        PyErr_SetString(PyExc_ValueError, "buffers do not fit the segment");
-        return -1;
-    }
-    char *base = r->base, *mine = base + r->slots + rank * r->slot_bytes, *dst = r->dst;
-    const char *flag_base = base + r->flags, *src = r->src;
-    const Py_ssize_t line = LINE;
-    /* Two signature words alternate like the data sets: a rank can be one round ahead, never
-     * two (it waits for every flag >= seq-1 first), so round seq's word is not overwritten
-     * while a slow rank still reads it. */
-    Py_ssize_t signature_at = r->flags + SIGNATURE_OFFSET + (Py_ssize_t)(seq & 1) * 8;
-    /* ALL_REDUCE_SPLIT: the bytes [own_lo, own_hi) of the chunk are this rank's to reduce */
-    Py_ssize_t n = piece / item, own_lo = rank * n / size * item,
-               own_hi = (rank + 1) * n / size * item;
-    /* REDUCE_SCATTER: this rank's own piece, read from src where dst is apart from it (the
-     * reduction writes dst first). No flag need order it, on ARM64 either: no other rank
-     * reads this piece, nor the part of this rank's slot it no longer fills. */
-    const char *own_piece = src + rank * r->src_stride;
-    uintptr_t own_at = (uintptr_t)own_piece, dst_at = (uintptr_t)dst;
-    int own_from_src = kind == REDUCE_SCATTER && (dst_at + (uintptr_t)piece <= own_at ||
-                                                  own_at + (uintptr_t)piece <= dst_at);
-    if (kind == ALL_REDUCE_SPLIT && stage == 4)
-        goto collect;
-    if (stage == 1) {
-        if (!wait_flags(flag_base, line, size, seq - 1, budget))
-            return 1;
-        if (kind == ALL_REDUCE_SPLIT) {  /* all but its own part, which it reads from src */
-            PyThreadState *saved = filled >= NOGIL_BYTES ? PyEval_SaveThread() : NULL;
-            memcpy(mine, src, (size_t)own_lo);
-            memcpy(mine + own_hi, src + own_hi, (size_t)(piece - own_hi));
-            if (saved)
-                PyEval_RestoreThread(saved);
-        } else if (kind != BARRIER && (kind != BROADCAST || rank == r->root)) {
-            Py_ssize_t pieces = kind == REDUCE_SCATTER ? size : 1;
-            PyThreadState *saved = filled >= NOGIL_BYTES ? PyEval_SaveThread() : NULL;
-            for (Py_ssize_t k = 0; k < pieces; k++)
-                if (!(own_from_src && k == rank))
-                    memcpy(mine + k * piece, src + k * r->src_stride, (size_t)piece);
-            if (saved)
-                PyEval_RestoreThread(saved);
-        }
-        /* relaxed: published by the release store of the flag just below, which every reader
-         * acquires first; round seq-2's readers of this word are done (every flag >= seq-1) */
-        __atomic_store_n((uint64_t *)(base + signature_at + rank * line), signature,
-                         __ATOMIC_RELAXED);
-        /* release: the slot's bytes and the signature become visible no later than the flag */
-        __atomic_store_n((uint64_t *)(base + r->flags + rank * line), seq, __ATOMIC_RELEASE);
-        if (kind == BROADCAST && rank == r->root && dst != src)
-            /* the root's own result (out may overlap x). The root's slot stays valid for the
-             * readers however far the root runs: its next write to this data set comes two
-             * rounds on, after the first wait of round seq+2, which needs every rank's flag
-             * >= seq+1, stored only after that rank has copied its result out of round seq. */
-            memmove(dst, src, (size_t)(r->dst_len < piece ? r->dst_len : piece));
-    }
-    /* acquire, inside all_reached: everything the flags' writers stored before is visible */
-    if (!wait_flags(flag_base, line, size, seq, budget))
-        return 2;
-    /* relaxed: after the acquire of rank k's flag, which its signature's store preceded */
-    for (Py_ssize_t k = 0; k < size; k++)
-        if (__atomic_load_n((uint64_t *)(base + signature_at + k * line), __ATOMIC_RELAXED) !=
-            signature)
-            return 3;
-    const char *all = base + r->slots;
-    int copies_out = kind != BARRIER && (kind != BROADCAST || rank != r->root);
-    Py_ssize_t moved = !copies_out ? 0 : kind == ALL_GATHER ? size * piece : filled;
-    PyThreadState *saved = moved >= NOGIL_BYTES ? PyEval_SaveThread() : NULL;
-    switch (kind) {
-    case ALL_REDUCE:
-        reduce_slots(all, r->slot_bytes, size, dst, piece / item, r->dtype, r->op);
-        break;
-    case ALL_GATHER:
-        for (Py_ssize_t k = 0; k < size; k++)
-            memcpy(dst + k * r->dst_stride, all + k * r->slot_bytes, (size_t)piece);
-        break;
-    case REDUCE_SCATTER: {
-        const char *rows[MAX_RANKS];
-        for (Py_ssize_t k = 0; k < size; k++)
-            rows[k] = own_from_src && k == rank ? own_piece
-                                                : all + k * r->slot_bytes + rank * piece;
-        reduce_rows(rows, size, dst, n, r->dtype, r->op);
-        break;
-    }
-    case BROADCAST:
-        if (rank != r->root)
-            memcpy(dst, all + r->root * r->slot_bytes, (size_t)piece);
-        break;
-    case ALL_REDUCE_SPLIT: {
-        const char *rows[MAX_RANKS];
-        for (Py_ssize_t k = 0; k < size; k++)
-            rows[k] = (k == rank ? src : all + k * r->slot_bytes) + own_lo;
-        reduce_rows(rows, size, (char *)all + size * r->slot_bytes + own_lo,
-                    (own_hi - own_lo) / item, r->dtype, r->op);
-        break;
-    }
-    }
-    if (saved)
-        PyEval_RestoreThread(saved);
-    if (kind != ALL_REDUCE_SPLIT)
-        return 0;
-    /* release: this rank's part of the result area is in place before its DONE flag */
-    __atomic_store_n((uint64_t *)(base + r->flags + rank * line + DONE_OFFSET), seq,
-                     __ATOMIC_RELEASE);
-collect:
-    /* acquire: every part another rank stored before its DONE flag is visible */
-    if (!wait_flags(flag_base + DONE_OFFSET, line, size, seq, budget))
-        return 4;
-    PyThreadState *copying = piece >= NOGIL_BYTES ? PyEval_SaveThread() : NULL;
-    memcpy(dst, base + r->slots + size * r->slot_bytes, (size_t)piece);
-    if (copying)
-        PyEval_RestoreThread(copying);
-    return 0;
-}
-
-static PyObject *DTYPE; /* interned */
 static PyTypeObject *GateType; /* tbcoll._gate.Gate; NULL where its import failed: */
 static PyObject *gate_error;   /* why (GATE_ERROR: tbcoll.shm.native raises it) */
 
@@ -286,7 +96,7 @@ static void lane_dealloc(Lane *self)
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-static int lane_init(Lane *self, PyObject *args, PyObject *kwargs)
+static int lane_init(Lane *self, PyObject *args, PyObject *Py_UNUSED(kwargs))
 {
     PyObject *segment, *resume;
     Py_ssize_t flags, size, rank, set0, set1, slot_bytes, pids;
@@ -323,35 +133,6 @@ static int lane_init(Lane *self, PyObject *args, PyObject *kwargs)
     self->budget = budget;
     self->rounds = 0;
     return 0;
-}
-
-/* Run round self->rounds + 1 to its end over the segment at base: where a wait runs out of
- * its budget (or the calls differ), resume(stage, seq, signature) waits in Python (which
- * notices dead ranks and the deadline) or raises, and the round goes on. */
-static int lane_round(Lane *self, Round *r, char *base, uint64_t signature)
-{
-    uint64_t seq = self->rounds + 1;
-    r->base = base;
-    r->flags = self->flags;
-    r->size = self->size;
-    r->rank = self->rank;
-    r->slots = self->sets[seq & 1];
-    r->slot_bytes = self->slot_bytes;
-    int stage = 1;
-    while ((stage = run_round(r, seq, stage, self->budget, signature)) > 0) {
-        self->rounds = seq; /* begun: this round's flags are stored */
-        PyObject *done = PyObject_CallFunction(self->resume, "iKK", stage,
-                                               (unsigned long long)seq,
-                                               (unsigned long long)signature);
-        if (done == NULL)
-            return -1;
-        Py_DECREF(done);
-        if (stage == 3) /* resume returned: every signature matches after all */
-            stage = 2;
-    }
-    if (stage == 0)
-        self->rounds = seq;
-    return stage;
 }
 
 /*
@@ -535,28 +316,6 @@ static PyObject *lane_bind(Lane *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
-/* Whether the error raised is numpy refusing a buffer request (then cleared). */
-int lane_refused(void)
-{
-    if (!PyErr_ExceptionMatches(PyExc_BufferError) && !PyErr_ExceptionMatches(PyExc_ValueError))
-        return 0;
-    PyErr_Clear();
-    return 1;
-}
-
-/* The dtype code of an array's dtype object (by identity, as tbcoll.comm's KNOWN_DTYPES), or
- * -1; *dtype is a new reference. */
-int lane_dtype_code(Lane *self, PyObject *array, PyObject **dtype)
-{
-    *dtype = PyObject_GetAttr(array, DTYPE);
-    if (*dtype == NULL)
-        return -2;
-    for (int code = 0; code < DTYPES; code++)
-        if (PyTuple_GET_ITEM(self->dtypes, code) == *dtype)
-            return code;
-    return -1;
-}
-
 /* The shape a kind's result has for x's (view) on size ranks, into shape; its ndim, or -1
  * where x does not divide (reduce_scatter). */
 static int result_shape(int kind, const Py_buffer *x, Py_ssize_t size, Py_ssize_t *shape)
@@ -575,145 +334,6 @@ static int result_shape(int kind, const Py_buffer *x, Py_ssize_t size, Py_ssize_
         shape[0] /= size;
     }
     return ndim;
-}
-
-/* Copy n bytes without the GIL. */
-static void copy_bytes(char *to, const char *from, Py_ssize_t n)
-{
-    Py_BEGIN_ALLOW_THREADS
-    memcpy(to, from, (size_t)n);
-    Py_END_ALLOW_THREADS
-}
-
-/*
- * The cross-memory copies of an all_gather or broadcast of n bytes a rank (tbcoll/shm/
- * native.py's _one_copy_round, Attached): table[k] holds where rank k's buffers are (x and
- * result for all_gather, the result for broadcast: address, then two words of comm.empty's),
- * base the segment (its pids). all_gather: every other rank's block from its x, the next
- * rank's first (ranks copying at once read different ranks' memory), and this rank's own into
- * dst; broadcast: the root writes the first 1/p of every other rank's result while each of
- * them reads the rest from the root's, so that every core copies, not the root alone.
- * 0, or the errno of the first copy refused (the others are not made).
- */
-static int attached_copies(Lane *self, int kind, long root, const char *src, char *dst,
-                           Py_ssize_t n, const int64_t *table, const char *base)
-{
-    Py_ssize_t size = self->size, rank = self->rank, head = n / size;
-    int error = 0;
-    if (kind == ALL_GATHER) {
-        for (Py_ssize_t i = 1; i <= size; i++) {
-            Py_ssize_t k = (rank + i) % size;
-            char *block = dst + k * n;
-            if (k != rank && !error)
-                error = cma_move(pid_of(self, base, k), (uint64_t)table[6 * k], block, n, 0);
-            else if (k == rank && block != src)
-                copy_bytes(block, src, n);
-        }
-    } else if (rank == root) {
-        for (Py_ssize_t k = 0; k < size && !error; k++)
-            if (k != rank)
-                error = cma_move(pid_of(self, base, k), (uint64_t)table[3 * k], dst, head, 1);
-    } else {
-        error = cma_move(pid_of(self, base, root), (uint64_t)table[3 * root] + (uint64_t)head,
-                         dst + head, n - head, 0);
-    }
-    return error;
-}
-
-/*
- * copies(kind, src, dst, root, table) -> 0 or an errno: attached_copies, for native.py's
- * _one_copy_round (src: x's bytes, or the result's for broadcast; dst: the result's; table:
- * its int64 array of where every rank's buffers are, size x (2 or 1) x 3).
- */
-static PyObject *lane_copies(Lane *self, PyObject *args)
-{
-    int kind;
-    long root;
-    PyObject *src_obj, *dst_obj, *table_obj;
-    if (!PyArg_ParseTuple(args, "iOOlO:copies", &kind, &src_obj, &dst_obj, &root, &table_obj))
-        return NULL;
-    Py_buffer views[4]; /* src, dst, table, segment */
-    if (take_buffers((BufferRequest[]){{src_obj, PyBUF_SIMPLE}, {dst_obj, PyBUF_WRITABLE},
-                                       {table_obj, PyBUF_SIMPLE},
-                                       {self->segment, PyBUF_SIMPLE}}, views, 4) < 0)
-        return NULL;
-    int gather = kind == ALL_GATHER;
-    Py_ssize_t n = views[0].len;
-    int fits = (gather || kind == BROADCAST) &&
-               views[2].len == self->size * (gather ? 6 : 3) * (Py_ssize_t)sizeof(int64_t) &&
-               (gather ? views[1].len == self->size * n : views[1].len == n) &&
-               (gather || (root >= 0 && root < self->size && views[0].buf == views[1].buf));
-    int error = fits ? attached_copies(self, kind, root, views[0].buf, views[1].buf, n,
-                                       views[2].buf, views[3].buf)
-                     : 0;
-    release_buffers(views, 4);
-    if (!fits) {
-        PyErr_SetString(PyExc_ValueError, "bad kind, root, or buffers of other sizes");
-        return NULL;
-    }
-    return PyLong_FromLong(error);
-}
-
-/*
- * An all_gather or broadcast of r (x, the result, the call's signature) past the lane's
- * limit, each block copied once, in tbcoll/shm/native.py's rounds for it (_one_copy_round,
- * and its copies: _gather, _spread), so that a rank running those takes part alike: a round
- * in which the ranks give where their buffers are (all_gather: x and result; broadcast: the
- * result, root's x copied there first; none in a comm.empty allocation: attach() is off where
- * this rank's are); the copies (attached_copies); then a round that tells every rank whether
- * every copy went. Where one was refused, CMA goes off (refused()) and the segment's
- * rounds run instead. Why the bytes are whole where they land (ARM64 as x86-64):
- * native.py, _one_copy_round. 0, or -1.
- */
-static int one_copy(Lane *self, Round *r, char *base, uint64_t signature)
-{
-    Py_ssize_t size = self->size, rank = self->rank, slot = self->slot_bytes;
-    int gather = r->kind == ALL_GATHER;
-    Py_ssize_t n = gather ? r->src_len : r->dst_len, buffers = gather ? 2 : 1;
-    if (!gather && rank == r->root && r->src != r->dst)
-        copy_bytes(r->dst, r->src, n);
-    int64_t where[2][3] = {{(int64_t)(uintptr_t)(gather ? r->src : r->dst),
-                            NOT_IN_HEAP_ALLOCATION, NOT_IN_HEAP_OFFSET},
-                           {(int64_t)(uintptr_t)r->dst, NOT_IN_HEAP_ALLOCATION,
-                            NOT_IN_HEAP_OFFSET}}; /* (address, allocation, offset): shm.h */
-    int64_t *table = PyMem_New(int64_t, 3 * buffers * size);
-    if (table == NULL) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    Py_ssize_t told = buffers * 3 * 8;
-    Round tell = {.src = (const char *)where, .src_len = told, .dst = (char *)table,
-                  .dst_len = size * told, .dst_stride = told, .kind = ALL_GATHER,
-                  .dtype = BYTES_DTYPE};
-    if (lane_round(self, &tell, base, signature) < 0) {
-        PyMem_Free(table);
-        return -1;
-    }
-    int error = attached_copies(self, r->kind, r->root, gather ? r->src : r->dst, r->dst, n,
-                                table, base);
-    PyMem_Free(table);
-    int64_t everyone = !error;
-    Round verdict = {.src = (const char *)&everyone, .src_len = 8, .dst = (char *)&everyone,
-                     .dst_len = 8, .kind = ALL_REDUCE, .dtype = self->everyone_dtype,
-                     .op = self->everyone_op};
-    if (lane_round(self, &verdict, base, 0) < 0)
-        return -1;
-    if (everyone)
-        return 0;
-    PyObject *off = PyObject_CallNoArgs(self->refused);
-    if (off == NULL)
-        return -1;
-    Py_DECREF(off);
-    for (Py_ssize_t lo = 0; lo < n; lo += slot) {
-        Py_ssize_t piece = n - lo < slot ? n - lo : slot;
-        Round part = {.src = (gather ? r->src : r->dst) + lo, .src_len = piece,
-                      .dst = r->dst + lo, .dst_len = gather ? r->dst_len - lo : piece,
-                      .dst_stride = gather ? n : 0, .kind = r->kind, .dtype = BYTES_DTYPE,
-                      .root = r->root};
-        if (lane_round(self, &part, base, lo == 0 ? signature : 0) < 0)
-            return -1;
-    }
-    return 0;
 }
 
 /*
@@ -755,7 +375,7 @@ static PyObject *one_call(Lane *self, int kind, PyObject *x, PyObject *op_name, 
     if (dtype_at == -2)
         return NULL;
     if (out != Py_None) {
-        out_dtype = PyObject_GetAttr(out, DTYPE);
+        out_dtype = PyObject_GetAttr(out, DTYPE_NAME);
         if (out_dtype == NULL) {
             Py_DECREF(dtype);
             return NULL;
@@ -894,43 +514,6 @@ done:
     return result;
 }
 
-/* Where a bound call raised a CommError: the communicator's name for it (bind's namer, called
- * with the error and `what`, a format of arg), raised as `raise named from error` would;
- * anything else as it was (also where the communicator is gone). Returns NULL. */
-PyObject *lane_named(Lane *self, const char *what, PyObject *arg)
-{
-    if (self->namer == NULL || !PyErr_ExceptionMatches(self->comm_error))
-        return NULL;
-    PyObject *type, *error, *trace;
-    PyErr_Fetch(&type, &error, &trace);
-    PyErr_NormalizeException(&type, &error, &trace);
-    if (trace != NULL)
-        PyException_SetTraceback(error, trace);
-    PyObject *name = PyUnicode_FromFormat(what, arg);
-    PyObject *namer = name ? PyObject_CallNoArgs(self->namer) : NULL;
-    PyObject *renamed = namer && namer != Py_None
-                            ? PyObject_CallFunctionObjArgs(namer, error, name, NULL) : NULL;
-    Py_XDECREF(namer);
-    Py_XDECREF(name);
-    if (renamed == NULL) {
-        if (PyErr_Occurred()) { /* naming failed: that error */
-            Py_XDECREF(type);
-            Py_XDECREF(error);
-        } else {
-            PyErr_Restore(type, error, trace);
-            return NULL;
-        }
-    } else {
-        PyException_SetContext(renamed, Py_NewRef(error));
-        PyException_SetCause(renamed, error); /* (takes error; suppresses the context) */
-        PyErr_SetObject((PyObject *)Py_TYPE(renamed), renamed);
-        Py_DECREF(renamed);
-        Py_XDECREF(type);
-    }
-    Py_XDECREF(trace);
-    return NULL;
-}
-
 static int take_root(PyObject *root, long *value)
 {
     if (!PyLong_CheckExact(root)) /* (not a bool: the Python path says what is wrong) */
@@ -1053,8 +636,7 @@ static int import_gate(PyObject *module)
 
 int add_lane_type(PyObject *module)
 {
-    if (!(DTYPE = PyUnicode_InternFromString("dtype")) || add_move_words(module) < 0 ||
-        PyType_Ready(&LaneType) < 0 || import_gate(module) < 0)
+    if (lane_base_ready() < 0 || PyType_Ready(&LaneType) < 0 || import_gate(module) < 0)
         return -1;
     Py_INCREF(&LaneType);
     if (PyModule_AddObject(module, "Lane", (PyObject *)&LaneType) < 0) {

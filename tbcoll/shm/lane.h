@@ -1,90 +1,15 @@
-/* The shm lane's type, shared by its two C files: tbcoll/shm/lane.c (the rounds and the
- * collectives' one-call paths) and tbcoll/shm/moves.c (send and recv over the stream
- * engine's rings). */
+/* The shm lane's Python type (lane.c), for the module (_atomics.c): the Lane struct itself is
+ * lane_base.h's, which every file of the lane's paths includes.
+ * May include: Python.h, shm.h. */
 #ifndef TBCOLL_LANE_H
 #define TBCOLL_LANE_H
 
 #include <Python.h>
-#include <stdint.h>
 
-#include "../include/gate.h"
-#include "shm.h" /* and wire.h */
+#include "shm.h" /* INTERNAL */
 
-/* DTYPES and OPS (the codes' counts): tbcoll/include/wire.h; ONE_CALL_KINDS: shm.h */
-#define BYTES_DTYPE DTYPE_UINT8 /* what a round that only copies calls its data */
-/* bind()'s codes (tbcoll.gate's registries): the kinds', in their order, then these */
-#define CODE_SEND ONE_CALL_KINDS
-#define CODE_RECV (ONE_CALL_KINDS + 1)
-#define CODE_NATIVE (ONE_CALL_KINDS + 2) /* the algorithm the lane's calls run */
-#define CODES (ONE_CALL_KINDS + 3)
-
-typedef struct {
-    PyObject_HEAD
-    /* the rounds */
-    PyObject *segment;         /* the mapped segment (a writable buffer) */
-    Py_ssize_t flags, size, rank, sets[2], slot_bytes;
-    Py_ssize_t pids_at;        /* where the ranks' pids (int64) are in the segment */
-    double budget;             /* seconds a wait runs before resume looks at the peers */
-    unsigned long long rounds; /* rounds begun and finished (round seq uses set seq % 2) */
-    PyObject *resume;          /* resume(stage, seq, signature): wait in Python, or raise */
-    /* calls(): what the one-call paths take and how they sign a call */
-    int checks;                /* calls() was called */
-    Py_ssize_t largest[ONE_CALL_KINDS]; /* the largest x each kind takes (limit()) */
-    /* attach(): a larger all_gather or broadcast copies each block once (one_copy) */
-    int attached, everyone_dtype, everyone_op; /* on; int64's code, min's (a verdict round) */
-    PyObject *refused;         /* refused(): a copy was refused, CMA is off from now on */
-    PyObject *ndarray, *dtypes, *ops, *empty; /* numpy.ndarray, dtypes by code, op -> code,
-                                                 numpy.empty */
-    uint64_t all_reduce_calls[DTYPES][OPS], all_gather_calls[DTYPES],
-        reduce_scatter_calls[DTYPES][OPS]; /* signatures less the byte count */
-    PyObject *broadcast_call;  /* broadcast_call(dtype, root) -> signature less bytes */
-    uint64_t *broadcast_calls; /* [dtype * size + root], 0 where not yet asked */
-    /* bind(): the communicator whose calls take the lane */
-    Gate *gate;                /* its call gate (include/gate.h), taken around each call */
-    int codes[CODES];          /* the gate's codes of the lane's calls (CODE_*) */
-    PyObject *names;           /* each kind's name, for its errors */
-    int enabled;               /* bit k: kind k's calls may take the lane; MOVES: send, recv */
-    long max_tag;
-    PyObject *comm_error, *namer; /* tbcoll.errors.CommError; a weakref.WeakMethod to the
-                                     Communicator's _named(error, what) */
-    /* streams(): the stream engine's rings, its state and its Python paths (tbcoll/transports/
-     * shm.py's ShmStream.lend_lane); send NULL until then */
-    PyObject *send, *recv;     /* the engine's send(buf, peer, tag), recv(buf, peer, tag) */
-    PyObject *finish_send, *finish_recv; /* (buf, peer, header, bytes moved in C) */
-    PyObject *finish_pulled_send;  /* (buf, peer, pull): an announced send, not yet answered */
-    PyObject *finish_announced;    /* (buf, peer, header, descriptor): a pulled receive */
-    Py_buffer words;           /* the engine's words (moves.c), held; obj NULL until then */
-    PyObject *publish;         /* publish(): the engine's publish_words, where they are stale */
-    uint32_t context_word;     /* the endpoint's context, as its messages' headers carry it */
-    Py_ssize_t *stream_at;     /* [2k]: the ring to rank k, [2k + 1]: the ring from it */
-    Py_ssize_t stream_capacity;    /* each ring's data bytes */
-    Py_ssize_t pull_bytes;     /* payloads this large are pulled (to a peer that pulls) */
-    uint32_t announce_bit, answer_context; /* an announcement's context bit; an answer's */
-    double send_budget, recv_budget; /* seconds a move waits in C before Python takes over */
-} Lane;
-
-#define MOVES (1 << ONE_CALL_KINDS) /* the enabled bit of send and recv */
-
-/* A pid of rank k's, from the segment at base. Each rank stores its own there (release,
- * tbcoll/shm/native.py's publish_pid) before the communicator's first round or message; a
- * pull reads it only after an acquire of that rank's flag or ring head, stored later, so the
- * pid happens-before this load and relaxed suffices (on ARM64 too). */
-static inline long pid_of(const Lane *self, const char *base, Py_ssize_t k)
-{
-    return (long)__atomic_load_n((const int64_t *)(base + self->pids_at) + k, __ATOMIC_RELAXED);
-}
-
-/* lane.c's, for moves.c: */
-int lane_refused(void);                                          /* numpy refused a buffer */
-int lane_dtype_code(Lane *self, PyObject *array, PyObject **dtype); /* -1: none; -2: error */
-PyObject *lane_named(Lane *self, const char *what, PyObject *arg);
-
-/* moves.c's, for lane.c: the Lane methods streams(), send() and recv(); the release of the
- * engine's words (tp_clear); and, at import, the words' layout as module constants. */
-PyObject *lane_streams(Lane *self, PyObject *args);
-PyObject *lane_send(Lane *self, PyObject *const *args, Py_ssize_t nargs);
-PyObject *lane_recv(Lane *self, PyObject *const *args, Py_ssize_t nargs);
-void lane_release_words(Lane *self);
-int add_move_words(PyObject *module);
+/* Adds the Lane type, and GATE_ERROR (why tbcoll._gate's Gate could not be used, or None), to
+ * the module: 0, or -1 with an exception. */
+INTERNAL int add_lane_type(PyObject *module);
 
 #endif

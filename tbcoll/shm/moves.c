@@ -1,8 +1,10 @@
 /*
- * The shm lane's send and recv (tbcoll/shm/lane.h): a point-to-point call that the lane has
+ * The shm lane's send and recv (moves.h): a point-to-point call that the lane has
  * checked and taken moves here, in C, over the stream engine's rings (tbcoll/transports/
  * shm.py lends them: streams()), where nothing of the engine's must go first; what C cannot
  * do or finish, the engine's Python does (tbcoll/transports/stream.py).
+ *
+ * Includes: Python.h, tbcoll/include/buffers.h, moves.h (lane_base.h), rings.h, cma.h.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -10,8 +12,9 @@
 #include <string.h>
 
 #include "../include/buffers.h"
-#include "lane.h"
-
+#include "cma.h"
+#include "moves.h"
+#include "rings.h"
 
 /*
  * The stream engine's words (tbcoll/transports/stream.py: WORDS_PER_PEER and the bits below,

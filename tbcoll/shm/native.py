@@ -1,5 +1,5 @@
 """The shm transport's native collectives: one segment per communicator, flags and slots, and
-every round in one C call (tbcoll/shm/lane.c, run_round: the protocol is written there once;
+every round in one C call (tbcoll/shm/rounds.c, run_round: the protocol is written there once;
 this module drives it and checks at import that both sides agree on the layout). The same
 C object, the lane, also runs a small array's whole call (the Communicator's checks, its
 call gate and flight recorder, the round) where the Communicator binds it (bind_lane).
@@ -29,7 +29,7 @@ exchange where their buffers are in a round, each copies the blocks it needs str
 (or to) the owner's buffer, and a last round tells every rank that every copy is done and
 succeeded. Where every rank's buffer lies in the same allocation of comm.empty
 (tbcoll.shm.heap), every rank maps the others' and copies with plain loads and stores, on any
-OS. Else, on Linux, the copies are the kernel's (cross-memory attach, lane.c's
+OS. Else, on Linux, the copies are the kernel's (cross-memory attach, one_copy.c's
 attached_copies; the lane makes such a call's rounds in C too); where a policy forbids such
 copies (Yama's ptrace_scope 1 or more between sibling processes, a seccomp filter) the ranks
 see it in that last round, take the slot rounds from then on, and say nothing: it is only
@@ -264,7 +264,7 @@ class ShmNative:
     def _gather(self, src: np.ndarray, dst: np.ndarray, peers: Mapped) -> None:
         """all_gather's copies between comm.empty buffers: every other rank's block from its
         x (buffer 0) where the x are mapped, else from its result (buffer 1), where it is in
-        place. (Cross-memory copies: lane.c's attached_copies.)"""
+        place. (Cross-memory copies: one_copy.c's attached_copies.)"""
         block, rank = src.nbytes, self.rank
         results = peers.mapped[1] and not peers.mapped[0]
         for k in self._from_the_next():
@@ -309,7 +309,7 @@ class ShmNative:
                     signature("barrier"))
 
     def _spread(self, data: np.ndarray, root: int, peers: Mapped) -> None:
-        """broadcast's copies between comm.empty buffers, shared by the p ranks (as lane.c's
+        """broadcast's copies between comm.empty buffers, shared by the p ranks (as one_copy.c's
         attached_copies shares cross-memory ones): the root writes the first 1/p of every
         other rank's buffer while each of them reads the rest from the root's, so that every
         core copies (p-1)/p of a buffer, not one reader the whole of it."""
@@ -357,7 +357,7 @@ class ShmNative:
     def _limit_gather(self) -> None:
         """all_gather's one-call path ends where its one copy can start (all_gather); past
         that, and past a slot for broadcast, the lane makes the copies itself where they are
-        cross-memory copies (lane.c's one_copy)."""
+        cross-memory copies (one_copy.c's one_copy)."""
         self.lane.limit(atomics.ALL_GATHER,
                         self._gather_one_copy if self._cma or self.heap.used else SLOT)
         self.lane.attach(self._cma and not self.heap.used, (_INT64, _MIN), self._cma_refused)
@@ -383,7 +383,7 @@ class ShmNative:
         mappings of the peers' buffers (copies(Mapped), with peers.copy and peers.view) where
         mapped_if(for each buffer, whether it lies in the same comm.empty allocation on every
         rank), else the kernel's cross-memory attach (Linux): attached(the table of where
-        every rank's buffers are) -> 0, or the errno of a refused copy (lane.c's copies,
+        every rank's buffers are) -> 0, or the errno of a refused copy (one_copy.c's copies,
         whose one_copy makes these rounds alike for a whole call). False where neither
         applies (no round past the first), or where a cross-memory copy failed (then and from
         then on, CMA is off on this communicator: the caller's slot rounds then overwrite
@@ -447,10 +447,10 @@ class ShmNative:
         return self.layout.flags + rank * LINE + word
 
     # Each rank's pid, an int64 in the segment's first line. A rank stores its own (release)
-    # once, before its first round or message, and never again; lane.c's pulls load it relaxed
-    # (lane.h's pid_of: the round's or ring's acquire that let them pull came after it). The
-    # slow waits read it at any time, with acquire: 0 there means "not stored yet", which says
-    # nothing of that rank's life (see gone).
+    # once, before its first round or message, and never again; the lane's pulls and copies
+    # load it relaxed (lane_base.h's pid_of: the round's or ring's acquire that let them pull
+    # came after it). The slow waits read it at any time, with acquire: 0 there means "not
+    # stored yet", which says nothing of that rank's life (see gone).
 
     def publish_pid(self) -> None:
         """Store this rank's pid where the others look for it (release)."""

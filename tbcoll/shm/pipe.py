@@ -30,7 +30,7 @@ class OverwrittenRing(OSError):
 
 class Ring:
     CONTROL = 2 * LINE  # head line, tail line
-    # what C's receive returns where the producer's counter cannot be one (shm.h's
+    # what C's receive returns where the producer's counter cannot be one (rings.h's
     # RING_OVERWRITTEN, checked at import by tbcoll.shm.native)
     OVERWRITTEN = -3
 
@@ -41,7 +41,7 @@ class Ring:
         self._head_at, self._tail_at = base, base + LINE
         self._data: memoryview | None = buffer[base + self.CONTROL:base + self.CONTROL + capacity]
 
-    # Each side's own counter lives only in the segment, where C (tbcoll/shm/shm.h) moves it too.
+    # Each side's own counter lives only in the segment, where C (tbcoll/shm/rings.h) moves it too.
 
     def write(self, buffers: list[memoryview]) -> int:
         """Producer: copy as many leading bytes of buffers as fit; return how many."""

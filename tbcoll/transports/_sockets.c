@@ -26,7 +26,7 @@
 
 #include "../include/buffers.h"
 #include "../include/reduce.h"
-#include "../include/wire.h" /* HEADER_BYTES: a message's header, as stream.py packs it */
+#include "../include/wire_export.h" /* add_wire; wire.h: HEADER_BYTES, as stream.py packs it */
 
 #ifdef MSG_NOSIGNAL
 #define SEND_FLAGS (MSG_DONTWAIT | MSG_NOSIGNAL)

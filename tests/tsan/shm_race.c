@@ -1,7 +1,8 @@
 /*
  * A ThreadSanitizer guard for the shm transport's ring, flag and round code (tbcoll/shm/
- * _atomics.c's ring_put_message, ring_take and wait_flags; lane.c's run_round), built with
- * -fsanitize=thread by tests/test_tsan.py and driven by threads that share one mapping, as
+ * rings.c's ring_put_message and ring_take, flags.c's wait_flags, rounds.c's run_round: the
+ * extension's pure-C layer, which includes no Python.h), built with -fsanitize=thread with
+ * those files by tests/test_tsan.py and driven by threads that share one mapping, as
  * ranks share a segment. ThreadSanitizer models C11's memory model, not x86's: a shared word
  * stored or loaded plainly where an atomic access is needed, or a relaxed one where release
  * and acquire must order the data around it, is a reported race here, although x86's strong
@@ -12,40 +13,31 @@
  *   shm_race canary    a ring whose head is stored relaxed: must be reported (the guard works)
  *
  * Exits 0 when every result is right; 1 (and says which) when one is wrong; ThreadSanitizer
- * exits 66 on a report. No Python runs: the few Python calls the code makes (to release the
- * GIL, to set an error) are stubs below, and the linker drops the module's other functions.
+ * exits 66 on a report. No Python runs: the two Python calls the code makes (to release the
+ * GIL and take it back: tbcoll/shm/gil.h) are stubs below.
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 
-#include "lane.c" /* run_round is static: this file is its translation unit here */
+#include "gil.h"
+#include "rings.h"
+#include "rounds.h"
 
-/* --- what the code calls of Python's, as stubs (no interpreter, no GIL) ----------------- */
+/* --- what the code calls of Python's (gil.h), as stubs (no interpreter, no GIL) --------- */
 
-static PyThreadState *const NO_GIL = (PyThreadState *)&NO_GIL;
-PyObject *PyExc_ValueError;
-PyObject *PyExc_TypeError;
+static char no_gil; /* a state to hand back: never read */
 
-PyThreadState *PyEval_SaveThread(void)
+struct _ts *PyEval_SaveThread(void)
 {
-    return (PyThreadState *)NO_GIL;
+    return (struct _ts *)&no_gil;
 }
 
-void PyEval_RestoreThread(PyThreadState *state)
+void PyEval_RestoreThread(struct _ts *state)
 {
     (void)state;
-}
-
-void PyErr_SetString(PyObject *type, const char *message)
-{
-    (void)type;
-    fprintf(stderr, "shm_race: the code raised: %s\n", message);
-    exit(1);
 }
 
 /* --- a shared mapping, as a segment ----------------------------------------------------- */
@@ -68,19 +60,19 @@ static void fail(const char *what, long i)
 
 #define BUDGET 60.0 /* seconds a wait may take: ThreadSanitizer slows everything ~10x */
 
-/* --- rings: ring_put_message and ring_take (layout and order: shm.h) -------------------- */
+/* --- rings: ring_put_message and ring_take (layout and order: rings.h) ------------------ */
 
 #define CAPACITY 1024 /* small: messages wrap around and larger ones go in pieces */
 #define MESSAGES 2000
 
-static Py_ssize_t message_bytes(long i)
+static ptrdiff_t message_bytes(long i)
 {
     if (i % 500 == 499)
         return NOGIL_BYTES + 4096; /* past the size that copies without the GIL */
     return (i * 37) % (3 * CAPACITY);
 }
 
-static unsigned char message_byte(long i, Py_ssize_t k)
+static unsigned char message_byte(long i, ptrdiff_t k)
 {
     return (unsigned char)(i * 31 + k * 7 + 1);
 }
@@ -98,8 +90,8 @@ static void *produce(void *ring)
     unsigned char header[HEADER_BYTES];
     char *payload = malloc(NOGIL_BYTES + 4096);
     for (long i = 0; i < MESSAGES; i++) {
-        Py_ssize_t n = message_bytes(i);
-        for (Py_ssize_t k = 0; k < n; k++)
+        ptrdiff_t n = message_bytes(i);
+        for (ptrdiff_t k = 0; k < n; k++)
             payload[k] = (char)message_byte(i, k);
         message_header(i, header);
         if (ring_put_message(ring, CAPACITY, (const char *)header, HEADER_BYTES, payload, n,
@@ -115,11 +107,11 @@ static void *consume(void *ring)
     unsigned char header[HEADER_BYTES];
     unsigned char *payload = malloc(NOGIL_BYTES + 4096);
     for (long i = 0; i < MESSAGES; i++) {
-        Py_ssize_t n = message_bytes(i);
+        ptrdiff_t n = message_bytes(i);
         message_header(i, header);
         if (ring_take(ring, CAPACITY, header, (char *)payload, n, BUDGET) != n)
             fail("ring_take did not take the next message whole", i);
-        for (Py_ssize_t k = 0; k < n; k++)
+        for (ptrdiff_t k = 0; k < n; k++)
             if (payload[k] != message_byte(i, k))
                 fail("a ring's payload byte", i);
     }
@@ -151,11 +143,11 @@ static const int KIND_OF_ROUND[] = {ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, BROA
 
 typedef struct {
     char *base;
-    Py_ssize_t size, rank, sets[2];
+    ptrdiff_t size, rank, sets[2];
 } Rank;
 
 /* element i of rank k's data in round seq */
-static int64_t value(Py_ssize_t k, uint64_t seq, Py_ssize_t i)
+static int64_t value(ptrdiff_t k, uint64_t seq, ptrdiff_t i)
 {
     return (int64_t)(seq * 1000003u) + (int64_t)k * 7919 + i;
 }
@@ -163,13 +155,13 @@ static int64_t value(Py_ssize_t k, uint64_t seq, Py_ssize_t i)
 static void *run_rank(void *arg)
 {
     const Rank *me = arg;
-    const Py_ssize_t size = me->size, n = 64; /* elements of a block */
+    const ptrdiff_t size = me->size, n = 64; /* elements of a block */
     int64_t src[MOST_RANKS * 64], dst[MOST_RANKS * 64];
     for (uint64_t seq = 1; seq <= ROUNDS; seq++) {
         int kind = KIND_OF_ROUND[seq % (sizeof KIND_OF_ROUND / sizeof *KIND_OF_ROUND)];
         int root = (int)(seq / 7 % (uint64_t)size);
-        Py_ssize_t blocks = kind == REDUCE_SCATTER ? size : 1, out = kind == ALL_GATHER ? size : 1;
-        for (Py_ssize_t i = 0; i < blocks * n; i++)
+        ptrdiff_t blocks = kind == REDUCE_SCATTER ? size : 1, out = kind == ALL_GATHER ? size : 1;
+        for (ptrdiff_t i = 0; i < blocks * n; i++)
             src[i] = value(me->rank, seq, i);
         memset(dst, 0, sizeof dst);
         Round r = {.base = me->base, .flags = 0, .size = size, .rank = me->rank,
@@ -180,11 +172,11 @@ static void *run_rank(void *arg)
         uint64_t signature = seq * 16 + (uint64_t)kind;
         if (run_round(&r, seq, 1, BUDGET, signature) != 0)
             fail("a round did not finish", (long)seq);
-        for (Py_ssize_t i = 0; i < out * n; i++) {
+        for (ptrdiff_t i = 0; i < out * n; i++) {
             int64_t want = 0;
             if (kind == ALL_REDUCE || kind == ALL_REDUCE_SPLIT || kind == REDUCE_SCATTER) {
-                Py_ssize_t at = kind == REDUCE_SCATTER ? me->rank * n + i : i;
-                for (Py_ssize_t k = 0; k < size; k++)
+                ptrdiff_t at = kind == REDUCE_SCATTER ? me->rank * n + i : i;
+                for (ptrdiff_t k = 0; k < size; k++)
                     want += value(k, seq, at);
             } else if (kind == ALL_GATHER) {
                 want = value(i / n, seq, i % n);
@@ -200,19 +192,19 @@ static void *run_rank(void *arg)
     return NULL;
 }
 
-static void rounds(Py_ssize_t size)
+static void rounds(ptrdiff_t size)
 {
-    Py_ssize_t flags_bytes = size * LINE, set_bytes = (size + 1) * SLOT; /* + result area */
+    ptrdiff_t flags_bytes = size * LINE, set_bytes = (size + 1) * SLOT; /* + result area */
     char *base = map_shared((size_t)(flags_bytes + 2 * set_bytes));
     Rank ranks[MOST_RANKS];
     pthread_t threads[MOST_RANKS];
-    for (Py_ssize_t k = 0; k < size; k++) {
+    for (ptrdiff_t k = 0; k < size; k++) {
         ranks[k] = (Rank){base, size, k, {flags_bytes, flags_bytes + set_bytes}};
         pthread_create(&threads[k], NULL, run_rank, &ranks[k]);
     }
-    for (Py_ssize_t k = 0; k < size; k++)
+    for (ptrdiff_t k = 0; k < size; k++)
         pthread_join(threads[k], NULL);
-    printf("rounds: %d rounds of every kind at %zd ranks\n", ROUNDS, size);
+    printf("rounds: %d rounds of every kind at %td ranks\n", ROUNDS, size);
 }
 
 /* --- the canary: a ring with a relaxed head, which ThreadSanitizer must report ---------- */

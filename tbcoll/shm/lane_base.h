@@ -1,0 +1,94 @@
+/* The shm lane's state, and what each of its paths shares (lane_base.c): the Lane struct,
+ * which lane.c (the Python type, the collectives' one-call paths), one_copy.c (large
+ * all_gather and broadcast, each block copied once) and moves.c (send and recv over the
+ * stream engine's rings) work on; a round run to its end, resumed in Python; a CommError
+ * named; a dtype's code.
+ * May include: Python.h, tbcoll/include/gate.h, the pure layer (shm.h, rounds.h). */
+#ifndef TBCOLL_LANE_BASE_H
+#define TBCOLL_LANE_BASE_H
+
+#include <Python.h>
+#include <stdint.h>
+
+#include "../include/gate.h"
+#include "rounds.h" /* Round */
+#include "shm.h"    /* INTERNAL, the kinds; wire.h's DTYPES, OPS */
+
+/* DTYPES and OPS (the codes' counts): tbcoll/include/wire.h; ONE_CALL_KINDS: shm.h */
+#define BYTES_DTYPE DTYPE_UINT8 /* what a round that only copies calls its data */
+/* bind()'s codes (tbcoll.gate's registries): the kinds', in their order, then these */
+#define CODE_SEND ONE_CALL_KINDS
+#define CODE_RECV (ONE_CALL_KINDS + 1)
+#define CODE_NATIVE (ONE_CALL_KINDS + 2) /* the algorithm the lane's calls run */
+#define CODES (ONE_CALL_KINDS + 3)
+
+typedef struct {
+    PyObject_HEAD
+    /* the rounds */
+    PyObject *segment;         /* the mapped segment (a writable buffer) */
+    Py_ssize_t flags, size, rank, sets[2], slot_bytes;
+    Py_ssize_t pids_at;        /* where the ranks' pids (int64) are in the segment */
+    double budget;             /* seconds a wait runs before resume looks at the peers */
+    unsigned long long rounds; /* rounds begun and finished (round seq uses set seq % 2) */
+    PyObject *resume;          /* resume(stage, seq, signature): wait in Python, or raise */
+    /* calls(): what the one-call paths take and how they sign a call */
+    int checks;                /* calls() was called */
+    Py_ssize_t largest[ONE_CALL_KINDS]; /* the largest x each kind takes (limit()) */
+    /* attach(): a larger all_gather or broadcast copies each block once (one_copy) */
+    int attached, everyone_dtype, everyone_op; /* on; int64's code, min's (a verdict round) */
+    PyObject *refused;         /* refused(): a copy was refused, CMA is off from now on */
+    PyObject *ndarray, *dtypes, *ops, *empty; /* numpy.ndarray, dtypes by code, op -> code,
+                                                 numpy.empty */
+    uint64_t all_reduce_calls[DTYPES][OPS], all_gather_calls[DTYPES],
+        reduce_scatter_calls[DTYPES][OPS]; /* signatures less the byte count */
+    PyObject *broadcast_call;  /* broadcast_call(dtype, root) -> signature less bytes */
+    uint64_t *broadcast_calls; /* [dtype * size + root], 0 where not yet asked */
+    /* bind(): the communicator whose calls take the lane */
+    Gate *gate;                /* its call gate (include/gate.h), taken around each call */
+    int codes[CODES];          /* the gate's codes of the lane's calls (CODE_*) */
+    PyObject *names;           /* each kind's name, for its errors */
+    int enabled;               /* bit k: kind k's calls may take the lane; MOVES: send, recv */
+    long max_tag;
+    PyObject *comm_error, *namer; /* tbcoll.errors.CommError; a weakref.WeakMethod to the
+                                     Communicator's _named(error, what) */
+    /* streams(): the stream engine's rings, its state and its Python paths (tbcoll/transports/
+     * shm.py's ShmStream.lend_lane); send NULL until then */
+    PyObject *send, *recv;     /* the engine's send(buf, peer, tag), recv(buf, peer, tag) */
+    PyObject *finish_send, *finish_recv; /* (buf, peer, header, bytes moved in C) */
+    PyObject *finish_pulled_send;  /* (buf, peer, pull): an announced send, not yet answered */
+    PyObject *finish_announced;    /* (buf, peer, header, descriptor): a pulled receive */
+    Py_buffer words;           /* the engine's words (moves.c), held; obj NULL until then */
+    PyObject *publish;         /* publish(): the engine's publish_words, where they are stale */
+    uint32_t context_word;     /* the endpoint's context, as its messages' headers carry it */
+    Py_ssize_t *stream_at;     /* [2k]: the ring to rank k, [2k + 1]: the ring from it */
+    Py_ssize_t stream_capacity;    /* each ring's data bytes */
+    Py_ssize_t pull_bytes;     /* payloads this large are pulled (to a peer that pulls) */
+    uint32_t announce_bit, answer_context; /* an announcement's context bit; an answer's */
+    double send_budget, recv_budget; /* seconds a move waits in C before Python takes over */
+} Lane;
+
+#define MOVES (1 << ONE_CALL_KINDS) /* the enabled bit of send and recv */
+
+/* A pid of rank k's, from the segment at base. Each rank stores its own there (release,
+ * tbcoll/shm/native.py's publish_pid) before the communicator's first round or message; a
+ * pull reads it only after an acquire of that rank's flag or ring head, stored later, so the
+ * pid happens-before this load and relaxed suffices (on ARM64 too). */
+static inline long pid_of(const Lane *self, const char *base, Py_ssize_t k)
+{
+    return (long)__atomic_load_n((const int64_t *)(base + self->pids_at) + k, __ATOMIC_RELAXED);
+}
+
+/* lane_base.c's: */
+INTERNAL extern PyObject *DTYPE_NAME; /* "dtype", interned (by lane_base_ready) */
+INTERNAL int lane_base_ready(void);   /* at import: 0, or -1 with an exception */
+/* Run round self->rounds + 1 to its end over the segment at base (run_round), resuming in
+ * Python where a wait runs out of budget: ROUND_DONE, or -1 with an exception. */
+INTERNAL int lane_round(Lane *self, Round *r, char *base, uint64_t signature);
+/* Whether the error raised is numpy refusing a buffer request (then cleared). */
+INTERNAL int lane_refused(void);
+/* The dtype code of an array's dtype (*dtype, a new reference), -1 where none, -2 on error. */
+INTERNAL int lane_dtype_code(Lane *self, PyObject *array, PyObject **dtype);
+/* A bound call's CommError named as the communicator names it (see lane_base.c): NULL. */
+INTERNAL PyObject *lane_named(Lane *self, const char *what, PyObject *arg);
+
+#endif
