@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: demo test lint clean cluster-tools rdma-lab-tools rdma-lab reference-tools arm64-lab
+.PHONY: demo test test-labs test-host lint clean cluster-tools rdma-lab-tools rdma-lab reference-tools arm64-lab
 
 # the C sources and headers: a change to any rebuilds the extensions (setup.py lists them)
 C_FILES := $(wildcard tbcoll/include/*.h tbcoll/shm/*.c tbcoll/shm/*.h) tbcoll/_gate.c \
@@ -103,6 +103,8 @@ arm64-lab: $(STAMP)
 # As root with apt-get (CI), the labs must run (network namespaces, Slurm, the RDMA VM):
 # TBCOLL_REQUIRE_LABS=1 turns their skips into failures (tests/conftest.py), so a lab that
 # broke cannot read green.
+REQUIRE_LABS := TBCOLL_REQUIRE_LABS=$$(if [ "$$(id -u)" = 0 ] && command -v apt-get \
+                >/dev/null; then echo 1; fi)
 # The macOS lane (tests/maclane): these files again under macOS's rules as far as Linux allows
 # (the names macOS's Python lacks removed, kqueue's selector, no PR_SET_PDEATHSIG, subreaper,
 # /proc or process_vm_readv, 256 open files), and a share of tests/spmd (shm at 3 ranks, tcp
@@ -113,9 +115,21 @@ MACOS_LANE := tests/test_exit_status.py tests/test_stdin.py tests/test_open_file
               tests/test_output.py tests/test_supervision.py tests/test_comm_failures.py \
               tests/test_flight_recorder.py tests/test_dead_links.py \
               tests/test_spmd.py::test_collectives_under_the_macos_lane
+# The suite runs as two sessions side by side, each half's report printed when it ends: the
+# tests in emulated machines (marked `lab`: the RDMA lab's VM, the arm64 root), which keep
+# the CPU busy in long stretches, and the rest on this host, which leave a quarter of two
+# cores idle in their waits, then the macOS lane. The lab session has a temporary folder of
+# its own: each session removes the dumps its failing jobs leave there (tests/conftest.py).
 test: lint cluster-tools rdma-lab-tools reference-tools arm64-lab
-	TBCOLL_REQUIRE_LABS=$$(if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; \
-	  then echo 1; fi) $(BIN)/python -m pytest
+	@echo "make test: the labs' tests and this host's run side by side; each half reports when it ends"
+	@$(MAKE) --no-print-directory -j2 --output-sync=target test-labs test-host
+
+test-labs:
+	tmp=$$(mktemp -d) && TMPDIR=$$tmp $(REQUIRE_LABS) $(BIN)/python -m pytest -m lab; \
+	  status=$$?; rm -rf "$$tmp"; exit $$status
+
+test-host:
+	$(REQUIRE_LABS) $(BIN)/python -m pytest -m "not lab"
 	$(BIN)/python -m pytest -p tests.maclane $(MACOS_LANE)
 
 clean:

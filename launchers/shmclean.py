@@ -82,21 +82,21 @@ def remove_unmapped(created: set[str], log: Callable[[str], None]) -> None:
     to _UNMAP_WAIT seconds."""
     deadline = time.monotonic() + _UNMAP_WAIT
     while created:
-        mapped = _mapped(created)
-        for path in created - mapped:
+        still = mapped(created)
+        for path in created - still:
             try:
                 os.unlink(path)
             except FileNotFoundError:
                 pass  # tbrun's janitor, which also watches the job, was first
             except OSError as e:
                 log(f"could not remove MPICH's shared-memory file {path}: {e}")
-        created = mapped
+        created = still
         if time.monotonic() > deadline:
             return
         time.sleep(0.05)
 
 
-def _mapped(paths: set[str]) -> set[str]:
+def mapped(paths: set[str]) -> set[str]:
     """Those of paths that some process on this host maps."""
     mapped = set()
     try:

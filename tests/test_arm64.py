@@ -47,6 +47,8 @@ import pytest
 from . import arm64lab
 from .conftest import REPO, run_setup_py, skip_or_fail
 
+pytestmark = pytest.mark.lab  # `make test` runs the emulated labs beside the rest
+
 WERROR = ["-Wall", "-Werror"]
 CROSS_GCC = "aarch64-linux-gnu-gcc"
 CLANG = ["clang", "--target=aarch64-linux-gnu"]
