@@ -47,9 +47,9 @@ THREE_RANKS_SUBSET = "(native or ring) and float32 or TestSendRecv or TestSplit 
 
 
 def test_spmd_suite_over_soft_roce(rdma_lab):
-    p = lab_tbrun(rdma_lab, "-np", 2, "--timeout", "400", "-m", "pytest", "-q",
+    p = lab_tbrun(rdma_lab, "-np", 2, "--timeout", "600", "-m", "pytest", "-q",
                   "-p", "no:cacheprovider", "-k", SUBSET, "tests/spmd/test_collectives.py",
-                  "tests/spmd/test_all_to_all_rooted.py", timeout=450)
+                  "tests/spmd/test_all_to_all_rooted.py", timeout=650)
     assert_suite_passed(p, 40)
 
 
@@ -59,6 +59,13 @@ def test_spmd_suite_with_one_rank_needs_no_device():
     assert_suite_passed(p, 100)
 
 
+# A killed rank's job in the lab: its start under emulation takes 15-40 s alone and up to ~100
+# beside `make test`'s other session, so its time bounds little; the survivors' calls time out
+# only after NOT_THE_TIMEOUT, so a job ended within NAMED_WITHIN was ended by the lost
+# connection its lines name, not by a timeout.
+NOT_THE_TIMEOUT, NAMED_WITHIN = 600, 240
+
+
 def test_a_killed_rank_is_named_within_seconds(rdma_lab, tmp_path):
     """UC reports nothing when a peer dies: the tcp connections beside the queue pairs do.
     Mid-ring here, with a large message in flight; mid-mesh under the Apple profile."""
@@ -66,12 +73,13 @@ def test_a_killed_rank_is_named_within_seconds(rdma_lab, tmp_path):
     script.write_text(KILLED_MID_ALL_REDUCE.format(algorithm="ring", count=1 << 16))
     script.chmod(0o600)
     started = time.monotonic()
-    p = lab_tbrun(rdma_lab, "-np", 3, "--grace", "20", script, timeout=150)
+    p = lab_tbrun(rdma_lab, "-np", 3, "--grace", "20", script, timeout=300,
+                  env={"TBCOLL_TIMEOUT": str(NOT_THE_TIMEOUT)})
     elapsed = time.monotonic() - started
     # in a ring a survivor may see the other survivor leave first: one at least names rank 1
     for line in rank_1_was_named(p).values():
         assert "closed the connection" in line, line
-    assert elapsed < 120, elapsed  # a boot-free job start in the VM takes ~15-40 s
+    assert elapsed < NAMED_WITHIN, elapsed
 
 
 # --- set-up errors, one line each (this host has the verbs library but no device) -----------
