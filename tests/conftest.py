@@ -103,6 +103,7 @@ def skip_or_fail(reason: str) -> None:
 
 
 LAB = "rdma_lab"
+_labs: list = []  # the session's lab, once booted
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m selects on the marker added here
@@ -122,9 +123,6 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
             nextitem is None or LAB not in getattr(nextitem, "fixturenames", ())):
         for lab in _labs:
             lab.stop()
-
-
-_labs: list = []  # the session's lab, once booted
 
 
 @pytest.fixture(scope="session")
