@@ -7,7 +7,8 @@
  * (reduce.h); its init exports the layout Python checks at import, and adds the Lane type
  * (lane.c).
  *
- * Includes: Python.h, tbcoll/include/buffers.h, reduce.h, wire_export.h, lane.h, moves.h
+ * Includes: Python.h, tbcoll/include/buffers.h, reduce.h, wire_export.h, lane.h, moves.h,
+ * rounds.h
  * (the words' layout), and the pure layer (shm.h, flags.h, rings.h, cma.h). The top of the
  * extension: no other file calls a function of this one.
  */
@@ -24,6 +25,7 @@
 #include "lane.h"
 #include "moves.h" /* add_move_words */
 #include "rings.h"
+#include "rounds.h" /* the stages */
 #include "shm.h"
 
 static int get_word(PyObject *obj, Py_ssize_t offset, Py_buffer *view, uint64_t **word)
@@ -348,6 +350,11 @@ PyMODINIT_FUNC PyInit__atomics(void)
         PyModule_AddIntConstant(m, "BROADCAST", BROADCAST) < 0 ||
         PyModule_AddIntConstant(m, "BARRIER", BARRIER) < 0 ||
         PyModule_AddIntConstant(m, "ALL_REDUCE_SPLIT", ALL_REDUCE_SPLIT) < 0 ||
+        /* the stages a round is resumed at (rounds.h): what the Lane's resume gets */
+        PyModule_AddIntConstant(m, "ROUND_WAIT_FREE", ROUND_WAIT_FREE) < 0 ||
+        PyModule_AddIntConstant(m, "ROUND_WAIT_ARRIVED", ROUND_WAIT_ARRIVED) < 0 ||
+        PyModule_AddIntConstant(m, "ROUND_CALLS_DIFFER", ROUND_CALLS_DIFFER) < 0 ||
+        PyModule_AddIntConstant(m, "ROUND_WAIT_DONE", ROUND_WAIT_DONE) < 0 ||
         PyModule_AddObject(m, "LANE_KINDS", lane_kinds()) < 0 ||
         PyModule_AddObject(m, "NOT_IN_HEAP", Py_BuildValue("(ii)", NOT_IN_HEAP_ALLOCATION,
                                                            NOT_IN_HEAP_OFFSET)) < 0 ||

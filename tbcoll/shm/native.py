@@ -430,11 +430,13 @@ class ShmNative:
 
     def _resume(self, stage: int, s: int, call: int) -> None:
         """Where a wait of round s ran out of its slice (a slow or gone peer), wait in Python,
-        which notices dead ranks and the deadline (stage 1: the set to be free; 2: the
-        others' data; 4: their parts, DONE); stage 3: the ranks' calls differ: raise."""
-        if stage == 3:
+        which notices dead ranks and the deadline (the stages of tbcoll/shm/rounds.h: the set
+        to be free; the others' data; their parts, DONE); where the ranks' calls differ,
+        raise."""
+        if stage == atomics.ROUND_CALLS_DIFFER:
             self._agree(s, call)
-        self._wait_all(_DONE if stage == 4 else _ARRIVE, s - 1 if stage == 1 else s)
+        self._wait_all(_DONE if stage == atomics.ROUND_WAIT_DONE else _ARRIVE,
+                       s - 1 if stage == atomics.ROUND_WAIT_FREE else s)
 
     def _agree(self, s: int, call: int) -> None:
         """After the wait of round s: raise if a rank's call differs from this one's."""

@@ -29,7 +29,8 @@ typedef struct {
  * ROUND_WAIT_FREE, ROUND_WAIT_ARRIVED and ROUND_WAIT_DONE, whose wait ran out of its budget,
  * or ROUND_CALLS_DIFFER, where a rank's signature differs (resumed at ROUND_WAIT_ARRIVED if
  * they match after all); ROUND_MISFIT where the buffers do not fit the segment. The stages'
- * numbers are what the Lane's resume(stage, seq, signature) gets (tbcoll/shm/native.py). */
+ * numbers are what the Lane's resume(stage, seq, signature) gets (tbcoll/shm/native.py, by
+ * the names _atomics exports). */
 enum {
     ROUND_MISFIT = -1,
     ROUND_DONE = 0,
@@ -66,12 +67,9 @@ enum {
  *                   flag is seq (acquire), the result area -> dst. The result area of round
  *                   seq is next written in round seq+2, after a wait for every ARRIVE flag
  *                   >= seq+2, stored only by ranks that finished round seq.
- * stage 1 starts from the beginning, stage 2 resumes at the second wait, stage 4 at the wait
- * for the DONE flags (ALL_REDUCE_SPLIT). The result is 0 when done, else the stage whose wait
- * ran out of budget, or 3 when the ranks' calls differ (each rank's signature, a
- * tbcoll.calls word, is compared with every other's before anyone's data is used), or
- * ROUND_MISFIT (-1) where the buffers do not fit the segment (the caller raises). Called with
- * the GIL; large copies and reductions run without it, and waits release it.
+ * stage is where to start or resume (the enum above); each rank's signature, a tbcoll.calls
+ * word, is compared with every other's before anyone's data is used. Called with the GIL;
+ * large copies and reductions run without it, and waits release it.
  */
 INTERNAL int run_round(const Round *r, uint64_t seq, int stage, double budget,
                        uint64_t signature);

@@ -170,7 +170,7 @@ static void *run_rank(void *arg)
                    .dst = (char *)dst, .dst_len = out * n * 8, .dst_stride = n * 8,
                    .kind = kind, .dtype = INT64, .op = SUM, .root = root};
         uint64_t signature = seq * 16 + (uint64_t)kind;
-        if (run_round(&r, seq, 1, BUDGET, signature) != 0)
+        if (run_round(&r, seq, ROUND_WAIT_FREE, BUDGET, signature) != ROUND_DONE)
             fail("a round did not finish", (long)seq);
         for (ptrdiff_t i = 0; i < out * n; i++) {
             int64_t want = 0;
