@@ -112,17 +112,20 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     idle it takes a share of a core from every test after it, so it is stopped after the
     last of them (pytest_runtest_teardown), not at the end of the session. They are marked
     `lab`, as the arm64 root's are (`make test` runs -m lab beside -m 'not lab')."""
-    items.sort(key=lambda item: LAB not in getattr(item, "fixturenames", ()))
+    items.sort(key=lambda item: not in_lab(item))
     for item in items:
-        if LAB in getattr(item, "fixturenames", ()):
+        if in_lab(item):
             item.add_marker(pytest.mark.lab)
 
 
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
-    if LAB in getattr(item, "fixturenames", ()) and (
-            nextitem is None or LAB not in getattr(nextitem, "fixturenames", ())):
+    if in_lab(item) and (nextitem is None or not in_lab(nextitem)):
         for lab in _labs:
             lab.stop()
+
+
+def in_lab(item: pytest.Item) -> bool:
+    return LAB in getattr(item, "fixturenames", ())
 
 
 @pytest.fixture(scope="session")
