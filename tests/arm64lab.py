@@ -241,22 +241,26 @@ def build_root(root: Path = ROOT, log=sys.stderr) -> float:
     started = time.monotonic()
     new = root.with_name(root.name + ".new")
     remove_tree(new)
-    includes = [f"--include={name}" for name in RECIPE["extract"]]
-    checked(["mmdebstrap", "--mode=root", "--variant=extract", "--arch=arm64", *includes,
-             RECIPE["suite"], str(new), apt_mirror()], 1800, log)
+    extract(new, "arm64", RECIPE["extract"], log)
     complete_extracted(new)
     (new / NATIVE_PYTHON).parent.mkdir(parents=True, exist_ok=True)
-    checked(["mmdebstrap", "--mode=root", "--variant=extract", "--arch=amd64",
-             *(f"--include={name}" for name in RECIPE["native"]), RECIPE["suite"],
-             str(new / NATIVE_PYTHON), apt_mirror()], 1800, log)
+    extract(new / NATIVE_PYTHON, "amd64", RECIPE["native"], log)
     install_wheels(new, log)
     version = python_of(new)
     byte_compile(new, [folder.format(version=version) for folder in PYTHON_FOLDERS], log)
-    checked(["python3", "-c", "import click, ml_dtypes, numpy, pytest"], 600, log, root=new)
+    checked(["python3", "-c", f"import {', '.join(RECIPE['pip'])}"], 600, log, root=new)
     (new / STAMP).write_text(json.dumps({"recipe": RECIPE}))
     remove_tree(root)
     new.rename(root)
     return time.monotonic() - started
+
+
+def extract(into: Path, arch: str, packages: list[str], log) -> None:
+    """Unpack RECIPE's suite's packages for arch, with their dependencies, into `into`
+    (mmdebstrap --variant=extract: no maintainer script runs)."""
+    checked(["mmdebstrap", "--mode=root", "--variant=extract", f"--arch={arch}",
+             *(f"--include={name}" for name in packages), RECIPE["suite"], str(into),
+             apt_mirror()], 1800, log)
 
 
 def complete_extracted(root: Path) -> None:
