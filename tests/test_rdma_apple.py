@@ -12,20 +12,17 @@ import ctypes
 import re
 import subprocess
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from . import apple_profile
 from .conftest import skip_or_fail
-from .test_comm_failures import KILLED_MID_ALL_REDUCE, rank_1_was_named
 from .test_rdma import (
     HELLO,
-    NAMED_WITHIN,
-    NOT_THE_TIMEOUT,
     THREE_RANKS_SUBSET,
     assert_suite_passed,
+    killed_rank_is_named,
     lab_tbrun,
 )
 
@@ -92,15 +89,7 @@ def test_spmd_suite_under_the_apple_profile(rdma_lab, profile):
 
 
 def test_a_killed_rank_is_named_under_the_apple_profile(rdma_lab, profile, tmp_path):
-    script = tmp_path / "killed.py"
-    script.write_text(KILLED_MID_ALL_REDUCE.format(algorithm="native", count=2))
-    script.chmod(0o600)
-    started = time.monotonic()
-    p = lab_tbrun(rdma_lab, "-np", 3, "--grace", "20", script, timeout=300,
-                  env=under_profile(profile, TBCOLL_TIMEOUT=str(NOT_THE_TIMEOUT)))
-    for line in rank_1_was_named(p).values():
-        assert "closed the connection" in line, line
-    assert time.monotonic() - started < NAMED_WITHIN  # (see test_rdma.py)
+    killed_rank_is_named(rdma_lab, tmp_path, "native", 2, under_profile(profile))
 
 
 def test_set_up_refusals_are_one_line_and_rtr_is_never_tried_again(rdma_lab, profile, script):
