@@ -27,6 +27,8 @@ ADDRESS = "10.99.0.1"
 # seconds between looks at the folder: each look is Python and 9p under emulation, so an
 # idle VM polling every 0.02 s took a quarter of a host core for the whole session
 POLL = 0.1
+# the host's root again, mounted with the guest's page cache (tests/rdmalab.py: CACHED_SHARE)
+CACHED_TAG, CACHED_AT = "tbcoll.host", "/run/tbcoll-host"
 HEARTBEAT_LOST = 60  # seconds without a new heartbeat from the host: it is gone, power off
 
 
@@ -71,6 +73,19 @@ def bring_up_rxe() -> None:
         if time.monotonic() > deadline:
             raise RuntimeError(f"{DEVICE} did not become ACTIVE with a GID within 30 s")
         time.sleep(0.05)
+
+
+def cache_python(paths: list[str]) -> None:
+    """Bind paths (this checkout, the Pythons) from a cached view of the host's root over the
+    uncached one vng gives: a Python start is then 1.7 s, not 2.7, `import numpy` 6 s, not 10.
+    cache=loose: the guest keeps what it read and never asks again, which is right for files
+    that do not change while the lab is up (the tests' own files are under /tmp, not cached)."""
+    os.makedirs(CACHED_AT, exist_ok=True)
+    sh("mount", "-t", "9p", "-o", "ro,trans=virtio,version=9p2000.L,msize=524288,cache=loose",
+       CACHED_TAG, CACHED_AT)
+    for path in sorted(set(paths)):
+        if not any(path.startswith(outer + "/") for outer in paths):
+            sh("mount", "--bind", CACHED_AT + path, path)
 
 
 def run_one(folder: Path, ident: str, request: dict, running: set) -> None:
@@ -139,6 +154,7 @@ def main() -> None:
     os.environ["PATH"] = f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"
     started = time.monotonic()
     try:
+        cache_python([os.path.realpath(p) for p in (os.getcwd(), sys.prefix, sys.base_prefix)])
         bring_up_rxe()
     except Exception as e:  # any failure: tell the host why, in one line
         write_json(folder, "failed.json", {"error": f"{type(e).__name__}: {e}"})
