@@ -5,7 +5,8 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: demo test test-labs test-host lint clean cluster-tools rdma-lab-tools rdma-lab reference-tools arm64-lab
+.PHONY: demo test test-labs test-host lint clean system-packages rdma-lab-tools rdma-lab \
+	reference-tools arm64-lab
 
 # the C sources and headers: a change to any rebuilds the extensions (setup.py lists them)
 C_FILES := $(wildcard tbcoll/include/*.h tbcoll/shm/*.c tbcoll/shm/*.h) tbcoll/_gate.c \
@@ -38,17 +39,20 @@ reference-tools: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
+# Debian packages, installed as root where apt-get is (CI); elsewhere the tests that need them
+# skip and say why. $(call apt,PACKAGES): one `apt-get update` and one install of those missing.
+AS_ROOT_WITH_APT := [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null
+define apt
+if $(AS_ROOT_WITH_APT); then \
+  missing=$$(for p in $(1); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+  [ -z "$$missing" ] || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+    apt-get install -y -qq $$missing >/dev/null; }; \
+fi
+endef
+
 # The multi-host tests (tests/test_multihost.py, tests/test_slurm.py) run an sshd, or a
-# slurmd, per network namespace. As root with apt-get (CI), install what they need; elsewhere
-# they skip and say why.
-cluster-tools:
-	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
-	    { [ ! -x /usr/sbin/sshd ] || ! command -v ip >/dev/null || \
-	      [ ! -x /usr/sbin/slurmd ] || [ ! -x /usr/sbin/munged ]; }; then \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
-	    apt-get install -y -qq openssh-server openssh-client iproute2 slurm-wlm munge \
-	    >/dev/null; \
-	fi
+# slurmd, per network namespace: `make test` installs these.
+CLUSTER_APT := openssh-server openssh-client iproute2 slurm-wlm munge
 
 # The RDMA lab (tests/rdmalab.py): a QEMU VM with the kernel's Soft-RoCE (rdma_rxe), where the
 # rdma transport is tested. As root with apt-get (CI), install what it needs; elsewhere its
@@ -61,11 +65,8 @@ cluster-tools:
 LAB_APT := qemu-system-x86 linux-image-amd64 busybox-static iproute2 rdma-core ibverbs-utils \
            ibverbs-providers perftest libibverbs-dev
 rdma-lab-tools: $(STAMP)
-	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	  if ! dpkg -s $(LAB_APT) >/dev/null 2>&1; then \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
-	      apt-get install -y -qq $(LAB_APT) >/dev/null; \
-	  fi; \
+	@$(call apt,$(LAB_APT))
+	@if $(AS_ROOT_WITH_APT); then \
 	  [ -x $(BIN)/vng ] || \
 	    $(BIN)/pip install --quiet --disable-pip-version-check virtme-ng==1.42; \
 	  $(BIN)/python -c 'import tbcoll.rdma._verbs' 2>/dev/null || \
@@ -90,11 +91,8 @@ rdma-lab: rdma-lab-tools
 # stamp names the lab's recipe. Elsewhere its tests skip and say why.
 ARM64_APT := qemu-user-static binfmt-support mmdebstrap gcc-aarch64-linux-gnu clang
 arm64-lab: $(STAMP)
-	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	  if ! dpkg -s $(ARM64_APT) >/dev/null 2>&1; then \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
-	      apt-get install -y -qq $(ARM64_APT) >/dev/null; \
-	  fi; \
+	@$(call apt,$(ARM64_APT))
+	@if $(AS_ROOT_WITH_APT); then \
 	  $(BIN)/python -m tests.arm64lab --build; \
 	else \
 	  echo "arm64-lab: skipped: building the arm64 root needs root and apt-get"; \
@@ -103,8 +101,7 @@ arm64-lab: $(STAMP)
 # As root with apt-get (CI), the labs must run (network namespaces, Slurm, the RDMA VM):
 # TBCOLL_REQUIRE_LABS=1 turns their skips into failures (tests/conftest.py), so a lab that
 # broke cannot read green.
-REQUIRE_LABS := TBCOLL_REQUIRE_LABS=$$(if [ "$$(id -u)" = 0 ] && command -v apt-get \
-                >/dev/null; then echo 1; fi)
+REQUIRE_LABS := TBCOLL_REQUIRE_LABS=$$(if $(AS_ROOT_WITH_APT); then echo 1; fi)
 # The macOS lane (tests/maclane): these files again under macOS's rules as far as Linux allows
 # (the names macOS's Python lacks removed, kqueue's selector, no PR_SET_PDEATHSIG, subreaper,
 # /proc or process_vm_readv, 256 open files), and a share of tests/spmd (shm at 3 ranks, tcp
@@ -115,20 +112,27 @@ MACOS_LANE := tests/test_exit_status.py tests/test_stdin.py tests/test_open_file
               tests/test_output.py tests/test_supervision.py tests/test_comm_failures.py \
               tests/test_flight_recorder.py tests/test_dead_links.py \
               tests/test_spmd.py::test_collectives_under_the_macos_lane
+# Every Debian package the tests need, in one apt-get, before .venv is made: the rdma
+# extension is then built with the verbs header the first time.
+system-packages:
+	@$(call apt,$(CLUSTER_APT) $(LAB_APT) $(ARM64_APT))
+
 # The suite runs as two sessions side by side, each half's report printed when it ends: the
 # tests in emulated machines (marked `lab`: the RDMA lab's VM, the arm64 root), which keep
 # the CPU busy in long stretches, and the rest on this host, which leave a quarter of two
-# cores idle in their waits, then the macOS lane. The lab session has a temporary folder of
-# its own: each session removes the dumps its failing jobs leave there (tests/conftest.py).
-test: lint cluster-tools rdma-lab-tools reference-tools arm64-lab
+# cores idle in their waits, then the macOS lane. Each half first installs what only it needs
+# (the arm64 root; torch and transformers), mostly waiting on the network while the other
+# half tests. The lab session has a temporary folder of its own: each session removes the
+# dumps its failing jobs leave there (tests/conftest.py).
+test: system-packages lint rdma-lab-tools
 	@echo "make test: the labs' tests and this host's run side by side; each half reports when it ends"
 	@$(MAKE) --no-print-directory -j2 --output-sync=target test-labs test-host
 
-test-labs:
+test-labs: arm64-lab
 	tmp=$$(mktemp -d) && TMPDIR=$$tmp $(REQUIRE_LABS) $(BIN)/python -m pytest -m lab; \
 	  status=$$?; rm -rf "$$tmp"; exit $$status
 
-test-host:
+test-host: reference-tools
 	$(REQUIRE_LABS) $(BIN)/python -m pytest -m "not lab"
 	$(BIN)/python -m pytest -p tests.maclane $(MACOS_LANE)
 
