@@ -117,24 +117,25 @@ MACOS_LANE := tests/test_exit_status.py tests/test_stdin.py tests/test_open_file
 system-packages:
 	@$(call apt,$(CLUSTER_APT) $(LAB_APT) $(ARM64_APT))
 
-# The suite runs as two sessions side by side, each half's report printed when it ends: the
-# tests in emulated machines (marked `lab`: the RDMA lab's VM, the arm64 root), which keep
-# the CPU busy in long stretches, and the rest on this host, which leave a quarter of two
-# cores idle in their waits, then the macOS lane. Each half first installs what only it needs
-# (the arm64 root; torch and transformers), mostly waiting on the network while the other
-# half tests. The lab session has a temporary folder of its own: each session removes the
-# dumps its failing jobs leave there (tests/conftest.py).
+# The suite runs as two halves side by side, each one's reports printed when it ends. One:
+# the arm64 root, then the tests in emulated machines (marked `lab`: the RDMA lab's VM, the
+# arm64 root), then the macOS lane. Two: torch and transformers, then the rest of the tests.
+# Each half installs what only it needs while the other tests (pip and apt mostly wait on
+# the network). Their jobs share this host's /dev/shm and /tmp: the tests look for what a job
+# left behind only among what no process holds (tests/conftest.py, left_behind), and the
+# first half has a temporary folder of its own (each session removes the dumps its failing
+# jobs leave there).
 test: system-packages lint rdma-lab-tools
 	@echo "make test: the labs' tests and this host's run side by side; each half reports when it ends"
 	@$(MAKE) --no-print-directory -j2 --output-sync=target test-labs test-host
 
 test-labs: arm64-lab
-	tmp=$$(mktemp -d) && TMPDIR=$$tmp $(REQUIRE_LABS) $(BIN)/python -m pytest -m lab; \
+	tmp=$$(mktemp -d) && export TMPDIR=$$tmp && $(REQUIRE_LABS) $(BIN)/python -m pytest -m lab \
+	  && $(BIN)/python -m pytest -p tests.maclane $(MACOS_LANE); \
 	  status=$$?; rm -rf "$$tmp"; exit $$status
 
 test-host: reference-tools
 	$(REQUIRE_LABS) $(BIN)/python -m pytest -m "not lab"
-	$(BIN)/python -m pytest -p tests.maclane $(MACOS_LANE)
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -175,13 +175,13 @@ def read_pids(folder: Path, files: int, timeout: float = 20, pattern: str = "*")
             for pid in path.read_text().split()]
 
 
-def leftover_segments() -> list[str]:
-    """tbcoll's shared-memory names in /dev/shm (none can be listed on macOS, nor in a rank
-    under the macOS lane, where /dev/shm answers stat but not a listing)."""
+def tbcoll_segments() -> set[Path]:
+    """tbcoll's shared memory in /dev/shm (none can be listed on macOS, nor in a rank under the
+    macOS lane, where /dev/shm answers stat but not a listing)."""
     try:
-        return sorted(p.name for p in Path("/dev/shm").glob("tbc-*"))
+        return set(Path("/dev/shm").glob("tbc-*"))
     except OSError:
-        return []
+        return set()
 
 
 def mpich_segments() -> set[Path]:
@@ -209,24 +209,28 @@ def unheld(paths: set[Path]) -> set[Path]:
     return {path for path in paths if str(path) not in held}
 
 
+def left_behind(paths: set[Path]) -> set[Path]:
+    """Those of paths (shared memory, Hydra's topology files) that no process maps or holds
+    open, looked at twice a second apart: `make test` runs two sessions side by side, and a
+    job of the other one may have just made its own."""
+    def unused(paths: set[Path]) -> set[Path]:
+        held = {Path(path) for path in shmclean.mapped({str(path) for path in paths})}
+        return unheld({path for path in paths if path.exists()} - held)
+    left = unused(paths)
+    if left:
+        time.sleep(1)
+        left = unused(left)
+    return left
+
+
 @pytest.fixture(scope="session", autouse=True)
 def no_shared_memory_left_behind():
     """After the whole suite, no job of it may have left a shared-memory name behind: none
-    made during the session that no process maps (a session beside this one, as `make test`
-    runs two, may have jobs running; a name just made is looked at again before it counts)."""
-    before = set(leftover_segments())
+    made during the session that no process maps."""
+    before = tbcoll_segments()
     yield
-    left = unmapped(set(leftover_segments()) - before)
-    if left:
-        time.sleep(1)
-        left = unmapped(left & set(leftover_segments()))
-    assert not left, f"segments left behind: {left}"
-
-
-def unmapped(names: set[str]) -> set[str]:
-    """Those of the segments in /dev/shm named names that no process maps."""
-    paths = {f"/dev/shm/{name}" for name in names}
-    return {Path(path).name for path in paths - shmclean.mapped(paths)}
+    left = left_behind(tbcoll_segments() - before)
+    assert not left, f"segments left behind: {sorted(path.name for path in left)}"
 
 
 @pytest.fixture(scope="session", autouse=True)

