@@ -64,9 +64,10 @@ class BuildExtAndDieWithParent(build_ext):
 
 
 # the headers every extension shares (tbcoll/include: the wire and its export, reductions,
-# buffers, the pause of a spin)
+# buffers, the pause of a spin, the stream engine's words, what the C lanes share)
 _SHARED = ["tbcoll/include/wire.h", "tbcoll/include/wire_export.h", "tbcoll/include/reduce.h",
-           "tbcoll/include/buffers.h", "tbcoll/include/cpu_relax.h"]
+           "tbcoll/include/buffers.h", "tbcoll/include/cpu_relax.h",
+           "tbcoll/include/engine_words.h", "tbcoll/include/one_call.h"]
 # shm's files by layer (tbcoll/shm/shm.h): the pure C ones first (no Python.h: tests/test_tsan.py
 # builds them without Python), then the Lane's and the module's
 SHM = "tbcoll/shm/"
@@ -77,13 +78,17 @@ SHM_HEADERS = [SHM + name for name in ("shm.h", "gil.h", "flags.h", "rings.h", "
                                        "rounds.h", "lane_base.h", "one_copy.h", "moves.h",
                                        "lane.h")]
 
+# tcp's files by layer (tbcoll/transports/exchange.h): pure C, the Lane, the module
+TCP_SOURCES = [f"tbcoll/transports/{name}" for name in ("exchange.c", "tcp_lane.c", "_sockets.c")]
+TCP_HEADERS = ["tbcoll/transports/exchange.h", "tbcoll/transports/tcp_lane.h"]
+
 setup(cmdclass={"build_ext": BuildExtAndDieWithParent}, ext_modules=[
     Extension("tbcoll._gate", ["tbcoll/_gate.c"], depends=["tbcoll/include/gate.h"],
               optional=_OPTIONAL),
     Extension("tbcoll.shm._atomics", SHM_SOURCES,
               depends=[*_SHARED, *SHM_HEADERS, "tbcoll/include/gate.h"], optional=_OPTIONAL),
-    Extension("tbcoll.transports._sockets", ["tbcoll/transports/_sockets.c"], depends=_SHARED,
-              optional=_OPTIONAL),
+    Extension("tbcoll.transports._sockets", TCP_SOURCES,
+              depends=[*_SHARED, *TCP_HEADERS, "tbcoll/include/gate.h"], optional=_OPTIONAL),
     Extension("tbcoll.rdma._verbs", ["tbcoll/rdma/_verbs.c"], depends=_SHARED, libraries=_DL,
               optional=_OPTIONAL),
     *([Extension("tbcoll.launch._subreaper", ["launchers/_subreaper.c"], optional=_OPTIONAL)]

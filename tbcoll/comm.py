@@ -67,6 +67,7 @@ if atomics is not None:
 
 MAX_TAG = 32767  # the largest tag every MPI must support
 _SEND, _RECV = KIND_CODES["send"], KIND_CODES["recv"]
+_MOVES = 1 << len(LANE_ENTRIES)  # a lane's bind: send and recv (bit k: LANE_ENTRIES[k])
 _INT64 = 1 << 63
 
 
@@ -108,7 +109,7 @@ class Communicator:
         self._quick = {entry: None if tracing() else self._quick_path(entry,
                                                                       self._direct[entry.name])
                        for entry in LANE_ENTRIES}
-        self._lane, self._lane_kinds = self._bind_lane(native)
+        self._lane, self._lane_kinds, self._lane_moves = self._bind_lane(native)
         self._bind()
 
     def _bind(self) -> None:
@@ -119,21 +120,33 @@ class Communicator:
         for name in routes.NAMES:
             setattr(self, f"_first_{name}", steps.get(name))
 
-    def _bind_lane(self, native: Any) -> tuple[Any, frozenset[Collective]]:
-        """The transport's C lane (tbcoll/shm/lane.c), bound to this communicator, for send,
-        recv and the collectives whose one-call path the table takes at every size (which it
-        then takes in place of the direct path: ~0.6 us less), and those collectives; None
-        and none where it has none."""
+    def _bind_lane(self, native: Any) -> tuple[Any, frozenset[Collective], bool]:
+        """The transport's C lane (Native.lane, tbcoll.transports.base), bound to this
+        communicator, for the collectives whose one-call path the table takes (up to the
+        table's size: limit()), which it then takes in place of the direct path, and send and
+        recv where it moves messages: the lane, the collectives it took and whether it took
+        send and recv (its bind says). None and none where it has none."""
         lane = getattr(native, "lane", None)
         if lane is None or self.size == 1:
-            return None, frozenset()
-        served = [k for k, entry in enumerate(LANE_ENTRIES)
-                  if self._quick[entry] is self._direct[entry.name] is not None]
-        lane.bind(self._gate, (*(entry.code for entry in LANE_ENTRIES), _SEND, _RECV, NATIVE),
-                  tuple(entry.name for entry in LANE_ENTRIES),
-                  sum(1 << k for k in served) | 1 << len(LANE_ENTRIES), MAX_TAG, CommError,
-                  WeakMethod(self._named))
-        return lane, frozenset(LANE_ENTRIES[k] for k in served)
+            return None, frozenset(), False
+        served = [k for k, entry in enumerate(LANE_ENTRIES) if self._quick[entry] is not None]
+        taken = lane.bind(self._gate, (*(entry.code for entry in LANE_ENTRIES), _SEND, _RECV,
+                                       NATIVE),
+                          tuple(entry.name for entry in LANE_ENTRIES),
+                          sum(1 << k for k in served) | _MOVES, MAX_TAG, CommError,
+                          WeakMethod(self._named))
+        for k in served:
+            if (limit := self._native_limit(LANE_ENTRIES[k])) is not None:
+                lane.limit(k, limit)
+        return (lane, frozenset(entry for k, entry in enumerate(LANE_ENTRIES) if taken & 1 << k),
+                bool(taken & _MOVES))
+
+    def _native_limit(self, entry: Collective) -> int | None:
+        """The largest x whose call the table takes native (None: every size)."""
+        if self._fixed[entry.name] is not None:  # TBCOLL_ALGO, or the table, whatever the size
+            return None
+        _, limit = tuning.native_up_to(self._table, entry.name, self.size)
+        return None if limit is None else limit // (self.size if entry is ALL_GATHER else 1)
 
     def _quick_path(self, entry: Collective, path: Callable | None) -> Callable | None:
         """path where the table takes native at every size (shm, mpi), path behind a size
@@ -142,16 +155,16 @@ class Communicator:
         name = entry.name
         if path is None:
             return None
-        if self._fixed[name] is not None:  # TBCOLL_ALGO, or the table, whatever the size
+        if self._fixed[name] is not None:
             return path if self._fixed[name] == "native" else None
-        native, limit = tuning.native_up_to(self._table, name, self.size)
-        if not native:
+        if not tuning.native_up_to(self._table, name, self.size)[0]:
             return None
-        ranks = self.size if entry is ALL_GATHER else 1  # the table measures the output
+        if (limit := self._native_limit(entry)) is None:
+            return path
 
         def up_to_the_tables_limit(x: np.ndarray, op: str | None, root: int,
                                    out: np.ndarray | None) -> Any:
-            return path(x, op, root, out) if x.nbytes * ranks <= limit else None
+            return path(x, op, root, out) if x.nbytes <= limit else None
 
         return up_to_the_tables_limit
 
@@ -530,7 +543,7 @@ class Communicator:
             if self._progress is not None:
                 self._progress.stop()  # what was started finishes first
             self._closed = True
-            self._lane, self._lane_kinds = None, frozenset()
+            self._lane, self._lane_kinds, self._lane_moves = None, frozenset(), False
             self._direct = dict.fromkeys(self._direct)
             self._quick = dict.fromkeys(self._quick)
             self._ctx.close()  # every call goes to its choose, which refuses

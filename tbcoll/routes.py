@@ -5,9 +5,10 @@ may make in one step) and its send and recv each have one route, chosen when the
 is made and again on the few events that change it (Communicator._bind: the first
 non-blocking call, close), never per call. Whether a call may take a one-call path is asked
 there, once per transport, of: per-call checks (TBCOLL_CHECK: never), --trace (never for the
-collectives: their calls are timed), TBCOLL_ALGO and the tuning table (native at every size:
-the whole path, shm's C lane where the transport has one; native up to a size: the
-transport's direct path behind that size, rdma's C mesh), and the transport's offers.
+collectives: their calls are timed), TBCOLL_ALGO and the tuning table (native, at every size
+or up to a size), and the transport's offers: its C lane (Native.lane, tbcoll.transports.base:
+shm's, and tcp's small all_reduce), which takes the whole call up to the table's size, else
+its direct path (behind that size: rdma's C mesh).
 
 The route of a call is its public method: its first step, bound on the communicator
 (Communicator._bind puts each of first_steps in _first_<name>; None: none), else the general
@@ -118,6 +119,6 @@ def first_steps(comm: Any) -> dict[str, Callable]:
             continue
         steps[entry.name] = first if progress is None else queued(comm._gate, entry.code,
                                                                   progress, first)
-    if lane is not None and progress is None:
+    if comm._lane_moves and progress is None:
         steps.update(send=lane.send, recv=lane.recv)
     return steps

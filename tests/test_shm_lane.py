@@ -386,21 +386,25 @@ def test_the_lane_moves_small_messages_and_leaves_the_rest_to_the_engine(script,
 
 
 CHANGED_WORDS = """
-import tbcoll.shm._atomics as built
-built.PULLS <<= 1  # as a build of another moves.c would say
-import tbcoll.transports.shm
+import tbcoll.{module} as built
+built.PULLS <<= 1  # as a build of another engine_words.h would say
+import tbcoll.transports.{transport}
 """
 
 
-def test_a_build_with_other_engine_words_is_refused_at_import():
-    """The engine's words are laid out in moves.c as in stream.py, or the import says so."""
-    p = subprocess.run([sys.executable, "-c", CHANGED_WORDS], capture_output=True, text=True,
-                       timeout=60)
+@pytest.mark.parametrize("module, transport", [("shm._atomics", "shm"),
+                                               ("transports._sockets", "tcp")])
+def test_a_build_with_other_engine_words_is_refused_at_import(module, transport):
+    """The engine's words are laid out in each extension as in tbcoll.transports.words, or the
+    transport's import says so."""
+    p = subprocess.run([sys.executable, "-c", CHANGED_WORDS.format(module=module,
+                                                                   transport=transport)],
+                       capture_output=True, text=True, timeout=60)
     assert p.returncode != 0 and p.stderr.splitlines(), p.stdout + p.stderr
     assert p.stderr.splitlines()[-1] == (
-        "ImportError: tbcoll.shm._atomics was built from another version of moves.c (the "
-        "engine's words {'PULLS': (64, 128)}, tbcoll.transports.stream's first): reinstall "
-        "tbcoll"), p.stderr
+        f"ImportError: tbcoll.{module} was built from another version of "
+        "tbcoll/include/engine_words.h (the engine's words {'PULLS': (64, 128)}, "
+        "tbcoll.transports.words' first): reinstall tbcoll"), p.stderr
 
 
 AFTER_NONBLOCKING = """

@@ -145,8 +145,68 @@ if r == p - 1:
     time.sleep(0.2)
 late = comm.all_reduce(np.full(4 << 20, r + 0.5), algorithm="native")
 assert (late == late[0]).all()
+if "c" in sys.argv:
+    lane_paths(comm)
 print(late[:1].tolist())
 """
+
+# The Lane (tbcoll/transports/tcp_lane.c) takes a small plain all_reduce whole, in C; where
+# the engine holds something for a peer it leaves the call to the Python path; where a peer is
+# late its exchange stops and the engine finishes it. Which Python functions ran, seen by
+# sys.setprofile, tells which path each call took.
+LANE = """
+def lane_paths(comm):
+    from tbcoll.transports._sockets import Lane
+    r, p = comm.rank, comm.size
+    assert isinstance(comm._first_all_reduce.__self__, Lane)
+
+    def ran(call):
+        names = []
+        sys.setprofile(lambda frame, event, arg: names.append(frame.f_code.co_name)
+                       if event == "call" else None)
+        try:
+            result = call()
+        finally:
+            sys.setprofile(None)
+        # less the call itself, the Communicator's method (the route) and the engine's
+        # words, published after the engine was used: no other Python ran
+        return result, set(names) - {"<lambda>", "all_reduce", "publish_words"}
+
+    def in_c(call, check):
+        # a call seen to run in C alone on every rank, every result checked (a peer later
+        # than C waits, 50 ms, has the engine finish the call, and a message of the call read
+        # early by the engine, as the Python path reads whatever has come, has the Python path
+        # take it: on a busy machine, then every rank tries again)
+        for _ in range(20):
+            result, names = ran(call)
+            assert check(result), result
+            if comm.all_reduce(np.array(len(names)), "max") == 0:
+                return
+        raise AssertionError(f"the Lane never took the whole call: {names} ran")
+
+    total = sum(range(p))
+    for x in (np.array(r, np.float32), np.full((2, 3), r, np.int32), np.full(5, r, np.float64)):
+        in_c(lambda: comm.all_reduce(x), lambda y: (y == total).all() and y.shape == x.shape)
+    x, out = np.full(4, r, np.int64), np.empty(4, np.int64)
+    in_c(lambda: comm.all_reduce(x, "max", out=out), lambda y: y is out and (y == p - 1).all())
+    # a peer late to a small call: C's wait runs out, and the engine finishes the call
+    if r == p - 1:
+        time.sleep(0.3)
+    result, names = ran(lambda: comm.all_reduce(x, "min"))
+    assert (result == 0).all(), result
+    assert (r == p - 1) == ("_finish" not in names), names
+    in_c(lambda: comm.all_reduce(x), lambda y: (y == total).all())
+    # a receive posted from a peer: the engine holds something, so Python's path runs (and
+    # after this non-blocking call, every call takes the progress thread's queue: routes.queued)
+    peer = (r + 1) % p
+    request = comm.irecv(np.empty(3), (r - 1) % p, tag=5)
+    comm.barrier()
+    result, names = ran(lambda: comm.all_reduce(x))
+    assert (result == total).all() and "direct_all_reduce" in names, names
+    comm.send(np.full(3, r, np.float64), peer, tag=5)
+    assert (request.wait() == (r - 1) % p).all()
+"""
+JOB = JOB.replace("comm = tbcoll.init()", LANE + "comm = tbcoll.init()")
 
 
 @pytest.mark.parametrize("ranks, path", [(2, "c"), (3, "c"), (2, "python")])

@@ -7,10 +7,9 @@
  * (reduce.h); its init exports the layout Python checks at import, and adds the Lane type
  * (lane.c).
  *
- * Includes: Python.h, tbcoll/include/buffers.h, reduce.h, wire_export.h, lane.h, moves.h,
- * rounds.h
- * (the words' layout), and the pure layer (shm.h, flags.h, rings.h, cma.h). The top of the
- * extension: no other file calls a function of this one.
+ * Includes: Python.h, tbcoll/include/buffers.h, reduce.h, wire_export.h, engine_words.h (the
+ * words' layout), lane.h, rounds.h, and the pure layer (shm.h, flags.h, rings.h, cma.h).
+ * The top of the extension: no other file calls a function of this one.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -23,7 +22,7 @@
 #include "cma.h"
 #include "flags.h"
 #include "lane.h"
-#include "moves.h" /* add_move_words */
+#include "../include/engine_words.h" /* add_engine_words */
 #include "rings.h"
 #include "rounds.h" /* the stages */
 #include "shm.h"
@@ -358,7 +357,7 @@ PyMODINIT_FUNC PyInit__atomics(void)
         PyModule_AddObject(m, "LANE_KINDS", lane_kinds()) < 0 ||
         PyModule_AddObject(m, "NOT_IN_HEAP", Py_BuildValue("(ii)", NOT_IN_HEAP_ALLOCATION,
                                                            NOT_IN_HEAP_OFFSET)) < 0 ||
-        add_wire(m) < 0 || add_move_words(m) < 0 || add_lane_type(m) < 0) {
+        add_wire(m) < 0 || add_engine_words(m) < 0 || add_lane_type(m) < 0) {
         Py_XDECREF(m);
         return NULL;
     }

@@ -283,7 +283,7 @@ static PyObject *lane_attach(Lane *self, PyObject *args)
  * native algorithm's), each kind's name (for its errors), a mask of the kinds that may take
  * the lane (bit k: kind k; MOVES: send and recv, with tags up to max_tag, once streams() was
  * called), and how its errors are named: a comm_error raised in a call is raised again as
- * namer()(error, what) (see named).
+ * namer()(error, what) (see named). Returns the mask it took: all of enabled.
  */
 static PyObject *lane_bind(Lane *self, PyObject *args)
 {
@@ -313,7 +313,7 @@ static PyObject *lane_bind(Lane *self, PyObject *args)
     Py_XSETREF(self->namer, Py_NewRef(namer));
     self->enabled = enabled;
     self->max_tag = max_tag;
-    Py_RETURN_NONE;
+    return PyLong_FromLong(enabled); /* every kind and the moves: all it has */
 }
 
 /* The shape a kind's result has for x's (view) on size ranks, into shape; its ndim, or -1

@@ -3,11 +3,12 @@
  * in Python (lane_round, over rounds.c's run_round), a CommError named as the communicator
  * names it, numpy's refusal of a buffer told from an error, a dtype's code.
  *
- * Includes: Python.h, lane_base.h (and the pure layer through it).
+ * Includes: Python.h, tbcoll/include/one_call.h, lane_base.h (and the pure layer through it).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include "../include/one_call.h"
 #include "lane_base.h"
 
 PyObject *DTYPE_NAME;
@@ -53,58 +54,19 @@ int lane_round(Lane *self, Round *r, char *base, uint64_t signature)
 /* Whether the error raised is numpy refusing a buffer request (then cleared). */
 int lane_refused(void)
 {
-    if (!PyErr_ExceptionMatches(PyExc_BufferError) && !PyErr_ExceptionMatches(PyExc_ValueError))
-        return 0;
-    PyErr_Clear();
-    return 1;
+    return one_call_refused();
 }
 
 /* The dtype code of an array's dtype object (by identity, as tbcoll.comm's KNOWN_DTYPES), or
  * -1; *dtype is a new reference. */
 int lane_dtype_code(Lane *self, PyObject *array, PyObject **dtype)
 {
-    *dtype = PyObject_GetAttr(array, DTYPE_NAME);
-    if (*dtype == NULL)
-        return -2;
-    for (int code = 0; code < DTYPES; code++)
-        if (PyTuple_GET_ITEM(self->dtypes, code) == *dtype)
-            return code;
-    return -1;
+    return one_call_dtype(self->dtypes, array, dtype);
 }
 
-/* Where a bound call raised a CommError: the communicator's name for it (bind's namer, called
- * with the error and `what`, a format of arg), raised as `raise named from error` would;
- * anything else as it was (also where the communicator is gone). Returns NULL. */
+/* Where a bound call raised a CommError: the communicator's name for it (one_call_named).
+ * Returns NULL. */
 PyObject *lane_named(Lane *self, const char *what, PyObject *arg)
 {
-    if (self->namer == NULL || !PyErr_ExceptionMatches(self->comm_error))
-        return NULL;
-    PyObject *type, *error, *trace;
-    PyErr_Fetch(&type, &error, &trace);
-    PyErr_NormalizeException(&type, &error, &trace);
-    if (trace != NULL)
-        PyException_SetTraceback(error, trace);
-    PyObject *name = PyUnicode_FromFormat(what, arg);
-    PyObject *namer = name ? PyObject_CallNoArgs(self->namer) : NULL;
-    PyObject *renamed = namer && namer != Py_None
-                            ? PyObject_CallFunctionObjArgs(namer, error, name, NULL) : NULL;
-    Py_XDECREF(namer);
-    Py_XDECREF(name);
-    if (renamed == NULL) {
-        if (PyErr_Occurred()) { /* naming failed: that error */
-            Py_XDECREF(type);
-            Py_XDECREF(error);
-        } else {
-            PyErr_Restore(type, error, trace);
-            return NULL;
-        }
-    } else {
-        PyException_SetContext(renamed, Py_NewRef(error));
-        PyException_SetCause(renamed, error); /* (takes error; suppresses the context) */
-        PyErr_SetObject((PyObject *)Py_TYPE(renamed), renamed);
-        Py_DECREF(renamed);
-        Py_XDECREF(type);
-    }
-    Py_XDECREF(trace);
-    return NULL;
+    return one_call_named(self->namer, self->comm_error, what, arg);
 }

@@ -4,7 +4,8 @@
  * shm.py lends them: streams()), where nothing of the engine's must go first; what C cannot
  * do or finish, the engine's Python does (tbcoll/transports/stream.py).
  *
- * Includes: Python.h, tbcoll/include/buffers.h, moves.h (lane_base.h), rings.h, cma.h.
+ * Includes: Python.h, tbcoll/include/buffers.h, engine_words.h, moves.h (lane_base.h), rings.h,
+ * cma.h.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -12,17 +13,13 @@
 #include <string.h>
 
 #include "../include/buffers.h"
+#include "../include/engine_words.h"
 #include "cma.h"
 #include "moves.h"
 #include "rings.h"
 
 /*
- * The stream engine's words (tbcoll/transports/stream.py: WORDS_PER_PEER and the bits below,
- * the same there; tbcoll/transports/shm.py checks at import that these constants, which the
- * module exports, are its): per peer, what C must know before it moves a message to or from
- * that peer, each word tested with one load. Each of the engine's doors marks them STALE as
- * it leaves; C, finding them so, has the engine publish them (StreamTransport.publish_words)
- * before it tests one, so that they are true whenever C tests them. C stores only next_pull's.
+ * The stream engine's words: tbcoll/include/engine_words.h.
  *
  * Why plain loads and stores: the words are this process's own memory (an array the engine
  * owns, its buffer held here from streams() on, so it can neither move nor be resized), and
@@ -32,45 +29,6 @@
  * and the move that the word allows), and publish_words, which C calls with the gate held
  * and no door open. No other thread or process reads them.
  */
-enum { ENGINE_WORD = 0, PEER_WORDS = 1, WORDS_PER_PEER = 2, STATE_WORD = 0, NEXT_PULL_WORD = 1 };
-#define STALE (1u << 0)      /* (the engine word's) the state words may be out of date */
-#define SENDING (1u << 0)    /* a send to the peer is queued */
-#define LOST (1u << 1)       /* its stream is lost */
-#define READING (1u << 2)    /* a message of its is half-read, or its stage holds unread bytes */
-#define POSTED (1u << 3)     /* a receive from it is posted (any context and tag) */
-#define UNEXPECTED (1u << 4) /* a message of its is held for its receive (likewise) */
-#define MISMATCH (1u << 5)   /* the ranks' calls were found to differ */
-#define PULLS (1u << 6)      /* large messages to and from it are pulled */
-/* what makes a send, and a receive, the engine's: a message before it to go or to be taken,
- * or a reason to fail. POSTED and UNEXPECTED are of any (context, tag), where the engine's
- * own check (_receives_idle) asks only of this message's: a receive that C leaves to the
- * engine for that reason is right (the engine is what C stands in for, and takes its own C
- * path where its exact check allows); it is only slower, and only where a receive of another
- * tag is pending or a message of another tag is held, which a blocking send/recv program
- * leaves only where its messages arrive out of the order it takes them (or a collective of
- * the engine's, context 1, meets a message of its next call early). The common path, a
- * message to or from a peer with nothing held, tests one bit mask (tests/test_shm_lane.py
- * counts which paths ran). */
-#define SEND_HELD (SENDING | LOST)
-#define RECV_HELD (LOST | READING | POSTED | UNEXPECTED | MISMATCH)
-
-int add_move_words(PyObject *module)
-{
-    static const struct {
-        const char *name;
-        long value;
-    } layout[] = {
-        {"ENGINE_WORD", ENGINE_WORD}, {"STALE", STALE}, {"PEER_WORDS", PEER_WORDS},
-        {"WORDS_PER_PEER", WORDS_PER_PEER}, {"STATE_WORD", STATE_WORD},
-        {"NEXT_PULL_WORD", NEXT_PULL_WORD}, {"SENDING", SENDING}, {"LOST", LOST},
-        {"READING", READING}, {"POSTED", POSTED}, {"UNEXPECTED", UNEXPECTED},
-        {"MISMATCH", MISMATCH}, {"PULLS", PULLS},
-    };
-    for (size_t k = 0; k < sizeof layout / sizeof layout[0]; k++)
-        if (PyModule_AddIntConstant(module, layout[k].name, layout[k].value) < 0)
-            return -1;
-    return 0;
-}
 
 void lane_release_words(Lane *self)
 {
@@ -159,31 +117,6 @@ bad:
     return NULL;
 }
 
-/* peer's word at `which` (STATE_WORD, NEXT_PULL_WORD): see the words above */
-static inline uint64_t *word_of(Lane *self, Py_ssize_t peer, int which)
-{
-    return (uint64_t *)self->words.buf + PEER_WORDS + peer * WORDS_PER_PEER + which;
-}
-
-/* Have the engine publish its words where a door has left it since they were: 0, or -1
- * with an exception. */
-static int words_fresh(Lane *self)
-{
-    uint64_t *engine = (uint64_t *)self->words.buf + ENGINE_WORD;
-    if (!(*engine & STALE))
-        return 0;
-    PyObject *done = PyObject_CallNoArgs(self->publish);
-    if (done == NULL)
-        return -1;
-    Py_DECREF(done);
-    if (*engine & STALE) {
-        PyErr_SetString(PyExc_RuntimeError, "the stream engine's publish_words left its words "
-                                            "stale (the shm lane would read them as true)");
-        return -1;
-    }
-    return 0;
-}
-
 /* A message's header (tbcoll/include/wire.h; stream.py's _HEADER packs the same) for a
  * message of no collective's call (seq and call 0): a user's message, an announcement of one,
  * an answer that it was pulled. */
@@ -217,7 +150,7 @@ typedef struct {
 static int move_in_c(Lane *self, int sending, Py_ssize_t peer, long tag, Py_buffer *payload,
                      char *segment, Move *m)
 {
-    if (*word_of(self, peer, STATE_WORD) & (sending ? SEND_HELD : RECV_HELD))
+    if (*engine_word(self->words.buf, peer, STATE_WORD) & (sending ? SEND_HELD : RECV_HELD))
         return ENGINE;
     char *ring = segment + self->stream_at[2 * peer + !sending];
     Py_ssize_t capacity = self->stream_capacity, whole = payload->len;
@@ -246,7 +179,7 @@ static int move_in_c(Lane *self, int sending, Py_ssize_t peer, long tag, Py_buff
 static int pull_in_c(Lane *self, int sending, Py_ssize_t peer, long tag, Py_buffer *payload,
                      char *segment, Move *m)
 {
-    uint64_t state = *word_of(self, peer, STATE_WORD);
+    uint64_t state = *engine_word(self->words.buf, peer, STATE_WORD);
     if ((state & (SEND_HELD | RECV_HELD)) || !(state & PULLS))
         return ENGINE;
     char *to = segment + self->stream_at[2 * peer], *from = segment + self->stream_at[2 * peer + 1];
@@ -258,7 +191,7 @@ static int pull_in_c(Lane *self, int sending, Py_ssize_t peer, long tag, Py_buff
     if (sending) {
         if (ring_room(to, capacity) < HEADER_BYTES + DESCRIPTOR_BYTES)
             return ENGINE;
-        uint64_t *next = word_of(self, peer, NEXT_PULL_WORD); /* the engine's _take_pull */
+        uint64_t *next = engine_word(self->words.buf, peer, NEXT_PULL_WORD); /* the engine's _take_pull */
         m->pull = *next;
         *next = (m->pull + 1) & PULL_IDS;
         put_big_endian(m->descriptor + DESCRIPTOR_ADDRESS, (uint64_t)(uintptr_t)payload->buf,
@@ -305,7 +238,7 @@ static int move(Lane *self, int sending, Py_ssize_t peer, long tag, Py_buffer *p
     int pulled = payload->len >= self->pull_bytes;
     if (pulled && !HAVE_CMA)
         return ENGINE; /* through the ring, in pieces as the receiver reads: the engine's */
-    if (words_fresh(self) < 0)
+    if (engine_words_fresh(self->words.buf, self->publish) < 0)
         return -1;
     Py_buffer segment;
     if (PyObject_GetBuffer(self->segment, &segment, PyBUF_WRITABLE) < 0)

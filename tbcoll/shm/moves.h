@@ -1,5 +1,5 @@
 /* The shm lane's send and recv over the stream engine's rings (moves.c), for lane.c (its
- * methods and tp_clear) and _atomics.c (the words' layout as module constants).
+ * methods and tp_clear).
  * May include: Python.h, lane_base.h. */
 #ifndef TBCOLL_SHM_MOVES_H
 #define TBCOLL_SHM_MOVES_H
@@ -14,7 +14,5 @@ INTERNAL PyObject *lane_send(Lane *self, PyObject *const *args, Py_ssize_t nargs
 INTERNAL PyObject *lane_recv(Lane *self, PyObject *const *args, Py_ssize_t nargs);
 /* The release of the engine's words (tp_clear) */
 INTERNAL void lane_release_words(Lane *self);
-/* At import: the words' layout as module constants (0, or -1 with an exception) */
-INTERNAL int add_move_words(PyObject *module);
 
 #endif

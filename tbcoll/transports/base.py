@@ -72,11 +72,25 @@ class Native(Protocol):
     direct_broadcast: Callable[[Any, None, int, Any], Any] | None
     direct_reduce_scatter: Callable[[Any, str, int, Any], Any] | None
     takes_mlx: bool
-    # Optionally `lane`: a C object whose all_reduce(x, op, out), all_gather(x, out),
-    # reduce_scatter(x, op, out), broadcast(x, root, out), send(x, dst, tag) and
-    # recv(out, src, tag) run a whole call (checks, the communicator's call gate: its lock,
-    # count and flight recorder, driven from C through tbcoll/gate.h; the transport's work)
-    # or return None, once the Communicator has bound it (tbcoll/shm/lane.c, the one so far).
+    # Optionally `lane`: a C object that runs a whole call in one C call (the checks, the
+    # communicator's call gate, the transport's work) or returns None having touched nothing,
+    # after which the general path runs the call. The contract, which tbcoll/shm/lane.c and
+    # tbcoll/transports/tcp_lane.c keep (tbcoll/include/one_call.h holds what they share):
+    # - bind(gate, codes, names, enabled, max_tag, comm_error, namer) -> the mask it took.
+    #   gate: the communicator's tbcoll._gate.Gate, driven from C through
+    #   tbcoll/include/gate.h (enter, done, leave: its lock, count and flight recorder);
+    #   codes: the gate's codes of the four kinds (tbcoll.comm.LANE_ENTRIES' order), send,
+    #   recv and the native algorithm; names: the kinds' names, for errors; enabled: bit k for
+    #   kind k, the next bit for send and recv (tags up to max_tag); a comm_error raised in a
+    #   call is raised again as namer()(error, name). It returns the bits it takes: the
+    #   Communicator routes those calls to it (tbcoll.routes), and no others.
+    # - limit(kind, nbytes): the largest x the tuning table takes native for that kind; the
+    #   lane may take less (its own limit), never more.
+    # - all_reduce(x, op, out), all_gather(x, out), reduce_scatter(x, op, out),
+    #   broadcast(x, root, out), send(x, dst, tag), recv(out, src, tag), for the bits taken.
+    # Whatever the engine must do first or finish (a message held for a peer, a peer late past
+    # C's wait) C leaves to the transport's Python, as the stream engine's words say
+    # (tbcoll.transports.words: C tests them with one load each).
 
     def all_reduce(self, send: np.ndarray, recv: np.ndarray, op: str) -> None: ...
 

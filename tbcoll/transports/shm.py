@@ -36,16 +36,9 @@ from tbcoll.shm.native import RING, WAIT_SLICE, Layout, ShmNative, available, go
 from tbcoll.shm.pipe import OverwrittenRing, Ring, ShmDuplex
 from tbcoll.shm.segment import MAX_NAME, Segment
 from tbcoll.transports.base import P2P
-from tbcoll.transports.stream import (
-    ENGINE_WORD,
-    STALE,
-    WORD_LAYOUT,
-    Peer,
-    StreamEndpoint,
-    StreamTransport,
-    bytes_of,
-)
-from tbcoll.transports.turns import Turns
+from tbcoll.transports.stream import Peer, StreamEndpoint, StreamTransport, bytes_of
+from tbcoll.transports.turns import Marking
+from tbcoll.transports.words import check_words
 
 _SETUP_TAG = 30000
 _SPINS = 50  # polls of the rings before a waiting rank starts to yield its core
@@ -62,38 +55,7 @@ PULL_BYTES = RING
 _NOTHING = np.empty(0, np.uint8)
 
 
-def _check_words() -> None:
-    """The engine's words are laid out in tbcoll/shm/moves.c as in tbcoll.transports.stream
-    (a build of another version would test other bits, and move a message that must wait)."""
-    if atomics is None:
-        return
-    differs = {name: (value, getattr(atomics, name, None)) for name, value in WORD_LAYOUT.items()
-               if getattr(atomics, name, None) != value}
-    if differs:
-        raise ImportError(f"tbcoll.shm._atomics was built from another version of moves.c "
-                          f"(the engine's words {differs}, tbcoll.transports.stream's first): "
-                          "reinstall tbcoll")
-
-
-_check_words()
-
-
-class _Marking(Turns):
-    """The engine's Turns, which mark its words STALE as each door leaves the engine (with
-    the engine still held): the lane's C has the engine publish them before it tests one
-    (StreamTransport.publish_words). Publishing at each door's exit instead cost ~0.4 us of
-    CPU per door more (np=2, measured under load), on every message that does not take the
-    lane (a 2-D array's, a Python collective's)."""
-
-    __slots__ = ("words",)
-
-    def __init__(self, words: array) -> None:
-        super().__init__()
-        self.words = words
-
-    def __exit__(self, kind: object, error: object, trace: object) -> None:
-        self.words[ENGINE_WORD] = STALE  # (its one bit; named arguments: *exc costs more)
-        Turns.__exit__(self, kind, error, trace)
+check_words(atomics)
 
 
 class ShmStream(StreamTransport):
@@ -120,7 +82,7 @@ class ShmStream(StreamTransport):
         channels = {peer: ShmDuplex(ring(rank, peer), ring(peer, rank))
                     for peer in range(size) if peer != rank}
         super().__init__(rank, size, channels, timeout)
-        self.turns = _Marking(self.words)  # before any door is made
+        self.turns = Marking(self.words)  # before any door is made
         self._native = native
         pulls = bool(atomics.HAVE_CMA) and shm_cma()
         for peer in self._peers.values():
@@ -130,7 +92,7 @@ class ShmStream(StreamTransport):
     def lend_lane(self, lane: atomics.Lane, endpoint: StreamEndpoint) -> None:
         """Let the communicator's lane (tbcoll/shm/moves.c) move endpoint's messages itself
         where this engine would take its C paths below: it tests the engine's words (see
-        tbcoll.transports.stream's WORDS_PER_PEER; publish_words where they are STALE) to see
+        tbcoll.transports.words; publish_words where they are STALE) to see
         that nothing must go first, takes next_pull's, and leaves to the engine what it cannot
         (endpoint.send/recv) or did not finish (the _finish_* methods, entered as doors).
         endpoint's ranks are this engine's (one segment per communicator).

@@ -49,6 +49,22 @@ import numpy as np
 from tbcoll.calls import MISMATCH_ADVICE, NO_CALL, mismatch
 from tbcoll.errors import CommError, PeerLostError, PeerTimeoutError
 from tbcoll.transports.turns import SHARED_SLICE, Turns
+from tbcoll.transports.words import (
+    ENGINE_WORD,
+    LOST,
+    MISMATCH,
+    NEXT_PULL_WORD,
+    PEER_WORDS,
+    POSTED,
+    PULLS,
+    READING,
+    SENDING,
+    SHARED,
+    STATE_WORD,
+    UNEXPECTED,
+    WORDS_PER_PEER,
+    WRITING,
+)
 
 # The wire, as C describes it too (tbcoll/include/wire.h; tbcoll.wire_check compares the two
 # as each C extension is imported): the header's and the descriptor's fields, big-endian
@@ -65,27 +81,6 @@ PULL_IDS = 0xFFFFFFFF  # pull ids count modulo 2**32 (an answer's tag holds one)
 _STAGE = 256 << 10  # staging buffer per stream
 _DIRECT = 16 << 10  # a payload remainder this large is read straight into its destination
 
-# The engine's words (StreamTransport.words): per peer, what a transport's C path must know
-# before it moves a message to or from that peer by itself, each in one machine word that C
-# tests with one load. words[ENGINE_WORD] is STALE where the state words may be out of date
-# (see publish_words). Peer k's are words[PEER_WORDS + k * WORDS_PER_PEER + STATE_WORD] (the
-# bits below) and [... + NEXT_PULL_WORD] (the id of the next message pulled from this rank by
-# k, which the engine and C both take). tbcoll/shm/moves.c has the same layout;
-# tbcoll/transports/shm.py checks that at import (WORD_LAYOUT).
-ENGINE_WORD, STALE = 0, 1
-PEER_WORDS, WORDS_PER_PEER, STATE_WORD, NEXT_PULL_WORD = 1, 2, 0, 1
-SENDING = 1 << 0  # a send to the peer is queued: what goes next to it is the engine's
-LOST = 1 << 1  # the peer's stream is lost
-READING = 1 << 2  # a message from the peer is half-read, or its stage holds unread bytes
-POSTED = 1 << 3  # a receive from the peer is posted (any context and tag)
-UNEXPECTED = 1 << 4  # a message from the peer is held for its receive (any context and tag)
-MISMATCH = 1 << 5  # the ranks' calls were found to differ (the engine's: in every peer's word)
-PULLS = 1 << 6  # large messages to and from the peer are pulled
-WORD_LAYOUT = {"ENGINE_WORD": ENGINE_WORD, "STALE": STALE, "PEER_WORDS": PEER_WORDS,
-               "WORDS_PER_PEER": WORDS_PER_PEER, "STATE_WORD": STATE_WORD,
-               "NEXT_PULL_WORD": NEXT_PULL_WORD, "SENDING": SENDING, "LOST": LOST,
-               "READING": READING, "POSTED": POSTED, "UNEXPECTED": UNEXPECTED,
-               "MISMATCH": MISMATCH, "PULLS": PULLS}
 
 
 class Channel(Protocol):
@@ -182,7 +177,8 @@ def _failed(request: _Send | _Recv) -> bool:
 
 def bytes_of(buf: np.ndarray) -> memoryview:
     """buf's bytes as a flat memoryview (works for dtypes with no buffer format, e.g. bfloat16)."""
-    return memoryview(buf.view(np.uint8).reshape(-1))  # a 2-D view counts rows, not bytes
+    # flat first: a 2-D view counts rows, not bytes, and a 0-d array has no view of bytes
+    return memoryview(buf.reshape(-1).view(np.uint8))
 
 
 class StreamTransport:
@@ -211,7 +207,10 @@ class StreamTransport:
         self._contexts = {0}  # the first context of each group made here
         self._peers = {peer: Peer(peer, channel) for peer, channel in channels.items()}
         self._writing: set[Peer] = set()
-        self._calls: dict[int, tuple[int, int]] = {}  # context -> the call this rank runs
+        # context -> the call this rank runs there, [seq, signature] (its endpoint's call
+        # words): a message of the same seq with another signature, or of an earlier seq (one
+        # this rank's calls never took), shows that the ranks' calls differ
+        self._calls: dict[int, array] = {}
         self._mismatch: str | None = None  # calls found to differ: every wait fails with it
         # per peer: its state as a C path tests it, and the id of its next pull (see
         # WORDS_PER_PEER); the state words are set by publish_words only
@@ -267,10 +266,10 @@ class StreamTransport:
         self._peers.clear()
 
     def publish_words(self) -> None:
-        """Set each peer's state word (see WORDS_PER_PEER) from the engine's state, and clear
-        STALE. A transport whose C path reads them sets STALE whenever control leaves the
-        engine (each door's exit: tbcoll/transports/shm.py), and its C calls this, with no
-        door open, before it tests a word where it finds STALE: the engine's state changes
+        """Set each peer's state word and the engine's (tbcoll.transports.words) from the
+        engine's state, clearing STALE. A transport whose C path reads them sets STALE whenever
+        control leaves the engine (each door's exit: tbcoll.transports.turns.Marking), and its
+        C calls this, with no door open, before it tests a word where it finds STALE: the engine's state changes
         only inside it, and C changes none of it but next_pull (its own word), so the words
         are true whenever C tests them (and an engine entered many times between two C moves
         publishes once). They are conservative: POSTED and UNEXPECTED say that anything is
@@ -284,7 +283,8 @@ class StreamTransport:
                 | (READING if peer.target is not None or peer.start != peer.end else 0)
                 | (POSTED if peer.posted else 0) | (UNEXPECTED if peer.unexpected else 0)
                 | (PULLS if peer.pulls else 0))
-        words[ENGINE_WORD] = 0
+        words[ENGINE_WORD] = ((SHARED if self.turns.shared else 0)
+                              | (WRITING if self._writing else 0))
 
     def _next_pull(self, peer: Peer) -> int:
         """The id of the next message pulled from this rank by peer (its word, which a C path
@@ -298,12 +298,6 @@ class StreamTransport:
         return pull
 
     # --- posting -------------------------------------------------------------------------
-
-    def begin_call(self, context: int, call: tuple[int, int]) -> None:
-        """This rank now runs call (seq, signature) on context: a message of the same seq with
-        another signature, or of an earlier seq (one this rank's calls never took), shows
-        that the ranks' calls differ."""
-        self._calls[context] = call
 
     def isend(self, buf: np.ndarray, dest: int, context: int, tag: int,
               call: tuple[int, int] = NO_CALL) -> _Send:
@@ -627,7 +621,7 @@ class StreamTransport:
             announced, context = context & _ANNOUNCE, context & ~_ANNOUNCE
             if call[1] and not self._mismatch and (running := self._calls.get(context)) and (
                     call[0] < running[0] or call[0] == running[0] and call[1] != running[1]):
-                self._mismatch = self._call_error(peer.rank, call, running)
+                self._mismatch = self._call_error(peer.rank, call, (running[0], running[1]))
             if announced:
                 owner = _Announced(context, tag, call)
                 view = memoryview(owner.descriptor)
@@ -755,43 +749,50 @@ class StreamEndpoint:
         self._transport, self.context, self._members = transport, context, members
         self._turns = transport.turns  # each method here is a door into the engine
         self.rank, self.size = members.index(transport.rank), len(members)
-        self._call = NO_CALL
+        # The collective call whose messages follow, [seq, signature] (NO_CALL's words for the
+        # user's messages): numbered here by begin_call, or by the one-call paths, in Python
+        # (begin_next_call) or in C (tcp's Lane, which is handed these words); the engine
+        # compares arriving messages with it
+        self.call_words = array("Q", NO_CALL)
+        transport._calls[context] = self.call_words
 
     def begin_call(self, seq: int, signature: int) -> None:
-        """The collective call whose messages follow (see StreamTransport.begin_call)."""
-        self._call = (seq, signature)
-        self._transport.begin_call(self.context, self._call)
+        """The collective call whose messages follow: its number and signature."""
+        words = self.call_words
+        words[0], words[1] = seq, signature
 
     @property
     def call(self) -> tuple[int, int]:
         """The call begun last (seq, signature)."""
-        return self._call
+        words = self.call_words
+        return words[0], words[1]
 
     def begin_next_call(self, signature: int) -> tuple[int, int]:
         """begin_call for the call after the last one begun: a one-call path's (comm.py
         numbers those calls without telling the group); returns it (as .call would). Inline:
         it is on the small all_reduce's path."""
-        self._call = call = (self._call[0] + 1, signature)
-        self._transport._calls[self.context] = call
-        return call
+        words = self.call_words
+        words[0] += 1
+        words[1] = signature
+        return words[0], signature
 
     def send(self, buf: np.ndarray, peer: int, tag: int) -> None:
         with self._turns:
-            self._transport.send(buf, self._members[peer], self.context, tag, self._call)
+            self._transport.send(buf, self._members[peer], self.context, tag, self.call)
 
     def recv(self, buf: np.ndarray, peer: int, tag: int) -> None:
         with self._turns:
-            self._transport.recv(buf, self._members[peer], self.context, tag, self._call)
+            self._transport.recv(buf, self._members[peer], self.context, tag, self.call)
 
     def isend(self, buf: np.ndarray, peer: int, tag: int) -> _Send:
         with self._turns:
             return self._transport.isend(buf, self._members[peer], self.context, tag,
-                                         self._call)
+                                         self.call)
 
     def irecv(self, buf: np.ndarray, peer: int, tag: int) -> _Recv:
         with self._turns:
             return self._transport.irecv(buf, self._members[peer], self.context, tag,
-                                         self._call)
+                                         self.call)
 
     def waitall(self, requests: Sequence[_Send | _Recv]) -> None:
         with self._turns:

@@ -27,6 +27,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import numpy as np
 
@@ -45,6 +46,8 @@ from tbcoll.topology import route_source
 from tbcoll.transports.delayed import DelayedChannel
 from tbcoll.transports.stream import Peer, StreamEndpoint, StreamTransport, _Recv, _Send, bytes_of
 from tbcoll.transports.tcp_native import TcpNative
+from tbcoll.transports.turns import Marking
+from tbcoll.transports.words import check_words
 from tbcoll.wire import recv_exactly
 from tbcoll.wire_check import check_wire
 
@@ -54,6 +57,7 @@ except ImportError:  # built without a compiler: every message takes the engine'
     _sockets = None
 if _sockets is not None:
     check_wire(_sockets)
+    check_words(_sockets)
 
 log = logging.getLogger("tbcoll.tcp")
 
@@ -92,6 +96,7 @@ class TcpTransport(StreamTransport):
         channels = {peer: DelayedChannel(sock, delay) if delay else sock
                     for peer, sock in sockets.items()}
         super().__init__(rank, size, channels, timeout)
+        self.turns = Marking(self.words)  # (before any door is made) for tcp_lane.c's words
         self._holding = [peer for peer in self._peers.values()
                          if isinstance(peer.channel, DelayedChannel)]
         # Held bytes' due times are the engine's state: such waits keep the engine (turns)
@@ -166,6 +171,25 @@ class TcpTransport(StreamTransport):
             self.recv(blocks[i], rank, context, tag, call)
         self.waitall(sends)
         return False
+
+    def lane(self, peers: tuple[int, ...], endpoint: StreamEndpoint, rank: int, tag: int) -> Any:
+        """A C Lane (tbcoll/transports/tcp_lane.c) that exchanges endpoint's messages of tag
+        with peers (world ranks, in group order, this rank left out: it is the group's rank)
+        by itself where nothing in this engine must go first (its words); its calls() are
+        the caller's. None where C does not take them."""
+        if not self._in_c or not 0 < len(peers) <= _sockets.MAX_PEERS:
+            return None
+        streams = [self._live_peer(peer) for peer in peers]
+        lane = _sockets.Lane(tuple(s.channel.fileno() for s in streams),
+                             tuple(s.stage for s in streams), peers, endpoint.context, tag, rank)
+        lock = self.turns.lock
+        lane.engine(self.words, self.publish_words, lock.acquire, lock.release,
+                    endpoint.call_words)
+        return lane
+
+    def c_wait(self) -> tuple[float, float]:
+        """How long a C path waits for its peers, spinning and in all, alone in the engine."""
+        return _SPIN, _C_SLICE
 
     def _c_wait(self) -> tuple[float, float]:
         """How long a C path may spin, and wait, for its peers: once another thread has wanted

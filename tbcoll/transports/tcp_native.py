@@ -2,9 +2,11 @@
 then reduces all of them in rank order, so that every rank's result is bit-identical.
 
 At np=2 that is one message each way, as recursive doubling, but without the Communicator's
-call description and the algorithm layer: the Communicator's one-call path
-(Native.direct_all_reduce) comes straight here, and where tbcoll.transports._sockets is
-built the exchange and the reduction are one C call (TcpTransport.exchange). Its
+call description and the algorithm layer. Where tbcoll.transports._sockets is built, the
+whole call is one C call (its Lane, tbcoll/transports/tcp_lane.c: the Communicator binds it
+as Native.lane), as shm's is; where the Lane leaves a call (the engine shared by threads, or
+holding something for a peer) the Communicator's one-call path (direct_all_reduce) comes
+here, and the exchange and the reduction are still one C call (TcpTransport.exchange). Its
 messages carry the call, as every collective's over the stream engine, so that ranks whose
 calls differ fail.
 """
@@ -16,7 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from tbcoll.calls import signature
-from tbcoll.dtypes import DTYPE_CODES, OP_CODES, OPS
+from tbcoll.dtypes import DTYPE_CODES, DTYPES, OP_CODES, OPS
 from tbcoll.transports.stream import StreamEndpoint
 
 if TYPE_CHECKING:
@@ -30,6 +32,8 @@ except ImportError:  # built without a compiler: numpy reduces
 _TAG = 8  # apart from the algorithms' tags (tbcoll.algorithms)
 _KEEP = 1 << 20  # blocks of this size and more share one buffer (_kept_blocks)
 _SHAPES = 64  # calls' plans kept (TcpNative._plan), for this many shapes at most
+# all_reduce's signatures less the byte count, by dtype code then op code (the Lane's)
+_SIGNATURES = [signature("all_reduce", dtype, op, 0) for dtype in DTYPE_CODES for op in OP_CODES]
 
 
 class TcpNative:
@@ -47,6 +51,11 @@ class TcpNative:
         self._peers = tuple(world for rank, world in enumerate(members) if rank != self.rank)
         self._kept = np.empty(0, np.uint8)
         self._plans: dict[tuple[np.dtype, int, str], tuple] = {}  # by dtype, size, op
+        # the whole call in C, up to _KEEP bytes (past them, the blocks are kept here)
+        self.lane = transport.lane(self._peers, coll, self.rank, _TAG)
+        if self.lane is not None:
+            self.lane.calls(np.ndarray, tuple(DTYPES.values()), OP_CODES, np.empty, _SIGNATURES,
+                            *transport.c_wait(), _KEEP, self._finish)
 
     def direct_all_reduce(self, x: np.ndarray, op: str, root: int,
                           out: np.ndarray | None) -> np.ndarray | None:
@@ -63,6 +72,23 @@ class TcpNative:
         mine = recv if send is None else send
         self._exchange(mine, recv, op, self._plans.get((mine.dtype, mine.size, op))
                        or self._plan(mine, op), self._coll.call)
+
+    def _finish(self, x: np.ndarray, out: np.ndarray, blocks: bytearray, header: bytes,
+                stopped: tuple, dtype_code: int, op_code: int) -> None:
+        """The rest of a Lane call whose exchange C stopped (stopped: as _sockets.exchange
+        says), with the engine taken by the Lane: the engine goes on from there into blocks
+        (the Lane's, which it never resizes), then the reduction into out."""
+        transport, others = self._transport, np.frombuffer(blocks, x.dtype,
+                                                           (self.size - 1) * x.size)
+        others = others.reshape(self.size - 1, x.size)
+        streams = transport._exchanges.get(self._peers) or transport._exchange_args(self._peers)
+        try:
+            transport._exchange_on(x.reshape(-1), streams[0], others, self._context, _TAG,
+                                   self._coll.call,
+                                   header, stopped)
+        finally:
+            transport.turns.moved()
+        _sockets.reduce(others, x.reshape(-1), self.rank, out, dtype_code, op_code)
 
     def _plan(self, x: np.ndarray, op: str) -> tuple[int, np.ndarray | None, int, int]:
         """What an all_reduce of x's dtype, size and op needs besides x, kept (working it out

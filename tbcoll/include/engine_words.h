@@ -1,0 +1,91 @@
+/*
+ * The stream engine's words (tbcoll/transports/stream.py: WORDS_PER_PEER and the bits below,
+ * the same there; each extension that includes this exports them, add_engine_words, and the
+ * transport checks them at import, tbcoll.transports.stream.check_words): what a C path must
+ * know before it moves a message to or from a peer by itself, each word tested with one load.
+ * Each of the engine's doors marks them STALE as it leaves (tbcoll.transports.turns.Marking);
+ * C, finding them so, has the engine publish them (StreamTransport.publish_words) before it
+ * tests one, so that they are true whenever C tests them. C stores only next_pull's.
+ *
+ * Used by shm's send and recv (tbcoll/shm/moves.c) and tcp's whole all_reduce
+ * (tbcoll/transports/tcp_lane.c); each says why its plain loads and stores are safe (the
+ * words are the process's own memory, touched with the GIL held by a thread that holds the
+ * engine, or the communicator whose engine it alone uses).
+ */
+#ifndef TBCOLL_ENGINE_WORDS_H
+#define TBCOLL_ENGINE_WORDS_H
+
+#include <Python.h>
+#include <stdint.h>
+
+enum { ENGINE_WORD = 0, PEER_WORDS = 1, WORDS_PER_PEER = 2, STATE_WORD = 0, NEXT_PULL_WORD = 1 };
+/* the engine word's bits */
+#define STALE (1u << 0)   /* the state words may be out of date */
+#define SHARED (1u << 1)  /* more than one thread has wanted the engine at once (Turns.shared) */
+#define WRITING (1u << 2) /* a send waits for room in a socket (tcp: the engine must watch it) */
+/* a peer's state word's bits */
+#define SENDING (1u << 0)    /* a send to the peer is queued */
+#define LOST (1u << 1)       /* its stream is lost */
+#define READING (1u << 2)    /* a message of its is half-read, or its stage holds unread bytes */
+#define POSTED (1u << 3)     /* a receive from it is posted (any context and tag) */
+#define UNEXPECTED (1u << 4) /* a message of its is held for its receive (likewise) */
+#define MISMATCH (1u << 5)   /* the ranks' calls were found to differ */
+#define PULLS (1u << 6)      /* large messages to and from it are pulled */
+/* what makes a send, and a receive, the engine's: a message before it to go or to be taken,
+ * or a reason to fail. POSTED and UNEXPECTED are of any (context, tag), where the engine's
+ * own check (_receives_idle) asks only of this message's: a receive that C leaves to the
+ * engine for that reason is right (the engine is what C stands in for, and takes its own C
+ * path where its exact check allows); it is only slower, and only where a receive of another
+ * tag is pending or a message of another tag is held, which a blocking send/recv program
+ * leaves only where its messages arrive out of the order it takes them (or a collective of
+ * the engine's, context 1, meets a message of its next call early). The common path, a
+ * message to or from a peer with nothing held, tests one bit mask (tests/test_shm_lane.py
+ * counts which paths ran). */
+#define SEND_HELD (SENDING | LOST)
+#define RECV_HELD (LOST | READING | POSTED | UNEXPECTED | MISMATCH)
+
+/* peer's word at `which` (STATE_WORD, NEXT_PULL_WORD) in the words at `words` */
+static inline uint64_t *engine_word(void *words, Py_ssize_t peer, int which)
+{
+    return (uint64_t *)words + PEER_WORDS + peer * WORDS_PER_PEER + which;
+}
+
+/* Have the engine publish its words (publish: StreamTransport.publish_words) where a door has
+ * left it since they were: 0, or -1 with an exception. */
+static inline int engine_words_fresh(void *words, PyObject *publish)
+{
+    uint64_t *engine = (uint64_t *)words + ENGINE_WORD;
+    if (!(*engine & STALE))
+        return 0;
+    PyObject *done = PyObject_CallNoArgs(publish);
+    if (done == NULL)
+        return -1;
+    Py_DECREF(done);
+    if (*engine & STALE) {
+        PyErr_SetString(PyExc_RuntimeError, "the stream engine's publish_words left its words "
+                                            "stale (C would read them as true)");
+        return -1;
+    }
+    return 0;
+}
+
+/* At import: the words' layout as module constants (0, or -1 with an exception) */
+static inline int add_engine_words(PyObject *module)
+{
+    static const struct {
+        const char *name;
+        long value;
+    } layout[] = {
+        {"ENGINE_WORD", ENGINE_WORD}, {"STALE", STALE}, {"SHARED", SHARED},
+        {"WRITING", WRITING}, {"PEER_WORDS", PEER_WORDS}, {"WORDS_PER_PEER", WORDS_PER_PEER},
+        {"STATE_WORD", STATE_WORD}, {"NEXT_PULL_WORD", NEXT_PULL_WORD}, {"SENDING", SENDING},
+        {"LOST", LOST}, {"READING", READING}, {"POSTED", POSTED}, {"UNEXPECTED", UNEXPECTED},
+        {"MISMATCH", MISMATCH}, {"PULLS", PULLS},
+    };
+    for (size_t k = 0; k < sizeof layout / sizeof layout[0]; k++)
+        if (PyModule_AddIntConstant(module, layout[k].name, layout[k].value) < 0)
+            return -1;
+    return 0;
+}
+
+#endif
