@@ -136,7 +136,7 @@ class Communicator:
                           sum(1 << k for k in served) | _MOVES, MAX_TAG, CommError,
                           WeakMethod(self._named))
         for k in served:
-            if (limit := self._native_limit(LANE_ENTRIES[k])) is not None:
+            if taken & 1 << k and (limit := self._native_limit(LANE_ENTRIES[k])) is not None:
                 lane.limit(k, limit)
         return (lane, frozenset(entry for k, entry in enumerate(LANE_ENTRIES) if taken & 1 << k),
                 bool(taken & _MOVES))

@@ -21,7 +21,6 @@ from __future__ import annotations
 import errno
 import os
 import time
-from array import array
 from collections.abc import Callable, Iterable
 from typing import Any
 

@@ -269,13 +269,13 @@ class StreamTransport:
         """Set each peer's state word and the engine's (tbcoll.transports.words) from the
         engine's state, clearing STALE. A transport whose C path reads them sets STALE whenever
         control leaves the engine (each door's exit: tbcoll.transports.turns.Marking), and its
-        C calls this, with no door open, before it tests a word where it finds STALE: the engine's state changes
-        only inside it, and C changes none of it but next_pull (its own word), so the words
-        are true whenever C tests them (and an engine entered many times between two C moves
-        publishes once). They are conservative: POSTED and UNEXPECTED say that anything is
-        held for the peer, of any context and tag, and C then leaves the message to the
-        engine, whose own check is exact: a message C might have taken is only taken later,
-        never out of order."""
+        C calls this, with no door open, before it tests a word where it finds STALE: the
+        engine's state changes only inside it, and C changes none of it but next_pull (its
+        own word), so the words are true whenever C tests them (and an engine entered many
+        times between two C moves publishes once). They are conservative: POSTED and
+        UNEXPECTED say that anything is held for the peer, of any context and tag, and C then
+        leaves the message to the engine, whose own check is exact: a message C might have
+        taken is only taken later, never out of order."""
         words, mismatch = self.words, MISMATCH if self._mismatch else 0
         for peer in self._peers.values():
             words[peer.words_at + STATE_WORD] = (

@@ -187,6 +187,17 @@ class TcpTransport(StreamTransport):
                     endpoint.call_words)
         return lane
 
+    def resume_exchange(self, buf: np.ndarray, peers: tuple[int, ...], blocks: np.ndarray,
+                        context: int, tag: int, call: tuple[int, int], header: bytes,
+                        stopped: tuple) -> None:
+        """Finish an exchange with peers that a C path began and stopped (stopped: as
+        _sockets.exchange says), the engine held by that path."""
+        streams = (self._exchanges.get(peers) or self._exchange_args(peers))[0]
+        try:
+            self._exchange_on(buf, streams, blocks, context, tag, call, header, stopped)
+        finally:
+            self.turns.moved()  # what a door would do on leaving, but the release
+
     def c_wait(self) -> tuple[float, float]:
         """How long a C path waits for its peers, spinning and in all, alone in the engine."""
         return _SPIN, _C_SLICE

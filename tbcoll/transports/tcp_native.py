@@ -78,17 +78,12 @@ class TcpNative:
         """The rest of a Lane call whose exchange C stopped (stopped: as _sockets.exchange
         says), with the engine taken by the Lane: the engine goes on from there into blocks
         (the Lane's, which it never resizes), then the reduction into out."""
-        transport, others = self._transport, np.frombuffer(blocks, x.dtype,
-                                                           (self.size - 1) * x.size)
-        others = others.reshape(self.size - 1, x.size)
-        streams = transport._exchanges.get(self._peers) or transport._exchange_args(self._peers)
-        try:
-            transport._exchange_on(x.reshape(-1), streams[0], others, self._context, _TAG,
-                                   self._coll.call,
-                                   header, stopped)
-        finally:
-            transport.turns.moved()
-        _sockets.reduce(others, x.reshape(-1), self.rank, out, dtype_code, op_code)
+        mine = x.reshape(-1)
+        others = np.frombuffer(blocks, x.dtype, (self.size - 1) * x.size).reshape(self.size - 1,
+                                                                                 x.size)
+        self._transport.resume_exchange(mine, self._peers, others, self._context, _TAG,
+                                        self._coll.call, header, stopped)
+        _sockets.reduce(others, mine, self.rank, out, dtype_code, op_code)
 
     def _plan(self, x: np.ndarray, op: str) -> tuple[int, np.ndarray | None, int, int]:
         """What an all_reduce of x's dtype, size and op needs besides x, kept (working it out
