@@ -776,23 +776,28 @@ class StreamEndpoint:
         words[1] = signature
         return words[0], signature
 
+    # (each door reads the call's words itself: the property costs a call more per message)
     def send(self, buf: np.ndarray, peer: int, tag: int) -> None:
         with self._turns:
-            self._transport.send(buf, self._members[peer], self.context, tag, self.call)
+            call = self.call_words
+            self._transport.send(buf, self._members[peer], self.context, tag, (call[0], call[1]))
 
     def recv(self, buf: np.ndarray, peer: int, tag: int) -> None:
         with self._turns:
-            self._transport.recv(buf, self._members[peer], self.context, tag, self.call)
+            call = self.call_words
+            self._transport.recv(buf, self._members[peer], self.context, tag, (call[0], call[1]))
 
     def isend(self, buf: np.ndarray, peer: int, tag: int) -> _Send:
         with self._turns:
+            call = self.call_words
             return self._transport.isend(buf, self._members[peer], self.context, tag,
-                                         self.call)
+                                         (call[0], call[1]))
 
     def irecv(self, buf: np.ndarray, peer: int, tag: int) -> _Recv:
         with self._turns:
+            call = self.call_words
             return self._transport.irecv(buf, self._members[peer], self.context, tag,
-                                         self.call)
+                                         (call[0], call[1]))
 
     def waitall(self, requests: Sequence[_Send | _Recv]) -> None:
         with self._turns:
