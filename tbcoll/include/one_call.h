@@ -1,14 +1,23 @@
 /*
- * What every C lane shares (a transport's whole call in one C call: tbcoll/shm/lane.c,
- * tbcoll/transports/tcp_lane.c; the contract is tbcoll/transports/base.py's Native.lane):
- * the dtype code of an array, the refusals that hand a call to the Python path, and the
- * naming of a bound call's CommError as the communicator names it.
+ * What every C lane shares (a transport's whole call in one C call; the contract is
+ * tbcoll/transports/base.py's Native.lane): the dtype code of an array, the refusals that
+ * hand a call to the Python path, the naming of a bound call's CommError as the communicator
+ * names it, and, for a lane of all_reduce and all_gather (tcp's, tbcoll/transports/
+ * tcp_lane.c; rdma's mesh, tbcoll/rdma/_verbs.c), the whole call around the transport's work:
+ * OneCall and one_call_run. shm's lane (tbcoll/shm/lane.c) has more kinds and its own.
+ *
+ * A new transport's lane: a Python type holding a OneCall, whose calls(), bind(), limit()
+ * and all_reduce()/all_gather() methods call one_call_calls, one_call_bind, one_call_limit
+ * and one_call_run with its own work (the transport's exchange of x into the target) and,
+ * where its engine may hold something that must go first, a ready test.
  */
 #ifndef TBCOLL_ONE_CALL_H
 #define TBCOLL_ONE_CALL_H
 
 #include <Python.h>
+#include <string.h>
 
+#include "gate.h"
 #include "wire.h" /* DTYPES */
 
 /* The code of array's dtype among dtypes (a tuple by code, compared by identity, as
@@ -73,6 +82,303 @@ static inline PyObject *one_call_named(PyObject *namer_ref, PyObject *comm_error
     }
     Py_XDECREF(trace);
     return NULL;
+}
+
+/* --- a lane of all_reduce and all_gather -------------------------------------------------- */
+
+/* the contract's kinds (tbcoll.comm.LANE_ENTRIES' order) and bind's codes: the four kinds',
+ * send's, recv's, the native algorithm's */
+enum { ONE_CALL_ALL_REDUCE, ONE_CALL_ALL_GATHER, ONE_CALL_KINDS = 4, ONE_CALL_NATIVE = 6,
+       ONE_CALL_CODES = 7 };
+
+typedef struct {
+    int checks, size;                       /* calls() was called; the group's ranks */
+    PyObject *ndarray, *dtypes, *ops, *empty; /* what calls take, how results are made */
+    Py_ssize_t largest[ONE_CALL_KINDS];     /* the largest x of each kind taken */
+    Gate *gate;                             /* bind(): the communicator's */
+    int codes[ONE_CALL_CODES], enabled;
+    PyObject *names, *comm_error, *namer;
+    PyObject *take, *give;                  /* the engine's lock: acquire, release */
+} OneCall;
+
+static inline int one_call_traverse(OneCall *c, visitproc visit, void *arg)
+{
+    Py_VISIT(c->ndarray);
+    Py_VISIT(c->dtypes);
+    Py_VISIT(c->ops);
+    Py_VISIT(c->empty);
+    Py_VISIT(c->gate);
+    Py_VISIT(c->names);
+    Py_VISIT(c->comm_error);
+    Py_VISIT(c->namer);
+    Py_VISIT(c->take);
+    Py_VISIT(c->give);
+    return 0;
+}
+
+static inline void one_call_clear(OneCall *c)
+{
+    Py_CLEAR(c->ndarray);
+    Py_CLEAR(c->dtypes);
+    Py_CLEAR(c->ops);
+    Py_CLEAR(c->empty);
+    Py_CLEAR(c->gate);
+    Py_CLEAR(c->names);
+    Py_CLEAR(c->comm_error);
+    Py_CLEAR(c->namer);
+    Py_CLEAR(c->take);
+    Py_CLEAR(c->give);
+    c->checks = c->enabled = 0;
+}
+
+/* What the calls take: numpy arrays (ndarray) of dtypes (a tuple by code), reductions named
+ * in ops (name -> code); results made by empty(shape, dtype); the engine's lock taken with
+ * take(False) and given back with give(); each kind's largest x, `largest`. 0, or -1. */
+static inline int one_call_calls(OneCall *c, int size, PyObject *ndarray, PyObject *dtypes,
+                                 PyObject *ops, PyObject *empty, PyObject *take,
+                                 PyObject *give, Py_ssize_t largest)
+{
+    if (!PyType_Check(ndarray) || !PyTuple_Check(dtypes) || PyTuple_GET_SIZE(dtypes) != DTYPES
+        || !PyDict_Check(ops)) {
+        PyErr_Format(PyExc_ValueError, "calls: a type, %d dtypes and a dict of ops", DTYPES);
+        return -1;
+    }
+    Py_XSETREF(c->ndarray, Py_NewRef(ndarray));
+    Py_XSETREF(c->dtypes, Py_NewRef(dtypes));
+    Py_XSETREF(c->ops, Py_NewRef(ops));
+    Py_XSETREF(c->empty, Py_NewRef(empty));
+    Py_XSETREF(c->take, Py_NewRef(take));
+    Py_XSETREF(c->give, Py_NewRef(give));
+    for (int k = 0; k < ONE_CALL_KINDS; k++)
+        c->largest[k] = largest;
+    c->size = size;
+    c->checks = 1;
+    return 0;
+}
+
+/* bind(gate, codes, names, enabled, max_tag, comm_error, namer) as the contract says, for a
+ * lane that has the kinds in `offered` (a mask): the mask it took, or NULL. */
+static inline PyObject *one_call_bind(OneCall *c, PyTypeObject *gate_type, PyObject *gate_error,
+                                      PyObject *args, int offered)
+{
+    PyObject *gate, *codes, *names, *comm_error, *namer;
+    int enabled;
+    long max_tag;
+    if (gate_type == NULL) {
+        PyErr_SetObject(PyExc_ImportError, gate_error);
+        return NULL;
+    }
+    if (!PyArg_ParseTuple(args, "O!O!O!ilOO:bind", gate_type, &gate, &PyTuple_Type, &codes,
+                          &PyTuple_Type, &names, &enabled, &max_tag, &comm_error, &namer))
+        return NULL;
+    if (PyTuple_GET_SIZE(codes) != ONE_CALL_CODES || PyTuple_GET_SIZE(names) != ONE_CALL_KINDS) {
+        PyErr_SetString(PyExc_ValueError, "bind: bad codes or names");
+        return NULL;
+    }
+    for (int i = 0; i < ONE_CALL_CODES; i++) {
+        long code = PyLong_AsLong(PyTuple_GET_ITEM(codes, i));
+        if (code == -1 && PyErr_Occurred())
+            return NULL;
+        c->codes[i] = (int)code;
+    }
+    Py_XSETREF(c->gate, (Gate *)Py_NewRef(gate));
+    Py_XSETREF(c->names, Py_NewRef(names));
+    Py_XSETREF(c->comm_error, Py_NewRef(comm_error));
+    Py_XSETREF(c->namer, Py_NewRef(namer));
+    c->enabled = enabled & offered;
+    return PyLong_FromLong(c->enabled);
+}
+
+/* limit(kind, nbytes): the table's largest x of that kind; the lane keeps its own if less */
+static inline PyObject *one_call_limit(OneCall *c, PyObject *args)
+{
+    int kind;
+    Py_ssize_t nbytes;
+    if (!PyArg_ParseTuple(args, "in:limit", &kind, &nbytes))
+        return NULL;
+    if (kind < 0 || kind >= ONE_CALL_KINDS) {
+        PyErr_SetString(PyExc_ValueError, "limit: bad kind");
+        return NULL;
+    }
+    if (nbytes < c->largest[kind])
+        c->largest[kind] = nbytes;
+    Py_RETURN_NONE;
+}
+
+/* The transport's part of a taken call: x (its view xv) into target (tv), dtype and op
+ * codes (op 0 for all_gather): 0, or -1 with an exception. Runs with the engine taken. */
+typedef int (*OneCallWork)(void *lane, int kind, PyObject *x, const Py_buffer *xv,
+                           PyObject *target, const Py_buffer *tv, int dtype, int op);
+/* Whether the engine, taken, has nothing that must go first: 1, 0 (the Python path's), or -1
+ * with an exception. NULL: always. */
+typedef int (*OneCallReady)(void *lane);
+
+/* Call f() with an error that may be set kept aside: 0, or -1 with f's error (which then
+ * replaces the one kept). For the engine's lock, given back on every path. */
+static inline int one_call_keeping_error(PyObject *f)
+{
+    PyObject *type, *error, *trace;
+    PyErr_Fetch(&type, &error, &trace);
+    PyObject *done = PyObject_CallNoArgs(f);
+    if (done == NULL) {
+        Py_XDECREF(type);
+        Py_XDECREF(error);
+        Py_XDECREF(trace);
+        return -1;
+    }
+    Py_DECREF(done);
+    PyErr_Restore(type, error, trace);
+    return 0;
+}
+
+/* The shape of kind's result for x's (view) on size ranks, into shape: its ndim */
+static inline int one_call_shape(int kind, const Py_buffer *x, int size, Py_ssize_t *shape)
+{
+    int ndim = x->ndim;
+    for (int i = 0; i < ndim; i++)
+        shape[i] = x->shape[i];
+    if (kind == ONE_CALL_ALL_GATHER) {
+        if (ndim > 0)
+            shape[0] *= size;
+        else
+            shape[ndim++] = size;
+    }
+    return ndim;
+}
+
+/*
+ * A whole call of kind (ONE_CALL_ALL_REDUCE: x, op_name, out; ONE_CALL_ALL_GATHER: x, out):
+ * checked (x a numpy array of a known dtype, C-contiguous, not empty, at most the kind's
+ * largest; out None or one of the result's shape and dtype, writable), the communicator's
+ * gate taken, the engine's lock taken (else the Python path's: None), ready asked, the work
+ * done, the call counted and recorded, the lock and the gate given back. The result (out, or
+ * a new array), None where the call is not this path's (nothing touched), or NULL with the
+ * error, a CommError named as the communicator names it.
+ */
+static inline PyObject *one_call_run(OneCall *c, void *lane, int kind, PyObject *x,
+                                     PyObject *op_name, PyObject *out, OneCallReady ready,
+                                     OneCallWork work)
+{
+    if (!c->checks || !(c->enabled & (1 << kind)) || Py_TYPE(x) != (PyTypeObject *)c->ndarray
+        || (out != Py_None && Py_TYPE(out) != (PyTypeObject *)c->ndarray))
+        Py_RETURN_NONE;
+    int op = 0;
+    if (kind == ONE_CALL_ALL_REDUCE) {
+        PyObject *code = PyUnicode_CheckExact(op_name) ? PyDict_GetItemWithError(c->ops, op_name)
+                                                       : NULL;
+        if (code == NULL) {
+            if (PyErr_Occurred())
+                return NULL;
+            Py_RETURN_NONE;
+        }
+        op = (int)PyLong_AsLong(code);
+    }
+    PyObject *dtype, *out_dtype = NULL, *result = NULL, *target = NULL;
+    int dtype_at = one_call_dtype(c->dtypes, x, &dtype);
+    if (dtype_at == -2)
+        return NULL;
+    if (out != Py_None && one_call_dtype(c->dtypes, out, &out_dtype) == -2) {
+        Py_DECREF(dtype);
+        return NULL;
+    }
+    Py_XDECREF(out_dtype); /* (only compared: it lives as long as out) */
+    Py_buffer xv, tv;
+    Py_ssize_t shape[64];
+    int ndim = 0, have_x = 0, have_target = 0, slot = -1, taken = 0, idle;
+    if (dtype_at < 0 || (out_dtype != NULL && out_dtype != dtype))
+        goto decline;
+    /* C-contiguous, with the shape, no format (bfloat16 has none): numpy refuses another */
+    if (PyObject_GetBuffer(x, &xv, PyBUF_C_CONTIGUOUS) < 0)
+        goto refused;
+    have_x = 1;
+    if (xv.len == 0 || xv.len > c->largest[kind] || xv.ndim > 62)
+        goto decline;
+    ndim = one_call_shape(kind, &xv, c->size, shape);
+    if (out != Py_None) {
+        if (PyObject_GetBuffer(out, &tv, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0)
+            goto refused;
+        have_target = 1;
+        if (tv.ndim != ndim || (ndim && memcmp(tv.shape, shape, ndim * sizeof *shape)))
+            goto decline;
+    }
+    slot = gate_enter(c->gate, c->codes[kind], dtype_at, kind == ONE_CALL_ALL_REDUCE ? op : -1,
+                      -1, xv.len, c->codes[ONE_CALL_NATIVE], 0);
+    if (slot == -2) /* a child of os.fork(): the gate raised, saying why */
+        goto done;
+    if (slot == -1) /* another thread's call: the Python path says so */
+        goto decline;
+    PyObject *got = PyObject_CallOneArg(c->take, Py_False);
+    if (got == NULL)
+        goto done;
+    taken = got == Py_True;
+    Py_DECREF(got);
+    idle = taken ? (ready ? ready(lane) : 1) : 0;
+    if (idle < 0)
+        goto done;
+    if (!idle)
+        goto decline;
+    if (out != Py_None) {
+        target = Py_NewRef(out);
+    } else {
+        PyObject *dims = PyTuple_New(ndim);
+        for (int i = 0; dims != NULL && i < ndim; i++) {
+            PyObject *d = PyLong_FromSsize_t(shape[i]);
+            if (d == NULL)
+                Py_CLEAR(dims);
+            else
+                PyTuple_SET_ITEM(dims, i, d);
+        }
+        target = dims ? PyObject_CallFunctionObjArgs(c->empty, dims, dtype, NULL) : NULL;
+        Py_XDECREF(dims);
+        if (target == NULL ||
+            PyObject_GetBuffer(target, &tv, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0)
+            goto done;
+        have_target = 1;
+    }
+    if (work(lane, kind, x, &xv, target, &tv, dtype_at, op) < 0)
+        goto done;
+    gate_done(c->gate, slot);
+    result = Py_NewRef(target);
+    goto done;
+refused:
+    if (!one_call_refused())
+        goto done;
+decline:
+    result = Py_NewRef(Py_None);
+done:
+    if (taken && one_call_keeping_error(c->give) < 0)
+        Py_CLEAR(result);
+    if (slot >= 0) {
+        if (result == NULL)
+            one_call_named(c->namer, c->comm_error, "%U", PyTuple_GET_ITEM(c->names, kind));
+        gate_leave(c->gate, slot);
+    }
+    if (have_target)
+        PyBuffer_Release(&tv);
+    if (have_x)
+        PyBuffer_Release(&xv);
+    Py_XDECREF(target);
+    Py_DECREF(dtype);
+    return result;
+}
+
+/* For a module with a lane, at its import: tbcoll._gate's Gate, its layout checked
+ * (gate_import), into *type; where that fails the module still imports, saying why in
+ * GATE_ERROR (None otherwise) and *error, which bind() raises. 0, or -1. */
+static inline int one_call_import_gate(PyObject *module, PyTypeObject **type, PyObject **error)
+{
+    *type = gate_import();
+    if (*type == NULL) {
+        PyObject *kind, *value, *trace;
+        PyErr_Fetch(&kind, &value, &trace);
+        *error = value ? PyObject_Str(value) : NULL;
+        Py_XDECREF(kind);
+        Py_XDECREF(value);
+        Py_XDECREF(trace);
+        if (*error == NULL)
+            return -1;
+    }
+    return PyModule_AddObjectRef(module, "GATE_ERROR", *error ? *error : Py_None);
 }
 
 #endif

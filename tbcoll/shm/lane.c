@@ -14,8 +14,9 @@
  * does not qualify (another array type or dtype, an out of another shape, too large, a busy
  * communicator): the Python path then runs, and raises where the call is wrong.
  *
- * Includes: Python.h, tbcoll/include/buffers.h, lane.h, lane_base.h, moves.h, one_copy.h,
- * cma.h (HAVE_CMA); nothing includes this file's functions but _atomics.c (add_lane_type).
+ * Includes: Python.h, tbcoll/include/buffers.h, one_call.h, lane.h, lane_base.h, moves.h,
+ * one_copy.h, cma.h (HAVE_CMA); nothing includes this file's functions but _atomics.c
+ * (add_lane_type).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -24,6 +25,7 @@
 #include <structmember.h> /* T_ULONGLONG */
 
 #include "../include/buffers.h"
+#include "../include/one_call.h" /* one_call_import_gate */
 #include "cma.h" /* HAVE_CMA */
 #include "lane.h"
 #include "lane_base.h"
@@ -616,27 +618,10 @@ static PyTypeObject LaneType = {
     .tp_members = lane_members,
 };
 
-/* tbcoll._gate's Gate, its layout checked (gate_import); where that fails the module still
- * imports, saying why in GATE_ERROR (None otherwise), which tbcoll.shm.native raises. */
-static int import_gate(PyObject *module)
-{
-    GateType = gate_import();
-    if (GateType == NULL) {
-        PyObject *type, *error, *trace;
-        PyErr_Fetch(&type, &error, &trace);
-        gate_error = error ? PyObject_Str(error) : NULL;
-        Py_XDECREF(type);
-        Py_XDECREF(error);
-        Py_XDECREF(trace);
-        if (gate_error == NULL)
-            return -1;
-    }
-    return PyModule_AddObjectRef(module, "GATE_ERROR", gate_error ? gate_error : Py_None);
-}
-
 int add_lane_type(PyObject *module)
 {
-    if (lane_base_ready() < 0 || PyType_Ready(&LaneType) < 0 || import_gate(module) < 0)
+    if (lane_base_ready() < 0 || PyType_Ready(&LaneType) < 0 ||
+        one_call_import_gate(module, &GateType, &gate_error) < 0)
         return -1;
     Py_INCREF(&LaneType);
     if (PyModule_AddObject(module, "Lane", (PyObject *)&LaneType) < 0) {

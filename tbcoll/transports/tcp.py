@@ -176,15 +176,13 @@ class TcpTransport(StreamTransport):
         """A C Lane (tbcoll/transports/tcp_lane.c) that exchanges endpoint's messages of tag
         with peers (world ranks, in group order, this rank left out: it is the group's rank)
         by itself where nothing in this engine must go first (its words); its calls() are
-        the caller's. None where C does not take them."""
+        the caller's (the engine's lock: turns.lock). None where C does not take them."""
         if not self._in_c or not 0 < len(peers) <= _sockets.MAX_PEERS:
             return None
         streams = [self._live_peer(peer) for peer in peers]
         lane = _sockets.Lane(tuple(s.channel.fileno() for s in streams),
                              tuple(s.stage for s in streams), peers, endpoint.context, tag, rank)
-        lock = self.turns.lock
-        lane.engine(self.words, self.publish_words, lock.acquire, lock.release,
-                    endpoint.call_words)
+        lane.engine(self.words, self.publish_words, endpoint.call_words)
         return lane
 
     def resume_exchange(self, buf: np.ndarray, peers: tuple[int, ...], blocks: np.ndarray,

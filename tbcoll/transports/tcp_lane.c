@@ -14,11 +14,13 @@
  *
  * Lane(fds, stages, peer_words, context, tag, rank)   the group: its peers' sockets and
  *     staging buffers and where their state words are, in rank order without this rank
- * engine(words, publish, take, give, call)            the engine's words and publish_words,
- *     its lock's acquire and release, and the group's call words [seq, signature]
- * calls(ndarray, dtypes, ops, empty, signatures, spin, budget, largest, finish)
+ * engine(words, publish, call)                        the engine's words and publish_words,
+ *     and the group's call words [seq, signature]
+ * calls(ndarray, dtypes, ops, empty, take, give, largest, signatures, spin, budget, finish)
+ *     one_call_calls' (take, give: the engine's lock), and the exchange's
  * bind(gate, codes, names, enabled, max_tag, comm_error, namer), limit(kind, nbytes) and
- *     all_reduce(x, op, out): the contract's, as shm's lane has them.
+ *     all_reduce(x, op, out): the contract's (tbcoll/include/one_call.h does the call around
+ *     the exchange).
  *
  * Why plain loads and stores of the words: they are this process's own memory (arrays the
  * engine owns, their buffers held from engine() on, so they can neither move nor be resized),
@@ -27,7 +29,7 @@
  * the lock. The call words are written only by the thread that holds the communicator's
  * gate, here or in the engine's doors.
  *
- * Includes: Python.h, tbcoll/include/buffers.h, engine_words.h, gate.h, one_call.h, wire.h,
+ * Includes: Python.h, tbcoll/include/buffers.h, engine_words.h, one_call.h (gate.h, wire.h),
  * tcp_lane.h (exchange.h).
  */
 #define PY_SSIZE_T_CLEAN
@@ -36,20 +38,15 @@
 
 #include "../include/buffers.h"
 #include "../include/engine_words.h"
-#include "../include/gate.h"
 #include "../include/one_call.h"
-#include "../include/wire.h"
 #include "tcp_lane.h"
-
-/* the contract's codes (bind): the four lane kinds' (all_reduce first), send's, recv's, the
- * native algorithm's */
-enum { KINDS = 4, CODE_NATIVE = KINDS + 2, CODES = KINDS + 3, ALL_REDUCE = 0 };
 
 static PyTypeObject *GateType; /* tbcoll._gate.Gate; NULL where its import failed: */
 static PyObject *gate_error;   /* why (GATE_ERROR) */
 
 typedef struct {
     PyObject_HEAD
+    OneCall call;
     /* the group (Lane()) */
     int peers, rank;
     int fds[MAX_PEERS];
@@ -58,18 +55,12 @@ typedef struct {
     Py_ssize_t peer_words[MAX_PEERS]; /* each peer's index among the engine's peers */
     uint32_t context, tag;
     /* the engine (engine()) */
-    Py_buffer words, call;
-    PyObject *publish, *take, *give;
-    /* the calls (calls()) */
-    int checks;
-    PyObject *ndarray, *dtypes, *ops, *empty, *finish;
+    Py_buffer words, seq;
+    PyObject *publish;
+    /* the exchange (calls()) */
     uint64_t signatures[DTYPES][OPS]; /* all_reduce's, less the byte count */
     double spin, budget;
-    Py_ssize_t largest; /* the largest x taken: calls()' and limit()'s least */
-    /* the communicator (bind()) */
-    Gate *gate;
-    int codes[CODES], enabled;
-    PyObject *name, *comm_error, *namer;
+    PyObject *finish;
     /* room for the other ranks' blocks: a bytearray never resized (a larger one replaces it),
      * so that what finish makes of it never outlives its memory */
     PyObject *blocks;
@@ -97,9 +88,9 @@ static void release_group(TcpLane *self)
     self->stages_held = 0;
     if (self->words.obj != NULL)
         PyBuffer_Release(&self->words);
-    if (self->call.obj != NULL)
-        PyBuffer_Release(&self->call);
-    self->words.obj = self->call.obj = NULL;
+    if (self->seq.obj != NULL)
+        PyBuffer_Release(&self->seq);
+    self->words.obj = self->seq.obj = NULL;
 }
 
 static int tcp_lane_traverse(TcpLane *self, visitproc visit, void *arg)
@@ -107,40 +98,20 @@ static int tcp_lane_traverse(TcpLane *self, visitproc visit, void *arg)
     for (int i = 0; i < self->stages_held; i++)
         Py_VISIT(self->stages[i].obj);
     Py_VISIT(self->words.obj);
-    Py_VISIT(self->call.obj);
+    Py_VISIT(self->seq.obj);
     Py_VISIT(self->publish);
-    Py_VISIT(self->take);
-    Py_VISIT(self->give);
-    Py_VISIT(self->ndarray);
-    Py_VISIT(self->dtypes);
-    Py_VISIT(self->ops);
-    Py_VISIT(self->empty);
     Py_VISIT(self->finish);
-    Py_VISIT(self->gate);
-    Py_VISIT(self->name);
-    Py_VISIT(self->comm_error);
-    Py_VISIT(self->namer);
     Py_VISIT(self->blocks);
-    return 0;
+    return one_call_traverse(&self->call, visit, arg);
 }
 
 static int tcp_lane_clear(TcpLane *self)
 {
     release_group(self);
     Py_CLEAR(self->publish);
-    Py_CLEAR(self->take);
-    Py_CLEAR(self->give);
-    Py_CLEAR(self->ndarray);
-    Py_CLEAR(self->dtypes);
-    Py_CLEAR(self->ops);
-    Py_CLEAR(self->empty);
     Py_CLEAR(self->finish);
-    Py_CLEAR(self->gate);
-    Py_CLEAR(self->name);
-    Py_CLEAR(self->comm_error);
-    Py_CLEAR(self->namer);
     Py_CLEAR(self->blocks);
-    self->checks = self->enabled = 0;
+    one_call_clear(&self->call);
     return 0;
 }
 
@@ -194,15 +165,15 @@ static int tcp_lane_init(TcpLane *self, PyObject *args, PyObject *Py_UNUSED(kwar
 
 static PyObject *tcp_lane_engine(TcpLane *self, PyObject *args)
 {
-    PyObject *words, *publish, *take, *give, *call;
-    if (!PyArg_ParseTuple(args, "OOOOO:engine", &words, &publish, &take, &give, &call))
+    PyObject *words, *publish, *seq;
+    if (!PyArg_ParseTuple(args, "OOO:engine", &words, &publish, &seq))
         return NULL;
     if (self->stages_held == 0 || self->words.obj != NULL) {
         PyErr_SetString(PyExc_ValueError, "engine: once, after Lane()");
         return NULL;
     }
     Py_buffer views[2];
-    if (take_buffers((BufferRequest[]){{words, PyBUF_WRITABLE}, {call, PyBUF_WRITABLE}}, views,
+    if (take_buffers((BufferRequest[]){{words, PyBUF_WRITABLE}, {seq, PyBUF_WRITABLE}}, views,
                      2) < 0)
         return NULL;
     Py_ssize_t most = 0;
@@ -215,25 +186,21 @@ static PyObject *tcp_lane_engine(TcpLane *self, PyObject *args)
         return NULL;
     }
     self->words = views[0];
-    self->call = views[1];
+    self->seq = views[1];
     Py_XSETREF(self->publish, Py_NewRef(publish));
-    Py_XSETREF(self->take, Py_NewRef(take));
-    Py_XSETREF(self->give, Py_NewRef(give));
     Py_RETURN_NONE;
 }
 
 static PyObject *tcp_lane_calls(TcpLane *self, PyObject *args)
 {
-    PyObject *ndarray, *dtypes, *ops, *empty, *signatures, *finish;
-    double spin, budget;
+    PyObject *ndarray, *dtypes, *ops, *empty, *take, *give, *signatures, *finish;
     Py_ssize_t largest;
-    if (!PyArg_ParseTuple(args, "O!O!O!OO!ddnO:calls", &PyType_Type, &ndarray, &PyTuple_Type,
-                          &dtypes, &PyDict_Type, &ops, &empty, &PyList_Type, &signatures, &spin,
-                          &budget, &largest, &finish))
+    double spin, budget;
+    if (!PyArg_ParseTuple(args, "OOOOOOnO!ddO:calls", &ndarray, &dtypes, &ops, &empty, &take,
+                          &give, &largest, &PyList_Type, &signatures, &spin, &budget, &finish))
         return NULL;
-    if (PyTuple_GET_SIZE(dtypes) != DTYPES || PyList_GET_SIZE(signatures) != DTYPES * OPS) {
-        PyErr_Format(PyExc_ValueError, "calls: %d dtypes and %d signatures", DTYPES,
-                     DTYPES * OPS);
+    if (PyList_GET_SIZE(signatures) != DTYPES * OPS) {
+        PyErr_Format(PyExc_ValueError, "calls: %d signatures", DTYPES * OPS);
         return NULL;
     }
     for (int i = 0; i < DTYPES * OPS; i++) {
@@ -242,82 +209,33 @@ static PyObject *tcp_lane_calls(TcpLane *self, PyObject *args)
         if (PyErr_Occurred())
             return NULL;
     }
-    Py_XSETREF(self->ndarray, Py_NewRef(ndarray));
-    Py_XSETREF(self->dtypes, Py_NewRef(dtypes));
-    Py_XSETREF(self->ops, Py_NewRef(ops));
-    Py_XSETREF(self->empty, Py_NewRef(empty));
+    if (one_call_calls(&self->call, self->peers + 1, ndarray, dtypes, ops, empty, take, give,
+                       largest) < 0)
+        return NULL;
     Py_XSETREF(self->finish, Py_NewRef(finish));
     self->spin = spin;
     self->budget = budget;
-    self->largest = largest;
-    self->checks = 1;
     Py_RETURN_NONE;
 }
 
 static PyObject *tcp_lane_bind(TcpLane *self, PyObject *args)
 {
-    PyObject *gate, *codes, *names, *comm_error, *namer;
-    int enabled;
-    long max_tag;
-    if (GateType == NULL) {
-        PyErr_SetObject(PyExc_ImportError, gate_error);
-        return NULL;
-    }
-    if (!PyArg_ParseTuple(args, "O!O!O!ilOO:bind", GateType, &gate, &PyTuple_Type, &codes,
-                          &PyTuple_Type, &names, &enabled, &max_tag, &comm_error, &namer))
-        return NULL;
-    if (PyTuple_GET_SIZE(codes) != CODES || PyTuple_GET_SIZE(names) != KINDS) {
-        PyErr_SetString(PyExc_ValueError, "bind: bad codes or names");
-        return NULL;
-    }
-    for (int i = 0; i < CODES; i++) {
-        long code = PyLong_AsLong(PyTuple_GET_ITEM(codes, i));
-        if (code == -1 && PyErr_Occurred())
-            return NULL;
-        self->codes[i] = (int)code;
-    }
-    Py_XSETREF(self->gate, (Gate *)Py_NewRef(gate));
-    Py_XSETREF(self->name, Py_NewRef(PyTuple_GET_ITEM(names, ALL_REDUCE)));
-    Py_XSETREF(self->comm_error, Py_NewRef(comm_error));
-    Py_XSETREF(self->namer, Py_NewRef(namer));
-    self->enabled = enabled & (1 << ALL_REDUCE); /* the one kind it has */
-    return PyLong_FromLong(self->enabled);
+    return one_call_bind(&self->call, GateType, gate_error, args, 1 << ONE_CALL_ALL_REDUCE);
 }
 
 static PyObject *tcp_lane_limit(TcpLane *self, PyObject *args)
 {
-    int kind;
-    Py_ssize_t nbytes;
-    if (!PyArg_ParseTuple(args, "in:limit", &kind, &nbytes))
-        return NULL;
-    if (kind == ALL_REDUCE && nbytes < self->largest)
-        self->largest = nbytes;
-    Py_RETURN_NONE;
-}
-
-/* Call f(arg) with an error that may be set kept aside: 0, or -1 with f's error (which then
- * replaces the one kept). For the engine's lock, given back on every path. */
-static int call_keeping_error(PyObject *f, PyObject *arg)
-{
-    PyObject *type, *error, *trace;
-    PyErr_Fetch(&type, &error, &trace);
-    PyObject *done = arg ? PyObject_CallOneArg(f, arg) : PyObject_CallNoArgs(f);
-    if (done == NULL) {
-        Py_XDECREF(type);
-        Py_XDECREF(error);
-        Py_XDECREF(trace);
-        return -1;
-    }
-    Py_DECREF(done);
-    PyErr_Restore(type, error, trace);
-    return 0;
+    return one_call_limit(&self->call, args);
 }
 
 /* Whether every peer may send and take this call's message by C's path now: the engine's
  * words published, no thread but this one has shared the engine, no send waits for room,
  * nothing of any peer's is queued, held or half-read; -1 with an exception. */
-static int engine_idle(TcpLane *self)
+static int engine_idle(void *lane)
 {
+    TcpLane *self = lane;
+    if (self->words.obj == NULL)
+        return 0;
     if (engine_words_fresh(self->words.buf, self->publish) < 0)
         return -1;
     if (*((uint64_t *)self->words.buf + ENGINE_WORD) & (SHARED | WRITING))
@@ -329,11 +247,12 @@ static int engine_idle(TcpLane *self)
     return 1;
 }
 
-/* The exchange and the reduction of a taken call into target (its view tv), from x's view
- * xv: 0, or -1 with an exception. Runs with the engine taken. */
-static int exchange_and_reduce(TcpLane *self, PyObject *x, const Py_buffer *xv,
+/* The exchange and the reduction of a taken call (OneCallWork) */
+static int exchange_and_reduce(void *lane, int kind, PyObject *x, const Py_buffer *xv,
                                PyObject *target, const Py_buffer *tv, int dtype, int op)
 {
+    TcpLane *self = lane;
+    (void)kind; /* all_reduce */
     size_t len = (size_t)xv->len, need = (size_t)self->peers * len;
     if (self->blocks == NULL || (size_t)PyByteArray_GET_SIZE(self->blocks) < need) {
         PyObject *more = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)need);
@@ -342,7 +261,7 @@ static int exchange_and_reduce(TcpLane *self, PyObject *x, const Py_buffer *xv,
         Py_XSETREF(self->blocks, more);
     }
     char *blocks = PyByteArray_AS_STRING(self->blocks);
-    uint64_t *call = self->call.buf; /* the engine's begin_next_call */
+    uint64_t *call = self->seq.buf; /* the engine's begin_next_call */
     call[0] += 1;
     call[1] = (uint64_t)len | self->signatures[dtype][op];
     unsigned char header[HEADER_BYTES];
@@ -365,8 +284,8 @@ static int exchange_and_reduce(TcpLane *self, PyObject *x, const Py_buffer *xv,
                             self->budget);
     Py_END_ALLOW_THREADS
     if (!stopped) {
-        if (reduce_in_rank_order(blocks, xv->buf, self->rank, self->peers, tv->buf, len,
-                                 dtype, op) < 0) {
+        if (reduce_in_rank_order(blocks, xv->buf, self->rank, self->peers, tv->buf, len, dtype,
+                                 op) < 0) {
             PyErr_NoMemory();
             return -1;
         }
@@ -390,105 +309,8 @@ static PyObject *tcp_lane_all_reduce(TcpLane *self, PyObject *const *args, Py_ss
 {
     if (!positional("all_reduce", nargs, 3))
         return NULL;
-    PyObject *x = args[0], *op_name = args[1], *out = args[2];
-    if (!self->checks || !self->enabled || self->words.obj == NULL ||
-        Py_TYPE(x) != (PyTypeObject *)self->ndarray ||
-        (out != Py_None && Py_TYPE(out) != (PyTypeObject *)self->ndarray) ||
-        !PyUnicode_CheckExact(op_name))
-        Py_RETURN_NONE;
-    PyObject *code = PyDict_GetItemWithError(self->ops, op_name);
-    if (code == NULL) {
-        if (PyErr_Occurred())
-            return NULL;
-        Py_RETURN_NONE;
-    }
-    int op = (int)PyLong_AsLong(code);
-    PyObject *dtype, *out_dtype = NULL, *result = NULL, *target = NULL;
-    int dtype_at = one_call_dtype(self->dtypes, x, &dtype);
-    if (dtype_at == -2)
-        return NULL;
-    if (out != Py_None && one_call_dtype(self->dtypes, out, &out_dtype) == -2) {
-        Py_DECREF(dtype);
-        return NULL;
-    }
-    Py_XDECREF(out_dtype); /* (only compared: it lives as long as out) */
-    Py_buffer xv, tv;
-    int have_x = 0, have_target = 0, slot = -1, taken = 0;
-    if (dtype_at < 0 || (out_dtype != NULL && out_dtype != dtype))
-        goto decline;
-    /* C-contiguous, with the shape, no format (bfloat16 has none): numpy refuses another */
-    if (PyObject_GetBuffer(x, &xv, PyBUF_C_CONTIGUOUS) < 0)
-        goto refused;
-    have_x = 1;
-    if (xv.len == 0 || xv.len > self->largest)
-        goto decline;
-    if (out != Py_None) {
-        if (PyObject_GetBuffer(out, &tv, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0)
-            goto refused;
-        have_target = 1;
-        if (tv.ndim != xv.ndim || (xv.ndim && memcmp(tv.shape, xv.shape,
-                                                     xv.ndim * sizeof *xv.shape)))
-            goto decline;
-    }
-    slot = gate_enter(self->gate, self->codes[ALL_REDUCE], dtype_at, op, -1, xv.len,
-                      self->codes[CODE_NATIVE], 0);
-    if (slot == -2) /* a child of os.fork(): the gate raised, saying why */
-        goto done;
-    if (slot == -1) /* another thread's call: the Python path says so */
-        goto decline;
-    PyObject *got = PyObject_CallOneArg(self->take, Py_False);
-    if (got == NULL)
-        goto done;
-    taken = got == Py_True;
-    Py_DECREF(got);
-    int idle = taken ? engine_idle(self) : 0;
-    if (idle < 0)
-        goto done;
-    if (!idle)
-        goto decline;
-    if (out != Py_None) {
-        target = Py_NewRef(out);
-    } else {
-        PyObject *shape = PyTuple_New(xv.ndim);
-        for (int i = 0; shape != NULL && i < xv.ndim; i++) {
-            PyObject *d = PyLong_FromSsize_t(xv.shape[i]);
-            if (d == NULL)
-                Py_CLEAR(shape);
-            else
-                PyTuple_SET_ITEM(shape, i, d);
-        }
-        target = shape ? PyObject_CallFunctionObjArgs(self->empty, shape, dtype, NULL) : NULL;
-        Py_XDECREF(shape);
-        if (target == NULL ||
-            PyObject_GetBuffer(target, &tv, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0)
-            goto done;
-        have_target = 1;
-    }
-    if (exchange_and_reduce(self, x, &xv, target, &tv, dtype_at, op) < 0)
-        goto done;
-    gate_done(self->gate, slot);
-    result = Py_NewRef(target);
-    goto done;
-refused:
-    if (!one_call_refused())
-        goto done;
-decline:
-    result = Py_NewRef(Py_None);
-done:
-    if (taken && call_keeping_error(self->give, NULL) < 0)
-        Py_CLEAR(result);
-    if (slot >= 0) {
-        if (result == NULL)
-            one_call_named(self->namer, self->comm_error, "%U", self->name);
-        gate_leave(self->gate, slot);
-    }
-    if (have_target)
-        PyBuffer_Release(&tv);
-    if (have_x)
-        PyBuffer_Release(&xv);
-    Py_XDECREF(target);
-    Py_DECREF(dtype);
-    return result;
+    return one_call_run(&self->call, self, ONE_CALL_ALL_REDUCE, args[0], args[1], args[2],
+                        engine_idle, exchange_and_reduce);
 }
 
 #define FASTCALL(f) (PyCFunction)(void (*)(void))(f), METH_FASTCALL
@@ -517,18 +339,7 @@ static PyTypeObject TcpLaneType = {
 
 int add_tcp_lane(PyObject *module)
 {
-    GateType = gate_import();
-    if (GateType == NULL) { /* the module still imports, saying why in GATE_ERROR */
-        PyObject *type, *error, *trace;
-        PyErr_Fetch(&type, &error, &trace);
-        gate_error = error ? PyObject_Str(error) : NULL;
-        Py_XDECREF(type);
-        Py_XDECREF(error);
-        Py_XDECREF(trace);
-        if (gate_error == NULL)
-            return -1;
-    }
-    if (PyModule_AddObjectRef(module, "GATE_ERROR", gate_error ? gate_error : Py_None) < 0 ||
+    if (one_call_import_gate(module, &GateType, &gate_error) < 0 ||
         PyType_Ready(&TcpLaneType) < 0)
         return -1;
     return PyModule_AddObjectRef(module, "Lane", (PyObject *)&TcpLaneType);

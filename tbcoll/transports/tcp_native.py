@@ -54,8 +54,9 @@ class TcpNative:
         # the whole call in C, up to _KEEP bytes (past them, the blocks are kept here)
         self.lane = transport.lane(self._peers, coll, self.rank, _TAG)
         if self.lane is not None:
-            self.lane.calls(np.ndarray, tuple(DTYPES.values()), OP_CODES, np.empty, _SIGNATURES,
-                            *transport.c_wait(), _KEEP, self._finish)
+            lock = transport.turns.lock
+            self.lane.calls(np.ndarray, tuple(DTYPES.values()), OP_CODES, np.empty, lock.acquire,
+                            lock.release, _KEEP, _SIGNATURES, *transport.c_wait(), self._finish)
 
     def direct_all_reduce(self, x: np.ndarray, op: str, root: int,
                           out: np.ndarray | None) -> np.ndarray | None:
