@@ -89,7 +89,8 @@ setup(cmdclass={"build_ext": BuildExtAndDieWithParent}, ext_modules=[
               depends=[*_SHARED, *SHM_HEADERS, "tbcoll/include/gate.h"], optional=_OPTIONAL),
     Extension("tbcoll.transports._sockets", TCP_SOURCES,
               depends=[*_SHARED, *TCP_HEADERS, "tbcoll/include/gate.h"], optional=_OPTIONAL),
-    Extension("tbcoll.rdma._verbs", ["tbcoll/rdma/_verbs.c"], depends=_SHARED, libraries=_DL,
+    Extension("tbcoll.rdma._verbs", ["tbcoll/rdma/_verbs.c"],
+              depends=[*_SHARED, "tbcoll/include/gate.h"], libraries=_DL,
               optional=_OPTIONAL),
     *([Extension("tbcoll.launch._subreaper", ["launchers/_subreaper.c"], optional=_OPTIONAL)]
       if _LINUX else []),

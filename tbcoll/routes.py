@@ -7,8 +7,8 @@ non-blocking call, close), never per call. Whether a call may take a one-call pa
 there, once per transport, of: per-call checks (TBCOLL_CHECK: never), --trace (never for the
 collectives: their calls are timed), TBCOLL_ALGO and the tuning table (native, at every size
 or up to a size), and the transport's offers: its C lane (Native.lane, tbcoll.transports.base:
-shm's, and tcp's small all_reduce), which takes the whole call up to the table's size, else
-its direct path (behind that size: rdma's C mesh).
+shm's, tcp's small all_reduce, rdma's mesh), which takes the whole call up to the table's
+size, else its direct path (behind that size).
 
 The route of a call is its public method: its first step, bound on the communicator
 (Communicator._bind puts each of first_steps in _first_<name>; None: none), else the general

@@ -69,7 +69,9 @@
 #include <unistd.h>
 #include <infiniband/verbs.h>
 
+#include "../include/buffers.h" /* positional */
 #include "../include/cpu_relax.h"
+#include "../include/one_call.h" /* the mesh lane's call around mesh_call */
 #include "../include/reduce.h" /* reduce_rows, and wire.h's codes */
 #include "../include/wire_export.h" /* add_wire */
 
@@ -1012,7 +1014,8 @@ static PyObject *Fabric_lost(Fabric *f, PyObject *rank)
 /*
  * mesh(kind, src, dst, dtype, op, signature, budget) -> 0 done, -1 budget ran out (call
  * again with the same arguments to go on waiting), -2 a peer is lost (see lost()), or
- * k + 1 where rank k made another call (differing_call() says which).
+ * k + 1 where rank k made another call (differing_call() says which); mesh_call's -3: the
+ * arguments do not fit (ValueError).
  *
  * One native call over the COLL queue pairs: this rank's block (its call number, its
  * signature, then src) goes to every peer from its own slot of parity seq % 2; the others'
@@ -1020,23 +1023,17 @@ static PyObject *Fabric_lost(Fabric *f, PyObject *rank)
  * in rank order (every rank gets the same bits); MESH_ALL_GATHER: block k -> dst at k * n.
  * Every header is compared before anyone's data is used.
  */
-static PyObject *Fabric_mesh(Fabric *f, PyObject *args)
+static long mesh_call(Fabric *f, int kind, const Py_buffer *src, const Py_buffer *dst,
+                      int dtype, int op, unsigned long long call, double budget)
 {
-    int kind, dtype, op;
-    unsigned long long call;
-    double budget;
-    Py_buffer src, dst;
-    if (!PyArg_ParseTuple(args, "iy*w*iiKd", &kind, &src, &dst, &dtype, &op, &call, &budget))
-        return NULL;
     long result = 0;
-    Py_ssize_t n = src.len;
+    Py_ssize_t n = src->len;
     int parity = (int)(f->coll_seq & 1);
     if (n > COLL_BYTES || dtype < 0 || dtype >= DTYPES || op < 0 || op >= OPS ||
-        (kind == MESH_ALL_REDUCE && (dst.len != n || n % ITEMSIZE[dtype])) ||
-        (kind == MESH_ALL_GATHER && dst.len != n * f->size) || f->ndev == 0) {
+        (kind == MESH_ALL_REDUCE && (dst->len != n || n % ITEMSIZE[dtype])) ||
+        (kind == MESH_ALL_GATHER && dst->len != n * f->size) || f->ndev == 0) {
         PyErr_SetString(PyExc_ValueError, "mesh: bad sizes, dtype or op");
-        result = -3;
-        goto done;
+        return -3;
     }
     uint64_t header[2] = {f->coll_seq, call};
     Py_BEGIN_ALLOW_THREADS
@@ -1061,7 +1058,7 @@ static PyObject *Fabric_mesh(Fabric *f, PyObject *args)
             for (int d = 0; d < f->ndev; d++) {
                 char *own = f->dev[d].coll + ((size_t)parity * f->size + f->rank) * COLL_SLOT;
                 memcpy(own, header, COLL_HEADER);
-                memcpy(own + COLL_HEADER, src.buf, (size_t)n);
+                memcpy(own + COLL_HEADER, src->buf, (size_t)n);
             }
             for (int k = 0; k < f->size; k++) {
                 Peer *p = &f->peer[k];
@@ -1108,7 +1105,7 @@ static PyObject *Fabric_mesh(Fabric *f, PyObject *args)
     }
     Py_END_ALLOW_THREADS
     if (result != 0)
-        goto done;
+        return result;
     /* every block is in: compare the calls before anyone's data is used */
     const char *rows[MAX_PEERS];
     for (int k = 0; k < f->size; k++) {
@@ -1136,10 +1133,10 @@ static PyObject *Fabric_mesh(Fabric *f, PyObject *args)
             const char *data[MAX_PEERS];
             for (int k = 0; k < f->size; k++)
                 data[k] = rows[k] + COLL_HEADER;
-            reduce_rows(data, f->size, (char *)dst.buf, n / ITEMSIZE[dtype], dtype, op);
+            reduce_rows(data, f->size, (char *)dst->buf, n / ITEMSIZE[dtype], dtype, op);
         } else {
             for (int k = 0; k < f->size; k++)
-                memcpy((char *)dst.buf + (size_t)k * n, rows[k] + COLL_HEADER, (size_t)n);
+                memcpy((char *)dst->buf + (size_t)k * n, rows[k] + COLL_HEADER, (size_t)n);
         }
     }
     /* Done with this call's slots, also when the calls differ (every rank then raises; the
@@ -1155,12 +1152,22 @@ static PyObject *Fabric_mesh(Fabric *f, PyObject *args)
         f->coll_seq++;
         f->coll_stage = 0;
     }
-done:
+    return result;
+}
+
+/* mesh(): mesh_call's result, from Python (tbcoll.transports.rdma) */
+static PyObject *Fabric_mesh(Fabric *f, PyObject *args)
+{
+    int kind, dtype, op;
+    unsigned long long call;
+    double budget;
+    Py_buffer src, dst;
+    if (!PyArg_ParseTuple(args, "iy*w*iiKd", &kind, &src, &dst, &dtype, &op, &call, &budget))
+        return NULL;
+    long result = mesh_call(f, kind, &src, &dst, dtype, op, call, budget);
     PyBuffer_Release(&src);
     PyBuffer_Release(&dst);
-    if (result == -3)
-        return NULL;
-    return PyLong_FromLong(result);
+    return result == -3 ? NULL : PyLong_FromLong(result);
 }
 
 /* differing_call() -> (call number, signature, bytes) of the block whose call differed */
@@ -1309,6 +1316,173 @@ static PyTypeObject FabricType = {
     .tp_doc = "Queue pairs to every peer of a job over ibverbs (see the module source).",
 };
 
+/*
+ * MeshLane(fabric): the world communicator's small all_reduce and all_gather as one C call
+ * (tbcoll/transports/base.py's Native.lane contract; tbcoll/include/one_call.h does the call
+ * around mesh_call: checks, the call gate, the engine's lock, since the mesh shares the
+ * device's completion queue with the stream). Under the RDMA lab's emulation Python costs
+ * 50-100x its host cost, and the direct path's Python (the gate, the checks, the signature,
+ * the engine's turns, the budget) cost more than the mesh. Where mesh_call does not finish
+ * in its first slice (a late peer, another call, a lost peer), finish(kind, x, target,
+ * dtype, op, signature, result) goes on in Python (RdmaNative._mesh_held) with the engine
+ * still taken. calls(ndarray, dtypes, ops, empty, take, give, largest, all_reduce, all_gather,
+ * budget, finish): one_call_calls', each kind's signatures less the byte count (all_reduce's
+ * by dtype then op, all_gather's by dtype), the first slice's budget, and finish.
+ */
+typedef struct {
+    PyObject_HEAD
+    OneCall call;
+    Fabric *fabric;
+    uint64_t all_reduce[DTYPES][OPS], all_gather[DTYPES];
+    double budget;
+    PyObject *finish;
+} MeshLane;
+
+static PyTypeObject *GateType; /* tbcoll._gate.Gate; NULL where its import failed: */
+static PyObject *gate_error;   /* why (GATE_ERROR) */
+
+static int MeshLane_traverse(MeshLane *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->fabric);
+    Py_VISIT(self->finish);
+    return one_call_traverse(&self->call, visit, arg);
+}
+
+static int MeshLane_clear(MeshLane *self)
+{
+    Py_CLEAR(self->fabric);
+    Py_CLEAR(self->finish);
+    one_call_clear(&self->call);
+    return 0;
+}
+
+static void MeshLane_dealloc(MeshLane *self)
+{
+    PyObject_GC_UnTrack(self);
+    MeshLane_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int MeshLane_init(MeshLane *self, PyObject *args, PyObject *Py_UNUSED(kwargs))
+{
+    PyObject *fabric;
+    if (!PyArg_ParseTuple(args, "O!:MeshLane", &FabricType, &fabric))
+        return -1;
+    MeshLane_clear(self);
+    self->fabric = (Fabric *)Py_NewRef(fabric);
+    return 0;
+}
+
+static int read_signatures(PyObject *list, uint64_t *words, Py_ssize_t count)
+{
+    if (!PyList_Check(list) || PyList_GET_SIZE(list) != count) {
+        PyErr_Format(PyExc_ValueError, "expected a list of %zd signatures", count);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        words[i] = (uint64_t)PyLong_AsUnsignedLongLong(PyList_GET_ITEM(list, i));
+        if (PyErr_Occurred())
+            return -1;
+    }
+    return 0;
+}
+
+static PyObject *MeshLane_calls(MeshLane *self, PyObject *args)
+{
+    PyObject *ndarray, *dtypes, *ops, *empty, *take, *give, *all_reduce, *all_gather, *finish;
+    Py_ssize_t largest;
+    double budget;
+    if (self->fabric == NULL) {
+        PyErr_SetString(PyExc_ValueError, "calls: after MeshLane(fabric)");
+        return NULL;
+    }
+    if (!PyArg_ParseTuple(args, "OOOOOOnOOdO:calls", &ndarray, &dtypes, &ops, &empty, &take,
+                          &give, &largest, &all_reduce, &all_gather, &budget, &finish) ||
+        read_signatures(all_reduce, &self->all_reduce[0][0], DTYPES * OPS) < 0 ||
+        read_signatures(all_gather, self->all_gather, DTYPES) < 0 ||
+        one_call_calls(&self->call, self->fabric->size, ndarray, dtypes, ops, empty, take, give,
+                       largest < COLL_BYTES ? largest : COLL_BYTES) < 0)
+        return NULL;
+    Py_XSETREF(self->finish, Py_NewRef(finish));
+    self->budget = budget;
+    Py_RETURN_NONE;
+}
+
+static PyObject *MeshLane_bind(MeshLane *self, PyObject *args)
+{
+    return one_call_bind(&self->call, GateType, gate_error, args,
+                         1 << ONE_CALL_ALL_REDUCE | 1 << ONE_CALL_ALL_GATHER);
+}
+
+static PyObject *MeshLane_limit(MeshLane *self, PyObject *args)
+{
+    return one_call_limit(&self->call, args);
+}
+
+/* One mesh call of a taken all_reduce or all_gather (OneCallWork) */
+static int mesh_work(void *lane, int kind, PyObject *x, const Py_buffer *xv, PyObject *target,
+                     const Py_buffer *tv, int dtype, int op)
+{
+    MeshLane *self = lane;
+    int reduces = kind == ONE_CALL_ALL_REDUCE, mesh = reduces ? MESH_ALL_REDUCE
+                                                              : MESH_ALL_GATHER;
+    unsigned long long signature = (unsigned long long)xv->len |
+                                   (reduces ? self->all_reduce[dtype][op]
+                                            : self->all_gather[dtype]);
+    if (!reduces)
+        dtype = op = 0; /* (the mesh places blocks: no reduction) */
+    long result = mesh_call(self->fabric, mesh, xv, tv, dtype, op, signature, self->budget);
+    if (result == 0)
+        return 0;
+    if (result == -3)
+        return -1;
+    PyObject *done = PyObject_CallFunction(self->finish, "iOOiiKl", mesh, x, target, dtype, op,
+                                           signature, result);
+    Py_XDECREF(done);
+    return done == NULL ? -1 : 0;
+}
+
+static PyObject *MeshLane_all_reduce(MeshLane *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (!positional("all_reduce", nargs, 3))
+        return NULL;
+    return one_call_run(&self->call, self, ONE_CALL_ALL_REDUCE, args[0], args[1], args[2],
+                        NULL, mesh_work);
+}
+
+static PyObject *MeshLane_all_gather(MeshLane *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (!positional("all_gather", nargs, 2))
+        return NULL;
+    return one_call_run(&self->call, self, ONE_CALL_ALL_GATHER, args[0], Py_None, args[1],
+                        NULL, mesh_work);
+}
+
+static PyMethodDef MeshLane_methods[] = {
+    {"calls", (PyCFunction)MeshLane_calls, METH_VARARGS, "What its calls take."},
+    {"bind", (PyCFunction)MeshLane_bind, METH_VARARGS, "The communicator whose calls take it."},
+    {"limit", (PyCFunction)MeshLane_limit, METH_VARARGS, "The largest x a kind's path takes."},
+    {"all_reduce", (PyCFunction)(void (*)(void))MeshLane_all_reduce, METH_FASTCALL,
+     "The communicator's all_reduce, or None."},
+    {"all_gather", (PyCFunction)(void (*)(void))MeshLane_all_gather, METH_FASTCALL,
+     "The communicator's all_gather, or None."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject MeshLaneType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "tbcoll.rdma._verbs.MeshLane",
+    .tp_basicsize = sizeof(MeshLane),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "The world's small mesh all_reduce and all_gather in one call.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)MeshLane_init,
+    .tp_dealloc = (destructor)MeshLane_dealloc,
+    .tp_traverse = (traverseproc)MeshLane_traverse,
+    .tp_clear = (inquiry)MeshLane_clear,
+    .tp_methods = MeshLane_methods,
+};
+
 static PyMethodDef module_methods[] = {
     {"devices", devices, METH_VARARGS, "The RDMA devices of this host."},
     {NULL, NULL, 0, NULL},
@@ -1320,7 +1494,8 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "tbcoll.rdma._verbs",
 PyMODINIT_FUNC PyInit__verbs(void)
 {
     PyObject *m = PyModule_Create(&module);
-    if (!m || PyType_Ready(&FabricType) < 0)
+    if (!m || PyType_Ready(&FabricType) < 0 || PyType_Ready(&MeshLaneType) < 0 ||
+        one_call_import_gate(m, &GateType, &gate_error) < 0)
         return NULL;
     LibraryError = PyErr_NewException("tbcoll.rdma._verbs.LibraryError", PyExc_OSError, NULL);
     DeviceError = PyErr_NewException("tbcoll.rdma._verbs.DeviceError", PyExc_OSError, NULL);
@@ -1329,6 +1504,7 @@ PyMODINIT_FUNC PyInit__verbs(void)
                                            PyExc_OSError, NULL);
     Py_INCREF(&FabricType);
     if (PyModule_AddObject(m, "Fabric", (PyObject *)&FabricType) < 0 ||
+        PyModule_AddObjectRef(m, "MeshLane", (PyObject *)&MeshLaneType) < 0 ||
         PyModule_AddObject(m, "LibraryError", LibraryError) < 0 ||
         PyModule_AddObject(m, "DeviceError", DeviceError) < 0 ||
         PyModule_AddObject(m, "GidError", GidError) < 0 ||

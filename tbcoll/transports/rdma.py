@@ -25,7 +25,7 @@ from collections.abc import Iterable
 import numpy as np
 
 from tbcoll.calls import mismatch, signature
-from tbcoll.dtypes import DTYPE_CODES, OP_CODES
+from tbcoll.dtypes import DTYPE_CODES, DTYPES, OP_CODES
 from tbcoll.env import LaunchInfo, placement, rdma_settings
 from tbcoll.errors import CommError, PeerLostError, PeerTimeoutError
 from tbcoll.rdma import devices
@@ -120,6 +120,11 @@ class RdmaStream(StreamTransport):
         return newly
 
 
+# the mesh lane's signatures less the byte count: all_reduce's by dtype then op, all_gather's
+_ALL_REDUCE = [signature("all_reduce", dtype, op, 0) for dtype in DTYPE_CODES for op in OP_CODES]
+_ALL_GATHER = [signature("all_gather", dtype, None, 0) for dtype in DTYPE_CODES]
+
+
 class RdmaNative:
     """The world's mesh collectives in C: every rank sends its block to every other, and each
     reduces (or places) all of them in rank order. Blocks past COLL_BYTES go in pieces."""
@@ -136,6 +141,12 @@ class RdmaNative:
         self._watch, self._timeout, self._turns = watch, timeout, turns
         self._piece = _verbs.COLL_BYTES
         self._empty = np.empty(0, np.uint8)
+        # the small all_reduce and all_gather whole in C (the Communicator binds it): one slice
+        # of SHARED_SLICE, then _mesh_held goes on from where it stopped
+        self.lane = _verbs.MeshLane(fabric)
+        self.lane.calls(np.ndarray, tuple(DTYPES.values()), OP_CODES, np.empty,
+                        turns.lock.acquire, turns.lock.release, self._piece, _ALL_REDUCE,
+                        _ALL_GATHER, SHARED_SLICE, self._mesh_held)
 
     # --- one-call paths (Native.direct_*) ---------------------------------------------------
 
@@ -200,11 +211,13 @@ class RdmaNative:
             self._mesh_held(kind, src, dst, dtype, op, call)
 
     def _mesh_held(self, kind: int, src: np.ndarray, dst: np.ndarray, dtype: int, op: int,
-                   call: int) -> None:
+                   call: int, result: int | None = None) -> None:
+        """_mesh's work, the engine held; result: of a slice run already (the lane's)."""
         deadline = None
         while True:
-            budget = SHARED_SLICE if self._turns.shared else WAIT_SLICE
-            result = self._fabric.mesh(kind, src, dst, dtype, op, call, budget)
+            if result is None:
+                budget = SHARED_SLICE if self._turns.shared else WAIT_SLICE
+                result = self._fabric.mesh(kind, src, dst, dtype, op, call, budget)
             if result == 0:
                 return
             if result > 0:
@@ -225,6 +238,7 @@ class RdmaNative:
                                        "waiting for the other ranks' blocks of a native "
                                        "collective", peers)
             self._turns.pass_turn()
+            result = None
 
 
 class RdmaGroup:

@@ -339,3 +339,38 @@ def test_out_that_overlaps_x(comm):
     y = np.full(2 * p, r + 1.0)
     block = comm.reduce_scatter(y, out=y[:2])  # out is the start of x
     assert np.array_equal(block, np.full(2, p * (p + 1) / 2))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int64"])
+def test_a_lanes_calls_run_whole_in_c(comm, dtype):
+    """Where the transport has a C lane (Native.lane: shm's, tcp's all_reduce, rdma's mesh) a
+    plain small all_reduce or all_gather, no algorithm named, runs whole in C: no Python below
+    the Communicator's method but the engine's words, published after the engine was used
+    (sys.setprofile sees every Python call); the answers are numpy's. A peer later than C's
+    first wait has Python finish the call: then every rank tries again."""
+    import sys
+
+    lanes = [name for name in ("all_reduce", "all_gather")
+             if type(getattr(comm, f"_first_{name}")).__name__ == "builtin_function_or_method"]
+    if not lanes:
+        pytest.skip(f"no C lane takes all_reduce or all_gather here ({comm.backend})")
+    dtype, p, r = DTYPES[dtype], comm.size, comm.rank
+    x = np.full((3, 2), r + 1, dtype)
+    want = {"all_reduce": np.full((3, 2), p * (p + 1) // 2, dtype),
+            "all_gather": np.repeat(np.arange(1, p + 1), 6).reshape(3 * p, 2).astype(dtype)}
+    for name in lanes:
+        call = getattr(comm, name)
+        for _ in range(20):
+            ran = []
+            sys.setprofile(lambda frame, event, arg: ran.append(frame.f_code.co_name)
+                           if event == "call" else None)
+            try:
+                got = call(x)
+            finally:
+                sys.setprofile(None)
+            assert_equal(got, want[name], name)
+            below = set(ran) - {name, "publish_words"}
+            if comm.all_reduce(np.array(len(below)), "max", algorithm="rd") == 0:
+                break
+        else:
+            raise AssertionError(f"{name}: the lane never took the whole call ({below} ran)")
