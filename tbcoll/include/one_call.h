@@ -84,6 +84,21 @@ static inline PyObject *one_call_named(PyObject *namer_ref, PyObject *comm_error
     return NULL;
 }
 
+/* words[0..count) from list, a list of count signatures (ints): 0, or -1 with an exception */
+static inline int one_call_words(PyObject *list, uint64_t *words, Py_ssize_t count)
+{
+    if (!PyList_Check(list) || PyList_GET_SIZE(list) != count) {
+        PyErr_Format(PyExc_ValueError, "expected a list of %zd signatures", count);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        words[i] = (uint64_t)PyLong_AsUnsignedLongLong(PyList_GET_ITEM(list, i));
+        if (PyErr_Occurred())
+            return -1;
+    }
+    return 0;
+}
+
 /* --- a lane of all_reduce and all_gather -------------------------------------------------- */
 
 /* the contract's kinds (tbcoll.comm.LANE_ENTRIES' order) and bind's codes: the four kinds',

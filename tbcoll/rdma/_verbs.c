@@ -1373,20 +1373,6 @@ static int MeshLane_init(MeshLane *self, PyObject *args, PyObject *Py_UNUSED(kwa
     return 0;
 }
 
-static int read_signatures(PyObject *list, uint64_t *words, Py_ssize_t count)
-{
-    if (!PyList_Check(list) || PyList_GET_SIZE(list) != count) {
-        PyErr_Format(PyExc_ValueError, "expected a list of %zd signatures", count);
-        return -1;
-    }
-    for (Py_ssize_t i = 0; i < count; i++) {
-        words[i] = (uint64_t)PyLong_AsUnsignedLongLong(PyList_GET_ITEM(list, i));
-        if (PyErr_Occurred())
-            return -1;
-    }
-    return 0;
-}
-
 static PyObject *MeshLane_calls(MeshLane *self, PyObject *args)
 {
     PyObject *ndarray, *dtypes, *ops, *empty, *take, *give, *all_reduce, *all_gather, *finish;
@@ -1398,8 +1384,8 @@ static PyObject *MeshLane_calls(MeshLane *self, PyObject *args)
     }
     if (!PyArg_ParseTuple(args, "OOOOOOnOOdO:calls", &ndarray, &dtypes, &ops, &empty, &take,
                           &give, &largest, &all_reduce, &all_gather, &budget, &finish) ||
-        read_signatures(all_reduce, &self->all_reduce[0][0], DTYPES * OPS) < 0 ||
-        read_signatures(all_gather, self->all_gather, DTYPES) < 0 ||
+        one_call_words(all_reduce, &self->all_reduce[0][0], DTYPES * OPS) < 0 ||
+        one_call_words(all_gather, self->all_gather, DTYPES) < 0 ||
         one_call_calls(&self->call, self->fabric->size, ndarray, dtypes, ops, empty, take, give,
                        largest < COLL_BYTES ? largest : COLL_BYTES) < 0)
         return NULL;

@@ -25,7 +25,7 @@
 #include <structmember.h> /* T_ULONGLONG */
 
 #include "../include/buffers.h"
-#include "../include/one_call.h" /* one_call_import_gate */
+#include "../include/one_call.h" /* one_call_import_gate, one_call_words */
 #include "cma.h" /* HAVE_CMA */
 #include "lane.h"
 #include "lane_base.h"
@@ -177,20 +177,6 @@ static PyObject *lane_round_method(Lane *self, PyObject *const *args, Py_ssize_t
     Py_RETURN_NONE;
 }
 
-static int read_words(PyObject *list, uint64_t *words, Py_ssize_t count)
-{
-    if (!PyList_Check(list) || PyList_GET_SIZE(list) != count) {
-        PyErr_Format(PyExc_ValueError, "expected a list of %zd signatures", count);
-        return -1;
-    }
-    for (Py_ssize_t i = 0; i < count; i++) {
-        words[i] = (uint64_t)PyLong_AsUnsignedLongLong(PyList_GET_ITEM(list, i));
-        if (PyErr_Occurred())
-            return -1;
-    }
-    return 0;
-}
-
 /*
  * calls(single_pass, ndarray, dtypes, ops, empty, all_reduce, all_gather, reduce_scatter,
  *       broadcast_call)
@@ -213,9 +199,9 @@ static PyObject *lane_calls(Lane *self, PyObject *args)
         PyErr_Format(PyExc_ValueError, "expected %d dtypes", DTYPES);
         return NULL;
     }
-    if (read_words(all_reduce, &self->all_reduce_calls[0][0], DTYPES * OPS) < 0 ||
-        read_words(all_gather, self->all_gather_calls, DTYPES) < 0 ||
-        read_words(reduce_scatter, &self->reduce_scatter_calls[0][0], DTYPES * OPS) < 0)
+    if (one_call_words(all_reduce, &self->all_reduce_calls[0][0], DTYPES * OPS) < 0 ||
+        one_call_words(all_gather, self->all_gather_calls, DTYPES) < 0 ||
+        one_call_words(reduce_scatter, &self->reduce_scatter_calls[0][0], DTYPES * OPS) < 0)
         return NULL;
     uint64_t *broadcast_calls = PyMem_Calloc((size_t)(DTYPES * self->size), sizeof(uint64_t));
     if (broadcast_calls == NULL)

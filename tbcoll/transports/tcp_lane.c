@@ -196,20 +196,10 @@ static PyObject *tcp_lane_calls(TcpLane *self, PyObject *args)
     PyObject *ndarray, *dtypes, *ops, *empty, *take, *give, *signatures, *finish;
     Py_ssize_t largest;
     double spin, budget;
-    if (!PyArg_ParseTuple(args, "OOOOOOnO!ddO:calls", &ndarray, &dtypes, &ops, &empty, &take,
-                          &give, &largest, &PyList_Type, &signatures, &spin, &budget, &finish))
-        return NULL;
-    if (PyList_GET_SIZE(signatures) != DTYPES * OPS) {
-        PyErr_Format(PyExc_ValueError, "calls: %d signatures", DTYPES * OPS);
-        return NULL;
-    }
-    for (int i = 0; i < DTYPES * OPS; i++) {
-        self->signatures[i / OPS][i % OPS] =
-            (uint64_t)PyLong_AsUnsignedLongLong(PyList_GET_ITEM(signatures, i));
-        if (PyErr_Occurred())
-            return NULL;
-    }
-    if (one_call_calls(&self->call, self->peers + 1, ndarray, dtypes, ops, empty, take, give,
+    if (!PyArg_ParseTuple(args, "OOOOOOnOddO:calls", &ndarray, &dtypes, &ops, &empty, &take,
+                          &give, &largest, &signatures, &spin, &budget, &finish) ||
+        one_call_words(signatures, &self->signatures[0][0], DTYPES * OPS) < 0 ||
+        one_call_calls(&self->call, self->peers + 1, ndarray, dtypes, ops, empty, take, give,
                        largest) < 0)
         return NULL;
     Py_XSETREF(self->finish, Py_NewRef(finish));

@@ -362,7 +362,7 @@ def test_a_lanes_calls_run_whole_in_c(comm, dtype):
         call = getattr(comm, name)
         for _ in range(20):
             ran = []
-            sys.setprofile(lambda frame, event, arg: ran.append(frame.f_code.co_name)
+            sys.setprofile(lambda frame, event, arg, ran=ran: ran.append(frame.f_code.co_name)
                            if event == "call" else None)
             try:
                 got = call(x)
