@@ -2,9 +2,11 @@
  * What every C lane shares (a transport's whole call in one C call; the contract is
  * tbcoll/transports/base.py's Native.lane): the dtype code of an array, the refusals that
  * hand a call to the Python path, the naming of a bound call's CommError as the communicator
- * names it, and, for a lane of all_reduce and all_gather (tcp's, tbcoll/transports/
- * tcp_lane.c; rdma's mesh, tbcoll/rdma/_verbs.c), the whole call around the transport's work:
- * OneCall and one_call_run. shm's lane (tbcoll/shm/lane.c) has more kinds and its own.
+ * names it; the contract's state (OneCall: what calls take, the communicator bound) and its
+ * calls(), bind() and limit(), which every lane keeps; and, for a lane of all_reduce and
+ * all_gather (tcp's, tbcoll/transports/tcp_lane.c; rdma's mesh, tbcoll/rdma/_verbs.c), the
+ * whole call around the transport's work: one_call_run. shm's lane (tbcoll/shm/lane.c) runs
+ * its four kinds and its moves on its own path, over the same OneCall.
  *
  * A new transport's lane: a Python type holding a OneCall, whose calls(), bind(), limit()
  * and all_reduce()/all_gather() methods call one_call_calls, one_call_bind, one_call_limit
@@ -103,15 +105,16 @@ static inline int one_call_words(PyObject *list, uint64_t *words, Py_ssize_t cou
 
 /* the contract's kinds (tbcoll.comm.LANE_ENTRIES' order) and bind's codes: the four kinds',
  * send's, recv's, the native algorithm's */
-enum { ONE_CALL_ALL_REDUCE, ONE_CALL_ALL_GATHER, ONE_CALL_KINDS = 4, ONE_CALL_NATIVE = 6,
+enum { ONE_CALL_ALL_REDUCE, ONE_CALL_ALL_GATHER, LANE_KIND_COUNT = 4, ONE_CALL_NATIVE = 6,
        ONE_CALL_CODES = 7 };
 
 typedef struct {
     int checks, size;                       /* calls() was called; the group's ranks */
     PyObject *ndarray, *dtypes, *ops, *empty; /* what calls take, how results are made */
-    Py_ssize_t largest[ONE_CALL_KINDS];     /* the largest x of each kind taken */
+    Py_ssize_t largest[LANE_KIND_COUNT];    /* the largest x of each kind taken */
     Gate *gate;                             /* bind(): the communicator's */
     int codes[ONE_CALL_CODES], enabled;
+    long max_tag;                           /* send's and recv's largest tag */
     PyObject *names, *comm_error, *namer;
     PyObject *take, *give;                  /* the engine's lock: acquire, release */
 } OneCall;
@@ -148,7 +151,8 @@ static inline void one_call_clear(OneCall *c)
 
 /* What the calls take: numpy arrays (ndarray) of dtypes (a tuple by code), reductions named
  * in ops (name -> code); results made by empty(shape, dtype); the engine's lock taken with
- * take(False) and given back with give(); each kind's largest x, `largest`. 0, or -1. */
+ * take(False) and given back with give() (NULL: a lane with its own, which does not call
+ * one_call_run); each kind's largest x, `largest`. 0, or -1. */
 static inline int one_call_calls(OneCall *c, int size, PyObject *ndarray, PyObject *dtypes,
                                  PyObject *ops, PyObject *empty, PyObject *take,
                                  PyObject *give, Py_ssize_t largest)
@@ -162,9 +166,9 @@ static inline int one_call_calls(OneCall *c, int size, PyObject *ndarray, PyObje
     Py_XSETREF(c->dtypes, Py_NewRef(dtypes));
     Py_XSETREF(c->ops, Py_NewRef(ops));
     Py_XSETREF(c->empty, Py_NewRef(empty));
-    Py_XSETREF(c->take, Py_NewRef(take));
-    Py_XSETREF(c->give, Py_NewRef(give));
-    for (int k = 0; k < ONE_CALL_KINDS; k++)
+    Py_XSETREF(c->take, Py_XNewRef(take));
+    Py_XSETREF(c->give, Py_XNewRef(give));
+    for (int k = 0; k < LANE_KIND_COUNT; k++)
         c->largest[k] = largest;
     c->size = size;
     c->checks = 1;
@@ -186,7 +190,7 @@ static inline PyObject *one_call_bind(OneCall *c, PyTypeObject *gate_type, PyObj
     if (!PyArg_ParseTuple(args, "O!O!O!ilOO:bind", gate_type, &gate, &PyTuple_Type, &codes,
                           &PyTuple_Type, &names, &enabled, &max_tag, &comm_error, &namer))
         return NULL;
-    if (PyTuple_GET_SIZE(codes) != ONE_CALL_CODES || PyTuple_GET_SIZE(names) != ONE_CALL_KINDS) {
+    if (PyTuple_GET_SIZE(codes) != ONE_CALL_CODES || PyTuple_GET_SIZE(names) != LANE_KIND_COUNT) {
         PyErr_SetString(PyExc_ValueError, "bind: bad codes or names");
         return NULL;
     }
@@ -201,6 +205,7 @@ static inline PyObject *one_call_bind(OneCall *c, PyTypeObject *gate_type, PyObj
     Py_XSETREF(c->comm_error, Py_NewRef(comm_error));
     Py_XSETREF(c->namer, Py_NewRef(namer));
     c->enabled = enabled & offered;
+    c->max_tag = max_tag;
     return PyLong_FromLong(c->enabled);
 }
 
@@ -211,7 +216,7 @@ static inline PyObject *one_call_limit(OneCall *c, PyObject *args)
     Py_ssize_t nbytes;
     if (!PyArg_ParseTuple(args, "in:limit", &kind, &nbytes))
         return NULL;
-    if (kind < 0 || kind >= ONE_CALL_KINDS) {
+    if (kind < 0 || kind >= LANE_KIND_COUNT) {
         PyErr_SetString(PyExc_ValueError, "limit: bad kind");
         return NULL;
     }

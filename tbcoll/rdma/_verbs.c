@@ -1326,15 +1326,18 @@ static PyTypeObject FabricType = {
  * in its first slice (a late peer, another call, a lost peer), finish(kind, x, target,
  * dtype, op, signature, result) goes on in Python (RdmaNative._mesh_held) with the engine
  * still taken. calls(ndarray, dtypes, ops, empty, take, give, largest, all_reduce, all_gather,
- * budget, finish): one_call_calls', each kind's signatures less the byte count (all_reduce's
- * by dtype then op, all_gather's by dtype), the first slice's budget, and finish.
+ * shared, budget, shared_budget, finish): one_call_calls', each kind's signatures less the
+ * byte count (all_reduce's by dtype then op, all_gather's by dtype), the engine's Turns'
+ * shared_word, the first slice's budget alone in the engine and once shared (as
+ * _mesh_held's), and finish.
  */
 typedef struct {
     PyObject_HEAD
     OneCall call;
     Fabric *fabric;
     uint64_t all_reduce[DTYPES][OPS], all_gather[DTYPES];
-    double budget;
+    Py_buffer shared;        /* Turns.shared_word, held: 1 once threads have shared the engine */
+    double budget, shared_budget; /* the first slice alone in the engine, and shared */
     PyObject *finish;
 } MeshLane;
 
@@ -1343,6 +1346,7 @@ static PyObject *gate_error;   /* why (GATE_ERROR) */
 
 static int MeshLane_traverse(MeshLane *self, visitproc visit, void *arg)
 {
+    Py_VISIT(self->shared.obj);
     Py_VISIT(self->fabric);
     Py_VISIT(self->finish);
     return one_call_traverse(&self->call, visit, arg);
@@ -1350,6 +1354,9 @@ static int MeshLane_traverse(MeshLane *self, visitproc visit, void *arg)
 
 static int MeshLane_clear(MeshLane *self)
 {
+    if (self->shared.obj != NULL)
+        PyBuffer_Release(&self->shared);
+    self->shared.obj = NULL;
     Py_CLEAR(self->fabric);
     Py_CLEAR(self->finish);
     one_call_clear(&self->call);
@@ -1375,29 +1382,39 @@ static int MeshLane_init(MeshLane *self, PyObject *args, PyObject *Py_UNUSED(kwa
 
 static PyObject *MeshLane_calls(MeshLane *self, PyObject *args)
 {
-    PyObject *ndarray, *dtypes, *ops, *empty, *take, *give, *all_reduce, *all_gather, *finish;
+    PyObject *ndarray, *dtypes, *ops, *empty, *take, *give, *all_reduce, *all_gather, *shared,
+        *finish;
     Py_ssize_t largest;
-    double budget;
-    if (self->fabric == NULL) {
-        PyErr_SetString(PyExc_ValueError, "calls: after MeshLane(fabric)");
+    double budget, shared_budget;
+    if (self->fabric == NULL || self->shared.obj != NULL) {
+        PyErr_SetString(PyExc_ValueError, "calls: once, after MeshLane(fabric)");
         return NULL;
     }
-    if (!PyArg_ParseTuple(args, "OOOOOOnOOdO:calls", &ndarray, &dtypes, &ops, &empty, &take,
-                          &give, &largest, &all_reduce, &all_gather, &budget, &finish) ||
+    if (!PyArg_ParseTuple(args, "OOOOOOnOOOddO:calls", &ndarray, &dtypes, &ops, &empty, &take,
+                          &give, &largest, &all_reduce, &all_gather, &shared, &budget,
+                          &shared_budget, &finish) ||
         one_call_words(all_reduce, &self->all_reduce[0][0], DTYPES * OPS) < 0 ||
         one_call_words(all_gather, self->all_gather, DTYPES) < 0 ||
         one_call_calls(&self->call, self->fabric->size, ndarray, dtypes, ops, empty, take, give,
-                       largest < COLL_BYTES ? largest : COLL_BYTES) < 0)
+                       largest < COLL_BYTES ? largest : COLL_BYTES) < 0 ||
+        PyObject_GetBuffer(shared, &self->shared, PyBUF_SIMPLE) < 0)
         return NULL;
+    if (self->shared.len != sizeof(uint64_t)) {
+        PyBuffer_Release(&self->shared);
+        self->shared.obj = NULL;
+        PyErr_SetString(PyExc_ValueError, "calls: the engine's shared word (8 bytes)");
+        return NULL;
+    }
     Py_XSETREF(self->finish, Py_NewRef(finish));
     self->budget = budget;
+    self->shared_budget = shared_budget;
     Py_RETURN_NONE;
 }
 
 static PyObject *MeshLane_bind(MeshLane *self, PyObject *args)
 {
     return one_call_bind(&self->call, GateType, gate_error, args,
-                         1 << ONE_CALL_ALL_REDUCE | 1 << ONE_CALL_ALL_GATHER);
+                         (1 << ONE_CALL_ALL_REDUCE) | (1 << ONE_CALL_ALL_GATHER));
 }
 
 static PyObject *MeshLane_limit(MeshLane *self, PyObject *args)
@@ -1417,7 +1434,9 @@ static int mesh_work(void *lane, int kind, PyObject *x, const Py_buffer *xv, PyO
                                             : self->all_gather[dtype]);
     if (!reduces)
         dtype = op = 0; /* (the mesh places blocks: no reduction) */
-    long result = mesh_call(self->fabric, mesh, xv, tv, dtype, op, signature, self->budget);
+    /* (read with the GIL held, as Turns sets it: plain) */
+    double budget = *(const uint64_t *)self->shared.buf ? self->shared_budget : self->budget;
+    long result = mesh_call(self->fabric, mesh, xv, tv, dtype, op, signature, budget);
     if (result == 0)
         return 0;
     if (result == -3)

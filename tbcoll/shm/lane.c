@@ -39,16 +39,8 @@ static int lane_traverse(Lane *self, visitproc visit, void *arg)
 {
     Py_VISIT(self->segment);
     Py_VISIT(self->resume);
-    Py_VISIT(self->ndarray);
-    Py_VISIT(self->dtypes);
-    Py_VISIT(self->ops);
-    Py_VISIT(self->empty);
     Py_VISIT(self->broadcast_call);
     Py_VISIT(self->refused);
-    Py_VISIT(self->gate);
-    Py_VISIT(self->names);
-    Py_VISIT(self->comm_error);
-    Py_VISIT(self->namer);
     Py_VISIT(self->send);
     Py_VISIT(self->recv);
     Py_VISIT(self->finish_send);
@@ -57,24 +49,16 @@ static int lane_traverse(Lane *self, visitproc visit, void *arg)
     Py_VISIT(self->finish_announced);
     Py_VISIT(self->words.obj);
     Py_VISIT(self->publish);
-    return 0;
+    return one_call_traverse(&self->call, visit, arg);
 }
 
 static int lane_clear(Lane *self)
 {
     Py_CLEAR(self->segment);
     Py_CLEAR(self->resume);
-    Py_CLEAR(self->ndarray);
-    Py_CLEAR(self->dtypes);
-    Py_CLEAR(self->ops);
-    Py_CLEAR(self->empty);
     Py_CLEAR(self->broadcast_call);
     Py_CLEAR(self->refused);
     self->attached = 0;
-    Py_CLEAR(self->gate);
-    Py_CLEAR(self->names);
-    Py_CLEAR(self->comm_error);
-    Py_CLEAR(self->namer);
     Py_CLEAR(self->send);
     Py_CLEAR(self->recv);
     Py_CLEAR(self->finish_send);
@@ -85,8 +69,7 @@ static int lane_clear(Lane *self)
     Py_CLEAR(self->publish);
     PyMem_Free(self->stream_at);
     self->stream_at = NULL;
-    self->checks = 0;
-    self->enabled = 0;
+    one_call_clear(&self->call);
     return 0;
 }
 
@@ -182,45 +165,35 @@ static PyObject *lane_round_method(Lane *self, PyObject *const *args, Py_ssize_t
  *       broadcast_call)
  * What the one-call paths take: numpy arrays (ndarray) of the dtypes (a tuple, by code),
  * reductions named in ops (name -> code), all_reduce up to single_pass bytes and the others
- * up to a slot (until limit() says otherwise); new results from empty(shape, dtype). How they sign a call: all_reduce and
- * reduce_scatter's signatures less the byte count, flat lists by dtype then op,
- * all_gather's by dtype, and broadcast's from broadcast_call(dtype, root), asked once each.
+ * up to a slot (until limit() says otherwise); new results from empty(shape, dtype)
+ * (one_call_calls). How they sign a call: all_reduce and reduce_scatter's signatures less
+ * the byte count, flat lists by dtype then op, all_gather's by dtype, and broadcast's from
+ * broadcast_call(dtype, root), asked once each.
  */
 static PyObject *lane_calls(Lane *self, PyObject *args)
 {
     Py_ssize_t single_pass;
     PyObject *ndarray, *dtypes, *ops, *empty, *all_reduce, *all_gather, *reduce_scatter,
         *broadcast_call;
-    if (!PyArg_ParseTuple(args, "nO!O!O!OOOOO:calls", &single_pass, &PyType_Type, &ndarray,
-                          &PyTuple_Type, &dtypes, &PyDict_Type, &ops, &empty, &all_reduce,
-                          &all_gather, &reduce_scatter, &broadcast_call))
-        return NULL;
-    if (PyTuple_GET_SIZE(dtypes) != DTYPES) {
-        PyErr_Format(PyExc_ValueError, "expected %d dtypes", DTYPES);
-        return NULL;
-    }
-    if (one_call_words(all_reduce, &self->all_reduce_calls[0][0], DTYPES * OPS) < 0 ||
+    if (!PyArg_ParseTuple(args, "nOOOOOOOO:calls", &single_pass, &ndarray, &dtypes, &ops,
+                          &empty, &all_reduce, &all_gather, &reduce_scatter, &broadcast_call) ||
+        one_call_words(all_reduce, &self->all_reduce_calls[0][0], DTYPES * OPS) < 0 ||
         one_call_words(all_gather, self->all_gather_calls, DTYPES) < 0 ||
         one_call_words(reduce_scatter, &self->reduce_scatter_calls[0][0], DTYPES * OPS) < 0)
         return NULL;
     uint64_t *broadcast_calls = PyMem_Calloc((size_t)(DTYPES * self->size), sizeof(uint64_t));
     if (broadcast_calls == NULL)
         return PyErr_NoMemory();
+    /* (no engine's lock: the segment is this communicator's alone) */
+    if (one_call_calls(&self->call, (int)self->size, ndarray, dtypes, ops, empty, NULL, NULL,
+                       self->slot_bytes) < 0) {
+        PyMem_Free(broadcast_calls);
+        return NULL;
+    }
     PyMem_Free(self->broadcast_calls);
     self->broadcast_calls = broadcast_calls;
-    for (int kind = 0; kind < ONE_CALL_KINDS; kind++)
-        self->largest[kind] = kind == ALL_REDUCE ? single_pass : self->slot_bytes;
-    Py_INCREF(ndarray);
-    Py_INCREF(dtypes);
-    Py_INCREF(ops);
-    Py_INCREF(empty);
-    Py_INCREF(broadcast_call);
-    Py_XSETREF(self->ndarray, ndarray);
-    Py_XSETREF(self->dtypes, dtypes);
-    Py_XSETREF(self->ops, ops);
-    Py_XSETREF(self->empty, empty);
-    Py_XSETREF(self->broadcast_call, broadcast_call);
-    self->checks = 1;
+    self->call.largest[ALL_REDUCE] = single_pass;
+    Py_XSETREF(self->broadcast_call, Py_NewRef(broadcast_call));
     Py_RETURN_NONE;
 }
 
@@ -236,7 +209,7 @@ static PyObject *lane_limit(Lane *self, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "bad kind, or more bytes than a slot");
         return NULL;
     }
-    self->largest[kind] = nbytes;
+    self->call.largest[kind] = nbytes;
     Py_RETURN_NONE;
 }
 
@@ -275,33 +248,9 @@ static PyObject *lane_attach(Lane *self, PyObject *args)
  */
 static PyObject *lane_bind(Lane *self, PyObject *args)
 {
-    PyObject *gate, *codes, *names, *comm_error, *namer;
-    int enabled;
-    long max_tag;
-    if (GateType == NULL) {
-        PyErr_SetObject(PyExc_ImportError, gate_error);
-        return NULL;
-    }
-    if (!PyArg_ParseTuple(args, "O!O!O!ilOO:bind", GateType, &gate, &PyTuple_Type, &codes,
-                          &PyTuple_Type, &names, &enabled, &max_tag, &comm_error, &namer))
-        return NULL;
-    if (PyTuple_GET_SIZE(codes) != CODES || PyTuple_GET_SIZE(names) != ONE_CALL_KINDS) {
-        PyErr_SetString(PyExc_ValueError, "bad codes or names");
-        return NULL;
-    }
-    for (int i = 0; i < CODES; i++) {
-        long code = PyLong_AsLong(PyTuple_GET_ITEM(codes, i));
-        if (code == -1 && PyErr_Occurred())
-            return NULL;
-        self->codes[i] = (int)code;
-    }
-    Py_XSETREF(self->gate, (Gate *)Py_NewRef(gate));
-    Py_XSETREF(self->names, Py_NewRef(names));
-    Py_XSETREF(self->comm_error, Py_NewRef(comm_error));
-    Py_XSETREF(self->namer, Py_NewRef(namer));
-    self->enabled = enabled;
-    self->max_tag = max_tag;
-    return PyLong_FromLong(enabled); /* every kind and the moves: all it has */
+    /* every kind and the moves: all it has */
+    return one_call_bind(&self->call, GateType, gate_error, args,
+                         ((1 << ONE_CALL_KINDS) - 1) | MOVES);
 }
 
 /* The shape a kind's result has for x's (view) on size ranks, into shape; its ndim, or -1
@@ -335,13 +284,13 @@ static int result_shape(int kind, const Py_buffer *x, Py_ssize_t size, Py_ssize_
 static PyObject *one_call(Lane *self, int kind, PyObject *x, PyObject *op_name, long root,
                           PyObject *out, int guarded)
 {
-    if (!self->checks || (guarded && !(self->enabled & (1 << kind))) ||
-        Py_TYPE(x) != (PyTypeObject *)self->ndarray ||
-        (out != Py_None && Py_TYPE(out) != (PyTypeObject *)self->ndarray))
+    if (!self->call.checks || (guarded && !(self->call.enabled & (1 << kind))) ||
+        Py_TYPE(x) != (PyTypeObject *)self->call.ndarray ||
+        (out != Py_None && Py_TYPE(out) != (PyTypeObject *)self->call.ndarray))
         Py_RETURN_NONE;
     int op = 0;
     if (kind == ALL_REDUCE || kind == REDUCE_SCATTER) {
-        PyObject *code = PyUnicode_CheckExact(op_name) ? PyDict_GetItemWithError(self->ops,
+        PyObject *code = PyUnicode_CheckExact(op_name) ? PyDict_GetItemWithError(self->call.ops,
                                                                                  op_name)
                                                        : NULL;
         if (code == NULL) {
@@ -384,7 +333,7 @@ static PyObject *one_call(Lane *self, int kind, PyObject *x, PyObject *op_name, 
     }
     Py_ssize_t shape[64];
     int ndim = xv.ndim < 63 ? result_shape(kind, &xv, self->size, shape) : -1;
-    int qualifies = ndim >= 0 && xv.len <= self->largest[kind];
+    int qualifies = ndim >= 0 && xv.len <= self->call.largest[kind];
     /* past the limit, a bound all_gather or broadcast may copy each block once (one_copy) */
     int copy_once = !qualifies && ndim >= 0 && guarded && self->attached &&
                     (kind == ALL_GATHER || kind == BROADCAST);
@@ -414,9 +363,9 @@ static PyObject *one_call(Lane *self, int kind, PyObject *x, PyObject *op_name, 
         goto done;
     }
     if (guarded) {
-        slot = gate_enter(self->gate, self->codes[kind], dtype_at,
+        slot = gate_enter(self->call.gate, self->call.codes[kind], dtype_at,
                           kind == ALL_REDUCE || kind == REDUCE_SCATTER ? op : -1, root, xv.len,
-                          self->codes[CODE_NATIVE], 0);
+                          self->call.codes[CODE_NATIVE], 0);
         if (slot == -2) /* a child of os.fork(): the gate raised, saying why */
             goto done;
         if (slot == -1) { /* another thread's call: the Python path says so */
@@ -435,7 +384,7 @@ static PyObject *one_call(Lane *self, int kind, PyObject *x, PyObject *op_name, 
             else
                 PyTuple_SET_ITEM(dims, i, d);
         }
-        target = dims ? PyObject_CallFunctionObjArgs(self->empty, dims, dtype, NULL) : NULL;
+        target = dims ? PyObject_CallFunctionObjArgs(self->call.empty, dims, dtype, NULL) : NULL;
         Py_XDECREF(dims);
         if (target == NULL ||
             PyObject_GetBuffer(target, &ov, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0)
@@ -483,14 +432,14 @@ static PyObject *one_call(Lane *self, int kind, PyObject *x, PyObject *op_name, 
                    : lane_round(self, &r, (char *)segment.buf, signature)) < 0)
         goto done;
     if (guarded)
-        gate_done(self->gate, slot);
+        gate_done(self->call.gate, slot);
     result = target;
     target = NULL;
 done:
     if (slot >= 0) {
         if (result == NULL)
-            lane_named(self, "%U", PyTuple_GET_ITEM(self->names, kind));
-        gate_leave(self->gate, slot);
+            lane_named(self, "%U", PyTuple_GET_ITEM(self->call.names, kind));
+        gate_leave(self->call.gate, slot);
     }
     if (have_segment)
         PyBuffer_Release(&segment);

@@ -61,12 +61,12 @@ int lane_refused(void)
  * -1; *dtype is a new reference. */
 int lane_dtype_code(Lane *self, PyObject *array, PyObject **dtype)
 {
-    return one_call_dtype(self->dtypes, array, dtype);
+    return one_call_dtype(self->call.dtypes, array, dtype);
 }
 
 /* Where a bound call raised a CommError: the communicator's name for it (one_call_named).
  * Returns NULL. */
 PyObject *lane_named(Lane *self, const char *what, PyObject *arg)
 {
-    return one_call_named(self->namer, self->comm_error, what, arg);
+    return one_call_named(self->call.namer, self->call.comm_error, what, arg);
 }

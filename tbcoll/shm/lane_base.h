@@ -3,14 +3,15 @@
  * all_gather and broadcast, each block copied once) and moves.c (send and recv over the
  * stream engine's rings) work on; a round run to its end, resumed in Python; a CommError
  * named; a dtype's code.
- * May include: Python.h, tbcoll/include/gate.h, the pure layer (shm.h, rounds.h). */
+ * May include: Python.h, tbcoll/include/one_call.h (gate.h), the pure layer (shm.h, rounds.h).
+ */
 #ifndef TBCOLL_LANE_BASE_H
 #define TBCOLL_LANE_BASE_H
 
 #include <Python.h>
 #include <stdint.h>
 
-#include "../include/gate.h"
+#include "../include/one_call.h" /* the contract's kinds and codes; gate.h */
 #include "rounds.h" /* Round */
 #include "shm.h"    /* INTERNAL, the kinds; wire.h's DTYPES, OPS */
 
@@ -21,6 +22,9 @@
 #define CODE_RECV (ONE_CALL_KINDS + 1)
 #define CODE_NATIVE (ONE_CALL_KINDS + 2) /* the algorithm the lane's calls run */
 #define CODES (ONE_CALL_KINDS + 3)
+_Static_assert(ONE_CALL_KINDS == LANE_KIND_COUNT && CODES == ONE_CALL_CODES &&
+               CODE_NATIVE == ONE_CALL_NATIVE,
+               "shm's lane kinds and codes are the contract's (tbcoll/include/one_call.h)");
 
 typedef struct {
     PyObject_HEAD
@@ -31,26 +35,18 @@ typedef struct {
     double budget;             /* seconds a wait runs before resume looks at the peers */
     unsigned long long rounds; /* rounds begun and finished (round seq uses set seq % 2) */
     PyObject *resume;          /* resume(stage, seq, signature): wait in Python, or raise */
-    /* calls(): what the one-call paths take and how they sign a call */
-    int checks;                /* calls() was called */
-    Py_ssize_t largest[ONE_CALL_KINDS]; /* the largest x each kind takes (limit()) */
+    /* calls() and bind() (tbcoll/include/one_call.h: the contract's part, as every lane
+     * keeps it): what the one-call paths take (largest: limit()), the communicator whose
+     * calls take the lane (enabled: bit k for kind k, MOVES for send and recv) */
+    OneCall call;
+    /* calls(): how they sign a call */
     /* attach(): a larger all_gather or broadcast copies each block once (one_copy) */
     int attached, everyone_dtype, everyone_op; /* on; int64's code, min's (a verdict round) */
     PyObject *refused;         /* refused(): a copy was refused, CMA is off from now on */
-    PyObject *ndarray, *dtypes, *ops, *empty; /* numpy.ndarray, dtypes by code, op -> code,
-                                                 numpy.empty */
     uint64_t all_reduce_calls[DTYPES][OPS], all_gather_calls[DTYPES],
         reduce_scatter_calls[DTYPES][OPS]; /* signatures less the byte count */
     PyObject *broadcast_call;  /* broadcast_call(dtype, root) -> signature less bytes */
     uint64_t *broadcast_calls; /* [dtype * size + root], 0 where not yet asked */
-    /* bind(): the communicator whose calls take the lane */
-    Gate *gate;                /* its call gate (include/gate.h), taken around each call */
-    int codes[CODES];          /* the gate's codes of the lane's calls (CODE_*) */
-    PyObject *names;           /* each kind's name, for its errors */
-    int enabled;               /* bit k: kind k's calls may take the lane; MOVES: send, recv */
-    long max_tag;
-    PyObject *comm_error, *namer; /* tbcoll.errors.CommError; a weakref.WeakMethod to the
-                                     Communicator's _named(error, what) */
     /* streams(): the stream engine's rings, its state and its Python paths (tbcoll/transports/
      * shm.py's ShmStream.lend_lane); send NULL until then */
     PyObject *send, *recv;     /* the engine's send(buf, peer, tag), recv(buf, peer, tag) */

@@ -294,8 +294,8 @@ static PyObject *engine_part(Lane *self, int sending, int outcome, PyObject *x,
 static PyObject *one_move(Lane *self, int sending, PyObject *x, PyObject *peer_obj,
                           PyObject *tag_obj)
 {
-    if (!(self->enabled & MOVES) || self->send == NULL ||
-        Py_TYPE(x) != (PyTypeObject *)self->ndarray || !PyLong_CheckExact(peer_obj) ||
+    if (!(self->call.enabled & MOVES) || self->send == NULL ||
+        Py_TYPE(x) != (PyTypeObject *)self->call.ndarray || !PyLong_CheckExact(peer_obj) ||
         !PyLong_CheckExact(tag_obj))
         Py_RETURN_NONE;
     long peer = PyLong_AsLong(peer_obj), tag = PyLong_AsLong(tag_obj);
@@ -303,7 +303,7 @@ static PyObject *one_move(Lane *self, int sending, PyObject *x, PyObject *peer_o
         PyErr_Clear();
         Py_RETURN_NONE;
     }
-    if (peer < 0 || peer >= self->size || peer == self->rank || tag < 0 || tag > self->max_tag)
+    if (peer < 0 || peer >= self->size || peer == self->rank || tag < 0 || tag > self->call.max_tag)
         Py_RETURN_NONE;
     PyObject *dtype;
     int code = lane_dtype_code(self, x, &dtype);
@@ -319,7 +319,7 @@ static PyObject *one_move(Lane *self, int sending, PyObject *x, PyObject *peer_o
         PyBuffer_Release(&view);
         Py_RETURN_NONE;
     }
-    int slot = gate_enter_move(self->gate, self->codes[sending ? CODE_SEND : CODE_RECV], code,
+    int slot = gate_enter_move(self->call.gate, self->call.codes[sending ? CODE_SEND : CODE_RECV], code,
                                peer, tag, view.len);
     if (slot < 0) { /* -1: another thread's call (the Python path says so); -2: forked */
         PyBuffer_Release(&view);
@@ -338,7 +338,7 @@ static PyObject *one_move(Lane *self, int sending, PyObject *x, PyObject *peer_o
     } else {
         lane_named(self, sending ? "send to rank %S" : "recv from rank %S", peer_obj);
     }
-    gate_leave(self->gate, slot);
+    gate_leave(self->call.gate, slot);
     return result;
 }
 

@@ -141,12 +141,13 @@ class RdmaNative:
         self._watch, self._timeout, self._turns = watch, timeout, turns
         self._piece = _verbs.COLL_BYTES
         self._empty = np.empty(0, np.uint8)
-        # the small all_reduce and all_gather whole in C (the Communicator binds it): one slice
-        # of SHARED_SLICE, then _mesh_held goes on from where it stopped
+        # the small all_reduce and all_gather whole in C (the Communicator binds it): its first
+        # slice as _mesh_held's, which goes on from where it stopped
         self.lane = _verbs.MeshLane(fabric)
         self.lane.calls(np.ndarray, tuple(DTYPES.values()), OP_CODES, np.empty,
                         turns.lock.acquire, turns.lock.release, self._piece, _ALL_REDUCE,
-                        _ALL_GATHER, SHARED_SLICE, self._mesh_held)
+                        _ALL_GATHER, turns.shared_word, WAIT_SLICE, SHARED_SLICE,
+                        self._mesh_held)
 
     # --- one-call paths (Native.direct_*) ---------------------------------------------------
 

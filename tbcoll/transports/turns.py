@@ -23,6 +23,7 @@ finds the engine taken) tells the transport to cut the waits it makes in C with 
 from __future__ import annotations
 
 import threading
+from array import array
 from collections.abc import Callable
 from typing import Any
 
@@ -34,7 +35,7 @@ SHARED_SLICE = 1e-3  # seconds a wait holds a shared engine before others may ta
 class Turns:
     """The lock of one engine, taken with `with turns:` by every door into it."""
 
-    __slots__ = ("_lock", "_door", "_moved", "shared", "polling", "_sleepers")
+    __slots__ = ("_lock", "_door", "_moved", "shared", "shared_word", "polling", "_sleepers")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -43,12 +44,14 @@ class Turns:
         self._door = threading.Lock()
         self._moved = threading.Condition(self._lock)
         self.shared = False  # more than one thread has wanted the engine at once
+        self.shared_word = array("Q", [0])  # the same, for a C path to read (1: shared)
         self.polling = False  # a thread waits for everyone with the engine released
         self._sleepers = 0  # threads waiting for that thread to move what came
 
     def __enter__(self) -> Turns:
         if not self._lock.acquire(False):
             self.shared = True
+            self.shared_word[0] = 1
             with self._door:
                 self._lock.acquire()
         return self
