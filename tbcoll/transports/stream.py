@@ -82,7 +82,6 @@ _STAGE = 256 << 10  # staging buffer per stream
 _DIRECT = 16 << 10  # a payload remainder this large is read straight into its destination
 
 
-
 class Channel(Protocol):
     def sendmsg(self, buffers: list[memoryview]) -> int:
         """Write some leading bytes of buffers; BlockingIOError if none fit now."""
