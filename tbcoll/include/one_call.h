@@ -251,6 +251,23 @@ static inline int one_call_keeping_error(PyObject *f)
     return 0;
 }
 
+/* A new result: empty(shape[:ndim], dtype) (numpy.empty); NULL with an exception */
+static inline PyObject *one_call_empty(PyObject *empty, const Py_ssize_t *shape, int ndim,
+                                       PyObject *dtype)
+{
+    PyObject *dims = PyTuple_New(ndim);
+    for (int i = 0; dims != NULL && i < ndim; i++) {
+        PyObject *d = PyLong_FromSsize_t(shape[i]);
+        if (d == NULL)
+            Py_CLEAR(dims);
+        else
+            PyTuple_SET_ITEM(dims, i, d);
+    }
+    PyObject *made = dims ? PyObject_CallFunctionObjArgs(empty, dims, dtype, NULL) : NULL;
+    Py_XDECREF(dims);
+    return made;
+}
+
 /* The shape of kind's result for x's (view) on size ranks, into shape: its ndim */
 static inline int one_call_shape(int kind, const Py_buffer *x, int size, Py_ssize_t *shape)
 {
@@ -340,16 +357,7 @@ static inline PyObject *one_call_run(OneCall *c, void *lane, int kind, PyObject 
     if (out != Py_None) {
         target = Py_NewRef(out);
     } else {
-        PyObject *dims = PyTuple_New(ndim);
-        for (int i = 0; dims != NULL && i < ndim; i++) {
-            PyObject *d = PyLong_FromSsize_t(shape[i]);
-            if (d == NULL)
-                Py_CLEAR(dims);
-            else
-                PyTuple_SET_ITEM(dims, i, d);
-        }
-        target = dims ? PyObject_CallFunctionObjArgs(c->empty, dims, dtype, NULL) : NULL;
-        Py_XDECREF(dims);
+        target = one_call_empty(c->empty, shape, ndim, dtype);
         if (target == NULL ||
             PyObject_GetBuffer(target, &tv, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0)
             goto done;

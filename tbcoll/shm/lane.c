@@ -376,16 +376,7 @@ static PyObject *one_call(Lane *self, int kind, PyObject *x, PyObject *op_name, 
     if (out != Py_None) {
         target = Py_NewRef(out);
     } else {
-        PyObject *dims = PyTuple_New(ndim);
-        for (int i = 0; dims != NULL && i < ndim; i++) {
-            PyObject *d = PyLong_FromSsize_t(shape[i]);
-            if (d == NULL)
-                Py_CLEAR(dims);
-            else
-                PyTuple_SET_ITEM(dims, i, d);
-        }
-        target = dims ? PyObject_CallFunctionObjArgs(self->call.empty, dims, dtype, NULL) : NULL;
-        Py_XDECREF(dims);
+        target = one_call_empty(self->call.empty, shape, ndim, dtype);
         if (target == NULL ||
             PyObject_GetBuffer(target, &ov, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0)
             goto done;
