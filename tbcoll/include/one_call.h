@@ -105,8 +105,8 @@ static inline int one_call_words(PyObject *list, uint64_t *words, Py_ssize_t cou
 
 /* the contract's kinds (tbcoll.comm.LANE_ENTRIES' order) and bind's codes: the four kinds',
  * send's, recv's, the native algorithm's */
-enum { ONE_CALL_ALL_REDUCE, ONE_CALL_ALL_GATHER, LANE_KIND_COUNT = 4, ONE_CALL_NATIVE = 6,
-       ONE_CALL_CODES = 7 };
+enum { ONE_CALL_ALL_REDUCE, ONE_CALL_ALL_GATHER, ONE_CALL_REDUCE_SCATTER, LANE_KIND_COUNT = 4,
+       ONE_CALL_NATIVE = 6, ONE_CALL_CODES = 7 };
 
 typedef struct {
     int checks, size;                       /* calls() was called; the group's ranks */
@@ -268,8 +268,10 @@ static inline PyObject *one_call_empty(PyObject *empty, const Py_ssize_t *shape,
     return made;
 }
 
-/* The shape of kind's result for x's (view) on size ranks, into shape: its ndim */
-static inline int one_call_shape(int kind, const Py_buffer *x, int size, Py_ssize_t *shape)
+/* The shape of kind's result for x's (view) on size ranks, into shape: its ndim, or -1 where
+ * x does not divide (reduce_scatter) */
+static inline int one_call_shape(int kind, const Py_buffer *x, Py_ssize_t size,
+                                 Py_ssize_t *shape)
 {
     int ndim = x->ndim;
     for (int i = 0; i < ndim; i++)
@@ -279,6 +281,10 @@ static inline int one_call_shape(int kind, const Py_buffer *x, int size, Py_ssiz
             shape[0] *= size;
         else
             shape[ndim++] = size;
+    } else if (kind == ONE_CALL_REDUCE_SCATTER) {
+        if (ndim <= 0 || shape[0] % size)
+            return -1;
+        shape[0] /= size;
     }
     return ndim;
 }

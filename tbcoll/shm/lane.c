@@ -253,26 +253,6 @@ static PyObject *lane_bind(Lane *self, PyObject *args)
                          ((1 << ONE_CALL_KINDS) - 1) | MOVES);
 }
 
-/* The shape a kind's result has for x's (view) on size ranks, into shape; its ndim, or -1
- * where x does not divide (reduce_scatter). */
-static int result_shape(int kind, const Py_buffer *x, Py_ssize_t size, Py_ssize_t *shape)
-{
-    int ndim = x->ndim;
-    for (int i = 0; i < ndim; i++)
-        shape[i] = x->shape[i];
-    if (kind == ALL_GATHER) {
-        if (ndim > 0)
-            shape[0] *= size;
-        else
-            shape[ndim++] = size;
-    } else if (kind == REDUCE_SCATTER) {
-        if (ndim <= 0 || shape[0] % size)
-            return -1;
-        shape[0] /= size;
-    }
-    return ndim;
-}
-
 /*
  * The one-call path of a collective of the given kind: x (a numpy array), op (ALL_REDUCE,
  * REDUCE_SCATTER), root (BROADCAST), out (None or an array of the result's shape and x's
@@ -311,14 +291,11 @@ static PyObject *one_call(Lane *self, int kind, PyObject *x, PyObject *op_name, 
     int dtype_at = lane_dtype_code(self, x, &dtype);
     if (dtype_at == -2)
         return NULL;
-    if (out != Py_None) {
-        out_dtype = PyObject_GetAttr(out, DTYPE_NAME);
-        if (out_dtype == NULL) {
-            Py_DECREF(dtype);
-            return NULL;
-        }
-        Py_DECREF(out_dtype); /* (only compared: out's dtype lives as long as out) */
+    if (out != Py_None && lane_dtype_code(self, out, &out_dtype) == -2) {
+        Py_DECREF(dtype);
+        return NULL;
     }
+    Py_XDECREF(out_dtype); /* (only compared: out's dtype lives as long as out) */
     Py_buffer xv, ov, segment;
     /* C-contiguous, with the shape; no format asked (bfloat16 has none in the buffer
      * protocol). numpy refuses another array (ValueError: not C-contiguous; BufferError: not
@@ -332,7 +309,7 @@ static PyObject *one_call(Lane *self, int kind, PyObject *x, PyObject *op_name, 
         Py_RETURN_NONE;
     }
     Py_ssize_t shape[64];
-    int ndim = xv.ndim < 63 ? result_shape(kind, &xv, self->size, shape) : -1;
+    int ndim = xv.ndim < 63 ? one_call_shape(kind, &xv, self->size, shape) : -1;
     int qualifies = ndim >= 0 && xv.len <= self->call.largest[kind];
     /* past the limit, a bound all_gather or broadcast may copy each block once (one_copy) */
     int copy_once = !qualifies && ndim >= 0 && guarded && self->attached &&
@@ -546,7 +523,7 @@ static PyTypeObject LaneType = {
 
 int add_lane_type(PyObject *module)
 {
-    if (lane_base_ready() < 0 || PyType_Ready(&LaneType) < 0 ||
+    if (PyType_Ready(&LaneType) < 0 ||
         one_call_import_gate(module, &GateType, &gate_error) < 0)
         return -1;
     Py_INCREF(&LaneType);

@@ -11,14 +11,6 @@
 #include "../include/one_call.h"
 #include "lane_base.h"
 
-PyObject *DTYPE_NAME;
-
-int lane_base_ready(void)
-{
-    DTYPE_NAME = PyUnicode_InternFromString("dtype");
-    return DTYPE_NAME != NULL ? 0 : -1;
-}
-
 /* Run round self->rounds + 1 to its end over the segment at base: where a wait runs out of
  * its budget (or the calls differ), resume(stage, seq, signature) waits in Python (which
  * notices dead ranks and the deadline) or raises, and the round goes on. */

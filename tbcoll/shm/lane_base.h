@@ -23,7 +23,9 @@
 #define CODE_NATIVE (ONE_CALL_KINDS + 2) /* the algorithm the lane's calls run */
 #define CODES (ONE_CALL_KINDS + 3)
 _Static_assert(ONE_CALL_KINDS == LANE_KIND_COUNT && CODES == ONE_CALL_CODES &&
-               CODE_NATIVE == ONE_CALL_NATIVE,
+               CODE_NATIVE == ONE_CALL_NATIVE && (int)ALL_REDUCE == ONE_CALL_ALL_REDUCE &&
+               (int)ALL_GATHER == ONE_CALL_ALL_GATHER &&
+               (int)REDUCE_SCATTER == ONE_CALL_REDUCE_SCATTER,
                "shm's lane kinds and codes are the contract's (tbcoll/include/one_call.h)");
 
 typedef struct {
@@ -75,8 +77,6 @@ static inline long pid_of(const Lane *self, const char *base, Py_ssize_t k)
 }
 
 /* lane_base.c's: */
-INTERNAL extern PyObject *DTYPE_NAME; /* "dtype", interned (by lane_base_ready) */
-INTERNAL int lane_base_ready(void);   /* at import: 0, or -1 with an exception */
 /* Run round self->rounds + 1 to its end over the segment at base (run_round), resuming in
  * Python where a wait runs out of budget: ROUND_DONE, or -1 with an exception. */
 INTERNAL int lane_round(Lane *self, Round *r, char *base, uint64_t signature);
