@@ -1,7 +1,7 @@
 /*
  * The stream engine's words (tbcoll/transports/stream.py: WORDS_PER_PEER and the bits below,
  * the same there; each extension that includes this exports them, add_engine_words, and the
- * transport checks them at import, tbcoll.transports.stream.check_words): what a C path must
+ * transport checks them at import, tbcoll.transports.words.check_words): what a C path must
  * know before it moves a message to or from a peer by itself, each word tested with one load.
  * Each of the engine's doors marks them STALE as it leaves (tbcoll.transports.turns.Marking);
  * C, finding them so, has the engine publish them (StreamTransport.publish_words) before it
@@ -21,8 +21,8 @@
 enum { ENGINE_WORD = 0, PEER_WORDS = 1, WORDS_PER_PEER = 2, STATE_WORD = 0, NEXT_PULL_WORD = 1 };
 /* the engine word's bits */
 #define STALE (1u << 0)   /* the state words may be out of date */
-#define SHARED (1u << 1)  /* more than one thread has wanted the engine at once (Turns.shared) */
-#define WRITING (1u << 2) /* a send waits for room in a socket (tcp: the engine must watch it) */
+#define WRITING (1u << 1) /* a send waits for room in a socket (tcp: the engine must watch it)
+                           (whether threads share the engine is Turns.shared_word's) */
 /* a peer's state word's bits */
 #define SENDING (1u << 0)    /* a send to the peer is queued */
 #define LOST (1u << 1)       /* its stream is lost */
@@ -76,8 +76,8 @@ static inline int add_engine_words(PyObject *module)
         const char *name;
         long value;
     } layout[] = {
-        {"ENGINE_WORD", ENGINE_WORD}, {"STALE", STALE}, {"SHARED", SHARED},
-        {"WRITING", WRITING}, {"PEER_WORDS", PEER_WORDS}, {"WORDS_PER_PEER", WORDS_PER_PEER},
+        {"ENGINE_WORD", ENGINE_WORD}, {"STALE", STALE}, {"WRITING", WRITING},
+        {"PEER_WORDS", PEER_WORDS}, {"WORDS_PER_PEER", WORDS_PER_PEER},
         {"STATE_WORD", STATE_WORD}, {"NEXT_PULL_WORD", NEXT_PULL_WORD}, {"SENDING", SENDING},
         {"LOST", LOST}, {"READING", READING}, {"POSTED", POSTED}, {"UNEXPECTED", UNEXPECTED},
         {"MISMATCH", MISMATCH}, {"PULLS", PULLS},

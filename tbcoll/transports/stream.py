@@ -59,7 +59,6 @@ from tbcoll.transports.words import (
     PULLS,
     READING,
     SENDING,
-    SHARED,
     STATE_WORD,
     UNEXPECTED,
     WORDS_PER_PEER,
@@ -282,8 +281,7 @@ class StreamTransport:
                 | (READING if peer.target is not None or peer.start != peer.end else 0)
                 | (POSTED if peer.posted else 0) | (UNEXPECTED if peer.unexpected else 0)
                 | (PULLS if peer.pulls else 0))
-        words[ENGINE_WORD] = ((SHARED if self.turns.shared else 0)
-                              | (WRITING if self._writing else 0))
+        words[ENGINE_WORD] = WRITING if self._writing else 0
 
     def _next_pull(self, peer: Peer) -> int:
         """The id of the next message pulled from this rank by peer (its word, which a C path

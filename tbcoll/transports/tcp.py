@@ -182,7 +182,7 @@ class TcpTransport(StreamTransport):
         streams = [self._live_peer(peer) for peer in peers]
         lane = _sockets.Lane(tuple(s.channel.fileno() for s in streams),
                              tuple(s.stage for s in streams), peers, endpoint.context, tag, rank)
-        lane.engine(self.words, self.publish_words, endpoint.call_words)
+        lane.engine(self.words, self.publish_words, endpoint.call_words, self.turns.shared_word)
         return lane
 
     def resume_exchange(self, buf: np.ndarray, peers: tuple[int, ...], blocks: np.ndarray,

@@ -14,8 +14,8 @@
  *
  * Lane(fds, stages, peer_words, context, tag, rank)   the group: its peers' sockets and
  *     staging buffers and where their state words are, in rank order without this rank
- * engine(words, publish, call)                        the engine's words and publish_words,
- *     and the group's call words [seq, signature]
+ * engine(words, publish, call, shared)                the engine's words and publish_words,
+ *     the group's call words [seq, signature], and Turns.shared_word (1: threads share it)
  * calls(ndarray, dtypes, ops, empty, take, give, largest, signatures, spin, budget, finish)
  *     one_call_calls' (take, give: the engine's lock), and the exchange's
  * bind(gate, codes, names, enabled, max_tag, comm_error, namer), limit(kind, nbytes) and
@@ -55,7 +55,7 @@ typedef struct {
     Py_ssize_t peer_words[MAX_PEERS]; /* each peer's index among the engine's peers */
     uint32_t context, tag;
     /* the engine (engine()) */
-    Py_buffer words, seq;
+    Py_buffer words, seq, shared;
     PyObject *publish;
     /* the exchange (calls()) */
     uint64_t signatures[DTYPES][OPS]; /* all_reduce's, less the byte count */
@@ -90,7 +90,9 @@ static void release_group(TcpLane *self)
         PyBuffer_Release(&self->words);
     if (self->seq.obj != NULL)
         PyBuffer_Release(&self->seq);
-    self->words.obj = self->seq.obj = NULL;
+    if (self->shared.obj != NULL)
+        PyBuffer_Release(&self->shared);
+    self->words.obj = self->seq.obj = self->shared.obj = NULL;
 }
 
 static int tcp_lane_traverse(TcpLane *self, visitproc visit, void *arg)
@@ -99,6 +101,7 @@ static int tcp_lane_traverse(TcpLane *self, visitproc visit, void *arg)
         Py_VISIT(self->stages[i].obj);
     Py_VISIT(self->words.obj);
     Py_VISIT(self->seq.obj);
+    Py_VISIT(self->shared.obj);
     Py_VISIT(self->publish);
     Py_VISIT(self->finish);
     Py_VISIT(self->blocks);
@@ -165,28 +168,30 @@ static int tcp_lane_init(TcpLane *self, PyObject *args, PyObject *Py_UNUSED(kwar
 
 static PyObject *tcp_lane_engine(TcpLane *self, PyObject *args)
 {
-    PyObject *words, *publish, *seq;
-    if (!PyArg_ParseTuple(args, "OOO:engine", &words, &publish, &seq))
+    PyObject *words, *publish, *seq, *shared;
+    if (!PyArg_ParseTuple(args, "OOOO:engine", &words, &publish, &seq, &shared))
         return NULL;
     if (self->stages_held == 0 || self->words.obj != NULL) {
         PyErr_SetString(PyExc_ValueError, "engine: once, after Lane()");
         return NULL;
     }
-    Py_buffer views[2];
-    if (take_buffers((BufferRequest[]){{words, PyBUF_WRITABLE}, {seq, PyBUF_WRITABLE}}, views,
-                     2) < 0)
+    Py_buffer views[3];
+    if (take_buffers((BufferRequest[]){{words, PyBUF_WRITABLE}, {seq, PyBUF_WRITABLE},
+                                       {shared, PyBUF_SIMPLE}}, views, 3) < 0)
         return NULL;
     Py_ssize_t most = 0;
     for (int i = 0; i < self->peers; i++)
         most = self->peer_words[i] > most ? self->peer_words[i] : most;
     if (views[0].len < (Py_ssize_t)sizeof(uint64_t) * (PEER_WORDS + (most + 1) * WORDS_PER_PEER)
-        || views[1].len != 2 * sizeof(uint64_t)) {
-        release_buffers(views, 2);
-        PyErr_SetString(PyExc_ValueError, "engine: the words of every peer, and two call words");
+        || views[1].len != 2 * sizeof(uint64_t) || views[2].len != sizeof(uint64_t)) {
+        release_buffers(views, 3);
+        PyErr_SetString(PyExc_ValueError, "engine: the words of every peer, two call words and "
+                                          "the shared word");
         return NULL;
     }
     self->words = views[0];
     self->seq = views[1];
+    self->shared = views[2];
     Py_XSETREF(self->publish, Py_NewRef(publish));
     Py_RETURN_NONE;
 }
@@ -224,11 +229,11 @@ static PyObject *tcp_lane_limit(TcpLane *self, PyObject *args)
 static int engine_idle(void *lane)
 {
     TcpLane *self = lane;
-    if (self->words.obj == NULL)
+    if (self->words.obj == NULL || *(const uint64_t *)self->shared.buf)
         return 0;
     if (engine_words_fresh(self->words.buf, self->publish) < 0)
         return -1;
-    if (*((uint64_t *)self->words.buf + ENGINE_WORD) & (SHARED | WRITING))
+    if (*((uint64_t *)self->words.buf + ENGINE_WORD) & WRITING)
         return 0;
     for (int i = 0; i < self->peers; i++)
         if (*engine_word(self->words.buf, self->peer_words[i], STATE_WORD) &

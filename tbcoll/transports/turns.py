@@ -44,7 +44,7 @@ class Turns:
         self._door = threading.Lock()
         self._moved = threading.Condition(self._lock)
         self.shared = False  # more than one thread has wanted the engine at once
-        self.shared_word = array("Q", [0])  # the same, for a C path to read (1: shared)
+        self.shared_word = array("Q", [0])  # the same, for the C lanes to read (1: shared)
         self.polling = False  # a thread waits for everyone with the engine released
         self._sleepers = 0  # threads waiting for that thread to move what came
 

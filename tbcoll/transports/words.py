@@ -4,7 +4,8 @@ with one load.
 
 words[ENGINE_WORD] holds the engine's bits: STALE where the state words may be out of date
 (each door marks them so as it leaves, tbcoll.transports.turns.Marking; C then has the engine
-publish them, StreamTransport.publish_words), SHARED and WRITING. Peer k's are
+publish them, StreamTransport.publish_words) and WRITING (whether threads share the engine is
+Turns.shared_word). Peer k's are
 words[PEER_WORDS + k * WORDS_PER_PEER + STATE_WORD] (the peer bits below) and
 [... + NEXT_PULL_WORD] (the id of the next message pulled from this rank by k, which the
 engine and C both take). tbcoll/include/engine_words.h has the same layout; each extension
@@ -18,8 +19,7 @@ from types import ModuleType
 ENGINE_WORD, PEER_WORDS, WORDS_PER_PEER, STATE_WORD, NEXT_PULL_WORD = 0, 1, 2, 0, 1
 # the engine word's bits
 STALE = 1 << 0  # the state words may be out of date
-SHARED = 1 << 1  # more than one thread has wanted the engine at once (Turns.shared)
-WRITING = 1 << 2  # a send waits for room in a socket (tcp: the engine must watch it)
+WRITING = 1 << 1  # a send waits for room in a socket (tcp: the engine must watch it)
 # a peer's state word's bits
 SENDING = 1 << 0  # a send to the peer is queued: what goes next to it is the engine's
 LOST = 1 << 1  # the peer's stream is lost
@@ -28,8 +28,8 @@ POSTED = 1 << 3  # a receive from the peer is posted (any context and tag)
 UNEXPECTED = 1 << 4  # a message from the peer is held for its receive (any context and tag)
 MISMATCH = 1 << 5  # the ranks' calls were found to differ (the engine's: in every peer's word)
 PULLS = 1 << 6  # large messages to and from the peer are pulled
-WORD_LAYOUT = {"ENGINE_WORD": ENGINE_WORD, "STALE": STALE, "SHARED": SHARED,
-               "WRITING": WRITING, "PEER_WORDS": PEER_WORDS, "WORDS_PER_PEER": WORDS_PER_PEER,
+WORD_LAYOUT = {"ENGINE_WORD": ENGINE_WORD, "STALE": STALE, "WRITING": WRITING,
+               "PEER_WORDS": PEER_WORDS, "WORDS_PER_PEER": WORDS_PER_PEER,
                "STATE_WORD": STATE_WORD, "NEXT_PULL_WORD": NEXT_PULL_WORD, "SENDING": SENDING,
                "LOST": LOST, "READING": READING, "POSTED": POSTED, "UNEXPECTED": UNEXPECTED,
                "MISMATCH": MISMATCH, "PULLS": PULLS}
