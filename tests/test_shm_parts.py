@@ -163,15 +163,13 @@ def test_a_folder_of_names_that_cannot_be_written_is_one_clear_error(monkeypatch
 
 
 class TestRingInC:
-    """Ring.send and Ring.receive (the C paths of blocking send/recv) against Ring's Python
-    producer and consumer, which the stream engine uses: the same bytes, the same counters."""
+    """Ring.send and Ring.receive (the C paths of blocking send/recv) against Ring.write and
+    Ring.read_into, which the stream engine uses: the same bytes, the same counters."""
 
     CAPACITY = 256
 
     def rings(self, segment):
-        flags = AtomicFlags(segment.buffer)
-        return (Ring(segment.buffer, flags, 0, self.CAPACITY),
-                Ring(segment.buffer, flags, 0, self.CAPACITY))
+        return Ring(segment.buffer, 0, self.CAPACITY), Ring(segment.buffer, 0, self.CAPACITY)
 
     def test_messages_round_the_ring_many_times(self, segment):
         producer, consumer = self.rings(segment)
@@ -194,6 +192,20 @@ class TestRingInC:
         view = memoryview(bytearray(36))  # the engine reads it whole, from the start
         assert consumer.read_into(view) == 36 and bytes(view[32:]) == bytes(range(4))
 
+    def test_writes_of_several_buffers_stop_where_the_ring_is_full(self, segment):
+        producer, consumer = self.rings(segment)
+        assert not consumer.readable() and producer.writable()
+        for start in (0, 100, 250):  # the data wraps at every one of these
+            consumer.read_into(memoryview(bytearray(start)))  # moves both counters on
+            pieces = [memoryview(bytes([i]) * 100) for i in range(1, 4)]
+            assert producer.write(pieces) == self.CAPACITY  # 100, 100 and 56 of the third
+            assert consumer.readable() and not producer.writable()
+            got = memoryview(bytearray(self.CAPACITY + 8))
+            assert consumer.read_into(got) == self.CAPACITY
+            assert bytes(got[:self.CAPACITY]) == b"\1" * 100 + b"\2" * 100 + b"\3" * 56
+            assert not consumer.readable() and producer.writable()
+            assert producer.write([memoryview(bytes(start))]) == start  # for the next turn
+
     def test_an_empty_ring_times_out(self, segment):
         _, consumer = self.rings(segment)
         started = time.monotonic()
@@ -210,7 +222,7 @@ class TestRingInC:
         copied = consumer.receive(header, got, 0.01)  # takes what came, then runs out of time
         assert copied == self.CAPACITY - 32
         rest = memoryview(payload)[copied:]
-        while rest.nbytes:  # the Python producer and consumer finish the message
+        while rest.nbytes:  # the engine's writes and reads finish the message
             took = producer.write([rest])
             consumer.read_into(memoryview(got)[payload.nbytes - rest.nbytes:][:took])
             rest = rest[took:]
@@ -218,12 +230,11 @@ class TestRingInC:
 
     def test_a_ring_of_fewer_than_four_bytes_still_moves_every_byte(self, segment):
         """A wait for a quarter of the ring waited for nothing below 4 bytes: a busy loop."""
-        flags = AtomicFlags(segment.buffer)
-        producer, consumer = Ring(segment.buffer, flags, 0, 3), Ring(segment.buffer, flags, 0, 3)
+        producer, consumer = Ring(segment.buffer, 0, 3), Ring(segment.buffer, 0, 3)
         payload = np.arange(10, dtype=np.uint8)
         sent, started = 0, time.monotonic()
         got = bytearray()
-        while len(got) < 10:  # C fills as room allows; Python drains
+        while len(got) < 10:  # send fills as room allows; read_into drains
             sent += producer.send(b"", payload[sent:], 0.01)
             view = memoryview(bytearray(3))
             got += view[:consumer.read_into(view)]

@@ -188,6 +188,98 @@ static char *ring_at(const Py_buffer *segment, Py_ssize_t at, Py_ssize_t capacit
     return ring_inside(at, capacity, segment->len) ? (char *)segment->buf + at : NULL;
 }
 
+/* The ring at args[0] (the segment), args[1] (at), args[2] (capacity), with the segment's view
+ * taken (released by the caller), or NULL with an exception. */
+static char *ring_of(PyObject *const *args, Py_buffer *segment, Py_ssize_t *capacity)
+{
+    Py_ssize_t at = PyLong_AsSsize_t(args[1]);
+    *capacity = PyLong_AsSsize_t(args[2]);
+    if (PyErr_Occurred() || PyObject_GetBuffer(args[0], segment, PyBUF_WRITABLE) < 0)
+        return NULL;
+    char *ring = ring_at(segment, at, *capacity);
+    if (ring == NULL) {
+        PyBuffer_Release(segment);
+        PyErr_SetString(PyExc_ValueError, RING_OUTSIDE);
+    }
+    return ring;
+}
+
+/*
+ * ring_write(segment, at, capacity, buffers) -> bytes written
+ * The producer copies as many leading bytes of the buffers (a sequence) as there is room for
+ * now, without waiting: the stream engine's writes (tbcoll/shm/pipe.py, ShmDuplex.sendmsg).
+ */
+static PyObject *ring_write_now(PyObject *Py_UNUSED(self), PyObject *const *args,
+                                Py_ssize_t nargs)
+{
+    if (!positional("ring_write", nargs, 4))
+        return NULL;
+    Py_buffer segment;
+    Py_ssize_t capacity, written = 0;
+    char *ring = ring_of(args, &segment, &capacity);
+    PyObject *buffers = ring ? PySequence_Fast(args[3], "buffers must be a sequence") : NULL;
+    for (Py_ssize_t i = 0; buffers != NULL && i < PySequence_Fast_GET_SIZE(buffers); i++) {
+        Py_buffer view;
+        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(buffers, i), &view, PyBUF_SIMPLE) < 0) {
+            Py_CLEAR(buffers);
+            break;
+        }
+        Py_ssize_t took = ring_write(ring, capacity, view.buf, view.len);
+        PyBuffer_Release(&view);
+        written += took;
+        if (took < view.len)
+            break;
+    }
+    if (ring)
+        PyBuffer_Release(&segment);
+    if (buffers == NULL)
+        return NULL;
+    Py_DECREF(buffers);
+    return PyLong_FromSsize_t(written);
+}
+
+/*
+ * ring_read(segment, at, capacity, view) -> bytes read, or RING_OVERWRITTEN
+ * The consumer copies what has arrived, up to len(view) bytes, without waiting: the stream
+ * engine's reads (tbcoll/shm/pipe.py, ShmDuplex.recv_into).
+ */
+static PyObject *ring_read_now(PyObject *Py_UNUSED(self), PyObject *const *args,
+                               Py_ssize_t nargs)
+{
+    if (!positional("ring_read", nargs, 4))
+        return NULL;
+    Py_buffer segment, view;
+    Py_ssize_t capacity;
+    char *ring = ring_of(args, &segment, &capacity);
+    if (ring == NULL)
+        return NULL;
+    if (PyObject_GetBuffer(args[3], &view, PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(&segment);
+        return NULL;
+    }
+    Py_ssize_t got = ring_read(ring, capacity, view.buf, view.len);
+    PyBuffer_Release(&view);
+    PyBuffer_Release(&segment);
+    return PyLong_FromSsize_t(got);
+}
+
+/* ring_held(segment, at, capacity) -> the bytes written and not yet read (rings.h's
+ * ring_held): a poll's test, for either side. */
+static PyObject *ring_held_now(PyObject *Py_UNUSED(self), PyObject *const *args,
+                               Py_ssize_t nargs)
+{
+    if (!positional("ring_held", nargs, 3))
+        return NULL;
+    Py_buffer segment;
+    Py_ssize_t capacity;
+    char *ring = ring_of(args, &segment, &capacity);
+    if (ring == NULL)
+        return NULL;
+    uint64_t held = ring_held(ring);
+    PyBuffer_Release(&segment);
+    return PyLong_FromUnsignedLongLong(held);
+}
+
 /*
  * ring_send(segment, at, capacity, header, payload, budget) -> bytes written
  * The producer writes a message (header, then payload) as room allows, waiting for room at
@@ -301,6 +393,12 @@ static PyMethodDef methods[] = {
      "Write a call's word and then a buffer's bytes."},
     {"gathered_reduce", (PyCFunction)(void (*)(void))gathered_reduce, METH_FASTCALL,
      "Check gathered calls and reduce the gathered data in rank order."},
+    {"ring_write", (PyCFunction)(void (*)(void))ring_write_now, METH_FASTCALL,
+     "Write leading bytes of buffers into a ring as room allows now."},
+    {"ring_read", (PyCFunction)(void (*)(void))ring_read_now, METH_FASTCALL,
+     "Read what has arrived in a ring, up to a view's length."},
+    {"ring_held", (PyCFunction)(void (*)(void))ring_held_now, METH_FASTCALL,
+     "The bytes written into a ring and not yet read."},
     {"ring_send", (PyCFunction)(void (*)(void))ring_send, METH_FASTCALL,
      "Write a message into a point-to-point ring as space allows."},
     {"ring_recv", (PyCFunction)(void (*)(void))ring_recv, METH_FASTCALL,

@@ -1,7 +1,7 @@
 /*
- * The byte rings of tbcoll/shm/pipe.py and of the stream engine's shm messages: putting bytes
- * and messages in, taking a message out (rings.h has the layout and the order of its
- * counters).
+ * The byte rings of tbcoll/shm/pipe.py and of the stream engine's shm messages: bytes in and
+ * out as room and data allow, a message in, the next message out (rings.h has the layout and
+ * the order of its counters).
  *
  * Pure C: includes rings.h, flags.h, gil.h and the C library.
  */
@@ -51,6 +51,29 @@ static ptrdiff_t ring_fill(char *ring, ptrdiff_t capacity, uint64_t *head, const
     ring_copy_in(ring + RING_DATA, capacity, *head, from, take);
     *head += (uint64_t)take;
     __atomic_store_n((uint64_t *)ring, *head, __ATOMIC_RELEASE);  /* the bytes, then head */
+    return take;
+}
+
+ptrdiff_t ring_write(char *ring, ptrdiff_t capacity, const char *from, ptrdiff_t n)
+{
+    uint64_t head = own_counter(ring);
+    return ring_fill(ring, capacity, &head, from, n);
+}
+
+ptrdiff_t ring_read(char *ring, ptrdiff_t capacity, char *to, ptrdiff_t n)
+{
+    uint64_t tail = own_counter(ring + RING_LINE);
+    /* acquire: the producer copied the bytes up to head in before storing it */
+    uint64_t held = __atomic_load_n((const uint64_t *)ring, __ATOMIC_ACQUIRE) - tail;
+    if (held > (uint64_t)capacity) /* the peer's counter is not one a producer could store */
+        return RING_OVERWRITTEN;
+    ptrdiff_t take = (ptrdiff_t)held < n ? (ptrdiff_t)held : n;
+    if (take > 0) {
+        ring_copy_out(ring + RING_DATA, capacity, tail, to, take);
+        /* release: the bytes are out before the producer may reuse their space */
+        __atomic_store_n((uint64_t *)(ring + RING_LINE), tail + (uint64_t)take,
+                         __ATOMIC_RELEASE);
+    }
     return take;
 }
 

@@ -5,8 +5,8 @@
  * lives at data[k % capacity]. The producer copies bytes in, then stores head (release); the
  * consumer loads head (acquire) before copying them out, then stores tail (release); the
  * producer loads tail (acquire) before reusing space. Both counters only grow, and each lives
- * only in the segment: whoever moves a ring's bytes (pipe.py, _atomics.c's ring_send and
- * ring_recv, moves.c's send and recv) reads its own counter there.
+ * only in the segment: whoever moves a ring's bytes (rings.c, for pipe.py's Ring and moves.c's
+ * send and recv) reads its own counter there. The protocol is written here and in rings.c only.
  *
  * Pure C: may include shm.h (and tbcoll/include/wire.h through it) only.
  */
@@ -41,6 +41,22 @@ static inline ptrdiff_t ring_room(const char *ring, ptrdiff_t capacity)
 static inline int ring_inside(ptrdiff_t at, ptrdiff_t capacity, ptrdiff_t len)
 {
     return at >= 0 && at % 8 == 0 && capacity > 0 && at <= len - RING_DATA - capacity;
+}
+
+/* Producer: copy as many of n bytes at `from` as there is room for now, without waiting;
+ * returns how many went in (the stream engine's writes, tbcoll/shm/pipe.py). */
+INTERNAL ptrdiff_t ring_write(char *ring, ptrdiff_t capacity, const char *from, ptrdiff_t n);
+
+/* Consumer: copy up to n bytes of what has arrived into `to`, without waiting; returns how
+ * many, or RING_OVERWRITTEN (below) (the stream engine's reads, tbcoll/shm/pipe.py). */
+INTERNAL ptrdiff_t ring_read(char *ring, ptrdiff_t capacity, char *to, ptrdiff_t n);
+
+/* The bytes in the ring now (written, not yet read), as either side sees them: acquire
+ * loads, so that a side that then copies sees what the counters say (a poll's test). */
+static inline uint64_t ring_held(const char *ring)
+{
+    return __atomic_load_n((const uint64_t *)ring, __ATOMIC_ACQUIRE) -
+           __atomic_load_n((const uint64_t *)(ring + RING_LINE), __ATOMIC_ACQUIRE);
 }
 
 /* Producer: copy n bytes at `from` into the ring as room appears, waiting for room at most

@@ -75,8 +75,7 @@ class ShmStream(StreamTransport):
         buffer = native.segment.buffer
 
         def ring(source: int, dest: int) -> Ring:
-            return Ring(buffer, native.flags, layout.pipe(source, dest, size), layout.pipe_bytes
-                        - Ring.CONTROL)
+            return Ring(buffer, layout.pipe(source, dest, size), layout.pipe_bytes - Ring.CONTROL)
 
         channels = {peer: ShmDuplex(ring(rank, peer), ring(peer, rank))
                     for peer in range(size) if peer != rank}
@@ -199,7 +198,7 @@ class ShmStream(StreamTransport):
         or none (-1: no message yet, -2: another message first, Ring.OVERWRITTEN)."""
         peer = self._peers[source]
         if copied == Ring.OVERWRITTEN:
-            raise self._overwritten(peer, OverwrittenRing(None, peer.channel.incoming.capacity))
+            raise self._overwritten(peer, OverwrittenRing(peer.channel.incoming.capacity))
         if copied < 0:  # nothing yet, or another message first
             context, tag, _, *call = self._header_of(header)
             super().recv(buf, source, context, tag, tuple(call))
