@@ -62,7 +62,7 @@ def test_a_refused_buffer_leaves_none_held(socket_pair, name):
 def test_an_exchange_with_a_refused_buffer_leaves_none_held(socket_pair):
     fd = socket_pair[0].fileno()
     header, B = _HEADER.pack(1, 3, 8, 4, 9), bytearray
-    args = [(fd, fd), B(header), B(8), B(16), (B(64), B(64)), 0.0, 0.0, (B(8), 0, 4, 0)]
+    args = [(fd, fd), B(header), B(8), B(16), (B(64), B(64)), 0.0, 0.0, (B(8), None, 0, 4, 0)]
 
     def every_bytearray(given):
         return [a for g in given for a in (g if isinstance(g, tuple) else (g,))]

@@ -21,7 +21,7 @@ def test_a_script_started_alone_is_a_world_of_one(comm):
     x = np.arange(5.0)
     assert np.array_equal(comm.all_reduce(x), x)
     assert np.array_equal(comm.reduce_scatter(x), x)
-    assert "all_reduce: native up to 4 MiB up to 2 ranks, then native" in comm.describe()
+    assert "all_reduce: native up to 2 ranks, then native up to 256 KiB" in comm.describe()
     assert "all_gather: rd up to 256 KiB, then mesh up to 4 ranks, then ring" in comm.describe()
 
 

@@ -83,7 +83,7 @@ def test_an_exchange_and_its_reduction(socket_pair):
     # both in one call (tcp's small all_reduce), in place, sum, as rank 1: theirs + mine
     a.sendall(header + theirs.tobytes())
     assert _sockets.exchange((b.fileno(),), header, mine, blocks, (bytearray(64),), 0.0,
-                             1.0, (mine, 1, 2, 0)) is None
+                             1.0, (mine, None, 1, 2, 0)) is None
     assert a.recv(100) == header + np.array([3.0, np.nan], np.float32).tobytes()
     assert mine[0] == 5.0 and np.isnan(mine[1])
 
@@ -100,7 +100,7 @@ def test_an_exchange_that_meets_another_message_says_where_it_stopped(socket_pai
     out = np.full(8, 7, np.uint8)  # where it stops, nothing is reduced
     a.sendall(other)
     assert _sockets.exchange((b.fileno(),), header, np.zeros(8, np.uint8),
-                             np.zeros((1, 8), np.uint8), (stage,), 0.0, 1.0, (out, 0, 8, 0))
+                             np.zeros((1, 8), np.uint8), (stage,), 0.0, 1.0, (out, None, 0, 8, 0))
     assert (out == 7).all()
 
 
@@ -127,6 +127,18 @@ for dtype in (np.float32, np.float64, np.int64, np.float16):
 # tcp's native asked for 12 MB: more than a socket takes at once, so C's sends stop part-way
 big = np.arange(3 << 20, dtype=np.float32)
 assert (comm.all_reduce(big + r, algorithm="native") == p * big + sum(range(p))).all()
+# large messages: at np=2 in halves (tcp_native._halves), in place and out of it; an odd
+# count (one exchange); the widths of float16 and float64
+for n, dtype, op in (((1 << 19) + 2, np.float32, "sum"), ((1 << 19) + 1, np.float32, "max"),
+                     (1 << 18, np.float64, "min"), (1 << 20, np.float16, "sum")):
+    x = (np.arange(n) % 7 + r).astype(dtype)
+    expected = np.arange(n) % 7
+    for k in range(1, p):
+        expected = getattr(np, {"sum": "add", "max": "maximum", "min": "minimum"}[op])(
+            expected.astype(dtype), (np.arange(n) % 7 + k).astype(dtype))
+    assert (comm.all_reduce(x, op=op) == expected).all(), (n, dtype, op)
+    comm.all_reduce(x, op=op, out=x)
+    assert (x == expected).all(), (n, dtype, op)
 # point to point beside it: another tag first, then a large message, then a slow sender
 if r == 0:
     comm.send(np.full(3, 1.0), 1, tag=1)

@@ -93,12 +93,21 @@ static uint16_t float_to_bf16(float f)  /* round to nearest, ties to even, as ml
 #define MIN_B(a, b) (((a) != (a)) ? (a) : ((b) != (b) || (b) <= (a)) ? (b) : (a))
 
 /* out = slot0 op slot1 op ... in rank order, so every rank computes the same bits; one pass
- * per slot, each a simple loop the compiler can vectorise. */
+ * per slot past the second, each a simple loop the compiler can vectorise (the first pass
+ * reads two rows: a copy of the first, then a pass, read and wrote out once more: 16 MB of
+ * float32 took 3.7 ms against numpy's 2.4). out may be rows[0] or rows[1]: the first pass
+ * reads both at an index before it writes there. */
 #define REDUCE(T, ACC, LOAD, STORE, OP)                                                     \
     do {                                                                                    \
         T *o = (T *)out;                                                                    \
-        memcpy(o, rows[0], (size_t)n * sizeof(T));                                          \
-        for (ptrdiff_t k = 1; k < size; k++) {                                              \
+        const T *first = (const T *)rows[0], *second = (const T *)rows[size > 1];           \
+        if (size == 1) {                                                                    \
+            memmove(o, first, (size_t)n * sizeof(T));                                       \
+            break;                                                                          \
+        }                                                                                   \
+        for (ptrdiff_t i = 0; i < n; i++)                                                   \
+            o[i] = STORE((ACC)OP((ACC)LOAD(first[i]), (ACC)LOAD(second[i])));               \
+        for (ptrdiff_t k = 2; k < size; k++) {                                              \
             const T *in = (const T *)rows[k];                                               \
             for (ptrdiff_t i = 0; i < n; i++)                                               \
                 o[i] = STORE((ACC)OP((ACC)LOAD(o[i]), (ACC)LOAD(in[i])));                   \
@@ -114,16 +123,21 @@ static uint16_t float_to_bf16(float f)  /* round to nearest, ties to even, as ml
     default: REDUCE(T, ACC, LOAD, STORE, MIN); break; /* OP_MIN */                          \
     }
 
-/* Reduces 16-bit floats one step at a time with rounding after each, as numpy's loops do. */
+/* Reduces 16-bit floats one step at a time with rounding after each, as numpy's loops do
+ * (the passes as REDUCE's). */
 #define REDUCE16(TO_F, FROM_F, OP)                                                          \
     do {                                                                                    \
         uint16_t *o = (uint16_t *)out;                                                      \
-        memcpy(o, rows[0], (size_t)n * 2);                                                  \
+        const uint16_t *first = (const uint16_t *)rows[0];                                  \
+        if (size == 1) {                                                                    \
+            memmove(o, first, (size_t)n * 2);                                               \
+            break;                                                                          \
+        }                                                                                   \
         for (ptrdiff_t k = 1; k < size; k++) {                                              \
-            const uint16_t *in = (const uint16_t *)rows[k];                                 \
+            const uint16_t *a = k == 1 ? first : o, *in = (const uint16_t *)rows[k];        \
             for (ptrdiff_t i = 0; i < n; i++) {                                             \
-                float a = TO_F(o[i]), b = TO_F(in[i]);                                      \
-                o[i] = FROM_F(OP(a, b));                                                    \
+                float x = TO_F(a[i]), y = TO_F(in[i]);                                      \
+                o[i] = FROM_F(OP(x, y));                                                    \
             }                                                                               \
         }                                                                                   \
     } while (0)
@@ -146,7 +160,7 @@ static uint16_t float_to_bf16(float f)  /* round to nearest, ties to even, as ml
     } while (0)
 
 /* out = rows[0] op rows[1] op ... in rank order (rows[k]: rank k's n elements); dtype and op:
- * wire.h's codes. out must not be one of the rows but the first. */
+ * wire.h's codes. out may be rows[0] or rows[1], and no other row; size >= 1. */
 static void reduce_rows(const char *const *rows, ptrdiff_t size, char *out, ptrdiff_t n,
                         int dtype, int op)
 {

@@ -79,20 +79,27 @@ static PyObject *receive_message(PyObject *self, PyObject *const *args, Py_ssize
     return Py_BuildValue("(nni)", r.copied, r.staged, r.error);
 }
 
-/*
- * out = the blocks of ranks 0, 1, ... op'ed in rank order (every rank computes the same
- * bits), where blocks holds every other rank's block in rank order and mine is this rank's
- * (out may be mine). dtype and op: wire.h's codes. 1 when done, 0 when the arguments
- * do not fit, -1 with MemoryError.
- */
+/* Whether blocks, mine, rank, out, dtype and op make a reduction: out = the blocks of ranks
+ * 0, 1, ... op'ed in rank order (every rank computes the same bits), where blocks holds every
+ * other rank's block in rank order and mine is this rank's (out may be mine); dtype and op:
+ * wire.h's codes. */
+static int reduction_fits(const Py_buffer *blocks, const Py_buffer *mine, long rank,
+                          const Py_buffer *out, long dtype, long op)
+{
+    Py_ssize_t len = mine->len, others = len ? blocks->len / len : 0;
+    return dtype >= 0 && dtype < DTYPES && op >= 0 && op < OPS && out->len == len &&
+           (len == 0 || (len % ITEMSIZE[dtype] == 0 && others <= MAX_PEERS &&
+                         blocks->len == others * len && rank >= 0 && rank <= others));
+}
+
+/* The reduction (reduction_fits): 1 when done, 0 when the arguments do not fit, -1 with
+ * MemoryError. */
 static int reduce_blocks(const Py_buffer *blocks, const Py_buffer *mine, long rank,
                          const Py_buffer *out, long dtype, long op)
 {
-    Py_ssize_t len = mine->len, others = len ? blocks->len / len : 0;
-    if (!(dtype >= 0 && dtype < DTYPES && op >= 0 && op < OPS && out->len == len &&
-          (len == 0 || (len % ITEMSIZE[dtype] == 0 &&
-          others <= MAX_PEERS && blocks->len == others * len && rank >= 0 && rank <= others))))
+    if (!reduction_fits(blocks, mine, rank, out, dtype, op))
         return 0;
+    Py_ssize_t len = mine->len, others = len ? blocks->len / len : 0;
     if (reduce_in_rank_order(blocks->buf, mine->buf, (int)rank, (int)others, out->buf,
                              (size_t)len, (int)dtype, (int)op) < 0) {
         PyErr_NoMemory();
@@ -138,9 +145,10 @@ static PyObject *reduce(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
  * staging buffers (see recv). None once everything has moved. Else it stopped (another
  * message first, a failed connection, or budget seconds without progress): a tuple, per
  * peer, of (bytes of header and payload sent, the send's errno or 0, copied, staged, error)
- * with the last three as recv's. Given a reduction, (out, rank, dtype, op), it also reduces the
- * blocks and mine into out once everything has moved, as reduce does (tcp's small all_reduce
- * in one call).
+ * with the last three as recv's. Given a reduction, (out, own, rank, dtype, op), it also
+ * reduces the blocks and own (this rank's row; None: mine) into out, as reduce does, while the
+ * blocks come where out is apart from mine and own, else once everything has moved
+ * (exchange.h's exchange_reduce).
  */
 static PyObject *exchange(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -148,16 +156,17 @@ static PyObject *exchange(PyObject *self, PyObject *const *args, Py_ssize_t narg
     if ((nargs != 7 && nargs != 8) || !PyTuple_Check(args[0]) || !PyTuple_Check(args[4]) ||
         PyTuple_GET_SIZE(args[0]) != PyTuple_GET_SIZE(args[4]) ||
         PyTuple_GET_SIZE(args[0]) > MAX_PEERS ||
-        (reduces && (!PyTuple_Check(args[7]) || PyTuple_GET_SIZE(args[7]) != 4))) {
+        (reduces && (!PyTuple_Check(args[7]) || PyTuple_GET_SIZE(args[7]) != 5))) {
         PyErr_SetString(PyExc_TypeError, "exchange takes 7 or 8 arguments: fds and stages "
-                        "tuples of the same length, at most 16, and a reduction (out, rank, "
-                        "dtype, op) or None");
+                        "tuples of the same length, at most 16, and a reduction (out, own, "
+                        "rank, dtype, op) or None");
         return NULL;
     }
     PyObject *const *reduction = reduces ? &PyTuple_GET_ITEM(args[7], 0) : NULL;
-    long rank = reduces ? PyLong_AsLong(reduction[1]) : 0;
-    long dtype = reduces ? PyLong_AsLong(reduction[2]) : 0;
-    long op = reduces ? PyLong_AsLong(reduction[3]) : 0;
+    int owned = reduces && reduction[1] != Py_None; /* own apart from mine */
+    long rank = reduces ? PyLong_AsLong(reduction[2]) : 0;
+    long dtype = reduces ? PyLong_AsLong(reduction[3]) : 0;
+    long op = reduces ? PyLong_AsLong(reduction[4]) : 0;
     int n = (int)PyTuple_GET_SIZE(args[0]);
     int fds[MAX_PEERS];
     for (int i = 0; i < n; i++)
@@ -166,19 +175,22 @@ static PyObject *exchange(PyObject *self, PyObject *const *args, Py_ssize_t narg
     if (PyErr_Occurred())
         return NULL;
     /* read: the expected header and mine; written: the blocks, the stages, the reduction's
-     * out */
-    BufferRequest wanted[3 + MAX_PEERS + 1] = {{args[1], PyBUF_SIMPLE}, {args[2], PyBUF_SIMPLE},
+     * out; read: its own */
+    BufferRequest wanted[3 + MAX_PEERS + 2] = {{args[1], PyBUF_SIMPLE}, {args[2], PyBUF_SIMPLE},
                                                 {args[3], PyBUF_WRITABLE}};
     int held = 3;
     for (int i = 0; i < n; i++)
         wanted[held++] = (BufferRequest){PyTuple_GET_ITEM(args[4], i), PyBUF_WRITABLE};
     if (reduces)
         wanted[held++] = (BufferRequest){reduction[0], PyBUF_WRITABLE};
-    Py_buffer views[3 + MAX_PEERS + 1];
+    if (owned)
+        wanted[held++] = (BufferRequest){reduction[1], PyBUF_SIMPLE};
+    Py_buffer views[3 + MAX_PEERS + 2];
     if (take_buffers(wanted, views, held) < 0)
         return NULL;
     const Py_buffer *expected = &views[0], *mine = &views[1], *blocks = &views[2];
     const Py_buffer *stages = &views[3], *out = reduces ? &views[3 + n] : NULL;
+    const Py_buffer *own = owned ? &views[4 + n] : mine;
     int fits = expected->len == HEADER_BYTES && blocks->len == n * mine->len;
     char *stage_at[MAX_PEERS];
     ptrdiff_t stage_lens[MAX_PEERS];
@@ -187,28 +199,30 @@ static PyObject *exchange(PyObject *self, PyObject *const *args, Py_ssize_t narg
         stage_at[i] = stages[i].buf;
         stage_lens[i] = stages[i].len;
     }
+    int reducible = !reduces || (own->len == mine->len &&
+                                 reduction_fits(blocks, mine, rank, out, dtype, op));
     struct way ways[MAX_PEERS];
     int stopped = 0;
-    if (fits) {
+    if (fits && reducible) {
         ways_begin(ways, n, fds, stage_at, stage_lens, blocks->buf, (size_t)mine->len);
         Py_BEGIN_ALLOW_THREADS
-        stopped = exchange_ways(ways, n, expected->buf, mine->buf, (size_t)mine->len, spin,
-                                budget);
+        stopped = exchange_reduce(ways, n, expected->buf, mine->buf, (size_t)mine->len, spin,
+                                  budget, reduces ? out->buf : NULL, own->buf, (int)rank,
+                                  (int)dtype, (int)op);
         Py_END_ALLOW_THREADS
     }
-    int reduced = fits && !stopped && reduces ? reduce_blocks(blocks, mine, rank, out, dtype,
-                                                              op) : 1;
     release_buffers(views, held);
-    if (reduced <= 0) {
-        if (reduced == 0)
-            reduce_does_not_fit();
-        return NULL;
-    }
     if (!fits) {
         PyErr_SetString(PyExc_ValueError, "exchange: a 32-byte header, len(fds) blocks of "
                         "len(mine) bytes and stages larger than a header are needed");
         return NULL;
     }
+    if (!reducible) {
+        reduce_does_not_fit();
+        return NULL;
+    }
+    if (stopped < 0)
+        return PyErr_NoMemory();
     if (!stopped)
         Py_RETURN_NONE;
     return ways_stopped(ways, n);

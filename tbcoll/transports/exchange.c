@@ -174,8 +174,47 @@ static int receive_some(struct way *w, const char *expected, ptrdiff_t len)
     return 1;
 }
 
-int exchange_ways(struct way *ways, int n, const char *header, const char *mine, size_t len,
-                  double spin, double budget)
+/* A reduction made while the blocks arrive (exchange_reduce): out[:done] is reduced; own is
+ * this rank's row. */
+struct reduction {
+    char *out;
+    const char *own;
+    int rank, dtype, op;
+    size_t done;
+};
+
+/* Bytes every block holds and out has not, reduced in pieces of at least this many (or the
+ * rest): a piece read from the socket a moment ago is still in the cache, and the reduction
+ * runs while the peers' bytes keep coming into the socket's buffer. */
+#define REDUCE_PIECE (64 << 10)
+
+/* Reduce the bytes that every way's block now holds, past red->done (all of them: even a
+ * last piece smaller than REDUCE_PIECE). */
+static void reduce_arrived(const struct way *ways, int n, size_t len, struct reduction *red,
+                           int all)
+{
+    size_t ready = len;
+    for (int i = 0; i < n; i++) {
+        size_t got = ways[i].r.copied > 0 ? (size_t)ways[i].r.copied : 0;
+        ready = got < ready ? got : ready;
+    }
+    ready -= ready % ITEMSIZE[red->dtype];
+    if (ready <= red->done || (ready - red->done < REDUCE_PIECE && !(all && ready == len)))
+        return;
+    const char *rows[MAX_PEERS + 1];
+    for (int k = 0; k <= n; k++)
+        rows[k] = (k == red->rank ? red->own : ways[k < red->rank ? k : k - 1].block) + red->done;
+    reduce_rows(rows, n + 1, red->out + red->done,
+                (ptrdiff_t)((ready - red->done) / ITEMSIZE[red->dtype]), red->dtype, red->op);
+    red->done = ready;
+}
+
+/* Send header and mine[:len] on every way while receiving each way's message of the same
+ * header into its block (both ways at once, so that large messages cannot deadlock), and
+ * where red is not NULL reduce what has arrived, until everything has moved (0) or it
+ * stopped (1: see exchange_reduce). */
+static int exchange_ways(struct way *ways, int n, const char *header, const char *mine,
+                         size_t len, double spin, double budget, struct reduction *red)
 {
     size_t whole = HEADER_BYTES + len;
     struct timespec since; /* the last progress */
@@ -192,6 +231,8 @@ int exchange_ways(struct way *ways, int n, const char *header, const char *mine,
             waits[i].events = (w->sent < whole ? POLLOUT : 0) | (w->received ? 0 : POLLIN);
             pending |= waits[i].events;
         }
+        if (red && !stopped)
+            reduce_arrived(ways, n, len, red, !pending);
         if (stopped || !pending)
             return stopped;
         if (moved) {
@@ -209,6 +250,28 @@ int exchange_ways(struct way *ways, int n, const char *header, const char *mine,
     }
 }
 
+/* Whether n bytes at a and at b share none. */
+static int apart(const char *a, const char *b, size_t n)
+{
+    return a >= b + n || b >= a + n;
+}
+
+int exchange_reduce(struct way *ways, int n, const char *header, const char *mine, size_t len,
+                    double spin, double budget, char *out, const char *own, int rank, int dtype,
+                    int op)
+{
+    own = own ? own : mine;
+    /* out apart from what is sent and from own: reduced piece by piece as the blocks come;
+     * else once they all have (mine must go out whole to every peer before any of it is
+     * overwritten, and own stays whole for the engine should the exchange stop) */
+    int early = out && apart(out, mine, len) && apart(out, own, len);
+    struct reduction red = {out, own, rank, dtype, op, 0};
+    int stopped = exchange_ways(ways, n, header, mine, len, spin, budget, early ? &red : NULL);
+    if (stopped || out == NULL || early)
+        return stopped;
+    return reduce_in_rank_order(ways[0].block, own, rank, n, out, len, dtype, op) < 0 ? -1 : 0;
+}
+
 int reduce_in_rank_order(const char *blocks, const char *mine, int rank, int others, char *out,
                          size_t len, int dtype, int op)
 {
@@ -217,9 +280,10 @@ int reduce_in_rank_order(const char *blocks, const char *mine, int rank, int oth
     const char *rows[MAX_PEERS + 1];
     const char *own = mine;
     char *copy = NULL;
-    /* out is written from the first row on: mine must survive that unless it is the first
-     * row and out exactly */
-    if (out < mine + len && mine < out + len && !(rank == 0 && out == mine)) {
+    /* out is written from the first pass on, which reads rows 0 and 1 at each index before
+     * it writes there (reduce.h): mine must survive that unless it is one of those rows and
+     * out exactly */
+    if (out < mine + len && mine < out + len && !(rank <= 1 && out == mine)) {
         own = copy = malloc(len);
         if (copy == NULL)
             return -1;

@@ -66,10 +66,16 @@ INTERNAL void ways_begin(struct way *ways, int n, const int *fds, char *const *s
 
 /* Send header and mine[:len] on every way while receiving each way's message of the same
  * header into its block (both ways at once, so that large messages cannot deadlock), until
- * everything has moved (0) or it stopped (1: another message first, a failed connection, or
- * budget seconds without progress; the ways say how far each got). */
-INTERNAL int exchange_ways(struct way *ways, int n, const char *header, const char *mine,
-                           size_t len, double spin, double budget);
+ * everything has moved or it stopped (another message first, a failed connection, or budget
+ * seconds without progress; the ways say how far each got). Where out is not NULL, out[:len]
+ * = the blocks and own (mine where NULL: this rank's row) op'ed in rank order as
+ * reduce_in_rank_order makes it (rank, dtype, op), made while the blocks come where out is
+ * apart from mine and own. 0: all moved (and reduced); 1: stopped (out's bytes are then to be
+ * made again from the blocks once whole: mine and own are untouched); -1: no memory was left
+ * to reduce. */
+INTERNAL int exchange_reduce(struct way *ways, int n, const char *header, const char *mine,
+                             size_t len, double spin, double budget, char *out, const char *own,
+                             int rank, int dtype, int op);
 
 /* out[:len] = the blocks of ranks 0, 1, ..., `others` op'ed in rank order (every rank
  * computes the same bits), where blocks holds every other rank's block in rank order and

@@ -154,9 +154,9 @@ class TcpTransport(StreamTransport):
                  reduction: tuple | None = None) -> bool:
         """Send buf to each of peers and receive from each a message of its size into
         blocks[i]: in one C call while every stream to them is idle, else (or from where C
-        stopped) through the engine. reduction: (out, rank, dtype code, op code) for C to
-        reduce the blocks and buf into out as well (see _sockets.exchange); True where it
-        did."""
+        stopped) through the engine. reduction: (out, own, rank, dtype code, op code) for C to
+        reduce the blocks and own (None: buf) into out as well (see _sockets.exchange); True
+        where it did."""
         streams, fds, stages = self._exchanges.get(peers) or self._exchange_args(peers)
         if fds and not self._writing and self._idle(streams, context, tag):
             header = self._header(context, tag, buf.nbytes, call[0], call[1])

@@ -275,16 +275,13 @@ static int exchange_and_reduce(void *lane, int kind, PyObject *x, const Py_buffe
     ways_begin(ways, self->peers, self->fds, stages, stage_lens, blocks, len);
     int stopped;
     Py_BEGIN_ALLOW_THREADS
-    stopped = exchange_ways(ways, self->peers, (const char *)header, xv->buf, len, self->spin,
-                            self->budget);
+    stopped = exchange_reduce(ways, self->peers, (const char *)header, xv->buf, len, self->spin,
+                              self->budget, tv->buf, NULL, self->rank, dtype, op);
     Py_END_ALLOW_THREADS
-    if (!stopped) {
-        if (reduce_in_rank_order(blocks, xv->buf, self->rank, self->peers, tv->buf, len, dtype,
-                                 op) < 0) {
+    if (stopped <= 0) {
+        if (stopped < 0)
             PyErr_NoMemory();
-            return -1;
-        }
-        return 0;
+        return stopped;
     }
     /* the engine goes on from where C stopped, into the blocks, and reduces */
     PyObject *sent = PyBytes_FromStringAndSize((const char *)header, HEADER_BYTES);
