@@ -1,15 +1,16 @@
 """tbcoll's tcp all_reduce of large messages against bare loopback TCP streams.
 
-    python benchmarks/stream_floor.py --rounds 5 [--size 16M]
+    python benchmarks/stream_floor.py --rounds 5 [--size 16M] [--before /path/to/another/checkout]
 
 In turns (A B A B ...): a bare one-way stream (one process sends SIZE bytes, the other
 receives them into a preallocated buffer and answers one byte), a bare two-way exchange
 (both send SIZE bytes and receive SIZE bytes at once, a thread sending while the main
 thread receives: what an np=2 all_reduce's ranks do), both with tbcoll's socket settings
 (TCP_NODELAY, 4 MiB buffers), then `tbrun -np 2 --backend tcp tbcoll-bench all_reduce` of
-SIZE. Prints GB/s (10^9 B/s of SIZE per call or transfer: all_reduce's algbw, equal to its
-busbw at np=2) as medians over rounds, and tbcoll's over each bare figure (issue 25's goal:
->= 0.8x the one-way stream).
+SIZE, out of place, with the table's algorithm (--before: that of another checkout too, in
+the same turns). Prints GB/s (10^9 B/s of SIZE per call or transfer: all_reduce's algbw,
+equal to its busbw at np=2) as medians over rounds, and tbcoll's over each bare figure
+(issue 35's goal: >= 0.9x the two-way exchange).
 """
 
 from __future__ import annotations
@@ -77,14 +78,16 @@ def _receive(sock: socket.socket, view: memoryview) -> None:
         got += sock.recv_into(view[got:])
 
 
-def tbcoll_gbps(nbytes: int, iters: int) -> float:
-    """tbcoll-bench's all_reduce algbw (GB/s) over tcp at np=2, out of place."""
+def tbcoll_gbps(nbytes: int, iters: int, checkout: str | None = None) -> float:
+    """tbcoll-bench's all_reduce algbw (GB/s) over tcp at np=2, out of place (checkout: the
+    tbcoll to import, else the one this Python finds)."""
+    env = {**os.environ, "PYTHONPATH": checkout} if checkout else None
     with tempfile.TemporaryDirectory() as tmp:
         rows = Path(tmp) / "rows.json"
         subprocess.run([str(BIN / "tbrun"), "-np", "2", "--backend", "tcp",
                         str(BIN / "tbcoll-bench"), "all_reduce", "-b", str(nbytes), "-e",
                         str(nbytes), "-n", str(iters), "-r", "3", "--inplace", "no",
-                        "--json", str(rows)], check=True, capture_output=True)
+                        "--json", str(rows)], check=True, capture_output=True, env=env)
         (row,) = json.loads(rows.read_text())
         return row["algbw"]
 
@@ -94,14 +97,18 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("-n", "--iters", type=int, default=10)
     parser.add_argument("--size", default="16M", help="bytes (K and M: binary units)")
+    parser.add_argument("--before", help="another checkout's tbcoll, timed in the same turns")
     args = parser.parse_args()
     units = {"K": 1 << 10, "M": 1 << 20}
     size = int(args.size[:-1]) * units[args.size[-1]] if args.size[-1] in units else int(args.size)
     figures: dict[str, list[float]] = {"one-way": [], "two-way": [], "tbcoll": []}
+    before: list[float] = []
     for _ in range(args.rounds):
         figures["one-way"].append(bare_gbps(size, args.iters, both_ways=False))
         figures["two-way"].append(bare_gbps(size, args.iters, both_ways=True))
         figures["tbcoll"].append(tbcoll_gbps(size, args.iters))
+        if args.before:
+            before.append(tbcoll_gbps(size, args.iters, args.before))
     median = {name: statistics.median(values) for name, values in figures.items()}
     print(f"# {size} B over loopback TCP, np=2, GB/s: medians over {args.rounds} rounds [range]")
     print("| bare one-way stream | bare two-way exchange | tbcoll all_reduce (algbw) "
@@ -112,6 +119,11 @@ def main() -> None:
     cells += [f"{median['tbcoll'] / median['one-way']:.2f}",
               f"{median['tbcoll'] / median['two-way']:.2f}"]
     print(f"| {' | '.join(cells)} |")
+    if before:
+        old = statistics.median(before)
+        print(f"\n# tbcoll from {args.before} (before), the same turns: {old:.2f} "
+              f"[{min(before):.2f}-{max(before):.2f}] GB/s; after / before "
+              f"{median['tbcoll'] / old:.2f}; before / two-way {old / median['two-way']:.2f}")
 
 
 if __name__ == "__main__":

@@ -188,8 +188,8 @@ struct reduction {
  * runs while the peers' bytes keep coming into the socket's buffer. */
 #define REDUCE_PIECE (64 << 10)
 
-/* Reduce the bytes that every way's block now holds, past red->done (all of them: even a
- * last piece smaller than REDUCE_PIECE). */
+/* Reduce the bytes that every way's block now holds past red->done, once they make a piece,
+ * or once everything has come (all). */
 static void reduce_arrived(const struct way *ways, int n, size_t len, struct reduction *red,
                            int all)
 {

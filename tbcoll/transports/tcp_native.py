@@ -137,10 +137,9 @@ class TcpNative:
                 call: tuple[int, int]) -> None:
         """np=2, large messages: each rank reduces half (mine's and the peer's copy of it, in
         rank order, while it comes) and the halves are exchanged: two exchanges of half the
-        bytes instead of one of all of them, and half the reduction on each rank, which on
-        two cores costs as much as the bytes' copies (16 MB: 1.12x a bare exchange's time,
-        against 1.25x for one exchange reduced as it comes; RESULTS.md). Every rank ends with
-        the same bits: each half is computed once."""
+        bytes, and half the reduction on each rank, where one exchange of all of them had
+        each rank reduce it all (16 MB: 1.43x as fast; benchmarks/RESULTS.md). Every rank
+        ends with the same bits: each half is computed once."""
         half = mine.size // 2
         low, high = slice(0, half), slice(half, None)
         ours, theirs = (low, high) if self.rank == 0 else (high, low)
