@@ -446,7 +446,6 @@ PyMODINIT_FUNC PyInit__atomics(void)
         PyModule_AddIntConstant(m, "REDUCE_SCATTER", REDUCE_SCATTER) < 0 ||
         PyModule_AddIntConstant(m, "BROADCAST", BROADCAST) < 0 ||
         PyModule_AddIntConstant(m, "BARRIER", BARRIER) < 0 ||
-        PyModule_AddIntConstant(m, "ALL_REDUCE_SPLIT", ALL_REDUCE_SPLIT) < 0 ||
         /* the stages a round is resumed at (rounds.h): what the Lane's resume gets */
         PyModule_AddIntConstant(m, "ROUND_WAIT_FREE", ROUND_WAIT_FREE) < 0 ||
         PyModule_AddIntConstant(m, "ROUND_WAIT_ARRIVED", ROUND_WAIT_ARRIVED) < 0 ||

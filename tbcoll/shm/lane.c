@@ -161,6 +161,59 @@ static PyObject *lane_round_method(Lane *self, PyObject *const *args, Py_ssize_t
 }
 
 /*
+ * rounds(kind, src, dst, dtype, op, root, signature): a collective of any size in the
+ * segment's rounds (lane_rounds: the cut is made there alone), the call's signature in its
+ * first round. src and dst: all_reduce's x and result (of one size), all_gather's block and
+ * result (size blocks), reduce_scatter's x (size blocks) and block, broadcast's x and result
+ * (src is read at the root only).
+ */
+static PyObject *lane_rounds_method(Lane *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (!positional("rounds", nargs, 7))
+        return NULL;
+    long kind = PyLong_AsLong(args[0]), dtype = PyLong_AsLong(args[3]),
+         op = PyLong_AsLong(args[4]), root = PyLong_AsLong(args[5]);
+    uint64_t signature = (uint64_t)PyLong_AsUnsignedLongLong(args[6]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (self->segment == NULL || kind < 0 || kind >= ONE_CALL_KINDS || dtype < 0 ||
+        dtype >= DTYPES || op < 0 || op >= OPS || root < 0 || root >= self->size) {
+        PyErr_SetString(PyExc_ValueError, "bad kind, dtype, op or root");
+        return NULL;
+    }
+    Py_buffer views[3]; /* segment, src, dst */
+    if (take_buffers((BufferRequest[]){{self->segment, PyBUF_WRITABLE}, {args[1], PyBUF_SIMPLE},
+                                       {args[2], PyBUF_WRITABLE}}, views, 3) < 0)
+        return NULL;
+    Py_ssize_t src_len = views[1].len, dst_len = views[2].len;
+    Round r = {.src = views[1].buf, .src_len = src_len, .dst = views[2].buf,
+               .dst_len = dst_len, .kind = (int)kind, .dtype = (int)dtype, .op = (int)op,
+               .root = (int)root};
+    int fits = dst_len % ITEMSIZE[dtype] == 0;
+    switch (kind) {
+    case ALL_GATHER:
+        r.dst_stride = src_len;
+        fits = dst_len == self->size * src_len;
+        break;
+    case REDUCE_SCATTER:
+        r.src_stride = dst_len;
+        fits = fits && src_len == self->size * dst_len;
+        break;
+    default: /* ALL_REDUCE, BROADCAST */
+        fits = fits && src_len == dst_len;
+    }
+    int done = fits ? lane_rounds(self, &r, (char *)views[0].buf, signature) : 0;
+    release_buffers(views, 3);
+    if (!fits) {
+        PyErr_SetString(PyExc_ValueError, "rounds: src and dst of other sizes than the kind's");
+        return NULL;
+    }
+    if (done < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+/*
  * calls(single_pass, ndarray, dtypes, ops, empty, all_reduce, all_gather, reduce_scatter,
  *       broadcast_call)
  * What the one-call paths take: numpy arrays (ndarray) of the dtypes (a tuple, by code),
@@ -192,7 +245,7 @@ static PyObject *lane_calls(Lane *self, PyObject *args)
     }
     PyMem_Free(self->broadcast_calls);
     self->broadcast_calls = broadcast_calls;
-    self->call.largest[ALL_REDUCE] = single_pass;
+    self->call.largest[ALL_REDUCE] = self->single_pass = single_pass;
     Py_XSETREF(self->broadcast_call, Py_NewRef(broadcast_call));
     Py_RETURN_NONE;
 }
@@ -485,6 +538,7 @@ static PyObject *lane_broadcast(Lane *self, PyObject *const *args, Py_ssize_t na
 #define FASTCALL(f) (PyCFunction)(void (*)(void))(f), METH_FASTCALL
 static PyMethodDef lane_methods[] = {
     {"round", FASTCALL(lane_round_method), "One round of a collective, to its end."},
+    {"rounds", FASTCALL(lane_rounds_method), "A collective of any size in rounds."},
     {"calls", (PyCFunction)lane_calls, METH_VARARGS, "What the one-call paths take."},
     {"limit", (PyCFunction)lane_limit, METH_VARARGS, "The largest x a kind's path takes."},
     {"bind", (PyCFunction)lane_bind, METH_VARARGS, "The communicator whose calls take it."},

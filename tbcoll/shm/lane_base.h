@@ -34,6 +34,7 @@ typedef struct {
     PyObject *segment;         /* the mapped segment (a writable buffer) */
     Py_ssize_t flags, size, rank, sets[2], slot_bytes;
     Py_ssize_t pids_at;        /* where the ranks' pids (int64) are in the segment */
+    Py_ssize_t single_pass;    /* the largest all_reduce in one round (calls()) */
     double budget;             /* seconds a wait runs before resume looks at the peers */
     unsigned long long rounds; /* rounds begun and finished (round seq uses set seq % 2) */
     PyObject *resume;          /* resume(stage, seq, signature): wait in Python, or raise */
@@ -66,6 +67,7 @@ typedef struct {
 } Lane;
 
 #define MOVES (1 << ONE_CALL_KINDS) /* the enabled bit of send and recv */
+#define PREFAULT_BYTES (4 << 20) /* results this large have their pages touched first */
 
 /* A pid of rank k's, from the segment at base. Each rank stores its own there (release,
  * tbcoll/shm/native.py's publish_pid) before the communicator's first round or message; a
@@ -80,6 +82,14 @@ static inline long pid_of(const Lane *self, const char *base, Py_ssize_t k)
 /* Run round self->rounds + 1 to its end over the segment at base (run_round), resuming in
  * Python where a wait runs out of budget: ROUND_DONE, or -1 with an exception. */
 INTERNAL int lane_round(Lane *self, Round *r, char *base, uint64_t signature);
+/* A call of any size (r: the whole of it, src and dst of the sizes a round of its kind takes)
+ * cut into the rounds the segment's slots hold, the result's pages touched first where it is
+ * large; the only place the cut is made (tbcoll/shm/native.py and one_copy.c call it).
+ * all_reduce up to single_pass bytes is one round, larger ones split rounds (each rank
+ * reducing its part of a slot); all_gather and broadcast a slot of the block a round (a
+ * broadcast in place in dst); reduce_scatter a slot of pieces (one per rank) a round. 0, or
+ * -1 with an exception. */
+INTERNAL int lane_rounds(Lane *self, Round *r, char *base, uint64_t signature);
 /* Whether the error raised is numpy refusing a buffer request (then cleared). */
 INTERNAL int lane_refused(void);
 /* The dtype code of an array's dtype (*dtype, a new reference), -1 where none, -2 on error. */

@@ -72,9 +72,7 @@ WAIT_SLICE = 0.05  # seconds between looks for dead peers and the deadline
 _ARRIVE, _DONE, _SIGNATURE = 0, 8, 16  # byte offsets inside a rank's flag line
 _BYTES = DTYPE_CODES[np.dtype(np.uint8)]  # what a round that only copies calls its data
 _NO_BYTES = np.empty(0, np.uint8)
-_PREFAULT_BYTES = 4 << 20
 _INT64, _MIN = DTYPE_CODES[np.dtype(np.int64)], OP_CODES["min"]
-_PAGE = 4096
 
 
 def _check_layout() -> None:
@@ -105,21 +103,10 @@ def _broadcast_call(dtype: int, root: int) -> int:
 
 
 def _bytes(array: np.ndarray) -> np.ndarray:
-    """A C-contiguous array's bytes, as a 1-D uint8 view, to cut into chunks. (The C module
-    takes arrays of any dtype as they are: it asks for no buffer format, which bfloat16
-    lacks.)"""
+    """A C-contiguous array's bytes, as a 1-D uint8 view, for the lane's rounds and the
+    one-copy paths. (The C module takes arrays of any dtype as they are: it asks for no
+    buffer format, which bfloat16 lacks.)"""
     return array.reshape(-1).view(np.uint8)
-
-
-def prefault(array: np.ndarray) -> None:
-    """Touch every page of a large result before the rounds write it (a write of the value
-    each page holds: the contents stay). A rank that takes page faults inside the rounds, a
-    megabyte at a time, holds up every rank at each round: a fresh 300 MB result took 1.5-2.7 s
-    that way against 0.1-0.2 s touched first, in parallel on every rank (measured here, in a
-    VM where first-touch faults are slow)."""
-    if array.nbytes >= _PREFAULT_BYTES:
-        pages = array.reshape(-1).view(np.uint8)[::_PAGE]
-        pages[...] = pages
 
 
 def _round_up(n: int, to: int) -> int:
@@ -223,22 +210,13 @@ class ShmNative:
         past a slot, straight between the ranks' buffers where they are comm.empty's (below,
         its three rounds and numpy's calls cost more than the copy saved: 128 KiB took 44 us
         that way against 26 through the slots, 512 KiB 76 against 90)."""
-        data = recv if send is None else send
-        dtype, code = DTYPE_CODES[recv.dtype], OP_CODES[op]
+        src, dst = _bytes(recv if send is None else send), _bytes(recv)
         call = signature("all_reduce", recv.dtype, op, recv.nbytes)
-        if recv.nbytes <= SINGLE_PASS_BYTES:
-            self._round(atomics.ALL_REDUCE, _bytes(data), 0, _bytes(recv), 0, dtype, code, 0,
-                        call)
-            return
-        src, dst = _bytes(data), _bytes(recv)
         if recv.nbytes > SLOT and self._one_copy_round((src, dst), call, partial(
                 self._reduce_parts, src, dst, recv.dtype, op, send is None)):
             return
-        prefault(recv)
-        step = SLOT // recv.itemsize * recv.itemsize
-        for lo in range(0, recv.nbytes, step):
-            self._round(atomics.ALL_REDUCE_SPLIT, src[lo:lo + step], 0, dst[lo:lo + step], 0,
-                        dtype, code, 0, call if lo == 0 else 0)
+        self.lane.rounds(atomics.ALL_REDUCE, src, dst, DTYPE_CODES[recv.dtype], OP_CODES[op], 0,
+                         call)
 
     def all_gather(self, send: np.ndarray, recv: np.ndarray) -> None:
         """Rank k's block is slot k; each chunk of the blocks goes in place in recv. Past
@@ -256,10 +234,7 @@ class ShmNative:
                                     partial(self.lane.copies, atomics.ALL_GATHER, src, dst, -1),
                                     mapped_if=any):
                 return
-        prefault(recv)
-        for lo in range(0, block, SLOT):
-            self._round(atomics.ALL_GATHER, src[lo:lo + SLOT], 0, dst[lo:], block, _BYTES, 0, 0,
-                        call if lo == 0 else 0)
+        self.lane.rounds(atomics.ALL_GATHER, src, dst, _BYTES, 0, 0, call)
 
     def _gather(self, src: np.ndarray, dst: np.ndarray, peers: Mapped) -> None:
         """all_gather's copies between comm.empty buffers: every other rank's block from its
@@ -282,27 +257,18 @@ class ShmNative:
 
     def reduce_scatter(self, send: np.ndarray, recv: np.ndarray, op: str) -> None:
         """Each round carries a piece of every rank's block: slot k holds rank k's pieces."""
-        prefault(recv)
-        src, dst, block = _bytes(send), _bytes(recv), recv.nbytes
-        step = SLOT // self.size // send.itemsize * send.itemsize
-        dtype, code = DTYPE_CODES[send.dtype], OP_CODES[op]
-        call = signature("reduce_scatter", send.dtype, op, send.nbytes)
-        for lo in range(0, block, step):
-            self._round(atomics.REDUCE_SCATTER, src[lo:], block, dst[lo:lo + step], 0, dtype,
-                        code, 0, call if lo == 0 else 0)
+        self.lane.rounds(atomics.REDUCE_SCATTER, _bytes(send), _bytes(recv),
+                         DTYPE_CODES[send.dtype], OP_CODES[op], 0,
+                         signature("reduce_scatter", send.dtype, op, send.nbytes))
 
     def broadcast(self, buf: np.ndarray, root: int) -> None:
-        prefault(buf)
         data = _bytes(buf)
         call = signature("broadcast", buf.dtype, None, buf.nbytes, root)
         if buf.nbytes > SLOT and self._one_copy_round(
                 (data,), call, partial(self._spread, data, root),
                 partial(self.lane.copies, atomics.BROADCAST, data, data, root)):
             return
-        for lo in range(0, buf.nbytes, SLOT):
-            chunk = data[lo:lo + SLOT]
-            self._round(atomics.BROADCAST, chunk, 0, chunk, 0, _BYTES, 0, root,
-                        call if lo == 0 else 0)
+        self.lane.rounds(atomics.BROADCAST, data, data, _BYTES, 0, root, call)
 
     def barrier(self) -> None:
         self._round(atomics.BARRIER, _NO_BYTES, 0, _NO_BYTES, 0, _BYTES, 0, 0,

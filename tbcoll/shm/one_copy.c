@@ -104,7 +104,7 @@ PyObject *lane_copies(Lane *self, PyObject *args)
  */
 int one_copy(Lane *self, Round *r, char *base, uint64_t signature)
 {
-    Py_ssize_t size = self->size, rank = self->rank, slot = self->slot_bytes;
+    Py_ssize_t size = self->size, rank = self->rank;
     int gather = r->kind == ALL_GATHER;
     Py_ssize_t n = gather ? r->src_len : r->dst_len, buffers = gather ? 2 : 1;
     if (!gather && rank == r->root && r->src != r->dst)
@@ -141,14 +141,8 @@ int one_copy(Lane *self, Round *r, char *base, uint64_t signature)
     if (off == NULL)
         return -1;
     Py_DECREF(off);
-    for (Py_ssize_t lo = 0; lo < n; lo += slot) {
-        Py_ssize_t piece = n - lo < slot ? n - lo : slot;
-        Round part = {.src = (gather ? r->src : r->dst) + lo, .src_len = piece,
-                      .dst = r->dst + lo, .dst_len = gather ? r->dst_len - lo : piece,
-                      .dst_stride = gather ? n : 0, .kind = r->kind, .dtype = BYTES_DTYPE,
-                      .root = r->root};
-        if (lane_round(self, &part, base, lo == 0 ? signature : 0) < 0)
-            return -1;
-    }
-    return 0;
+    Round whole = {.src = gather ? r->src : r->dst, .src_len = n, .dst = r->dst,
+                   .dst_len = r->dst_len, .dst_stride = gather ? n : 0, .kind = r->kind,
+                   .dtype = BYTES_DTYPE, .root = r->root};
+    return lane_rounds(self, &whole, base, signature);
 }
