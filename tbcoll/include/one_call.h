@@ -3,14 +3,14 @@
  * tbcoll/transports/base.py's Native.lane): the dtype code of an array, the refusals that
  * hand a call to the Python path, the naming of a bound call's CommError as the communicator
  * names it; the contract's state (OneCall: what calls take, the communicator bound) and its
- * calls(), bind() and limit(), which every lane keeps; and, for a lane of all_reduce and
- * all_gather (tcp's, tbcoll/transports/tcp_lane.c; rdma's mesh, tbcoll/rdma/_verbs.c), the
- * whole call around the transport's work: one_call_run. shm's lane (tbcoll/shm/lane.c) runs
- * its four kinds and its moves on its own path, over the same OneCall.
+ * calls(), bind() and limit(), which every lane keeps; and the whole call around the
+ * transport's work: one_call_run_any (shm's four kinds, tbcoll/shm/lane.c), one_call_run
+ * (all_reduce and all_gather: tcp's, tbcoll/transports/tcp_lane.c; rdma's mesh,
+ * tbcoll/rdma/_verbs.c). Only shm's send and recv (moves.c) go their own way.
  *
  * A new transport's lane: a Python type holding a OneCall, whose calls(), bind(), limit()
- * and all_reduce()/all_gather() methods call one_call_calls, one_call_bind, one_call_limit
- * and one_call_run with its own work (the transport's exchange of x into the target) and,
+ * and collective methods call one_call_calls, one_call_bind, one_call_limit and
+ * one_call_run(_any) with its own work (the transport's exchange of x into the target) and,
  * where its engine may hold something that must go first, a ready test.
  */
 #ifndef TBCOLL_ONE_CALL_H
@@ -101,12 +101,12 @@ static inline int one_call_words(PyObject *list, uint64_t *words, Py_ssize_t cou
     return 0;
 }
 
-/* --- a lane of all_reduce and all_gather -------------------------------------------------- */
+/* --- the whole call ---------------------------------------------------------------------- */
 
 /* the contract's kinds (tbcoll.comm.LANE_ENTRIES' order) and bind's codes: the four kinds',
  * send's, recv's, the native algorithm's */
-enum { ONE_CALL_ALL_REDUCE, ONE_CALL_ALL_GATHER, ONE_CALL_REDUCE_SCATTER, LANE_KIND_COUNT = 4,
-       ONE_CALL_NATIVE = 6, ONE_CALL_CODES = 7 };
+enum { ONE_CALL_ALL_REDUCE, ONE_CALL_ALL_GATHER, ONE_CALL_REDUCE_SCATTER, ONE_CALL_BROADCAST,
+       LANE_KIND_COUNT, ONE_CALL_NATIVE = 6, ONE_CALL_CODES = 7 };
 
 typedef struct {
     int checks, size;                       /* calls() was called; the group's ranks */
@@ -226,12 +226,17 @@ static inline PyObject *one_call_limit(OneCall *c, PyObject *args)
 }
 
 /* The transport's part of a taken call: x (its view xv) into target (tv), dtype and op
- * codes (op 0 for all_gather): 0, or -1 with an exception. Runs with the engine taken. */
+ * codes (op 0 but for all_reduce and reduce_scatter), root (broadcast's; -1 for the others):
+ * 0, or -1 with an exception. Runs with the engine taken. */
 typedef int (*OneCallWork)(void *lane, int kind, PyObject *x, const Py_buffer *xv,
-                           PyObject *target, const Py_buffer *tv, int dtype, int op);
+                           PyObject *target, const Py_buffer *tv, int dtype, int op, int root);
 /* Whether the engine, taken, has nothing that must go first: 1, 0 (the Python path's), or -1
  * with an exception. NULL: always. */
 typedef int (*OneCallReady)(void *lane);
+/* Whether a guarded call of kind larger than its largest is taken all the same (shm's
+ * all_gather and broadcast, each block copied once), given x's view and out's (NULL where
+ * the result is new). NULL: never. */
+typedef int (*OneCallBeyond)(void *lane, int kind, const Py_buffer *xv, const Py_buffer *out);
 
 /* Call f() with an error that may be set kept aside: 0, or -1 with f's error (which then
  * replaces the one kept). For the engine's lock, given back on every path. */
@@ -290,23 +295,29 @@ static inline int one_call_shape(int kind, const Py_buffer *x, Py_ssize_t size,
 }
 
 /*
- * A whole call of kind (ONE_CALL_ALL_REDUCE: x, op_name, out; ONE_CALL_ALL_GATHER: x, out):
- * checked (x a numpy array of a known dtype, C-contiguous, not empty, at most the kind's
- * largest; out None or one of the result's shape and dtype, writable), the communicator's
- * gate taken, the engine's lock taken (else the Python path's: None), ready asked, the work
- * done, the call counted and recorded, the lock and the gate given back. The result (out, or
- * a new array), None where the call is not this path's (nothing touched), or NULL with the
- * error, a CommError named as the communicator names it.
+ * A whole call of kind (all_reduce and reduce_scatter: x, op_name, out; all_gather: x, out;
+ * broadcast: x, root, out): checked (x a numpy array of a known dtype, C-contiguous, not
+ * empty, at most the kind's largest or taken beyond it; out None or one of the result's shape
+ * and dtype, writable; a root among the ranks), the communicator's gate taken where the call
+ * is guarded (the communicator's own, bound; else a transport's direct_* path, whose caller
+ * holds the communicator and counts the call), the engine's lock taken where the lane has one
+ * (else the Python path's: None), ready asked, the work done, the call counted and recorded,
+ * the lock and the gate given back. The result (out, or a new array), None where the call is
+ * not this path's (nothing touched), or NULL with the error, a CommError named as the
+ * communicator names it.
  */
-static inline PyObject *one_call_run(OneCall *c, void *lane, int kind, PyObject *x,
-                                     PyObject *op_name, PyObject *out, OneCallReady ready,
-                                     OneCallWork work)
+static inline PyObject *one_call_run_any(OneCall *c, void *lane, int kind, PyObject *x,
+                                         PyObject *op_name, long root, PyObject *out,
+                                         int guarded, OneCallReady ready, OneCallBeyond beyond,
+                                         OneCallWork work)
 {
-    if (!c->checks || !(c->enabled & (1 << kind)) || Py_TYPE(x) != (PyTypeObject *)c->ndarray
-        || (out != Py_None && Py_TYPE(out) != (PyTypeObject *)c->ndarray))
+    if (!c->checks || (guarded && !(c->enabled & (1 << kind))) ||
+        Py_TYPE(x) != (PyTypeObject *)c->ndarray ||
+        (out != Py_None && Py_TYPE(out) != (PyTypeObject *)c->ndarray) ||
+        (kind == ONE_CALL_BROADCAST ? root < 0 || root >= c->size : root != -1))
         Py_RETURN_NONE;
     int op = 0;
-    if (kind == ONE_CALL_ALL_REDUCE) {
+    if (kind == ONE_CALL_ALL_REDUCE || kind == ONE_CALL_REDUCE_SCATTER) {
         PyObject *code = PyUnicode_CheckExact(op_name) ? PyDict_GetItemWithError(c->ops, op_name)
                                                        : NULL;
         if (code == NULL) {
@@ -334,9 +345,8 @@ static inline PyObject *one_call_run(OneCall *c, void *lane, int kind, PyObject 
     if (PyObject_GetBuffer(x, &xv, PyBUF_C_CONTIGUOUS) < 0)
         goto refused;
     have_x = 1;
-    if (xv.len == 0 || xv.len > c->largest[kind] || xv.ndim > 62)
+    if (xv.len == 0 || xv.ndim > 62 || (ndim = one_call_shape(kind, &xv, c->size, shape)) < 0)
         goto decline;
-    ndim = one_call_shape(kind, &xv, c->size, shape);
     if (out != Py_None) {
         if (PyObject_GetBuffer(out, &tv, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0)
             goto refused;
@@ -344,18 +354,29 @@ static inline PyObject *one_call_run(OneCall *c, void *lane, int kind, PyObject 
         if (tv.ndim != ndim || (ndim && memcmp(tv.shape, shape, ndim * sizeof *shape)))
             goto decline;
     }
-    slot = gate_enter(c->gate, c->codes[kind], dtype_at, kind == ONE_CALL_ALL_REDUCE ? op : -1,
-                      -1, xv.len, c->codes[ONE_CALL_NATIVE], 0);
-    if (slot == -2) /* a child of os.fork(): the gate raised, saying why */
-        goto done;
-    if (slot == -1) /* another thread's call: the Python path says so */
+    if (xv.len > c->largest[kind] &&
+        !(guarded && beyond && beyond(lane, kind, &xv, have_target ? &tv : NULL)))
         goto decline;
-    PyObject *got = PyObject_CallOneArg(c->take, Py_False);
-    if (got == NULL)
-        goto done;
-    taken = got == Py_True;
-    Py_DECREF(got);
-    idle = taken ? (ready ? ready(lane) : 1) : 0;
+    if (guarded) {
+        int reduces = kind == ONE_CALL_ALL_REDUCE || kind == ONE_CALL_REDUCE_SCATTER;
+        slot = gate_enter(c->gate, c->codes[kind], dtype_at, reduces ? op : -1, root, xv.len,
+                          c->codes[ONE_CALL_NATIVE], 0);
+        if (slot == -2) /* a child of os.fork(): the gate raised, saying why */
+            goto done;
+        if (slot == -1) /* another thread's call: the Python path says so */
+            goto decline;
+    }
+    if (c->take == NULL) {
+        taken = 0; /* a lane without an engine's lock: nothing to take */
+        idle = ready ? ready(lane) : 1;
+    } else {
+        PyObject *got = PyObject_CallOneArg(c->take, Py_False);
+        if (got == NULL)
+            goto done;
+        taken = got == Py_True;
+        Py_DECREF(got);
+        idle = taken ? (ready ? ready(lane) : 1) : 0;
+    }
     if (idle < 0)
         goto done;
     if (!idle)
@@ -369,9 +390,10 @@ static inline PyObject *one_call_run(OneCall *c, void *lane, int kind, PyObject 
             goto done;
         have_target = 1;
     }
-    if (work(lane, kind, x, &xv, target, &tv, dtype_at, op) < 0)
+    if (work(lane, kind, x, &xv, target, &tv, dtype_at, op, (int)root) < 0)
         goto done;
-    gate_done(c->gate, slot);
+    if (slot >= 0)
+        gate_done(c->gate, slot);
     result = Py_NewRef(target);
     goto done;
 refused:
@@ -394,6 +416,15 @@ done:
     Py_XDECREF(target);
     Py_DECREF(dtype);
     return result;
+}
+
+/* one_call_run_any for a communicator's bound all_reduce (x, op_name, out) or all_gather
+ * (x, out), with no call taken past its largest. */
+static inline PyObject *one_call_run(OneCall *c, void *lane, int kind, PyObject *x,
+                                     PyObject *op_name, PyObject *out, OneCallReady ready,
+                                     OneCallWork work)
+{
+    return one_call_run_any(c, lane, kind, x, op_name, -1, out, 1, ready, NULL, work);
 }
 
 /* For a module with a lane, at its import: tbcoll._gate's Gate, its layout checked

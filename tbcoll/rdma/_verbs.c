@@ -1424,9 +1424,10 @@ static PyObject *MeshLane_limit(MeshLane *self, PyObject *args)
 
 /* One mesh call of a taken all_reduce or all_gather (OneCallWork) */
 static int mesh_work(void *lane, int kind, PyObject *x, const Py_buffer *xv, PyObject *target,
-                     const Py_buffer *tv, int dtype, int op)
+                     const Py_buffer *tv, int dtype, int op, int root)
 {
     MeshLane *self = lane;
+    (void)root; /* all_reduce and all_gather: none */
     int reduces = kind == ONE_CALL_ALL_REDUCE, mesh = reduces ? MESH_ALL_REDUCE
                                                               : MESH_ALL_GATHER;
     unsigned long long signature = (unsigned long long)xv->len |

@@ -5,14 +5,16 @@
  * communicator's segment: the rounds (round(); the protocol is written once, in rounds.c's
  * run_round), the count of rounds done (`rounds`), and, once calls() told it what to check
  * and how to sign each call, one-call paths for small arrays that do in C what the
- * Communicator and the transport do in Python: check the arguments, take the communicator's
- * call gate (tbcoll/include/gate.h: its lock, the call in progress), run the round, count the
- * call and put it in the gate's flight recorder. That Python cost ~0.7 us of a 1.4 us 8 B
- * all_reduce, more than the round; MPICH's whole call takes ~1.1 us. A larger all_gather or
- * broadcast copies each block once (one_copy.c, Linux); send and recv are checked and taken,
- * and moved in C (moves.c). Each path returns None, having touched nothing, where the call
- * does not qualify (another array type or dtype, an out of another shape, too large, a busy
- * communicator): the Python path then runs, and raises where the call is wrong.
+ * Communicator and the transport do in Python (the contract's one_call_run_any,
+ * tbcoll/include/one_call.h, around this file's segment_work): check the arguments, take the
+ * communicator's call gate (tbcoll/include/gate.h: its lock, the call in progress), run the
+ * round, count the call and put it in the gate's flight recorder. That Python cost ~0.7 us of
+ * a 1.4 us 8 B all_reduce, more than the round; MPICH's whole call takes ~1.1 us. A larger
+ * all_gather or broadcast copies each block once (one_copy.c, Linux); send and recv are
+ * checked and taken, and moved in C (moves.c). Each path returns None, having touched
+ * nothing, where the call does not qualify (another array type or dtype, an empty x, an out
+ * of another shape, too large, a busy communicator): the Python path then runs, and raises
+ * where the call is wrong.
  *
  * Includes: Python.h, tbcoll/include/buffers.h, one_call.h, lane.h, lane_base.h, moves.h,
  * one_copy.h, cma.h (HAVE_CMA); nothing includes this file's functions but _atomics.c
@@ -306,170 +308,76 @@ static PyObject *lane_bind(Lane *self, PyObject *args)
                          ((1 << ONE_CALL_KINDS) - 1) | MOVES);
 }
 
-/*
- * The one-call path of a collective of the given kind: x (a numpy array), op (ALL_REDUCE,
- * REDUCE_SCATTER), root (BROADCAST), out (None or an array of the result's shape and x's
- * dtype). guarded: the communicator's call (bind), else the transport's direct_* path,
- * whose caller holds the communicator. The result (out, or a new array), or None. A guarded
- * call's CommError is named (lane_named) while the gate still holds the call, so that the
- * dump made then shows it in progress.
- */
-static PyObject *one_call(Lane *self, int kind, PyObject *x, PyObject *op_name, long root,
-                          PyObject *out, int guarded)
+/* A bound all_gather or broadcast past its limit copies each block once (one_copy), where
+ * attach() says it may and x is not inside the result but as this rank's block of it
+ * (all_gather) or the result itself (broadcast) (OneCallBeyond) */
+static int copies_once(void *lane, int kind, const Py_buffer *xv, const Py_buffer *out)
 {
-    if (!self->call.checks || (guarded && !(self->call.enabled & (1 << kind))) ||
-        Py_TYPE(x) != (PyTypeObject *)self->call.ndarray ||
-        (out != Py_None && Py_TYPE(out) != (PyTypeObject *)self->call.ndarray))
-        Py_RETURN_NONE;
-    int op = 0;
-    if (kind == ALL_REDUCE || kind == REDUCE_SCATTER) {
-        PyObject *code = PyUnicode_CheckExact(op_name) ? PyDict_GetItemWithError(self->call.ops,
-                                                                                 op_name)
-                                                       : NULL;
-        if (code == NULL) {
-            if (PyErr_Occurred())
-                return NULL;
-            Py_RETURN_NONE;
-        }
-        op = (int)PyLong_AsLong(code);
-    } else {
-        op_name = Py_None;
-    }
-    if (kind != BROADCAST)
-        root = -1;
-    else if (root < 0 || root >= self->size)
-        Py_RETURN_NONE;
-    PyObject *dtype, *out_dtype = NULL, *result = NULL, *target = NULL;
-    int slot = -1; /* the gate's, once taken */
-    int dtype_at = lane_dtype_code(self, x, &dtype);
-    if (dtype_at == -2)
-        return NULL;
-    if (out != Py_None && lane_dtype_code(self, out, &out_dtype) == -2) {
-        Py_DECREF(dtype);
-        return NULL;
-    }
-    Py_XDECREF(out_dtype); /* (only compared: out's dtype lives as long as out) */
-    Py_buffer xv, ov, segment;
-    /* C-contiguous, with the shape; no format asked (bfloat16 has none in the buffer
-     * protocol). numpy refuses another array (ValueError: not C-contiguous; BufferError: not
-     * writable), which is then not this path's: the Python path copies, or says what is
-     * wrong. */
-    if (dtype_at < 0 || (out_dtype != NULL && out_dtype != dtype) ||
-        PyObject_GetBuffer(x, &xv, PyBUF_C_CONTIGUOUS) < 0) {
-        Py_DECREF(dtype);
-        if (PyErr_Occurred() && !lane_refused())
-            return NULL;
-        Py_RETURN_NONE;
-    }
-    Py_ssize_t shape[64];
-    int ndim = xv.ndim < 63 ? one_call_shape(kind, &xv, self->size, shape) : -1;
-    int qualifies = ndim >= 0 && xv.len <= self->call.largest[kind];
-    /* past the limit, a bound all_gather or broadcast may copy each block once (one_copy) */
-    int copy_once = !qualifies && ndim >= 0 && guarded && self->attached &&
-                    (kind == ALL_GATHER || kind == BROADCAST);
-    qualifies |= copy_once;
-    int have_out = 0, have_segment = 0;
-    if (qualifies && out != Py_None) {
-        if (PyObject_GetBuffer(out, &ov, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
-            if (!lane_refused())
-                goto done;
-            qualifies = 0;
-        } else {
-            have_out = 1;
-            qualifies = ov.ndim == ndim &&
-                        (ndim == 0 || !memcmp(ov.shape, shape, ndim * sizeof *shape));
-            /* an x within the result: this rank's block of it (all_gather), the result itself
-             * (broadcast), or the Python path's */
-            const char *x_at = xv.buf, *mine = (const char *)ov.buf;
-            if (kind == ALL_GATHER)
-                mine += self->rank * xv.len;
-            if (copy_once && x_at != mine && x_at < (const char *)ov.buf + ov.len &&
-                (const char *)ov.buf < x_at + xv.len)
-                qualifies = 0;
-        }
-    }
-    if (!qualifies) {
-        result = Py_NewRef(Py_None);
-        goto done;
-    }
-    if (guarded) {
-        slot = gate_enter(self->call.gate, self->call.codes[kind], dtype_at,
-                          kind == ALL_REDUCE || kind == REDUCE_SCATTER ? op : -1, root, xv.len,
-                          self->call.codes[CODE_NATIVE], 0);
-        if (slot == -2) /* a child of os.fork(): the gate raised, saying why */
-            goto done;
-        if (slot == -1) { /* another thread's call: the Python path says so */
-            result = Py_NewRef(Py_None);
-            goto done;
-        }
-    }
-    if (out != Py_None) {
-        target = Py_NewRef(out);
-    } else {
-        target = one_call_empty(self->call.empty, shape, ndim, dtype);
-        if (target == NULL ||
-            PyObject_GetBuffer(target, &ov, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0)
-            goto done;
-        have_out = 1;
-    }
-    if (PyObject_GetBuffer(self->segment, &segment, PyBUF_WRITABLE) < 0)
-        goto done;
-    have_segment = 1;
-    Round r = {.src = xv.buf, .src_len = xv.len, .src_stride = 0, .dst = ov.buf,
-               .dst_len = ov.len, .dst_stride = 0, .kind = kind, .dtype = BYTES_DTYPE,
-               .op = 0, .root = 0};
-    uint64_t signature = (uint64_t)xv.len;
+    Lane *self = lane;
+    if (!self->attached || (kind != ALL_GATHER && kind != BROADCAST))
+        return 0;
+    if (out == NULL)
+        return 1;
+    const char *x_at = xv->buf, *result = out->buf;
+    const char *mine = result + (kind == ALL_GATHER ? self->rank * xv->len : 0);
+    return x_at == mine || x_at >= result + out->len || result >= x_at + xv->len;
+}
+
+/* A taken call in the segment: one round, or past the kind's limit its blocks copied once
+ * (OneCallWork) */
+static int segment_work(void *lane, int kind, PyObject *x, const Py_buffer *xv,
+                        PyObject *target, const Py_buffer *tv, int dtype, int op, int root)
+{
+    Lane *self = lane;
+    Round r = {.src = xv->buf, .src_len = xv->len, .dst = tv->buf, .dst_len = tv->len,
+               .kind = kind, .dtype = BYTES_DTYPE};
+    uint64_t signature = (uint64_t)xv->len;
     switch (kind) {
     case ALL_REDUCE:
-        r.dtype = dtype_at;
+        r.dtype = dtype;
         r.op = op;
-        signature |= self->all_reduce_calls[dtype_at][op];
+        signature |= self->all_reduce_calls[dtype][op];
         break;
     case ALL_GATHER:
-        r.dst_stride = xv.len;
-        signature |= self->all_gather_calls[dtype_at];
+        r.dst_stride = xv->len;
+        signature |= self->all_gather_calls[dtype];
         break;
     case REDUCE_SCATTER:
-        r.src_stride = ov.len;
-        r.dtype = dtype_at;
+        r.src_stride = tv->len;
+        r.dtype = dtype;
         r.op = op;
-        signature |= self->reduce_scatter_calls[dtype_at][op];
+        signature |= self->reduce_scatter_calls[dtype][op];
         break;
-    case BROADCAST: {
-        uint64_t *call = &self->broadcast_calls[dtype_at * self->size + root];
+    default: { /* BROADCAST */
+        uint64_t *call = &self->broadcast_calls[dtype * self->size + root];
         if (*call == 0) {
-            PyObject *word = PyObject_CallFunction(self->broadcast_call, "il", dtype_at, root);
+            PyObject *word = PyObject_CallFunction(self->broadcast_call, "ii", dtype, root);
             *call = word ? (uint64_t)PyLong_AsUnsignedLongLong(word) : 0;
             Py_XDECREF(word);
             if (PyErr_Occurred())
-                goto done;
+                return -1;
         }
-        r.root = (int)root;
+        r.root = root;
         signature |= *call;
-        break;
     }
     }
-    if ((copy_once ? one_copy(self, &r, segment.buf, signature)
-                   : lane_round(self, &r, (char *)segment.buf, signature)) < 0)
-        goto done;
-    if (guarded)
-        gate_done(self->call.gate, slot);
-    result = target;
-    target = NULL;
-done:
-    if (slot >= 0) {
-        if (result == NULL)
-            lane_named(self, "%U", PyTuple_GET_ITEM(self->call.names, kind));
-        gate_leave(self->call.gate, slot);
-    }
-    if (have_segment)
-        PyBuffer_Release(&segment);
-    if (have_out)
-        PyBuffer_Release(&ov);
-    Py_XDECREF(target);
-    PyBuffer_Release(&xv);
-    Py_DECREF(dtype);
-    return result;
+    Py_buffer segment;
+    if (PyObject_GetBuffer(self->segment, &segment, PyBUF_WRITABLE) < 0)
+        return -1;
+    int done = xv->len > self->call.largest[kind]
+                   ? one_copy(self, &r, segment.buf, signature)
+                   : lane_round(self, &r, (char *)segment.buf, signature);
+    PyBuffer_Release(&segment);
+    return done < 0 ? -1 : 0;
+}
+
+/* The one-call path of a collective of kind (one_call_run_any): guarded, the communicator's
+ * call (bind), else the transport's direct_* path. */
+static PyObject *one_call(Lane *self, int kind, PyObject *x, PyObject *op_name, long root,
+                          PyObject *out, int guarded)
+{
+    return one_call_run_any(&self->call, self, kind, x, op_name, root, out, guarded, NULL,
+                            copies_once, segment_work);
 }
 
 static int take_root(PyObject *root, long *value)

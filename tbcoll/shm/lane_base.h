@@ -25,7 +25,8 @@
 _Static_assert(ONE_CALL_KINDS == LANE_KIND_COUNT && CODES == ONE_CALL_CODES &&
                CODE_NATIVE == ONE_CALL_NATIVE && (int)ALL_REDUCE == ONE_CALL_ALL_REDUCE &&
                (int)ALL_GATHER == ONE_CALL_ALL_GATHER &&
-               (int)REDUCE_SCATTER == ONE_CALL_REDUCE_SCATTER,
+               (int)REDUCE_SCATTER == ONE_CALL_REDUCE_SCATTER &&
+               (int)BROADCAST == ONE_CALL_BROADCAST,
                "shm's lane kinds and codes are the contract's (tbcoll/include/one_call.h)");
 
 typedef struct {

@@ -244,10 +244,12 @@ static int engine_idle(void *lane)
 
 /* The exchange and the reduction of a taken call (OneCallWork) */
 static int exchange_and_reduce(void *lane, int kind, PyObject *x, const Py_buffer *xv,
-                               PyObject *target, const Py_buffer *tv, int dtype, int op)
+                               PyObject *target, const Py_buffer *tv, int dtype, int op,
+                               int root)
 {
     TcpLane *self = lane;
-    (void)kind; /* all_reduce */
+    (void)kind; /* all_reduce, */
+    (void)root; /* so none */
     size_t len = (size_t)xv->len, need = (size_t)self->peers * len;
     if (self->blocks == NULL || (size_t)PyByteArray_GET_SIZE(self->blocks) < need) {
         PyObject *more = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)need);
