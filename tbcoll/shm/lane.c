@@ -452,7 +452,7 @@ static PyMethodDef lane_methods[] = {
     {"bind", (PyCFunction)lane_bind, METH_VARARGS, "The communicator whose calls take it."},
     {"streams", (PyCFunction)lane_streams, METH_VARARGS, "The stream engine's rings, lent."},
     {"attach", (PyCFunction)lane_attach, METH_VARARGS, "Whether large calls copy once."},
-    {"copies", (PyCFunction)lane_copies, METH_VARARGS, "A one-copy round's CMA copies."},
+    {"copy_once", (PyCFunction)lane_copy_once, METH_VARARGS, "A one-copy call's rounds."},
     {"direct", FASTCALL(lane_direct), "A transport's one-call path."},
     {"all_reduce", FASTCALL(lane_all_reduce), "The communicator's all_reduce, or None."},
     {"all_gather", FASTCALL(lane_all_gather), "The communicator's all_gather, or None."},

@@ -212,8 +212,9 @@ class ShmNative:
         that way against 26 through the slots, 512 KiB 76 against 90)."""
         src, dst = _bytes(recv if send is None else send), _bytes(recv)
         call = signature("all_reduce", recv.dtype, op, recv.nbytes)
-        if recv.nbytes > SLOT and self._one_copy_round((src, dst), call, partial(
-                self._reduce_parts, src, dst, recv.dtype, op, send is None)):
+        if recv.nbytes > SLOT and self._one_copy_round(
+                atomics.ALL_REDUCE, src, dst, call,
+                partial(self._reduce_parts, src, dst, recv.dtype, op, send is None)):
             return
         self.lane.rounds(atomics.ALL_REDUCE, src, dst, DTYPE_CODES[recv.dtype], OP_CODES[op], 0,
                          call)
@@ -230,9 +231,8 @@ class ShmNative:
             if self.heap.locate(dst) != NOT_IN_HEAP:  # the others may read it from there
                 np.copyto(own, src)
                 src = own  # (no second copy below; the others read it from dst, or src)
-            if self._one_copy_round((src, dst), call, partial(self._gather, src, dst),
-                                    partial(self.lane.copies, atomics.ALL_GATHER, src, dst, -1),
-                                    mapped_if=any):
+            if self._one_copy_round(atomics.ALL_GATHER, src, dst, call,
+                                    partial(self._gather, src, dst), mapped_if=any):
                 return
         self.lane.rounds(atomics.ALL_GATHER, src, dst, _BYTES, 0, 0, call)
 
@@ -265,8 +265,8 @@ class ShmNative:
         data = _bytes(buf)
         call = signature("broadcast", buf.dtype, None, buf.nbytes, root)
         if buf.nbytes > SLOT and self._one_copy_round(
-                (data,), call, partial(self._spread, data, root),
-                partial(self.lane.copies, atomics.BROADCAST, data, data, root)):
+                atomics.BROADCAST, data, data, call, partial(self._spread, data, root),
+                root=root):
             return
         self.lane.rounds(atomics.BROADCAST, data, data, _BYTES, 0, root, call)
 
@@ -339,22 +339,21 @@ class ShmNative:
         self._round(atomics.ALL_REDUCE, everyone_ok, 0, everyone_ok, 0, _INT64, _MIN, 0, 0)
         return bool(everyone_ok[0])
 
-    def _one_copy_round(self, buffers: tuple[np.ndarray, ...], call: int,
-                        copies: Callable[[Mapped], object],
-                        attached: Callable[[np.ndarray], int] | None = None,
+    def _one_copy_round(self, kind: int, src: np.ndarray, dst: np.ndarray, call: int,
+                        copies: Callable[[Mapped], object], root: int = -1,
                         mapped_if: Callable[[list[bool]], bool] = all) -> bool:
-        """One copy per block: the ranks gather where each one's buffers are in a round that
-        compares their calls; this rank's parts move, then a last round tells every rank
-        whether every copy succeeded. The copies are loads and stores through this rank's
-        mappings of the peers' buffers (copies(Mapped), with peers.copy and peers.view) where
-        mapped_if(for each buffer, whether it lies in the same comm.empty allocation on every
-        rank), else the kernel's cross-memory attach (Linux): attached(the table of where
-        every rank's buffers are) -> 0, or the errno of a refused copy (one_copy.c's copies,
-        whose one_copy makes these rounds alike for a whole call). False where neither
-        applies (no round past the first), or where a cross-memory copy failed (then and from
-        then on, CMA is off on this communicator: the caller's slot rounds then overwrite
-        what was copied). No round at all where neither can ever apply (no CMA, no
-        allocation yet): the same on every rank.
+        """One copy per block (the lane's copy_once: its rounds are written once, in
+        tbcoll/shm/one_copy.c): the ranks gather where each one's buffers are (src and dst;
+        broadcast's dst alone, in place) in a round that compares their calls; this rank's
+        parts move, then a last round tells every rank whether every copy succeeded. The
+        copies are loads and stores through this rank's mappings of the peers' buffers
+        (copies(Mapped), with peers.copy and peers.view) where mapped_if(for each buffer,
+        whether it lies in the same comm.empty allocation on every rank), else the kernel's
+        cross-memory attach (Linux; all_gather and broadcast). False where neither applies
+        (no round past the first), or where a cross-memory copy failed (then and from then
+        on, CMA is off on this communicator: the caller's slot rounds then overwrite what was
+        copied). No round at all where neither can ever apply (no CMA, no allocation yet): the
+        same on every rank.
 
         Why the bytes are whole where they land, on ARM64 as on x86-64: bytes read were
         stored by their owner before its release store of ARRIVE in the first round (or in a
@@ -365,27 +364,24 @@ class ShmNative:
         release orders every earlier load and store), which their owner acquires before it
         returns. No rank changes its buffers, nor returns, before the last round, which it
         leaves only once every rank has arrived there, after its copies."""
-        heap, attached = self.heap, attached if self._cma else None
-        if not (attached or heap.used):
+        heap, attach = self.heap, self._cma and kind != atomics.ALL_REDUCE
+        if not (attach or heap.used):
             return False
+        buffers = (dst,) if kind == atomics.BROADCAST else (src, dst)
         where = np.array([(atomics.address(b), *heap.locate(b)) for b in buffers], np.int64)
         table = np.empty((self.size, *where.shape), np.int64)
-        self._round(atomics.ALL_GATHER, where, 0, table, where.nbytes, _BYTES, 0, 0, call)
-        mapped = [False] * len(buffers)
-        if heap.used:  # (else nothing is mapped: ~2 us of numpy's calls saved)
-            mapped = [bool(column[0] >= 0 and (column == column[0]).all())
-                      for column in table[:, :, 1].T]
-        if mapped_if(mapped):
-            copies(Mapped(heap, table, mapped))
-            failed = 0
-        elif attached:
-            failed = attached(table)
-        else:
-            return False
-        if self._everyone(not failed):
+
+        def mapped() -> bool:
+            """The copies through the mappings, where the buffers are mapped alike."""
+            alike = [bool(column[0] >= 0 and (column == column[0]).all())
+                     for column in table[:, :, 1].T]
+            if not mapped_if(alike):
+                return False
+            copies(Mapped(heap, table, alike))
             return True
-        self._cma_refused()
-        return False
+
+        return self.lane.copy_once(kind, src, dst, root, where, table, call,
+                                   mapped if heap.used else None, attach)
 
     def close(self) -> None:
         self._lines = None

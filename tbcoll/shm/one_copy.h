@@ -1,4 +1,4 @@
-/* The shm lane's one-copy all_gather and broadcast (one_copy.c), for lane.c.
+/* The shm lane's one-copy calls' rounds (one_copy.c), for lane.c.
  * May include: Python.h, lane_base.h. */
 #ifndef TBCOLL_SHM_ONE_COPY_H
 #define TBCOLL_SHM_ONE_COPY_H
@@ -12,7 +12,8 @@
  * limit, each block copied once (see one_copy.c): 0, or -1 with an exception. */
 INTERNAL int one_copy(Lane *self, Round *r, char *base, uint64_t signature);
 
-/* The Lane's copies(kind, src, dst, root, table) method: 0 or an errno. */
-INTERNAL PyObject *lane_copies(Lane *self, PyObject *args);
+/* The Lane's copy_once(kind, src, dst, root, where, table, signature, mapped, attach) method:
+ * whether the call was made. */
+INTERNAL PyObject *lane_copy_once(Lane *self, PyObject *args);
 
 #endif
