@@ -23,6 +23,7 @@
 #include "flags.h"
 #include "lane.h"
 #include "../include/engine_words.h" /* add_engine_words */
+#include "moves.h" /* add_move_outcomes */
 #include "rings.h"
 #include "rounds.h" /* the stages */
 #include "shm.h"
@@ -454,7 +455,8 @@ PyMODINIT_FUNC PyInit__atomics(void)
         PyModule_AddObject(m, "LANE_KINDS", lane_kinds()) < 0 ||
         PyModule_AddObject(m, "NOT_IN_HEAP", Py_BuildValue("(ii)", NOT_IN_HEAP_ALLOCATION,
                                                            NOT_IN_HEAP_OFFSET)) < 0 ||
-        add_wire(m) < 0 || add_engine_words(m) < 0 || add_lane_type(m) < 0) {
+        add_wire(m) < 0 || add_engine_words(m) < 0 || add_lane_type(m) < 0 ||
+        add_move_outcomes(m) < 0) {
         Py_XDECREF(m);
         return NULL;
     }

@@ -458,6 +458,7 @@ static PyMethodDef lane_methods[] = {
     {"all_gather", FASTCALL(lane_all_gather), "The communicator's all_gather, or None."},
     {"reduce_scatter", FASTCALL(lane_reduce_scatter), "The communicator's reduce_scatter."},
     {"broadcast", FASTCALL(lane_broadcast), "The communicator's broadcast, or None."},
+    {"move", (PyCFunction)lane_move, METH_VARARGS, "The stream engine's blocking move."},
     {"send", FASTCALL(lane_send), "The communicator's send (True), or None."},
     {"recv", FASTCALL(lane_recv), "The communicator's recv (out), or None."},
     {NULL, NULL, 0, NULL},

@@ -117,18 +117,22 @@ bad:
     return NULL;
 }
 
-/* A message's header (tbcoll/include/wire.h; stream.py's _HEADER packs the same) for a
- * message of no collective's call (seq and call 0): a user's message, an announcement of one,
- * an answer that it was pulled. */
-static void put_header(unsigned char *header, uint32_t context, uint64_t tag, Py_ssize_t nbytes)
+/* A message's header (tbcoll/include/wire.h; stream.py's _HEADER packs the same): a user's
+ * message or a collective's (seq and call: its call; 0 for none), an announcement of one, an
+ * answer that it was pulled. */
+static void put_header(unsigned char *header, uint32_t context, uint64_t tag, Py_ssize_t nbytes,
+                       uint64_t seq, uint64_t call)
 {
-    memset(header, 0, HEADER_BYTES);
     put_big_endian(header + HEADER_CONTEXT, context, HEADER_CONTEXT_WIDTH);
     put_big_endian(header + HEADER_TAG, tag, HEADER_TAG_WIDTH);
     put_big_endian(header + HEADER_NBYTES, (uint64_t)nbytes, HEADER_NBYTES_WIDTH);
+    put_big_endian(header + HEADER_SEQ, seq, HEADER_SEQ_WIDTH);
+    put_big_endian(header + HEADER_CALL, call, HEADER_CALL_WIDTH);
 }
 
-/* What a move in C did (move_in_c, pull_in_c), and what one_move does next. */
+/* What a move in C did (ring_move, pull_move), and what is left to the engine. Their codes
+ * are the module's MOVE_* (the engine's blocking send and recv, tbcoll/transports/shm.py,
+ * read them). */
 enum {
     ENGINE,         /* nothing: the engine's send or recv does it all */
     MOVED,          /* all of it */
@@ -137,7 +141,11 @@ enum {
     ANNOUNCED_RECV, /* the announcement (moved bytes of it) taken: finish_announced(...) */
 };
 
+/* A message: who, its header's fields, and what C did of it. */
 typedef struct {
+    Py_ssize_t peer;
+    uint32_t context;
+    uint64_t tag, seq, call;
     unsigned char header[HEADER_BYTES];         /* the message's own header */
     unsigned char descriptor[DESCRIPTOR_BYTES]; /* a pulled message's, as it came */
     Py_ssize_t moved;
@@ -146,15 +154,11 @@ typedef struct {
 
 /* A message under pull_bytes, or one to or from a peer that does not pull, through the ring:
  * the header and payload bytes that went (sending), or of the payload that came or as
- * ring_take says (receiving), in m->moved. ENGINE where the engine's word holds it. */
-static int move_in_c(Lane *self, int sending, Py_ssize_t peer, long tag, Py_buffer *payload,
-                     char *segment, Move *m)
+ * ring_take says (receiving), in m->moved. */
+static int ring_move(Lane *self, int sending, Py_buffer *payload, char *segment, Move *m)
 {
-    if (*engine_word(self->words.buf, peer, STATE_WORD) & (sending ? SEND_HELD : RECV_HELD))
-        return ENGINE;
-    char *ring = segment + self->stream_at[2 * peer + !sending];
+    char *ring = segment + self->stream_at[2 * m->peer + !sending];
     Py_ssize_t capacity = self->stream_capacity, whole = payload->len;
-    put_header(m->header, self->context_word, (uint64_t)tag, payload->len);
     if (sending) {
         m->moved = ring_put_message(ring, capacity, (const char *)m->header, HEADER_BYTES,
                                     payload->buf, payload->len, self->send_budget);
@@ -176,18 +180,13 @@ static int move_in_c(Lane *self, int sending, Py_ssize_t peer, long tag, Py_buff
  * does not finish the engine does. Why the payload is whole when read and untouched until
  * then (ARM64 as x86-64): tbcoll/transports/shm.py, ShmStream.
  */
-static int pull_in_c(Lane *self, int sending, Py_ssize_t peer, long tag, Py_buffer *payload,
-                     char *segment, Move *m)
+static int pull_move(Lane *self, int sending, Py_buffer *payload, char *segment, Move *m)
 {
-    uint64_t state = *engine_word(self->words.buf, peer, STATE_WORD);
-    if ((state & (SEND_HELD | RECV_HELD)) || !(state & PULLS))
-        return ENGINE;
+    Py_ssize_t peer = m->peer, capacity = self->stream_capacity;
     char *to = segment + self->stream_at[2 * peer], *from = segment + self->stream_at[2 * peer + 1];
-    Py_ssize_t capacity = self->stream_capacity;
     unsigned char announcement[HEADER_BYTES], answer[HEADER_BYTES];
-    put_header(m->header, self->context_word, (uint64_t)tag, payload->len);
-    put_header(announcement, self->context_word | self->announce_bit, (uint64_t)tag,
-               DESCRIPTOR_BYTES);
+    put_header(announcement, m->context | self->announce_bit, m->tag, DESCRIPTOR_BYTES, m->seq,
+               m->call);
     if (sending) {
         if (ring_room(to, capacity) < HEADER_BYTES + DESCRIPTOR_BYTES)
             return ENGINE;
@@ -203,7 +202,7 @@ static int pull_in_c(Lane *self, int sending, Py_ssize_t peer, long tag, Py_buff
          * descriptor before the head that publishes them */
         ring_put_message(to, capacity, (const char *)announcement, HEADER_BYTES,
                          (const char *)m->descriptor, DESCRIPTOR_BYTES, self->send_budget);
-        put_header(answer, self->answer_context, m->pull, 0);
+        put_header(answer, self->answer_context, m->pull, 0, 0, 0);
         char none;
         /* acquire (ring_take): the receiver's copy is done before its answer's head */
         return ring_take(from, capacity, answer, &none, 0, self->recv_budget) == 0
@@ -223,7 +222,7 @@ static int pull_in_c(Lane *self, int sending, Py_ssize_t peer, long tag, Py_buff
                  payload->buf, payload->len, 0) != 0)
         return ANNOUNCED_RECV; /* the engine pulls again, and says what a refusal means */
     put_header(answer, self->answer_context,
-               big_endian(m->descriptor + DESCRIPTOR_PULL, DESCRIPTOR_PULL_WIDTH), 0);
+               big_endian(m->descriptor + DESCRIPTOR_PULL, DESCRIPTOR_PULL_WIDTH), 0, 0, 0);
     /* release: the copy has returned before the answer's head */
     ring_put_message(to, capacity, (const char *)answer, HEADER_BYTES, NULL, 0,
                      self->send_budget);
@@ -231,23 +230,31 @@ static int pull_in_c(Lane *self, int sending, Py_ssize_t peer, long tag, Py_buff
 }
 #endif
 
-/* Move what one_move takes in C where it can (an outcome above, or -1), with the segment's
- * buffer held meanwhile. */
-static int move(Lane *self, int sending, Py_ssize_t peer, long tag, Py_buffer *payload, Move *m)
+/* Move m in C where it can (an outcome above, or -1), with the segment's buffer held
+ * meanwhile: by pull where pulled, else through the ring. checked: the engine's own caller
+ * has seen that nothing of the engine's must go first (its exact test); else the engine's
+ * words say whether something may (they are conservative: then the engine moves it all). */
+static int move(Lane *self, int sending, int pulled, int checked, Py_buffer *payload, Move *m)
 {
-    int pulled = payload->len >= self->pull_bytes;
     if (pulled && !HAVE_CMA)
         return ENGINE; /* through the ring, in pieces as the receiver reads: the engine's */
-    if (engine_words_fresh(self->words.buf, self->publish) < 0)
-        return -1;
+    put_header(m->header, m->context, m->tag, payload->len, m->seq, m->call);
+    if (!checked) {
+        if (engine_words_fresh(self->words.buf, self->publish) < 0)
+            return -1;
+        uint64_t state = *engine_word(self->words.buf, m->peer, STATE_WORD);
+        if (pulled ? (state & (SEND_HELD | RECV_HELD)) || !(state & PULLS)
+                   : state & (sending ? SEND_HELD : RECV_HELD))
+            return ENGINE;
+    }
     Py_buffer segment;
     if (PyObject_GetBuffer(self->segment, &segment, PyBUF_WRITABLE) < 0)
         return -1;
     int outcome =
 #if HAVE_CMA
-        pulled ? pull_in_c(self, sending, peer, tag, payload, segment.buf, m) :
+        pulled ? pull_move(self, sending, payload, segment.buf, m) :
 #endif
-                 move_in_c(self, sending, peer, tag, payload, segment.buf, m);
+                 ring_move(self, sending, payload, segment.buf, m);
     PyBuffer_Release(&segment);
     return outcome;
 }
@@ -325,8 +332,8 @@ static PyObject *one_move(Lane *self, int sending, PyObject *x, PyObject *peer_o
         PyBuffer_Release(&view);
         return slot == -1 ? Py_NewRef(Py_None) : NULL;
     }
-    Move m;
-    int outcome = move(self, sending, peer, tag, &view, &m);
+    Move m = {.peer = peer, .context = self->context_word, .tag = (uint64_t)tag};
+    int outcome = move(self, sending, view.len >= self->pull_bytes, 0, &view, &m);
     PyBuffer_Release(&view);
     PyObject *result = outcome == MOVED ? Py_NewRef(Py_None)
                        : outcome < 0    ? NULL
@@ -356,3 +363,60 @@ PyObject *lane_recv(Lane *self, PyObject *const *args, Py_ssize_t nargs)
     return one_move(self, 0, args[0], args[1], args[2]);
 }
 
+
+/*
+ * move(sending, buf, peer, context, tag, seq, call, pulled) -> None, or (outcome, header,
+ * moved, extra): the stream engine's own blocking send or recv of buf (a buffer; writable to
+ * receive into) to or from peer (a rank of this engine's), its message's header made of
+ * context, tag, buf's size, seq and call, by pull where pulled, moved in C (move) where it
+ * can. The caller (tbcoll/transports/shm.py, ShmStream.send and recv, inside the engine) has
+ * checked that nothing of the engine's must go first. None where it all moved; else what is
+ * left to the engine, by MOVE_* outcome: MOVE_ENGINE all of it; MOVE_FINISH the rest after
+ * moved bytes; MOVE_ANNOUNCED_SEND the answer to pull `extra`; MOVE_ANNOUNCED_RECV the
+ * message whose announcement (`extra`: its bytes that came) was taken.
+ */
+PyObject *lane_move(Lane *self, PyObject *args)
+{
+    int sending, pulled;
+    Py_ssize_t peer;
+    unsigned long context;
+    unsigned long long tag, seq, call;
+    PyObject *buf;
+    if (!PyArg_ParseTuple(args, "pOnkKKKp:move", &sending, &buf, &peer, &context, &tag, &seq,
+                          &call, &pulled))
+        return NULL;
+    if (self->words.obj == NULL || peer < 0 || peer >= self->size || peer == self->rank ||
+        context > UINT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "move: streams() first, another rank, a context");
+        return NULL;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(buf, &view, sending ? PyBUF_SIMPLE : PyBUF_WRITABLE) < 0)
+        return NULL;
+    Move m = {.peer = peer, .context = (uint32_t)context, .tag = tag, .seq = seq, .call = call};
+    int outcome = move(self, sending, pulled, 1, &view, &m);
+    PyBuffer_Release(&view);
+    if (outcome < 0)
+        return NULL;
+    if (outcome == MOVED)
+        Py_RETURN_NONE;
+    PyObject *extra = outcome == ANNOUNCED_SEND ? PyLong_FromUnsignedLongLong(m.pull)
+                      : outcome == ANNOUNCED_RECV
+                          ? PyBytes_FromStringAndSize((const char *)m.descriptor, m.moved)
+                          : Py_NewRef(Py_None);
+    if (extra == NULL)
+        return NULL;
+    return Py_BuildValue("(iy#nN)", outcome, (const char *)m.header, (Py_ssize_t)HEADER_BYTES,
+                         m.moved, extra);
+}
+
+/* The outcomes' codes, as the module's MOVE_*: 0, or -1 */
+int add_move_outcomes(PyObject *module)
+{
+    return PyModule_AddIntConstant(module, "MOVE_ENGINE", ENGINE) < 0 ||
+                   PyModule_AddIntConstant(module, "MOVE_FINISH", FINISH) < 0 ||
+                   PyModule_AddIntConstant(module, "MOVE_ANNOUNCED_SEND", ANNOUNCED_SEND) < 0 ||
+                   PyModule_AddIntConstant(module, "MOVE_ANNOUNCED_RECV", ANNOUNCED_RECV) < 0
+               ? -1
+               : 0;
+}

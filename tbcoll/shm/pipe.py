@@ -42,6 +42,9 @@ class Ring:
         """Consumer: copy what has arrived, up to len(view) bytes; return how many."""
         return self._checked(atomics.ring_read(self.buffer, self.base, self.capacity, view))
 
+    # send and receive: the message moves that tbcoll/shm/moves.c makes on the rings (its
+    # ring_put_message and ring_take), for tests that drive them alone
+
     def send(self, header: bytes, payload: object, budget: float) -> int:
         """Producer: write header and payload as room allows, waiting for room at most
         budget seconds at a time; return how many bytes went in."""

@@ -51,7 +51,6 @@ _ROOM_WAIT = 2e-3  # how long a blocking send waits in C for room before the eng
 # in the sender's caches unwritten pulls faster: 64 KB 0.87x.) A message that fits the ring
 # whole needs no answer from the receiver.
 PULL_BYTES = RING
-_NOTHING = np.empty(0, np.uint8)
 
 
 check_words(atomics)
@@ -85,7 +84,6 @@ class ShmStream(StreamTransport):
         pulls = bool(atomics.HAVE_CMA) and shm_cma()
         for peer in self._peers.values():
             peer.pulls = pulls
-        self._descriptor = np.empty(self.DESCRIPTOR_BYTES, np.uint8)
 
     def lend_lane(self, lane: atomics.Lane, endpoint: StreamEndpoint) -> None:
         """Let the communicator's lane (tbcoll/shm/moves.c) move endpoint's messages itself
@@ -125,73 +123,54 @@ class ShmStream(StreamTransport):
 
     def send(self, buf: np.ndarray, dest: int, context: int, tag: int,
              call: tuple[int, int] = NO_CALL) -> None:
-        """The whole message in one C call when nothing is queued before it; what does not fit
-        within _ROOM_WAIT goes on through the engine, which reads while it waits."""
+        """The whole message in one C call (the lane's move: its rings and pulls are written
+        once, in tbcoll/shm/moves.c) when nothing is queued before it (and, to pull, nothing
+        comes from dest first); what C does not finish goes on through the engine, which
+        reads while it waits."""
         peer = self._peers.get(dest)
-        if not self._sends_idle(peer):
+        pulled = peer is not None and buf.nbytes >= PULL_BYTES and peer.pulls
+        if not self._sends_idle(peer) or (pulled and not self._stream_idle(peer)):
             super().send(buf, dest, context, tag, call)
             return
-        nbytes = buf.nbytes
-        if nbytes >= PULL_BYTES and peer.pulls:
-            self._send_pulled(peer, buf, dest, context, tag, call)
+        self._move_in_c(True, buf, dest, context, tag, call, pulled)
+
+    def recv(self, buf: np.ndarray, source: int, context: int, tag: int,
+             call: tuple[int, int] = NO_CALL) -> None:
+        """The next message from source in one C call, straight into buf (the lane's move),
+        when it is this one (context, tag, size and call) and the engine holds nothing from
+        source for it (to pull it: and nothing is queued to source before the answer); else
+        (another message first, a slow sender) the engine goes on from where C left off, and
+        says what was wrong if anything was."""
+        peer = self._peers.get(source)
+        pulled = peer is not None and buf.nbytes >= PULL_BYTES and peer.pulls
+        if not self._receives_idle(peer, context, tag) or (pulled and peer.sendq):
+            super().recv(buf, source, context, tag, call)
             return
-        header = self._header(context, tag, nbytes, call[0], call[1])
-        written = peer.channel.outgoing.send(header, buf, _ROOM_WAIT)
-        if written < len(header) + nbytes:
-            self._finish_send(buf, dest, header, written)
+        self._move_in_c(False, buf, source, context, tag, call, pulled)
+
+    def _move_in_c(self, sending: bool, buf: np.ndarray, rank: int, context: int, tag: int,
+                   call: tuple[int, int], pulled: bool) -> None:
+        """A blocking move in C, and the engine's part of what it left (the MOVE_* outcomes
+        of tbcoll/shm/moves.c)."""
+        left = self._native.lane.move(sending, buf, rank, context, tag, *call, pulled)
+        if left is None:
+            return
+        outcome, header, moved, extra = left
+        if outcome == atomics.MOVE_FINISH:
+            (self._finish_send if sending else self._finish_recv)(buf, rank, header, moved)
+        elif outcome == atomics.MOVE_ANNOUNCED_SEND:
+            self._finish_pulled_send(buf, rank, extra)
+        elif outcome == atomics.MOVE_ANNOUNCED_RECV:
+            self._finish_announcement(buf, rank, header, extra)
+        elif sending:  # MOVE_ENGINE
+            super().send(buf, rank, context, tag, call)
+        else:
+            super().recv(buf, rank, context, tag, call)
 
     def _finish_send(self, buf: np.ndarray, dest: int, header: bytes, written: int) -> None:
         """The rest of a message of which a C path wrote `written` bytes (header first)."""
         peer = self._peers[dest]
         self.waitall([self._send_rest(peer, header, bytes_of(buf), written)])
-
-    def _send_pulled(self, peer: Peer, buf: np.ndarray, dest: int, context: int, tag: int,
-                     call: tuple[int, int]) -> None:
-        """Announce buf in one C call, then wait in C for the answer when it is the next
-        message from dest; else (a full ring, another message first, a slow receiver) the
-        engine goes on."""
-        pull = self._next_pull(peer)  # the id _announce gives this message
-        request = self._announce(peer, buf, context, tag, call)
-        announcement = request.views.pop()
-        written = peer.channel.outgoing.send(announcement, _NOTHING, _ROOM_WAIT)
-        if written < announcement.nbytes:
-            request.views.append(announcement[written:])
-            self._enqueue(peer, request)
-        if request.views or not self._stream_idle(peer):
-            self.waitall([request])
-            return
-        try:
-            answered = peer.channel.incoming.receive(self._pulled_header(pull), _NOTHING,
-                                                     WAIT_SLICE)
-        except OSError as e:  # OverwrittenRing
-            raise self._overwritten(peer, e) from e
-        if answered == 0:
-            self._answered(peer, pull, refused=False)
-            return
-        self.waitall([request])
-
-    def recv(self, buf: np.ndarray, source: int, context: int, tag: int,
-             call: tuple[int, int] = NO_CALL) -> None:
-        """The next message from source in one C call, straight into buf, when it is this
-        one (context, tag, size and call) and the engine holds nothing from source for it
-        (a message of PULL_BYTES or more: its announcement, then the pull); else (another
-        message first, a slow sender) the engine goes on from where C left off, and says
-        what was wrong if anything was."""
-        peer = self._peers.get(source)
-        if not self._receives_idle(peer, context, tag):
-            super().recv(buf, source, context, tag, call)
-            return
-        nbytes = buf.nbytes
-        if nbytes >= PULL_BYTES and peer.pulls:
-            self._recv_pulled(peer, buf, source, context, tag, call)
-            return
-        header = self._header(context, tag, nbytes, call[0], call[1])
-        try:
-            copied = peer.channel.incoming.receive(header, buf, WAIT_SLICE)
-        except OSError as e:  # OverwrittenRing
-            raise self._overwritten(peer, e) from e
-        if copied != nbytes:
-            self._finish_recv(buf, source, header, copied)
 
     def _finish_recv(self, buf: np.ndarray, source: int, header: bytes, copied: int) -> None:
         """The rest of a receive into buf that a C path began: `copied` payload bytes came,
@@ -223,30 +202,6 @@ class ShmStream(StreamTransport):
         self._lose(peer, str(error))
         return PeerLostError(f"lost the stream from rank {peer.rank} ({peer.lost})",
                              (peer.rank,))
-
-    def _recv_pulled(self, peer: Peer, buf: np.ndarray, source: int, context: int, tag: int,
-                     call: tuple[int, int]) -> None:
-        """Take the announcement of a message for buf, pull it and answer, each in one C
-        call; the engine takes anything else (another message first, a descriptor not whole
-        yet, another size, a refused pull, sends queued before the answer)."""
-        try:
-            arrived = peer.channel.incoming.receive(self._announce_header(context, tag, call),
-                                                    self._descriptor, WAIT_SLICE)
-        except OSError as e:  # OverwrittenRing
-            raise self._overwritten(peer, e) from e
-        if arrived < 0:
-            super().recv(buf, source, context, tag, call)
-            return
-        if arrived == self.DESCRIPTOR_BYTES:
-            address, nbytes, pull = self._descriptor_of(self._descriptor)
-            if nbytes == buf.nbytes and not peer.sendq and self._pull(peer, address, buf):
-                answer = self._pulled_header(pull)
-                written = peer.channel.outgoing.send(answer, _NOTHING, _ROOM_WAIT)
-                if written < len(answer):
-                    self.waitall([self._queue(peer, [memoryview(answer)[written:]])])
-                return
-        self._finish_announced(peer, bytes_of(buf), context, tag, call,
-                               self._descriptor.tobytes(), arrived)
 
     def _address(self, buf: np.ndarray) -> int:
         return atomics.address(buf)
