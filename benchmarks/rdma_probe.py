@@ -39,6 +39,7 @@ def measure(rank: int, conn, between, args) -> None:
     from tbcoll.dtypes import DTYPE_CODES, OP_CODES
     from tbcoll.rdma import _verbs
     from tbcoll.transports.rdma import RdmaNative
+    from tbcoll.transports.turns import Turns
 
     device = os.environ.get("RDMALAB_DEVICE", "rxe0")
     names = [None if k == rank else device for k in range(2)]
@@ -53,7 +54,7 @@ def measure(rank: int, conn, between, args) -> None:
         def loss(self):
             return None
 
-    native = RdmaNative(fabric, rank, 2, NoWatch(), 60.0)
+    native = RdmaNative(fabric, rank, 2, NoWatch(), 60.0, Turns())
     x = np.full(2, rank + 1, np.float32)
     out = np.empty_like(x)
     dtype, op = DTYPE_CODES[x.dtype], OP_CODES["sum"]
