@@ -93,9 +93,9 @@ static uint16_t float_to_bf16(float f)  /* round to nearest, ties to even, as ml
 #define MIN_B(a, b) (((a) != (a)) ? (a) : ((b) != (b) || (b) <= (a)) ? (b) : (a))
 
 /* out = slot0 op slot1 op ... in rank order, so every rank computes the same bits; one pass
- * per slot past the second, each a simple loop the compiler can vectorise (the first pass
- * reads two rows: a copy of the first, then a pass, read and wrote out once more: 16 MB of
- * float32 took 3.7 ms against numpy's 2.4). out may be rows[0] or rows[1]: the first pass
+ * per slot past the second, each a simple loop the compiler can vectorise. The first pass
+ * reads two rows (a copy of row 0, then a pass over out, moved out twice: 16 MB of float32
+ * took 3.7 ms that way against numpy's 2.4). out may be rows[0] or rows[1]: the first pass
  * reads both at an index before it writes there. */
 #define REDUCE(T, ACC, LOAD, STORE, OP)                                                     \
     do {                                                                                    \
