@@ -188,6 +188,21 @@ struct reduction {
  * runs while the peers' bytes keep coming into the socket's buffer. */
 #define REDUCE_PIECE (64 << 10)
 
+/* rows[0..others] = each rank's row of len-byte blocks, from byte `at` on, in rank order:
+ * own for this rank's, else its block among blocks (every other rank's, in rank order) */
+static void rows_in_rank_order(const char **rows, const char *blocks, const char *own,
+                               int rank, int others, size_t len, size_t at)
+{
+    for (int k = 0; k <= others; k++)
+        rows[k] = (k == rank ? own : blocks + (k < rank ? k : k - 1) * len) + at;
+}
+
+/* Whether n bytes at a and at b share none. */
+static int apart(const char *a, const char *b, size_t n)
+{
+    return a >= b + n || b >= a + n;
+}
+
 /* Reduce the bytes that every way's block now holds past red->done, once they make a piece,
  * or once everything has come (all). */
 static void reduce_arrived(const struct way *ways, int n, size_t len, struct reduction *red,
@@ -202,8 +217,8 @@ static void reduce_arrived(const struct way *ways, int n, size_t len, struct red
     if (ready <= red->done || (ready - red->done < REDUCE_PIECE && !(all && ready == len)))
         return;
     const char *rows[MAX_PEERS + 1];
-    for (int k = 0; k <= n; k++)
-        rows[k] = (k == red->rank ? red->own : ways[k < red->rank ? k : k - 1].block) + red->done;
+    /* (ways_begin lays the ways' blocks one after another from ways[0].block) */
+    rows_in_rank_order(rows, ways[0].block, red->own, red->rank, n, len, red->done);
     reduce_rows(rows, n + 1, red->out + red->done,
                 (ptrdiff_t)((ready - red->done) / ITEMSIZE[red->dtype]), red->dtype, red->op);
     red->done = ready;
@@ -250,12 +265,6 @@ static int exchange_ways(struct way *ways, int n, const char *header, const char
     }
 }
 
-/* Whether n bytes at a and at b share none. */
-static int apart(const char *a, const char *b, size_t n)
-{
-    return a >= b + n || b >= a + n;
-}
-
 int exchange_reduce(struct way *ways, int n, const char *header, const char *mine, size_t len,
                     double spin, double budget, char *out, const char *own, int rank, int dtype,
                     int op)
@@ -283,14 +292,13 @@ int reduce_in_rank_order(const char *blocks, const char *mine, int rank, int oth
     /* out is written from the first pass on, which reads rows 0 and 1 at each index before
      * it writes there (reduce.h): mine must survive that unless it is one of those rows and
      * out exactly */
-    if (out < mine + len && mine < out + len && !(rank <= 1 && out == mine)) {
+    if (!apart(out, mine, len) && !(rank <= 1 && out == mine)) {
         own = copy = malloc(len);
         if (copy == NULL)
             return -1;
         memcpy(copy, mine, len);
     }
-    for (int k = 0; k <= others; k++)
-        rows[k] = k == rank ? own : blocks + (k < rank ? k : k - 1) * len;
+    rows_in_rank_order(rows, blocks, own, rank, others, len, 0);
     reduce_rows(rows, others + 1, out, (ptrdiff_t)(len / ITEMSIZE[dtype]), dtype, op);
     free(copy);
     return 0;
