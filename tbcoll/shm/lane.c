@@ -166,8 +166,8 @@ static PyObject *lane_round_method(Lane *self, PyObject *const *args, Py_ssize_t
  * rounds(kind, src, dst, dtype, op, root, signature): a collective of any size in the
  * segment's rounds (lane_rounds: the cut is made there alone), the call's signature in its
  * first round. src and dst: all_reduce's x and result (of one size), all_gather's block and
- * result (size blocks), reduce_scatter's x (size blocks) and block, broadcast's x and result
- * (src is read at the root only).
+ * result (size blocks), reduce_scatter's x (size blocks) and block, broadcast's buffer (src
+ * and dst the same: in place).
  */
 static PyObject *lane_rounds_method(Lane *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -201,7 +201,10 @@ static PyObject *lane_rounds_method(Lane *self, PyObject *const *args, Py_ssize_
         r.src_stride = dst_len;
         fits = fits && src_len == self->size * dst_len;
         break;
-    default: /* ALL_REDUCE, BROADCAST */
+    case BROADCAST:
+        fits = views[1].buf == views[2].buf && src_len == dst_len;
+        break;
+    default: /* ALL_REDUCE */
         fits = fits && src_len == dst_len;
     }
     int done = fits ? lane_rounds(self, &r, (char *)views[0].buf, signature) : 0;

@@ -8,7 +8,6 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
-#include <string.h>
 
 #include "../include/one_call.h"
 #include "lane_base.h"
@@ -64,8 +63,6 @@ int lane_rounds(Lane *self, Round *r, char *base, uint64_t signature)
     if (r->kind == ALL_REDUCE && r->dst_len <= self->single_pass)
         return lane_round(self, r, base, signature);
     prefault(r->dst, r->dst_len);
-    if (r->kind == BROADCAST && self->rank == r->root && r->src != r->dst)
-        memcpy(r->dst, r->src, (size_t)r->dst_len); /* then in place */
     switch (r->kind) {
     case ALL_REDUCE: /* split rounds, each rank reducing its part of a slot */
         step = slot / item * item;
