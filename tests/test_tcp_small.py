@@ -158,6 +158,7 @@ if r == p - 1:
 late = comm.all_reduce(np.full(4 << 20, r + 0.5), algorithm="native")
 assert (late == late[0]).all()
 if "c" in sys.argv:
+    lane_moves(comm)
     lane_paths(comm)
 print(late[:1].tolist())
 """
@@ -217,6 +218,47 @@ def lane_paths(comm):
     assert (result == total).all() and "direct_all_reduce" in names, names
     comm.send(np.full(3, r, np.float64), peer, tag=5)
     assert (request.wait() == (r - 1) % p).all()
+
+
+def lane_moves(comm):
+    # send and recv through the Lane too (one_call_move): a ping-pong whole in C; a sender
+    # later than C's wait has the engine finish the receive C began
+    r, p = comm.rank, comm.size
+    assert comm._first_send.__self__ is comm._first_recv.__self__ is comm._lane
+
+    def ran(call):
+        names = []
+        sys.setprofile(lambda frame, event, arg: names.append(frame.f_code.co_name)
+                       if event == "call" else None)
+        try:
+            result = call()
+        finally:
+            sys.setprofile(None)
+        return result, set(names) - {"<lambda>", "send", "recv", "publish_words"}
+
+    for value in range(20):  # whole in C on both ranks, once at least (a busy machine: again)
+        x, into = np.full((2, 3), value, np.float32), np.empty((2, 3), np.float32)
+        if r == 0:
+            _, sent = ran(lambda: comm.send(x, 1, tag=6))
+            got, received = ran(lambda: comm.recv(into, 1, tag=7))
+            assert (got == value + 1).all() and got.shape == (2, 3), got
+        elif r == 1:
+            got, received = ran(lambda: comm.recv(into, 0, tag=6))
+            assert (got == value).all(), got
+            _, sent = ran(lambda: comm.send(got + 1, 0, tag=7))
+        else:
+            sent = received = set()
+        if comm.all_reduce(np.array(len(sent | received)), "max") == 0:
+            break
+    else:
+        raise AssertionError(f"send and recv never whole in C: {sent | received} ran")
+    if r == 0:
+        time.sleep(0.3)
+        comm.send(np.arange(4.0), 1)
+    elif r == 1:
+        into = np.empty(4)
+        got, names = ran(lambda: comm.recv(into, 0))
+        assert got.tolist() == [0.0, 1.0, 2.0, 3.0] and "finish_recv" in names, names
 """
 JOB = JOB.replace("comm = tbcoll.init()", LANE + "comm = tbcoll.init()")
 

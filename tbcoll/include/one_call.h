@@ -6,7 +6,8 @@
  * calls(), bind() and limit(), which every lane keeps; and the whole call around the
  * transport's work: one_call_run_any (shm's four kinds, tbcoll/shm/lane.c), one_call_run
  * (all_reduce and all_gather: tcp's, tbcoll/transports/tcp_lane.c; rdma's mesh,
- * tbcoll/rdma/_verbs.c). Only shm's send and recv (moves.c) go their own way.
+ * tbcoll/rdma/_verbs.c); and a send or recv around the transport's move: one_call_move (tcp's;
+ * shm's send and recv, tbcoll/shm/moves.c, still go their own way).
  *
  * A new transport's lane: a Python type holding a OneCall, whose calls(), bind(), limit()
  * and collective methods call one_call_calls, one_call_bind, one_call_limit and
@@ -106,7 +107,9 @@ static inline int one_call_words(PyObject *list, uint64_t *words, Py_ssize_t cou
 /* the contract's kinds (tbcoll.comm.LANE_ENTRIES' order) and bind's codes: the four kinds',
  * send's, recv's, the native algorithm's */
 enum { ONE_CALL_ALL_REDUCE, ONE_CALL_ALL_GATHER, ONE_CALL_REDUCE_SCATTER, ONE_CALL_BROADCAST,
-       LANE_KIND_COUNT, ONE_CALL_NATIVE = 6, ONE_CALL_CODES = 7 };
+       LANE_KIND_COUNT, ONE_CALL_SEND = LANE_KIND_COUNT, ONE_CALL_RECV, ONE_CALL_NATIVE,
+       ONE_CALL_CODES };
+#define ONE_CALL_MOVES (1 << LANE_KIND_COUNT) /* bind's bit of send and recv (comm.py _MOVES) */
 
 typedef struct {
     int checks, size;                       /* calls() was called; the group's ranks */
@@ -416,6 +419,73 @@ done:
     Py_XDECREF(target);
     Py_DECREF(dtype);
     return result;
+}
+
+/* The transport's part of a taken send (sending) or recv: x's bytes (xv) to or from peer (a
+ * rank of the group, not this one) with tag. 0: moved (C, and the engine where C stopped);
+ * 1: declined, nothing touched (something of the engine's must go first: the Python path's);
+ * -1 with an exception. Runs with the gate held and the engine taken (where the lane has a
+ * lock). */
+typedef int (*OneCallMove)(void *lane, int sending, PyObject *x, const Py_buffer *xv, long peer,
+                           long tag);
+
+/*
+ * A communicator's bound send(x, peer, tag) -> True, or recv(x, peer, tag) -> x (sending says
+ * which), or None where the call is not this path's (nothing touched): a C-contiguous numpy
+ * array of a known dtype (writable to receive into), another rank of the group (rank: this
+ * one's) and a tag up to max_tag, the gate taken (gate_enter_move: counted in no collective),
+ * the engine's lock taken where the lane has one, the work done, the lock and the gate given
+ * back; NULL with the error, a CommError named as the communicator names it.
+ */
+static inline PyObject *one_call_move(OneCall *c, void *lane, int rank, int sending, PyObject *x,
+                                      PyObject *peer_obj, PyObject *tag_obj, OneCallMove work)
+{
+    if (!c->checks || !(c->enabled & ONE_CALL_MOVES) || Py_TYPE(x) != (PyTypeObject *)c->ndarray ||
+        !PyLong_CheckExact(peer_obj) || !PyLong_CheckExact(tag_obj))
+        Py_RETURN_NONE;
+    long peer = PyLong_AsLong(peer_obj), tag = PyLong_AsLong(tag_obj);
+    if (PyErr_Occurred()) { /* (out of a long's range: the Python path says what is wrong) */
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    if (peer < 0 || peer >= c->size || peer == rank || tag < 0 || tag > c->max_tag)
+        Py_RETURN_NONE;
+    PyObject *dtype;
+    int code = one_call_dtype(c->dtypes, x, &dtype);
+    if (code == -2)
+        return NULL;
+    Py_DECREF(dtype); /* (only compared: it lives as long as x) */
+    Py_buffer view;
+    if (code < 0)
+        Py_RETURN_NONE;
+    if (PyObject_GetBuffer(x, &view, PyBUF_C_CONTIGUOUS | (sending ? 0 : PyBUF_WRITABLE)) < 0)
+        return one_call_refused() ? Py_NewRef(Py_None) : NULL;
+    int slot = gate_enter_move(c->gate, c->codes[sending ? ONE_CALL_SEND : ONE_CALL_RECV], code,
+                               peer, tag, view.len);
+    if (slot < 0) { /* -1: another thread's call (the Python path says so); -2: forked */
+        PyBuffer_Release(&view);
+        return slot == -1 ? Py_NewRef(Py_None) : NULL;
+    }
+    int taken = 0, done = -1;
+    if (c->take == NULL) {
+        taken = 0;
+    } else {
+        PyObject *got = PyObject_CallOneArg(c->take, Py_False);
+        taken = got == Py_True;
+        Py_XDECREF(got);
+        if (got == NULL)
+            goto out;
+    }
+    done = c->take != NULL && !taken ? 1 : work(lane, sending, x, &view, peer, tag);
+out:
+    if (taken && one_call_keeping_error(c->give) < 0)
+        done = -1;
+    PyBuffer_Release(&view);
+    if (done < 0)
+        one_call_named(c->namer, c->comm_error, sending ? "send to rank %S" : "recv from rank %S",
+                       peer_obj);
+    gate_leave(c->gate, slot);
+    return done < 0 ? NULL : Py_NewRef(done == 1 ? Py_None : sending ? Py_True : x);
 }
 
 /* one_call_run_any for a communicator's bound all_reduce (x, op_name, out) or all_gather

@@ -196,6 +196,29 @@ class TcpTransport(StreamTransport):
         finally:
             self.turns.moved()  # what a door would do on leaving, but the release
 
+    def finish_send(self, buf: np.ndarray, dest: int, header: bytes, written: int,
+                    error: int) -> None:
+        """The rest of a send to dest that a C path began (written: its bytes that went,
+        header first; error: the errno of a failed sendmsg), the engine held by that path."""
+        peer = self._peers[dest]
+        try:
+            if error:
+                raise self._send_failed(peer, error)
+            self.waitall([self._send_rest(peer, header, bytes_of(buf), written)])
+        finally:
+            self.turns.moved()
+
+    def finish_recv(self, buf: np.ndarray, source: int, header: bytes, copied: int, staged: int,
+                    error: int) -> None:
+        """The rest of a receive from source that a C path began (copied, staged, error: as
+        _sockets.recv says), the engine held by that path."""
+        context, tag, _, seq, call = self._header_of(header)
+        try:
+            self.waitall([self._resumed(self._peers[source], buf, context, tag, (seq, call),
+                                        copied, staged, error)])
+        finally:
+            self.turns.moved()
+
     def c_wait(self) -> tuple[float, float]:
         """How long a C path waits for its peers, spinning and in all, alone in the engine."""
         return _SPIN, _C_SLICE
@@ -611,6 +634,9 @@ class TcpGroup:
         self.rank, self.size = self.p2p.rank, self.p2p.size
         self.begin_call = self.coll.begin_call  # every message of a call carries it
         self.native = TcpNative(transport, self.coll, context + 1, members)
+        if self.native.lane is not None:  # the communicator's send and recv too
+            self.native.lane.moves(context, self.p2p.call_words, transport.finish_send,
+                                   transport.finish_recv)
 
     def end_call(self) -> None:
         pass  # compared as messages arrive

@@ -12,15 +12,21 @@
  * nothing, and the Python path runs; where the exchange stops (another message first, a slow
  * or lost peer) the engine finishes it (finish, called with the engine still taken).
  *
+ * Its send and recv are the communicator's the same way (one_call.h's one_call_move): one
+ * sendmsg of the whole message, or the next message read straight into the array, where the
+ * engine holds nothing for that peer; else the Python path, or the engine where C stopped.
+ *
  * Lane(fds, stages, peer_words, context, tag, rank)   the group: its peers' sockets and
  *     staging buffers and where their state words are, in rank order without this rank
  * engine(words, publish, call, shared)                the engine's words and publish_words,
  *     the group's call words [seq, signature], and Turns.shared_word (1: threads share it)
  * calls(ndarray, dtypes, ops, empty, take, give, largest, signatures, spin, budget, finish)
  *     one_call_calls' (take, give: the engine's lock), and the exchange's
- * bind(gate, codes, names, enabled, max_tag, comm_error, namer), limit(kind, nbytes) and
- *     all_reduce(x, op, out): the contract's (tbcoll/include/one_call.h does the call around
- *     the exchange).
+ * moves(context, call, finish_send, finish_recv)     the point-to-point endpoint's context
+ *     and call words, and the engine's finishers of a send or recv that C began
+ * bind(gate, codes, names, enabled, max_tag, comm_error, namer), limit(kind, nbytes),
+ *     all_reduce(x, op, out), send(x, dst, tag) and recv(out, src, tag): the contract's
+ *     (tbcoll/include/one_call.h does the call around the exchange or the move).
  *
  * Why plain loads and stores of the words: they are this process's own memory (arrays the
  * engine owns, their buffers held from engine() on, so they can neither move nor be resized),
@@ -34,6 +40,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <errno.h>
 #include <string.h>
 
 #include "../include/buffers.h"
@@ -61,6 +68,11 @@ typedef struct {
     uint64_t signatures[DTYPES][OPS]; /* all_reduce's, less the byte count */
     double spin, budget;
     PyObject *finish;
+    /* send and recv (moves()): the point-to-point endpoint's context and call words, and the
+     * engine's finish_send and finish_recv */
+    uint32_t p2p_context;
+    Py_buffer p2p_call;
+    PyObject *finish_send, *finish_recv;
     /* room for the other ranks' blocks: a bytearray never resized (a larger one replaces it),
      * so that what finish makes of it never outlives its memory */
     PyObject *blocks;
@@ -92,7 +104,9 @@ static void release_group(TcpLane *self)
         PyBuffer_Release(&self->seq);
     if (self->shared.obj != NULL)
         PyBuffer_Release(&self->shared);
-    self->words.obj = self->seq.obj = self->shared.obj = NULL;
+    if (self->p2p_call.obj != NULL)
+        PyBuffer_Release(&self->p2p_call);
+    self->words.obj = self->seq.obj = self->shared.obj = self->p2p_call.obj = NULL;
 }
 
 static int tcp_lane_traverse(TcpLane *self, visitproc visit, void *arg)
@@ -102,6 +116,9 @@ static int tcp_lane_traverse(TcpLane *self, visitproc visit, void *arg)
     Py_VISIT(self->words.obj);
     Py_VISIT(self->seq.obj);
     Py_VISIT(self->shared.obj);
+    Py_VISIT(self->p2p_call.obj);
+    Py_VISIT(self->finish_send);
+    Py_VISIT(self->finish_recv);
     Py_VISIT(self->publish);
     Py_VISIT(self->finish);
     Py_VISIT(self->blocks);
@@ -113,6 +130,8 @@ static int tcp_lane_clear(TcpLane *self)
     release_group(self);
     Py_CLEAR(self->publish);
     Py_CLEAR(self->finish);
+    Py_CLEAR(self->finish_send);
+    Py_CLEAR(self->finish_recv);
     Py_CLEAR(self->blocks);
     one_call_clear(&self->call);
     return 0;
@@ -213,9 +232,36 @@ static PyObject *tcp_lane_calls(TcpLane *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* moves(context, call, finish_send, finish_recv): what send and recv take, the communicator's
+ * point-to-point endpoint: its context and call words (two uint64, as the engine reads them
+ * for each message's header), and the engine's TcpTransport.finish_send and finish_recv,
+ * which go on from where C stopped. Before bind, which then takes send and recv too. */
+static PyObject *tcp_lane_moves(TcpLane *self, PyObject *args)
+{
+    PyObject *call, *finish_send, *finish_recv;
+    unsigned int context;
+    if (!PyArg_ParseTuple(args, "IOOO:moves", &context, &call, &finish_send, &finish_recv))
+        return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(call, &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    if (view.len != 2 * sizeof(uint64_t) || self->p2p_call.obj != NULL ||
+        !PyCallable_Check(finish_send) || !PyCallable_Check(finish_recv)) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "moves: once, two call words and two callables");
+        return NULL;
+    }
+    self->p2p_call = view; /* held: the array can neither move nor be resized meanwhile */
+    self->p2p_context = context;
+    Py_XSETREF(self->finish_send, Py_NewRef(finish_send));
+    Py_XSETREF(self->finish_recv, Py_NewRef(finish_recv));
+    Py_RETURN_NONE;
+}
+
 static PyObject *tcp_lane_bind(TcpLane *self, PyObject *args)
 {
-    return one_call_bind(&self->call, GateType, gate_error, args, 1 << ONE_CALL_ALL_REDUCE);
+    return one_call_bind(&self->call, GateType, gate_error, args,
+                         1 << ONE_CALL_ALL_REDUCE | (self->p2p_call.obj ? ONE_CALL_MOVES : 0));
 }
 
 static PyObject *tcp_lane_limit(TcpLane *self, PyObject *args)
@@ -307,13 +353,86 @@ static PyObject *tcp_lane_all_reduce(TcpLane *self, PyObject *const *args, Py_ss
                         engine_idle, exchange_and_reduce);
 }
 
+/* A taken send or recv (OneCallMove): the whole message (header and payload) written with one
+ * sendmsg, or the next message of the peer's stream read straight into x when it is this one,
+ * where the engine holds nothing that must go first (its words, as engine_idle reads them, for
+ * the one peer and way); what C leaves (no room in the socket, a late peer, another message
+ * first, a failed connection) the engine finishes, the engine still taken. */
+static int move_message(void *lane, int sending, PyObject *x, const Py_buffer *xv, long peer,
+                        long tag)
+{
+    TcpLane *self = lane;
+    int i = peer < self->rank ? (int)peer : (int)peer - 1; /* among the group's other ranks */
+    if (self->words.obj == NULL || *(const uint64_t *)self->shared.buf)
+        return 1;
+    if (engine_words_fresh(self->words.buf, self->publish) < 0)
+        return -1;
+    uint64_t state = *engine_word(self->words.buf, self->peer_words[i], STATE_WORD);
+    /* (as TcpTransport.isend and recv ask: a receive also waits for no send that wants room) */
+    if (sending ? state & SEND_HELD
+                : (state & RECV_HELD) || (*((uint64_t *)self->words.buf + ENGINE_WORD) & WRITING))
+        return 1;
+    const uint64_t *call = self->p2p_call.buf;
+    unsigned char header[HEADER_BYTES];
+    put_big_endian(header + HEADER_CONTEXT, self->p2p_context, HEADER_CONTEXT_WIDTH);
+    put_big_endian(header + HEADER_TAG, (uint64_t)tag, HEADER_TAG_WIDTH);
+    put_big_endian(header + HEADER_NBYTES, (uint64_t)xv->len, HEADER_NBYTES_WIDTH);
+    put_big_endian(header + HEADER_SEQ, call[0], HEADER_SEQ_WIDTH);
+    put_big_endian(header + HEADER_CALL, call[1], HEADER_CALL_WIDTH);
+    PyObject *done;
+    if (sending) {
+        /* non-blocking: no wait, so the GIL stays (as _sockets.send) */
+        ssize_t sent = send_one(self->fds[i], header, HEADER_BYTES, xv->buf, (size_t)xv->len);
+        int error = sent < 0 ? errno : 0;
+        if (sent == HEADER_BYTES + xv->len)
+            return 0;
+        done = PyObject_CallFunction(self->finish_send, "Oiy#ni", x, (int)self->peer_words[i],
+                                     (const char *)header, (Py_ssize_t)HEADER_BYTES,
+                                     (Py_ssize_t)(sent < 0 ? 0 : sent), error);
+    } else {
+        struct received r;
+        Py_BEGIN_ALLOW_THREADS
+        r = receive_one(self->fds[i], (const char *)header, xv->buf, xv->len, self->stages[i].buf,
+                        self->stages[i].len, self->spin, self->budget);
+        Py_END_ALLOW_THREADS
+        if (r.copied == xv->len)
+            return 0;
+        done = PyObject_CallFunction(self->finish_recv, "Oiy#nni", x, (int)self->peer_words[i],
+                                     (const char *)header, (Py_ssize_t)HEADER_BYTES, r.copied,
+                                     r.staged, r.error);
+    }
+    Py_XDECREF(done);
+    return done == NULL ? -1 : 0;
+}
+
+/* send(x, dst, tag) -> True, recv(out, src, tag) -> out: the communicator's (bind), or None
+ * (one_call_move) */
+static PyObject *tcp_lane_send(TcpLane *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (!positional("send", nargs, 3))
+        return NULL;
+    return one_call_move(&self->call, self, self->rank, 1, args[0], args[1], args[2],
+                         move_message);
+}
+
+static PyObject *tcp_lane_recv(TcpLane *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (!positional("recv", nargs, 3))
+        return NULL;
+    return one_call_move(&self->call, self, self->rank, 0, args[0], args[1], args[2],
+                         move_message);
+}
+
 #define FASTCALL(f) (PyCFunction)(void (*)(void))(f), METH_FASTCALL
 static PyMethodDef tcp_lane_methods[] = {
     {"engine", (PyCFunction)tcp_lane_engine, METH_VARARGS, "The stream engine it takes."},
     {"calls", (PyCFunction)tcp_lane_calls, METH_VARARGS, "What its all_reduce takes."},
+    {"moves", (PyCFunction)tcp_lane_moves, METH_VARARGS, "What its send and recv take."},
     {"bind", (PyCFunction)tcp_lane_bind, METH_VARARGS, "The communicator whose calls take it."},
     {"limit", (PyCFunction)tcp_lane_limit, METH_VARARGS, "The largest x a kind's path takes."},
     {"all_reduce", FASTCALL(tcp_lane_all_reduce), "The communicator's all_reduce, or None."},
+    {"send", FASTCALL(tcp_lane_send), "The communicator's send (True), or None."},
+    {"recv", FASTCALL(tcp_lane_recv), "The communicator's recv (out), or None."},
     {NULL, NULL, 0, NULL},
 };
 
