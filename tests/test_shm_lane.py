@@ -122,7 +122,8 @@ for bad in (np.empty(12, np.float32), np.empty((3, 4), np.float64),
         print("refused:", e)
 assert took == sum(lane.took.values())
 
-# send and recv: 1-D arrays of a known dtype take the lane, the rest the Python path
+# send and recv: C-contiguous arrays of a known dtype take the lane, any shape; a strided one
+# the Python path (which refuses to receive into one)
 before = dict(lane.took)
 peer, source = (r + 1) % p, (r - 1) % p
 for dtype in (np.float32, ml_dtypes.bfloat16, np.int8):
@@ -135,8 +136,22 @@ for dtype in (np.float32, ml_dtypes.bfloat16, np.int8):
             assert comm.recv(got, source, tag=7) is got
             comm.send(data(shape, dtype, r), peer, tag=7)
         check(got, data(shape, dtype, source), ("send/recv", dtype, shape))
-for name in ("send", "recv"):
-    assert lane.took[name] - before.get(name, 0) == 3, (name, lane.took)
+got = np.zeros(4, np.float32)
+if r % 2 == 0:
+    comm.send(data((8,), np.float32, r)[::2], peer, tag=8)
+    comm.recv(got, source, tag=8)
+else:
+    comm.recv(got, source, tag=8)
+    comm.send(data((8,), np.float32, r)[::2], peer, tag=8)
+check(got, data((8,), np.float32, source)[::2], "strided send")
+try:
+    comm.recv(np.empty(8, np.float32)[::2], source, tag=8)
+except ValueError as e:
+    assert "C-contiguous" in str(e), e
+else:
+    raise AssertionError("a strided out was taken")
+assert (lane.took["send"] - before.get("send", 0), lane.took["recv"] - before.get("recv", 0)) == (
+    9, 10), lane.took
 for bad in (lambda: comm.send(np.ones(2), r), lambda: comm.send(np.ones(2), peer, tag=-1)):
     try:
         bad()

@@ -106,23 +106,3 @@ int lane_rounds(Lane *self, Round *r, char *base, uint64_t signature)
     }
     return 0;
 }
-
-/* Whether the error raised is numpy refusing a buffer request (then cleared). */
-int lane_refused(void)
-{
-    return one_call_refused();
-}
-
-/* The dtype code of an array's dtype object (by identity, as tbcoll.comm's KNOWN_DTYPES), or
- * -1; *dtype is a new reference. */
-int lane_dtype_code(Lane *self, PyObject *array, PyObject **dtype)
-{
-    return one_call_dtype(self->call.dtypes, array, dtype);
-}
-
-/* Where a bound call raised a CommError: the communicator's name for it (one_call_named).
- * Returns NULL. */
-PyObject *lane_named(Lane *self, const char *what, PyObject *arg)
-{
-    return one_call_named(self->call.namer, self->call.comm_error, what, arg);
-}

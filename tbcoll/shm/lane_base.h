@@ -91,11 +91,5 @@ INTERNAL int lane_round(Lane *self, Round *r, char *base, uint64_t signature);
  * broadcast in place in dst); reduce_scatter a slot of pieces (one per rank) a round. 0, or
  * -1 with an exception. */
 INTERNAL int lane_rounds(Lane *self, Round *r, char *base, uint64_t signature);
-/* Whether the error raised is numpy refusing a buffer request (then cleared). */
-INTERNAL int lane_refused(void);
-/* The dtype code of an array's dtype (*dtype, a new reference), -1 where none, -2 on error. */
-INTERNAL int lane_dtype_code(Lane *self, PyObject *array, PyObject **dtype);
-/* A bound call's CommError named as the communicator names it (see lane_base.c): NULL. */
-INTERNAL PyObject *lane_named(Lane *self, const char *what, PyObject *arg);
 
 #endif

@@ -24,7 +24,7 @@
  * Why plain loads and stores: the words are this process's own memory (an array the engine
  * owns, its buffer held here from streams() on, so it can neither move nor be resized), and
  * only the thread that holds the communicator touches them, with the GIL held: C from the
- * gate's taking in one_move to its giving, the engine within its doors, which run only
+ * gate's taking in one_call_move to its giving, the engine within its doors, which run only
  * within that thread's calls (C calls them after its move, never between its load of a word
  * and the move that the word allows), and publish_words, which C calls with the gate held
  * and no door open. No other thread or process reads them.
@@ -289,78 +289,47 @@ static PyObject *engine_part(Lane *self, int sending, int outcome, PyObject *x,
     return result;
 }
 
-/*
- * send(x, dst, tag) -> True, recv(out, src, tag) -> out, or None where the call does not
- * qualify: a whole point-to-point call of a 1-D numpy array of a known dtype (C-contiguous;
- * writable to receive into) with another rank of the communicator and a tag in range, checked
- * and taken (the communicator's call gate, tbcoll/include/gate.h) here, and moved here (move)
+/* A taken send or recv (one_call_move's work, tbcoll/include/one_call.h): moved here (move)
  * where the engine is idle; else the engine's send or recv moves it, or finishes what C began
- * (a full ring, a late sender, another message first, a pull refused). A CommError is named
- * (lane_named) while the gate still holds the call.
- */
-static PyObject *one_move(Lane *self, int sending, PyObject *x, PyObject *peer_obj,
-                          PyObject *tag_obj)
+ * (a full ring, a late sender, another message first, a pull refused). Declined where the
+ * engine's rings were not lent (streams()). */
+static int move_message(void *lane, int sending, PyObject *x, const Py_buffer *xv, long peer,
+                        long tag)
 {
-    if (!(self->call.enabled & MOVES) || self->send == NULL ||
-        Py_TYPE(x) != (PyTypeObject *)self->call.ndarray || !PyLong_CheckExact(peer_obj) ||
-        !PyLong_CheckExact(tag_obj))
-        Py_RETURN_NONE;
-    long peer = PyLong_AsLong(peer_obj), tag = PyLong_AsLong(tag_obj);
-    if (PyErr_Occurred()) { /* (out of a long's range: the Python path says what is wrong) */
-        PyErr_Clear();
-        Py_RETURN_NONE;
-    }
-    if (peer < 0 || peer >= self->size || peer == self->rank || tag < 0 || tag > self->call.max_tag)
-        Py_RETURN_NONE;
-    PyObject *dtype;
-    int code = lane_dtype_code(self, x, &dtype);
-    if (code == -2)
-        return NULL;
-    Py_DECREF(dtype);
-    Py_buffer view;
-    if (code < 0)
-        Py_RETURN_NONE;
-    if (PyObject_GetBuffer(x, &view, PyBUF_C_CONTIGUOUS | (sending ? 0 : PyBUF_WRITABLE)) < 0)
-        return lane_refused() ? Py_NewRef(Py_None) : NULL;
-    if (view.ndim != 1) {
-        PyBuffer_Release(&view);
-        Py_RETURN_NONE;
-    }
-    int slot = gate_enter_move(self->call.gate, self->call.codes[sending ? CODE_SEND : CODE_RECV], code,
-                               peer, tag, view.len);
-    if (slot < 0) { /* -1: another thread's call (the Python path says so); -2: forked */
-        PyBuffer_Release(&view);
-        return slot == -1 ? Py_NewRef(Py_None) : NULL;
-    }
+    Lane *self = lane;
+    if (self->send == NULL)
+        return 1;
     Move m = {.peer = peer, .context = self->context_word, .tag = (uint64_t)tag};
-    int outcome = move(self, sending, view.len >= self->pull_bytes, 0, &view, &m);
-    PyBuffer_Release(&view);
-    PyObject *result = outcome == MOVED ? Py_NewRef(Py_None)
-                       : outcome < 0    ? NULL
-                                        : engine_part(self, sending, outcome, x, peer_obj,
-                                                      tag_obj, &m);
-    if (result != NULL) {
-        Py_DECREF(result);
-        result = Py_NewRef(sending ? Py_True : x);
-    } else {
-        lane_named(self, sending ? "send to rank %S" : "recv from rank %S", peer_obj);
-    }
-    gate_leave(self->call.gate, slot);
-    return result;
+    int outcome = move(self, sending, xv->len >= self->pull_bytes, 0, (Py_buffer *)xv, &m);
+    if (outcome < 0)
+        return -1;
+    if (outcome == MOVED)
+        return 0;
+    PyObject *peer_obj = PyLong_FromLong(peer), *tag_obj = PyLong_FromLong(tag);
+    PyObject *done = peer_obj && tag_obj
+                         ? engine_part(self, sending, outcome, x, peer_obj, tag_obj, &m) : NULL;
+    Py_XDECREF(peer_obj);
+    Py_XDECREF(tag_obj);
+    Py_XDECREF(done);
+    return done == NULL ? -1 : 0;
 }
 
+/* send(x, dst, tag) -> True, recv(out, src, tag) -> out: the communicator's (bind), or None
+ * (one_call_move) */
 PyObject *lane_send(Lane *self, PyObject *const *args, Py_ssize_t nargs)
 {
     if (!positional("send", nargs, 3))
         return NULL;
-    return one_move(self, 1, args[0], args[1], args[2]);
+    return one_call_move(&self->call, self, (int)self->rank, 1, args[0], args[1], args[2],
+                         move_message);
 }
 
 PyObject *lane_recv(Lane *self, PyObject *const *args, Py_ssize_t nargs)
 {
     if (!positional("recv", nargs, 3))
         return NULL;
-    return one_move(self, 0, args[0], args[1], args[2]);
+    return one_call_move(&self->call, self, (int)self->rank, 0, args[0], args[1], args[2],
+                         move_message);
 }
 
 
