@@ -61,8 +61,7 @@ def measure(rank: int, conn, between, args) -> None:
 
     def mesh(n: int) -> None:
         for _ in range(n):
-            while fabric.mesh(_verbs.MESH_ALL_REDUCE, x, out, dtype, op, 1234, 0.05) == -1:
-                pass
+            mesh_call(fabric, x, out, dtype, op)
 
     def comm(n: int) -> None:
         for _ in range(n):
@@ -101,6 +100,20 @@ def measure(rank: int, conn, between, args) -> None:
     conn.send_bytes(json.dumps({"times": times, "extra": extra}).encode())
 
 
+def mesh_call(fabric, x, out, dtype: int, op: int) -> None:
+    """One Fabric.mesh all_reduce, waited for in slices; an error, not a hang, where the
+    peer is lost, made another call, or sent nothing for 30 s (UC drops a message silently)."""
+    from tbcoll.rdma import _verbs
+
+    deadline = time.monotonic() + 30
+    while (result := fabric.mesh(_verbs.MESH_ALL_REDUCE, x, out, dtype, op, 1234, 0.05)) == -1:
+        if time.monotonic() > deadline:
+            raise TimeoutError("Fabric.mesh: nothing from the peer for 30 s (a lost message?)")
+    if result != 0:
+        raise RuntimeError(f"Fabric.mesh returned {result} (-2: peer lost; k+1: rank k's call "
+                           f"differs)")
+
+
 def under_tbrun(args) -> None:
     """`tbrun -np 2 --backend rdma python benchmarks/rdma_probe.py --tbcoll`: the Communicator's
     8 B all_reduce with out=, as a user calls it, timed the same way."""
@@ -108,7 +121,6 @@ def under_tbrun(args) -> None:
 
     import tbcoll
     from tbcoll.dtypes import DTYPE_CODES, OP_CODES
-    from tbcoll.rdma import _verbs
 
     comm = tbcoll.init()
     x = np.full(2, comm.rank + 1, np.float32)
@@ -127,8 +139,7 @@ def under_tbrun(args) -> None:
 
     def mesh(n: int) -> None:
         for _ in range(n):
-            while fabric.mesh(_verbs.MESH_ALL_REDUCE, x, out, dtype, op, 1234, 0.05) == -1:
-                pass
+            mesh_call(fabric, x, out, dtype, op)
 
     from tbcoll.collectives import ENTRIES
     from tbcoll.routes import gated
