@@ -4,10 +4,14 @@
     python -m tests.rdmalab -- python benchmarks/rdma_probe.py            # one system, in it
 
 Two processes (forked here) open a tbcoll.rdma._verbs.Fabric each on $RDMALAB_DEVICE,
-exchange queue-pair info through pipes, and then time, in turns (A B A B ...):
-  mesh     Fabric.mesh (the C mesh all_reduce of 8 B) called in a loop from Python
-  comm     nothing of tbcoll.init's, only what RdmaNative._mesh adds: the same through the
-           Python wrapper a communicator calls (RdmaNative.direct_all_reduce)
+exchange queue-pair info through pipes, and then time, in turns (A B A B ...), by default:
+  exchange-ws  a bare two-sided 8 B exchange in C (both SEND, then poll for the peer's;
+               Fabric._probe): the floor under the mesh
+  mesh-c       the C mesh all_reduce of 8 B (mesh_call) in a C loop (Fabric._probe)
+  mesh-raw     the same, one Fabric.mesh call from a Python loop each
+  comm         nothing of tbcoll.init's, only what RdmaNative._mesh adds: the same through
+               the Python wrapper a communicator calls (RdmaNative.direct_all_reduce)
+(--systems names others too: noop, mesh with a deadline, mesh-c1, the other _probe patterns.)
 Each figure is the median per call over batches, on rank 0 (both ranks call alike).
 """
 
@@ -75,6 +79,14 @@ def measure(rank: int, conn, between, args) -> None:
             extra.setdefault(name, []).append((empty / n, send_wait / n * 1e6))
         return run
 
+    def mesh_raw(n: int) -> None:  # Fabric.mesh alone in the loop (no wrapper, 1 s budget)
+        for _ in range(n):
+            fabric.mesh(_verbs.MESH_ALL_REDUCE, x, out, dtype, op, 1234, 1.0)
+
+    def mesh_c1(n: int) -> None:  # one C mesh call per Python call, no buffers taken
+        for _ in range(n):
+            fabric._probe(1, 8)
+
     def noop(n: int) -> None:  # a Python loop calling into the Fabric: the call's own cost
         for _ in range(n):
             fabric.lost(peer)
@@ -82,7 +94,8 @@ def measure(rank: int, conn, between, args) -> None:
     systems = {"noop": noop, "mesh": mesh, "comm": comm,
                "pingpong": probe(0, "pingpong"), "pingpong-ws": probe(2, "pingpong-ws"),
                "exchange": probe(1, "exchange"), "exchange-ws": probe(3, "exchange-ws"),
-               "exchange-y": probe(5, "exchange-y"), "exchange-wsy": probe(7, "exchange-wsy")}
+               "exchange-y": probe(5, "exchange-y"), "exchange-wsy": probe(7, "exchange-wsy"),
+               "mesh-c": probe(8, "mesh-c"), "mesh-raw": mesh_raw, "mesh-c1": mesh_c1}
     order = [s for s in args.systems.split(",") if s in systems]
     times = {s: [] for s in order}
     mesh(20)
@@ -230,7 +243,7 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=200)
     parser.add_argument("--batches", type=int, default=6)
     parser.add_argument("--spin", type=float, default=50e-6)
-    parser.add_argument("--systems", default="noop,exchange-ws,mesh,comm")
+    parser.add_argument("--systems", default="exchange-ws,mesh-c,mesh-raw,comm")
     parser.add_argument("--lab", type=int, metavar="ROUNDS",
                         help="boot the RDMA lab and run every system in turns, ROUNDS times")
     parser.add_argument("--tbcoll", action="store_true",

@@ -6,8 +6,8 @@
  * calls(), bind() and limit(), which every lane keeps; and the whole call around the
  * transport's work: one_call_run_any (shm's four kinds, tbcoll/shm/lane.c), one_call_run
  * (all_reduce and all_gather: tcp's, tbcoll/transports/tcp_lane.c; rdma's mesh,
- * tbcoll/rdma/_verbs.c); and a send or recv around the transport's move: one_call_move (tcp's;
- * shm's send and recv, tbcoll/shm/moves.c, still go their own way).
+ * tbcoll/rdma/_verbs.c); and a send or recv around the transport's move: one_call_move (shm's,
+ * tbcoll/shm/moves.c; tcp's).
  *
  * A new transport's lane: a Python type holding a OneCall, whose calls(), bind(), limit()
  * and collective methods call one_call_calls, one_call_bind, one_call_limit and
@@ -466,18 +466,15 @@ static inline PyObject *one_call_move(OneCall *c, void *lane, int rank, int send
         PyBuffer_Release(&view);
         return slot == -1 ? Py_NewRef(Py_None) : NULL;
     }
-    int taken = 0, done = -1;
-    if (c->take == NULL) {
-        taken = 0;
-    } else {
+    int taken = 0, done = 1; /* (the engine taken by another thread: the Python path's) */
+    if (c->take != NULL) {
         PyObject *got = PyObject_CallOneArg(c->take, Py_False);
         taken = got == Py_True;
+        done = got == NULL ? -1 : 1;
         Py_XDECREF(got);
-        if (got == NULL)
-            goto out;
     }
-    done = c->take != NULL && !taken ? 1 : work(lane, sending, x, &view, peer, tag);
-out:
+    if (done == 1 && (c->take == NULL || taken))
+        done = work(lane, sending, x, &view, peer, tag);
     if (taken && one_call_keeping_error(c->give) < 0)
         done = -1;
     PyBuffer_Release(&view);

@@ -1185,9 +1185,33 @@ static PyObject *Fabric_differing_call(Fabric *f, PyObject *unused)
  * way): it consumes and reposts the COLL receives in the order they were posted, an even
  * number per rank, so the parities are as they were afterwards. flags: PROBE_EXCHANGE (both
  * send, then wait: the mesh's pattern; else ping-pong, rank 0 first), PROBE_WAIT_SEND (wait
- * for each send's completion before going on), PROBE_YIELD (sched_yield after an empty poll).
+ * for each send's completion before going on), PROBE_YIELD (sched_yield after an empty poll),
+ * PROBE_MESH (mesh_call in a C loop instead: the mesh without Python's call around it).
  */
-enum { PROBE_EXCHANGE = 1, PROBE_WAIT_SEND = 2, PROBE_YIELD = 4 };
+enum { PROBE_EXCHANGE = 1, PROBE_WAIT_SEND = 2, PROBE_YIELD = 4, PROBE_MESH = 8 };
+#define PROBE_SEND 2 /* its sends' index: apart from the mesh's parities */
+
+/* One look at the CQ for _probe: 1 where it found a completion. Its own sends and the peer's
+ * messages are counted (the receive reposted); anything else, such as a mesh send's
+ * completion not yet taken when the mesh call returned, goes where progress() puts it: the
+ * mesh's count of its sends stays true, and _probe's (a send window, and no send of its own
+ * left in flight) counts only its own. */
+static int probe_poll(Fabric *f, Device *d, int k, int *sending, int *arrived)
+{
+    struct ibv_wc wc;
+    if (ibv_poll_cq(d->cq, 1, &wc) <= 0)
+        return 0;
+    int kind = (int)((wc.wr_id >> 24) & 0xff), index = (int)(wc.wr_id & 0xffffff);
+    if (wc.status == IBV_WC_SUCCESS && kind == WR_COLL_SEND && index == PROBE_SEND) {
+        (*sending)--;
+    } else if (wc.status == IBV_WC_SUCCESS && kind == WR_COLL_RECV) {
+        (*arrived)++;
+        post_coll_recv(f, k, index);
+    } else {
+        completed(f, &wc);
+    }
+    return 1;
+}
 
 static PyObject *Fabric_probe(Fabric *f, PyObject *args)
 {
@@ -1195,7 +1219,7 @@ static PyObject *Fabric_probe(Fabric *f, PyObject *args)
     if (!PyArg_ParseTuple(args, "ii", &iters, &flags))
         return NULL;
     int k = 1 - f->rank;
-    if (f->size != 2 || f->coll_stage || iters % 2)
+    if (f->size != 2 || f->coll_stage || (iters % 2 && !(flags & PROBE_MESH)))
         return PyErr_Format(PyExc_ValueError, "_probe: 2 ranks, even iters, between calls");
     Peer *p = &f->peer[k];
     Device *d = &f->dev[p->device];
@@ -1203,26 +1227,34 @@ static PyObject *Fabric_probe(Fabric *f, PyObject *args)
     long empty = 0;
     double send_wait = 0, start = now();
     int sending = 0, arrived = 0;
+    if (flags & PROBE_MESH) { /* mesh_call itself in a loop: 8 B of float32, summed */
+        float x[2] = {1, 2}, y[2];
+        Py_buffer src = {.buf = x, .len = sizeof x}, dst = {.buf = y, .len = sizeof y};
+        for (int i = 0; i < iters && !p->lost[0]; i++) {
+            long result;
+            while ((result = mesh_call(f, MESH_ALL_REDUCE, &src, &dst, DTYPE_FLOAT32, OP_SUM,
+                                       1234, 1.0)) == -1)
+                if (now() - start > 30)
+                    lose(p, "_probe: the peer went silent");
+            if (result != 0 && !p->lost[0])
+                lose(p, "_probe: a mesh call failed");
+        }
+        iters = 0;
+    }
     for (int i = 0; i < iters && !p->lost[0]; i++) {
         int first = (flags & PROBE_EXCHANGE) || f->rank == 0;
         for (int step = 0; step < 2; step++) {
             if (step == (first ? 0 : 1)) {
-                while (sending >= 2) { /* the queue pair holds 3 sends */
-                    struct ibv_wc wc;
-                    if (ibv_poll_cq(d->cq, 1, &wc) > 0) {
-                        if ((int)((wc.wr_id >> 24) & 0xff) == WR_COLL_SEND) sending--;
-                        else if ((int)((wc.wr_id >> 24) & 0xff) == WR_COLL_RECV) {
-                            arrived++; post_coll_recv(f, k, (int)(wc.wr_id & 0xffffff)); }
-                        else completed(f, &wc);
-                    } else {
+                while (sending >= 2 && !p->lost[0]) { /* the queue pair holds 3 sends */
+                    if (!probe_poll(f, d, k, &sending, &arrived)) {
                         empty++;
                         if (flags & PROBE_YIELD) sched_yield();
                     }
                 }
                 struct ibv_sge sge = {.addr = (uintptr_t)own, .length = COLL_HEADER + 8,
                                       .lkey = d->mr->lkey};
-                struct ibv_send_wr wr = {.wr_id = WR_ID(k, WR_COLL_SEND, 0), .sg_list = &sge,
-                                         .num_sge = 1, .opcode = IBV_WR_SEND,
+                struct ibv_send_wr wr = {.wr_id = WR_ID(k, WR_COLL_SEND, PROBE_SEND),
+                                         .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_SEND,
                                          .send_flags = IBV_SEND_SIGNALED}, *bad;
                 if (ibv_post_send(p->qp[QP_COLL], &wr, &bad)) {
                     lose(p, "posting a send failed");
@@ -1231,13 +1263,7 @@ static PyObject *Fabric_probe(Fabric *f, PyObject *args)
                 sending++;
                 double t0 = now();
                 while ((flags & PROBE_WAIT_SEND) && sending > 0 && !p->lost[0]) {
-                    struct ibv_wc wc;
-                    if (ibv_poll_cq(d->cq, 1, &wc) > 0) {
-                        if ((int)((wc.wr_id >> 24) & 0xff) == WR_COLL_SEND) sending--;
-                        else if ((int)((wc.wr_id >> 24) & 0xff) == WR_COLL_RECV) {
-                            arrived++; post_coll_recv(f, k, (int)(wc.wr_id & 0xffffff)); }
-                        else completed(f, &wc);
-                    } else {
+                    if (!probe_poll(f, d, k, &sending, &arrived)) {
                         empty++;
                         if (flags & PROBE_YIELD) sched_yield();
                     }
@@ -1245,13 +1271,7 @@ static PyObject *Fabric_probe(Fabric *f, PyObject *args)
                 send_wait += now() - t0;
             } else {
                 while (arrived <= i && !p->lost[0]) {
-                    struct ibv_wc wc;
-                    if (ibv_poll_cq(d->cq, 1, &wc) > 0) {
-                        if ((int)((wc.wr_id >> 24) & 0xff) == WR_COLL_SEND) sending--;
-                        else if ((int)((wc.wr_id >> 24) & 0xff) == WR_COLL_RECV) {
-                            arrived++; post_coll_recv(f, k, (int)(wc.wr_id & 0xffffff)); }
-                        else completed(f, &wc);
-                    } else {
+                    if (!probe_poll(f, d, k, &sending, &arrived)) {
                         empty++;
                         if (flags & PROBE_YIELD) sched_yield();
                         if (now() - start > 30) lose(p, "_probe: the peer went silent");
@@ -1260,13 +1280,9 @@ static PyObject *Fabric_probe(Fabric *f, PyObject *args)
             }
         }
     }
-    while (sending > 0 && !p->lost[0]) { /* leave no send of ours in flight */
-        struct ibv_wc wc;
-        if (ibv_poll_cq(d->cq, 1, &wc) > 0 && (int)((wc.wr_id >> 24) & 0xff) == WR_COLL_SEND)
-            sending--;
-        else if (now() - start > 30)
+    while (sending > 0 && !p->lost[0]) /* leave no send of ours in flight */
+        if (!probe_poll(f, d, k, &sending, &arrived) && now() - start > 30)
             lose(p, "_probe: a send never completed");
-    }
     double took = now() - start;
     if (p->lost[0])
         return PyErr_Format(PyExc_ConnectionError, "%s", p->lost);

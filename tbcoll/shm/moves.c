@@ -155,7 +155,7 @@ typedef struct {
 /* A message under pull_bytes, or one to or from a peer that does not pull, through the ring:
  * the header and payload bytes that went (sending), or of the payload that came or as
  * ring_take says (receiving), in m->moved. */
-static int ring_move(Lane *self, int sending, Py_buffer *payload, char *segment, Move *m)
+static int ring_move(Lane *self, int sending, const Py_buffer *payload, char *segment, Move *m)
 {
     char *ring = segment + self->stream_at[2 * m->peer + !sending];
     Py_ssize_t capacity = self->stream_capacity, whole = payload->len;
@@ -180,7 +180,7 @@ static int ring_move(Lane *self, int sending, Py_buffer *payload, char *segment,
  * does not finish the engine does. Why the payload is whole when read and untouched until
  * then (ARM64 as x86-64): tbcoll/transports/shm.py, ShmStream.
  */
-static int pull_move(Lane *self, int sending, Py_buffer *payload, char *segment, Move *m)
+static int pull_move(Lane *self, int sending, const Py_buffer *payload, char *segment, Move *m)
 {
     Py_ssize_t peer = m->peer, capacity = self->stream_capacity;
     char *to = segment + self->stream_at[2 * peer], *from = segment + self->stream_at[2 * peer + 1];
@@ -234,7 +234,8 @@ static int pull_move(Lane *self, int sending, Py_buffer *payload, char *segment,
  * meanwhile: by pull where pulled, else through the ring. checked: the engine's own caller
  * has seen that nothing of the engine's must go first (its exact test); else the engine's
  * words say whether something may (they are conservative: then the engine moves it all). */
-static int move(Lane *self, int sending, int pulled, int checked, Py_buffer *payload, Move *m)
+static int move(Lane *self, int sending, int pulled, int checked, const Py_buffer *payload,
+                Move *m)
 {
     if (pulled && !HAVE_CMA)
         return ENGINE; /* through the ring, in pieces as the receiver reads: the engine's */
@@ -300,7 +301,7 @@ static int move_message(void *lane, int sending, PyObject *x, const Py_buffer *x
     if (self->send == NULL)
         return 1;
     Move m = {.peer = peer, .context = self->context_word, .tag = (uint64_t)tag};
-    int outcome = move(self, sending, xv->len >= self->pull_bytes, 0, (Py_buffer *)xv, &m);
+    int outcome = move(self, sending, xv->len >= self->pull_bytes, 0, xv, &m);
     if (outcome < 0)
         return -1;
     if (outcome == MOVED)
