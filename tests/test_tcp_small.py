@@ -168,22 +168,23 @@ print(late[:1].tolist())
 # late its exchange stops and the engine finishes it. Which Python functions ran, seen by
 # sys.setprofile, tells which path each call took.
 LANE = """
+def ran(call, methods=("all_reduce",)):
+    # call's result, and the Python functions that ran in it: less the call itself, the
+    # Communicator's methods (the route) and the engine's words, published after the engine
+    # was used, none where C did it all
+    names = []
+    sys.setprofile(lambda frame, event, arg: names.append(frame.f_code.co_name)
+                   if event == "call" else None)
+    try:
+        result = call()
+    finally:
+        sys.setprofile(None)
+    return result, set(names) - {"<lambda>", "publish_words", *methods}
+
 def lane_paths(comm):
     from tbcoll.transports._sockets import Lane
     r, p = comm.rank, comm.size
     assert isinstance(comm._first_all_reduce.__self__, Lane)
-
-    def ran(call):
-        names = []
-        sys.setprofile(lambda frame, event, arg: names.append(frame.f_code.co_name)
-                       if event == "call" else None)
-        try:
-            result = call()
-        finally:
-            sys.setprofile(None)
-        # less the call itself, the Communicator's method (the route) and the engine's
-        # words, published after the engine was used: no other Python ran
-        return result, set(names) - {"<lambda>", "all_reduce", "publish_words"}
 
     def in_c(call, check):
         # a call seen to run in C alone on every rank, every result checked (a peer later
@@ -225,27 +226,18 @@ def lane_moves(comm):
     # later than C's wait has the engine finish the receive C began
     r, p = comm.rank, comm.size
     assert comm._first_send.__self__ is comm._first_recv.__self__ is comm._lane
-
-    def ran(call):
-        names = []
-        sys.setprofile(lambda frame, event, arg: names.append(frame.f_code.co_name)
-                       if event == "call" else None)
-        try:
-            result = call()
-        finally:
-            sys.setprofile(None)
-        return result, set(names) - {"<lambda>", "send", "recv", "publish_words"}
+    moves = ("send", "recv")
 
     for value in range(20):  # whole in C on both ranks, once at least (a busy machine: again)
         x, into = np.full((2, 3), value, np.float32), np.empty((2, 3), np.float32)
         if r == 0:
-            _, sent = ran(lambda: comm.send(x, 1, tag=6))
-            got, received = ran(lambda: comm.recv(into, 1, tag=7))
+            _, sent = ran(lambda: comm.send(x, 1, tag=6), moves)
+            got, received = ran(lambda: comm.recv(into, 1, tag=7), moves)
             assert (got == value + 1).all() and got.shape == (2, 3), got
         elif r == 1:
-            got, received = ran(lambda: comm.recv(into, 0, tag=6))
+            got, received = ran(lambda: comm.recv(into, 0, tag=6), moves)
             assert (got == value).all(), got
-            _, sent = ran(lambda: comm.send(got + 1, 0, tag=7))
+            _, sent = ran(lambda: comm.send(got + 1, 0, tag=7), moves)
         else:
             sent = received = set()
         if comm.all_reduce(np.array(len(sent | received)), "max") == 0:
@@ -257,7 +249,7 @@ def lane_moves(comm):
         comm.send(np.arange(4.0), 1)
     elif r == 1:
         into = np.empty(4)
-        got, names = ran(lambda: comm.recv(into, 0))
+        got, names = ran(lambda: comm.recv(into, 0), moves)
         assert got.tolist() == [0.0, 1.0, 2.0, 3.0] and "finish_recv" in names, names
 """
 JOB = JOB.replace("comm = tbcoll.init()", LANE + "comm = tbcoll.init()")
