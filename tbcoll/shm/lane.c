@@ -300,15 +300,16 @@ static PyObject *lane_attach(Lane *self, PyObject *args)
  * around each call, counting the collectives and recording them), the gate's codes of the
  * lane's calls (tbcoll.gate: each kind's, in the kinds' order, then send's, recv's and the
  * native algorithm's), each kind's name (for its errors), a mask of the kinds that may take
- * the lane (bit k: kind k; MOVES: send and recv, with tags up to max_tag, once streams() was
- * called), and how its errors are named: a comm_error raised in a call is raised again as
- * namer()(error, what) (see named). Returns the mask it took: all of enabled.
+ * the lane (bit k: kind k; ONE_CALL_MOVES: send and recv, with tags up to max_tag, once
+ * streams() was called), and how its errors are named: a comm_error raised in a call is
+ * raised again as namer()(error, what) (see named). Returns the mask it took: all of
+ * enabled.
  */
 static PyObject *lane_bind(Lane *self, PyObject *args)
 {
     /* every kind and the moves: all it has */
     return one_call_bind(&self->call, GateType, gate_error, args,
-                         ((1 << ONE_CALL_KINDS) - 1) | MOVES);
+                         ((1 << ONE_CALL_KINDS) - 1) | ONE_CALL_MOVES);
 }
 
 /* A bound all_gather or broadcast past its limit copies each block once (one_copy), where

@@ -17,13 +17,7 @@
 
 /* DTYPES and OPS (the codes' counts): tbcoll/include/wire.h; ONE_CALL_KINDS: shm.h */
 #define BYTES_DTYPE DTYPE_UINT8 /* what a round that only copies calls its data */
-/* bind()'s codes (tbcoll.gate's registries): the kinds', in their order, then these */
-#define CODE_SEND ONE_CALL_KINDS
-#define CODE_RECV (ONE_CALL_KINDS + 1)
-#define CODE_NATIVE (ONE_CALL_KINDS + 2) /* the algorithm the lane's calls run */
-#define CODES (ONE_CALL_KINDS + 3)
-_Static_assert(ONE_CALL_KINDS == LANE_KIND_COUNT && CODES == ONE_CALL_CODES &&
-               CODE_NATIVE == ONE_CALL_NATIVE && (int)ALL_REDUCE == ONE_CALL_ALL_REDUCE &&
+_Static_assert(ONE_CALL_KINDS == LANE_KIND_COUNT && (int)ALL_REDUCE == ONE_CALL_ALL_REDUCE &&
                (int)ALL_GATHER == ONE_CALL_ALL_GATHER &&
                (int)REDUCE_SCATTER == ONE_CALL_REDUCE_SCATTER &&
                (int)BROADCAST == ONE_CALL_BROADCAST,
@@ -41,7 +35,7 @@ typedef struct {
     PyObject *resume;          /* resume(stage, seq, signature): wait in Python, or raise */
     /* calls() and bind() (tbcoll/include/one_call.h: the contract's part, as every lane
      * keeps it): what the one-call paths take (largest: limit()), the communicator whose
-     * calls take the lane (enabled: bit k for kind k, MOVES for send and recv) */
+     * calls take the lane (enabled: bit k for kind k, ONE_CALL_MOVES for send and recv) */
     OneCall call;
     /* calls(): how they sign a call */
     /* attach(): a larger all_gather or broadcast copies each block once (one_copy) */
@@ -67,7 +61,6 @@ typedef struct {
     double send_budget, recv_budget; /* seconds a move waits in C before Python takes over */
 } Lane;
 
-#define MOVES (1 << ONE_CALL_KINDS) /* the enabled bit of send and recv */
 #define PREFAULT_BYTES (4 << 20) /* results this large have their pages touched first */
 
 /* A pid of rank k's, from the segment at base. Each rank stores its own there (release,
