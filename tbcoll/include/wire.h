@@ -86,4 +86,17 @@ static inline void put_big_endian(unsigned char *p, uint64_t value, int n)
         p[i] = (unsigned char)value;
 }
 
+/* A message's header (stream.py's _HEADER packs the same): a user's message or a
+ * collective's (seq and call: its call; 0 for none), an announcement of one, an answer that
+ * it was pulled. */
+static inline void put_header(unsigned char *header, uint32_t context, uint64_t tag,
+                              uint64_t nbytes, uint64_t seq, uint64_t call)
+{
+    put_big_endian(header + HEADER_CONTEXT, context, HEADER_CONTEXT_WIDTH);
+    put_big_endian(header + HEADER_TAG, tag, HEADER_TAG_WIDTH);
+    put_big_endian(header + HEADER_NBYTES, nbytes, HEADER_NBYTES_WIDTH);
+    put_big_endian(header + HEADER_SEQ, seq, HEADER_SEQ_WIDTH);
+    put_big_endian(header + HEADER_CALL, call, HEADER_CALL_WIDTH);
+}
+
 #endif /* TBCOLL_WIRE_H */

@@ -117,19 +117,6 @@ bad:
     return NULL;
 }
 
-/* A message's header (tbcoll/include/wire.h; stream.py's _HEADER packs the same): a user's
- * message or a collective's (seq and call: its call; 0 for none), an announcement of one, an
- * answer that it was pulled. */
-static void put_header(unsigned char *header, uint32_t context, uint64_t tag, Py_ssize_t nbytes,
-                       uint64_t seq, uint64_t call)
-{
-    put_big_endian(header + HEADER_CONTEXT, context, HEADER_CONTEXT_WIDTH);
-    put_big_endian(header + HEADER_TAG, tag, HEADER_TAG_WIDTH);
-    put_big_endian(header + HEADER_NBYTES, (uint64_t)nbytes, HEADER_NBYTES_WIDTH);
-    put_big_endian(header + HEADER_SEQ, seq, HEADER_SEQ_WIDTH);
-    put_big_endian(header + HEADER_CALL, call, HEADER_CALL_WIDTH);
-}
-
 /* What a move in C did (ring_move, pull_move), and what is left to the engine. Their codes
  * are the module's MOVE_* (the engine's blocking send and recv, tbcoll/transports/shm.py,
  * read them). */

@@ -269,16 +269,24 @@ static PyObject *tcp_lane_limit(TcpLane *self, PyObject *args)
     return one_call_limit(&self->call, args);
 }
 
-/* Whether every peer may send and take this call's message by C's path now: the engine's
- * words published, no thread but this one has shared the engine, no send waits for room,
- * nothing of any peer's is queued, held or half-read; -1 with an exception. */
+/* Whether C may read the engine's words now: they are lent (engine()), no thread but this
+ * one has shared the engine, and they are published (1); 0 where not, -1 with an exception. */
+static int words_ready(TcpLane *self)
+{
+    if (self->words.obj == NULL || *(const uint64_t *)self->shared.buf)
+        return 0;
+    return engine_words_fresh(self->words.buf, self->publish) < 0 ? -1 : 1;
+}
+
+/* Whether every peer may send and take this call's message by C's path now: the words ready,
+ * no send waits for room, nothing of any peer's is queued, held or half-read; -1 with an
+ * exception. */
 static int engine_idle(void *lane)
 {
     TcpLane *self = lane;
-    if (self->words.obj == NULL || *(const uint64_t *)self->shared.buf)
-        return 0;
-    if (engine_words_fresh(self->words.buf, self->publish) < 0)
-        return -1;
+    int ready = words_ready(self);
+    if (ready <= 0)
+        return ready;
     if (*((uint64_t *)self->words.buf + ENGINE_WORD) & WRITING)
         return 0;
     for (int i = 0; i < self->peers; i++)
@@ -308,11 +316,7 @@ static int exchange_and_reduce(void *lane, int kind, PyObject *x, const Py_buffe
     call[0] += 1;
     call[1] = (uint64_t)len | self->signatures[dtype][op];
     unsigned char header[HEADER_BYTES];
-    put_big_endian(header + HEADER_CONTEXT, self->context, HEADER_CONTEXT_WIDTH);
-    put_big_endian(header + HEADER_TAG, self->tag, HEADER_TAG_WIDTH);
-    put_big_endian(header + HEADER_NBYTES, (uint64_t)len, HEADER_NBYTES_WIDTH);
-    put_big_endian(header + HEADER_SEQ, call[0], HEADER_SEQ_WIDTH);
-    put_big_endian(header + HEADER_CALL, call[1], HEADER_CALL_WIDTH);
+    put_header(header, self->context, self->tag, (uint64_t)len, call[0], call[1]);
     char *stages[MAX_PEERS];
     ptrdiff_t stage_lens[MAX_PEERS];
     for (int i = 0; i < self->peers; i++) {
@@ -363,10 +367,9 @@ static int move_message(void *lane, int sending, PyObject *x, const Py_buffer *x
 {
     TcpLane *self = lane;
     int i = peer < self->rank ? (int)peer : (int)peer - 1; /* among the group's other ranks */
-    if (self->words.obj == NULL || *(const uint64_t *)self->shared.buf)
-        return 1;
-    if (engine_words_fresh(self->words.buf, self->publish) < 0)
-        return -1;
+    int ready = words_ready(self);
+    if (ready <= 0)
+        return ready < 0 ? -1 : 1;
     uint64_t state = *engine_word(self->words.buf, self->peer_words[i], STATE_WORD);
     /* (as TcpTransport.isend and recv ask: a receive also waits for no send that wants room) */
     if (sending ? state & SEND_HELD
@@ -374,11 +377,7 @@ static int move_message(void *lane, int sending, PyObject *x, const Py_buffer *x
         return 1;
     const uint64_t *call = self->p2p_call.buf;
     unsigned char header[HEADER_BYTES];
-    put_big_endian(header + HEADER_CONTEXT, self->p2p_context, HEADER_CONTEXT_WIDTH);
-    put_big_endian(header + HEADER_TAG, (uint64_t)tag, HEADER_TAG_WIDTH);
-    put_big_endian(header + HEADER_NBYTES, (uint64_t)xv->len, HEADER_NBYTES_WIDTH);
-    put_big_endian(header + HEADER_SEQ, call[0], HEADER_SEQ_WIDTH);
-    put_big_endian(header + HEADER_CALL, call[1], HEADER_CALL_WIDTH);
+    put_header(header, self->p2p_context, (uint64_t)tag, (uint64_t)xv->len, call[0], call[1]);
     PyObject *done;
     if (sending) {
         /* non-blocking: no wait, so the GIL stays (as _sockets.send) */
