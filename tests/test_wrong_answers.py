@@ -188,3 +188,78 @@ def test_mpi_out_of_communicators_says_to_close_them(script):
         assert "MPI could not make another communicator" in line
         assert "close the sub-communicators" in line
         assert int(line.split()[0]) > 100
+
+
+LATE_AT_THE_LIMITS = """
+import sys, time
+import numpy as np
+import tbcoll
+from tbcoll import tuning
+from tbcoll.shm import native as shm
+from tbcoll.transports import tcp_native
+
+comm = tbcoll.init()
+r, n = comm.rank, comm.size
+ITEM = 4  # float32
+if comm.backend == "shm":  # the lane's limits, and those of the rounds behind it
+    LIMITS = {"all_reduce": (shm.SINGLE_PASS_BYTES, shm.SLOT),
+              "all_gather": (shm.GATHER_ONE_COPY_BYTES, shm.SLOT),
+              "reduce_scatter": (shm.SINGLE_PASS_BYTES, shm.SLOT),
+              "broadcast": (shm.SLOT,)}
+else:  # the Lane's largest (np=2's halves past it), and the table's native limit at np 3-4
+    _, table_limit = tuning.native_up_to("tcp", "all_reduce", n)
+    LIMITS = {"all_reduce": tuple(sorted({tcp_native._WHOLE, table_limit or tcp_native._WHOLE}))}
+
+
+def values(count, k):
+    return ((np.arange(count) % 7) + 10 * k).astype(np.float32)
+
+
+def call(kind, count, root):
+    if kind == "all_reduce":
+        return comm.all_reduce(values(count, r)), sum(values(count, k) for k in range(n))
+    if kind == "all_gather":
+        return comm.all_gather(values(count, r)), np.concatenate(
+            [values(count, k) for k in range(n)])
+    if kind == "broadcast":
+        return comm.broadcast(values(count, r), root=root), values(count, root)
+    block = count // n  # reduce_scatter: x of n blocks
+    return (comm.reduce_scatter(values(block * n, r)),
+            sum(values(block * n, k) for k in range(n))[r * block:(r + 1) * block])
+
+
+wrong = []
+for kind, limits in LIMITS.items():
+    step = n if kind == "reduce_scatter" else 1  # elements: one more or fewer block's
+    for limit in limits:
+        for count in (limit // ITEM - step, limit // ITEM, limit // ITEM + step):
+            for late in range(n):  # each rank late once: its peers' messages there first
+                # and its engine holding something (a receive posted from a peer, as when a
+                # message came early): its lane leaves the call to the Python path, which
+                # must move what the on-time ranks' lanes do
+                sender = (late + 1) % n
+                if r == late:
+                    pending = comm.irecv(np.empty(1), sender, tag=9)
+                    time.sleep(0.1)
+                got, expected = call(kind, count, late)
+                if not np.array_equal(got, expected):
+                    wrong.append((kind, count * ITEM, late))
+                if r == sender:
+                    comm.send(np.ones(1), late, tag=9)
+                elif r == late:
+                    pending.wait()
+print("WRONG", wrong, flush=True)
+"""
+
+
+@pytest.mark.parametrize("backend, ranks", [("shm", 2), ("tcp", 2), ("tcp", 3)])
+def test_a_late_rank_takes_the_same_path_at_every_limit(script, backend, ranks):
+    """At each limit of a transport's C lane (the largest call it takes, and the rounds'
+    limits behind it), one element either side, with each rank in turn arriving 0.1 s late:
+    the on-time ranks' calls take the lane while the late rank's, finding their messages
+    there first, may take the Python path; both must run the same protocol (issue 46: tcp's
+    1 MiB all_reduce at np=2 went whole in the lane and in halves in Python, and failed)."""
+    p = tbrun("--backend", backend, "-np", ranks, "--comm-timeout", 20,
+              script(LATE_AT_THE_LIMITS), timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert tagged_lines(p.stdout) == {k: ["WRONG []"] for k in range(ranks)}, p.stdout

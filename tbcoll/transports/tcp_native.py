@@ -31,10 +31,20 @@ except ImportError:  # built without a compiler: numpy reduces
 
 _TAG = 8  # apart from the algorithms' tags (tbcoll.algorithms)
 _KEEP = 1 << 20  # blocks of this size and more share one buffer (_kept_blocks)
-_HALVES = 1 << 20  # np=2 messages of this size and more: _halves
+# The largest message exchanged whole: the Lane's largest (calls()), and past it, at np=2,
+# _halves. One number, so that a rank whose call the Lane took (on time) and one whose call
+# it left to Python (late: the peer's message already in the engine) run the same protocol.
+_WHOLE = _KEEP
 _SHAPES = 64  # calls' plans kept (TcpNative._plan), for this many shapes at most
 # all_reduce's signatures less the byte count, by dtype code then op code (the Lane's)
 _SIGNATURES = [signature("all_reduce", dtype, op, 0) for dtype in DTYPE_CODES for op in OP_CODES]
+
+
+def in_halves(size: int, mine: np.ndarray) -> bool:
+    """Whether an all_reduce of mine goes in halves (TcpNative._halves): decided by what
+    every rank's call agrees on (the size of the group and of x), never by which path took
+    it; never for a call the Lane may take (up to _WHOLE)."""
+    return size == 2 and mine.nbytes > _WHOLE and mine.size % 2 == 0
 
 
 class TcpNative:
@@ -52,12 +62,12 @@ class TcpNative:
         self._peers = tuple(world for rank, world in enumerate(members) if rank != self.rank)
         self._kept = np.empty(0, np.uint8)
         self._plans: dict[tuple[np.dtype, int, str], tuple] = {}  # by dtype, size, op
-        # the whole call in C, up to _KEEP bytes (past them, the blocks are kept here)
+        # the whole call in C, up to _WHOLE bytes (past them, the blocks are kept here)
         self.lane = transport.lane(self._peers, coll, self.rank, _TAG)
         if self.lane is not None:
             lock = transport.turns.lock
             self.lane.calls(np.ndarray, tuple(DTYPES.values()), OP_CODES, np.empty, lock.acquire,
-                            lock.release, _KEEP, _SIGNATURES, *transport.c_wait(), self._finish)
+                            lock.release, _WHOLE, _SIGNATURES, *transport.c_wait(), self._finish)
 
     def direct_all_reduce(self, x: np.ndarray, op: str, root: int,
                           out: np.ndarray | None) -> np.ndarray | None:
@@ -112,7 +122,7 @@ class TcpNative:
         """out = every rank's mine, op'ed in rank order (both C-contiguous, of one shape), in
         the call begun (call: the endpoint's)."""
         _, blocks, dtype_code, op_code = plan
-        if self.size == 2 and mine.nbytes >= _HALVES and mine.size % 2 == 0 and _sockets:
+        if in_halves(self.size, mine) and _sockets:
             self._halves(mine.reshape(-1), out.reshape(-1), dtype_code, op_code, call)
             return
         if blocks is None:
