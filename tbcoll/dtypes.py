@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import ml_dtypes
 import numpy as np
 
@@ -27,9 +30,23 @@ def check_dtype(dtype: np.dtype) -> np.dtype:
     return dtype
 
 
-def reducer(op: str) -> np.ufunc:
-    """The numpy ufunc of op: called as ufunc(acc, incoming, out=acc)."""
+def _quiet(ufunc: np.ufunc) -> Callable[..., Any]:
+    """ufunc with numpy's floating-point warnings off: inf + -inf is NaN and a float16 sum past
+    its range is inf, numpy's answers, which the C reductions give silently (issue 46)."""
+    def reduce(*args: Any, **kwargs: Any) -> Any:
+        with np.errstate(all="ignore"):
+            return ufunc(*args, **kwargs)
+
+    reduce.__name__ = ufunc.__name__
+    return reduce
+
+
+QUIET_OPS = {name: _quiet(ufunc) for name, ufunc in OPS.items()}
+
+
+def reducer(op: str) -> Callable[..., Any]:
+    """op's numpy ufunc, silent (_quiet): called as reduce(acc, incoming, out=acc)."""
     try:
-        return OPS[op]
+        return QUIET_OPS[op]
     except (KeyError, TypeError):
         raise ValueError(f"op {op!r} is not one of {', '.join(OPS)}") from None

@@ -50,7 +50,7 @@ from functools import partial
 import numpy as np
 
 from tbcoll.calls import mismatch, signature
-from tbcoll.dtypes import DTYPE_CODES, OP_CODES, OPS
+from tbcoll.dtypes import DTYPE_CODES, OP_CODES, reducer
 from tbcoll.env import shm_cma
 from tbcoll.errors import PEER_ENDED, CommError, PeerLostError, PeerTimeoutError, TbcollError
 from tbcoll.shm.flags import AtomicFlags, atomics
@@ -301,7 +301,7 @@ class ShmNative:
                  for k in range(size)]
         if in_place and rank >= 2:  # out's part is x's, which the first step would overwrite
             parts[rank] = parts[rank].copy()
-        ours, ufunc = dst[lo:hi].view(dtype), OPS[op]
+        ours, ufunc = dst[lo:hi].view(dtype), reducer(op)
         ufunc(parts[0], parts[1], out=ours)
         for part in parts[2:]:
             ufunc(ours, part, out=ours)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from tbcoll.calls import signature
-from tbcoll.dtypes import DTYPE_CODES, DTYPES, OP_CODES, OPS
+from tbcoll.dtypes import DTYPE_CODES, DTYPES, OP_CODES, reducer
 from tbcoll.transports.stream import StreamEndpoint
 
 if TYPE_CHECKING:
@@ -138,7 +138,7 @@ class TcpNative:
             return
         mine, out = mine.reshape(-1), out.reshape(-1)
         rows = [*blocks[:self.rank], mine.copy(), *blocks[self.rank:]]  # out may be mine
-        reduce = OPS[op]
+        reduce = reducer(op)
         reduce(rows[0], rows[1], out=out)
         for row in rows[2:]:
             reduce(out, row, out=out)
