@@ -95,6 +95,7 @@ class Communicator:
         self._trace_chunk = trace_chunk() if self._trace is not None else 0
         self._closed = False
         self._progress: Progress | None = None  # made by the first non-blocking call
+        self._uneven = uneven.Scratch()  # all_gather with counts: its buffers
         # A transport may offer one-call paths (Native.direct_*), taken for algorithm
         # "native" unless per-call checks are on, and may take mlx arrays there as they are.
         native = None if self._check_calls else group.native
@@ -184,7 +185,7 @@ class Communicator:
         (the rows of each rank's x, in rank order, the same on every rank: MPI's Allgatherv)
         the parts may differ in size."""
         if counts is not None:
-            return uneven.all_gather(self, x, counts, algorithm, out)
+            return uneven.all_gather(self, x, counts, algorithm, out, self._uneven)
         if algorithm is None and (first := self._first_all_gather) is not None and (
                 result := first(x, out)) is not None:
             return result

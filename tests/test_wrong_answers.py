@@ -117,6 +117,20 @@ big[:] = np.inf if r == 0 else -np.inf
 assert np.isnan(comm.all_reduce(big, out=into)).all()
 print("INF OK", flush=True)
 
+# all_gather with counts that differ between ranks: the same ValueError on every rank, naming
+# each rank's counts, where the padded parts agree (issue 46: rank 0 got 8 rows, the others 9)
+for mine, theirs in (([2, 3, 3], [3, 3, 3]), ([2, 1, 2], [2, 2, 2])):
+    counts = mine if r == 0 else theirs
+    try:
+        comm.all_gather(np.full((counts[r], 2), r, np.float32), counts=counts)
+        raise SystemExit(f"counts {counts} gave an answer")
+    except ValueError as e:
+        assert (f"rank 0 passed counts {mine}; ranks 1 and 2 passed counts {theirs}"
+                in str(e)), e
+got = comm.all_gather(np.full((r + 1, 2), r, np.int8), counts=[1, 2, 3])
+assert got[:, 1].tolist() == [0, 1, 1, 2, 2, 2], got
+print("COUNTS OK", flush=True)
+
 # smaller promises of the probe
 sub = comm.split(2**40 + r % 2, key=-r)  # colors and keys past C ints (MPI's)
 assert sub.all_reduce(np.ones(1))[0] == len(range(r % 2, n, 2))
@@ -174,8 +188,8 @@ print("FORK OK", flush=True)
 def test_every_rank_gets_numpys_answer_and_the_communicator_stays_whole(script, backend,
                                                                         algorithm):
     """With np 3 NaNs land on every rank at once and the split's colors are uneven. MLX's own
-    all_max (mlx's default on Macs) drops NaNs too. inf + -inf is NaN without a warning
-    (issue 46)."""
+    all_max (mlx's default on Macs) drops NaNs too. inf + -inf is NaN without a warning, and
+    all_gather's counts that differ between ranks fail on every rank (issue 46)."""
     path = script(SAME_ANSWERS)
     p = tbrun("--backend", backend, "-np", 3, "--comm-timeout", 30, path,
               *([algorithm] if algorithm else []), timeout=120)
@@ -183,8 +197,8 @@ def test_every_rank_gets_numpys_answer_and_the_communicator_stays_whole(script, 
     assert "RuntimeWarning" not in p.stdout + p.stderr, p.stdout + p.stderr
     lines = tagged_lines(p.stdout)
     for rank in range(3):
-        assert lines[rank] == ["NAN OK", "INF OK", "SPLITS OK", "THREADS OK", "FORK OK"], \
-            p.stdout
+        assert lines[rank] == ["NAN OK", "INF OK", "COUNTS OK", "SPLITS OK", "THREADS OK",
+                               "FORK OK"], p.stdout
 
 
 def test_mpi_out_of_communicators_says_to_close_them(script):
