@@ -363,7 +363,7 @@ class Communicator:
             buf = flat(x)
         else:
             array, _ = to_numpy(x)
-            self._check_peer(dst, "dst", tag)
+            dst, tag = self._check_peer(dst, "dst", tag)
             buf = flat(array) if array.flags.c_contiguous else contiguous_flat(array)
         self._move("send", self._group.p2p.send, buf, dst, tag)
 
@@ -378,6 +378,7 @@ class Communicator:
             self._move("recv", self._group.p2p.recv, flat(out_or_like), src, tag)
             return out_or_like
         target, restore = self._receive_into(out_or_like, src, tag)
+        src, tag = int(src), int(tag)  # (checked there: a numpy int as a plain one below)
         self._move("recv", self._group.p2p.recv, flat(target), src, tag)
         return restore(target)
 
@@ -392,7 +393,7 @@ class Communicator:
     def isend(self, x: Any, dst: int, tag: int = 0) -> Request:
         """send without waiting; wait() returns None once x may be reused."""
         array, _ = to_numpy(x)
-        self._check_peer(dst, "dst", tag)
+        dst, tag = self._check_peer(dst, "dst", tag)
         buf = contiguous_flat(array)
         return self._claimed("isend", lambda: self._start(
             f"send to rank {dst}", lambda p2p: p2p.isend(buf, dst, tag), lambda: None))
@@ -401,6 +402,7 @@ class Communicator:
         """recv without waiting; wait() returns what recv would (out filled, or a new mlx
         array)."""
         target, restore = self._receive_into(out_or_like, src, tag)
+        src, tag = int(src), int(tag)
         return self._claimed("irecv", lambda: self._start(
             f"recv from rank {src}", lambda p2p: p2p.irecv(flat(target), src, tag),
             lambda: restore(target)))
@@ -440,7 +442,8 @@ class Communicator:
             return np.empty(template.shape, template.dtype), restore
         return output(None, template, template.shape, template.dtype), restore
 
-    def _check_peer(self, peer: int, what: str, tag: int) -> None:
+    def _check_peer(self, peer: int, what: str, tag: int) -> tuple[int, int]:
+        """peer and tag checked, as plain ints (the transports' C calls take no numpy int)."""
         if isinstance(tag, bool) or not isinstance(tag, (int, np.integer)) or not (
                 0 <= tag <= MAX_TAG):
             raise ValueError(f"tag={tag!r} must be an int in 0..{MAX_TAG}")
@@ -450,6 +453,7 @@ class Communicator:
                               "closed communicator")
         if peer == self.rank:
             raise ValueError(f"{what}={peer} is this rank; send/recv need another rank")
+        return int(peer), int(tag)
 
     # --- communicators -------------------------------------------------------------------
 

@@ -406,6 +406,38 @@ def test_the_lane_moves_small_messages_and_leaves_the_rest_to_the_engine(script,
     assert tagged_lines(p.stdout) == {0: ["moved"], 1: ["moved"]}, p.stdout
 
 
+NUMPY_TAGS = """
+import numpy as np
+import tbcoll
+
+comm = tbcoll.init()
+r = comm.rank
+peer = np.int64(1 - r)
+for tag in (np.int64(3), np.int32(4), np.uint16(5)):
+    if r == 0:
+        comm.send(np.arange(3.0), peer, tag=tag)
+        got = comm.recv(np.empty(3), peer, tag=tag)
+        request = comm.isend(got, peer, tag=tag)
+        request.wait()
+    else:
+        got = comm.recv(np.empty(3), peer, tag=tag)
+        comm.send(got + 1, peer, tag=tag)
+        got = comm.irecv(np.empty(3), peer, tag=tag).wait()
+    print(int(tag), got.tolist(), flush=True)
+"""
+
+
+def test_numpy_ints_name_the_peer_and_tag(script):
+    """send, recv, isend and irecv take numpy ints for the peer and tag, as the argument
+    checks do (issue 46: shm's C move refused them, with a TypeError, while the peer waited
+    out the timeout)."""
+    p = tbrun("-np", 2, "--backend", "shm", "--comm-timeout", 10, script(NUMPY_TAGS),
+              timeout=60)
+    assert p.returncode == 0, p.stderr + p.stdout
+    expected = [f"{tag} [1.0, 2.0, 3.0]" for tag in (3, 4, 5)]
+    assert tagged_lines(p.stdout) == {0: expected, 1: expected}, p.stdout
+
+
 CHANGED_WORDS = """
 import tbcoll.{module} as built
 built.PULLS <<= 1  # as a build of another engine_words.h would say
