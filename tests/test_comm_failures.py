@@ -335,3 +335,36 @@ def test_a_send_to_a_rank_that_ended_fails_naming_it(script, backend):
         assert line.startswith("PeerLostError: send to rank 1 on rank 0: lost connection to "
                                "rank 1 (it ended (exited or crashed)"), line
     assert p.returncode == 3, p.stderr
+
+
+SMALL_SENDS_TO_ENDED = """
+import sys, time, numpy as np, tbcoll
+comm = tbcoll.init()
+if comm.rank == 1:
+    sys.exit(0)  # ends, status 0, without receiving
+time.sleep(0.5)
+start = time.monotonic()
+while time.monotonic() - start < 3:
+    try:
+        comm.send(np.ones(1), 1)  # 8 B: room for it in any ring or socket buffer
+    except tbcoll.CommError as e:
+        print(f"{time.monotonic() - start:.2f} s: {type(e).__name__}: {e}", flush=True)
+        sys.exit(3)
+    time.sleep(0.01)
+print("every send returned", flush=True)
+"""
+
+
+@pytest.mark.parametrize("backend", ["shm", "tcp"])
+def test_small_sends_to_a_rank_that_ended_fail_naming_it(script, backend):
+    """A message that fits the transport's buffers, sent to a rank that has ended: tcp's socket
+    says so within a send or two; shm's ring never does, so a send looks at its receiver's
+    process every 0.1 s at most (issue 46: shm's returned, again and again)."""
+    p = tbrun("-np", 2, "--backend", backend, "--comm-timeout", 10,
+              script(SMALL_SENDS_TO_ENDED), timeout=60)
+    (line,) = tagged_lines(p.stdout)[0]
+    elapsed, _, error = line.partition(" s: ")
+    assert error.startswith("PeerLostError: send to rank 1 on rank 0: lost connection to "
+                            "rank 1 (it ended (exited or crashed)"), line
+    assert float(elapsed) < 2.0, line  # (3 s of sends otherwise; a look is due every 0.1 s)
+    assert p.returncode == 3, p.stderr

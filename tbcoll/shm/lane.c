@@ -49,6 +49,7 @@ static int lane_traverse(Lane *self, visitproc visit, void *arg)
     Py_VISIT(self->finish_recv);
     Py_VISIT(self->finish_pulled_send);
     Py_VISIT(self->finish_announced);
+    Py_VISIT(self->look);
     Py_VISIT(self->words.obj);
     Py_VISIT(self->publish);
     return one_call_traverse(&self->call, visit, arg);
@@ -67,10 +68,13 @@ static int lane_clear(Lane *self)
     Py_CLEAR(self->finish_recv);
     Py_CLEAR(self->finish_pulled_send);
     Py_CLEAR(self->finish_announced);
+    Py_CLEAR(self->look);
     lane_release_words(self);
     Py_CLEAR(self->publish);
     PyMem_Free(self->stream_at);
     self->stream_at = NULL;
+    PyMem_Free(self->next_look);
+    self->next_look = NULL;
     one_call_clear(&self->call);
     return 0;
 }

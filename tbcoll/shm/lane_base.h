@@ -59,6 +59,9 @@ typedef struct {
     Py_ssize_t pull_bytes;     /* payloads this large are pulled (to a peer that pulls) */
     uint32_t announce_bit, answer_context; /* an announcement's context bit; an answer's */
     double send_budget, recv_budget; /* seconds a move waits in C before Python takes over */
+    PyObject *look;            /* look(peer): the engine's; raises where peer has ended */
+    double look_every;         /* seconds between a send's looks at its receiver, per rank */
+    double *next_look;         /* [k]: when a send to rank k looks next (gate_now's clock) */
 } Lane;
 
 #define PREFAULT_BYTES (4 << 20) /* results this large have their pages touched first */

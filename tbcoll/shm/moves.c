@@ -38,7 +38,7 @@ void lane_release_words(Lane *self)
 }
 
 /*
- * streams(context, capacity, budgets, (words, publish), rings, moves, pulls)
+ * streams(context, capacity, budgets, (words, publish), rings, moves, pulls, (look, every))
  * Lend the lane the stream engine's rings (tbcoll/transports/shm.py, ShmStream.lend_lane):
  * context, the endpoint's whose messages send and recv move; capacity, each ring's data
  * bytes; budgets, (send, recv) seconds a move waits in C; words, the engine's (a writable
@@ -46,19 +46,21 @@ void lane_release_words(Lane *self)
  * publish(), the engine's publish_words; rings, by rank, (ring to it, ring from it), None for
  * this rank; moves, the engine's (send, recv, finish_send, finish_recv, finish_pulled_send,
  * finish_announced); pulls, (pull_bytes, the announcement's context bit, the answer's
- * context).
+ * context); look(peer), the engine's, which raises where rank peer has ended, called by a
+ * send at most every `every` seconds per receiver (look_if_due).
  */
 PyObject *lane_streams(Lane *self, PyObject *args)
 {
-    PyObject *context, *publish, *rings, *moves[6];
+    PyObject *context, *publish, *rings, *moves[6], *look;
     Py_buffer words;
     Py_ssize_t capacity, pull_bytes;
     unsigned long announce_bit, answer_context;
-    double send_budget, recv_budget;
-    if (!PyArg_ParseTuple(args, "O!n(dd)(w*O)O!(OOOOOO)(nkk):streams", &PyLong_Type,
+    double send_budget, recv_budget, look_every;
+    if (!PyArg_ParseTuple(args, "O!n(dd)(w*O)O!(OOOOOO)(nkk)(Od):streams", &PyLong_Type,
                           &context, &capacity, &send_budget, &recv_budget, &words, &publish,
                           &PyTuple_Type, &rings, &moves[0], &moves[1], &moves[2], &moves[3],
-                          &moves[4], &moves[5], &pull_bytes, &announce_bit, &answer_context))
+                          &moves[4], &moves[5], &pull_bytes, &announce_bit, &answer_context,
+                          &look, &look_every))
         return NULL;
     Py_buffer segment;
     if (PyObject_GetBuffer(self->segment, &segment, PyBUF_SIMPLE) < 0) {
@@ -72,13 +74,19 @@ PyObject *lane_streams(Lane *self, PyObject *args)
         answer_context > UINT32_MAX || PyTuple_GET_SIZE(rings) != self->size ||
         pull_bytes < 1 || capacity < HEADER_BYTES + DESCRIPTOR_BYTES ||
         words.len != (PEER_WORDS + self->size * WORDS_PER_PEER) * (Py_ssize_t)sizeof(uint64_t) ||
-        (uintptr_t)words.buf % sizeof(uint64_t) != 0 || !PyCallable_Check(publish))
+        (uintptr_t)words.buf % sizeof(uint64_t) != 0 || !PyCallable_Check(publish) ||
+        !PyCallable_Check(look) || !(look_every >= 0))
         goto bad;
     Py_ssize_t *at = PyMem_New(Py_ssize_t, 2 * self->size);
-    if (at == NULL) {
+    double *next_look = PyMem_New(double, self->size);
+    if (at == NULL || next_look == NULL) {
+        PyMem_Free(at);
+        PyMem_Free(next_look);
         PyBuffer_Release(&words);
         return PyErr_NoMemory();
     }
+    for (Py_ssize_t k = 0; k < self->size; k++)
+        next_look[k] = 0.0; /* a first send to each rank looks */
     for (Py_ssize_t k = 0; k < self->size; k++) {
         PyObject *ring = PyTuple_GET_ITEM(rings, k);
         at[2 * k] = at[2 * k + 1] = 0;
@@ -87,11 +95,16 @@ PyObject *lane_streams(Lane *self, PyObject *args)
             (ring != Py_None && !(ring_inside(at[2 * k], capacity, len) &&
                                   ring_inside(at[2 * k + 1], capacity, len)))) {
             PyMem_Free(at);
+            PyMem_Free(next_look);
             goto bad;
         }
     }
     PyMem_Free(self->stream_at);
     self->stream_at = at;
+    PyMem_Free(self->next_look);
+    self->next_look = next_look;
+    Py_XSETREF(self->look, Py_NewRef(look));
+    self->look_every = look_every;
     lane_release_words(self);
     self->words = words; /* held: the array can neither move nor be resized meanwhile */
     Py_XSETREF(self->publish, Py_NewRef(publish));
@@ -277,6 +290,23 @@ static PyObject *engine_part(Lane *self, int sending, int outcome, PyObject *x,
     return result;
 }
 
+/* Whether the send's receiver, rank peer, is known alive: a ring never says that its reader
+ * has ended, and a message that fits it would be written all the same and the send return
+ * (tcp's socket says so within a send or two). So a send asks the engine (look, which loses
+ * the peer and raises PeerLostError where its process has ended: tbcoll/transports/shm.py)
+ * at most every look_every seconds per receiver, which costs a clock read per send. 0, or
+ * -1 with that error. */
+static int look_if_due(Lane *self, Py_ssize_t peer)
+{
+    double now = gate_now();
+    if (now < self->next_look[peer])
+        return 0;
+    self->next_look[peer] = now + self->look_every;
+    PyObject *done = PyObject_CallFunction(self->look, "n", peer);
+    Py_XDECREF(done);
+    return done == NULL ? -1 : 0;
+}
+
 /* A taken send or recv (one_call_move's work, tbcoll/include/one_call.h): moved here (move)
  * where the engine is idle; else the engine's send or recv moves it, or finishes what C began
  * (a full ring, a late sender, another message first, a pull refused). Declined where the
@@ -287,6 +317,8 @@ static int move_message(void *lane, int sending, PyObject *x, const Py_buffer *x
     Lane *self = lane;
     if (self->send == NULL)
         return 1;
+    if (sending && look_if_due(self, peer) < 0)
+        return -1;
     Move m = {.peer = peer, .context = self->context_word, .tag = (uint64_t)tag};
     int outcome = move(self, sending, xv->len >= self->pull_bytes, 0, xv, &m);
     if (outcome < 0)

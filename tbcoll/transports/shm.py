@@ -51,6 +51,9 @@ _ROOM_WAIT = 2e-3  # how long a blocking send waits in C for room before the eng
 # in the sender's caches unwritten pulls faster: 64 KB 0.87x.) A message that fits the ring
 # whole needs no answer from the receiver.
 PULL_BYTES = RING
+# A ring never says that its reader has ended: a send looks (ShmStream._look) at most this
+# often per receiver, so that one to a rank that has ended fails within it, as tcp's does.
+LOOK_EVERY = 0.1
 
 
 check_words(atomics)
@@ -84,6 +87,7 @@ class ShmStream(StreamTransport):
         pulls = bool(atomics.HAVE_CMA) and shm_cma()
         for peer in self._peers.values():
             peer.pulls = pulls
+        self._next_look = [0.0] * size  # per rank, when a send to it looks next
 
     def lend_lane(self, lane: atomics.Lane, endpoint: StreamEndpoint) -> None:
         """Let the communicator's lane (tbcoll/shm/moves.c) move endpoint's messages itself
@@ -110,7 +114,7 @@ class ShmStream(StreamTransport):
         moves = (endpoint.send, endpoint.recv, *doors)
         lane.streams(endpoint.context, ring.capacity, (_ROOM_WAIT, WAIT_SLICE),
                      (self.words, self.publish_words), rings, moves,
-                     (PULL_BYTES, *self.PULL_CONTEXTS))
+                     (PULL_BYTES, *self.PULL_CONTEXTS), (self._door(self._look), LOOK_EVERY))
 
     def _door(self, method: Callable[..., None]) -> Callable[..., None]:
         """method, entered as a door into the engine (its Turns, which mark the words STALE)."""
@@ -127,12 +131,37 @@ class ShmStream(StreamTransport):
         once, in tbcoll/shm/moves.c) when nothing is queued before it (and, to pull, nothing
         comes from dest first); what C does not finish goes on through the engine, which
         reads while it waits."""
+        self._look_if_due(dest)
         peer = self._peers.get(dest)
         pulled = peer is not None and buf.nbytes >= PULL_BYTES and peer.pulls
         if not self._sends_idle(peer) or (pulled and not self._stream_idle(peer)):
             super().send(buf, dest, context, tag, call)
             return
         self._move_in_c(True, buf, dest, context, tag, call, pulled)
+
+    def isend(self, buf: np.ndarray, dest: int, context: int, tag: int,
+              call: tuple[int, int] = NO_CALL) -> Any:
+        self._look_if_due(dest)
+        return super().isend(buf, dest, context, tag, call)
+
+    def _look_if_due(self, dest: int) -> None:
+        """_look at dest where a send to it has not looked for LOOK_EVERY seconds (the lane's
+        sends keep their own times: tbcoll/shm/moves.c, look_if_due)."""
+        now = time.monotonic()
+        if 0 <= dest < self.size and now >= self._next_look[dest]:
+            self._next_look[dest] = now + LOOK_EVERY
+            self._look(dest)
+
+    def _look(self, dest: int) -> None:
+        """Raise PeerLostError where rank dest has ended (its pid gone), or was lost before."""
+        peer = self._peers.get(dest)
+        if peer is None:
+            return
+        pid = self._native.pid_of(dest)
+        if not peer.lost and gone(pid):
+            self._lose(peer, f"{PEER_ENDED}: pid {pid} is gone")
+        if peer.lost:
+            raise PeerLostError(f"lost connection to rank {dest} ({peer.lost})", (dest,))
 
     def recv(self, buf: np.ndarray, source: int, context: int, tag: int,
              call: tuple[int, int] = NO_CALL) -> None:
