@@ -21,6 +21,7 @@ check refuses on every rank (a CommError naming the sizes; a note gives this ran
 from __future__ import annotations
 
 import math
+import threading
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -55,19 +56,25 @@ def _header_items(size: int, dtype: np.dtype) -> int:
 class Scratch:
     """A communicator's buffers for its parts and the gathered parts, kept from call to call
     (up to KEEP_BYTES): allocating them anew cost 0.25 ms of a 30 us call (np=2, 2 x 96 KiB
-    of logits), the allocator giving the pages back and faulting them in again each time."""
+    of logits), the allocator giving the pages back and faulting them in again each time.
+    Lent to one call at a time (lock): a second thread's call, which the communicator then
+    refuses, must not write into the part that the first one's all_gather is sending."""
 
     KEEP_BYTES = 16 << 20
 
     def __init__(self) -> None:
         self._kept = np.empty(0, np.uint8)
+        self.lock = threading.Lock()
 
-    def arrays(self, part: int, size: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    def arrays(self, part: int, size: int, dtype: np.dtype, kept: bool
+               ) -> tuple[np.ndarray, np.ndarray]:
         """Room for this rank's part and the size parts gathered, part elements of dtype
-        each (kept where small enough, never handed to the caller)."""
+        each; kept: the lock is this call's, and the room is kept where small enough (it is
+        never handed to the caller)."""
         nbytes = (size + 1) * part * dtype.itemsize
-        room = self._kept if self._kept.nbytes >= nbytes else np.empty(nbytes, np.uint8)
-        if nbytes <= self.KEEP_BYTES:
+        room = self._kept if kept and self._kept.nbytes >= nbytes else np.empty(nbytes,
+                                                                                np.uint8)
+        if kept and nbytes <= self.KEEP_BYTES:
             self._kept = room
         flat = room[:nbytes].view(dtype)
         return flat[:part], flat[part:]
@@ -116,23 +123,36 @@ def all_gather(comm: Communicator, x: Any, counts: Any, algorithm: str | None,
     shape = (sum(rows), *array.shape[1:])
     result = output(x, out, shape, array.dtype)
     widest, head, row = max(rows), _header_items(comm.size, array.dtype), math.prod(shape[1:])
-    part, gathered = scratch.arrays(head + widest * row, comm.size, array.dtype)
-    _part(array, rows, head, part)
+    kept = scratch.lock.acquire(blocking=False)
     try:
-        comm.all_gather(part, algorithm=algorithm, out=gathered)
-    except CommError as e:  # (parts of other sizes: the ranks' widest counts differ)
-        e.add_note(f"all_gather counts on rank {comm.rank}: {rows} (each part padded to "
-                   f"{widest} rows); every rank must pass the same counts")
-        raise
-    table = gathered.reshape(comm.size, part.size)
-    header_bytes = table.view(np.uint8)[:, :comm.size * _COUNT.itemsize]  # (bits, not floats)
-    if not (header_bytes == header_bytes[comm.rank]).all():
-        raise ValueError(disagreement(_headers(table, comm.size)))
+        part, gathered = scratch.arrays(head + widest * row, comm.size, array.dtype, kept)
+        _part(array, rows, head, part)
+        try:
+            comm.all_gather(part, algorithm=algorithm, out=gathered)
+        except CommError as e:  # (parts of other sizes: the ranks' widest counts differ)
+            e.add_note(f"all_gather counts on rank {comm.rank}: {rows} (each part padded to "
+                       f"{widest} rows); every rank must pass the same counts")
+            raise
+        return restore(_cut(gathered.reshape(comm.size, part.size), rows, head, shape,
+                            result, comm.rank))
+    finally:
+        if kept:
+            scratch.lock.release()
+
+
+def _cut(table: np.ndarray, rows: list[int], head: int, shape: tuple[int, ...],
+         result: np.ndarray | None, rank: int) -> np.ndarray:
+    """The rows of the gathered parts (table: one a row), into result (None: a new array),
+    where every rank's header is this rank's; else the ValueError naming them."""
+    size = len(rows)
+    header_bytes = table.view(np.uint8)[:, :size * _COUNT.itemsize]  # (bits, not floats)
+    if not (header_bytes == header_bytes[rank]).all():
+        raise ValueError(disagreement(_headers(table, size)))
     if result is None:
-        result = np.empty(shape, array.dtype)
-    start = 0
-    for rank, count in enumerate(rows):
-        result[start:start + count] = table[rank, head:head + count * row].reshape(
+        result = np.empty(shape, table.dtype)
+    row, start = math.prod(shape[1:]), 0
+    for k, count in enumerate(rows):
+        result[start:start + count] = table[k, head:head + count * row].reshape(
             count, *shape[1:])
         start += count
-    return restore(result)
+    return result
