@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable
 
 from tbcoll.tp import checkpoint
 from tbcoll.tp.plan import lines
@@ -33,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def run_in_a_pipe(command) -> int:  # noqa: ANN001 (main, or any function of the same kind)
+def run_in_a_pipe(command: Callable[[], int]) -> int:
     """command(), where a reader that goes away (`| head -1`) ends it quietly, as SIGPIPE
     ends a shell tool: Python's recipe (the signal module's note on SIGPIPE), with standard
     output pointed at devnull so that the interpreter's last flush has nowhere to fail."""
