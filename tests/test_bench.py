@@ -95,6 +95,12 @@ def test_model_command_line(tmp_path):
         _model("fit", str(path), "-np", "8", "--predict", "1M")
     with pytest.raises(SystemExit):
         _model("predict", "--alpha-us", "3", "--gbps", "8", "lots")  # not a size
+    broken = tmp_path / "config.json"
+    broken.write_text('{"hidden_size": 64,')
+    result = CliRunner().invoke(model_cli.main, ["plan", "--config", str(broken),
+                                                 "--gbps-memory", "800", "--alpha-us", "3"])
+    assert result.exit_code == 2 and f"Error: --config {broken}: not a JSON config (Expecting " \
+        "property name enclosed in double quotes" in result.output
 
 
 def test_in_place_reductions_stay_quiet_and_checked():

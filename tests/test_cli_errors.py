@@ -1,10 +1,12 @@
 """Bad input: one line naming the problem, exit status 2, no traceback, nothing started."""
 
 import socket
+import subprocess
+import sys
 
 import pytest
 
-from .conftest import REPO, tbrun
+from .conftest import REPO, TBRUN, tbrun
 
 
 def assert_usage_error(p, *fragments):
@@ -89,3 +91,20 @@ def test_a_dump_dir_under_a_file(tmp_path):
     (tmp_path / "file").write_text("")
     assert_usage_error(tbrun("-np", "1", "--dump-dir", tmp_path / "file" / "dumps", "true",
                              timeout=30), f"--dump-dir {tmp_path / 'file' / 'dumps'}: ")
+
+
+@pytest.mark.parametrize("command", [
+    [TBRUN, "-np", "500", "--dry-run", "x.py"],  # ~0.5 MB of commands and variables
+    [sys.executable, "-m", "tbcoll.tp", "plan", "-np", "20000"],  # ~2.5 MB of lines
+])
+def test_a_reader_that_leaves_early_ends_the_command_quietly(tmp_path, command):
+    """`COMMAND | head -1`: the first line, then no BrokenPipeError traceback (Python's recipe
+    for SIGPIPE: status 1, nothing on stderr)."""
+    (tmp_path / "x.py").write_text("")
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          cwd=tmp_path) as p:
+        first = p.stdout.readline()
+        p.stdout.close()  # as head does after its line
+        stderr = p.stderr.read().decode()
+        status = p.wait(timeout=120)
+    assert first and stderr == "" and status == 1, (first, stderr, status)

@@ -3,6 +3,9 @@ job gives the float64 reference's embeddings at every rank count."""
 
 import json
 import re
+import subprocess
+import sys
+import threading
 from types import SimpleNamespace
 
 import numpy as np
@@ -120,6 +123,125 @@ def test_the_plan_is_printed_before_loading(tmp_path):
     p = subprocess.run([sys.executable, "-m", "tbcoll.tp", "plan", "-np", "0", "--model",
                         str(tmp_path)], capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and "-np 0: give 1 or more ranks" in p.stderr
+
+
+class ThreadWorld:
+    """size ranks as threads of this process: all_reduce and all_gather through a shared
+    list and a barrier, summed in rank order (as one process would)."""
+
+    def __init__(self, size: int) -> None:
+        self.size, self.barrier, self.slots = size, threading.Barrier(size, timeout=60), \
+            [None] * size
+
+    def comm(self, rank: int) -> SimpleNamespace:
+        def collect(x):
+            self.slots[rank] = np.array(x, copy=True)
+            self.barrier.wait()
+            parts = list(self.slots)
+            self.barrier.wait()  # every rank has read the slots: they may be written again
+            return parts
+
+        def all_reduce(x, out=None):
+            total = sum(collect(x))
+            if out is None:
+                return total
+            out[...] = total
+            return out
+
+        def all_gather(x, counts=None):
+            return np.concatenate(collect(x))
+
+        return SimpleNamespace(rank=rank, size=self.size, all_reduce=all_reduce,
+                               all_gather=all_gather)
+
+
+def test_more_ranks_than_heads_decode_as_one_process(tiny_llama):
+    """10 ranks (as threads) for 8 query heads: ranks 8 and 9 hold no heads, their attention
+    adds zero, their MLP and vocabulary rows still count; the logits are one process's."""
+    from tbcoll.tp.llama import TensorParallelLlama, load_checkpoint
+    from tbcoll.tp.plan import describe
+
+    cfg, weights = load_checkpoint(tiny_llama)
+    assert describe(cfg, 10)[9].startswith("rank 9: no query heads, no KV heads, MLP rows "
+                                           "116-127 (12), vocabulary rows 90-99 (10);")
+    world, found = ThreadWorld(10), {}
+
+    def rank(r: int) -> None:
+        found[r] = TensorParallelLlama(weights, cfg, world.comm(r), np.float64).generate(
+            [1, 5, 9, 2], 4)
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(10)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    ref_tokens, ref_trace = TensorParallelLlama(weights, cfg, Solo(), np.float64).generate(
+        [1, 5, 9, 2], 4)
+    assert sorted(found) == list(range(10))
+    for tokens, trace in found.values():
+        assert tokens == ref_tokens
+        np.testing.assert_allclose(np.stack(trace), np.stack(ref_trace), rtol=0, atol=1e-10)
+
+
+def test_a_prompt_past_the_context_is_refused(tiny_llama):
+    from tbcoll.tp.llama import TensorParallelLlama, load_checkpoint
+
+    cfg, weights = load_checkpoint(tiny_llama)
+    model = TensorParallelLlama(weights, cfg, Solo())
+    with pytest.raises(ValueError, match="a prompt of 2040 tokens and 9 more pass the "
+                                         "model's context of 2048 tokens"):
+        model.generate([1] * 2040, 9)
+
+
+def plan_command(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tbcoll.tp", "plan", *map(str, args)],
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_a_plan_of_any_size_comes_line_by_line(tmp_path):
+    """The plan is made a rank at a time: 10 million ranks give their first line at once
+    (each rank's part was found by listing every rank's, for every rank); 3000 in full."""
+    (tmp_path / "config.json").write_text(json.dumps(dict(TINY, num_attention_heads=9,
+                                                          num_key_value_heads=3,
+                                                          hidden_size=576)))
+    command = [sys.executable, "-m", "tbcoll.tp", "plan", "-np", "10000000", "--model",
+               str(tmp_path)]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, text=True) as p:
+        stop = threading.Timer(60, p.kill)  # a bound, not a measure: it came in 0.2 s here
+        stop.start()
+        try:
+            first = p.stdout.readline()
+        finally:
+            stop.cancel()
+            p.kill()
+    assert first.startswith("rank 0: query heads 0 (1), KV heads 0 (1), shared with ranks "
+                            "1, 2, MLP rows 0 (1), vocabulary rows 0 (1); ")
+    p = plan_command("-np", 3000, "--model", tmp_path)
+    lines = p.stdout.splitlines()
+    assert p.returncode == 0 and len(lines) == 3000
+    assert lines[5].startswith("rank 5: query heads 5 (1), KV heads 1 (1), shared with ranks "
+                               "3, 4, MLP rows 5 (1), vocabulary rows 5 (1);")
+    assert lines[2999].startswith("rank 2999: no query heads, no KV heads, no MLP rows, no "
+                                  "vocabulary rows;")
+
+
+@pytest.mark.parametrize("config, message", [
+    ("{'hidden_size': 64,", "not a JSON config (Expecting property name enclosed in double "
+                            "quotes: line 1 column 2 (char 1))"),
+    (dict(TINY, num_key_value_heads=3), "8 query heads do not share 3 key/value heads evenly"),
+    (dict(TINY, num_key_value_heads=0), "num_key_value_heads 0: give a whole number, 1 or more"),
+    (dict(TINY, num_attention_heads=5, num_key_value_heads=5),
+     "hidden_size 64 is not 5 query heads of an even size"),
+    ({"hidden_size": 64}, "intermediate_size, num_attention_heads, num_key_value_heads, "
+                          "num_hidden_layers, vocab_size missing"),
+])
+def test_a_bad_config_is_one_line_naming_the_file(tmp_path, config, message):
+    (tmp_path / "config.json").write_text(config if isinstance(config, str)
+                                          else json.dumps(config))
+    p = plan_command("-np", 2, "--model", tmp_path)
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
+    assert p.stderr.splitlines()[-1].startswith(f"python -m tbcoll.tp: error: "
+                                                f"{tmp_path / 'config.json'}: {message}")
 
 
 @pytest.mark.parametrize("np_, arrays", [(1, "numpy"), (2, "numpy"), (3, "numpy"),

@@ -77,6 +77,20 @@ def _shape_options(command):  # noqa: ANN001, ANN202 (a decorator)
     return command
 
 
+def _config_fields(config: Path) -> dict:
+    """A Hugging Face config.json's fields; a usage error naming the file where it cannot be
+    read or is not a JSON object."""
+    try:
+        fields = json.loads(config.read_text())
+    except OSError as e:
+        raise click.UsageError(f"--config {config}: cannot read it ({e.strerror})") from None
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+        raise click.UsageError(f"--config {config}: not a JSON config ({e})") from None
+    if not isinstance(fields, dict):
+        raise click.UsageError(f"--config {config}: not a JSON config (an object is needed)")
+    return fields
+
+
 @main.command("plan")
 @click.option("--config", type=click.Path(dir_okay=False, path_type=Path),
               help="A Hugging Face config.json (default: TinyLlama-1.1B's shape); the shape "
@@ -96,14 +110,18 @@ def plan_command(config: Path | None, dtype: str, machines: str, gbps_memory: fl
                  alpha_us: float, gbps_link: float, allreduce_us: float | None,
                  **shape_flags: int | None) -> None:
     """Decoding tokens/s split over N machines: tensor against pipeline parallel."""
+    fields = _config_fields(config) if config else TINYLLAMA
+    fields = {**fields, **{field: value for field, value in shape_flags.items()
+                           if value is not None}}
     try:
-        fields = json.loads(config.read_text()) if config else TINYLLAMA
-        fields = {**fields, **{field: value for field, value in shape_flags.items()
-                               if value is not None}}
         shape = Shape.from_config(fields, DTYPE_BYTES[dtype])
+    except KeyError as e:
+        raise click.UsageError(f"{config or 'the shape flags'}: {e} missing") from None
+    try:
         counts = [int(n) for n in machines.split(",")]
-    except (OSError, ValueError, KeyError) as e:
-        raise click.UsageError(f"{e}") from None
+    except ValueError:
+        raise click.BadParameter(f"{machines!r}: give whole numbers, e.g. 1,2,4",
+                                 param_hint="-N") from None
     if min(counts) < 1:
         raise click.BadParameter("machines must be positive", param_hint="-N")
     link = Link(alpha_us * 1e-6, 1 / (gbps_link * 1e9),

@@ -5,10 +5,12 @@ would hold of a model, one line per rank with its memory, read from the model's 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from collections.abc import Callable
 
 from tbcoll.tp import checkpoint
-from tbcoll.tp.plan import describe
+from tbcoll.tp.plan import lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,9 +29,24 @@ def main(argv: list[str] | None = None) -> int:
         cfg = checkpoint.config(args.model or checkpoint.smollm2_path())
     except (ImportError, OSError, ValueError) as e:
         parser.error(str(e))
-    print("\n".join(describe(cfg, args.ranks, args.dtype_bytes)))
+    for line in lines(cfg, args.ranks, args.dtype_bytes):  # each as it is made: `| head`
+        print(line)
     return 0
 
 
+def run_in_a_pipe(command: Callable[[], int]) -> int:
+    """command(), where a reader that goes away (`| head -1`) ends it quietly, as SIGPIPE
+    ends a shell tool: Python's recipe (the signal module's note on SIGPIPE), with standard
+    output pointed at devnull so that the interpreter's last flush has nowhere to fail."""
+    try:
+        status = command()
+        sys.stdout.flush()
+        return status
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_in_a_pipe(main))

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from tbcoll.tp.llama import LlamaConfig, load_checkpoint
+from tbcoll.tp.llama import NO_WEIGHTS, LlamaConfig, load_checkpoint
 
 # GGUF's tensor names, per layer and for the whole model, to Hugging Face's
 LAYER_NAMES = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
@@ -83,9 +83,10 @@ class GGUFWeights(Mapping):
         shape = [int(n) for n in reversed(tensor.shape)]  # (out, in), or (n,) for a norm
         if len(shape) == 1:
             return dequantize(tensor.data, tensor.tensor_type).astype(np.float32, copy=False)
-        rows = range(shape[0])[rows]
+        rows, columns = range(shape[0])[rows], range(shape[1])[columns]
+        if not rows or not columns:  # a rank with no heads (np > heads): nothing to read
+            return np.zeros((len(rows), len(columns)), np.float32)
         data = tensor.data[rows.start:rows.stop:rows.step]
-        columns = range(shape[1])[columns]
         first, last = columns.start, columns.stop
         if data.dtype == np.uint8:  # quantized: each row is its blocks' bytes
             block, block_bytes = GGML_QUANT_SIZES[tensor.tensor_type]
@@ -135,6 +136,13 @@ def gguf_config(reader: Any, path: Path) -> LlamaConfig:
         return value
 
     tokens = _field(reader, "tokenizer.ggml.tokens")
+    try:
+        return _gguf_shape(reader, need, tokens)
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None
+
+
+def _gguf_shape(reader: Any, need: Any, tokens: Any) -> LlamaConfig:
     return LlamaConfig(
         hidden_size=need("embedding_length"), intermediate_size=need("feed_forward_length"),
         num_attention_heads=need("attention.head_count"),
@@ -191,9 +199,13 @@ def load(path: Path) -> tuple[LlamaConfig, Mapping[str, np.ndarray]]:
     return cfg, GGUFWeights(reader, cfg)
 
 
-def config(path: Path) -> LlamaConfig:
-    """Only the config (no weights read): what a plan needs."""
+def config(path: Path, *, check_weights: bool = False) -> LlamaConfig:
+    """Only the config (no weights read): what a plan needs. check_weights: a folder with no
+    *.safetensors is refused too (a job refuses it here, before its ranks start loading)."""
     path = Path(path)
     if path.is_dir():
-        return LlamaConfig.from_file(path / "config.json")
+        cfg = LlamaConfig.from_file(path / "config.json")
+        if check_weights and not any(path.glob("*.safetensors")):
+            raise ValueError(NO_WEIGHTS.format(folder=path))
+        return cfg
     return gguf_config(open_gguf(path), path)

@@ -39,10 +39,21 @@ def split(total: int, size: int) -> list[int]:
 
 
 def shard_bounds(total: int, rank: int, size: int) -> slice:
-    """This rank's slice of `total` items split as evenly as possible (see split)."""
-    parts = split(total, size)
-    start = sum(parts[:rank])
-    return slice(start, start + parts[rank])
+    """This rank's slice of `total` items split as evenly as possible (see split), found
+    without listing the other ranks' parts: a plan of millions of ranks stays linear."""
+    if size < 1 or total < 0 or not 0 <= rank < size:
+        raise ValueError(f"Cannot split {total} items into {size} parts for rank {rank}")
+    base, larger = divmod(total, size)  # the first `larger` ranks hold one more
+    start = rank * base + min(rank, larger)
+    return slice(start, start + base + (rank < larger))
+
+
+def owner(index: int, total: int, size: int) -> int:
+    """The rank whose shard_bounds(total, rank, size) holds item index (0 <= index < total)."""
+    base, larger = divmod(total, size)
+    if index < larger * (base + 1):
+        return index // (base + 1)
+    return larger + (index - larger * (base + 1)) // base
 
 
 def even_bounds(total: int, rank: int, size: int, what: str) -> slice:

@@ -16,14 +16,15 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterator, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import MISSING, asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from tbcoll.tp.layers import AllToShardedLinear, ShardedToAllLinear, as_array
-from tbcoll.tp.plan import RankPart, plan, vocab_counts
+from tbcoll.tp.plan import RankPart, vocab_counts
+from tbcoll.tp.plan import part as rank_part
 
 
 @dataclass(frozen=True)
@@ -38,17 +39,52 @@ class LlamaConfig:
     rope_theta: float = 10000.0
     max_position_embeddings: int = 2048
 
+    def __post_init__(self) -> None:
+        """Refuse a shape no Llama has, in one line, before anything is split or loaded."""
+        sizes = ("hidden_size", "intermediate_size", "num_attention_heads",
+                 "num_key_value_heads", "num_hidden_layers", "vocab_size",
+                 "max_position_embeddings")
+        for name in sizes:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} {value!r}: give a whole number, 1 or more")
+        heads, kv_heads = self.num_attention_heads, self.num_key_value_heads
+        if heads % kv_heads:
+            raise ValueError(f"{heads} query heads do not share {kv_heads} key/value heads "
+                             f"evenly (num_attention_heads must be a multiple of "
+                             f"num_key_value_heads)")
+        if self.hidden_size % (2 * heads):
+            raise ValueError(f"hidden_size {self.hidden_size} is not {heads} query heads of "
+                             f"an even size (rotary embeddings rotate half of each head)")
+
     @classmethod
     def from_file(cls, path: Path) -> LlamaConfig:
-        c = json.loads(Path(path).read_text())
+        """The config of a Hugging Face config.json; ValueError naming the file where it is
+        not JSON, lacks a size or holds an impossible one."""
+        try:
+            c = json.loads(Path(path).read_text())
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ValueError(f"{path}: not a JSON config ({e})") from None
+        if not isinstance(c, dict):
+            raise ValueError(f"{path}: not a JSON config (an object is needed)")
         if c.get("hidden_act", "silu") != "silu":
             raise ValueError(f"{path}: hidden_act {c['hidden_act']!r} is not silu")
         names = cls.__dataclass_fields__
-        return cls(**{k: v for k, v in c.items() if k in names})
+        missing = [n for n, f in names.items() if f.default is MISSING and n not in c]
+        if missing:
+            raise ValueError(f"{path}: {', '.join(missing)} missing (a Llama config has them)")
+        try:
+            return cls(**{k: v for k, v in c.items() if k in names})
+        except ValueError as e:
+            raise ValueError(f"{path}: {e}") from None
 
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
+
+
+NO_WEIGHTS = ("{folder}: no *.safetensors (the weights) beside config.json; give a folder "
+              "with both, or a .gguf file")
 
 
 def load_checkpoint(folder: Path) -> tuple[LlamaConfig, dict[str, np.ndarray]]:
@@ -59,7 +95,7 @@ def load_checkpoint(folder: Path) -> tuple[LlamaConfig, dict[str, np.ndarray]]:
     for file in sorted(folder.glob("*.safetensors")):
         weights.update(load_file(str(file)))
     if not weights:
-        raise FileNotFoundError(f"no *.safetensors in {folder}")
+        raise FileNotFoundError(NO_WEIGHTS.format(folder=folder))
     if any(name.endswith(".scales") for name in weights):
         raise ValueError(f"{folder}: a quantized mlx-lm checkpoint (*.scales); give one in "
                          f"float16, bfloat16 or float32, or a GGUF file")
@@ -178,14 +214,14 @@ class TensorParallelLlama:
     def __init__(self, weights: Mapping[str, np.ndarray], cfg: LlamaConfig, comm: Any,
                  dtype: np.dtype = np.float32, xp: Any = np) -> None:
         self.cfg, self.comm, self.dtype, self.xp = cfg, comm, np.dtype(dtype), xp
-        part = plan(cfg, comm.size)[comm.rank]
+        held = rank_part(cfg, comm.rank, comm.size)
         embed = weights["model.embed_tokens.weight"]
         self.embed = as_array(embed, dtype, xp)
         self.norm = as_array(weights["model.norm.weight"], dtype, xp)
-        self.layers = [_Layer(weights, f"model.layers.{i}.", cfg, comm, part, dtype, xp)
+        self.layers = [_Layer(weights, f"model.layers.{i}.", cfg, comm, held, dtype, xp)
                        for i in range(cfg.num_hidden_layers)]
         head = weights["lm_head.weight"] if "lm_head.weight" in weights else embed  # tied
-        self.head = AllToShardedLinear.from_full(head, None, comm, dtype, xp, part.vocab)
+        self.head = AllToShardedLinear.from_full(head, None, comm, dtype, xp, held.vocab)
         self.vocab_counts = vocab_counts(cfg, comm.size)
         d = cfg.head_dim
         self.inv_freq = 1.0 / cfg.rope_theta ** (np.arange(0, d, 2) / d)
@@ -223,7 +259,12 @@ class TensorParallelLlama:
                ) -> Iterator[tuple[int, np.ndarray]]:
         """Greedy decoding: each token as it is chosen, with the logits that chose it; ends
         after max_tokens or a stop token (which is yielded). Every rank gets the same logits
-        bit for bit, so every rank chooses the same token."""
+        bit for bit, so every rank chooses the same token. ValueError where the prompt and
+        max_tokens pass the model's context (positions it never learned)."""
+        context = self.cfg.max_position_embeddings
+        if len(prompt) + max_tokens > context:
+            raise ValueError(f"a prompt of {len(prompt)} tokens and {max_tokens} more pass the "
+                             f"model's context of {context} tokens")
         self.reset()
         logits = self.forward(np.asarray(prompt))
         for step in range(max_tokens):

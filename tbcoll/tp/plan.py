@@ -8,19 +8,24 @@ needs it. Only the attention output (one column per query head feature) and the 
 projection are summed by all_reduce, and those columns are split without overlap, so the
 duplicates add nothing twice. MLP features and the vocabulary of the output head split by
 rows as evenly as they can; the logits come back with an all_gather of unequal parts.
+Ranks beyond the query heads hold none (their attention adds zero to the all_reduce) and
+still hold their MLP and vocabulary rows.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from tbcoll.tp.layers import shard_bounds, split
+from tbcoll.tp.layers import owner, shard_bounds, split
 
 
 @dataclass(frozen=True)
 class RankPart:
-    """What one rank holds of every layer: index ranges of heads, features and vocabulary."""
+    """What one rank holds of every layer: index ranges of heads, features and vocabulary.
+    Where ranks outnumber query heads, the last hold none: their attention adds zero to the
+    all_reduce, and they still hold their MLP and vocabulary rows."""
 
     rank: int
     heads: slice
@@ -36,19 +41,25 @@ def kv_heads_read(heads: slice, group: int) -> slice:
     return slice(heads.start // group, (heads.stop - 1) // group + 1)
 
 
+def _group(cfg: Any) -> int:
+    """Query heads per key/value head (the shape is refused where that is not a whole number)."""
+    heads, kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+    if kv_heads < 1 or heads < 1 or heads % kv_heads:
+        raise ValueError(f"{heads} query heads do not share {kv_heads} key/value heads evenly")
+    return heads // kv_heads
+
+
+def part(cfg: Any, rank: int, size: int) -> RankPart:
+    """Rank's part of a model of this LlamaConfig on size ranks (the others' not computed)."""
+    heads = shard_bounds(cfg.num_attention_heads, rank, size)
+    return RankPart(rank, heads, kv_heads_read(heads, _group(cfg)),
+                    shard_bounds(cfg.intermediate_size, rank, size),
+                    shard_bounds(cfg.vocab_size, rank, size))
+
+
 def plan(cfg: Any, size: int) -> list[RankPart]:
     """Every rank's part of a model of this LlamaConfig on size ranks."""
-    if cfg.num_attention_heads % cfg.num_key_value_heads:
-        raise ValueError(f"{cfg.num_attention_heads} query heads do not share "
-                         f"{cfg.num_key_value_heads} key/value heads evenly")
-    group = cfg.num_attention_heads // cfg.num_key_value_heads
-    parts = []
-    for rank in range(size):
-        heads = shard_bounds(cfg.num_attention_heads, rank, size)
-        parts.append(RankPart(rank, heads, kv_heads_read(heads, group),
-                              shard_bounds(cfg.intermediate_size, rank, size),
-                              shard_bounds(cfg.vocab_size, rank, size)))
-    return parts
+    return [part(cfg, rank, size) for rank in range(size)]
 
 
 def vocab_counts(cfg: Any, size: int) -> list[int]:
@@ -76,19 +87,32 @@ def _span(s: slice, what: str) -> str:
     return f"{what} {ids} ({s.stop - s.start})"
 
 
-def describe(cfg: Any, size: int, itemsize: float = 4) -> list[str]:
-    """One line per rank: what it holds, and its weights' memory at itemsize bytes each."""
-    parts = plan(cfg, size)
-    lines = []
-    for part in parts:
-        shared = [p.rank for p in parts if p.rank != part.rank
-                  and max(p.kv_heads.start, part.kv_heads.start)
-                  < min(p.kv_heads.stop, part.kv_heads.stop)]
+def sharing(cfg: Any, part: RankPart, size: int) -> list[int]:
+    """The other ranks that hold one of this rank's key/value heads: those holding a query
+    head that reads one, a run of neighbours found by division (no scan of every rank)."""
+    if part.kv_heads.start == part.kv_heads.stop:
+        return []
+    group, heads = _group(cfg), cfg.num_attention_heads
+    first = owner(part.kv_heads.start * group, heads, size)
+    last = owner(part.kv_heads.stop * group - 1, heads, size)
+    return [rank for rank in range(first, last + 1) if rank != part.rank]
+
+
+def lines(cfg: Any, size: int, itemsize: float = 4) -> Iterator[str]:
+    """describe's lines one at a time, each rank's made as it is asked for: the first comes
+    at once whatever the size, and all of them take time linear in it."""
+    for rank in range(size):
+        held = part(cfg, rank, size)
+        shared = sharing(cfg, held, size)
         also = (f", shared with rank{'s' * (len(shared) > 1)} {', '.join(map(str, shared))}"
                 if shared else "")
-        mib = parameters(cfg, part) * itemsize / 2**20
-        lines.append(f"rank {part.rank}: {_span(part.heads, 'query heads')}, "
-                     f"{_span(part.kv_heads, 'KV heads')}{also}, "
-                     f"{_span(part.mlp, 'MLP rows')}, {_span(part.vocab, 'vocabulary rows')}; "
-                     f"{mib:.0f} MiB")
-    return lines
+        mib = parameters(cfg, held) * itemsize / 2**20
+        yield (f"rank {rank}: {_span(held.heads, 'query heads')}, "
+               f"{_span(held.kv_heads, 'KV heads')}{also}, "
+               f"{_span(held.mlp, 'MLP rows')}, {_span(held.vocab, 'vocabulary rows')}; "
+               f"{mib:.0f} MiB")
+
+
+def describe(cfg: Any, size: int, itemsize: float = 4) -> list[str]:
+    """One line per rank: what it holds, and its weights' memory at itemsize bytes each."""
+    return list(lines(cfg, size, itemsize))

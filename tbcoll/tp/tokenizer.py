@@ -8,7 +8,9 @@ tokenizer_config.json's chat_template.
 
 from __future__ import annotations
 
+import functools
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -105,12 +107,81 @@ class ChatTokenizer:
         """The text the model reads for these messages, ready for the assistant's turn."""
         return self.render(messages=messages, add_generation_prompt=True, **self.special)
 
+    def chat_ids(self, messages: list[dict[str, str]]) -> list[int]:
+        """Token ids of chat_prompt(messages), each message's content encoded as text: a
+        special token's name in it ("<|im_end|>") stays characters, so a user's text cannot
+        end its turn or open another role's. Where the content has none, the ids are
+        encode(chat_prompt(messages))'s."""
+        for number, message in enumerate(messages, 1):
+            _check_text(message["content"], f"message {number}")
+        # marks in private-use characters, which no template writes, where the contents go
+        contents = {f"\ue000{i}\ue001": m["content"] for i, m in enumerate(messages)}
+        marked = self.chat_prompt([{**m, "content": mark}
+                                   for m, mark in zip(messages, contents, strict=True)])
+        if _fill(marked, contents) != self.chat_prompt(messages):
+            return self._ids_if_plain(messages)  # the template edits the content
+        ids: list[int] = []
+        for piece in self._specials.split(marked) if self._specials else [marked]:
+            if piece in self._special_ids:  # the template's own special tokens
+                ids.append(self._special_ids[piece])
+            elif piece:
+                ids += self._encode_as_text(_fill(piece, contents))
+        return ids
+
+    @functools.cached_property
+    def _special_ids(self) -> dict[str, int]:
+        return {t.content: i for i, t in self.tokenizer.get_added_tokens_decoder().items()
+                if t.special}
+
+    @functools.cached_property
+    def _specials(self) -> re.Pattern[str] | None:
+        """Splits a text at the special tokens, keeping them (longest first: one may start
+        another), as the tokenizer splits before it encodes the pieces between."""
+        names = sorted(self._special_ids, key=len, reverse=True)
+        return re.compile("(" + "|".join(map(re.escape, names)) + ")") if names else None
+
+    def _encode_as_text(self, text: str) -> list[int]:
+        """Token ids of text with special tokens' names encoded as characters."""
+        self.tokenizer.encode_special_tokens = True
+        try:
+            return self.tokenizer.encode(text, add_special_tokens=False).ids
+        finally:
+            self.tokenizer.encode_special_tokens = False
+
+    def _ids_if_plain(self, messages: list[dict[str, str]]) -> list[int]:
+        """encode(chat_prompt(messages)), refused where a content names a special token."""
+        for number, message in enumerate(messages, 1):
+            found = self._specials.search(message["content"]) if self._specials else None
+            if found:
+                raise ValueError(f"message {number} contains the special token "
+                                 f"{found[0]!r}, which this chat template cannot keep as "
+                                 f"text; remove it")
+        return self.encode(self.chat_prompt(messages))
+
     def encode(self, text: str) -> list[int]:
         """Token ids of text, special tokens recognised, nothing added."""
+        _check_text(text, "the text")
         return self.tokenizer.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def _check_text(text: str, what: str) -> None:
+    """ValueError where text cannot be UTF-8 (bytes that were not, as Python keeps them from
+    a command line: lone surrogates); the tokenizer would raise a TypeError."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"{what} is not UTF-8 text (character {e.start + 1}: "
+                         f"{text[e.start:e.end]!r}); give it in UTF-8") from None
+
+
+def _fill(text: str, contents: dict[str, str]) -> str:
+    """text with each mark replaced by its content."""
+    for mark, content in contents.items():
+        text = text.replace(mark, content)
+    return text
 
 
 def load_tokenizer(path: Path) -> ChatTokenizer:
