@@ -106,8 +106,8 @@ REQUIRE_LABS := TBCOLL_REQUIRE_LABS=$$(if $(AS_ROOT_WITH_APT); then echo 1; fi)
 # (the names macOS's Python lacks removed, kqueue's selector, no PR_SET_PDEATHSIG, subreaper,
 # /proc or process_vm_readv, 256 open files), and a share of tests/spmd (shm at 3 ranks, tcp
 # at 2). What the lane cannot hold, each test skips there saying which rule it needs (MPICH's
-# shared memory after kill -9 of tbrun is found only through /dev/shm and /proc: README, On a
-# Mac).
+# shared memory after kill -9 of tbrun is found only through /dev/shm and /proc:
+# docs/transports.md, On a Mac).
 MACOS_LANE := tests/test_exit_status.py tests/test_stdin.py tests/test_open_files.py \
               tests/test_output.py tests/test_supervision.py tests/test_comm_failures.py \
               tests/test_flight_recorder.py tests/test_dead_links.py \

@@ -2,7 +2,7 @@
 
 tbrun's ~25 records were NamedTuples: importing typing, and checking each annotation of each
 record, cost its start-up ~5 ms (0.18 ms a record, against 0.07 for namedtuple's:
-benchmarks/RESULTS.md, section 7). Annotations are kept as written, never evaluated.
+benchmarks/RESULTS.md, design choices). Annotations are kept as written, never evaluated.
 """
 
 from __future__ import annotations

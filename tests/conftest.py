@@ -187,7 +187,7 @@ def tbcoll_segments() -> set[Path]:
 def mpich_segments() -> set[Path]:
     """MPICH's shared-memory files (it unlinks them at MPI_Finalize; a killed rank does not).
     None under the macOS lane: tbrun cannot list them there (no /dev/shm on a Mac), and what
-    a killed MPICH rank leaves stays (README, On a Mac)."""
+    a killed MPICH rank leaves stays (docs/transports.md, On a Mac)."""
     shm = Path("/dev/shm")
     return set(shm.glob("mpich_shm_*")) if shm.is_dir() and not MACOS_LANE else set()
 

@@ -61,7 +61,7 @@ def test_mpi_names_the_failed_rank_and_uses_tbruns_statuses(script, how, status,
     left = left_behind(hydra_topology_files() - topologies)  # Hydra's proxy skips it after an abort
     if LINUX_RULES:
         assert not left  # the aborting rank removed it, found through /proc/PID/fd
-    else:  # no /proc to find it by, as on a Mac (README, On a Mac): the test removes it
+    else:  # no /proc to find it by, as on a Mac (docs/transports.md, On a Mac): the test removes it
         for path in left:
             path.unlink(missing_ok=True)
     if status == 137:  # Hydra ends the others with SIGKILL too: it may not be told apart

@@ -179,7 +179,7 @@ def test_a_rank_that_leaves_a_child_behind_does_not_hang_tbrun(script, tmp_path)
 
 # MPICH's shared memory is found by listing /dev/shm (mpich_shm_*) and kept while
 # /proc/<pid>/maps shows it mapped (tbcoll.launch.shmclean): a Mac has neither, and what a
-# killed MPICH rank leaves there stays (README, On a Mac)
+# killed MPICH rank leaves there stays (docs/transports.md, On a Mac)
 MPICH_SEGMENTS_FOUND = pytest.mark.skipif(
     not LINUX_RULES, reason="MPICH's shared memory is found through /dev/shm and /proc: Linux")
 

@@ -1,4 +1,4 @@
-"""Threads, as the README advises them (issue 34): a communicator per thread, each split from
+"""Threads, as docs/api.md advises them (issue 34): a communicator per thread, each split from
 one world, and a non-blocking call's progress thread beside the caller's calls on another
 communicator. On tcp and mlx the communicators split from one world share its connections
 (and on rdma its queue pairs): every thread must get its own messages, whole, on every

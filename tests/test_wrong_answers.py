@@ -36,7 +36,7 @@ print("RESULT", None if result is None else np.asarray(result).tolist(), flush=T
 """
 
 # (backend, ranks, case, what the error shows of the calls). Every rank fails, except in
-# the rooted collectives over the stream transports with more than two ranks (see README):
+# the rooted collectives over the stream transports with more than two ranks (see docs/api.md):
 # there a rank whose part involved only ranks that agreed with it may return first.
 CASES = [
     ("shm", 2, "op", ["op=sum", "op=max"]),

@@ -2,7 +2,7 @@
 
 Every communicator that split from one tcp (or rdma) world shares its connections, and so its
 engine: the staged bytes, the half-read messages, the queues. A thread per communicator (as
-the README advises), or a progress thread beside the caller's, must therefore take turns in the
+docs/api.md advises), or a progress thread beside the caller's, must therefore take turns in the
 engine, and one thread's wait must never stop another thread from sending what a peer waits
 for (the peer's answer may be what the first thread waits for: a cycle across ranks).
 

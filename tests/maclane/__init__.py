@@ -47,7 +47,8 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 def pytest_sessionfinish(session: pytest.Session) -> None:
     """Unlink the MPICH segments this lane's killed MPI ranks left, as tbrun does elsewhere
     (launchers/shmclean.py): under the lane's rules tbrun cannot find them (no /dev/shm or
-    /proc on a Mac, where they stay: README, On a Mac), and CI's machine must not keep them."""
+    /proc on a Mac, where they stay: docs/transports.md, On a Mac), and CI's machine must not
+    keep them."""
     from tbcoll.launch import shmclean
 
     shmclean.remove_unmapped(shmclean.mpich_segments() - _mpich_before, print)
