@@ -1,16 +1,22 @@
 """tbcoll on aarch64: the arm64 lab (tests/arm64lab.py), an arm64 Debian root under qemu-user.
 
 The C extensions are built for aarch64 on the host, by x86-64 cross compilers targeting
-aarch64 from the host's Debian (bookworm), with the root as their sysroot: trixie's glibc and
-Python 3.13 headers (pyconfig.h through /usr/include/aarch64-linux-gnu) and libraries. gcc 12
-(aarch64-linux-gnu-gcc) builds each extension that setup.py lists, and die-with-parent, under
--Wall -Werror with the flags of the root's Python (its sysconfig: what pip would use there);
-clang 14 (--target=aarch64-linux-gnu) compiles every C source under -Wall -Werror with
--fsyntax-only (its warnings all come from its front end). What that shows: the sources
-compile for aarch64 without a warning from either, against the headers of the root that runs
-them, and the .so files are aarch64 ELF that import in the root. What it does not: a native
-compiler's run (the code gcc 12 generates is what runs below, not trixie's gcc 14's), nor
-the warnings of newer compilers (trixie's gcc 14 and clang 19, Apple's clang on a Mac).
+aarch64 from the host's Debian (12 or 13: gcc 12 and clang 14, or gcc 14 and clang 19), with
+the root's headers and libraries alone: its glibc and Python 3.13 headers (pyconfig.h through
+/usr/include/aarch64-linux-gnu), its crt files, libc and libgcc_s. Not the compilers'
+defaults: Debian's cross gcc searches the cross toolchain's own glibc
+(/usr/aarch64-linux-gnu, libc6-dev-arm64-cross: the host release's glibc) before any sysroot,
+so the build gives -nostdinc with each compiler's own include folder and the root's, and -B
+and -L the root's libraries; two checks read which headers each compiler took and which
+files the linker opened. gcc (aarch64-linux-gnu-gcc) builds each extension that setup.py
+lists, and die-with-parent, under -Wall -Werror with the flags of the root's Python (its
+sysconfig: what pip would use there); clang (--target=aarch64-linux-gnu) compiles every C
+source under -Wall -Werror with -fsyntax-only (its warnings all come from its front end).
+What that shows: the sources compile for aarch64 without a warning from either, against the
+headers of the root that runs them, and the .so files are aarch64 ELF that import in the
+root. What it does not: a native compiler's run in the root (the code the host's cross gcc
+generates is what runs below), nor the warnings of the compilers of the other Debian release
+or of Apple's clang on a Mac.
 
 That build is then used in the root without pip: a venv there (--system-site-packages: the
 root's numpy, ml_dtypes, pytest) whose site-packages names the copied checkout in a .pth,
