@@ -347,6 +347,7 @@ def needs_root_and_compilers() -> None:
 
 
 def under(path: str, *folders: str) -> bool:
+    """path lies inside one of folders."""
     return any(path.startswith(folder.rstrip("/") + "/") for folder in folders)
 
 
@@ -386,11 +387,13 @@ def linked_files(trace: str) -> list[str]:
 def test_the_link_takes_glibc_from_the_root(tmp_path, shared):
     """An extension, or die-with-parent, links the root's start files, libc and libgcc_s, and
     the compiler's own libgcc: none of the cross toolchain's glibc (/usr/aarch64-linux-gnu/lib),
-    which Debian's cross gcc searches before the sysroot (an older glibc than the root's, whose
-    headers name symbols it may lack)."""
+    which Debian's cross gcc searches before the sysroot (the host release's glibc, older than
+    the root's on Debian 12: it lacks symbols the root's headers name, e.g. __isoc23_strtol)."""
     needs_root_and_compilers()
     source = tmp_path / "probe.c"
-    source.write_text("#include <stdio.h>\n#include <stdlib.h>\n"
+    # _GNU_SOURCE, as Python.h defines it: glibc 2.38's headers then call strtol
+    # __isoc23_strtol, which an older libc.so.6 lacks
+    source.write_text("#define _GNU_SOURCE\n#include <stdio.h>\n#include <stdlib.h>\n"
                       "int probe(const char *s) { return printf(\"%ld\\n\", strtol(s, 0, 10)); }\n"
                       "int main(int argc, char **argv) { return probe(argv[argc - 1]); }\n")
     argv = [*gcc_link([str(source)], str(tmp_path / "probe"), shared), "-Wl,-t"]
@@ -427,8 +430,7 @@ def test_the_c_sources_compile_for_aarch64_with_clang_under_wall_werror(lab):
                       for source in extension.sources} | {DIE_WITH_PARENT[0]})
     p, seconds = timed(lambda: subprocess.run(
         [*COMPILERS["clang"], *compile_flags("clang"), "-fsyntax-only", *sources],
-        cwd=lab.folder / "src",
-        capture_output=True, text=True, timeout=300))
+        cwd=lab.folder / "src", capture_output=True, text=True, timeout=300))
     output = p.stdout + p.stderr
     assert p.returncode == 0, output[-6000:]
     assert not warnings_in(output), "\n".join(warnings_in(output))
