@@ -1,16 +1,22 @@
 """tbcoll on aarch64: the arm64 lab (tests/arm64lab.py), an arm64 Debian root under qemu-user.
 
 The C extensions are built for aarch64 on the host, by x86-64 cross compilers targeting
-aarch64 from the host's Debian (bookworm), with the root as their sysroot: trixie's glibc and
-Python 3.13 headers (pyconfig.h through /usr/include/aarch64-linux-gnu) and libraries. gcc 12
-(aarch64-linux-gnu-gcc) builds each extension that setup.py lists, and die-with-parent, under
--Wall -Werror with the flags of the root's Python (its sysconfig: what pip would use there);
-clang 14 (--target=aarch64-linux-gnu) compiles every C source under -Wall -Werror with
--fsyntax-only (its warnings all come from its front end). What that shows: the sources
-compile for aarch64 without a warning from either, against the headers of the root that runs
-them, and the .so files are aarch64 ELF that import in the root. What it does not: a native
-compiler's run (the code gcc 12 generates is what runs below, not trixie's gcc 14's), nor
-the warnings of newer compilers (trixie's gcc 14 and clang 19, Apple's clang on a Mac).
+aarch64 from the host's Debian (12 or 13: gcc 12 and clang 14, or gcc 14 and clang 19), with
+the root's headers and libraries alone: its glibc and Python 3.13 headers (pyconfig.h through
+/usr/include/aarch64-linux-gnu), its crt files, libc and libgcc_s. Not the compilers'
+defaults: Debian's cross gcc searches the cross toolchain's own glibc
+(/usr/aarch64-linux-gnu, libc6-dev-arm64-cross: the host release's glibc) before any sysroot,
+so the build gives -nostdinc with each compiler's own include folder and the root's, and -B
+and -L the root's libraries; two checks read which headers each compiler took and which
+files the linker opened. gcc (aarch64-linux-gnu-gcc) builds each extension that setup.py
+lists, and die-with-parent, under -Wall -Werror with the flags of the root's Python (its
+sysconfig: what pip would use there); clang (--target=aarch64-linux-gnu) compiles every C
+source under -Wall -Werror with -fsyntax-only (its warnings all come from its front end).
+What that shows: the sources compile for aarch64 without a warning from either, against the
+headers of the root that runs them, and the .so files are aarch64 ELF that import in the
+root. What it does not: a native compiler's run in the root (the code the host's cross gcc
+generates is what runs below), nor the warnings of the compilers of the other Debian release
+or of Apple's clang on a Mac.
 
 That build is then used in the root without pip: a venv there (--system-site-packages: the
 root's numpy, ml_dtypes, pytest) whose site-packages names the copied checkout in a .pth,
@@ -32,7 +38,9 @@ TBCOLL_REQUIRE_LABS=1 (make test as root) they fail instead. The root is built b
 
 from __future__ import annotations
 
+import functools
 import glob
+import os
 import re
 import runpy
 import shlex
@@ -50,8 +58,12 @@ from .conftest import REPO, run_setup_py, skip_or_fail
 pytestmark = pytest.mark.lab  # `make test` runs the emulated labs beside the rest
 
 WERROR = ["-Wall", "-Werror"]
-CROSS_GCC = "aarch64-linux-gnu-gcc"
-CLANG = ["clang", "--target=aarch64-linux-gnu"]
+MULTIARCH = "aarch64-linux-gnu"
+# the cross compilers, by name: gcc builds, clang compiles (-fsyntax-only)
+COMPILERS = {"gcc": [f"{MULTIARCH}-gcc"], "clang": ["clang", f"--target={MULTIARCH}"]}
+# the root's CFLAGS that clang is not given: -fno-strict-overflow (some clang releases call it
+# "not supported", an error under -Werror), and -g, which -fsyntax-only has no use for
+NOT_FOR_CLANG = {"-g", "-fno-strict-overflow"}
 EM_AARCH64 = 183  # ELF's e_machine for aarch64
 DIE_WITH_PARENT = ("launchers/die_with_parent.c", "launchers/die-with-parent")
 # the C buffer tests whole; of the lane's, those that run its C paths and their answers (the
@@ -230,18 +242,62 @@ def root_sysconfig() -> dict:
     return runpy.run_path(str(data))["build_time_vars"]
 
 
-def gcc_flags() -> list[str]:
-    """What setuptools would pass the root's gcc for an extension (the root's CFLAGS, the
-    user's -Wall -Werror after them, CCSHARED), with the root as the sysroot."""
+@functools.cache
+def own_include_dirs(compiler: str) -> tuple[str, ...]:
+    """The compiler's own headers (stddef.h, stdarg.h, arm_neon.h...), wherever its release
+    keeps them: gcc and clang both answer -print-file-name=include with their folder, and gcc
+    include-fixed where its release has one (else the bare name)."""
+    found = []
+    for name in ("include", "include-fixed"):
+        path = subprocess.run([*COMPILERS[compiler], f"-print-file-name={name}"],
+                              capture_output=True, text=True, timeout=60).stdout.strip()
+        if os.path.isabs(path) and os.path.isdir(path):
+            found.append(path)
+    return tuple(found)
+
+
+def sysroot_include_flags(compiler: str) -> list[str]:
+    """Headers from the compiler's own folder and the root alone, in the order a native
+    compiler in the root takes them. -nostdinc drops every default folder, whatever the
+    compiler's release: among them the cross toolchain's glibc (/usr/aarch64-linux-gnu/include,
+    libc6-dev-arm64-cross), which Debian's cross gcc (12 and 14) searches before the sysroot
+    even with --sysroot."""
+    root = arm64lab.ROOT
+    folders = [*own_include_dirs(compiler), f"{root}/usr/include/{MULTIARCH}",
+               f"{root}/usr/include"]
+    return [f"--sysroot={root}", "-nostdinc",
+            *(flag for folder in folders for flag in ("-isystem", folder))]
+
+
+def sysroot_link_flags() -> list[str]:
+    """glibc's start files (-B: crt1.o, crti.o...) and libraries (-L: libc, libgcc_s) from the
+    root, before the cross toolchain's (/usr/aarch64-linux-gnu/lib), which gcc's defaults
+    search first; libgcc and crtbegin.o stay the compiler's own."""
+    libraries = f"{arm64lab.ROOT}/usr/lib/{MULTIARCH}"
+    return [f"-B{libraries}/", f"-L{libraries}"]
+
+
+def compile_flags(compiler: str) -> list[str]:
+    """What setuptools would pass the root's compiler for an extension (the root's CFLAGS, the
+    user's -Wall -Werror after them, CCSHARED), with the root's headers alone."""
     config = root_sysconfig()
-    return [f"--sysroot={arm64lab.ROOT}", *config["CFLAGS"].split(), *WERROR,
-            *config["CCSHARED"].split(), f"-I{arm64lab.ROOT}{config['INCLUDEPY']}"]
+    flags = [*sysroot_include_flags(compiler), *config["CFLAGS"].split(), *WERROR,
+             *config["CCSHARED"].split(), f"-I{arm64lab.ROOT}{config['INCLUDEPY']}"]
+    return flags if compiler == "gcc" else [f for f in flags if f not in NOT_FOR_CLANG]
+
+
+def gcc_link(sources: list[str], output: str, shared: bool) -> list[str]:
+    """The cross gcc's command that compiles sources and links them into output against the
+    root's glibc: a shared object as the root's LDSHARED links an extension, or a program."""
+    linking = root_sysconfig()["LDSHARED"].split()[1:] if shared else []
+    return [*COMPILERS["gcc"], *compile_flags("gcc"), *sysroot_link_flags(), *sources,
+            *linking, "-o", output]
 
 
 def gcc_commands() -> list[tuple[list[str], str]]:
     """(argv, what it builds) for each extension in setup.py, then die-with-parent: each .so
     beside its first source, as an in-place build puts it (tbcoll.launch is launchers/)."""
-    config, flags = root_sysconfig(), gcc_flags()
+    suffix = root_sysconfig()["EXT_SUFFIX"]
     commands = []
     for extension in setup_extensions():
         unhandled = [field for field in ("include_dirs", "define_macros", "library_dirs",
@@ -249,12 +305,11 @@ def gcc_commands() -> list[tuple[list[str], str]]:
                      if getattr(extension, field)]
         assert not unhandled, f"setup.py's {extension.name} sets {unhandled}: pass them here"
         built = str(Path(extension.sources[0]).with_name(
-            extension.name.rpartition(".")[2] + config["EXT_SUFFIX"]))
-        commands.append(([CROSS_GCC, *flags, *extension.sources,
-                          *config["LDSHARED"].split()[1:], "-o", built,
+            extension.name.rpartition(".")[2] + suffix))
+        commands.append(([*gcc_link(extension.sources, built, shared=True),
                           *(f"-l{library}" for library in extension.libraries)], built))
     source, program = DIE_WITH_PARENT
-    commands.append(([CROSS_GCC, *flags, source, "-o", program], program))
+    commands.append((gcc_link([source], program, shared=False), program))
     return commands
 
 
@@ -284,26 +339,75 @@ def machine_of(path: Path) -> int | None:
     return int.from_bytes(head[18:20], "little")
 
 
-def test_the_sysroot_gives_the_roots_glibc_and_python_headers():
-    """Every header an extension includes comes from the root (or the cross compiler's own),
-    none from the host's /usr/include; and they are trixie's glibc and the root's Python."""
+def needs_root_and_compilers() -> None:
+    """The tests that use the root's files but no copy of the checkout: skip (or fail) here
+    as the lab fixture would."""
     if arm64lab.why_not_available() or not arm64lab.root_ready():
         skip_or_fail("arm64 lab: no root or no cross compiler (see the other tests here)")
+
+
+def under(path: str, *folders: str) -> bool:
+    """path lies inside one of folders."""
+    return any(path.startswith(folder.rstrip("/") + "/") for folder in folders)
+
+
+@pytest.mark.parametrize("compiler", COMPILERS)
+def test_the_sysroot_gives_the_roots_glibc_and_python_headers(compiler):
+    """Every header an extension includes comes from the root or the compiler's own folder:
+    none from the host's /usr/include, nor the cross toolchain's glibc
+    (/usr/aarch64-linux-gnu/include, libc6-dev-arm64-cross), which Debian's cross gcc
+    searches before the sysroot; and they are the root's glibc and the root's Python."""
+    needs_root_and_compilers()
     probe = "#include <Python.h>\n#include <gnu/libc-version.h>\n"
-    p = subprocess.run([CROSS_GCC, *gcc_flags(), "-H", "-dM", "-E", "-x", "c", "-"],
-                       input=probe, capture_output=True, text=True, timeout=120)
+    p = subprocess.run([*COMPILERS[compiler], *compile_flags(compiler), "-H", "-dM", "-E",
+                        "-x", "c", "-"], input=probe, capture_output=True, text=True,
+                       timeout=120)
     assert p.returncode == 0, p.stderr[-3000:]
     headers = [line.lstrip(". ") for line in p.stderr.splitlines() if line.startswith(".")]
-    outside = [h for h in headers if not (h.startswith(str(arm64lab.ROOT) + "/")
-                                          or h.startswith("/usr/lib/gcc-cross/"))]
+    outside = [h for h in headers
+               if not under(h, str(arm64lab.ROOT), *own_include_dirs(compiler))]
     assert headers and not outside, outside
-    pyconfig = f"{arm64lab.ROOT}/usr/include/aarch64-linux-gnu/python3"
+    pyconfig = f"{arm64lab.ROOT}/usr/include/{MULTIARCH}/python3"
     assert any(h.startswith(pyconfig) and h.endswith("/pyconfig.h") for h in headers), headers
     macros = dict(re.findall(r"^#define (\w+) (.*)$", p.stdout, re.M))
     version = arm64lab.python_of(arm64lab.ROOT)
     assert f"{macros['PY_MAJOR_VERSION']}.{macros['PY_MINOR_VERSION']}" == version
     assert int(macros["__GLIBC_MINOR__"]) == arm64lab.glibc_minor_of(arm64lab.ROOT)
     assert macros["__aarch64__"] == "1"
+
+
+def linked_files(trace: str) -> list[str]:
+    """The files ld opened, from its -t trace: one path a line, an archive's member as
+    "(archive)member" in older binutils; paths normalised (gcc's are full of "..")."""
+    found = re.findall(r"^\(?(/[^()\s]+)", trace, re.M)
+    return [os.path.normpath(path) for path in found]
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["extension", "program"])
+def test_the_link_takes_glibc_from_the_root(tmp_path, shared):
+    """An extension, or die-with-parent, links the root's start files, libc and libgcc_s, and
+    the compiler's own libgcc: none of the cross toolchain's glibc (/usr/aarch64-linux-gnu/lib),
+    which Debian's cross gcc searches before the sysroot (the host release's glibc, older than
+    the root's on Debian 12: it lacks symbols the root's headers name, e.g. __isoc23_strtol)."""
+    needs_root_and_compilers()
+    source = tmp_path / "probe.c"
+    # _GNU_SOURCE, as Python.h defines it: glibc 2.38's headers then call strtol
+    # __isoc23_strtol, which an older libc.so.6 lacks
+    source.write_text("#define _GNU_SOURCE\n#include <stdio.h>\n#include <stdlib.h>\n"
+                      "int probe(const char *s) { return printf(\"%ld\\n\", strtol(s, 0, 10)); }\n"
+                      "int main(int argc, char **argv) { return probe(argv[argc - 1]); }\n")
+    argv = [*gcc_link([str(source)], str(tmp_path / "probe"), shared), "-Wl,-t"]
+    # gcc's temporary object in tmp_path: every other file is the toolchain's or the root's
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "TMPDIR": str(tmp_path)})
+    assert p.returncode == 0, p.stdout + p.stderr[-3000:]
+    opened = linked_files(p.stdout + p.stderr)
+    own = os.path.dirname(subprocess.run([*COMPILERS["gcc"], "-print-libgcc-file-name"],
+                                         capture_output=True, text=True).stdout.strip())
+    outside = [f for f in opened if not under(f, str(arm64lab.ROOT), own, str(tmp_path))]
+    assert opened and not outside, f"{outside}\n{shlex.join(argv)}"
+    assert any(f.endswith("/libc.so.6") and under(f, str(arm64lab.ROOT)) for f in opened), opened
+    assert machine_of(tmp_path / "probe") == EM_AARCH64
 
 
 def test_the_c_extensions_build_for_aarch64_with_gcc_under_wall_werror(lab):
@@ -324,10 +428,9 @@ def test_the_c_extensions_build_for_aarch64_with_gcc_under_wall_werror(lab):
 def test_the_c_sources_compile_for_aarch64_with_clang_under_wall_werror(lab):
     sources = sorted({source for extension in setup_extensions()
                       for source in extension.sources} | {DIE_WITH_PARENT[0]})
-    flags = [flag for flag in gcc_flags() if flag not in {"-g", "-fno-strict-overflow"}]
     p, seconds = timed(lambda: subprocess.run(
-        [*CLANG, *flags, "-fsyntax-only", *sources], cwd=lab.folder / "src",
-        capture_output=True, text=True, timeout=300))
+        [*COMPILERS["clang"], *compile_flags("clang"), "-fsyntax-only", *sources],
+        cwd=lab.folder / "src", capture_output=True, text=True, timeout=300))
     output = p.stdout + p.stderr
     assert p.returncode == 0, output[-6000:]
     assert not warnings_in(output), "\n".join(warnings_in(output))
