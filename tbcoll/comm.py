@@ -16,6 +16,7 @@ is described at once and queued (tbcoll.requests).
 from __future__ import annotations
 
 import sys
+import weakref
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -350,6 +351,9 @@ class Communicator:
             raise TbcollError(f"{what} on a closed communicator")
         if self._progress is None:  # from now on blocking calls wait for the queued ones
             self._progress = Progress(f"tbcoll-progress-{self.backend}-{self.rank}")
+            # a dropped communicator's thread ends when it is collected (the thread holds
+            # nothing of it between calls)
+            self._stop_progress = weakref.finalize(self, self._progress.stop_soon)
             self._bind()  # (routes: their first steps run after the queue)
         return self._progress
 
@@ -546,6 +550,7 @@ class Communicator:
             self._ctx.close()
         if not self._closed:
             if self._progress is not None:
+                self._stop_progress.detach()
                 self._progress.stop()  # what was started finishes first
             self._closed = True
             self._lane, self._lane_kinds, self._lane_moves = None, frozenset(), False

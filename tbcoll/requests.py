@@ -147,21 +147,32 @@ class Progress:
 
     def stop(self) -> None:
         """Finish what is queued, then end the thread."""
+        self.stop_soon()
+        if threading.current_thread() is not self._thread:
+            self._thread.join()
+
+    def stop_soon(self) -> None:
+        """End the thread once what is queued is done, without waiting for it (the
+        communicator's finalizer: it may run on any thread, this one's too)."""
         self._queue.put(None)
-        self._thread.join()
 
     def _serve(self) -> None:
         while (item := self._queue.get()) is not None:
-            request, call = item
-            result, error = None, None
-            try:
-                with self._lock:
-                    result = call()
-            except BaseException as e:  # noqa: BLE001 (handed to whoever waits)
-                error = e
-            if request is not None:
-                request._finish(result, error)
-            with self._idle:
-                self._pending -= 1
-                self._idle.notify_all()
+            self._serve_one(*item)
+            # (the item held the call, which holds its communicator: kept here while the
+            # thread waits for the next, it would keep a dropped communicator alive forever)
+            del item
+
+    def _serve_one(self, request: Request | None, call: Callable[[], Any]) -> None:
+        result, error = None, None
+        try:
+            with self._lock:
+                result = call()
+        except BaseException as e:  # noqa: BLE001 (handed to whoever waits)
+            error = e
+        if request is not None:
+            request._finish(result, error)
+        with self._idle:
+            self._pending -= 1
+            self._idle.notify_all()
 
