@@ -16,9 +16,9 @@ _HOMES = {
     "Store": "tbcoll.rendezvous",
     "Request": "tbcoll.requests",
     "wait_all": "tbcoll.requests",
-    **dict.fromkeys(("AuthenticationError", "CommError", "HostfileError", "LaunchError",
-                     "PeerError", "PeerLostError", "PeerTimeoutError", "RendezvousError",
-                     "TbcollError"), "tbcoll.errors"),
+    **dict.fromkeys(("AuthenticationError", "CommError", "CommRevokedError", "HostfileError",
+                     "LaunchError", "PeerError", "PeerLostError", "PeerTimeoutError",
+                     "RendezvousError", "TbcollError"), "tbcoll.errors"),
 }
 __all__ = sorted(_HOMES)
 

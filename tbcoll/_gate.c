@@ -262,6 +262,25 @@ static PyObject *gate_fork(Gate *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* revoke(error, message): every later call raises error(message); the first revocation's
+ * stays (in a forked child, the fork's) */
+static PyObject *gate_revoke(Gate *self, PyObject *args)
+{
+    PyObject *error, *message;
+    if (!PyArg_ParseTuple(args, "OU:revoke", &error, &message))
+        return NULL;
+    if (!PyExceptionClass_Check(error)) {
+        PyErr_SetString(PyExc_TypeError, "revoke's error must be an exception class");
+        return NULL;
+    }
+    if (!self->forked && !self->revoked) {
+        Py_XSETREF(self->forked_error, Py_NewRef(error));
+        Py_XSETREF(self->forked_message, Py_NewRef(message));
+    }
+    self->revoked = 1;
+    Py_RETURN_NONE;
+}
+
 static PyObject *gate_get_completed(Gate *self, void *unused)
 {
     (void)unused;
@@ -272,6 +291,12 @@ static PyObject *gate_get_forked(Gate *self, void *unused)
 {
     (void)unused;
     return PyBool_FromLong(self->forked);
+}
+
+static PyObject *gate_get_revoked(Gate *self, void *unused)
+{
+    (void)unused;
+    return PyBool_FromLong(self->revoked);
 }
 
 static PyObject *gate_get_held(Gate *self, void *unused)
@@ -300,6 +325,7 @@ static PyMethodDef gate_methods[] = {
     {"last", (PyCFunction)gate_last, METH_NOARGS, "The last call recorded, or None."},
     {"current", (PyCFunction)gate_current, METH_NOARGS, "The call in progress, or None."},
     {"fork", (PyCFunction)gate_fork, METH_VARARGS, "In a forked child: calls raise."},
+    {"revoke", (PyCFunction)gate_revoke, METH_VARARGS, "Revoked: calls raise."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -307,6 +333,7 @@ static PyGetSetDef gate_getset[] = {
     {"completed", (getter)gate_get_completed, NULL, "Collectives counted.", NULL},
     {"forked", (getter)gate_get_forked, NULL, "In a forked child.", NULL},
     {"held", (getter)gate_get_held, NULL, "A call holds the gate.", NULL},
+    {"revoked", (getter)gate_get_revoked, NULL, "Revoked: every call raises.", NULL},
     {"record_size", (getter)gate_get_record, NULL, "The flight recorder's size.", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };

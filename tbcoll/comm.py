@@ -11,6 +11,12 @@ signature so that ranks whose calls differ fail (tbcoll.calls). A CommError from
 raised again naming the collective and this rank. Blocking calls take the communicator for
 their thread (tbcoll.ownership) and wait for queued non-blocking ones; a non-blocking call
 is described at once and queued (tbcoll.requests).
+
+A call interrupted once it may have begun (a KeyboardInterrupt, or any exception of a signal
+handler: anything but tbcoll's errors and the ValueError and TypeError of bad arguments) cannot
+be undone once the peers have moved on, so it revokes the communicator (_interrupted): the
+call gate refuses every later call at once with tbcoll.CommRevokedError, and the transport
+tells the peers (Group.revoke), whose waits then raise it too; the user's exception goes on.
 """
 
 from __future__ import annotations
@@ -49,7 +55,7 @@ from tbcoll.collectives import (
 )
 from tbcoll.dumps import on_failure
 from tbcoll.env import algorithm_overrides, check_mode, record_size, trace_chunk, tracing
-from tbcoll.errors import CommError, PeerError, TbcollError
+from tbcoll.errors import CommError, CommRevokedError, PeerError, TbcollError, revoked
 from tbcoll.gate import NATIVE, Gate
 from tbcoll.ownership import busy, track
 from tbcoll.recorder import call_site, new_trace, trace_full
@@ -70,6 +76,8 @@ MAX_TAG = 32767  # the largest tag every MPI must support
 _SEND, _RECV = KIND_CODES["send"], KIND_CODES["recv"]
 _MOVES = 1 << len(LANE_ENTRIES)  # a lane's bind: send and recv (bit k: LANE_ENTRIES[k])
 _INT64 = 1 << 63
+# what a call raises of its own, never an interruption (see the module docstring)
+_OWN_ERRORS = (TbcollError, ValueError, TypeError)
 
 
 class Communicator:
@@ -132,10 +140,11 @@ class Communicator:
         if lane is None or self.size == 1:
             return None, frozenset(), False
         served = [k for k, entry in enumerate(LANE_ENTRIES) if self._quick[entry] is not None]
+        # (every error goes to _named, which names a CommError and sees an interruption)
         taken = lane.bind(self._gate, (*(entry.code for entry in LANE_ENTRIES), _SEND, _RECV,
                                        NATIVE),
                           tuple(entry.name for entry in LANE_ENTRIES),
-                          sum(1 << k for k in served) | _MOVES, MAX_TAG, CommError,
+                          sum(1 << k for k in served) | _MOVES, MAX_TAG, BaseException,
                           WeakMethod(self._named))
         for k in served:
             if taken & 1 << k and (limit := self._native_limit(LANE_ENTRIES[k])) is not None:
@@ -315,6 +324,9 @@ class Communicator:
             return result
         except CommError as e:
             raise self._named(e, kind.name) from e
+        except BaseException as e:
+            self._interrupted(kind.name, e)
+            raise
         finally:
             gate.end(slot)
 
@@ -343,6 +355,10 @@ class Communicator:
             if ordered and self._progress is not None:
                 return self._progress.run(work)
             return work()
+        except BaseException as e:
+            if ordered:  # (split, empty: collective; isend and irecv only start)
+                self._interrupted(what, e)
+            raise
         finally:
             gate.leave(slot)
 
@@ -425,6 +441,9 @@ class Communicator:
                 move(buf, peer, tag)
         except CommError as e:
             raise self._named(e, f"{what} {'to' if what == 'send' else 'from'} rank {peer}") from e
+        except BaseException as e:
+            self._interrupted(f"{what} {'to' if what == 'send' else 'from'} rank {peer}", e)
+            raise
         finally:
             gate.leave(slot)
 
@@ -560,6 +579,19 @@ class Communicator:
             self._bind()
             self._release()
 
+    def _interrupted(self, what: str, error: BaseException) -> None:
+        """A call (what) raised error: where it is an interruption (see the module docstring),
+        revoke the communicator here (the gate: every later call raises CommRevokedError at
+        once) and on the peers (Group.revoke), once. The caller raises error again."""
+        if isinstance(error, _OWN_ERRORS) or self._gate.revoked or self._closed:
+            return
+        notice = f"rank {self.rank} was interrupted in {what} ({type(error).__name__})"
+        self._gate.revoke(CommRevokedError, f"rank {self.rank}: {revoked(notice)}")
+        try:
+            self._group.revoke(notice)
+        except Exception:  # noqa: BLE001 (the user's error is the one to raise; peers time out)
+            pass
+
     def __enter__(self) -> Communicator:
         return self
 
@@ -569,11 +601,18 @@ class Communicator:
     def __repr__(self) -> str:
         return f"<Communicator rank {self.rank} of {self.size}, backend {self.backend}>"
 
-    def _named(self, error: CommError, what: str) -> CommError:
+    def _named(self, error: BaseException, what: str) -> BaseException:
         """error again, naming the operation and this rank. A failure caused by peers also
-        tells tbrun which (in world ranks), so that it names them, not this rank."""
+        tells tbrun which (in world ranks), so that it names them, not this rank. Another
+        error comes back as it was, seen (_interrupted); a revocation revokes here too."""
+        if not isinstance(error, CommError):
+            self._interrupted(what, error)
+            return error
         message = f"{what} on rank {self.rank}: {error}"
         on_failure(self, message)
+        if isinstance(error, CommRevokedError):
+            self._gate.revoke(CommRevokedError, f"rank {self.rank}: {error}")
+            return CommRevokedError(message)
         if not isinstance(error, PeerError):
             return CommError(message)
         peers = tuple(self._world_ranks[p] for p in error.peers if 0 <= p < self.size)

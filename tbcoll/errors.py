@@ -30,6 +30,20 @@ LINK_DOWN = "the link is down"
 PEER_ENDED = "it ended (exited or crashed)"
 
 
+class CommRevokedError(CommError):
+    """The communicator was revoked: a call of some rank was interrupted (a KeyboardInterrupt,
+    or an exception raised by a signal handler) once its peers may have moved on, so the
+    ranks' calls are out of step for good. Every later call on it raises this at once, on every
+    rank; the message names the rank and the call."""
+
+
+def revoked(notice: str) -> str:
+    """A revoked communicator's error message, from its notice (which rank was interrupted in
+    which call)."""
+    return (f"the communicator is revoked: {notice}, so its ranks' calls are out of step for "
+            "good and every call on it raises; close it (calls on other communicators go on)")
+
+
 class PeerTimeoutError(PeerError):
     """Peers did not take part in an operation within TBCOLL_TIMEOUT (frozen, stuck, or
     cut off without the connection noticing)."""

@@ -4,7 +4,8 @@ operations the shm lane uses from C, in tbcoll/include/gate.h).
 
 - The lock: one user thread's call at a time (tbcoll.ownership says why). enter() takes it
   without waiting, or returns -1 where another call holds it; leave() gives it back. In a
-  child made by os.fork() every enter raises (fork()).
+  child made by os.fork() every enter raises (fork()), and on a revoked communicator too
+  (revoke(): a call interrupted here or on a peer left the ranks out of step).
 - The calls in progress: each enter, and each begin (a call nested in another, or one that the
   progress thread runs, the gate not taken), fills a slot with the call's kind, dtype, op,
   root, bytes (peer and tag for send and recv), start time and the thread that runs it; end()
@@ -101,6 +102,7 @@ class PyGate:
         self._last: tuple | None = None
         self._lock = threading.Lock()
         self._forked: tuple[type, str] | None = None
+        self._revoked: tuple[type, str] | None = None
         self.completed = 0
 
     @property
@@ -111,20 +113,30 @@ class PyGate:
     def forked(self) -> bool:
         return self._forked is not None
 
+    @property
+    def revoked(self) -> bool:
+        return self._revoked is not None
+
     def fork(self, error: type, message: str) -> None:
         self._forked = (error, message)
 
+    def revoke(self, error: type, message: str) -> None:
+        self._revoked = self._revoked or (error, message)
+
+    def _refuse(self) -> None:
+        """A call raises in a forked child, or on a revoked communicator."""
+        if refusal := self._forked or self._revoked:
+            raise refusal[0](refusal[1])
+
     def enter(self, kind: int, dtype: Any, op: str | None, root: int, nbytes: int,
               algorithm: int, timed: int) -> int:
-        if self._forked is not None:
-            raise self._forked[0](self._forked[1])
+        self._refuse()
         if not self._lock.acquire(False):
             return -1
         return self._begin(kind, dtype, op, root, nbytes, algorithm, timed, -1, -1)
 
     def enter_move(self, kind: int, dtype: Any, peer: int, tag: int, nbytes: int) -> int:
-        if self._forked is not None:
-            raise self._forked[0](self._forked[1])
+        self._refuse()
         if not self._lock.acquire(False):
             return -1
         return self._begin(kind, dtype, None, -1, nbytes, -1, 0, peer, tag)

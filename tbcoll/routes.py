@@ -70,6 +70,10 @@ def gated(comm: Any, entry: Collective, path: Callable) -> Callable:
             return result
         except CommError as e:
             raise named()(e, name) from e
+        except BaseException as e:
+            if (namer := named()) is not None:
+                namer(e, name)  # (an interruption revokes)
+            raise
         finally:
             gate.leave(slot)
 

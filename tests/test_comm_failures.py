@@ -368,3 +368,79 @@ def test_small_sends_to_a_rank_that_ended_fail_naming_it(script, backend):
                             "rank 1 (it ended (exited or crashed)"), line
     assert float(elapsed) < 2.0, line  # (3 s of sends otherwise; a look is due every 0.1 s)
     assert p.returncode == 3, p.stderr
+
+
+INTERRUPTED = """
+import signal, sys, time
+import numpy as np
+import tbcoll
+
+
+class Alarm(Exception):
+    pass
+
+
+def ring(*_):
+    raise Alarm("the user's alarm")
+
+
+signal.signal(signal.SIGALRM, ring)
+world = tbcoll.init()
+rank = world.rank
+for case in ("recv", "all_reduce 8 B", "all_reduce 8 MB"):
+    sub = world.split(0)
+    big = case.endswith("MB")
+    data = np.ones(2 << 20 if big else 2, np.float32)
+    call = "recv from rank 1" if case == "recv" else "all_reduce"
+
+    def first():
+        if case == "recv":
+            return sub.recv(np.empty(2, np.float32), 1) if rank == 0 else sub.send(data, 0)
+        return sub.all_reduce(data)
+
+    if rank == 0:  # interrupted while it waits for rank 1
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        try:
+            first()
+            raise SystemExit(f"{case}: not interrupted")
+        except Alarm:  # the user's own exception, from the call
+            pass
+    else:  # late: its first call pairs with the interrupted one (it may complete, or raise)
+        time.sleep(0.8)
+        try:
+            result = first()
+            assert case == "recv" or result[0] == 2, result
+        except tbcoll.CommRevokedError:
+            pass
+    for later in (lambda: sub.recv(np.empty(2, np.float32), 1 - rank), sub.barrier,
+                  lambda: sub.all_reduce(data), lambda: sub.iall_reduce(data).wait()):
+        started = time.monotonic()
+        try:
+            later()
+            raise SystemExit(f"{case}: a later call on rank {rank} went through")
+        except tbcoll.CommRevokedError as e:
+            took = time.monotonic() - started
+            assert f"rank 0 was interrupted in {call} (Alarm)" in str(e), (case, str(e))
+            assert took < 1.0, (case, took, str(e))
+    sub.close()
+    world.barrier()
+    print(case, "REVOKED", flush=True)
+assert world.all_reduce(np.full(3, rank + 1.0))[0] == 3  # other communicators go on
+print("WORLD OK", flush=True)
+"""
+
+
+@pytest.mark.parametrize("backend", ["shm", "tcp", pytest.param("mpi", id="mpiexec")])
+def test_an_interrupted_call_revokes_the_communicator_on_every_rank(script, backend):
+    """Issue 46: a signal handler's exception (a KeyboardInterrupt, an alarm) in a wait left
+    the ranks' calls out of step: a peer's message landed in the abandoned receive, and later
+    calls waited out TBCOLL_TIMEOUT blaming a live peer, mismatched, or returned a result of
+    another call. Now the interrupted rank gets its exception and every later call on either
+    rank raises CommRevokedError at once, naming rank 0 and its call; the world goes on."""
+    p = tbrun("-np", 2, "--backend", backend, "--comm-timeout", 30,
+              script(INTERRUPTED), timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    lines = tagged_lines(p.stdout)
+    for rank in (0, 1):
+        assert lines[rank] == ["recv REVOKED", "all_reduce 8 B REVOKED",
+                               "all_reduce 8 MB REVOKED", "WORLD OK"], p.stdout + p.stderr

@@ -14,7 +14,7 @@ from tbcoll import gate as gates
 from tbcoll.algorithms import ALGORITHM_CODES
 from tbcoll.collectives import ALL_REDUCE, BROADCAST, KIND_CODES
 from tbcoll.dtypes import DTYPE_CODES, OP_CODES
-from tbcoll.errors import TbcollError
+from tbcoll.errors import CommRevokedError, TbcollError
 
 from .conftest import tagged_lines, tbrun
 
@@ -68,6 +68,21 @@ def test_a_second_call_is_refused_and_a_forked_child_is_told_why(gate_type):
     with pytest.raises(TbcollError, match="not the rank"):
         gate.enter(ALL_REDUCE.code, F32, "sum", -1, 8, gates.NATIVE, 0)
     assert gate.forked
+
+
+def test_a_revoked_gate_refuses_every_call_with_the_first_revocation(gate_type):
+    gate = gate_type(8)
+    assert not gate.revoked
+    gate.revoke(CommRevokedError, "rank 0 was interrupted in all_reduce")
+    gate.revoke(CommRevokedError, "a second revocation")
+    assert gate.revoked and not gate.held
+    for enter in (lambda: gate.enter(ALL_REDUCE.code, F32, "sum", -1, 8, gates.NATIVE, 0),
+                  lambda: gate.enter_move(KIND_CODES["recv"], F32, 1, 0, 8)):
+        with pytest.raises(CommRevokedError, match="^rank 0 was interrupted in all_reduce$"):
+            enter()
+    gate.fork(TbcollError, "not the rank")  # a forked child's reason comes first
+    with pytest.raises(TbcollError, match="not the rank"):
+        gate.enter(ALL_REDUCE.code, F32, "sum", -1, 8, gates.NATIVE, 0)
 
 
 def test_the_call_in_progress_is_the_innermost_and_its_codes_come_from_the_registries(

@@ -22,7 +22,7 @@
 #error "tbcoll's call gate relies on the GIL (tbcoll/gate.h): free-threaded Python is not supported"
 #endif
 
-#define GATE_LAYOUT 1   /* raise on any change to the structs below */
+#define GATE_LAYOUT 2   /* raise on any change to the structs below */
 #define GATE_DEPTH 8    /* calls in progress at once: nested (scatter's header, split's
                            all_gather) and the progress thread's; far past what tbcoll makes */
 #define GATE_CAPSULE "tbcoll._gate.LAYOUT"
@@ -50,7 +50,10 @@ typedef struct {
     PyObject_HEAD
     int held;              /* a user thread's call holds the gate (the non-blocking lock) */
     int forked;            /* this process is a child of the one that made the communicator */
-    PyObject *forked_error, *forked_message; /* what a call in such a child raises */
+    int revoked;           /* the communicator is revoked (an interrupted call, here or on a
+                              peer): every call raises at once */
+    PyObject *forked_error, *forked_message; /* what a call raises in such a child, or once
+                                                revoked (the fork's, where both) */
     uint64_t completed;    /* collectives counted (the last one's seq) */
     int depth;             /* calls[0..depth) hold the calls in progress (and ended ones
                               below an active one) */
@@ -108,11 +111,11 @@ static inline void gate_end(Gate *g, int slot)
 }
 
 /* Take the gate for a user thread's call and begin it: its slot; -1 where another call holds
- * the gate; -2 with the error set in a forked child. */
+ * the gate; -2 with the error set in a forked child or on a revoked communicator. */
 static inline int gate_enter(Gate *g, int kind, int dtype, int op, long root, Py_ssize_t bytes,
                              int algorithm, int timed)
 {
-    if (g->forked) {
+    if (g->forked || g->revoked) {
         PyErr_SetObject(g->forked_error, g->forked_message);
         return -2;
     }

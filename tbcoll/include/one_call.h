@@ -51,7 +51,8 @@ static inline int one_call_refused(void)
 
 /* Where a bound call raised comm_error: the communicator's name for it (namer() gives the
  * communicator's namer, None once it is gone, called with the error and `what`, a format of
- * arg), raised as `raise named from error` would; anything else as it was. Returns NULL. */
+ * arg), raised as `raise named from error` would; anything else as it was, and the error as it
+ * was where the namer gives it back (it saw it: an interrupted call). Returns NULL. */
 static inline PyObject *one_call_named(PyObject *namer_ref, PyObject *comm_error,
                                        const char *what, PyObject *arg)
 {
@@ -68,6 +69,11 @@ static inline PyObject *one_call_named(PyObject *namer_ref, PyObject *comm_error
                             ? PyObject_CallFunctionObjArgs(namer, error, name, NULL) : NULL;
     Py_XDECREF(namer);
     Py_XDECREF(name);
+    if (renamed == error) { /* seen, not renamed: raised as it was */
+        Py_DECREF(renamed);
+        PyErr_Restore(type, error, trace);
+        return NULL;
+    }
     if (renamed == NULL) {
         if (PyErr_Occurred()) { /* naming failed: that error */
             Py_XDECREF(type);

@@ -62,12 +62,16 @@ _Static_assert(DESCRIPTOR_PULL + DESCRIPTOR_PULL_WIDTH == DESCRIPTOR_BYTES,
  * 0): X(name in stream.py's CONTEXTS, value). An announcement is the message's header with
  * ANNOUNCE_BIT added to its context, its payload the descriptor; the answer, PULLED_CONTEXT
  * with the pull id as its tag and seq 0 (pulled) or 1 (refused: send it); then a refused
- * message's payload follows as RESENT_CONTEXT, the pull id as its tag. */
+ * message's payload follows as RESENT_CONTEXT, the pull id as its tag. REVOKED_CONTEXT: a
+ * revoked communicator's notice (tag: its first context; payload: the notice), which C leaves
+ * to the engine as any message it does not expect. */
 #define ANNOUNCE_BIT 0x80000000u
 #define PULLED_CONTEXT (ANNOUNCE_BIT | 0x40000000u)
 #define RESENT_CONTEXT (PULLED_CONTEXT + 1)
+#define REVOKED_CONTEXT (PULLED_CONTEXT + 2)
 #define WIRE_CONTEXTS(X)                                                                    \
-    X("announce", ANNOUNCE_BIT) X("pulled", PULLED_CONTEXT) X("resent", RESENT_CONTEXT)
+    X("announce", ANNOUNCE_BIT) X("pulled", PULLED_CONTEXT) X("resent", RESENT_CONTEXT)     \
+    X("revoked", REVOKED_CONTEXT)
 #define PULL_IDS 0xFFFFFFFFu /* pull ids count modulo 2^32 (an answer's tag holds one) */
 
 /* The n-byte big-endian number at p. */

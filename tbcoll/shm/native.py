@@ -4,7 +4,8 @@ this module drives it and checks at import that both sides agree on the layout).
 C object, the lane, also runs a small array's whole call (the Communicator's checks, its
 call gate and flight recorder, the round) where the Communicator binds it (bind_lane).
 
-    segment = header (pids) | one flag line per rank | 2 data sets | pipes
+    segment = header (pids) | one flag line per rank | one notice line per rank | 2 data
+              sets | pipes
     data set = p slots of SLOT bytes (one per rank) + a result area of SLOT bytes
     pipes = one byte ring per ordered pair of ranks, for point-to-point (tbcoll.shm.pipe)
 
@@ -36,8 +37,12 @@ see it in that last round, take the slot rounds from then on, and say nothing: i
 slower. TBCOLL_SHM_CMA=0 turns it off.
 
 When a round's wait runs out of its slice (a slow or gone peer), the C call calls back into
-this module (_resume), which waits in Python, noticing dead ranks and the deadline, and then
-the round goes on.
+this module (_resume), which waits in Python, noticing dead ranks, revocation and the
+deadline, and then the round goes on.
+
+A rank whose call was interrupted revokes the communicator (tbcoll.CommRevokedError) by
+writing its notice line (post_notice); every wait here and in the stream engine's
+(tbcoll.transports.shm) looks at the notice lines once a slice, and raises.
 """
 
 from __future__ import annotations
@@ -52,7 +57,15 @@ import numpy as np
 from tbcoll.calls import mismatch, signature
 from tbcoll.dtypes import DTYPE_CODES, OP_CODES, reducer
 from tbcoll.env import shm_cma
-from tbcoll.errors import PEER_ENDED, CommError, PeerLostError, PeerTimeoutError, TbcollError
+from tbcoll.errors import (
+    PEER_ENDED,
+    CommError,
+    CommRevokedError,
+    PeerLostError,
+    PeerTimeoutError,
+    TbcollError,
+    revoked,
+)
 from tbcoll.shm.flags import AtomicFlags, atomics
 from tbcoll.shm.heap import NOT_IN_HEAP, Heap
 from tbcoll.shm.pipe import LINE, Ring
@@ -117,7 +130,8 @@ class Layout:
     def __init__(self, size: int) -> None:
         self.pids = LINE
         self.flags = self.pids + _round_up(8 * size, LINE)
-        self.data = _round_up(self.flags + size * LINE, 4096)
+        self.notices = self.flags + size * LINE  # (ShmNative.post_notice)
+        self.data = _round_up(self.notices + size * LINE, 4096)
         self.set_bytes = (size + 1) * SLOT
         self.pipes = self.data + 2 * self.set_bytes
         self.pipe_bytes = Ring.CONTROL + RING
@@ -424,10 +438,33 @@ class ShmNative:
         """rank's pid, or 0 where it has not stored it yet (acquire)."""
         return self.flags.load(self.layout.pids + 8 * rank)
 
+    # Each rank's notice line: its length + 1 (int64, 0: none), then the notice (UTF-8), which
+    # names the rank and the call that was interrupted. A rank writes its line once, the text
+    # with plain stores and then the length with a release store; a reader loads the length
+    # with acquire before it reads the text, so that the text it reads is whole (ARM64 too).
+
+    def post_notice(self, notice: str) -> None:
+        """Revoke the communicator on every rank: this rank's notice line."""
+        at = self.layout.notices + LINE * self.rank
+        if self.flags.load(at):
+            return
+        text = notice.encode()[:LINE - 9]
+        self.segment.buffer[at + 8:at + 8 + len(text)] = text
+        self.flags.store(at, len(text) + 1)
+
+    def raise_if_revoked(self) -> None:
+        """Raise CommRevokedError where a rank has posted a notice (acquire)."""
+        for rank in range(self.size):
+            at = self.layout.notices + LINE * rank
+            if length := self.flags.load(at):
+                text = bytes(self.segment.buffer[at + 8:at + 7 + length])
+                raise CommRevokedError(revoked(text.decode(errors="replace")))
+
     def _wait_all(self, word: int, target: int) -> None:
         offset, ranks = self._flag(0, word), range(self.size)
         deadline = time.monotonic() + self._timeout - WAIT_SLICE
         while not self.flags.wait_all(offset, LINE, self.size, target, WAIT_SLICE):
+            self.raise_if_revoked()
             late = [r for r in ranks if self.flags.load(offset + r * LINE) < target]
             for rank in late:
                 pid = self.pid_of(rank)

@@ -84,7 +84,9 @@ class Native(Protocol):
     #   codes: the gate's codes of the four kinds (tbcoll.comm.LANE_ENTRIES' order), send,
     #   recv and the native algorithm; names: the kinds' names, for errors; enabled: bit k for
     #   kind k, the next bit for send and recv (tags up to max_tag); a comm_error raised in a
-    #   call is raised again as namer()(error, name). It returns the bits it takes: the
+    #   call is raised again as namer()(error, name), or as it was where the namer gives it
+    #   back (the Communicator passes BaseException: it names its CommErrors and sees an
+    #   interrupted call, which revokes it). It returns the bits it takes: the
     #   Communicator routes those calls to it (tbcoll.routes), and no others.
     # - limit(kind, nbytes): the largest x the tuning table takes native for that kind; the
     #   lane may take less (its own limit), never more.
@@ -138,6 +140,12 @@ class Group(Protocol):
     def end_call(self) -> None:
         """The call begun last has moved its data: raise CommError now if the ranks' calls
         differed (where the transport compares them beside the data, as mpi does)."""
+
+    def revoke(self, notice: str) -> None:
+        """This rank's call was interrupted (notice: the line naming the rank and the call):
+        fail every wait on this group, here and, where the transport can tell them, on the
+        other ranks, whose waits then raise CommRevokedError (within a second) rather than
+        time out; returns at once, whatever the peers do."""
 
     def context_hint(self) -> int:
         """A number this rank offers towards naming a new sub-group (see split)."""

@@ -15,6 +15,10 @@ by the next all_sum as its data. MLX's ring backend cannot split a group either.
 
 MLX cannot interrupt a wait for a lost peer; a watchdog thread ends this rank with a
 CommError on stderr once an operation has waited TBCOLL_TIMEOUT, so tbrun tears the job down.
+Nor can a Python signal handler run inside MLX's wait: its exception comes once MLX returns,
+from a call that completed, which revokes the world all the same (tbcoll.CommRevokedError);
+a peer that then waits in MLX for the revoked rank is ended by its watchdog, which reads the
+notice on tcp's connections, within two seconds.
 
 MLX's collectives match the ranks' calls by order alone: all_sum on one rank and all_max on
 another, or other sizes, would return each its own wrong answer. So each native collective
@@ -38,7 +42,7 @@ import numpy as np
 from tbcoll.calls import MISMATCH_ADVICE, fields_in, render, signature
 from tbcoll.dtypes import reducer
 from tbcoll.env import LaunchInfo, comm_timeout
-from tbcoll.errors import CommError, PeerLostError, TbcollError
+from tbcoll.errors import CommError, PeerLostError, TbcollError, revoked
 from tbcoll.rendezvous import report_peer_failure
 from tbcoll.transports import tcp
 from tbcoll.transports.tcp import TcpGroup
@@ -86,8 +90,10 @@ class Watchdog:
     its wait, and spins for ever on a lost peer: mlx#4278)."""
 
     def __init__(self, rank: int, timeout: float,
-                 silent_loss: Callable[[], tuple[int, str] | None]) -> None:
+                 silent_loss: Callable[[], tuple[int, str] | None],
+                 revoked: Callable[[], str | None]) -> None:
         self._rank, self._timeout, self._silent_loss = rank, timeout, silent_loss
+        self._revoked = revoked  # the world's revocation notice, if one has come
         # (what, since) while an evaluation runs. One attribute, replaced whole: CPython stores
         # and loads an object reference atomically, so the watchdog thread sees either the
         # old tuple or the new one, never a mix; no lock on the latency-critical path.
@@ -125,6 +131,11 @@ class Watchdog:
                 report_peer_failure(message, (peer,))
                 print(f"tbcoll.PeerLostError: {message}; MLX cannot interrupt its wait. "
                       "Exiting.", file=sys.stderr, flush=True)
+                os._exit(1)
+            if busy and time.monotonic() - busy[1] > 1.0 and (notice := self._revoked()):
+                print(f"tbcoll.CommRevokedError: {busy[0]} on rank {self._rank}: "
+                      f"{revoked(notice)}; MLX cannot interrupt its wait. Exiting.",
+                      file=sys.stderr, flush=True)
                 os._exit(1)
             if busy and time.monotonic() - busy[1] > self._timeout:
                 print(f"tbcoll.CommError: rank {self._rank}: {busy[0]} has waited more than "
@@ -290,6 +301,9 @@ class MlxGroup:
         self.rank, self.size = tcp.rank, tcp.size
         self.context_hint, self.split = tcp.context_hint, tcp.split  # sub-groups are tcp's
         self.end_call, self.describe_links = tcp.end_call, tcp.describe_links
+        # told over tcp: a peer that waits in MLX's C (its collectives) cannot look, and
+        # waits on, as MLX has no timeout
+        self.revoke = tcp.revoke
 
     def begin_call(self, seq: int, signature: int) -> None:
         self._tcp.begin_call(seq, signature)  # for the algorithms
@@ -312,5 +326,5 @@ def open_world(info: LaunchInfo | None, prefix: str) -> tuple[MlxGroup, int, int
         raise CommError(f"MLX sees a group of {group.size()} ranks but tbrun started "
                         f"{info.size}; start the job with `tbrun --backend mlx`")
     beside, local_rank, node_rank = tcp.open_world(info, prefix)
-    watchdog = Watchdog(group.rank(), comm_timeout(info), beside.silent_loss)
+    watchdog = Watchdog(group.rank(), comm_timeout(info), beside.silent_loss, beside.revoked)
     return MlxGroup(beside, MlxNative(group, watchdog), backend or "ring"), local_rank, node_rank

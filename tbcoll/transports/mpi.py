@@ -19,6 +19,11 @@ reduced here in rank order (which also gives numpy's NaN-propagating max and min
 MPICH's MPI_MAX is not, and the same bits on every rank); every other call runs an
 MPI_Iallreduce of the signatures beside its own and fails, naming each rank's call, when they
 differ. Larger max and min of floats use an operation of numpy's for the same reason.
+
+A rank whose call was interrupted (tbcoll.CommRevokedError) sends each peer a notice on the
+group's point-to-point communicator, with a tag past every user's (Notices); every wait probes
+for one as it checks its deadline, and raises. MPI cannot cancel the collective left behind:
+the communicator is not used again.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ from tbcoll.arrays import may_overlap, same_buffer
 from tbcoll.calls import mismatch, signature
 from tbcoll.dtypes import DTYPE_CODES, OP_CODES, reducer
 from tbcoll.env import LaunchInfo, comm_timeout, launcher_world_size
-from tbcoll.errors import CommError, TbcollError
+from tbcoll.errors import CommError, CommRevokedError, TbcollError, revoked
 from tbcoll.shm.flags import atomics  # gathered_reduce (None without a compiler)
 
 try:
@@ -56,6 +61,37 @@ _SPINS_PER_CHECK = 256
 _GATHERED_BYTES = 8 << 10  # all_reduce up to this per rank: one MPI_Allgather (see above)
 _WORD = struct.Struct("=Q")  # a signature, as it travels before a rank's data (put_call)
 _ALL_ONES = (1 << 64) - 1
+_NOTICE_TAG = 32768  # a revocation notice's: past tbcoll.comm.MAX_TAG (MPI's TAG_UB is larger)
+
+
+class Notices:
+    """A group's revocation notices (see the module docstring), on its point-to-point
+    communicator; every wait of the group polls them."""
+
+    def __init__(self, comm: MPI.Comm) -> None:
+        self._comm = comm
+        self._sent: list[tuple[bytes, MPI.Request]] = []  # (kept until the group goes)
+        self.notice: str | None = None
+
+    def send(self, notice: str) -> None:
+        """Revoke: tell every other rank, and fail this rank's own waits."""
+        self.notice = self.notice or notice
+        text = notice.encode()
+        rank = self._comm.Get_rank()
+        for peer in range(self._comm.Get_size()):
+            if peer != rank:
+                self._sent.append((text, self._comm.Isend(text, peer, _NOTICE_TAG)))
+
+    def poll(self) -> None:
+        """Raise CommRevokedError once a rank has revoked the group."""
+        if self.notice is None:
+            status = MPI.Status()
+            if not self._comm.Iprobe(MPI.ANY_SOURCE, _NOTICE_TAG, status):
+                return
+            text = bytearray(status.Get_count(MPI.BYTE))
+            self._comm.Recv(text, status.Get_source(), _NOTICE_TAG)
+            self.notice = text.decode(errors="replace")
+        raise CommRevokedError(revoked(self.notice))
 _INELIGIBLE = (0, 0, 0, 0)  # a direct_all_reduce plan: take the general path
 _NO_BYTES = np.empty(0, np.uint8)
 
@@ -68,8 +104,8 @@ class CallCheck:
     it (the maxima are the same everywhere) and all gather each other's signatures to say
     what differs."""
 
-    def __init__(self, comm: MPI.Comm, timeout: float) -> None:
-        self._comm, self._timeout = comm, timeout
+    def __init__(self, comm: MPI.Comm, timeout: float, notices: Notices) -> None:
+        self._comm, self._timeout, self._notices = comm, timeout, notices
         self._mine = np.zeros(2, np.uint64)
         self._most = np.zeros(2, np.uint64)
         self._request: MPI.Request | None = None
@@ -78,21 +114,29 @@ class CallCheck:
         if self._request is not None:
             # this rank's previous call failed after its check began: that check still runs,
             # and must not write its maxima over this call's (new buffers; the request keeps
-            # the old ones alive)
+            # the old ones alive, and is kept: see _wait)
+            _ABANDONED.append((self._request, self._mine, self._most))
             self._mine, self._most = np.zeros(2, np.uint64), np.zeros(2, np.uint64)
         self._mine[0], self._mine[1] = word, word ^ _ALL_ONES
         self._request = self._comm.Iallreduce(self._mine, self._most, MPI.MAX)
 
     def poll(self) -> None:
         """During a data wait: raise at once if the check came back showing different calls
-        (the data of mismatched calls may never arrive)."""
+        (the data of mismatched calls may never arrive), or once the group is revoked."""
+        self._notices.poll()
         if self._request is not None and self._request.Test():
             self._conclude()
 
     def finish(self) -> None:
         if self._request is not None:
-            _wait((self._request,), self._timeout, "the comparison of the ranks' calls")
+            _wait((self._request,), self._timeout, "the comparison of the ranks' calls",
+                  check=self._notices, keep=(self._mine, self._most))
             self._conclude()
+
+    def close(self) -> None:
+        """A check still running (its call failed) is kept, with its buffers (see _wait)."""
+        if self._request is not None:
+            _ABANDONED.append((self._request, self._mine, self._most))
 
     def _conclude(self) -> None:
         self._request = None
@@ -102,16 +146,16 @@ class CallCheck:
 
 def differing_calls(comm: MPI.Comm, word: int, timeout: float) -> str:
     """What every rank called, once the ranks know their calls differ (all of them call this)."""
-    words = np.empty(comm.Get_size(), np.uint64)
-    _wait((comm.Iallgather(np.array([word], np.uint64), words),), timeout,
-          "the exchange of the ranks' calls")
+    words, mine = np.empty(comm.Get_size(), np.uint64), np.array([word], np.uint64)
+    _wait((comm.Iallgather(mine, words),), timeout, "the exchange of the ranks' calls",
+          keep=(mine, words))
     return mismatch({rank: int(w) for rank, w in enumerate(words)})
 
 
 class MpiEndpoint:
     acknowledge = False  # calls are compared beside the data (CallCheck)
 
-    def __init__(self, comm: MPI.Comm, timeout: float, check: CallCheck | None = None) -> None:
+    def __init__(self, comm: MPI.Comm, timeout: float, check: CallCheck | Notices) -> None:
         self._comm, self._timeout, self._check = comm, timeout, check
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         # receives in flight: id(request) -> (request, bytes expected, source). MPI takes a
@@ -161,10 +205,12 @@ class MpiEndpoint:
 
 
 def _wait(requests: Sequence[MPI.Request], timeout: float, what: str,
-          statuses: list[MPI.Status] | None = None, check: CallCheck | None = None) -> None:
+          statuses: list[MPI.Status] | None = None,
+          check: CallCheck | Notices | None = None, keep: object = None) -> None:
     """Poll the requests to completion; CommError once timeout has passed, or for MPI's
     own errors (a message longer than its buffer: MPI_ERR_TRUNCATE), or as soon as the check
-    of the call in progress shows that the ranks' calls differ."""
+    of the call in progress shows that the ranks' calls differ (or the group is revoked).
+    keep: what holds the requests' buffers (mpi4py's requests of collectives do not)."""
     try:
         _poll(requests, timeout, what, statuses, check)
     except MPI.Exception as e:
@@ -176,10 +222,20 @@ def _wait(requests: Sequence[MPI.Request], timeout: float, what: str,
                             f"(MPI_ERR_TRUNCATE, in {what}): send and recv sizes must "
                             "match") from None
         raise CommError(f"MPI failed in {what}: {e.Get_error_string()}") from None
+    except BaseException:
+        # A wait given up (a timeout, a revocation, the user's interrupt) leaves its requests
+        # in MPI, which may still read and write their buffers: kept, with what holds the
+        # buffers, for good. Dropped, a collective's buffers were freed while MPI still wrote
+        # into them (a segfault in a later wait, once the peers had come).
+        _ABANDONED.append((requests, keep))
+        raise
+
+
+_ABANDONED: list[tuple] = []  # (see _wait)
 
 
 def _poll(requests: Sequence[MPI.Request], timeout: float, what: str,
-          statuses: list[MPI.Status] | None, check: CallCheck | None) -> None:
+          statuses: list[MPI.Status] | None, check: CallCheck | Notices | None) -> None:
     # One request is polled by itself: Testall converts its list on every call, which made
     # a polled Iallreduce ~1 us slower than a blocking Allreduce at 8 B.
     if len(requests) == 1 and statuses is None:
@@ -265,7 +321,7 @@ class MpiNative:
         else:  # straight to MPI: all_reduce's _spec and _op cost ~0.3 us of a 3 us call
             _wait((self._comm.Iallreduce(MPI.IN_PLACE if send is None else send, out,
                                          _OPS[op]),), self._timeout, "MPI_Allreduce",
-                  check=self._check)
+                  check=self._check, keep=(send, out))
         self._check.finish()
         return out
 
@@ -290,11 +346,16 @@ class MpiNative:
         atomics.put_call(send, word, x)
         request = self._comm.Iallgather(send, gathered)
         spins = 0
-        while not request.Test():  # _wait's first spins, inline: ~0.5 us of a 3 us call
-            spins += 1
-            if spins == _SPINS_PER_CHECK:
-                _wait((request,), self._timeout, "MPI_Allgather")
-                break
+        try:
+            while not request.Test():  # _wait's first spins, inline: ~0.5 us of a 3 us call
+                spins += 1
+                if spins == _SPINS_PER_CHECK:
+                    _wait((request,), self._timeout, "MPI_Allgather", check=self._check,
+                          keep=self._scratch)
+                    break
+        except BaseException:
+            _ABANDONED.append((request, self._scratch))  # (see _wait)
+            raise
         if out is None:
             out = np.empty_like(x)
         if atomics.gathered_reduce(gathered, block, self._size, _WORD.size, out, dtype, op) >= 0:
@@ -365,7 +426,8 @@ class MpiNative:
         """Start the call and wait for it; then copy what MPI wrote into aligned stand-ins
         (_into) to the caller's arrays."""
         try:
-            _wait((start(),), self._timeout, what, check=self._check)
+            _wait((start(),), self._timeout, what, check=self._check,
+                  keep=(start, list(self._stand_ins)))
             for target, stand_in in self._stand_ins:
                 np.copyto(target, stand_in)
         finally:
@@ -423,8 +485,9 @@ class MpiGroup:
     def __init__(self, comm: MPI.Comm, timeout: float) -> None:
         self._comm, self._timeout = comm, timeout
         self._coll_comm = _made(comm.Dup)
-        self._check = CallCheck(self._coll_comm, timeout)
-        self.p2p = MpiEndpoint(comm, timeout)
+        self._notices = Notices(comm)
+        self._check = CallCheck(self._coll_comm, timeout, self._notices)
+        self.p2p = MpiEndpoint(comm, timeout, self._notices)
         self.coll = MpiEndpoint(self._coll_comm, timeout, self._check)
         self.native = MpiNative(self._coll_comm, timeout, self._check)
         self.rank, self.size = self.p2p.rank, self.p2p.size
@@ -434,6 +497,9 @@ class MpiGroup:
 
     def end_call(self) -> None:
         self._check.finish()
+
+    def revoke(self, notice: str) -> None:
+        self._notices.send(notice)
 
     def context_hint(self) -> int:
         return 0  # MPI names its communicators itself
@@ -453,6 +519,7 @@ class MpiGroup:
         if MPI.Is_finalized():
             return
         self.native.close()
+        self._check.close()
         self._coll_comm.Free()
         self._comm.Free()
 

@@ -261,6 +261,10 @@ class RdmaGroup:
     def end_call(self) -> None:
         pass  # compared as messages arrive, and in the natives' headers
 
+    def revoke(self, notice: str) -> None:
+        with self._stream.turns:  # (the natives' waits are the C mesh's: they time out)
+            self._stream.revoke(self.context, self.members, notice)
+
     def context_hint(self) -> int:
         return self._stream.next_context
 

@@ -266,6 +266,7 @@ class ShmStream(StreamTransport):
                 return []
             now = time.monotonic()
             if now >= next_check:  # a ring never says that its writer died: ask the OS
+                self._native.raise_if_revoked()
                 self._lose_dead_peers()
                 next_check = now + WAIT_SLICE
                 if now - started >= timeout:
@@ -316,6 +317,9 @@ class ShmGroup:
 
     def end_call(self) -> None:
         pass
+
+    def revoke(self, notice: str) -> None:
+        self.native.post_notice(notice)  # every rank's waits look at it
 
     def context_hint(self) -> int:
         return self._names.next_context

@@ -33,11 +33,19 @@ send is done only then, so the sender's buffer stays untouched while it is read.
 is refused (a policy forbids it), the answer asks for the payload, which follows through the
 stream (_RESENT) into the receive already matched, and neither side announces to the other
 again.
+
+Revocation (tbcoll.CommRevokedError): a rank whose call on a communicator was interrupted (a
+KeyboardInterrupt, a signal handler's exception) sends each peer a notice (context _REVOKED,
+tag the communicator's first context, payload the line that names the rank and the call)
+after whatever it had queued for that peer, so that the streams stay in step; a thread of its
+own finishes what cannot go at once. A rank that reads a notice fails every wait on that
+communicator's contexts from then on, its own included.
 """
 
 from __future__ import annotations
 
 import struct
+import threading
 import time
 from array import array
 from collections import defaultdict, deque
@@ -47,7 +55,7 @@ from typing import Protocol
 import numpy as np
 
 from tbcoll.calls import MISMATCH_ADVICE, NO_CALL, mismatch
-from tbcoll.errors import CommError, PeerLostError, PeerTimeoutError
+from tbcoll.errors import CommError, CommRevokedError, PeerLostError, PeerTimeoutError, revoked
 from tbcoll.transports.turns import SHARED_SLICE, Turns
 from tbcoll.transports.words import (
     ENGINE_WORD,
@@ -75,7 +83,9 @@ _DESCRIPTOR = struct.Struct("!" + "".join(code for _, code in DESCRIPTOR_FIELDS)
 _ANNOUNCE = 1 << 31  # | the message's context; payload: its _DESCRIPTOR
 _PULLED = _ANNOUNCE | 1 << 30  # tag: the pull id; seq: 0 pulled, 1 refused (send it)
 _RESENT = _PULLED + 1  # tag: the pull id; payload: the message whose pull was refused
-CONTEXTS = {"announce": _ANNOUNCE, "pulled": _PULLED, "resent": _RESENT}
+_REVOKED = _PULLED + 2  # tag: a communicator's first context; payload: the notice (UTF-8)
+CONTEXTS = {"announce": _ANNOUNCE, "pulled": _PULLED, "resent": _RESENT, "revoked": _REVOKED}
+_NOTICE_BYTES = 1024  # a notice longer than this is cut
 PULL_IDS = 0xFFFFFFFF  # pull ids count modulo 2**32 (an answer's tag holds one)
 _STAGE = 256 << 10  # staging buffer per stream
 _DIRECT = 16 << 10  # a payload remainder this large is read straight into its destination
@@ -92,23 +102,26 @@ class Channel(Protocol):
 
 
 class _Send:
-    __slots__ = ("peer", "views", "done", "error", "pulled")
+    __slots__ = ("peer", "views", "done", "error", "pulled", "context")
 
     def __init__(self, peer: Peer, views: list[memoryview],
                  pulled: np.ndarray | None = None) -> None:
         # pulled: an announced payload, which the receiver copies; done once it says so
         self.peer, self.views, self.done, self.error = peer, views, False, None
         self.pulled = pulled
+        self.context = -1  # a message's (isend sets it): a revoked one fails its wait
 
 
 class _Recv:
-    __slots__ = ("peer", "view", "call", "done", "error", "dropped")
+    __slots__ = ("peer", "view", "call", "done", "error", "dropped", "context")
 
-    def __init__(self, peer: Peer, view: memoryview, call: tuple[int, int] = NO_CALL) -> None:
+    def __init__(self, peer: Peer, view: memoryview, call: tuple[int, int] = NO_CALL,
+                 context: int = -1) -> None:
         # error: why it can never complete (a message of another size or call came for it);
         # dropped: that message, read and dropped; the error is raised once it is whole
         self.peer, self.view, self.call, self.done, self.error = peer, view, call, False, None
         self.dropped: _Unexpected | None = None
+        self.context = context  # -1: not known (a revoked context fails the others' waits)
 
 
 class _Unexpected:
@@ -118,6 +131,15 @@ class _Unexpected:
 
     def __init__(self, nbytes: int, call: tuple[int, int] = NO_CALL) -> None:
         self.data, self.call, self.done, self.waiter = bytearray(nbytes), call, False, None
+
+
+class _Notice:
+    """A revocation notice being read (see the module docstring)."""
+
+    __slots__ = ("context", "data")
+
+    def __init__(self, context: int, nbytes: int) -> None:
+        self.context, self.data = context, bytearray(nbytes)
 
 
 class _Announced:
@@ -210,6 +232,9 @@ class StreamTransport:
         # this rank's calls never took), shows that the ranks' calls differ
         self._calls: dict[int, array] = {}
         self._mismatch: str | None = None  # calls found to differ: every wait fails with it
+        # a revoked communicator's contexts -> the notice (see the module docstring); a wait
+        # for a message of one of them fails
+        self._revoked: dict[int, str] = {}
         # per peer: its state as a C path tests it, and the id of its next pull (see
         # WORDS_PER_PEER); the state words are set by publish_words only
         self.words = array("Q", bytes(8 * (PEER_WORDS + WORDS_PER_PEER * size)))
@@ -263,6 +288,42 @@ class StreamTransport:
             peer.channel.close()
         self._peers.clear()
 
+    def revoke(self, context: int, members: Iterable[int], notice: str) -> None:
+        """Revoke the communicator of contexts (context, context + 1) here and tell members
+        (world ranks) with a notice each, queued after what this rank had queued for them:
+        what cannot go at once goes from a thread of its own (see the module docstring).
+        Called with the turns held."""
+        self._revoke(context, notice)
+        text = notice.encode()[:_NOTICE_BYTES]
+        header = self._header(_REVOKED, context, len(text), 0, 0)
+        notices = []
+        for rank in members:
+            peer = self._peers.get(rank)
+            if rank != self.rank and peer is not None and not peer.lost:
+                notices.append(self._queue(peer, [memoryview(header), memoryview(text)]))
+        if any(not notice.done for notice in notices):
+            threading.Thread(target=self._deliver, args=(notices,), daemon=True,
+                             name=f"tbcoll-revoke-{self.rank}").start()
+
+    def _deliver(self, notices: list[_Send]) -> None:
+        """Move the engine until notices have gone (or TBCOLL_TIMEOUT has passed, or their
+        peers are gone): the interrupted rank may make no call on this engine again, and a
+        peer that waits for the rest of a message of ours, then the notice, would wait."""
+        try:
+            with self.turns:
+                self.waitall(notices)
+        except (CommError, OSError, ValueError):  # (gone, or closed meanwhile: nobody to tell)
+            pass
+
+    def notice(self, context: int) -> str | None:
+        """The revocation notice of the communicator of context, reading what has come."""
+        self._move(self._ready(0.0))
+        return self._revoked.get(context)
+
+    def _revoke(self, context: int, notice: str) -> None:
+        """Fail every wait on the communicator of contexts (context, context + 1)."""
+        self._revoked[context] = self._revoked[context + 1] = notice
+
     def publish_words(self) -> None:
         """Set each peer's state word and the engine's (tbcoll.transports.words) from the
         engine's state, clearing STALE. A transport whose C path reads them sets STALE whenever
@@ -300,12 +361,16 @@ class StreamTransport:
               call: tuple[int, int] = NO_CALL) -> _Send:
         peer = self._live_peer(dest)
         if peer.pulls and buf.nbytes >= self.pull_bytes:
-            return self._enqueue(peer, self._announce(peer, buf, context, tag, call))
+            request = self._enqueue(peer, self._announce(peer, buf, context, tag, call))
+            request.context = context
+            return request
         payload = bytes_of(buf)
         views = [memoryview(self._header(context, tag, payload.nbytes, call[0], call[1]))]
         if payload.nbytes:
             views.append(payload)
-        return self._queue(peer, views)
+        request = self._queue(peer, views)
+        request.context = context
+        return request
 
     # (context, tag, nbytes, seq, call) -> a header; callers pass a call's two words as
     # call[0], call[1]: *call costs ~0.07 us of a ~1.4 us shm message
@@ -349,7 +414,7 @@ class StreamTransport:
         peer = self._peers.get(source)
         if peer is None:
             raise CommError(f"rank {self.rank} has no connection to rank {source}")
-        request = _Recv(peer, bytes_of(buf), call)
+        request = _Recv(peer, bytes_of(buf), call, context)
         if (context, tag) in peer.unexpected:
             message = _first(peer.unexpected, (context, tag))
             if message.call != call or len(message.data) != request.view.nbytes:
@@ -394,7 +459,7 @@ class StreamTransport:
                           call: tuple[int, int], descriptor: bytes, arrived: int) -> None:
         """Receive into view the message whose announcement (header, and the first `arrived`
         bytes of its descriptor) a subclass's own path took."""
-        request = _Recv(peer, view, call)
+        request = _Recv(peer, view, call, context)
         peer.posted[context, tag].append(request)
         owner = _Announced(context, tag, call)
         owner.descriptor[:arrived] = descriptor[:arrived]
@@ -423,10 +488,11 @@ class StreamTransport:
             return request
         return self._queue(peer, rest)
 
-    def _rest_of_message(self, peer: Peer, view: memoryview, arrived: int) -> _Recv:
+    def _rest_of_message(self, peer: Peer, view: memoryview, arrived: int,
+                         context: int = -1) -> _Recv:
         """The receive of the rest of a message from peer whose header and first `arrived`
         bytes of payload (into view) were taken by a subclass's own path."""
-        request = _Recv(peer, view)
+        request = _Recv(peer, view, context=context)
         peer.target, peer.target_owner = view[arrived:], request
         return request
 
@@ -452,6 +518,8 @@ class StreamTransport:
             pending = [r for r in requests if not r.done]
             if not pending:
                 return
+            if self._revoked:
+                self._fail_revoked(pending)
             for request in pending:
                 if _failed(request):
                     raise CommError(request.error)
@@ -474,6 +542,12 @@ class StreamTransport:
                                        f"waiting for rank(s) {', '.join(map(str, peers))}",
                                        tuple(peers))
             self._wait_and_move(min(deadline - now, 1.0))
+
+    def _fail_revoked(self, pending: list[_Send | _Recv]) -> None:
+        """Raise where one of pending is of a revoked communicator."""
+        for request in pending:
+            if (notice := self._revoked.get(request.context)) is not None:
+                raise CommRevokedError(revoked(notice))
 
     def _wait_and_move(self, timeout: float) -> None:
         """Wait up to timeout for streams to be ready, then move what they have. Other threads
@@ -609,7 +683,13 @@ class StreamTransport:
         if context == _PULLED:
             self._answered(peer, tag, refused=call[0] != 0)
             return
-        if context == _RESENT:
+        if context == _REVOKED:
+            if nbytes > _NOTICE_BYTES:
+                self._lose(peer, f"it sent a revocation notice of {nbytes} bytes")
+                return
+            owner = _Notice(tag, nbytes)
+            view = memoryview(owner.data)
+        elif context == _RESENT:
             if tag not in peer.refused:
                 self._lose(peer, f"it resent message {tag}, which this rank never refused")
                 return
@@ -656,6 +736,8 @@ class StreamTransport:
         peer.target = peer.target_owner = None
         if isinstance(owner, _Announced):
             self._take_announced(peer, owner)
+        elif isinstance(owner, _Notice):
+            self._revoke(owner.context, owner.data.decode(errors="replace"))
         else:
             self._complete(owner)
 

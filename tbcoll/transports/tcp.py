@@ -278,7 +278,7 @@ class TcpTransport(StreamTransport):
             self._lose(peer, f"{PEER_ENDED}: it closed the connection" if error < 0
                        else f"receive failed: {os.strerror(error)}")
         if copied >= 0:  # its header and first bytes are in
-            return self._rest_of_message(peer, bytes_of(buf), copied)
+            return self._rest_of_message(peer, bytes_of(buf), copied, context)
         return self.irecv(buf, peer.rank, context, tag, call)
 
     def _send_failed(self, peer: Peer, error: int) -> PeerLostError:
@@ -640,6 +640,16 @@ class TcpGroup:
 
     def end_call(self) -> None:
         pass  # compared as messages arrive
+
+    def revoke(self, notice: str) -> None:
+        with self._transport.turns:
+            self._transport.revoke(self.context, self.members, notice)
+
+    def revoked(self) -> str | None:
+        """This group's revocation notice, if one has come (read now, without waiting): for a
+        thread that watches a wait in another library's C (mlx's watchdog)."""
+        with self._transport.turns:
+            return self._transport.notice(self.context)
 
     def context_hint(self) -> int:
         return self._transport.next_context
