@@ -444,3 +444,45 @@ def test_an_interrupted_call_revokes_the_communicator_on_every_rank(script, back
     for rank in (0, 1):
         assert lines[rank] == ["recv REVOKED", "all_reduce 8 B REVOKED",
                                "all_reduce 8 MB REVOKED", "WORLD OK"], p.stdout + p.stderr
+
+
+def test_a_peer_waiting_in_mlx_on_a_revoked_world_is_ended_saying_why(script):
+    """MLX's collectives wait in C, where no signal handler runs: rank 0's alarm lands once
+    MLX returns, and revokes all the same; rank 1, whose next call then waits in MLX for rank
+    0 (MLX has no timeout), is ended by its watchdog naming rank 0's interrupted call."""
+    path = script("""
+        import signal, time
+        import numpy as np
+        import tbcoll
+
+        class Alarm(Exception):
+            pass
+
+        def ring(*_):
+            raise Alarm()
+
+        signal.signal(signal.SIGALRM, ring)
+        comm = tbcoll.init()
+        x = np.ones(2, np.float32)
+        if comm.rank == 0:
+            signal.setitimer(signal.ITIMER_REAL, 0.3)
+            try:
+                comm.all_reduce(x, algorithm="native")
+            except Alarm:
+                print("ALARM", flush=True)
+            try:
+                comm.all_reduce(x, algorithm="native")
+            except tbcoll.CommRevokedError:
+                print("REVOKED", flush=True)
+            time.sleep(60)
+        else:
+            time.sleep(0.8)
+            assert comm.all_reduce(x, algorithm="native")[0] == 2  # paired with rank 0's
+            comm.all_reduce(x, algorithm="native")  # waits in MLX for rank 0
+    """)
+    started = time.monotonic()
+    p = tbrun("-np", 2, "--backend", "mlx", "--comm-timeout", 60, path, timeout=120)
+    assert tagged_lines(p.stdout)[0] == ["ALARM", "REVOKED"], p.stdout + p.stderr
+    assert "[1] tbcoll.CommRevokedError: all_reduce on rank 1: the communicator is revoked: " \
+           "rank 0 was interrupted in all_reduce (Alarm)" in p.stderr, p.stderr
+    assert p.returncode == 1 and time.monotonic() - started < 40, p.stderr
