@@ -454,7 +454,9 @@ class Communicator:
         return progress.start(P2PRequest(what, progress, self._group.p2p, finish, name), start)
 
     def _named_error(self, what: str, error: Exception) -> Exception:
-        return self._named(error, what) if isinstance(error, CommError) else error
+        """An isend's or irecv's error, named; an interruption of its wait (an exception of a
+        signal handler's: the transfer is given up, still posted) revokes (_named)."""
+        return self._named(error, what)
 
     def _receive_into(self, out_or_like: Any, src: int,
                       tag: int) -> tuple[np.ndarray, Callable[[np.ndarray], Any]]:
