@@ -91,7 +91,7 @@ class Watchdog:
 
     def __init__(self, rank: int, timeout: float,
                  silent_loss: Callable[[], tuple[int, str] | None],
-                 revoked: Callable[[], str | None]) -> None:
+                 revoked: Callable[[], str | None] = lambda: None) -> None:
         self._rank, self._timeout, self._silent_loss = rank, timeout, silent_loss
         self._revoked = revoked  # the world's revocation notice, if one has come
         # (what, since) while an evaluation runs. One attribute, replaced whole: CPython stores
