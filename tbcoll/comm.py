@@ -587,7 +587,9 @@ class Communicator:
         once) and on the peers (Group.revoke), once. The caller raises error again."""
         if isinstance(error, _OWN_ERRORS) or self._gate.revoked or self._closed:
             return
-        notice = f"rank {self.rank} was interrupted in {what} ({type(error).__name__})"
+        world = self._world_ranks[self.rank]
+        who = f"rank {self.rank}" + (f" (world rank {world})" if world != self.rank else "")
+        notice = f"{who} was interrupted in {what} ({type(error).__name__})"
         self._gate.revoke(CommRevokedError, f"rank {self.rank}: {revoked(notice)}")
         try:
             self._group.revoke(notice)
