@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: demo test test-labs test-host lint clean system-packages rdma-lab-tools rdma-lab \
+.PHONY: demo test test-labs test-host check lint clean system-packages rdma-lab-tools rdma-lab \
 	reference-tools arm64-lab
 
 # the C sources and headers: a change to any rebuilds the extensions (setup.py lists them)
@@ -38,6 +38,25 @@ reference-tools: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
+
+# A check before a commit, 1-3 minutes on 2 cores where `make test` takes ~20: ruff; the tests
+# that start no job or only single-rank ones (parsers, hostfiles, layouts, the wire, the gate,
+# tbrun's verdicts and its command-line errors, the C buffers, the shm lane's parts, doctor);
+# and a few jobs that stand for the rest: the SPMD collective suite on shm and tcp at 2 ranks,
+# tbrun's supervision (fail-fast, signals, timeouts, what ranks leave), its output and stdin,
+# an unmodified mpi4py and MLX script under tbrun. Not the labs, several hosts, Slurm, the
+# model tests, the failure and timeout catalogue: `make test` runs those.
+CHECK_TESTS := tests/test_records.py tests/test_whereabouts.py tests/test_tcp_addresses.py \
+	tests/test_c_buffers.py tests/test_verdict.py tests/test_dead_links.py tests/test_tuning.py \
+	tests/test_topology.py tests/test_mlx_variables.py tests/test_comm_args.py \
+	tests/test_startup.py tests/test_open_files.py tests/test_shm_parts.py tests/test_doctor.py \
+	tests/test_launch_contract.py tests/test_wire.py tests/test_gate.py tests/test_cli_errors.py \
+	'tests/test_spmd.py::test_under_tbrun[shm-2]' 'tests/test_spmd.py::test_under_tbrun[tcp-2]' \
+	tests/test_supervision.py tests/test_output.py tests/test_stdin.py \
+	tests/test_mpi_launch.py::test_an_unmodified_mpi4py_program_runs_under_tbrun \
+	'tests/test_mlx_launch.py::test_an_unmodified_mlx_script_runs_under_tbrun[2]'
+check: lint
+	$(BIN)/python -m pytest -m "not lab" -q --durations=10 $(CHECK_TESTS)
 
 # Debian packages, installed as root where apt-get is (CI); elsewhere the tests that need them
 # skip and say why. $(call apt,PACKAGES): one `apt-get update` and one install of those missing.
@@ -131,11 +150,11 @@ test: system-packages lint rdma-lab-tools
 
 test-labs: arm64-lab
 	tmp=$$(mktemp -d) && export TMPDIR=$$tmp && $(REQUIRE_LABS) $(BIN)/python -m pytest -m lab \
-	  && $(BIN)/python -m pytest -p tests.maclane $(MACOS_LANE); \
+	  --durations=25 && $(BIN)/python -m pytest -p tests.maclane --durations=25 $(MACOS_LANE); \
 	  status=$$?; rm -rf "$$tmp"; exit $$status
 
 test-host: reference-tools
-	$(REQUIRE_LABS) $(BIN)/python -m pytest -m "not lab"
+	$(REQUIRE_LABS) $(BIN)/python -m pytest -m "not lab" --durations=25
 
 clean:
 	rm -rf $(VENV) build *.egg-info

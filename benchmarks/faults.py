@@ -7,8 +7,8 @@ SIGKILL), stops itself (stop: SIGSTOP, a frozen or suspended machine), or the ha
 SIGKILLs tbrun (tbrun). A row gives the seconds from the fault to the end of tbrun, its
 status, the rank tbrun's messages name first, and the processes and files left 3 s later
 (the ranks and their children; the job's temporary files and shared memory, not the dumps it
-keeps on purpose). --comm-timeout is 3 s, so a frozen rank is found by the others' timeout.
-A markdown table goes to stdout.
+keeps on purpose; counted at once when all are gone). --comm-timeout is 3 s, so a frozen rank
+is found by the others' timeout. A markdown table goes to stdout.
 """
 
 from __future__ import annotations
@@ -71,6 +71,18 @@ def shared_memory() -> set[str]:
     return {p.name for p in SHM.iterdir()} if SHM.is_dir() else set()
 
 
+SETTLE = 3.0  # seconds what a job leaves gets to go before it is counted
+
+
+def leftovers(folder: Path, temp: Path, before: set[str]) -> tuple[list[int], int]:
+    """The ranks' and their children's pids still alive, and how many of the job's temporary
+    files and shared-memory names are left (not the dumps it keeps on purpose)."""
+    pids = [int(p) for f in folder.glob("*.pids") for p in f.read_text().split()]
+    # the dumps a failed job leaves on purpose, their folder printed (tbcoll.launch.postmortem)
+    kept = [f for f in temp.iterdir() if not f.name.startswith("tbrun-dump-")]
+    return [p for p in pids if alive(p)], len(kept) + len(shared_memory() - before)
+
+
 def trial(backend: str, np_: int, fault: str) -> dict:
     with tempfile.TemporaryDirectory() as work:
         folder, temp = Path(work, "pids"), Path(work, "tmp")
@@ -100,14 +112,13 @@ def trial(backend: str, np_: int, fault: str) -> dict:
             proc.kill()
             _, err = proc.communicate()
         ended = time.time()
-        time.sleep(3)
-        pids = [int(p) for f in folder.glob("*.pids") for p in f.read_text().split()]
-        left = [p for p in pids if alive(p)]
+        settled = time.monotonic() + SETTLE
+        left, files = leftovers(folder, temp, before)
+        while (left or files) and time.monotonic() < settled:  # no fixed wait when all went
+            time.sleep(0.05)
+            left, files = leftovers(folder, temp, before)
         for pid in left:
             os.kill(pid, signal.SIGKILL)
-        # the dumps a failed job leaves on purpose, their folder printed (tbcoll.launch.postmortem)
-        kept = [f for f in temp.iterdir() if not f.name.startswith("tbrun-dump-")]
-        files = len(kept) + len(shared_memory() - before)
         named = blamed(err or "")
         return {"backend": backend, "np": np_, "fault": fault, "seconds": ended - started,
                 "status": proc.returncode, "named": named, "procs": len(left), "files": files}

@@ -127,21 +127,26 @@ def test_the_lane_takes_only_a_gate_built_from_its_layout():
 
 
 IN_PROGRESS = """
-import json, threading, time, numpy as np, tbcoll
+import itertools, json, os, threading, time, numpy as np, tbcoll
 from tbcoll.dumps import snapshot
 comm = tbcoll.init()
 x = np.ones(2, np.float32)
 comm.all_reduce(x)
+steps = itertools.count()
 
-def show():
+def show(shown):
     print(json.dumps(snapshot("asked")["communicators"][0]["current"]), flush=True)
+    open(shown, "w").close()
 
 def later():
-    # rank 0's dump, taken a second into its next call, while rank 1 sleeps two
+    # rank 0's dump, taken half a second into its next call; rank 1 joins that call only
+    # once the dump is taken (a file in the job's folder says so), not after a guessed time
+    shown = f"shown-{next(steps)}"
     if comm.rank == 0:
-        threading.Timer(1.0, show).start()
+        threading.Timer(0.5, show, (shown,)).start()
     else:
-        time.sleep(2.0)
+        while not os.path.exists(shown):
+            time.sleep(0.01)
 
 later(); comm.all_reduce(x)  # the lane
 later(); comm.all_reduce(x, algorithm="native")  # the dispatch's one-call path
