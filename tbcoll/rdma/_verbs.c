@@ -1344,7 +1344,7 @@ static PyTypeObject FabricType = {
  * the engine's turns, the budget) cost more than the mesh. Where mesh_call does not finish
  * in its first slice (a late peer, another call, a lost peer), finish(kind, x, target,
  * dtype, op, signature, result) goes on in Python (RdmaNative._mesh_held) with the engine
- * still taken. calls(ndarray, dtypes, ops, empty, take, give, largest, all_reduce, all_gather,
+ * still taken. calls(*, ndarray, dtypes, ops, empty, take, give, largest, all_reduce, all_gather,
  * shared, budget, shared_budget, finish): one_call_calls', each kind's signatures less the
  * byte count (all_reduce's by dtype then op, all_gather's by dtype), the engine's Turns'
  * shared_word, the first slice's budget alone in the engine and once shared (as

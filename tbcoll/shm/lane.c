@@ -1,7 +1,7 @@
 /*
  * The shm lane's Python type, Lane (tbcoll/shm/native.py), and its one-call collectives.
  *
- * Lane(segment, flags, size, rank, sets, slot_bytes, budget, resume, pids) is one
+ * Lane(*, segment, flags, size, rank, sets, slot_bytes, budget, resume, pids) is one
  * communicator's segment: the rounds (round(); the protocol is written once, in rounds.c's
  * run_round), the count of rounds done (`rounds`), and, once calls() told it what to check
  * and how to sign each call, one-call paths for small arrays that do in C what the
@@ -227,7 +227,7 @@ static PyObject *lane_rounds_method(Lane *self, PyObject *const *args, Py_ssize_
 }
 
 /*
- * calls(single_pass, ndarray, dtypes, ops, empty, all_reduce, all_gather, reduce_scatter,
+ * calls(*, single_pass, ndarray, dtypes, ops, empty, all_reduce, all_gather, reduce_scatter,
  *       broadcast_call)
  * What the one-call paths take: numpy arrays (ndarray) of the dtypes (a tuple, by code),
  * reductions named in ops (name -> code), all_reduce up to single_pass bytes and the others
@@ -307,7 +307,7 @@ static PyObject *lane_attach(Lane *self, PyObject *args)
 }
 
 /*
- * bind(gate, codes, names, enabled, max_tag, comm_error, namer)
+ * bind(*, gate, codes, names, enabled, max_tag, comm_error, namer)
  * The communicator whose calls take the lane: its call gate (a tbcoll._gate.Gate, taken
  * around each call, counting the collectives and recording them), the gate's codes of the
  * lane's calls (tbcoll.gate: each kind's, in the kinds' order, then send's, recv's and the

@@ -185,7 +185,7 @@ class TcpTransport(StreamTransport):
         lane = _sockets.Lane(fds=tuple(s.channel.fileno() for s in streams),
                              stages=tuple(s.stage for s in streams), peers=peers,
                              context=endpoint.context, tag=tag, rank=rank)
-        lane.engine(words=self.words, publish=self.publish_words, seq=endpoint.call_words,
+        lane.engine(words=self.words, publish=self.publish_words, call=endpoint.call_words,
                     shared=self.turns.shared_word)
         return lane
 

@@ -16,7 +16,8 @@
  * sendmsg of the whole message, or the next message read straight into the array, where the
  * engine holds nothing for that peer; else the Python path, or the engine where C stopped.
  *
- * Lane(fds, stages, peer_words, context, tag, rank)   the group: its peers' sockets and
+ * Set-up calls take keywords only (every_keyword, tbcoll/include/buffers.h):
+ * Lane(fds, stages, peers, context, tag, rank)        the group: its peers' sockets and
  *     staging buffers and where their state words are, in rank order without this rank
  * engine(words, publish, call, shared)                the engine's words and publish_words,
  *     the group's call words [seq, signature], and Turns.shared_word (1: threads share it)
@@ -190,7 +191,7 @@ static int tcp_lane_init(TcpLane *self, PyObject *args, PyObject *kwargs)
 
 static PyObject *tcp_lane_engine(TcpLane *self, PyObject *args, PyObject *kwargs)
 {
-    static char *keywords[] = {"words", "publish", "seq", "shared", NULL};
+    static char *keywords[] = {"words", "publish", "call", "shared", NULL};
     PyObject *words, *publish, *seq, *shared;
     if (!every_keyword("engine", kwargs, keywords) ||
         !PyArg_ParseTupleAndKeywords(args, kwargs, "|$OOOO:engine", keywords, &words, &publish,
