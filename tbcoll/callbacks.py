@@ -85,9 +85,10 @@ PARTS: dict[str, tuple[str, ...]] = {
 def _differences(theirs: object, ours: dict[str, tuple[str, tuple[str, ...]]]) -> list[str]:
     """Each entry of the C table (theirs: ((name, format, "names"), ...)) that differs from ours,
     or is on one side only, in words naming both sides."""
-    if not isinstance(theirs, tuple):
-        return [f"no CALLBACKS table (C {theirs!r})"]
-    c_side = {name: (format, tuple(names.split())) for name, format, names in theirs}
+    try:
+        c_side = {name: (format, tuple(names.split())) for name, format, names in theirs}
+    except (TypeError, ValueError, AttributeError):
+        return [f"no CALLBACKS table of (name, format, names) (C {theirs!r})"]
     differs = []
     for name in sorted(c_side.keys() | ours.keys()):
         c_entry, python_entry = c_side.get(name, "none"), ours.get(name, "none")
@@ -114,15 +115,14 @@ def check_callbacks(module: ModuleType, parts: tuple[str, ...],
 
 
 def _parameters(function: Callable[..., Any]) -> list[inspect.Parameter] | None:
-    """The parameters function is called with by position, or None where Python cannot say
-    (a builtin without a signature) or it takes any (*args)."""
+    """The parameters function is called with by position (*args last, where it takes them),
+    or None where Python cannot say (a builtin without a signature)."""
     try:
         parameters = list(inspect.signature(function).parameters.values())
     except (TypeError, ValueError):
         return None
-    if any(p.kind is p.VAR_POSITIONAL for p in parameters):
-        return None
-    return [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return [p for p in parameters
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)]
 
 
 def checked(name: str, function: Callable[..., Any]) -> Callable[..., Any]:
@@ -133,11 +133,13 @@ def checked(name: str, function: Callable[..., Any]) -> Callable[..., Any]:
     parameters = _parameters(function)
     if parameters is None:
         return function
-    given = tuple(p.name for p in parameters[:len(names)])
-    needs_more = any(p.default is p.empty for p in parameters[len(names):])
+    given = tuple(p.name for p in parameters[:len(names)])  # (*args among them: unnamed)
+    needs_more = any(p.default is p.empty and p.kind is not p.VAR_POSITIONAL
+                     for p in parameters[len(names):])
     if given != names or needs_more:
         what = getattr(function, "__qualname__", repr(function))
         raise TypeError(f"{what} is called from C as {name}{names} (tbcoll/include/"
                         f"callbacks.h), but takes {tuple(p.name for p in parameters)}: name "
-                        "its parameters as the table does, in its order")
+                        "its parameters as the table does, in its order (a wrapper taking "
+                        "*args: functools.wraps the callable it calls)")
     return function

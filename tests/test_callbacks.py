@@ -5,6 +5,7 @@ A swapped pair of arguments, on either side, fails loudly instead of passing the
 
 import subprocess
 import sys
+import threading
 import time
 import types
 
@@ -106,8 +107,11 @@ def test_a_callable_whose_parameters_differ_is_refused_at_set_up():
         callbacks.checked("resume", resume)
     with pytest.raises(TypeError, match="look"):
         callbacks.checked("look", look)  # needs more than C passes
+    with pytest.raises(TypeError, match="functools.wraps"):
+        callbacks.checked("look", lambda *args: None)  # a wrapper that hides what it calls
     assert callbacks.checked("mesh_held", mesh_held) is mesh_held  # extra ones have defaults
-    assert callbacks.checked("take", print) is print  # a builtin says nothing: taken as is
+    acquire = threading.Lock().acquire
+    assert callbacks.checked("take", acquire) is acquire  # a builtin says nothing: as it is
 
 
 @pytest.fixture
