@@ -64,10 +64,12 @@ class BuildExtAndDieWithParent(build_ext):
 
 
 # the headers every extension shares (tbcoll/include: the wire and its export, reductions,
-# buffers, the pause of a spin, the stream engine's words, what the C lanes share)
+# buffers, the pause of a spin, the stream engine's words, what the C lanes share, the calls
+# into Python)
 _SHARED = ["tbcoll/include/wire.h", "tbcoll/include/wire_export.h", "tbcoll/include/reduce.h",
            "tbcoll/include/buffers.h", "tbcoll/include/cpu_relax.h",
-           "tbcoll/include/engine_words.h", "tbcoll/include/one_call.h"]
+           "tbcoll/include/engine_words.h", "tbcoll/include/one_call.h",
+           "tbcoll/include/callbacks.h"]
 # shm's files by layer (tbcoll/shm/shm.h): the pure C ones first (no Python.h: tests/test_tsan.py
 # builds them without Python), then the Lane's and the module's
 SHM = "tbcoll/shm/"

@@ -47,7 +47,8 @@ def measure(rank: int, conn, between, args) -> None:
 
     device = os.environ.get("RDMALAB_DEVICE", "rxe0")
     names = [None if k == rank else device for k in range(2)]
-    fabric = _verbs.Fabric(rank, 2, names, False, -1, None, args.spin)
+    fabric = _verbs.Fabric(rank=rank, size=2, devices=names, rc=False, gid_index=-1,
+                           library=None, spin=args.spin)
     peer = 1 - rank
     conn.send_bytes(fabric.info(peer))
     fabric.connect(peer, conn.recv_bytes())

@@ -33,6 +33,7 @@ import numpy as np
 from tbcoll import allocation, routes, tuning, uneven
 from tbcoll.algorithms import ALGORITHM_CODES, ALGORITHMS, COLLECTIVES, function
 from tbcoll.arrays import contiguous_flat, is_mlx, to_numpy
+from tbcoll.callbacks import checked
 from tbcoll.checks import verify_calls_match
 from tbcoll.collectives import (
     ALL_GATHER,
@@ -141,11 +142,12 @@ class Communicator:
             return None, frozenset(), False
         served = [k for k, entry in enumerate(LANE_ENTRIES) if self._quick[entry] is not None]
         # (every error goes to _named, which names a CommError and sees an interruption)
-        taken = lane.bind(self._gate, (*(entry.code for entry in LANE_ENTRIES), _SEND, _RECV,
-                                       NATIVE),
-                          tuple(entry.name for entry in LANE_ENTRIES),
-                          sum(1 << k for k in served) | _MOVES, MAX_TAG, BaseException,
-                          WeakMethod(self._named))
+        checked("named", self._named)  # C calls namer() with (error, what)
+        taken = lane.bind(gate=self._gate,
+                          codes=(*(entry.code for entry in LANE_ENTRIES), _SEND, _RECV, NATIVE),
+                          names=tuple(entry.name for entry in LANE_ENTRIES),
+                          enabled=sum(1 << k for k in served) | _MOVES, max_tag=MAX_TAG,
+                          comm_error=BaseException, namer=WeakMethod(self._named))
         for k in served:
             if taken & 1 << k and (limit := self._native_limit(LANE_ENTRIES[k])) is not None:
                 lane.limit(k, limit)

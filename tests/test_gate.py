@@ -117,7 +117,8 @@ def test_the_lane_takes_only_a_gate_built_from_its_layout():
     assert _atomics.GATE_ERROR is None
     lane = _atomics.Lane.__new__(_atomics.Lane)
     with pytest.raises(TypeError, match="Gate"):
-        lane.bind(gates.PyGate(4), (0,) * 7, ("a",) * 4, 0, 1, TbcollError, None)
+        lane.bind(gate=gates.PyGate(4), codes=(0,) * 7, names=("a",) * 4, enabled=0,
+                  max_tag=1, comm_error=TbcollError, namer=None)
     stale = subprocess.run([sys.executable, "-c", (
         "from tbcoll.shm import _atomics, native; _atomics.GATE_ERROR = 'layout 2, built for 1'"
         "\nnative.available()")], capture_output=True, text=True, timeout=60)

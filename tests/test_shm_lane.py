@@ -226,6 +226,7 @@ def test_the_lane_steps_aside_where_another_path_is_asked_for(script):
 
 
 MOVES = """
+import functools
 import time
 import numpy as np
 import tbcoll
@@ -242,6 +243,7 @@ engine = dict.fromkeys(("send", "recv", "_finish_send", "_finish_recv", "_finish
 
 def counted(name):
     method = getattr(ShmStream, name)
+    @functools.wraps(method)  # the parameters the lane's set-up checks (tbcoll.callbacks)
     def call(self, *args):
         engine[name] += 1
         return method(self, *args)

@@ -260,7 +260,8 @@ def test_a_round_refuses_strides_outside_its_buffers(segment, stride):
     from tbcoll.shm.flags import atomics
     src, dst = np.zeros(8, np.uint8), np.zeros(64, np.uint8)
     with pytest.raises(ValueError, match="do not fit"):
-        lane = atomics.Lane(segment.buffer, 0, 4, 0, [1024, 1024], 256, 0.01, None, 0)
+        lane = atomics.Lane(segment=segment.buffer, flags=0, size=4, rank=0, sets=[1024, 1024],
+                            slot_bytes=256, budget=0.01, resume=None, pids=0)
         lane.round(atomics.ALL_GATHER, src, 0, dst, stride, 8, 0, 0, 1)
 
 

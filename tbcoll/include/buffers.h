@@ -17,6 +17,23 @@ static inline int positional(const char *name, Py_ssize_t nargs, Py_ssize_t want
     return 0;
 }
 
+/* Whether a set-up call's keywords hold every one of its keyword-only arguments (keywords: its
+ * list, NULL-terminated, as PyArg_ParseTupleAndKeywords reads it, whose "|$" then refuses
+ * positional and unknown ones); else a TypeError naming the first missing. Called before the
+ * parse, so that nothing it takes (a buffer) is left held. Set-up calls take keywords only:
+ * two arguments of one type swapped by position would go through unseen. */
+static inline int every_keyword(const char *name, PyObject *kwargs, char **keywords)
+{
+    for (int i = 0; keywords[i] != NULL; i++)
+        if (kwargs == NULL || !PyDict_Check(kwargs) ||
+            PyDict_GetItemString(kwargs, keywords[i]) == NULL) {
+            PyErr_Format(PyExc_TypeError, "%s needs its argument %s= (its arguments are all "
+                         "keyword-only, and all needed)", name, keywords[i]);
+            return 0;
+        }
+    return 1;
+}
+
 /* One buffer wanted: whose, and how (PyBUF_SIMPLE to read, PyBUF_WRITABLE to write). */
 typedef struct {
     PyObject *object;

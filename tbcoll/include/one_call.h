@@ -20,6 +20,8 @@
 #include <Python.h>
 #include <string.h>
 
+#include "buffers.h" /* every_keyword */
+#include "callbacks.h" /* the formats of its calls into Python */
 #include "gate.h"
 #include "wire.h" /* DTYPES */
 
@@ -66,7 +68,7 @@ static inline PyObject *one_call_named(PyObject *namer_ref, PyObject *comm_error
     PyObject *name = PyUnicode_FromFormat(what, arg);
     PyObject *namer = name ? PyObject_CallNoArgs(namer_ref) : NULL;
     PyObject *renamed = namer && namer != Py_None
-                            ? PyObject_CallFunctionObjArgs(namer, error, name, NULL) : NULL;
+                            ? PyObject_CallFunction(namer, CALLBACK_FORMAT(NAMED), error, name) : NULL;
     Py_XDECREF(namer);
     Py_XDECREF(name);
     if (renamed == error) { /* seen, not renamed: raised as it was */
@@ -184,11 +186,13 @@ static inline int one_call_calls(OneCall *c, int size, PyObject *ndarray, PyObje
     return 0;
 }
 
-/* bind(gate, codes, names, enabled, max_tag, comm_error, namer) as the contract says, for a
+/* bind(*, gate, codes, names, enabled, max_tag, comm_error, namer) as the contract says, for a
  * lane that has the kinds in `offered` (a mask): the mask it took, or NULL. */
 static inline PyObject *one_call_bind(OneCall *c, PyTypeObject *gate_type, PyObject *gate_error,
-                                      PyObject *args, int offered)
+                                      PyObject *args, PyObject *kwargs, int offered)
 {
+    static char *keywords[] = {"gate", "codes", "names", "enabled", "max_tag", "comm_error",
+                               "namer", NULL};
     PyObject *gate, *codes, *names, *comm_error, *namer;
     int enabled;
     long max_tag;
@@ -196,8 +200,10 @@ static inline PyObject *one_call_bind(OneCall *c, PyTypeObject *gate_type, PyObj
         PyErr_SetObject(PyExc_ImportError, gate_error);
         return NULL;
     }
-    if (!PyArg_ParseTuple(args, "O!O!O!ilOO:bind", gate_type, &gate, &PyTuple_Type, &codes,
-                          &PyTuple_Type, &names, &enabled, &max_tag, &comm_error, &namer))
+    if (!every_keyword("bind", kwargs, keywords) ||
+        !PyArg_ParseTupleAndKeywords(args, kwargs, "|$O!O!O!ilOO:bind", keywords, gate_type,
+                                     &gate, &PyTuple_Type, &codes, &PyTuple_Type, &names,
+                                     &enabled, &max_tag, &comm_error, &namer))
         return NULL;
     if (PyTuple_GET_SIZE(codes) != ONE_CALL_CODES || PyTuple_GET_SIZE(names) != LANE_KIND_COUNT) {
         PyErr_SetString(PyExc_ValueError, "bind: bad codes or names");
@@ -277,6 +283,8 @@ static inline PyObject *one_call_empty(PyObject *empty, const Py_ssize_t *shape,
         else
             PyTuple_SET_ITEM(dims, i, d);
     }
+    /* (with objects made: no format to read on the hot path) */
+    _Static_assert(CALLBACK_NARGS(EMPTY) == 2, "empty's call passes shape and dtype");
     PyObject *made = dims ? PyObject_CallFunctionObjArgs(empty, dims, dtype, NULL) : NULL;
     Py_XDECREF(dims);
     return made;
@@ -379,6 +387,7 @@ static inline PyObject *one_call_run_any(OneCall *c, void *lane, int kind, PyObj
         taken = 0; /* a lane without an engine's lock: nothing to take */
         idle = ready ? ready(lane) : 1;
     } else {
+        _Static_assert(CALLBACK_NARGS(TAKE) == 1, "take's call passes blocking");
         PyObject *got = PyObject_CallOneArg(c->take, Py_False);
         if (got == NULL)
             goto done;
@@ -474,6 +483,7 @@ static inline PyObject *one_call_move(OneCall *c, void *lane, int rank, int send
     }
     int taken = 0, done = 1; /* (the engine taken by another thread: the Python path's) */
     if (c->take != NULL) {
+        _Static_assert(CALLBACK_NARGS(TAKE) == 1, "take's call passes blocking");
         PyObject *got = PyObject_CallOneArg(c->take, Py_False);
         taken = got == Py_True;
         done = got == NULL ? -1 : 1;

@@ -582,19 +582,22 @@ static struct ibv_qp *create_qp(Fabric *f, Device *d, int send_wr, int recv_wr)
 }
 
 /*
- * Fabric(rank, size, devices, rc, gid_index, library, spin)
+ * Fabric(*, rank, size, devices, rc, gid_index, library, spin)
  * devices: per rank, the name of the device that reaches it (None for this rank).
  * Opens the devices, registers one arena on each, creates the queue pairs (INIT) and posts
  * every receive; connect() then takes each to RTS with the peer's info().
  */
 static PyObject *Fabric_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
 {
+    static char *keywords[] = {"rank", "size", "devices", "rc", "gid_index", "library", "spin",
+                               NULL};
     int rank, size, rc, gid_index;
     PyObject *names;
     const char *library = NULL;
     double spin;
-    if (!PyArg_ParseTuple(args, "iiOpizd", &rank, &size, &names, &rc, &gid_index, &library,
-                          &spin))
+    if (!every_keyword("Fabric", kwargs, keywords) ||
+        !PyArg_ParseTupleAndKeywords(args, kwargs, "|$iiOpizd:Fabric", keywords, &rank, &size,
+                                     &names, &rc, &gid_index, &library, &spin))
         return NULL;
     if (size < 1 || size > MAX_PEERS || rank < 0 || rank >= size) {
         PyErr_SetString(PyExc_ValueError, "bad rank or size");
@@ -1341,7 +1344,7 @@ static PyTypeObject FabricType = {
  * the engine's turns, the budget) cost more than the mesh. Where mesh_call does not finish
  * in its first slice (a late peer, another call, a lost peer), finish(kind, x, target,
  * dtype, op, signature, result) goes on in Python (RdmaNative._mesh_held) with the engine
- * still taken. calls(ndarray, dtypes, ops, empty, take, give, largest, all_reduce, all_gather,
+ * still taken. calls(*, ndarray, dtypes, ops, empty, take, give, largest, all_reduce, all_gather,
  * shared, budget, shared_budget, finish): one_call_calls', each kind's signatures less the
  * byte count (all_reduce's by dtype then op, all_gather's by dtype), the engine's Turns'
  * shared_word, the first slice's budget alone in the engine and once shared (as
@@ -1396,8 +1399,11 @@ static int MeshLane_init(MeshLane *self, PyObject *args, PyObject *Py_UNUSED(kwa
     return 0;
 }
 
-static PyObject *MeshLane_calls(MeshLane *self, PyObject *args)
+static PyObject *MeshLane_calls(MeshLane *self, PyObject *args, PyObject *kwargs)
 {
+    static char *keywords[] = {"ndarray", "dtypes", "ops", "empty", "take", "give", "largest",
+                               "all_reduce", "all_gather", "shared", "budget", "shared_budget",
+                               "finish", NULL};
     PyObject *ndarray, *dtypes, *ops, *empty, *take, *give, *all_reduce, *all_gather, *shared,
         *finish;
     Py_ssize_t largest;
@@ -1406,9 +1412,10 @@ static PyObject *MeshLane_calls(MeshLane *self, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "calls: once, after MeshLane(fabric)");
         return NULL;
     }
-    if (!PyArg_ParseTuple(args, "OOOOOOnOOOddO:calls", &ndarray, &dtypes, &ops, &empty, &take,
-                          &give, &largest, &all_reduce, &all_gather, &shared, &budget,
-                          &shared_budget, &finish) ||
+    if (!every_keyword("calls", kwargs, keywords) ||
+        !PyArg_ParseTupleAndKeywords(args, kwargs, "|$OOOOOOnOOOddO:calls", keywords, &ndarray,
+                                     &dtypes, &ops, &empty, &take, &give, &largest, &all_reduce,
+                                     &all_gather, &shared, &budget, &shared_budget, &finish) ||
         one_call_words(all_reduce, &self->all_reduce[0][0], DTYPES * OPS) < 0 ||
         one_call_words(all_gather, self->all_gather, DTYPES) < 0 ||
         one_call_calls(&self->call, self->fabric->size, ndarray, dtypes, ops, empty, take, give,
@@ -1427,9 +1434,9 @@ static PyObject *MeshLane_calls(MeshLane *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
-static PyObject *MeshLane_bind(MeshLane *self, PyObject *args)
+static PyObject *MeshLane_bind(MeshLane *self, PyObject *args, PyObject *kwargs)
 {
-    return one_call_bind(&self->call, GateType, gate_error, args,
+    return one_call_bind(&self->call, GateType, gate_error, args, kwargs,
                          (1 << ONE_CALL_ALL_REDUCE) | (1 << ONE_CALL_ALL_GATHER));
 }
 
@@ -1458,7 +1465,7 @@ static int mesh_work(void *lane, int kind, PyObject *x, const Py_buffer *xv, PyO
         return 0;
     if (result == -3)
         return -1;
-    PyObject *done = PyObject_CallFunction(self->finish, "iOOiiKl", mesh, x, target, dtype, op,
+    PyObject *done = PyObject_CallFunction(self->finish, CALLBACK_FORMAT(MESH_HELD), mesh, x, target, dtype, op,
                                            signature, result);
     Py_XDECREF(done);
     return done == NULL ? -1 : 0;
@@ -1481,8 +1488,8 @@ static PyObject *MeshLane_all_gather(MeshLane *self, PyObject *const *args, Py_s
 }
 
 static PyMethodDef MeshLane_methods[] = {
-    {"calls", (PyCFunction)MeshLane_calls, METH_VARARGS, "What its calls take."},
-    {"bind", (PyCFunction)MeshLane_bind, METH_VARARGS, "The communicator whose calls take it."},
+    {"calls", (PyCFunction)(void (*)(void))MeshLane_calls, METH_VARARGS | METH_KEYWORDS, "What its calls take."},
+    {"bind", (PyCFunction)(void (*)(void))MeshLane_bind, METH_VARARGS | METH_KEYWORDS, "The communicator whose calls take it."},
     {"limit", (PyCFunction)MeshLane_limit, METH_VARARGS, "The largest x a kind's path takes."},
     {"all_reduce", (PyCFunction)(void (*)(void))MeshLane_all_reduce, METH_FASTCALL,
      "The communicator's all_reduce, or None."},
@@ -1513,6 +1520,9 @@ static PyMethodDef module_methods[] = {
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "tbcoll.rdma._verbs", NULL, -1,
                                     module_methods};
 
+/* the calls into Python that the mesh lane makes */
+#define RDMA_CALLBACKS(X) CALLBACKS_ONE_CALL(X) CALLBACKS_RDMA(X)
+
 PyMODINIT_FUNC PyInit__verbs(void)
 {
     PyObject *m = PyModule_Create(&module);
@@ -1534,7 +1544,8 @@ PyMODINIT_FUNC PyInit__verbs(void)
         PyModule_AddIntConstant(m, "COLL_BYTES", COLL_BYTES) < 0 ||
         PyModule_AddIntConstant(m, "MESH_ALL_REDUCE", MESH_ALL_REDUCE) < 0 ||
         PyModule_AddIntConstant(m, "MESH_ALL_GATHER", MESH_ALL_GATHER) < 0 ||
-        add_wire(m) < 0) /* its dtype and op codes, checked at import by tbcoll.wire_check */
+        add_wire(m) < 0 || /* its dtype and op codes, checked at import by tbcoll.wire_check */
+        ADD_CALLBACKS(m, RDMA_CALLBACKS) < 0) /* checked at import by tbcoll.callbacks */
         return NULL;
     return m;
 }

@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "../include/buffers.h"
+#include "../include/callbacks.h" /* ADD_CALLBACKS */
 #include "../include/reduce.h" /* reduce_rows */
 #include "../include/wire_export.h" /* add_wire */
 #include "cma.h"
@@ -427,6 +428,9 @@ static PyObject *lane_kinds(void)
     return kinds;
 }
 
+/* the calls into Python that the shm lane makes (checked at import by tbcoll.callbacks) */
+#define SHM_CALLBACKS(X) CALLBACKS_ONE_CALL(X) CALLBACKS_SHM(X)
+
 PyMODINIT_FUNC PyInit__atomics(void)
 {
     PyObject *m = PyModule_Create(&module);
@@ -456,7 +460,7 @@ PyMODINIT_FUNC PyInit__atomics(void)
         PyModule_AddObject(m, "NOT_IN_HEAP", Py_BuildValue("(ii)", NOT_IN_HEAP_ALLOCATION,
                                                            NOT_IN_HEAP_OFFSET)) < 0 ||
         add_wire(m) < 0 || add_engine_words(m) < 0 || add_lane_type(m) < 0 ||
-        add_move_outcomes(m) < 0) {
+        add_move_outcomes(m) < 0 || ADD_CALLBACKS(m, SHM_CALLBACKS) < 0) {
         Py_XDECREF(m);
         return NULL;
     }

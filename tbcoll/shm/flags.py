@@ -10,6 +10,7 @@ missing (atomics is None) and the shm backend says so (tbcoll.shm.native.availab
 
 from __future__ import annotations
 
+from tbcoll.callbacks import check_callbacks
 from tbcoll.wire_check import check_wire
 
 try:
@@ -18,6 +19,7 @@ except ImportError:  # built without a compiler
     atomics = None
 if atomics is not None:
     check_wire(atomics)
+    check_callbacks(atomics, ("one_call", "shm"))
 
 
 class AtomicFlags:

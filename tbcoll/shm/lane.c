@@ -1,7 +1,7 @@
 /*
  * The shm lane's Python type, Lane (tbcoll/shm/native.py), and its one-call collectives.
  *
- * Lane(segment, flags, size, rank, sets, slot_bytes, budget, resume, pids) is one
+ * Lane(*, segment, flags, size, rank, sets, slot_bytes, budget, resume, pids) is one
  * communicator's segment: the rounds (round(); the protocol is written once, in rounds.c's
  * run_round), the count of rounds done (`rounds`), and, once calls() told it what to check
  * and how to sign each call, one-call paths for small arrays that do in C what the
@@ -87,13 +87,17 @@ static void lane_dealloc(Lane *self)
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-static int lane_init(Lane *self, PyObject *args, PyObject *Py_UNUSED(kwargs))
+static int lane_init(Lane *self, PyObject *args, PyObject *kwargs)
 {
+    static char *keywords[] = {"segment", "flags", "size", "rank", "sets", "slot_bytes",
+                               "budget", "resume", "pids", NULL};
     PyObject *segment, *resume;
     Py_ssize_t flags, size, rank, set0, set1, slot_bytes, pids;
     double budget;
-    if (!PyArg_ParseTuple(args, "Onnn(nn)ndOn:Lane", &segment, &flags, &size, &rank, &set0,
-                          &set1, &slot_bytes, &budget, &resume, &pids))
+    if (!every_keyword("Lane", kwargs, keywords) ||
+        !PyArg_ParseTupleAndKeywords(args, kwargs, "|$Onnn(nn)ndOn:Lane", keywords, &segment,
+                                     &flags, &size, &rank, &set0, &set1, &slot_bytes, &budget,
+                                     &resume, &pids))
         return -1;
     Py_buffer view;
     if (PyObject_GetBuffer(segment, &view, PyBUF_WRITABLE) < 0)
@@ -223,7 +227,7 @@ static PyObject *lane_rounds_method(Lane *self, PyObject *const *args, Py_ssize_
 }
 
 /*
- * calls(single_pass, ndarray, dtypes, ops, empty, all_reduce, all_gather, reduce_scatter,
+ * calls(*, single_pass, ndarray, dtypes, ops, empty, all_reduce, all_gather, reduce_scatter,
  *       broadcast_call)
  * What the one-call paths take: numpy arrays (ndarray) of the dtypes (a tuple, by code),
  * reductions named in ops (name -> code), all_reduce up to single_pass bytes and the others
@@ -232,13 +236,17 @@ static PyObject *lane_rounds_method(Lane *self, PyObject *const *args, Py_ssize_
  * the byte count, flat lists by dtype then op, all_gather's by dtype, and broadcast's from
  * broadcast_call(dtype, root), asked once each.
  */
-static PyObject *lane_calls(Lane *self, PyObject *args)
+static PyObject *lane_calls(Lane *self, PyObject *args, PyObject *kwargs)
 {
+    static char *keywords[] = {"single_pass", "ndarray", "dtypes", "ops", "empty", "all_reduce",
+                               "all_gather", "reduce_scatter", "broadcast_call", NULL};
     Py_ssize_t single_pass;
     PyObject *ndarray, *dtypes, *ops, *empty, *all_reduce, *all_gather, *reduce_scatter,
         *broadcast_call;
-    if (!PyArg_ParseTuple(args, "nOOOOOOOO:calls", &single_pass, &ndarray, &dtypes, &ops,
-                          &empty, &all_reduce, &all_gather, &reduce_scatter, &broadcast_call) ||
+    if (!every_keyword("calls", kwargs, keywords) ||
+        !PyArg_ParseTupleAndKeywords(args, kwargs, "|$nOOOOOOOO:calls", keywords, &single_pass,
+                                     &ndarray, &dtypes, &ops, &empty, &all_reduce, &all_gather,
+                                     &reduce_scatter, &broadcast_call) ||
         one_call_words(all_reduce, &self->all_reduce_calls[0][0], DTYPES * OPS) < 0 ||
         one_call_words(all_gather, self->all_gather_calls, DTYPES) < 0 ||
         one_call_words(reduce_scatter, &self->reduce_scatter_calls[0][0], DTYPES * OPS) < 0)
@@ -299,7 +307,7 @@ static PyObject *lane_attach(Lane *self, PyObject *args)
 }
 
 /*
- * bind(gate, codes, names, enabled, max_tag, comm_error, namer)
+ * bind(*, gate, codes, names, enabled, max_tag, comm_error, namer)
  * The communicator whose calls take the lane: its call gate (a tbcoll._gate.Gate, taken
  * around each call, counting the collectives and recording them), the gate's codes of the
  * lane's calls (tbcoll.gate: each kind's, in the kinds' order, then send's, recv's and the
@@ -309,10 +317,10 @@ static PyObject *lane_attach(Lane *self, PyObject *args)
  * raised again as namer()(error, what) (see named). Returns the mask it took: all of
  * enabled.
  */
-static PyObject *lane_bind(Lane *self, PyObject *args)
+static PyObject *lane_bind(Lane *self, PyObject *args, PyObject *kwargs)
 {
     /* every kind and the moves: all it has */
-    return one_call_bind(&self->call, GateType, gate_error, args,
+    return one_call_bind(&self->call, GateType, gate_error, args, kwargs,
                          ((1 << ONE_CALL_KINDS) - 1) | ONE_CALL_MOVES);
 }
 
@@ -359,7 +367,8 @@ static int segment_work(void *lane, int kind, PyObject *x, const Py_buffer *xv,
     default: { /* BROADCAST */
         uint64_t *call = &self->broadcast_calls[dtype * self->size + root];
         if (*call == 0) {
-            PyObject *word = PyObject_CallFunction(self->broadcast_call, "ii", dtype, root);
+            PyObject *word = PyObject_CallFunction(self->broadcast_call,
+                                                 CALLBACK_FORMAT(BROADCAST_CALL), dtype, root);
             *call = word ? (uint64_t)PyLong_AsUnsignedLongLong(word) : 0;
             Py_XDECREF(word);
             if (PyErr_Occurred())
@@ -455,10 +464,10 @@ static PyObject *lane_broadcast(Lane *self, PyObject *const *args, Py_ssize_t na
 static PyMethodDef lane_methods[] = {
     {"round", FASTCALL(lane_round_method), "One round of a collective, to its end."},
     {"rounds", FASTCALL(lane_rounds_method), "A collective of any size in rounds."},
-    {"calls", (PyCFunction)lane_calls, METH_VARARGS, "What the one-call paths take."},
+    {"calls", (PyCFunction)(void (*)(void))lane_calls, METH_VARARGS | METH_KEYWORDS, "What the one-call paths take."},
     {"limit", (PyCFunction)lane_limit, METH_VARARGS, "The largest x a kind's path takes."},
-    {"bind", (PyCFunction)lane_bind, METH_VARARGS, "The communicator whose calls take it."},
-    {"streams", (PyCFunction)lane_streams, METH_VARARGS, "The stream engine's rings, lent."},
+    {"bind", (PyCFunction)(void (*)(void))lane_bind, METH_VARARGS | METH_KEYWORDS, "The communicator whose calls take it."},
+    {"streams", (PyCFunction)(void (*)(void))lane_streams, METH_VARARGS | METH_KEYWORDS, "The stream engine's rings, lent."},
     {"attach", (PyCFunction)lane_attach, METH_VARARGS, "Whether large calls copy once."},
     {"copy_once", (PyCFunction)lane_copy_once, METH_VARARGS, "A one-copy call's rounds."},
     {"direct", FASTCALL(lane_direct), "A transport's one-call path."},

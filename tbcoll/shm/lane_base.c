@@ -27,7 +27,7 @@ int lane_round(Lane *self, Round *r, char *base, uint64_t signature)
     int stage = ROUND_WAIT_FREE;
     while ((stage = run_round(r, seq, stage, self->budget, signature)) > 0) {
         self->rounds = seq; /* begun: this round's flags are stored */
-        PyObject *done = PyObject_CallFunction(self->resume, "iKK", stage,
+        PyObject *done = PyObject_CallFunction(self->resume, CALLBACK_FORMAT(RESUME), stage,
                                                (unsigned long long)seq,
                                                (unsigned long long)signature);
         if (done == NULL)

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "../include/buffers.h"
+#include "../include/callbacks.h" /* the engine's parts' arguments */
 #include "../include/engine_words.h"
 #include "cma.h"
 #include "moves.h"
@@ -38,7 +39,9 @@ void lane_release_words(Lane *self)
 }
 
 /*
- * streams(context, capacity, budgets, (words, publish), rings, moves, pulls, (look, every))
+ * streams(*, context, capacity, send_budget, recv_budget, words, publish, rings, send, recv,
+ *         finish_send, finish_recv, finish_pulled_send, finish_announcement, pull_bytes,
+ *         announce_bit, answer_context, look, look_every)
  * Lend the lane the stream engine's rings (tbcoll/transports/shm.py, ShmStream.lend_lane):
  * context, the endpoint's whose messages send and recv move; capacity, each ring's data
  * bytes; budgets, (send, recv) seconds a move waits in C; words, the engine's (a writable
@@ -49,18 +52,24 @@ void lane_release_words(Lane *self)
  * context); look(peer), the engine's, which raises where rank peer has ended, called by a
  * send at most every `every` seconds per receiver (look_if_due).
  */
-PyObject *lane_streams(Lane *self, PyObject *args)
+PyObject *lane_streams(Lane *self, PyObject *args, PyObject *kwargs)
 {
+    static char *keywords[] = {"context", "capacity", "send_budget", "recv_budget", "words",
+                               "publish", "rings", "send", "recv", "finish_send", "finish_recv",
+                               "finish_pulled_send", "finish_announcement", "pull_bytes",
+                               "announce_bit", "answer_context", "look", "look_every", NULL};
     PyObject *context, *publish, *rings, *moves[6], *look;
     Py_buffer words;
     Py_ssize_t capacity, pull_bytes;
     unsigned long announce_bit, answer_context;
     double send_budget, recv_budget, look_every;
-    if (!PyArg_ParseTuple(args, "O!n(dd)(w*O)O!(OOOOOO)(nkk)(Od):streams", &PyLong_Type,
-                          &context, &capacity, &send_budget, &recv_budget, &words, &publish,
-                          &PyTuple_Type, &rings, &moves[0], &moves[1], &moves[2], &moves[3],
-                          &moves[4], &moves[5], &pull_bytes, &announce_bit, &answer_context,
-                          &look, &look_every))
+    if (!every_keyword("streams", kwargs, keywords) ||
+        !PyArg_ParseTupleAndKeywords(args, kwargs, "|$O!nddw*OO!OOOOOOnkkOd:streams", keywords,
+                                     &PyLong_Type, &context, &capacity, &send_budget,
+                                     &recv_budget, &words, &publish, &PyTuple_Type, &rings,
+                                     &moves[0], &moves[1], &moves[2], &moves[3], &moves[4],
+                                     &moves[5], &pull_bytes, &announce_bit, &answer_context,
+                                     &look, &look_every))
         return NULL;
     Py_buffer segment;
     if (PyObject_GetBuffer(self->segment, &segment, PyBUF_SIMPLE) < 0) {
@@ -282,6 +291,13 @@ static PyObject *engine_part(Lane *self, int sending, int outcome, PyObject *x,
                       ? PyLong_FromSsize_t(m->moved)
                       : PyBytes_FromStringAndSize((const char *)m->descriptor, m->moved);
     }
+    /* (vectorcall with the objects made: the table's counts, checked as it compiles) */
+    _Static_assert(CALLBACK_NARGS(ENGINE_SEND) == 3 && CALLBACK_NARGS(ENGINE_RECV) == 3 &&
+                       CALLBACK_NARGS(FINISH_PULLED_SEND) == 3,
+                   "the engine's send, recv and pulled send's finish take three arguments");
+    _Static_assert(CALLBACK_NARGS(SHM_FINISH_SEND) == 4 && CALLBACK_NARGS(SHM_FINISH_RECV) == 4 &&
+                       CALLBACK_NARGS(FINISH_ANNOUNCEMENT) == 4,
+                   "the engine's finishes take four arguments");
     PyObject *result = NULL;
     if (args[2] && (nargs == 3 || args[3]))
         result = PyObject_Vectorcall(callable, args, (size_t)nargs, NULL);
@@ -302,7 +318,7 @@ static int look_if_due(Lane *self, Py_ssize_t peer)
     if (now < self->next_look[peer])
         return 0;
     self->next_look[peer] = now + self->look_every;
-    PyObject *done = PyObject_CallFunction(self->look, "n", peer);
+    PyObject *done = PyObject_CallFunction(self->look, CALLBACK_FORMAT(LOOK), peer);
     Py_XDECREF(done);
     return done == NULL ? -1 : 0;
 }

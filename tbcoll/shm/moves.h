@@ -9,7 +9,7 @@
 #include "lane_base.h"
 
 /* The Lane methods streams(), send(), recv() and move() (the engine's own) */
-INTERNAL PyObject *lane_streams(Lane *self, PyObject *args);
+INTERNAL PyObject *lane_streams(Lane *self, PyObject *args, PyObject *kwargs);
 INTERNAL PyObject *lane_send(Lane *self, PyObject *const *args, Py_ssize_t nargs);
 INTERNAL PyObject *lane_recv(Lane *self, PyObject *const *args, Py_ssize_t nargs);
 INTERNAL PyObject *lane_move(Lane *self, PyObject *args);

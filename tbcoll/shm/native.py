@@ -54,6 +54,7 @@ from functools import partial
 
 import numpy as np
 
+from tbcoll.callbacks import checked
 from tbcoll.calls import mismatch, signature
 from tbcoll.dtypes import DTYPE_CODES, OP_CODES, reducer
 from tbcoll.env import shm_cma
@@ -197,10 +198,13 @@ class ShmNative:
                                     self.layout.flags).reshape(size, LINE // 8)
         sets = [self.layout.data + k * self.layout.set_bytes for k in (0, 1)]
         # the rounds, and the one-call paths (direct_*; Communicator's calls, once bound)
-        self.lane = atomics.Lane(buffer, self.layout.flags, size, rank, sets, SLOT, WAIT_SLICE,
-                                 self._resume, self.layout.pids)
-        self.lane.calls(SINGLE_PASS_BYTES, np.ndarray, _DTYPES, OP_CODES, np.empty,
-                        _ALL_REDUCE, _ALL_GATHER, _REDUCE_SCATTER, _broadcast_call)
+        self.lane = atomics.Lane(segment=buffer, flags=self.layout.flags, size=size, rank=rank,
+                                 sets=sets, slot_bytes=SLOT, budget=WAIT_SLICE,
+                                 resume=checked("resume", self._resume), pids=self.layout.pids)
+        self.lane.calls(single_pass=SINGLE_PASS_BYTES, ndarray=np.ndarray, dtypes=_DTYPES,
+                        ops=OP_CODES, empty=np.empty, all_reduce=_ALL_REDUCE,
+                        all_gather=_ALL_GATHER, reduce_scatter=_REDUCE_SCATTER,
+                        broadcast_call=checked("broadcast_call", _broadcast_call))
         self._round = self.lane.round
         self.direct_all_reduce = partial(self.lane.direct, atomics.ALL_REDUCE)
         self.direct_all_gather = partial(self.lane.direct, atomics.ALL_GATHER)
@@ -404,15 +408,15 @@ class ShmNative:
 
     # --- rounds and flags ----------------------------------------------------------------
 
-    def _resume(self, stage: int, s: int, call: int) -> None:
-        """Where a wait of round s ran out of its slice (a slow or gone peer), wait in Python,
+    def _resume(self, stage: int, seq: int, signature: int) -> None:
+        """Where a wait of round seq ran out of its slice (a slow or gone peer), wait in Python,
         which notices dead ranks and the deadline (the stages of tbcoll/shm/rounds.h: the set
         to be free; the others' data; their parts, DONE); where the ranks' calls differ,
         raise."""
         if stage == atomics.ROUND_CALLS_DIFFER:
-            self._agree(s, call)
+            self._agree(seq, signature)
         self._wait_all(_DONE if stage == atomics.ROUND_WAIT_DONE else _ARRIVE,
-                       s - 1 if stage == atomics.ROUND_WAIT_FREE else s)
+                       seq - 1 if stage == atomics.ROUND_WAIT_FREE else seq)
 
     def _agree(self, s: int, call: int) -> None:
         """After the wait of round s: raise if a rank's call differs from this one's."""

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "../include/buffers.h"
+#include "../include/callbacks.h" /* ADD_CALLBACKS */
 #include "../include/engine_words.h" /* add_engine_words */
 #include "../include/wire_export.h" /* add_wire; wire.h: HEADER_BYTES, as stream.py packs it */
 #include "exchange.h"
@@ -242,12 +243,16 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_sockets", NULL, -1, methods};
 
+/* the calls into Python that the tcp lane makes */
+#define TCP_CALLBACKS(X) CALLBACKS_ONE_CALL(X) CALLBACKS_TCP(X)
+
 PyMODINIT_FUNC PyInit__sockets(void)
 {
     PyObject *m = PyModule_Create(&module);
     if (m == NULL || PyModule_AddIntConstant(m, "MAX_PEERS", MAX_PEERS) < 0 ||
         add_wire(m) < 0 || /* checked at import by tbcoll.wire_check */
-        add_engine_words(m) < 0 || add_tcp_lane(m) < 0) {
+        add_engine_words(m) < 0 || add_tcp_lane(m) < 0 ||
+        ADD_CALLBACKS(m, TCP_CALLBACKS) < 0) { /* checked at import by tbcoll.callbacks */
         Py_XDECREF(m);
         return NULL;
     }

@@ -24,6 +24,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from tbcoll.callbacks import check_callbacks, checked
 from tbcoll.calls import mismatch, signature
 from tbcoll.dtypes import DTYPE_CODES, DTYPES, OP_CODES
 from tbcoll.env import LaunchInfo, placement, rdma_settings
@@ -41,6 +42,7 @@ except ImportError:  # built without infiniband/verbs.h
     _verbs = None
 if _verbs is not None:
     check_wire(_verbs)
+    check_callbacks(_verbs, ("one_call", "rdma"))
 
 WAIT_SLICE = 0.05  # seconds a wait stays in C before it looks at the peers and the deadline
 
@@ -144,10 +146,12 @@ class RdmaNative:
         # the small all_reduce and all_gather whole in C (the Communicator binds it): its first
         # slice as _mesh_held's, which goes on from where it stopped
         self.lane = _verbs.MeshLane(fabric)
-        self.lane.calls(np.ndarray, tuple(DTYPES.values()), OP_CODES, np.empty,
-                        turns.lock.acquire, turns.lock.release, self._piece, _ALL_REDUCE,
-                        _ALL_GATHER, turns.shared_word, WAIT_SLICE, SHARED_SLICE,
-                        self._mesh_held)
+        self.lane.calls(ndarray=np.ndarray, dtypes=tuple(DTYPES.values()), ops=OP_CODES,
+                        empty=np.empty, take=checked("take", turns.lock.acquire),
+                        give=turns.lock.release, largest=self._piece, all_reduce=_ALL_REDUCE,
+                        all_gather=_ALL_GATHER, shared=turns.shared_word, budget=WAIT_SLICE,
+                        shared_budget=SHARED_SLICE,
+                        finish=checked("mesh_held", self._mesh_held))
 
     # --- one-call paths (Native.direct_*) ---------------------------------------------------
 
@@ -354,8 +358,8 @@ def _open_fabric(info: LaunchInfo, settings: object) -> object:
     local = max(1, info.local_size)
     spin = 50e-6 if local <= (os.cpu_count() or 1) else 5e-6
     try:
-        return _verbs.Fabric(info.rank, info.size, names, settings.rc, settings.gid_index,
-                             settings.library, spin)
+        return _verbs.Fabric(rank=info.rank, size=info.size, devices=names, rc=settings.rc,
+                             gid_index=settings.gid_index, library=settings.library, spin=spin)
     except _verbs.DeviceError as e:
         raise CommError(f"RDMA device {e} does not exist on rank {info.rank}'s host; its "
                         f"devices: {', '.join(present) or 'none'}") from None

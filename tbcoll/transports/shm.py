@@ -19,6 +19,7 @@ communicator's messages for one made by split.
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import time
 from collections.abc import Callable, Iterable
@@ -26,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from tbcoll.callbacks import checked
 from tbcoll.calls import NO_CALL
 from tbcoll.env import LaunchInfo, comm_timeout, placement, segment_prefix, shm_cma, single_host
 from tbcoll.errors import PEER_ENDED, CommError, PeerLostError
@@ -108,18 +110,26 @@ class ShmStream(StreamTransport):
                       (peer.channel.outgoing.base, peer.channel.incoming.base)
                       for rank in range(self.size) for peer in [self._peers.get(rank)])
         ring = next(iter(self._peers.values())).channel.outgoing
-        doors = (self._door(self._finish_send), self._door(self._finish_recv),
-                 self._door(self._finish_pulled_send), self._door(self._finish_announcement))
         self.publish_words()
-        moves = (endpoint.send, endpoint.recv, *doors)
-        lane.streams(endpoint.context, ring.capacity, (_ROOM_WAIT, WAIT_SLICE),
-                     (self.words, self.publish_words), rings, moves,
-                     (PULL_BYTES, *self.PULL_CONTEXTS), (self._door(self._look), LOOK_EVERY))
+        announce_bit, answer_context = self.PULL_CONTEXTS
+        lane.streams(
+            context=endpoint.context, capacity=ring.capacity, send_budget=_ROOM_WAIT,
+            recv_budget=WAIT_SLICE, words=self.words, publish=self.publish_words, rings=rings,
+            send=checked("engine_send", endpoint.send),
+            recv=checked("engine_recv", endpoint.recv),
+            finish_send=checked("shm_finish_send", self._door(self._finish_send)),
+            finish_recv=checked("shm_finish_recv", self._door(self._finish_recv)),
+            finish_pulled_send=checked("finish_pulled_send", self._door(self._finish_pulled_send)),
+            finish_announcement=checked("finish_announcement",
+                                        self._door(self._finish_announcement)),
+            pull_bytes=PULL_BYTES, announce_bit=announce_bit, answer_context=answer_context,
+            look=checked("look", self._door(self._look)), look_every=LOOK_EVERY)
 
     def _door(self, method: Callable[..., None]) -> Callable[..., None]:
         """method, entered as a door into the engine (its Turns, which mark the words STALE)."""
         turns = self.turns
 
+        @functools.wraps(method)  # its signature, which callbacks.checked reads
         def entered(*args: Any) -> None:
             with turns:
                 method(*args)

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from tbcoll.auth import HANDSHAKE_TIMEOUT, Doorman, accept_handshake, connect_proven
+from tbcoll.callbacks import check_callbacks, checked
 from tbcoll.calls import NO_CALL
 from tbcoll.env import LaunchInfo, format_hostport, link_delay, parse_hostport, placement
 from tbcoll.errors import (
@@ -58,6 +59,7 @@ except ImportError:  # built without a compiler: every message takes the engine'
 if _sockets is not None:
     check_wire(_sockets)
     check_words(_sockets)
+    check_callbacks(_sockets, ("one_call", "tcp"))
 
 log = logging.getLogger("tbcoll.tcp")
 
@@ -180,9 +182,11 @@ class TcpTransport(StreamTransport):
         if not self._in_c or not 0 < len(peers) <= _sockets.MAX_PEERS:
             return None
         streams = [self._live_peer(peer) for peer in peers]
-        lane = _sockets.Lane(tuple(s.channel.fileno() for s in streams),
-                             tuple(s.stage for s in streams), peers, endpoint.context, tag, rank)
-        lane.engine(self.words, self.publish_words, endpoint.call_words, self.turns.shared_word)
+        lane = _sockets.Lane(fds=tuple(s.channel.fileno() for s in streams),
+                             stages=tuple(s.stage for s in streams), peers=peers,
+                             context=endpoint.context, tag=tag, rank=rank)
+        lane.engine(words=self.words, publish=self.publish_words, call=endpoint.call_words,
+                    shared=self.turns.shared_word)
         return lane
 
     def resume_exchange(self, buf: np.ndarray, peers: tuple[int, ...], blocks: np.ndarray,
@@ -635,8 +639,10 @@ class TcpGroup:
         self.begin_call = self.coll.begin_call  # every message of a call carries it
         self.native = TcpNative(transport, self.coll, context + 1, members)
         if self.native.lane is not None:  # the communicator's send and recv too
-            self.native.lane.moves(context, self.p2p.call_words, transport.finish_send,
-                                   transport.finish_recv)
+            self.native.lane.moves(
+                context=context, call=self.p2p.call_words,
+                finish_send=checked("tcp_finish_send", transport.finish_send),
+                finish_recv=checked("tcp_finish_recv", transport.finish_recv))
 
     def end_call(self) -> None:
         pass  # compared as messages arrive

@@ -16,7 +16,8 @@
  * sendmsg of the whole message, or the next message read straight into the array, where the
  * engine holds nothing for that peer; else the Python path, or the engine where C stopped.
  *
- * Lane(fds, stages, peer_words, context, tag, rank)   the group: its peers' sockets and
+ * Set-up calls take keywords only (every_keyword, tbcoll/include/buffers.h):
+ * Lane(fds, stages, peers, context, tag, rank)        the group: its peers' sockets and
  *     staging buffers and where their state words are, in rank order without this rank
  * engine(words, publish, call, shared)                the engine's words and publish_words,
  *     the group's call words [seq, signature], and Turns.shared_word (1: threads share it)
@@ -144,13 +145,16 @@ static void tcp_lane_dealloc(TcpLane *self)
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-static int tcp_lane_init(TcpLane *self, PyObject *args, PyObject *Py_UNUSED(kwargs))
+static int tcp_lane_init(TcpLane *self, PyObject *args, PyObject *kwargs)
 {
+    static char *keywords[] = {"fds", "stages", "peers", "context", "tag", "rank", NULL};
     PyObject *fds, *stages, *peer_words;
     unsigned int context, tag;
     int rank;
-    if (!PyArg_ParseTuple(args, "O!O!O!IIi:Lane", &PyTuple_Type, &fds, &PyTuple_Type, &stages,
-                          &PyTuple_Type, &peer_words, &context, &tag, &rank))
+    if (!every_keyword("Lane", kwargs, keywords) ||
+        !PyArg_ParseTupleAndKeywords(args, kwargs, "|$O!O!O!IIi:Lane", keywords, &PyTuple_Type,
+                                     &fds, &PyTuple_Type, &stages, &PyTuple_Type, &peer_words,
+                                     &context, &tag, &rank))
         return -1;
     Py_ssize_t n = PyTuple_GET_SIZE(fds);
     if (n < 1 || n > MAX_PEERS || PyTuple_GET_SIZE(stages) != n ||
@@ -185,10 +189,13 @@ static int tcp_lane_init(TcpLane *self, PyObject *args, PyObject *Py_UNUSED(kwar
     return 0;
 }
 
-static PyObject *tcp_lane_engine(TcpLane *self, PyObject *args)
+static PyObject *tcp_lane_engine(TcpLane *self, PyObject *args, PyObject *kwargs)
 {
+    static char *keywords[] = {"words", "publish", "call", "shared", NULL};
     PyObject *words, *publish, *seq, *shared;
-    if (!PyArg_ParseTuple(args, "OOOO:engine", &words, &publish, &seq, &shared))
+    if (!every_keyword("engine", kwargs, keywords) ||
+        !PyArg_ParseTupleAndKeywords(args, kwargs, "|$OOOO:engine", keywords, &words, &publish,
+                                     &seq, &shared))
         return NULL;
     if (self->stages_held == 0 || self->words.obj != NULL) {
         PyErr_SetString(PyExc_ValueError, "engine: once, after Lane()");
@@ -215,13 +222,17 @@ static PyObject *tcp_lane_engine(TcpLane *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
-static PyObject *tcp_lane_calls(TcpLane *self, PyObject *args)
+static PyObject *tcp_lane_calls(TcpLane *self, PyObject *args, PyObject *kwargs)
 {
+    static char *keywords[] = {"ndarray", "dtypes", "ops", "empty", "take", "give", "largest",
+                               "signatures", "spin", "budget", "finish", NULL};
     PyObject *ndarray, *dtypes, *ops, *empty, *take, *give, *signatures, *finish;
     Py_ssize_t largest;
     double spin, budget;
-    if (!PyArg_ParseTuple(args, "OOOOOOnOddO:calls", &ndarray, &dtypes, &ops, &empty, &take,
-                          &give, &largest, &signatures, &spin, &budget, &finish) ||
+    if (!every_keyword("calls", kwargs, keywords) ||
+        !PyArg_ParseTupleAndKeywords(args, kwargs, "|$OOOOOOnOddO:calls", keywords, &ndarray,
+                                     &dtypes, &ops, &empty, &take, &give, &largest, &signatures,
+                                     &spin, &budget, &finish) ||
         one_call_words(signatures, &self->signatures[0][0], DTYPES * OPS) < 0 ||
         one_call_calls(&self->call, self->peers + 1, ndarray, dtypes, ops, empty, take, give,
                        largest) < 0)
@@ -236,11 +247,14 @@ static PyObject *tcp_lane_calls(TcpLane *self, PyObject *args)
  * point-to-point endpoint: its context and call words (two uint64, as the engine reads them
  * for each message's header), and the engine's TcpTransport.finish_send and finish_recv,
  * which go on from where C stopped. Before bind, which then takes send and recv too. */
-static PyObject *tcp_lane_moves(TcpLane *self, PyObject *args)
+static PyObject *tcp_lane_moves(TcpLane *self, PyObject *args, PyObject *kwargs)
 {
+    static char *keywords[] = {"context", "call", "finish_send", "finish_recv", NULL};
     PyObject *call, *finish_send, *finish_recv;
     unsigned int context;
-    if (!PyArg_ParseTuple(args, "IOOO:moves", &context, &call, &finish_send, &finish_recv))
+    if (!every_keyword("moves", kwargs, keywords) ||
+        !PyArg_ParseTupleAndKeywords(args, kwargs, "|$IOOO:moves", keywords, &context, &call,
+                                     &finish_send, &finish_recv))
         return NULL;
     Py_buffer view;
     if (PyObject_GetBuffer(call, &view, PyBUF_SIMPLE) < 0)
@@ -258,9 +272,9 @@ static PyObject *tcp_lane_moves(TcpLane *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
-static PyObject *tcp_lane_bind(TcpLane *self, PyObject *args)
+static PyObject *tcp_lane_bind(TcpLane *self, PyObject *args, PyObject *kwargs)
 {
-    return one_call_bind(&self->call, GateType, gate_error, args,
+    return one_call_bind(&self->call, GateType, gate_error, args, kwargs,
                          1 << ONE_CALL_ALL_REDUCE | (self->p2p_call.obj ? ONE_CALL_MOVES : 0));
 }
 
@@ -338,7 +352,7 @@ static int exchange_and_reduce(void *lane, int kind, PyObject *x, const Py_buffe
     /* the engine goes on from where C stopped, into the blocks, and reduces */
     PyObject *sent = PyBytes_FromStringAndSize((const char *)header, HEADER_BYTES);
     PyObject *where = ways_stopped(ways, self->peers);
-    PyObject *done = sent && where ? PyObject_CallFunction(self->finish, "OOOOOii", x, target,
+    PyObject *done = sent && where ? PyObject_CallFunction(self->finish, CALLBACK_FORMAT(TCP_FINISH), x, target,
                                                            self->blocks, sent, where, dtype, op)
                                    : NULL;
     *((uint64_t *)self->words.buf + ENGINE_WORD) |= STALE; /* the engine has moved */
@@ -385,7 +399,7 @@ static int move_message(void *lane, int sending, PyObject *x, const Py_buffer *x
         int error = sent < 0 ? errno : 0;
         if (sent == HEADER_BYTES + xv->len)
             return 0;
-        done = PyObject_CallFunction(self->finish_send, "Oiy#ni", x, (int)self->peer_words[i],
+        done = PyObject_CallFunction(self->finish_send, CALLBACK_FORMAT(TCP_FINISH_SEND), x, (int)self->peer_words[i],
                                      (const char *)header, (Py_ssize_t)HEADER_BYTES,
                                      (Py_ssize_t)(sent < 0 ? 0 : sent), error);
     } else {
@@ -396,7 +410,7 @@ static int move_message(void *lane, int sending, PyObject *x, const Py_buffer *x
         Py_END_ALLOW_THREADS
         if (r.copied == xv->len)
             return 0;
-        done = PyObject_CallFunction(self->finish_recv, "Oiy#nni", x, (int)self->peer_words[i],
+        done = PyObject_CallFunction(self->finish_recv, CALLBACK_FORMAT(TCP_FINISH_RECV), x, (int)self->peer_words[i],
                                      (const char *)header, (Py_ssize_t)HEADER_BYTES, r.copied,
                                      r.staged, r.error);
     }
@@ -424,10 +438,10 @@ static PyObject *tcp_lane_recv(TcpLane *self, PyObject *const *args, Py_ssize_t 
 
 #define FASTCALL(f) (PyCFunction)(void (*)(void))(f), METH_FASTCALL
 static PyMethodDef tcp_lane_methods[] = {
-    {"engine", (PyCFunction)tcp_lane_engine, METH_VARARGS, "The stream engine it takes."},
-    {"calls", (PyCFunction)tcp_lane_calls, METH_VARARGS, "What its all_reduce takes."},
-    {"moves", (PyCFunction)tcp_lane_moves, METH_VARARGS, "What its send and recv take."},
-    {"bind", (PyCFunction)tcp_lane_bind, METH_VARARGS, "The communicator whose calls take it."},
+    {"engine", (PyCFunction)(void (*)(void))tcp_lane_engine, METH_VARARGS | METH_KEYWORDS, "The stream engine it takes."},
+    {"calls", (PyCFunction)(void (*)(void))tcp_lane_calls, METH_VARARGS | METH_KEYWORDS, "What its all_reduce takes."},
+    {"moves", (PyCFunction)(void (*)(void))tcp_lane_moves, METH_VARARGS | METH_KEYWORDS, "What its send and recv take."},
+    {"bind", (PyCFunction)(void (*)(void))tcp_lane_bind, METH_VARARGS | METH_KEYWORDS, "The communicator whose calls take it."},
     {"limit", (PyCFunction)tcp_lane_limit, METH_VARARGS, "The largest x a kind's path takes."},
     {"all_reduce", FASTCALL(tcp_lane_all_reduce), "The communicator's all_reduce, or None."},
     {"send", FASTCALL(tcp_lane_send), "The communicator's send (True), or None."},

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from tbcoll.callbacks import checked
 from tbcoll.calls import signature
 from tbcoll.dtypes import DTYPE_CODES, DTYPES, OP_CODES, reducer
 from tbcoll.transports.stream import StreamEndpoint
@@ -66,8 +67,11 @@ class TcpNative:
         self.lane = transport.lane(self._peers, coll, self.rank, _TAG)
         if self.lane is not None:
             lock = transport.turns.lock
-            self.lane.calls(np.ndarray, tuple(DTYPES.values()), OP_CODES, np.empty, lock.acquire,
-                            lock.release, _WHOLE, _SIGNATURES, *transport.c_wait(), self._finish)
+            spin, budget = transport.c_wait()
+            self.lane.calls(ndarray=np.ndarray, dtypes=tuple(DTYPES.values()), ops=OP_CODES,
+                            empty=np.empty, take=checked("take", lock.acquire),
+                            give=lock.release, largest=_WHOLE, signatures=_SIGNATURES,
+                            spin=spin, budget=budget, finish=checked("tcp_finish", self._finish))
 
     def direct_all_reduce(self, x: np.ndarray, op: str, root: int,
                           out: np.ndarray | None) -> np.ndarray | None:
