@@ -10,8 +10,8 @@ STAMP  := $(VENV)/.installed-stamp
 
 # the C sources and headers: a change to any rebuilds the extensions (setup.py lists them)
 C_FILES := $(wildcard tbcoll/include/*.h tbcoll/shm/*.c tbcoll/shm/*.h tbcoll/transports/*.c \
-	  tbcoll/transports/*.h) tbcoll/_gate.c tbcoll/rdma/_verbs.c launchers/die_with_parent.c \
-	  launchers/_subreaper.c
+	  tbcoll/transports/*.h tbcoll/rdma/*.c tbcoll/rdma/*.h) tbcoll/_gate.c \
+	  launchers/die_with_parent.c launchers/_subreaper.c
 
 $(STAMP): pyproject.toml setup.py Makefile $(C_FILES)
 	$(PYTHON) -m venv $(VENV)

@@ -6,10 +6,11 @@
   files by layer: tbcoll/shm/shm.h).
 - tbcoll.transports._sockets: the tcp transport's small-message path (a whole message per
   sendmsg; the next message read straight into its receive's buffer).
-- tbcoll.rdma._verbs: the rdma transport's queue pairs. It opens the verbs library with
-  dlopen when a job uses it (libibverbs.so.1 on Linux, librdma.dylib on macOS 26.2+), so it
-  needs only the header (infiniband/verbs.h: libibverbs-dev / rdma-core-devel, or the macOS
-  26.2 SDK) to build, and nothing to install or import.
+- tbcoll.rdma._verbs: the rdma transport's queue pairs (its files by job: tbcoll/rdma/fabric.h).
+  It opens the verbs library with dlopen when a job uses it (libibverbs.so.1 on Linux,
+  librdma.dylib on macOS 26.2+), so it needs only the header (infiniband/verbs.h:
+  libibverbs-dev / rdma-core-devel, or the macOS 26.2 SDK) to build, and nothing to install
+  or import.
 - tbcoll.launch._subreaper (Linux): makes tbrun a child subreaper without ctypes (~1.5 ms of
   its start-up).
 - tbcoll/launch/die-with-parent (Linux): a program, not an extension: what tbrun starts each
@@ -84,6 +85,12 @@ SHM_HEADERS = [SHM + name for name in ("shm.h", "gil.h", "flags.h", "rings.h", "
 TCP_SOURCES = [f"tbcoll/transports/{name}" for name in ("exchange.c", "tcp_lane.c", "_sockets.c")]
 TCP_HEADERS = ["tbcoll/transports/exchange.h", "tbcoll/transports/tcp_lane.h"]
 
+# rdma's files by job (tbcoll/rdma/fabric.h, which they share): the library, posting and
+# completions, the Fabric's set-up, its stream, the mesh call, the mesh lane, the module
+VERBS_SOURCES = [f"tbcoll/rdma/{name}" for name in (
+    "library.c", "completions.c", "fabric.c", "stream.c", "mesh.c", "mesh_lane.c", "_verbs.c")]
+VERBS_HEADERS = ["tbcoll/rdma/fabric.h"]
+
 setup(cmdclass={"build_ext": BuildExtAndDieWithParent}, ext_modules=[
     Extension("tbcoll._gate", ["tbcoll/_gate.c"], depends=["tbcoll/include/gate.h"],
               optional=_OPTIONAL),
@@ -91,8 +98,8 @@ setup(cmdclass={"build_ext": BuildExtAndDieWithParent}, ext_modules=[
               depends=[*_SHARED, *SHM_HEADERS, "tbcoll/include/gate.h"], optional=_OPTIONAL),
     Extension("tbcoll.transports._sockets", TCP_SOURCES,
               depends=[*_SHARED, *TCP_HEADERS, "tbcoll/include/gate.h"], optional=_OPTIONAL),
-    Extension("tbcoll.rdma._verbs", ["tbcoll/rdma/_verbs.c"],
-              depends=[*_SHARED, "tbcoll/include/gate.h"], libraries=_DL,
+    Extension("tbcoll.rdma._verbs", VERBS_SOURCES,
+              depends=[*_SHARED, *VERBS_HEADERS, "tbcoll/include/gate.h"], libraries=_DL,
               optional=_OPTIONAL),
     *([Extension("tbcoll.launch._subreaper", ["launchers/_subreaper.c"], optional=_OPTIONAL)]
       if _LINUX else []),

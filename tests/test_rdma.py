@@ -14,7 +14,7 @@ from tbcoll.errors import CommError
 from tbcoll.rdma import devices
 from tbcoll.topology import JobHost, Layout
 
-from .conftest import REPO, TBRUN, tbrun
+from .conftest import REPO, TBRUN, run_setup_py, tbrun
 from .test_comm_failures import KILLED_MID_ALL_REDUCE, rank_1_was_named
 
 # Everything runs ~50x slower in the VM, so the suites there keep what is the rdma
@@ -124,6 +124,18 @@ def test_built_without_verbs_says_so(monkeypatch):
     monkeypatch.setattr(rdma, "_verbs", None)
     with pytest.raises(CommError, match="built without RDMA support: install libibverbs-dev"):
         rdma.open_world(_info(0, [[0], [1]]), "t")
+
+
+def test_the_verbs_extension_is_files_of_one_job_each_that_the_build_lists():
+    """Issue 47: no source file over 600 lines. setup.py builds every C file of tbcoll/rdma
+    into the one extension (the Makefile's wildcard and the arm64 lab take them from there)."""
+    extension, = (e for e in run_setup_py()[1]["ext_modules"] if e.name == "tbcoll.rdma._verbs")
+    folder = REPO / "tbcoll/rdma"
+    on_disk = sorted(str(path.relative_to(REPO)) for path in folder.glob("*.c"))
+    assert sorted(extension.sources) == on_disk
+    long = {path.name: lines for path in [*folder.glob("*.c"), *folder.glob("*.h")]
+            if (lines := len(path.read_text().splitlines())) > 600}
+    assert not long, f"over 600 lines: {long}"
 
 
 def _info(rank: int, hosts: list[list[int]]) -> LaunchInfo:

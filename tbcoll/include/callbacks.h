@@ -35,7 +35,7 @@
     X("tcp_finish_send", "Oiy#ni", "buf dest header written error")
 #define CALLBACK_TCP_FINISH_RECV(X)                                                           \
     X("tcp_finish_recv", "Oiy#nni", "buf source header copied staged error")
-/* rdma's mesh lane (tbcoll/rdma/_verbs.c) */
+/* rdma's mesh lane (tbcoll/rdma/mesh_lane.c) */
 #define CALLBACK_MESH_HELD(X) X("mesh_held", "iOOiiKl", "kind src dst dtype op call result")
 
 /* --- the tables, one per extension's part ------------------------------------------------- */

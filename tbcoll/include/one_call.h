@@ -6,7 +6,7 @@
  * calls(), bind() and limit(), which every lane keeps; and the whole call around the
  * transport's work: one_call_run_any (shm's four kinds, tbcoll/shm/lane.c), one_call_run
  * (all_reduce and all_gather: tcp's, tbcoll/transports/tcp_lane.c; rdma's mesh,
- * tbcoll/rdma/_verbs.c); and a send or recv around the transport's move: one_call_move (shm's,
+ * tbcoll/rdma/mesh_lane.c); and a send or recv around the transport's move: one_call_move (shm's,
  * tbcoll/shm/moves.c; tcp's).
  *
  * A new transport's lane: a Python type holding a OneCall, whose calls(), bind(), limit()

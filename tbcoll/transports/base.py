@@ -75,7 +75,7 @@ class Native(Protocol):
     # Optionally `lane`: a C object that runs a whole call in one C call (the checks, the
     # communicator's call gate, the transport's work) or returns None having touched nothing,
     # after which the general path runs the call. The contract, which tbcoll/shm/lane.c,
-    # tbcoll/transports/tcp_lane.c and rdma's MeshLane (tbcoll/rdma/_verbs.c) keep
+    # tbcoll/transports/tcp_lane.c and rdma's MeshLane (tbcoll/rdma/mesh_lane.c) keep
     # (tbcoll/include/one_call.h holds what they share, and the whole call around a
     # transport's work: a new lane writes only its work):
     # - bind(gate, codes, names, enabled, max_tag, comm_error, namer) -> the mask it took.

@@ -1,4 +1,4 @@
-"""RDMA transport: tbcoll's own, over the ibverbs API (tbcoll/rdma/_verbs.c).
+"""RDMA transport: tbcoll's own, over the ibverbs API (tbcoll/rdma/fabric.h).
 
 Per pair of ranks two queue pairs on the device named for that pair (tbcoll.rdma.devices):
 one carries a byte stream that tbcoll.transports.stream's engine drives (messages, tags,
