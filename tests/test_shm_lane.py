@@ -450,8 +450,8 @@ import tbcoll.transports.{transport}
 @pytest.mark.parametrize("module, transport", [("shm._atomics", "shm"),
                                                ("transports._sockets", "tcp")])
 def test_a_build_with_other_engine_words_is_refused_at_import(module, transport):
-    """The engine's words are laid out in each extension as in tbcoll.transports.words, or the
-    transport's import says so."""
+    """The engine's words are laid out in each extension as in tbcoll.transports.stream.words,
+    or the transport's import says so."""
     p = subprocess.run([sys.executable, "-c", CHANGED_WORDS.format(module=module,
                                                                    transport=transport)],
                        capture_output=True, text=True, timeout=60)
@@ -459,7 +459,7 @@ def test_a_build_with_other_engine_words_is_refused_at_import(module, transport)
     assert p.stderr.splitlines()[-1] == (
         f"ImportError: tbcoll.{module} was built from another version of "
         "tbcoll/include/engine_words.h (the engine's words {'PULLS': (64, 128)}, "
-        "tbcoll.transports.words' first): reinstall tbcoll"), p.stderr
+        "tbcoll.transports.stream.words' first): reinstall tbcoll"), p.stderr
 
 
 AFTER_NONBLOCKING = """

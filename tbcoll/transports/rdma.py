@@ -32,8 +32,8 @@ from tbcoll.errors import CommError, PeerLostError, PeerTimeoutError
 from tbcoll.rdma import devices
 from tbcoll.rendezvous import Store
 from tbcoll.transports.stream import Peer, StreamEndpoint, StreamTransport
+from tbcoll.transports.stream.turns import SHARED_SLICE, Turns
 from tbcoll.transports.tcp import TcpTransport, connect_mesh, listen_hosts, peer_route
-from tbcoll.transports.turns import SHARED_SLICE, Turns
 from tbcoll.wire_check import check_wire
 
 try:
@@ -137,7 +137,7 @@ class RdmaNative:
 
     def __init__(self, fabric: object, rank: int, size: int, watch: Watch,
                  timeout: float, turns: Turns) -> None:
-        """turns: the stream's (tbcoll.transports.turns): the mesh and the stream share the
+        """turns: the stream's (tbcoll.transports.stream.turns): the mesh and the stream share the
         device's completion queue, which the C code does not guard against two threads."""
         self._fabric, self.rank, self.size = fabric, rank, size
         self._watch, self._timeout, self._turns = watch, timeout, turns

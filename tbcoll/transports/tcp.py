@@ -45,10 +45,10 @@ from tbcoll.errors import (
 from tbcoll.rendezvous import Store
 from tbcoll.topology import route_source
 from tbcoll.transports.delayed import DelayedChannel
-from tbcoll.transports.stream import Peer, StreamEndpoint, StreamTransport, _Recv, _Send, bytes_of
+from tbcoll.transports.stream import Peer, Recv, Send, StreamEndpoint, StreamTransport, bytes_of
+from tbcoll.transports.stream.turns import Marking
+from tbcoll.transports.stream.words import check_words
 from tbcoll.transports.tcp_native import TcpNative
-from tbcoll.transports.turns import Marking
-from tbcoll.transports.words import check_words
 from tbcoll.wire import recv_exactly
 from tbcoll.wire_check import check_wire
 
@@ -122,7 +122,7 @@ class TcpTransport(StreamTransport):
         self._exchanges: dict[tuple[int, ...], tuple[list[Peer], tuple, tuple]] = {}
 
     def isend(self, buf: np.ndarray, dest: int, context: int, tag: int,
-              call: tuple[int, int] = NO_CALL) -> _Send:
+              call: tuple[int, int] = NO_CALL) -> Send:
         """The whole message in one C sendmsg when nothing is queued before it; the engine
         queues what did not fit."""
         peer = self._peers.get(dest)
@@ -268,7 +268,7 @@ class TcpTransport(StreamTransport):
         return True
 
     def _resumed(self, peer: Peer, buf: np.ndarray, context: int, tag: int,
-                 call: tuple[int, int], copied: int, staged: int, error: int) -> _Recv | None:
+                 call: tuple[int, int], copied: int, staged: int, error: int) -> Recv | None:
         """The engine's receive for what C left of one (copied, staged, error: as
         _sockets.recv says), None if C finished it: another message came first (in the
         staging buffer now, for the engine to parse), or the peer was slow or is gone; the
