@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from tbcoll.calls import NO_CALL  # noqa: F401  (the engine's default call, for subclasses)
 from tbcoll.transports.stream.framing import (
     ANNOUNCE,
     DESCRIPTOR,
@@ -33,8 +32,6 @@ class Pulls:
     """The pull protocol's part of StreamTransport (mixed into it): announcing, pulling,
     answering, and the pull ids kept in the engine's words. It calls the engine's _match,
     _complete, _queue, _enqueue, _finish_message, waitall and _lose."""
-
-    pull_bytes = 0  # payloads at least this large go by pull to a peer that pulls
 
     def _pull(self, peer: Peer, address: int, view: memoryview) -> bool:
         """Copy len(view) bytes at address in peer's memory into view; False where a policy
