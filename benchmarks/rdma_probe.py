@@ -172,7 +172,7 @@ def under_tbrun(args) -> None:
         finally:
             comm._first_all_reduce = kept
 
-    from tbcoll.collectives import KNOWN_DTYPES
+    from tbcoll.collective_base import KNOWN_DTYPES
     from tbcoll.dtypes import OPS
 
     def quickly(n: int) -> None:  # the route's first step, without all_reduce's route

@@ -35,6 +35,16 @@ from tbcoll.algorithms import ALGORITHM_CODES, ALGORITHMS, COLLECTIVES, function
 from tbcoll.arrays import contiguous_flat, is_mlx, to_numpy
 from tbcoll.callbacks import checked
 from tbcoll.checks import verify_calls_match
+from tbcoll.collective_base import (
+    KIND_CODES,
+    KNOWN_DTYPES,
+    Call,
+    Collective,
+    Context,
+    check_rank,
+    flat,
+    output,
+)
 from tbcoll.collectives import (
     ALL_GATHER,
     ALL_REDUCE,
@@ -42,17 +52,9 @@ from tbcoll.collectives import (
     BARRIER,
     BROADCAST,
     GATHER,
-    KIND_CODES,
-    KNOWN_DTYPES,
     REDUCE,
     REDUCE_SCATTER,
     SCATTER,
-    Call,
-    Collective,
-    Context,
-    check_rank,
-    flat,
-    output,
 )
 from tbcoll.dumps import on_failure
 from tbcoll.env import algorithm_overrides, check_mode, record_size, trace_chunk, tracing
@@ -93,7 +95,7 @@ class Communicator:
         self.backend = backend
         self._table = group.tuning  # the tuning table it follows
         self._overrides = algorithm_overrides(ALGORITHMS)
-        # what the registry's entries see of this communicator (tbcoll.collectives.Context)
+        # what the registry's entries see of this communicator (tbcoll.collective_base.Context)
         self._ctx = Context(group, backend, self._run)
         self._ctx.fix(self._overrides)
         self._fixed = self._ctx.fixed  # each collective's algorithm, where one at any size

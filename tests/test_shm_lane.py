@@ -19,7 +19,8 @@ import sys, threading
 import ml_dtypes
 import numpy as np
 import tbcoll
-from tbcoll.collectives import ALL_REDUCE, KIND_CODES
+from tbcoll.collective_base import KIND_CODES
+from tbcoll.collectives import ALL_REDUCE
 from tbcoll.dtypes import DTYPE_CODES, OP_CODES
 from tbcoll.gate import NATIVE
 
