@@ -43,7 +43,7 @@ def measure(rank: int, conn, between, args) -> None:
     from tbcoll.dtypes import DTYPE_CODES, OP_CODES
     from tbcoll.rdma import _verbs
     from tbcoll.transports.rdma import RdmaNative
-    from tbcoll.transports.turns import Turns
+    from tbcoll.transports.stream.turns import Turns
 
     device = os.environ.get("RDMALAB_DEVICE", "rxe0")
     names = [None if k == rank else device for k in range(2)]
@@ -172,7 +172,7 @@ def under_tbrun(args) -> None:
         finally:
             comm._first_all_reduce = kept
 
-    from tbcoll.collectives import KNOWN_DTYPES
+    from tbcoll.collective_base import KNOWN_DTYPES
     from tbcoll.dtypes import OPS
 
     def quickly(n: int) -> None:  # the route's first step, without all_reduce's route

@@ -12,7 +12,7 @@ within 2.0x a polling socket's one-way time). A blocking receiver pays the wake-
 core, which varies with what ran just before; the polling one does not. --before times
 another checkout's tbcoll in the same turns (its directory first on PYTHONPATH, as this
 one's is where PYTHONPATH names it). --shared times this checkout's calls after two threads
-have used its engine at once (its C paths no longer wait in C: tbcoll.transports.turns).
+have used its engine at once (its C paths no longer wait in C: tbcoll.transports.stream.turns).
 """
 
 from __future__ import annotations
@@ -138,7 +138,7 @@ def main() -> None:
     parser.add_argument("--before", help="another checkout's tbcoll, timed in the same turns")
     parser.add_argument("--shared", action="store_true",
                         help="time this checkout's calls after a second thread has used its "
-                             "engine at once (tbcoll.transports.turns), not --before's")
+                             "engine at once (tbcoll.transports.stream.turns), not --before's")
     args = parser.parse_args()
     bare = {poll: {n: [] for n in SIZES} for poll in (False, True)}
     ours = {c: {n: [] for n in SIZES} for c in ("all_reduce", "sendrecv")}

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 BIN = Path(sys.executable).parent
-_BUFFER = 4 << 20  # tbcoll.transports.tcp's socket buffers
+_BUFFER = 4 << 20  # tbcoll.transports.socket_mesh's socket buffers
 
 
 def bare_gbps(nbytes: int, iters: int, both_ways: bool) -> float:

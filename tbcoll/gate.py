@@ -14,7 +14,7 @@ operations the shm lane uses from C, in tbcoll/include/gate.h).
 - The flight recorder: record() puts a counted call, with its algorithm and end time, in a
   ring of fixed-width records (RECORD), TBCOLL_RECORD of them; calls() reads them back.
 
-Every field is a code from one registry: KIND_CODES (tbcoll.collectives), DTYPE_CODES and
+Every field is a code from one registry: KIND_CODES (tbcoll.collective_base), DTYPE_CODES and
 OP_CODES (tbcoll.dtypes), ALGORITHM_CODES (tbcoll.algorithms); -1 for none. A call's dtype and
 op are given as they are (a numpy dtype, an op's name, or None), and the gate takes their
 codes from tbcoll.dtypes' tables, handed to it at import: on the latency-critical paths that
@@ -30,7 +30,7 @@ from time import perf_counter
 from typing import Any
 
 from tbcoll.algorithms import ALGORITHM_CODES, COLLECTIVES, NAMES
-from tbcoll.collectives import KINDS
+from tbcoll.collective_base import KINDS
 from tbcoll.dtypes import DTYPE_CODES, DTYPES, OP_CODES, OPS
 
 # a record, as calls() and last() give it

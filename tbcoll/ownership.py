@@ -20,7 +20,7 @@ import os
 import weakref
 from typing import Any
 
-from tbcoll.collectives import KINDS
+from tbcoll.collective_base import KINDS
 from tbcoll.errors import TbcollError
 
 

@@ -40,7 +40,8 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from tbcoll.collectives import ALL_GATHER, ALL_REDUCE, BROADCAST, REDUCE_SCATTER, Collective
+from tbcoll.collective_base import Collective
+from tbcoll.collectives import ALL_GATHER, ALL_REDUCE, BROADCAST, REDUCE_SCATTER
 from tbcoll.errors import CommError
 from tbcoll.gate import NATIVE
 

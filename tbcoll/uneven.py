@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from tbcoll.arrays import to_numpy
-from tbcoll.collectives import output
+from tbcoll.collective_base import output
 from tbcoll.errors import CommError
 
 if TYPE_CHECKING:

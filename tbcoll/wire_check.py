@@ -3,7 +3,7 @@
 tbcoll/include/wire.h describes what C and Python must agree on byte for byte: the element
 types' and reductions' codes (Python holds their numpy types, tbcoll.dtypes, in that order),
 and the stream engine's message header, pulled-message descriptor and contexts (Python packs
-them with struct, tbcoll.transports.stream). Each extension exports that description as
+them with struct, tbcoll.transports.stream.framing). Each extension exports that description as
 WIRE, and _atomics the shm layout's and lane's constants besides (tbcoll/shm/shm.h). An
 extension built from other versions of those headers would read other bytes or codes than
 Python writes, without a word, so it fails to import instead, naming what differs.
@@ -15,7 +15,7 @@ import struct
 from types import ModuleType
 
 from tbcoll.dtypes import DTYPES, OPS
-from tbcoll.transports import stream
+from tbcoll.transports.stream import framing
 
 
 class WireMismatch(ImportError):
@@ -34,10 +34,10 @@ def python_wire() -> dict[str, object]:
     return {
         "dtypes": tuple((name, dtype.itemsize) for name, dtype in DTYPES.items()),
         "ops": tuple(OPS),
-        "header": _layout(stream.HEADER_FIELDS),
-        "descriptor": _layout(stream.DESCRIPTOR_FIELDS),
-        "contexts": stream.CONTEXTS,
-        "pull_ids": stream.PULL_IDS,
+        "header": _layout(framing.HEADER_FIELDS),
+        "descriptor": _layout(framing.DESCRIPTOR_FIELDS),
+        "contexts": framing.CONTEXTS,
+        "pull_ids": framing.PULL_IDS,
         "byte_order": "big",
     }
 
@@ -59,7 +59,7 @@ def check_wire(module: ModuleType) -> None:
     theirs = theirs if isinstance(theirs, dict) else {}
     _raise_if_differs(module, {part: (theirs.get(part), ours)
                                for part, ours in python_wire().items()},
-                      "tbcoll.dtypes and tbcoll.transports.stream (tbcoll/include/wire.h)")
+                      "tbcoll.dtypes and tbcoll.transports.stream.framing (tbcoll/include/wire.h)")
 
 
 def check_constants(module: ModuleType, ours: dict[str, object], owner: str) -> None:

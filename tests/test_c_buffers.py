@@ -8,7 +8,7 @@ import pytest
 
 from tbcoll.shm import _atomics
 from tbcoll.transports import _sockets
-from tbcoll.transports.stream import _HEADER
+from tbcoll.transports.stream import HEADER as _HEADER
 
 READ, WRITE = "read", "write"
 

@@ -1,6 +1,6 @@
 """A pulled cable with data in flight: what each OS's kernel tells of the connection
-(tbcoll.transports.tcp._unanswered), read from getsockopt answers made here, since neither a
-Mac nor a cable can be had in CI. The macOS lane runs these too."""
+(tbcoll.transports.socket_mesh.unanswered), read from getsockopt answers made here, since
+neither a Mac nor a cable can be had in CI. The macOS lane runs these too."""
 
 import ctypes
 import socket
@@ -9,12 +9,12 @@ import sys
 import pytest
 
 from tbcoll.errors import LINK_DOWN
-from tbcoll.transports import tcp
+from tbcoll.transports import socket_mesh
 
 
 class TcpConnectionInfo(ctypes.Structure):
     """struct tcp_connection_info as XNU's bsd/netinet/tcp.h declares it, transcribed apart
-    from tcp.py's struct format, so that the two are checked against each other."""
+    from socket_mesh.py's struct format, so that the two are checked against each other."""
 
     _fields_ = [(name, ctypes.c_uint8) for name in
                 ("tcpi_state", "tcpi_snd_wscale", "tcpi_rcv_wscale", "pad1")] + [
@@ -46,26 +46,26 @@ class MacSocket:
 
 @pytest.fixture
 def on_a_mac(monkeypatch):
-    """_unanswered as it runs on macOS."""
-    monkeypatch.setattr(tcp, "_LINK_READERS", {sys.platform: tcp._unanswered_macos})
+    """unanswered as it runs on macOS."""
+    monkeypatch.setattr(socket_mesh, "_LINK_READERS", {sys.platform: socket_mesh._unanswered_macos})
 
 
 def test_the_layout_is_xnus():
-    assert tcp._TCP_CONNECTION_INFO.size == ctypes.sizeof(TcpConnectionInfo) == 112
+    assert socket_mesh._TCP_CONNECTION_INFO.size == ctypes.sizeof(TcpConnectionInfo) == 112
     info = TcpConnectionInfo(tcpi_snd_sbbytes=11, tcpi_rxpackets=22,
                              tcpi_txretransmitpackets=33)
-    fields = tcp._TCP_CONNECTION_INFO.unpack(bytes(info))
-    assert (fields[tcp._SND_SBBYTES], fields[tcp._RXPACKETS],
-            fields[tcp._TXRETRANSMITPACKETS]) == (11, 22, 33)
+    fields = socket_mesh._TCP_CONNECTION_INFO.unpack(bytes(info))
+    assert (fields[socket_mesh._SND_SBBYTES], fields[socket_mesh._RXPACKETS],
+            fields[socket_mesh._TXRETRANSMITPACKETS]) == (11, 22, 33)
 
 
 def test_three_retransmissions_with_nothing_received_mean_no_link(on_a_mac):
     sock = MacSocket()
     for retransmitted in (4, 5, 6):  # counted from the first look: 4 came before it
         sock.set(in_buffer=65536, received=100, retransmitted=retransmitted)
-        assert tcp._unanswered(sock) is None
+        assert socket_mesh.unanswered(sock) is None
     sock.set(in_buffer=65536, received=100, retransmitted=7)
-    assert tcp._unanswered(sock) == f"3 retransmissions unanswered: {LINK_DOWN}"
+    assert socket_mesh.unanswered(sock) == f"3 retransmissions unanswered: {LINK_DOWN}"
 
 
 def test_a_packet_from_the_peer_starts_the_count_again(on_a_mac):
@@ -74,17 +74,17 @@ def test_a_packet_from_the_peer_starts_the_count_again(on_a_mac):
     sock = MacSocket()
     for received, retransmitted in ((100, 0), (100, 2), (101, 3), (101, 5), (102, 6)):
         sock.set(in_buffer=65536, received=received, retransmitted=retransmitted)
-        assert tcp._unanswered(sock) is None, (received, retransmitted)
+        assert socket_mesh.unanswered(sock) is None, (received, retransmitted)
 
 
 def test_nothing_to_deliver_is_no_sign(on_a_mac):
     sock = MacSocket()
     sock.set(in_buffer=0, received=100, retransmitted=0)
-    assert tcp._unanswered(sock) is None
+    assert socket_mesh.unanswered(sock) is None
     sock.set(in_buffer=0, received=100, retransmitted=9)
-    assert tcp._unanswered(sock) is None  # no count was started: the buffer was empty
+    assert socket_mesh.unanswered(sock) is None  # no count was started: the buffer was empty
     sock.set(in_buffer=100, received=100, retransmitted=9)
-    assert tcp._unanswered(sock) is None
+    assert socket_mesh.unanswered(sock) is None
 
 
 def test_a_kernel_that_answers_otherwise_is_no_sign(on_a_mac):
@@ -96,8 +96,8 @@ def test_a_kernel_that_answers_otherwise_is_no_sign(on_a_mac):
         def getsockopt(self, level, option, size):
             return super().getsockopt(level, option, size)[:60]
 
-    assert tcp._unanswered(Refusing()) is None
-    assert tcp._unanswered(Short()) is None
+    assert socket_mesh.unanswered(Refusing()) is None
+    assert socket_mesh.unanswered(Short()) is None
 
 
 def test_a_real_connection_here_is_alive():
@@ -108,4 +108,4 @@ def test_a_real_connection_here_is_alive():
         accepted, _ = listener.accept()
         with accepted:
             sock.sendall(b"x" * 1000)
-            assert tcp._unanswered(sock) is None
+            assert socket_mesh.unanswered(sock) is None

@@ -12,7 +12,8 @@ import pytest
 
 from tbcoll import gate as gates
 from tbcoll.algorithms import ALGORITHM_CODES
-from tbcoll.collectives import ALL_REDUCE, BROADCAST, KIND_CODES
+from tbcoll.collective_base import KIND_CODES
+from tbcoll.collectives import ALL_REDUCE, BROADCAST
 from tbcoll.dtypes import DTYPE_CODES, OP_CODES
 from tbcoll.errors import CommRevokedError, TbcollError
 

@@ -11,21 +11,21 @@ import pytest
 
 pytest.importorskip("mlx.core")
 
-from tbcoll.transports.tcp import _gone  # noqa: E402
+from tbcoll.transports.socket_mesh import gone  # noqa: E402
 
 
 def test_a_closed_or_reset_connection_is_seen_without_reading_it():
     here, there = socket.socketpair()
     here.setblocking(False)
     there.sendall(b"data")
-    assert _gone(here) is None  # data waiting: alive (and the data is left in place)
+    assert gone(here) is None  # data waiting: alive (and the data is left in place)
     assert here.recv(4) == b"data"
     there.close()
-    assert _gone(here) == "it ended (exited or crashed): it closed the connection"
+    assert gone(here) == "it ended (exited or crashed): it closed the connection"
     here.close()
 
 
-def test_the_watchdog_ends_a_rank_stuck_in_mlx_once_a_peer_is_gone():
+def test_the_watchdog_ends_a_rank_stuck_in_mlx_once_a_peer_isgone():
     code = (
         "import time\n"
         "from tbcoll.transports.mlx import Watchdog\n"

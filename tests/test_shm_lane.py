@@ -19,7 +19,8 @@ import sys, threading
 import ml_dtypes
 import numpy as np
 import tbcoll
-from tbcoll.collectives import ALL_REDUCE, KIND_CODES
+from tbcoll.collective_base import KIND_CODES
+from tbcoll.collectives import ALL_REDUCE
 from tbcoll.dtypes import DTYPE_CODES, OP_CODES
 from tbcoll.gate import NATIVE
 
@@ -450,8 +451,8 @@ import tbcoll.transports.{transport}
 @pytest.mark.parametrize("module, transport", [("shm._atomics", "shm"),
                                                ("transports._sockets", "tcp")])
 def test_a_build_with_other_engine_words_is_refused_at_import(module, transport):
-    """The engine's words are laid out in each extension as in tbcoll.transports.words, or the
-    transport's import says so."""
+    """The engine's words are laid out in each extension as in tbcoll.transports.stream.words,
+    or the transport's import says so."""
     p = subprocess.run([sys.executable, "-c", CHANGED_WORDS.format(module=module,
                                                                    transport=transport)],
                        capture_output=True, text=True, timeout=60)
@@ -459,7 +460,7 @@ def test_a_build_with_other_engine_words_is_refused_at_import(module, transport)
     assert p.stderr.splitlines()[-1] == (
         f"ImportError: tbcoll.{module} was built from another version of "
         "tbcoll/include/engine_words.h (the engine's words {'PULLS': (64, 128)}, "
-        "tbcoll.transports.words' first): reinstall tbcoll"), p.stderr
+        "tbcoll.transports.stream.words' first): reinstall tbcoll"), p.stderr
 
 
 AFTER_NONBLOCKING = """

@@ -15,7 +15,7 @@ from tbcoll.shm import native
 from tbcoll.shm.flags import AtomicFlags
 from tbcoll.shm.pipe import OverwrittenRing, Ring
 from tbcoll.shm.segment import Segment, SegmentSpaceError
-from tbcoll.transports.stream import _HEADER
+from tbcoll.transports.stream import HEADER as _HEADER
 
 from .conftest import tagged_lines, tbrun
 

@@ -7,7 +7,7 @@ import pytest
 
 from tbcoll.env import LaunchInfo
 from tbcoll.topology import Layout
-from tbcoll.transports.tcp import listen_hosts, peer_route
+from tbcoll.transports.socket_mesh import listen_hosts, peer_route
 
 
 def info(node_rank, hosts, store="127.0.0.1"):

@@ -9,7 +9,7 @@ from tbcoll import Store
 from tbcoll.auth import new_token
 from tbcoll.env import parse_hostport
 from tbcoll.rendezvous import StoreServer
-from tbcoll.transports.tcp import connect_mesh
+from tbcoll.transports.socket_mesh import connect_mesh
 
 
 def test_idle_connections_to_a_rank_do_not_hold_up_its_peers():

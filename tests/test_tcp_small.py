@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from tbcoll.transports import _sockets
-from tbcoll.transports.stream import _HEADER
+from tbcoll.transports.stream import HEADER as _HEADER
 
 from .conftest import tagged_lines, tbrun
 

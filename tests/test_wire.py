@@ -57,14 +57,15 @@ MISMATCHES = {
         "import tbcoll.dtypes as d; d.OPS.pop('max'); d.OPS['max'] = None",
         "tbcoll.transports.tcp", ["tbcoll.transports._sockets", "ops", "'min', 'max'"]),
     "header field": (
-        "import tbcoll.transports.stream as s; "
+        "import tbcoll.transports.stream.framing as s; "
         "s.HEADER_FIELDS = (('context', 'I'), ('tag', 'Q'), *s.HEADER_FIELDS[2:])",
         "tbcoll.transports.tcp", ["tbcoll.transports._sockets", "header", "('tag', 4, 8)"]),
     "descriptor field": (
-        "import tbcoll.transports.stream as s; s.DESCRIPTOR_FIELDS = s.DESCRIPTOR_FIELDS[::-1]",
+        "import tbcoll.transports.stream.framing as s; "
+        "s.DESCRIPTOR_FIELDS = s.DESCRIPTOR_FIELDS[::-1]",
         "tbcoll.shm.flags", ["tbcoll.shm._atomics", "descriptor", "('pull', 0, 8)"]),
     "announce context": (
-        "import tbcoll.transports.stream as s; s.CONTEXTS['announce'] = 1 << 30",
+        "import tbcoll.transports.stream.framing as s; s.CONTEXTS['announce'] = 1 << 30",
         "tbcoll.shm.flags", ["contexts", "'announce': 1073741824"]),
     "the lane's kinds": (
         "from tbcoll.shm import _atomics as a; a.LANE_KINDS = a.LANE_KINDS[::-1]",

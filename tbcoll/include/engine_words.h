@@ -1,9 +1,9 @@
 /*
- * The stream engine's words (tbcoll/transports/stream.py: WORDS_PER_PEER and the bits below,
+ * The stream engine's words (tbcoll/transports/stream/words.py: WORDS_PER_PEER and the bits below,
  * the same there; each extension that includes this exports them, add_engine_words, and the
- * transport checks them at import, tbcoll.transports.words.check_words): what a C path must
+ * transport checks them at import, tbcoll.transports.stream.words.check_words): what a C path must
  * know before it moves a message to or from a peer by itself, each word tested with one load.
- * Each of the engine's doors marks them STALE as it leaves (tbcoll.transports.turns.Marking);
+ * Each of the engine's doors marks them STALE as it leaves (tbcoll.transports.stream.turns.Marking);
  * C, finding them so, has the engine publish them (StreamTransport.publish_words) before it
  * tests one, so that they are true whenever C tests them. C stores only next_pull's.
  *

@@ -3,7 +3,7 @@
  * - the element types' and reductions' codes (tbcoll/dtypes.py holds their numpy types, in
  *   this order; a collective's arrays and reductions are named by these codes to C);
  * - the stream engine's message header and a pulled message's descriptor, and the contexts
- *   of the engine's own messages (tbcoll/transports/stream.py packs and parses them in
+ *   of the engine's own messages (tbcoll/transports/stream/framing.py packs and parses them in
  *   Python; shm's moves.c, rings.c and _atomics.c and tcp's _sockets.c write, read or
  *   compare them here).
  * Each extension exports this description as its module's WIRE (add_wire, wire_export.h) and

@@ -316,7 +316,7 @@ static PyObject *ring_send(PyObject *Py_UNUSED(self), PyObject *const *args, Py_
 /*
  * ring_recv(segment, at, capacity, header, dst, budget) -> copied
  * The consumer takes the next message if its header is `header` (the stream engine's, see
- * tbcoll/transports/stream.py: context, tag, payload bytes = dst.len, and the call), copying
+ * tbcoll/transports/stream/: context, tag, payload bytes = dst.len, and the call), copying
  * the payload straight into dst; copied as ring_take says (rings.h).
  */
 static PyObject *ring_recv(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs)
@@ -372,7 +372,7 @@ static PyObject *cma_copy(PyObject *Py_UNUSED(self), PyObject *args)
 }
 
 /* address(buffer) -> where buffer's bytes start in this process: what a pulled message's
- * descriptor gives its receiver (tbcoll/transports/stream.py); ~10x cheaper than numpy's
+ * descriptor gives its receiver (tbcoll/transports/stream/); ~10x cheaper than numpy's
  * ctypes.data. The caller keeps the buffer alive as long as the address is used. */
 static PyObject *address(PyObject *Py_UNUSED(self), PyObject *obj)
 {

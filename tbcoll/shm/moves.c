@@ -2,7 +2,7 @@
  * The shm lane's send and recv (moves.h): a point-to-point call that the lane has
  * checked and taken moves here, in C, over the stream engine's rings (tbcoll/transports/
  * shm.py lends them: streams()), where nothing of the engine's must go first; what C cannot
- * do or finish, the engine's Python does (tbcoll/transports/stream.py).
+ * do or finish, the engine's Python does (tbcoll/transports/stream/).
  *
  * Includes: Python.h, tbcoll/include/buffers.h, engine_words.h, moves.h (lane_base.h), rings.h,
  * cma.h.
@@ -182,7 +182,7 @@ static int ring_move(Lane *self, int sending, const Py_buffer *payload, char *se
 #if HAVE_CMA
 /*
  * A message of pull_bytes or more to or from a peer that pulls, as the engine would move it
- * (tbcoll/transports/stream.py): the sender announces it (header with the announce bit, then
+ * (tbcoll/transports/stream/): the sender announces it (header with the announce bit, then
  * the descriptor: address, nbytes, pull id) and waits for the answer; the receiver takes the
  * announcement, copies the payload from the sender's memory (cma_move) and answers. C goes
  * only where both ways are idle and, receiving, where the answer fits the ring now; what it

@@ -94,7 +94,7 @@ class Native(Protocol):
     #   broadcast(x, root, out), send(x, dst, tag), recv(out, src, tag), for the bits taken.
     # Whatever the engine must do first or finish (a message held for a peer, a peer late past
     # C's wait) C leaves to the transport's Python, as the stream engine's words say
-    # (tbcoll.transports.words: C tests them with one load each).
+    # (tbcoll.transports.stream.words: C tests them with one load each).
 
     def all_reduce(self, send: np.ndarray, recv: np.ndarray, op: str) -> None: ...
 

@@ -4,7 +4,7 @@
  * message read straight into its destination when it is the one expected, one message to and
  * from every peer of a group both ways at once (an exchange), and the reduction of the blocks
  * in rank order. Whatever else comes (another message first, a peer that is slow or gone) is
- * handed back as it stands, for the engine (tbcoll/transports/stream.py) to go on from.
+ * handed back as it stands, for the engine (tbcoll/transports/stream/) to go on from.
  *
  * Nothing here shares memory with another process or thread: the bytes travel through the
  * kernel's socket, which orders them, so no atomics or fences are needed on any CPU (ARM64

@@ -61,7 +61,8 @@ _SPINS_PER_CHECK = 256
 _GATHERED_BYTES = 8 << 10  # all_reduce up to this per rank: one MPI_Allgather (see above)
 _WORD = struct.Struct("=Q")  # a signature, as it travels before a rank's data (put_call)
 _ALL_ONES = (1 << 64) - 1
-_NOTICE_TAG = 32768  # a revocation notice's: past tbcoll.comm.MAX_TAG (MPI's TAG_UB is larger)
+# a revocation notice's tag: past tbcoll.point_to_point.MAX_TAG (MPI's TAG_UB is larger)
+_NOTICE_TAG = 32768
 
 
 class Notices:

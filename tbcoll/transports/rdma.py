@@ -7,7 +7,7 @@ matching, every algorithm of tbcoll/algorithms), the other the native mesh colle
 reduces all of them in rank order in C).
 
 Set-up: every rank opens its devices and queue pairs, connects one authenticated tcp
-connection to every other rank (tbcoll.transports.tcp.connect_mesh), exchanges its
+connection to every other rank (tbcoll.transports.socket_mesh.connect_mesh), exchanges its
 queue-pair info through the job's authenticated store, brings its queue pairs to RTS and
 says so in the store; nobody sends before every rank has (UC drops what arrives early).
 
@@ -31,9 +31,10 @@ from tbcoll.env import LaunchInfo, placement, rdma_settings
 from tbcoll.errors import CommError, PeerLostError, PeerTimeoutError
 from tbcoll.rdma import devices
 from tbcoll.rendezvous import Store
+from tbcoll.transports.socket_mesh import connect_mesh, listen_hosts, peer_route
 from tbcoll.transports.stream import Peer, StreamEndpoint, StreamTransport
-from tbcoll.transports.tcp import TcpTransport, connect_mesh, listen_hosts, peer_route
-from tbcoll.transports.turns import SHARED_SLICE, Turns
+from tbcoll.transports.stream.turns import SHARED_SLICE, Turns
+from tbcoll.transports.tcp import TcpTransport
 from tbcoll.wire_check import check_wire
 
 try:
@@ -137,7 +138,7 @@ class RdmaNative:
 
     def __init__(self, fabric: object, rank: int, size: int, watch: Watch,
                  timeout: float, turns: Turns) -> None:
-        """turns: the stream's (tbcoll.transports.turns): the mesh and the stream share the
+        """turns: the stream's (tbcoll.transports.stream.turns): the mesh and the stream share the
         device's completion queue, which the C code does not guard against two threads."""
         self._fabric, self.rank, self.size = fabric, rank, size
         self._watch, self._timeout, self._turns = watch, timeout, turns

@@ -38,8 +38,8 @@ from tbcoll.shm.pipe import OverwrittenRing, Ring, ShmDuplex
 from tbcoll.shm.segment import MAX_NAME, Segment
 from tbcoll.transports.base import P2P
 from tbcoll.transports.stream import Peer, StreamEndpoint, StreamTransport, bytes_of
-from tbcoll.transports.turns import Marking
-from tbcoll.transports.words import check_words
+from tbcoll.transports.stream.turns import Marking
+from tbcoll.transports.stream.words import check_words
 
 _SETUP_TAG = 30000
 _SPINS = 50  # polls of the rings before a waiting rank starts to yield its core
@@ -94,7 +94,7 @@ class ShmStream(StreamTransport):
     def lend_lane(self, lane: atomics.Lane, endpoint: StreamEndpoint) -> None:
         """Let the communicator's lane (tbcoll/shm/moves.c) move endpoint's messages itself
         where this engine would take its C paths below: it tests the engine's words (see
-        tbcoll.transports.words; publish_words where they are STALE) to see
+        tbcoll.transports.stream.words; publish_words where they are STALE) to see
         that nothing must go first, takes next_pull's, and leaves to the engine what it cannot
         (endpoint.send/recv) or did not finish (the _finish_* methods, entered as doors).
         endpoint's ranks are this engine's (one segment per communicator).

@@ -1,55 +1,44 @@
 """TCP transport: one connection per pair of ranks, driven by the stream engine.
 
-Set-up: every rank listens on its host's addresses (its main one and, from the hostfile's
-"links", one per cable to another host) and publishes them in the store, connects to every
-lower rank over the cable between their hosts where there is one, and accepts every higher
-rank. Each connection runs the HMAC handshake of
-tbcoll.auth, then the connecting side names its rank. Messages, matching and progress are
-tbcoll.transports.stream's; waiting is poll() on the sockets. Where the C extension
-tbcoll.transports._sockets is built, a message sent with nothing queued before it goes in
-one C call, and a blocking receive takes the next message in one C call when it is the one
-expected; everything else (and every message under TBCOLL_LINK_DELAY_US, whose channels
-hold bytes back) goes through the engine, which goes on from wherever C left off.
+The connections are the socket mesh's (tbcoll.transports.socket_mesh: set-up, authentication,
+dead links). Messages, matching and progress are tbcoll.transports.stream's; waiting is poll()
+on the sockets. Where the C extension tbcoll.transports._sockets is built, a message sent with
+nothing queued before it goes in one C call, and a blocking receive takes the next message in
+one C call when it is the one expected; everything else (and every message under
+TBCOLL_LINK_DELAY_US, whose channels hold bytes back) goes through the engine, which goes on
+from wherever C left off.
 """
 
 from __future__ import annotations
 
-import errno
-import ipaddress
-import logging
 import os
-import queue
 import select
 import socket
-import struct
-import sys
-import threading
 import time
-import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 
-from tbcoll.auth import HANDSHAKE_TIMEOUT, Doorman, accept_handshake, connect_proven
 from tbcoll.callbacks import check_callbacks, checked
 from tbcoll.calls import NO_CALL
-from tbcoll.env import LaunchInfo, format_hostport, link_delay, parse_hostport, placement
-from tbcoll.errors import (
-    LINK_DOWN,
-    PEER_ENDED,
-    AuthenticationError,
-    CommError,
-    PeerLostError,
-)
+from tbcoll.env import LaunchInfo, link_delay, placement
+from tbcoll.errors import PEER_ENDED, PeerLostError
 from tbcoll.rendezvous import Store
-from tbcoll.topology import route_source
 from tbcoll.transports.delayed import DelayedChannel
-from tbcoll.transports.stream import Peer, StreamEndpoint, StreamTransport, _Recv, _Send, bytes_of
+from tbcoll.transports.socket_mesh import (
+    connect_mesh,
+    gone,
+    link_of,
+    listen_hosts,
+    peer_route,
+    send_failure,
+    unanswered,
+)
+from tbcoll.transports.stream import Peer, Recv, Send, StreamEndpoint, StreamTransport, bytes_of
+from tbcoll.transports.stream.turns import Marking
+from tbcoll.transports.stream.words import check_words
 from tbcoll.transports.tcp_native import TcpNative
-from tbcoll.transports.turns import Marking
-from tbcoll.transports.words import check_words
-from tbcoll.wire import recv_exactly
 from tbcoll.wire_check import check_wire
 
 try:
@@ -61,25 +50,7 @@ if _sockets is not None:
     check_words(_sockets)
     check_callbacks(_sockets, ("one_call", "tcp"))
 
-log = logging.getLogger("tbcoll.tcp")
-
-_RANK = struct.Struct("!I")
-_SOCKET_BUFFER = 4 << 20
 _READ_EVENTS = select.POLLIN | select.POLLHUP | select.POLLERR
-_PROBE_EVERY, _PROBES = 1, 3  # keepalive: seconds between probes, unanswered ones to give up
-# struct tcp_info (Linux): 8 one-byte fields (retransmits is the third), then u32s of which
-# the fifth is tcpi_unacked
-_TCP_INFO = struct.Struct("8B5I")
-# struct tcp_connection_info (macOS: XNU's bsd/netinet/tcp.h, getsockopt TCP_CONNECTION_INFO,
-# 0x106, which CPython does not name): tcpi_state, snd_wscale, rcv_wscale, a pad byte; 13 u32
-# (options, flags, rto, maxseg, snd_ssthresh, snd_cwnd, snd_wnd, snd_sbbytes, rcv_wnd,
-# rttcur, srtt, rttvar, a word of bit fields); then from offset 56, 8-aligned, 7 u64
-# (txpackets, txbytes, txretransmitbytes, rxpackets, rxbytes, rxoutoforderbytes,
-# txretransmitpackets): 112 bytes
-TCP_CONNECTION_INFO = 0x106
-_TCP_CONNECTION_INFO = struct.Struct("=4B13I7Q")
-_SND_SBBYTES, _RXPACKETS, _TXRETRANSMITPACKETS = 11, 20, 23
-_DEAD_AFTER_RTOS = 3  # consecutive unanswered retransmission timeouts (~3 s) mean no link
 # A waiting rank looks at its sockets this long before it sleeps in poll(): waking from poll
 # costs more than a loopback message takes (8 B all_reduce at np=2: 72 -> 22-39 us). It
 # yields its core between looks, so that ranks beyond the cores still run (np=4 on 2 cores:
@@ -110,7 +81,7 @@ class TcpTransport(StreamTransport):
             peer.channel.setblocking(False)
             self._by_fd[peer.channel.fileno()] = peer
             self._poller.register(peer.channel, _READ_EVENTS)
-            self._links[peer.rank] = _link_of(peer.channel)
+            self._links[peer.rank] = link_of(peer.channel)
         # A thread whose send stalls while another thread polls for everyone wakes it through
         # this pair, so that its poll() watches that socket for room too
         self._wake, self._woken = socket.socketpair()
@@ -122,7 +93,7 @@ class TcpTransport(StreamTransport):
         self._exchanges: dict[tuple[int, ...], tuple[list[Peer], tuple, tuple]] = {}
 
     def isend(self, buf: np.ndarray, dest: int, context: int, tag: int,
-              call: tuple[int, int] = NO_CALL) -> _Send:
+              call: tuple[int, int] = NO_CALL) -> Send:
         """The whole message in one C sendmsg when nothing is queued before it; the engine
         queues what did not fit."""
         peer = self._peers.get(dest)
@@ -268,7 +239,7 @@ class TcpTransport(StreamTransport):
         return True
 
     def _resumed(self, peer: Peer, buf: np.ndarray, context: int, tag: int,
-                 call: tuple[int, int], copied: int, staged: int, error: int) -> _Recv | None:
+                 call: tuple[int, int], copied: int, staged: int, error: int) -> Recv | None:
         """The engine's receive for what C left of one (copied, staged, error: as
         _sockets.recv says), None if C finished it: another message came first (in the
         staging buffer now, for the engine to parse), or the peer was slow or is gone; the
@@ -298,7 +269,7 @@ class TcpTransport(StreamTransport):
 
     def _check_links(self, peers: Iterable[Peer]) -> None:
         for peer in peers:
-            if why := _unanswered(peer.channel):
+            if why := unanswered(peer.channel):
                 self._lose(peer, why)
 
     def link(self, rank: int) -> str:
@@ -314,7 +285,7 @@ class TcpTransport(StreamTransport):
     def silent_losses(self) -> list[tuple[int, str]]:
         """Every peer silent_loss would name, in rank order."""
         return [(peer.rank, f"{why}; the link {self.link(peer.rank)}")
-                for peer in list(self._peers.values()) if (why := _gone(peer.channel))]
+                for peer in list(self._peers.values()) if (why := gone(peer.channel))]
 
     def _ready(self, timeout: float) -> Iterable[tuple[Peer, bool, bool]]:
         return self._ready_or_due(timeout) if self._holding else self._polled(timeout)
@@ -380,246 +351,6 @@ class TcpTransport(StreamTransport):
         self._wake.close()
         self._woken.close()
 
-
-def connect_mesh(rank: int, size: int, hosts: list[str], route: Callable[[int], str | None],
-                 store: Store, token: str, timeout: float,
-                 prefix: str) -> dict[int, socket.socket]:
-    """Open one authenticated connection to every other rank (lower ranks: we connect).
-
-    hosts: the addresses to listen on; route(peer): the address of peer to connect to (one
-    it listens on), or None for its first. Incoming connections prove themselves in threads
-    of their own, admitted by a tbcoll.auth.Doorman, so that idle connections from anyone
-    cannot hold up a peer.
-    """
-    listeners = [socket.create_server((host, 0), backlog=max(size, 16)) for host in hosts]
-    store.set(f"{prefix}/addr/{rank}", ",".join(
-        format_hostport(*listener.getsockname()[:2]) for listener in listeners))
-    deadline = time.monotonic() + timeout
-    sockets: dict[int, socket.socket] = {}
-    arrivals: queue.SimpleQueue = queue.SimpleQueue()  # (peer or None, socket)
-    doorman = Doorman(limit=max(64, 2 * size))  # a job's own never need to wait
-    try:
-        for peer in range(rank):
-            published = store.get(f"{prefix}/addr/{peer}").decode().split(",")
-            addresses = [parse_hostport(text, "address") for text in published]
-            wanted = route(peer)
-            address = next((a for a in addresses if a[0] == wanted), addresses[0])
-            sockets[peer] = _connect(rank, peer, address, token, deadline)
-        while len(sockets) < size - 1:
-            while not arrivals.empty():
-                peer, sock = arrivals.get()
-                if not doorman.done(sock) or peer is None or peer in sockets:
-                    sock.close()
-                else:
-                    sockets[peer] = sock
-            if len(sockets) == size - 1:
-                break
-            left = deadline - time.monotonic()
-            if left <= 0:
-                missing = sorted(set(range(rank + 1, size)) - set(sockets))
-                raise CommError(f"rank(s) {missing} did not connect to rank {rank} within "
-                                f"{timeout:g} s (TBCOLL_TIMEOUT)")
-            ready, _, _ = select.select(listeners, [], [], min(left, 0.05))
-            for listener in ready:
-                sock, address = listener.accept()
-                if not doorman.admit(sock):
-                    continue
-                threading.Thread(target=_accept_peer, daemon=True, args=(
-                    sock, address, token, rank, size, min(HANDSHAKE_TIMEOUT, left),
-                    arrivals)).start()
-    except BaseException:
-        for sock in sockets.values():
-            sock.close()
-        raise
-    finally:
-        for listener in listeners:
-            listener.close()
-    for sock in sockets.values():
-        sock.settimeout(None)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SOCKET_BUFFER)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, _SOCKET_BUFFER)
-        notice_dead_links(sock)
-    return sockets
-
-
-def notice_dead_links(sock: socket.socket) -> None:
-    """Keepalive every second, given up after 3 unanswered probes: a pulled cable (or a peer
-    host that froze or lost power) ends a connection with nothing in flight with ETIMEDOUT
-    within ~4 s, where TCP alone stays silent. A connection with data in flight is
-    TcpTransport._check_links's. (Not TCP_USER_TIMEOUT: measured here, it also ends a
-    connection whose peer is alive but slow to read, a zero window.)"""
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-    idle = getattr(socket, "TCP_KEEPIDLE", getattr(socket, "TCP_KEEPALIVE", None))  # macOS
-    for option, value in ((idle, _PROBE_EVERY), (getattr(socket, "TCP_KEEPINTVL", None),
-                          _PROBE_EVERY), (getattr(socket, "TCP_KEEPCNT", None), _PROBES)):
-        if option is not None:
-            sock.setsockopt(socket.IPPROTO_TCP, option, value)
-
-
-def _unanswered(sock: socket.socket) -> str | None:
-    """Why the connection is dead though nothing failed yet: data in flight that nothing
-    acknowledged through _DEAD_AFTER_RTOS retransmissions in a row (a pulled cable; a live
-    peer's kernel acknowledges at once, even while its process reads slowly). Linux tells
-    through TCP_INFO, macOS through TCP_CONNECTION_INFO; elsewhere only keepalive and
-    TBCOLL_TIMEOUT notice."""
-    reader = _LINK_READERS.get(sys.platform)
-    return reader(sock) if reader is not None else None
-
-
-def _unanswered_linux(sock: socket.socket) -> str | None:
-    """tcpi_retransmits: the retransmission timeouts in a row, with tcpi_unacked bytes."""
-    if not hasattr(socket, "TCP_INFO"):
-        return None
-    try:
-        info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO.size)
-    except OSError:
-        return None
-    fields = _TCP_INFO.unpack_from(info)
-    retransmits, unacked = fields[2], fields[12]
-    if unacked and retransmits >= _DEAD_AFTER_RTOS:
-        return f"{retransmits} retransmissions unanswered: {LINK_DOWN}"
-    return None
-
-
-# socket -> (tcpi_rxpackets, tcpi_txretransmitpackets) when it was first seen with bytes to
-# deliver and nothing received since
-_QUIET_SINCE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def _unanswered_macos(sock: socket.socket) -> str | None:
-    """macOS counts no retransmission timeouts in a row: what comes nearest is packets
-    retransmitted (tcpi_txretransmitpackets) while the send buffer holds bytes
-    (tcpi_snd_sbbytes) and not one packet arrives (tcpi_rxpackets): counted from the first
-    look that found it so. Any packet from the peer (an acknowledgement, a window probe's
-    answer) starts the count again."""
-    try:
-        info = sock.getsockopt(socket.IPPROTO_TCP, TCP_CONNECTION_INFO,
-                               _TCP_CONNECTION_INFO.size)
-    except OSError:
-        return None
-    if len(info) < _TCP_CONNECTION_INFO.size:
-        return None
-    fields = _TCP_CONNECTION_INFO.unpack_from(info)
-    received, retransmitted = fields[_RXPACKETS], fields[_TXRETRANSMITPACKETS]
-    mark = _QUIET_SINCE.get(sock)
-    if not fields[_SND_SBBYTES]:
-        _QUIET_SINCE.pop(sock, None)
-        return None
-    if mark is None or mark[0] != received:
-        _QUIET_SINCE[sock] = (received, retransmitted)
-        return None
-    unanswered = retransmitted - mark[1]
-    if unanswered >= _DEAD_AFTER_RTOS:
-        return f"{unanswered} retransmissions unanswered: {LINK_DOWN}"
-    return None
-
-
-_LINK_READERS = {"linux": _unanswered_linux, "darwin": _unanswered_macos}
-
-
-def _gone(sock: socket.socket) -> str | None:
-    """Why the connection has ended, looking without reading (MSG_PEEK), or None."""
-    try:
-        if sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b"":
-            return f"{PEER_ENDED}: it closed the connection"
-    except BlockingIOError:
-        pass
-    except OSError as e:
-        return f"connection failed: {e.strerror or e}"
-    return _unanswered(sock)
-
-
-def send_failure(error: int) -> str:
-    """Why a send failed with errno error: the peer's end is gone (it ended), or else."""
-    if error in (errno.EPIPE, errno.ECONNRESET):
-        return f"{PEER_ENDED}: it closed the connection ({os.strerror(error)})"
-    return f"send failed: {os.strerror(error)}"
-
-
-def _link_of(sock: socket.socket) -> str:
-    try:
-        here, there = sock.getsockname(), sock.getpeername()
-    except OSError:
-        return "?"
-    return f"{format_hostport(*here[:2])} -> {format_hostport(*there[:2])}"
-
-
-def _connect(rank: int, peer: int, address: tuple[str, int], token: str,
-             deadline: float) -> socket.socket:
-    """Connect to peer and prove ourselves (trying again while it is busy); name our rank."""
-    where = f"rank {rank} could not connect to rank {peer} at {format_hostport(*address)}"
-    try:
-        sock = connect_proven(address, token, deadline)
-    except AuthenticationError as e:
-        raise CommError(f"{where}: {e}") from e
-    except OSError as e:
-        raise CommError(f"{where}: {e.strerror or e}") from e
-    try:
-        sock.sendall(_RANK.pack(rank))
-    except OSError as e:
-        sock.close()
-        raise CommError(f"{where}: {e.strerror or e}") from e
-    return sock
-
-
-def _accept_peer(sock: socket.socket, address: tuple, token: str, rank: int, size: int,
-                 timeout: float, arrivals: queue.SimpleQueue) -> None:
-    """Authenticate an incoming connection; put (the rank it names or None, sock)."""
-    sock.settimeout(timeout)
-    try:
-        accept_handshake(sock, token)
-        (peer,) = _RANK.unpack(recv_exactly(sock, _RANK.size))
-    except (AuthenticationError, OSError) as e:
-        log.warning("rank %d refused a connection from %s: %s", rank,
-                    format_hostport(*address[:2]), e)
-        arrivals.put((None, sock))
-        return
-    if not rank < peer < size:
-        log.warning("rank %d refused a connection claiming to be rank %d", rank, peer)
-        arrivals.put((None, sock))
-        return
-    arrivals.put((peer, sock))
-
-
-def listen_hosts(info: LaunchInfo) -> list[str]:
-    """The addresses this rank listens on: its host's, and its ends of the host's cables."""
-    hosts = info.topology.hosts
-    if info.node_rank >= len(hosts):
-        return ["127.0.0.1"]
-    mine = hosts[info.node_rank]
-    address = mine.addr or "127.0.0.1"
-    if len(hosts) > 1 and _is_loopback(address):
-        # A host name that resolves to loopback on the host itself (Debian maps its own name
-        # to 127.0.1.1): the others could not connect. Use the address that reaches tbrun.
-        address = route_source(info.store[0])
-    links = [a for a in mine.links if a]
-    return list(dict.fromkeys([address, *links]))
-
-
-def _is_loopback(host: str) -> bool:
-    try:
-        resolved = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)[0][4][0]
-    except OSError:
-        return False  # create_server will say what is wrong with it
-    return ipaddress.ip_address(resolved.split("%")[0]).is_loopback
-
-
-def peer_route(info: LaunchInfo) -> Callable[[int], str | None]:
-    """route(peer): the address to reach peer at, over the cable between the two hosts if the
-    hostfile names one (each Thunderbolt cable is its own subnet), else the peer's host's."""
-    hosts = info.topology.hosts
-
-    def route(peer: int) -> str | None:
-        node = info.topology.node_of(peer)
-        if node is None:
-            return None
-        host = hosts[node]
-        if info.node_rank < len(host.links) and host.links[info.node_rank]:
-            return host.links[info.node_rank]
-        return host.addr
-
-    return route
 
 
 class TcpGroup:

@@ -3,7 +3,7 @@ before it moves a message to or from a peer by itself, each in one machine word 
 with one load.
 
 words[ENGINE_WORD] holds the engine's bits: STALE where the state words may be out of date
-(each door marks them so as it leaves, tbcoll.transports.turns.Marking; C then has the engine
+(each door marks them so as it leaves, tbcoll.transports.stream.turns.Marking; C then has the engine
 publish them, StreamTransport.publish_words) and WRITING (whether threads share the engine is
 Turns.shared_word). Peer k's are
 words[PEER_WORDS + k * WORDS_PER_PEER + STATE_WORD] (the peer bits below) and
@@ -45,4 +45,4 @@ def check_words(module: ModuleType | None) -> None:
     if differs:
         raise ImportError(f"{module.__name__} was built from another version of "
                           f"tbcoll/include/engine_words.h (the engine's words {differs}, "
-                          "tbcoll.transports.words' first): reinstall tbcoll")
+                          "tbcoll.transports.stream.words' first): reinstall tbcoll")

@@ -27,7 +27,7 @@ from array import array
 from collections.abc import Callable
 from typing import Any
 
-from tbcoll.transports.words import ENGINE_WORD, STALE
+from tbcoll.transports.stream.words import ENGINE_WORD, STALE
 
 SHARED_SLICE = 1e-3  # seconds a wait holds a shared engine before others may take a turn
 

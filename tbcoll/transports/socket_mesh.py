@@ -1,0 +1,294 @@
+"""The socket mesh: one authenticated TCP connection per pair of ranks, and how a dead one is
+noticed. The tcp transport carries its messages over it; rdma and mlx borrow it for their
+side connections (set-up, watching peers, point-to-point), so it is a part of its own.
+
+Set-up: every rank listens on its host's addresses (its main one and, from the hostfile's
+"links", one per cable to another host) and publishes them in the store, connects to every
+lower rank over the cable between their hosts where there is one, and accepts every higher
+rank. Each connection runs the HMAC handshake of tbcoll.auth, then the connecting side names
+its rank. A link that dies with nothing failed yet is found by keepalive (idle) or by the
+kernel's retransmission counters (data in flight: unanswered).
+"""
+
+from __future__ import annotations
+
+import errno
+import ipaddress
+import logging
+import os
+import queue
+import select
+import socket
+import struct
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Callable
+
+from tbcoll.auth import HANDSHAKE_TIMEOUT, Doorman, accept_handshake, connect_proven
+from tbcoll.env import LaunchInfo, format_hostport, parse_hostport
+from tbcoll.errors import LINK_DOWN, PEER_ENDED, AuthenticationError, CommError
+from tbcoll.rendezvous import Store
+from tbcoll.topology import route_source
+from tbcoll.wire import recv_exactly
+
+log = logging.getLogger("tbcoll.tcp")
+
+_RANK = struct.Struct("!I")
+_SOCKET_BUFFER = 4 << 20
+_PROBE_EVERY, _PROBES = 1, 3  # keepalive: seconds between probes, unanswered ones to give up
+# struct tcp_info (Linux): 8 one-byte fields (retransmits is the third), then u32s of which
+# the fifth is tcpi_unacked
+_TCP_INFO = struct.Struct("8B5I")
+# struct tcp_connection_info (macOS: XNU's bsd/netinet/tcp.h, getsockopt TCP_CONNECTION_INFO,
+# 0x106, which CPython does not name): tcpi_state, snd_wscale, rcv_wscale, a pad byte; 13 u32
+# (options, flags, rto, maxseg, snd_ssthresh, snd_cwnd, snd_wnd, snd_sbbytes, rcv_wnd,
+# rttcur, srtt, rttvar, a word of bit fields); then from offset 56, 8-aligned, 7 u64
+# (txpackets, txbytes, txretransmitbytes, rxpackets, rxbytes, rxoutoforderbytes,
+# txretransmitpackets): 112 bytes
+TCP_CONNECTION_INFO = 0x106
+_TCP_CONNECTION_INFO = struct.Struct("=4B13I7Q")
+_SND_SBBYTES, _RXPACKETS, _TXRETRANSMITPACKETS = 11, 20, 23
+_DEAD_AFTER_RTOS = 3  # consecutive unanswered retransmission timeouts (~3 s) mean no link
+
+
+def connect_mesh(rank: int, size: int, hosts: list[str], route: Callable[[int], str | None],
+                 store: Store, token: str, timeout: float,
+                 prefix: str) -> dict[int, socket.socket]:
+    """Open one authenticated connection to every other rank (lower ranks: we connect).
+
+    hosts: the addresses to listen on; route(peer): the address of peer to connect to (one
+    it listens on), or None for its first. Incoming connections prove themselves in threads
+    of their own, admitted by a tbcoll.auth.Doorman, so that idle connections from anyone
+    cannot hold up a peer.
+    """
+    listeners = [socket.create_server((host, 0), backlog=max(size, 16)) for host in hosts]
+    store.set(f"{prefix}/addr/{rank}", ",".join(
+        format_hostport(*listener.getsockname()[:2]) for listener in listeners))
+    deadline = time.monotonic() + timeout
+    sockets: dict[int, socket.socket] = {}
+    arrivals: queue.SimpleQueue = queue.SimpleQueue()  # (peer or None, socket)
+    doorman = Doorman(limit=max(64, 2 * size))  # a job's own never need to wait
+    try:
+        for peer in range(rank):
+            published = store.get(f"{prefix}/addr/{peer}").decode().split(",")
+            addresses = [parse_hostport(text, "address") for text in published]
+            wanted = route(peer)
+            address = next((a for a in addresses if a[0] == wanted), addresses[0])
+            sockets[peer] = _connect(rank, peer, address, token, deadline)
+        while len(sockets) < size - 1:
+            while not arrivals.empty():
+                peer, sock = arrivals.get()
+                if not doorman.done(sock) or peer is None or peer in sockets:
+                    sock.close()
+                else:
+                    sockets[peer] = sock
+            if len(sockets) == size - 1:
+                break
+            left = deadline - time.monotonic()
+            if left <= 0:
+                missing = sorted(set(range(rank + 1, size)) - set(sockets))
+                raise CommError(f"rank(s) {missing} did not connect to rank {rank} within "
+                                f"{timeout:g} s (TBCOLL_TIMEOUT)")
+            ready, _, _ = select.select(listeners, [], [], min(left, 0.05))
+            for listener in ready:
+                sock, address = listener.accept()
+                if not doorman.admit(sock):
+                    continue
+                threading.Thread(target=_accept_peer, daemon=True, args=(
+                    sock, address, token, rank, size, min(HANDSHAKE_TIMEOUT, left),
+                    arrivals)).start()
+    except BaseException:
+        for sock in sockets.values():
+            sock.close()
+        raise
+    finally:
+        for listener in listeners:
+            listener.close()
+    for sock in sockets.values():
+        sock.settimeout(None)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SOCKET_BUFFER)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, _SOCKET_BUFFER)
+        notice_dead_links(sock)
+    return sockets
+
+
+def notice_dead_links(sock: socket.socket) -> None:
+    """Keepalive every second, given up after 3 unanswered probes: a pulled cable (or a peer
+    host that froze or lost power) ends a connection with nothing in flight with ETIMEDOUT
+    within ~4 s, where TCP alone stays silent. A connection with data in flight is
+    TcpTransport._check_links's. (Not TCP_USER_TIMEOUT: measured here, it also ends a
+    connection whose peer is alive but slow to read, a zero window.)"""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    idle = getattr(socket, "TCP_KEEPIDLE", getattr(socket, "TCP_KEEPALIVE", None))  # macOS
+    for option, value in ((idle, _PROBE_EVERY), (getattr(socket, "TCP_KEEPINTVL", None),
+                          _PROBE_EVERY), (getattr(socket, "TCP_KEEPCNT", None), _PROBES)):
+        if option is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, option, value)
+
+
+def unanswered(sock: socket.socket) -> str | None:
+    """Why the connection is dead though nothing failed yet: data in flight that nothing
+    acknowledged through _DEAD_AFTER_RTOS retransmissions in a row (a pulled cable; a live
+    peer's kernel acknowledges at once, even while its process reads slowly). Linux tells
+    through TCP_INFO, macOS through TCP_CONNECTION_INFO; elsewhere only keepalive and
+    TBCOLL_TIMEOUT notice."""
+    reader = _LINK_READERS.get(sys.platform)
+    return reader(sock) if reader is not None else None
+
+
+def _unanswered_linux(sock: socket.socket) -> str | None:
+    """tcpi_retransmits: the retransmission timeouts in a row, with tcpi_unacked bytes."""
+    if not hasattr(socket, "TCP_INFO"):
+        return None
+    try:
+        info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO.size)
+    except OSError:
+        return None
+    fields = _TCP_INFO.unpack_from(info)
+    retransmits, unacked = fields[2], fields[12]
+    if unacked and retransmits >= _DEAD_AFTER_RTOS:
+        return f"{retransmits} retransmissions unanswered: {LINK_DOWN}"
+    return None
+
+
+# socket -> (tcpi_rxpackets, tcpi_txretransmitpackets) when it was first seen with bytes to
+# deliver and nothing received since
+_QUIET_SINCE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _unanswered_macos(sock: socket.socket) -> str | None:
+    """macOS counts no retransmission timeouts in a row: what comes nearest is packets
+    retransmitted (tcpi_txretransmitpackets) while the send buffer holds bytes
+    (tcpi_snd_sbbytes) and not one packet arrives (tcpi_rxpackets): counted from the first
+    look that found it so. Any packet from the peer (an acknowledgement, a window probe's
+    answer) starts the count again."""
+    try:
+        info = sock.getsockopt(socket.IPPROTO_TCP, TCP_CONNECTION_INFO,
+                               _TCP_CONNECTION_INFO.size)
+    except OSError:
+        return None
+    if len(info) < _TCP_CONNECTION_INFO.size:
+        return None
+    fields = _TCP_CONNECTION_INFO.unpack_from(info)
+    received, retransmitted = fields[_RXPACKETS], fields[_TXRETRANSMITPACKETS]
+    mark = _QUIET_SINCE.get(sock)
+    if not fields[_SND_SBBYTES]:
+        _QUIET_SINCE.pop(sock, None)
+        return None
+    if mark is None or mark[0] != received:
+        _QUIET_SINCE[sock] = (received, retransmitted)
+        return None
+    count = retransmitted - mark[1]
+    if count >= _DEAD_AFTER_RTOS:
+        return f"{count} retransmissions unanswered: {LINK_DOWN}"
+    return None
+
+
+_LINK_READERS = {"linux": _unanswered_linux, "darwin": _unanswered_macos}
+
+
+def gone(sock: socket.socket) -> str | None:
+    """Why the connection has ended, looking without reading (MSG_PEEK), or None."""
+    try:
+        if sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b"":
+            return f"{PEER_ENDED}: it closed the connection"
+    except BlockingIOError:
+        pass
+    except OSError as e:
+        return f"connection failed: {e.strerror or e}"
+    return unanswered(sock)
+
+
+def send_failure(error: int) -> str:
+    """Why a send failed with errno error: the peer's end is gone (it ended), or else."""
+    if error in (errno.EPIPE, errno.ECONNRESET):
+        return f"{PEER_ENDED}: it closed the connection ({os.strerror(error)})"
+    return f"send failed: {os.strerror(error)}"
+
+
+def link_of(sock: socket.socket) -> str:
+    try:
+        here, there = sock.getsockname(), sock.getpeername()
+    except OSError:
+        return "?"
+    return f"{format_hostport(*here[:2])} -> {format_hostport(*there[:2])}"
+
+
+def _connect(rank: int, peer: int, address: tuple[str, int], token: str,
+             deadline: float) -> socket.socket:
+    """Connect to peer and prove ourselves (trying again while it is busy); name our rank."""
+    where = f"rank {rank} could not connect to rank {peer} at {format_hostport(*address)}"
+    try:
+        sock = connect_proven(address, token, deadline)
+    except AuthenticationError as e:
+        raise CommError(f"{where}: {e}") from e
+    except OSError as e:
+        raise CommError(f"{where}: {e.strerror or e}") from e
+    try:
+        sock.sendall(_RANK.pack(rank))
+    except OSError as e:
+        sock.close()
+        raise CommError(f"{where}: {e.strerror or e}") from e
+    return sock
+
+
+def _accept_peer(sock: socket.socket, address: tuple, token: str, rank: int, size: int,
+                 timeout: float, arrivals: queue.SimpleQueue) -> None:
+    """Authenticate an incoming connection; put (the rank it names or None, sock)."""
+    sock.settimeout(timeout)
+    try:
+        accept_handshake(sock, token)
+        (peer,) = _RANK.unpack(recv_exactly(sock, _RANK.size))
+    except (AuthenticationError, OSError) as e:
+        log.warning("rank %d refused a connection from %s: %s", rank,
+                    format_hostport(*address[:2]), e)
+        arrivals.put((None, sock))
+        return
+    if not rank < peer < size:
+        log.warning("rank %d refused a connection claiming to be rank %d", rank, peer)
+        arrivals.put((None, sock))
+        return
+    arrivals.put((peer, sock))
+
+
+def listen_hosts(info: LaunchInfo) -> list[str]:
+    """The addresses this rank listens on: its host's, and its ends of the host's cables."""
+    hosts = info.topology.hosts
+    if info.node_rank >= len(hosts):
+        return ["127.0.0.1"]
+    mine = hosts[info.node_rank]
+    address = mine.addr or "127.0.0.1"
+    if len(hosts) > 1 and _is_loopback(address):
+        # A host name that resolves to loopback on the host itself (Debian maps its own name
+        # to 127.0.1.1): the others could not connect. Use the address that reaches tbrun.
+        address = route_source(info.store[0])
+    links = [a for a in mine.links if a]
+    return list(dict.fromkeys([address, *links]))
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        resolved = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)[0][4][0]
+    except OSError:
+        return False  # create_server will say what is wrong with it
+    return ipaddress.ip_address(resolved.split("%")[0]).is_loopback
+
+
+def peer_route(info: LaunchInfo) -> Callable[[int], str | None]:
+    """route(peer): the address to reach peer at, over the cable between the two hosts if the
+    hostfile names one (each Thunderbolt cable is its own subnet), else the peer's host's."""
+    hosts = info.topology.hosts
+
+    def route(peer: int) -> str | None:
+        node = info.topology.node_of(peer)
+        if node is None:
+            return None
+        host = hosts[node]
+        if info.node_rank < len(host.links) and host.links[info.node_rank]:
+            return host.links[info.node_rank]
+        return host.addr
+
+    return route

@@ -1,0 +1,129 @@
+"""Pulled messages, for a transport that can copy from another rank's memory (shm on Linux).
+
+A large payload does not go through the stream. Its sender announces it (the header with the
+context's ANNOUNCE bit, then a descriptor: the payload's address, size and a pull id); the
+receiver matches the announcement as it would the message, copies the payload from the
+sender's memory (_pull) into the receive (or an unexpected buffer: a rank pulls whatever it
+meets at once, so that two ranks announcing to each other cannot deadlock) and answers PULLED
+with that id. The send is done only then, so the sender's buffer stays untouched while it is
+read. Where the copy is refused (a policy forbids it), the answer asks for the payload, which
+follows through the stream (RESENT) into the receive already matched, and neither side
+announces to the other again.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tbcoll.transports.stream.framing import (
+    ANNOUNCE,
+    DESCRIPTOR,
+    HEADER,
+    PULL_IDS,
+    PULLED,
+    RESENT,
+    bytes_of,
+)
+from tbcoll.transports.stream.peers import Announced, Peer, Recv, Send
+from tbcoll.transports.stream.words import NEXT_PULL_WORD
+
+
+class Pulls:
+    """The pull protocol's part of StreamTransport (mixed into it): announcing, pulling,
+    answering, and the pull ids kept in the engine's words. It calls the engine's _match,
+    _complete, _queue, _enqueue, _finish_message, waitall and _lose."""
+
+    def _pull(self, peer: Peer, address: int, view: memoryview) -> bool:
+        """Copy len(view) bytes at address in peer's memory into view; False where a policy
+        refuses it, or the transport cannot (the payload is then resent through the stream).
+        A peer found gone is lost (_lose)."""
+        return False
+
+    def _address(self, buf: np.ndarray) -> int:
+        """Where buf's bytes start in this process's memory, for its receiver's _pull."""
+        raise NotImplementedError
+
+    def _next_pull(self, peer: Peer) -> int:
+        """The id of the next message pulled from this rank by peer (its word, which a C path
+        takes too)."""
+        return self.words[peer.words_at + NEXT_PULL_WORD]
+
+    def _take_pull(self, peer: Peer) -> int:
+        """_next_pull, taken."""
+        pull = self._next_pull(peer)
+        self.words[peer.words_at + NEXT_PULL_WORD] = (pull + 1) & PULL_IDS
+        return pull
+
+    def _announce(self, peer: Peer, buf: np.ndarray, context: int, tag: int,
+                  call: tuple[int, int]) -> Send:
+        """A send of buf by pull, its announcement still to write (its views)."""
+        pull = self._take_pull(peer)
+        announcement = (self._announce_header(context, tag, call)
+                        + DESCRIPTOR.pack(self._address(buf), buf.nbytes, pull))
+        request = Send(peer, [memoryview(announcement)], buf)
+        peer.announced[pull] = request
+        return request
+
+    @staticmethod
+    def _announce_header(context: int, tag: int, call: tuple[int, int]) -> bytes:
+        """The header of the announcement of a message (its descriptor follows)."""
+        return HEADER.pack(context | ANNOUNCE, tag, DESCRIPTOR.size, *call)
+
+    @staticmethod
+    def _pulled_header(pull: int, refused: bool = False) -> bytes:
+        """The answer to announcement `pull`."""
+        return HEADER.pack(PULLED, pull, 0, int(refused), 0)
+
+    _descriptor_of = staticmethod(DESCRIPTOR.unpack)  # -> (address, nbytes, pull)
+
+    def _finish_announced(self, peer: Peer, view: memoryview, context: int, tag: int,
+                          call: tuple[int, int], descriptor: bytes, arrived: int) -> None:
+        """Receive into view the message whose announcement (header, and the first `arrived`
+        bytes of its descriptor) a subclass's own path took."""
+        request = Recv(peer, view, call, context)
+        peer.posted[context, tag].append(request)
+        owner = Announced(context, tag, call)
+        owner.descriptor[:arrived] = descriptor[:arrived]
+        peer.target, peer.target_owner = memoryview(owner.descriptor)[arrived:], owner
+        if arrived == DESCRIPTOR.size:
+            self._finish_message(peer)
+        self.waitall([request])
+
+    def _await_answer(self, peer: Peer, buf: np.ndarray, pull: int) -> None:
+        """Wait for the answer to announcement `pull` of buf, which a subclass's own path
+        wrote (a refusal resends buf through the stream, as for the engine's own)."""
+        request = peer.announced[pull] = Send(peer, [], buf)
+        self.waitall([request])
+
+    def _take_announced(self, peer: Peer, announced: Announced) -> None:
+        """Match an announced message and pull its payload, or ask for it where the pull is
+        refused; answer the sender either way. (One that no receive awaits yet is pulled into
+        an unexpected buffer at once: its sender does not wait for the receive.)"""
+        address, nbytes, pull = self._descriptor_of(announced.descriptor)
+        owner, view = self._match(peer, announced.context, announced.tag, nbytes, announced.call)
+        pulled = self._pull(peer, address, view)
+        if peer.lost:
+            return
+        if pulled:
+            self._complete(owner)
+        else:
+            peer.pulls = False
+            peer.refused[pull] = owner, view
+        self._queue(peer, [memoryview(self._pulled_header(pull, refused=not pulled))])
+
+    def _answered(self, peer: Peer, pull: int, refused: bool) -> None:
+        """The receiver of announcement `pull` has pulled it (the send is done), or was
+        refused: the payload follows through the stream, and nothing more is announced."""
+        request = peer.announced.pop(pull, None)
+        if request is None:
+            self._lose(peer, f"it answered announcement {pull}, which this rank never made")
+            return
+        payload, request.pulled = request.pulled, None
+        if not refused:
+            request.done = True
+            return
+        peer.pulls = False
+        request.views = [memoryview(self._header(RESENT, pull, payload.nbytes, 0, 0)),
+                         bytes_of(payload)]
+        self._enqueue(peer, request)
+
