@@ -27,9 +27,9 @@ $(STAMP): pyproject.toml setup.py Makefile $(C_FILES)
 demo: $(STAMP)
 	$(BIN)/tbrun -np 4 examples/chat.py "What is the capital of France?"
 
-# The reference that no one here wrote, for tests/test_llm.py: transformers' GGUF loader on
-# torch's CPU-only wheel (plain `torch` on Linux pulls several GB of CUDA packages). Where
-# it cannot be installed the test says so (and fails where the labs are required).
+# The reference that no one here wrote, for tests/library/test_llm.py: transformers' GGUF loader
+# on torch's CPU-only wheel (plain `torch` on Linux pulls several GB of CUDA packages). Where it
+# cannot be installed the test says so (and fails where the labs are required).
 TORCH := $(if $(filter Darwin,$(shell uname -s)),torch==2.13.0,torch==2.13.0+cpu)
 reference-tools: $(STAMP)
 	@$(BIN)/python -c 'import torch, transformers, accelerate' 2>/dev/null || \
@@ -46,15 +46,18 @@ lint: $(STAMP)
 # tbrun's supervision (fail-fast, signals, timeouts, what ranks leave), its output and stdin,
 # an unmodified mpi4py and MLX script under tbrun. Not the labs, several hosts, Slurm, the
 # model tests, the failure and timeout catalogue: `make test` runs those.
-CHECK_TESTS := tests/test_records.py tests/test_whereabouts.py tests/test_tcp_addresses.py \
-	tests/test_c_buffers.py tests/test_verdict.py tests/test_dead_links.py tests/test_tuning.py \
-	tests/test_topology.py tests/test_mlx_variables.py tests/test_comm_args.py \
-	tests/test_startup.py tests/test_open_files.py tests/test_shm_parts.py tests/test_doctor.py \
-	tests/test_launch_contract.py tests/test_wire.py tests/test_gate.py tests/test_cli_errors.py \
-	'tests/test_spmd.py::test_under_tbrun[shm-2]' 'tests/test_spmd.py::test_under_tbrun[tcp-2]' \
-	tests/test_supervision.py tests/test_output.py tests/test_stdin.py \
-	tests/test_mpi_launch.py::test_an_unmodified_mpi4py_program_runs_under_tbrun \
-	'tests/test_mlx_launch.py::test_an_unmodified_mlx_script_runs_under_tbrun[2]'
+CHECK_TESTS := tests/library/test_records.py tests/launch/test_whereabouts.py \
+	tests/transports/test_tcp_addresses.py tests/transports/test_c_buffers.py \
+	tests/launch/test_verdict.py tests/transports/test_dead_links.py tests/library/test_tuning.py \
+	tests/launch/test_topology.py tests/launch/test_mlx_variables.py \
+	tests/library/test_comm_args.py tests/launch/test_startup.py tests/launch/test_open_files.py \
+	tests/transports/test_shm_parts.py tests/launch/test_doctor.py \
+	tests/launch/test_launch_contract.py tests/transports/test_wire.py tests/library/test_gate.py \
+	tests/launch/test_cli_errors.py 'tests/library/test_spmd.py::test_under_tbrun[shm-2]' \
+	'tests/library/test_spmd.py::test_under_tbrun[tcp-2]' tests/launch/test_supervision.py \
+	tests/launch/test_output.py tests/launch/test_stdin.py \
+	tests/launch/test_mpi_launch.py::test_an_unmodified_mpi4py_program_runs_under_tbrun \
+	'tests/launch/test_mlx_launch.py::test_an_unmodified_mlx_script_runs_under_tbrun[2]'
 check: lint
 	$(BIN)/python -m pytest -m "not lab" -q --durations=10 $(CHECK_TESTS)
 
@@ -69,18 +72,18 @@ if $(AS_ROOT_WITH_APT); then \
 fi
 endef
 
-# The multi-host tests (tests/test_multihost.py, tests/test_slurm.py) run an sshd, or a
-# slurmd, per network namespace: `make test` installs these.
+# The multi-host tests (tests/launch/test_multihost.py, tests/launch/test_slurm.py) run an sshd,
+# or a slurmd, per network namespace: `make test` installs these.
 CLUSTER_APT := openssh-server openssh-client iproute2 slurm-wlm munge
 
-# The RDMA lab (tests/rdmalab.py): a QEMU VM with the kernel's Soft-RoCE (rdma_rxe), where the
-# rdma transport is tested. As root with apt-get (CI), install what it needs; elsewhere its
-# tests skip and say why. virtme-ng (PyPI) goes into .venv, not a venv of the lab's own: the
-# tests' Python finds vng beside itself, and there is no second venv to create, keep in step or
-# forget in `make clean`. It is no dependency of tbcoll (users and Macs never need it), so it is
-# not in pyproject.toml; 1.42 is the version the lab was measured with. The rdma extension
-# builds only where the verbs header is: when .venv was made before libibverbs-dev came, it
-# is built again here.
+# The RDMA lab (tests/harness/rdmalab.py): a QEMU VM with the kernel's Soft-RoCE (rdma_rxe),
+# where the rdma transport is tested. As root with apt-get (CI), install what it needs;
+# elsewhere its tests skip and say why. virtme-ng (PyPI) goes into .venv, not a venv of the
+# lab's own: the tests' Python finds vng beside itself, and there is no second venv to create,
+# keep in step or forget in `make clean`. It is no dependency of tbcoll (users and Macs never
+# need it), so it is not in pyproject.toml; 1.42 is the version the lab was measured with. The
+# rdma extension builds only where the verbs header is: when .venv was made before
+# libibverbs-dev came, it is built again here.
 LAB_APT := qemu-system-x86 linux-image-amd64 busybox-static iproute2 rdma-core ibverbs-utils \
            ibverbs-providers perftest libibverbs-dev
 rdma-lab-tools: $(STAMP)
@@ -94,25 +97,25 @@ rdma-lab-tools: $(STAMP)
 
 # Install the lab, boot it and check it: rxe0 listed, two processes ping-pong over it.
 rdma-lab: rdma-lab-tools
-	$(BIN)/python -m tests.rdmalab -- sh -c 'ibv_devices && \
+	$(BIN)/python -m tests.harness.rdmalab -- sh -c 'ibv_devices && \
 	  { ibv_rc_pingpong -d $$RDMALAB_DEVICE -g 1 -n 1000 -p 18562 & \
 	    for i in $$(seq 60); do \
 	      ibv_rc_pingpong -d $$RDMALAB_DEVICE -g 1 -n 1000 -p 18562 $$RDMALAB_ADDRESS && break; \
 	      sleep 0.5; done; wait $$!; }'
 
-# The arm64 lab (tests/arm64lab.py): an arm64 Debian root under qemu-user, where the shm/tcp
-# collectives and the C buffer and lane tests run (tests/test_arm64.py), and the sysroot of
-# the C extensions' cross builds on the host (gcc-aarch64-linux-gnu, clang; -Wall -Werror).
-# As root with apt-get (CI), install qemu-user-static, mmdebstrap and the cross compilers,
-# and build the root once, outside the checkout (/var/cache/tbcoll/arm64-root,
-# TBCOLL_ARM64_ROOT): 1-2.5 minutes from scratch (mmdebstrap unpacks the packages and the
-# host's pip fetches the wheels: nothing is installed under emulation), nothing when its
-# stamp names the lab's recipe. Elsewhere its tests skip and say why.
+# The arm64 lab (tests/harness/arm64lab.py): an arm64 Debian root under qemu-user, where the
+# shm/tcp collectives and the C buffer and lane tests run (tests/labs/test_arm64.py), and the
+# sysroot of the C extensions' cross builds on the host (gcc-aarch64-linux-gnu, clang; -Wall
+# -Werror). As root with apt-get (CI), install qemu-user-static, mmdebstrap and the cross
+# compilers, and build the root once, outside the checkout (/var/cache/tbcoll/arm64-root,
+# TBCOLL_ARM64_ROOT): 1-2.5 minutes from scratch (mmdebstrap unpacks the packages and the host's
+# pip fetches the wheels: nothing is installed under emulation), nothing when its stamp names
+# the lab's recipe. Elsewhere its tests skip and say why.
 ARM64_APT := qemu-user-static binfmt-support mmdebstrap gcc-aarch64-linux-gnu clang
 arm64-lab: $(STAMP)
 	@$(call apt,$(ARM64_APT))
 	@if $(AS_ROOT_WITH_APT); then \
-	  $(BIN)/python -m tests.arm64lab --build; \
+	  $(BIN)/python -m tests.harness.arm64lab --build; \
 	else \
 	  echo "arm64-lab: skipped: building the arm64 root needs root and apt-get"; \
 	fi
@@ -121,16 +124,17 @@ arm64-lab: $(STAMP)
 # TBCOLL_REQUIRE_LABS=1 turns their skips into failures (tests/conftest.py), so a lab that
 # broke cannot read green.
 REQUIRE_LABS := TBCOLL_REQUIRE_LABS=$$(if $(AS_ROOT_WITH_APT); then echo 1; fi)
-# The macOS lane (tests/maclane): these files again under macOS's rules as far as Linux allows
-# (the names macOS's Python lacks removed, kqueue's selector, no PR_SET_PDEATHSIG, subreaper,
-# /proc or process_vm_readv, 256 open files), and a share of tests/spmd (shm at 3 ranks, tcp
-# at 2). What the lane cannot hold, each test skips there saying which rule it needs (MPICH's
-# shared memory after kill -9 of tbrun is found only through /dev/shm and /proc:
+# The macOS lane (tests/harness/maclane): these files again under macOS's rules as far as Linux
+# allows (the names macOS's Python lacks removed, kqueue's selector, no PR_SET_PDEATHSIG,
+# subreaper, /proc or process_vm_readv, 256 open files), and a share of tests/spmd (shm at 3
+# ranks, tcp at 2). What the lane cannot hold, each test skips there saying which rule it needs
+# (MPICH's shared memory after kill -9 of tbrun is found only through /dev/shm and /proc:
 # docs/transports.md, On a Mac).
-MACOS_LANE := tests/test_exit_status.py tests/test_stdin.py tests/test_open_files.py \
-              tests/test_output.py tests/test_supervision.py tests/test_comm_failures.py \
-              tests/test_flight_recorder.py tests/test_dead_links.py \
-              tests/test_spmd.py::test_collectives_under_the_macos_lane
+MACOS_LANE := tests/launch/test_exit_status.py tests/launch/test_stdin.py \
+              tests/launch/test_open_files.py tests/launch/test_output.py \
+              tests/launch/test_supervision.py tests/library/test_comm_failures.py \
+              tests/library/test_flight_recorder.py tests/transports/test_dead_links.py \
+              tests/library/test_spmd.py::test_collectives_under_the_macos_lane
 # Every Debian package the tests need, in one apt-get, before .venv is made: the rdma
 # extension is then built with the verbs header the first time.
 system-packages:
@@ -150,7 +154,8 @@ test: system-packages lint rdma-lab-tools
 
 test-labs: arm64-lab
 	tmp=$$(mktemp -d) && export TMPDIR=$$tmp && $(REQUIRE_LABS) $(BIN)/python -m pytest -m lab \
-	  --durations=25 && $(BIN)/python -m pytest -p tests.maclane --durations=25 $(MACOS_LANE); \
+	  --durations=25 && $(BIN)/python -m pytest -p tests.harness.maclane --durations=25 \
+	    $(MACOS_LANE); \
 	  status=$$?; rm -rf "$$tmp"; exit $$status
 
 test-host: reference-tools

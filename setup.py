@@ -22,7 +22,7 @@ stream engine's Python path, the rdma backend says how to get it built, and tbru
 PR_SET_PDEATHSIG from Python in each forked rank instead, and PR_SET_CHILD_SUBREAPER through
 ctypes. TBCOLL_REQUIRE_C=1 makes every one of them required, so that a build with
 CFLAGS="-Wall -Werror" fails on a warning instead of leaving the extension out
-(tests/test_arm64.py builds so under gcc and clang).
+(tests/labs/test_arm64.py builds so under gcc and clang).
 """
 
 import os
@@ -71,8 +71,8 @@ _SHARED = ["tbcoll/include/wire.h", "tbcoll/include/wire_export.h", "tbcoll/incl
            "tbcoll/include/buffers.h", "tbcoll/include/cpu_relax.h",
            "tbcoll/include/engine_words.h", "tbcoll/include/one_call.h",
            "tbcoll/include/callbacks.h"]
-# shm's files by layer (tbcoll/shm/shm.h): the pure C ones first (no Python.h: tests/test_tsan.py
-# builds them without Python), then the Lane's and the module's
+# shm's files by layer (tbcoll/shm/shm.h): the pure C ones first (no Python.h:
+# tests/transports/test_tsan.py builds them without Python), then the Lane's and the module's
 SHM = "tbcoll/shm/"
 SHM_PURE_C = [SHM + name for name in ("flags.c", "rings.c", "cma.c", "rounds.c")]
 SHM_SOURCES = [*SHM_PURE_C, *(SHM + name for name in ("lane_base.c", "one_copy.c", "moves.c",

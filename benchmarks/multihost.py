@@ -1,7 +1,7 @@
-"""all_reduce across three hosts, each a network namespace with its own sshd (tests/netns.py),
-cabled as a full mesh of veth links: tbcoll over tcp (each pair over its own link), MPICH
-(through `tbrun --backend mpi`, i.e. mpiexec over ssh) and MLX's ring backend, all launched
-by tbrun from host 0, in turns (A B C A B C ...). Needs root.
+"""all_reduce across three hosts, each a network namespace with its own sshd
+(tests/harness/netns.py), cabled as a full mesh of veth links: tbcoll over tcp (each pair over
+its own link), MPICH (through `tbrun --backend mpi`, i.e. mpiexec over ssh) and MLX's ring
+backend, all launched by tbrun from host 0, in turns (A B C A B C ...). Needs root.
 
     sudo python benchmarks/multihost.py -b 8 -e 1M -f 32 --rounds 3
 
@@ -21,9 +21,9 @@ from collections import defaultdict
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))  # the cluster is the test suite's (tests/netns.py)
+sys.path.insert(0, str(REPO))  # the cluster is the test suite's (tests/harness/netns.py)
 
-from tests.netns import Cluster, why_not_available  # noqa: E402
+from tests.harness.netns import Cluster, why_not_available  # noqa: E402
 
 BIN = Path(sys.executable).parent
 HOSTS = 3

@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE), str(HERE.parent)]  # socket_floor, compare; tests.rdmalab
+sys.path[:0] = [str(HERE), str(HERE.parent)]  # socket_floor, compare; tests.harness.rdmalab
 
 SIZES = (8, 16 << 20)
 DEFAULT_SYSTEMS = "ib_write_lat,ib_write_bw,tcp,mpich-tcp,mpich-ud,tbcoll-tcp,tbcoll-rdma"
@@ -171,7 +171,7 @@ def in_lab(system: str) -> None:
 
 def run_rounds(systems: list[str], rounds: int) -> dict:
     """Boot the lab, run every system once per round in turns; figures per system and size."""
-    from tests.rdmalab import Lab, why_not_available
+    from tests.harness.rdmalab import Lab, why_not_available
 
     reason = why_not_available()
     if reason:

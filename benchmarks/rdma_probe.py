@@ -1,7 +1,7 @@
 """Where an rdma 8 B all_reduce's time goes, without tbrun, pytest or the Communicator.
 
     python benchmarks/rdma_probe.py --lab 2        # as root: boots the RDMA lab, A B .. B A
-    python -m tests.rdmalab -- python benchmarks/rdma_probe.py            # one system, in it
+    python -m tests.harness.rdmalab -- python benchmarks/rdma_probe.py    # one system, in it
 
 Two processes (forked here) open a tbcoll.rdma._verbs.Fabric each on $RDMALAB_DEVICE,
 exchange queue-pair info through pipes, and then time, in turns (A B A B ...), by default:
@@ -216,7 +216,7 @@ def perftest(tool: str, port: int) -> list[str]:
 
 def in_turns(rounds: int, iters: int, batches: int) -> None:
     """Boot the lab once; per round run perftest, this probe and its tbrun mode in turns."""
-    from tests.rdmalab import Lab
+    from tests.harness.rdmalab import Lab
 
     bin_dir = Path(sys.executable).parent
     me = [sys.executable, str(Path(__file__).resolve()), "--iters", str(iters),

@@ -2,7 +2,7 @@
 
     sudo .venv/bin/python benchmarks/slurm_startup.py --reps 7
 
-Brings up the test suite's Slurm cluster (tests/slurmcluster.py: nodes n0 and n1, each a
+Brings up the test suite's Slurm cluster (tests/harness/slurmcluster.py: nodes n0 and n1, each a
 network namespace; needs root, slurm-wlm and munge), takes one allocation of 2 nodes x 2
 tasks, and inside it times, in turn, each of: srun alone, MPICH's mpiexec alone (Hydra's
 Slurm launcher), tbrun (ranks through srun), tbrun --backend mpi, and the same launchers

@@ -4,13 +4,13 @@ prediction (tbcoll.bench.planner). Needs root.
 
     sudo python benchmarks/tp_latency.py --hosts 1,2,4 --delays 0,4,30,300 --plot tp.png
 
-Hosts are network namespaces (tests/netns.py), each rank one host, joined by veth cables; every
-rank gets one BLAS thread, so a host is one core (the hosts share this machine's cores and
-memory: the planner is told the bandwidth each host achieved). The decoder is tbcoll.tp.llama
-in benchmarks/tp_decode.py's worker (tp: two all_reduce per layer per token; pp: the layers
-split in stages, send/recv between them), on a random checkpoint of a Llama shape: by default
-TinyLlama's proportions at a quarter of its width (hidden 512, 8 layers), which on one core
-here takes about what TinyLlama takes on an M3 Ultra per layer, so that the links matter as
+Hosts are network namespaces (tests/harness/netns.py), each rank one host, joined by veth
+cables; every rank gets one BLAS thread, so a host is one core (the hosts share this machine's
+cores and memory: the planner is told the bandwidth each host achieved). The decoder is
+tbcoll.tp.llama in benchmarks/tp_decode.py's worker (tp: two all_reduce per layer per token; pp:
+the layers split in stages, send/recv between them), on a random checkpoint of a Llama shape: by
+default TinyLlama's proportions at a quarter of its width (hidden 512, 8 layers), which on one
+core here takes about what TinyLlama takes on an M3 Ultra per layer, so that the links matter as
 much as they do there; --shape tinyllama for the real width. Every run's tokens must equal the
 one-host run's.
 
@@ -34,10 +34,10 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))  # the cluster is the test suite's (tests/netns.py)
+sys.path.insert(0, str(REPO))  # the cluster is the test suite's (tests/harness/netns.py)
 
 from tbcoll.bench.planner import Link, Shape, plan  # noqa: E402
-from tests.netns import Cluster, why_not_available  # noqa: E402
+from tests.harness.netns import Cluster, why_not_available  # noqa: E402
 
 BIN = Path(sys.executable).parent
 SHAPES = {  # Llama shapes: TinyLlama-1.1B's, and the same proportions at a quarter width

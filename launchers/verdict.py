@@ -4,7 +4,7 @@ The supervisor turns what it sees (a rank's exit, a signal to tbrun, the clock, 
 standard output) into events and hands each to `judge` with the verdict so far; `judge`
 returns the next verdict and what to do (log a line, stop the ranks, kill them now). It reads
 no clock, no process and no pipe, so every rule below is tested without processes
-(tests/test_verdict.py).
+(tests/launch/test_verdict.py).
 
 The rules: the first rank to fail for its own reason fails the job, with its status. A rank
 that failed because of peers (it reported them to tbrun's store before raising) and a rank

@@ -21,7 +21,7 @@ from tbcoll.launch import shmclean
 from tbcoll.env import launch_info, started_by_mpiexec
 
 # tests/spmd runs inside the ranks of a job (see tests/spmd/conftest.py); a plain run of the
-# suite launches it from tests/test_spmd.py instead of collecting it.
+# suite launches it from tests/library/test_spmd.py instead of collecting it.
 collect_ignore = [] if launch_info() or started_by_mpiexec() else ["spmd"]
 
 TBRUN = str(Path(sys.executable).with_name("tbrun"))
@@ -36,8 +36,8 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     if not (launch_info() or started_by_mpiexec()):
         for folder in ("tbcoll", "launchers", "tests", "examples", "benchmarks"):
             compileall.compile_dir(REPO / folder, quiet=1)
-# Linux's own rules are in force: not under the macOS lane (tests/maclane), where what only
-# Linux has (PR_SET_PDEATHSIG, the subreaper, /proc) is off for tbrun and its ranks
+# Linux's own rules are in force: not under the macOS lane (tests/harness/maclane), where what
+# only Linux has (PR_SET_PDEATHSIG, the subreaper, /proc) is off for tbrun and its ranks
 MACOS_LANE = os.environ.get("TBCOLL_MACOS_LANE") == "1"
 LINUX_RULES = sys.platform.startswith("linux") and not MACOS_LANE
 REPO = Path(__file__).resolve().parent.parent
@@ -130,9 +130,9 @@ def in_lab(item: pytest.Item) -> bool:
 
 @pytest.fixture(scope="session")
 def rdma_lab():
-    """The RDMA lab (tests/rdmalab.py), booted once for the session: a VM with Soft-RoCE's
-    rxe0 up; lab.run(argv, timeout) runs a command in it."""
-    from . import rdmalab
+    """The RDMA lab (tests/harness/rdmalab.py), booted once for the session: a VM with
+    Soft-RoCE's rxe0 up; lab.run(argv, timeout) runs a command in it."""
+    from .harness import rdmalab
     reason = rdmalab.why_not_available()
     if reason:
         skip_or_fail(f"RDMA lab: {reason}")

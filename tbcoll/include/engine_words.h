@@ -39,8 +39,8 @@ enum { ENGINE_WORD = 0, PEER_WORDS = 1, WORDS_PER_PEER = 2, STATE_WORD = 0, NEXT
  * tag is pending or a message of another tag is held, which a blocking send/recv program
  * leaves only where its messages arrive out of the order it takes them (or a collective of
  * the engine's, context 1, meets a message of its next call early). The common path, a
- * message to or from a peer with nothing held, tests one bit mask (tests/test_shm_lane.py
- * counts which paths ran). */
+ * message to or from a peer with nothing held, tests one bit mask
+ * (tests/transports/test_shm_lane.py counts which paths ran). */
 #define SEND_HELD (SENDING | LOST)
 #define RECV_HELD (LOST | READING | POSTED | UNEXPECTED | MISMATCH)
 

@@ -3,8 +3,8 @@
  * called with the GIL held (by the module's and the Lane's Python-facing files) and return
  * with it held. Declared here as CPython declares them (Include/ceval.h; PyThreadState is
  * struct _ts, in the stable ABI), so that those files need no Python.h: what
- * Py_BEGIN_ALLOW_THREADS expands to, spelt out. tests/tsan/shm_race.c, which runs them with
- * no interpreter, stubs these two.
+ * Py_BEGIN_ALLOW_THREADS expands to, spelt out. tests/harness/tsan/shm_race.c, which runs them
+ * with no interpreter, stubs these two.
  * Pure C: may include nothing. */
 #ifndef TBCOLL_SHM_GIL_H
 #define TBCOLL_SHM_GIL_H

@@ -1,7 +1,7 @@
 /* The shm transport's collective rounds (rounds.c): one protocol, written once, that every
  * shm collective runs over a communicator's segment (flags, slots, signatures), whatever
  * calls it: the Lane's round() and one-call paths (lane.c, lane_base.c), its one-copy
- * rounds (one_copy.c), and tests/tsan/shm_race.c.
+ * rounds (one_copy.c), and tests/harness/tsan/shm_race.c.
  * Pure C: may include shm.h (and tbcoll/include/wire.h through it) only. */
 #ifndef TBCOLL_SHM_ROUNDS_H
 #define TBCOLL_SHM_ROUNDS_H

@@ -4,8 +4,8 @@ tbcoll's pytest plugin (tbcoll.testing: the `comm` fixture, the `spmd` marker):
     mpiexec -n 4 python -m pytest tests/spmd        # the mpi backend
     tbrun -np 4 -m pytest tests/spmd                # tbrun's backend (shm here)
 
-A plain `pytest` run does not collect them (tests/conftest.py); tests/test_spmd.py launches
-both forms, at 1 to 4 ranks.
+A plain `pytest` run does not collect them (tests/conftest.py); tests/library/test_spmd.py
+launches both forms, at 1 to 4 ranks.
 """
 
 import functools

@@ -1,0 +1,190 @@
+"""A communicator's call gate (tbcoll.gate: tbcoll/_gate.c and include/gate.h): its lock, its
+calls in progress, its count and its flight recorder, in C (and its Python twin, alike); the
+shm lane drives the same struct from C; a dump's call in progress is the gate's, whichever
+path the call took, with the user's line read off the thread that runs it."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tbcoll import gate as gates
+from tbcoll.algorithms import ALGORITHM_CODES
+from tbcoll.collective_base import KIND_CODES
+from tbcoll.collectives import ALL_REDUCE, BROADCAST
+from tbcoll.dtypes import DTYPE_CODES, OP_CODES
+from tbcoll.errors import CommRevokedError, TbcollError
+
+from ..conftest import tagged_lines, tbrun
+
+F32 = np.dtype(np.float32)
+RING = ALGORITHM_CODES["ring"]
+
+
+@pytest.fixture(params=["C", "Python"])
+def gate_type(request):
+    if request.param == "C":
+        if gates.Gate is gates.PyGate:
+            pytest.fail("tbcoll._gate was not built (make)")
+        return gates.Gate
+    return gates.PyGate
+
+
+def call(gate, kind=ALL_REDUCE.code, dtype=F32, op="sum", root=-1, nbytes=8,
+         algorithm=gates.NATIVE, timed=0):
+    """A whole call through the gate, as the one-call paths make it: its seq."""
+    slot = gate.enter(kind, dtype, op, root, nbytes, algorithm, timed)
+    assert slot >= 0
+    gate.done(slot)
+    gate.leave(slot)
+    return gate.completed
+
+
+def test_the_recorder_wraps_and_keeps_the_last_calls_in_order(gate_type):
+    gate = gate_type(4)
+    for k in range(10):
+        call(gate, nbytes=k, timed=k % 2)
+    calls = gate.calls()
+    assert [c[0] for c in calls] == [7, 8, 9, 10]
+    seq, kind, dtype, op, root, nbytes, algorithm, start, end = calls[-1]
+    assert (kind, dtype, op, root, nbytes, algorithm) == (
+        ALL_REDUCE.code, DTYPE_CODES[F32], OP_CODES["sum"], -1, 9, gates.NATIVE)
+    assert 0 < start <= end  # timed: perf_counter()'s clock
+    assert calls[-2][7:] == (0.0, 0.0)  # not timed
+    assert gate.last() == calls[-1]
+    assert gate_type(0).calls() == [] and call(gate_type(0)) == 1  # off: counted, not kept
+
+
+def test_a_second_call_is_refused_and_a_forked_child_is_told_why(gate_type):
+    gate = gate_type(8)
+    slot = gate.enter(BROADCAST.code, None, None, 1, 0, -1, 0)
+    assert slot >= 0 and gate.held
+    assert gate.enter(ALL_REDUCE.code, F32, "sum", -1, 8, gates.NATIVE, 0) == -1
+    assert gate.enter_move(KIND_CODES["send"], F32, 1, 0, 8) == -1
+    gate.leave(slot)
+    assert not gate.held and gate.current() is None
+    gate.fork(TbcollError, "not the rank")
+    with pytest.raises(TbcollError, match="not the rank"):
+        gate.enter(ALL_REDUCE.code, F32, "sum", -1, 8, gates.NATIVE, 0)
+    assert gate.forked
+
+
+def test_a_revoked_gate_refuses_every_call_with_the_first_revocation(gate_type):
+    gate = gate_type(8)
+    assert not gate.revoked
+    gate.revoke(CommRevokedError, "rank 0 was interrupted in all_reduce")
+    gate.revoke(CommRevokedError, "a second revocation")
+    assert gate.revoked and not gate.held
+    for enter in (lambda: gate.enter(ALL_REDUCE.code, F32, "sum", -1, 8, gates.NATIVE, 0),
+                  lambda: gate.enter_move(KIND_CODES["recv"], F32, 1, 0, 8)):
+        with pytest.raises(CommRevokedError, match="^rank 0 was interrupted in all_reduce$"):
+            enter()
+    gate.fork(TbcollError, "not the rank")  # a forked child's reason comes first
+    with pytest.raises(TbcollError, match="not the rank"):
+        gate.enter(ALL_REDUCE.code, F32, "sum", -1, 8, gates.NATIVE, 0)
+
+
+def test_the_call_in_progress_is_the_innermost_and_its_codes_come_from_the_registries(
+        gate_type):
+    gate = gate_type(8)
+    outer = gate.enter(KIND_CODES["split"], None, None, -1, -1, -1, 0)
+    inner = gate.begin(KIND_CODES["all_gather"], np.dtype(np.int64), None, -1, 32, RING)
+    now = dict(zip(gates.CURRENT, gate.current(), strict=True))
+    assert now["kind"] == KIND_CODES["all_gather"] and now["dtype"] == DTYPE_CODES[
+        np.dtype(np.int64)] and now["algorithm"] == RING and now["seq"] == 0 and now["start"]
+    assert gate.count(inner) == 1 and gate.current()[0] == 1
+    gate.record(inner)
+    gate.end(inner)
+    assert gate.current()[1] == KIND_CODES["split"]
+    gate.leave(outer)
+    move = gate.enter_move(KIND_CODES["recv"], np.dtype("float32"), 3, 7, 12)  # (equal, not
+    now = dict(zip(gates.CURRENT, gate.current(), strict=True))              # the same)
+    assert (now["dtype"], now["peer"], now["tag"], now["op"], now["root"]) == (
+        DTYPE_CODES[F32], 3, 7, -1, -1)
+    gate.leave(move)
+    unknown = gate.enter(ALL_REDUCE.code, np.dtype(np.complex64), "xor", -1, 8, -1, 0)
+    assert gate.current()[2:4] == (-1, -1)  # not the registries': none
+    gate.leave(unknown)
+
+
+def test_the_lane_takes_only_a_gate_built_from_its_layout():
+    """The shm lane drives the gate's struct from C (tbcoll/include/gate.h): it checked the
+    layout of tbcoll._gate's at import (a stale build is kept and said: the shm backend
+    refuses, saying what to do), and binds nothing but a Gate."""
+    from tbcoll.shm import _atomics
+
+    assert _atomics.GATE_ERROR is None
+    lane = _atomics.Lane.__new__(_atomics.Lane)
+    with pytest.raises(TypeError, match="Gate"):
+        lane.bind(gate=gates.PyGate(4), codes=(0,) * 7, names=("a",) * 4, enabled=0,
+                  max_tag=1, comm_error=TbcollError, namer=None)
+    stale = subprocess.run([sys.executable, "-c", (
+        "from tbcoll.shm import _atomics, native; _atomics.GATE_ERROR = 'layout 2, built for 1'"
+        "\nnative.available()")], capture_output=True, text=True, timeout=60)
+    assert stale.returncode == 1 and (
+        "TbcollError: the shm backend cannot use tbcoll's call gate (tbcoll._gate): layout 2, "
+        "built for 1; reinstall tbcoll (make)") in stale.stderr, stale.stderr
+
+
+IN_PROGRESS = """
+import itertools, json, os, threading, time, numpy as np, tbcoll
+from tbcoll.dumps import snapshot
+comm = tbcoll.init()
+x = np.ones(2, np.float32)
+comm.all_reduce(x)
+steps = itertools.count()
+
+def show(shown):
+    print(json.dumps(snapshot("asked")["communicators"][0]["current"]), flush=True)
+    open(shown, "w").close()
+
+def later():
+    # rank 0's dump, taken half a second into its next call; rank 1 joins that call only
+    # once the dump is taken (a file in the job's folder says so), not after a guessed time
+    shown = f"shown-{next(steps)}"
+    if comm.rank == 0:
+        threading.Timer(0.5, show, (shown,)).start()
+    else:
+        while not os.path.exists(shown):
+            time.sleep(0.01)
+
+later(); comm.all_reduce(x)  # the lane
+later(); comm.all_reduce(x, algorithm="native")  # the dispatch's one-call path
+later(); comm.broadcast(x, root=1, algorithm="ring")  # the general path
+if comm.rank == 0:
+    later(); comm.recv(np.empty(3, np.int16), 1, tag=5)  # recv
+else:
+    later(); comm.send(np.ones(3, np.int16), 0, tag=5)
+print(json.dumps(comm._gate.calls()))
+"""
+
+
+def test_a_dump_names_the_call_in_progress_from_the_gate_on_every_path(script, tmp_path):
+    path = script(IN_PROGRESS)
+    source = path.read_text().splitlines()
+
+    def site(comment):
+        return f"job.py:{next(n for n, line in enumerate(source, 1) if comment in line)}"
+
+    p = tbrun("-np", 2, "--backend", "shm", path, timeout=90, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    lines = tagged_lines(p.stdout)[0]
+    lane, dispatch, general, recv = (json.loads(line) for line in lines[:4])
+    common = {"state": "running", "dtype": "float32", "bytes": 8, "peer": None, "tag": None}
+    assert lane == {**common, "collective": "all_reduce", "seq": 2, "op": "sum", "root": None,
+                    "algorithm": "native", "start": None, "site": site("# the lane")}, lane
+    assert dispatch["start"] > 0 and dispatch == {
+        **common, "collective": "all_reduce", "seq": 3, "op": "sum", "root": None,
+        "algorithm": "native", "start": dispatch["start"],
+        "site": site("# the dispatch's")}, dispatch
+    assert general["start"] > 0 and general == {
+        **common, "collective": "broadcast", "seq": 4, "op": None, "root": 1,
+        "algorithm": "ring", "start": general["start"], "site": site("# the general")}, general
+    assert recv == {"collective": "recv", "seq": None, "state": "running", "dtype": "int16",
+                    "bytes": 6, "peer": 1, "tag": 5, "op": None, "root": None,
+                    "algorithm": None, "start": None, "site": site("# recv")}, recv
+    calls = json.loads(lines[4])  # the send and recv are not numbered, nor recorded
+    assert [c[0] for c in calls] == [1, 2, 3, 4]
+    assert [c[6] for c in calls] == [gates.NATIVE] * 3 + [ALGORITHM_CODES["ring"]]
