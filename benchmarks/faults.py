@@ -23,6 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from tbcoll.launch.shmclean import mapped
+
 TBRUN = str(Path(sys.executable).with_name("tbrun"))
 SHM = Path("/dev/shm")
 JOB = """
@@ -74,13 +76,27 @@ def shared_memory() -> set[str]:
 SETTLE = 3.0  # seconds what a job leaves gets to go before it is counted
 
 
+def held(paths: set[str]) -> set[str]:
+    """Those of paths that some process maps or holds open."""
+    found = mapped(paths)
+    for fds in Path("/proc").glob("[0-9]*/fd"):
+        try:
+            found.update(paths & {os.readlink(link) for link in fds.iterdir()})
+        except OSError:
+            continue  # the process ended, or is not ours to read
+    return found
+
+
 def leftovers(folder: Path, temp: Path, before: set[str]) -> tuple[list[int], int]:
     """The ranks' and their children's pids still alive, and how many of the job's temporary
-    files and shared-memory names are left (not the dumps it keeps on purpose)."""
+    files and shared-memory names are left (not the dumps it keeps on purpose). A new name that
+    a live process maps or holds is another job's (`make test` runs two halves side by side):
+    the trial's ranks are gone by then."""
     pids = [int(p) for f in folder.glob("*.pids") for p in f.read_text().split()]
     # the dumps a failed job leaves on purpose, their folder printed (tbcoll.launch.postmortem)
     kept = [f for f in temp.iterdir() if not f.name.startswith("tbrun-dump-")]
-    return [p for p in pids if alive(p)], len(kept) + len(shared_memory() - before)
+    new = {str(SHM / name) for name in shared_memory() - before}
+    return [p for p in pids if alive(p)], len(kept) + len(new - held(new))
 
 
 def trial(backend: str, np_: int, fault: str) -> dict:
