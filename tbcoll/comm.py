@@ -82,6 +82,11 @@ _OWN_ERRORS = (TbcollError, ValueError, TypeError)
 class Communicator(PointToPoint):
     """A group of ranks that run collectives together. Use tbcoll.init() to get the world."""
 
+    # At most MAX_ATTRIBUTES attributes a communicator: CPython (3.11-3.13) shares one key table
+    # among a class's instances only up to 30 keys; past it every attribute load on the call
+    # path is a dict lookup (a 0.30 us shm all_reduce took 0.33). tests/library/test_comm_args.py
+    MAX_ATTRIBUTES = 29
+
     def __init__(self, group: Group, backend: str, local_rank: int, node_rank: int,
                  world_ranks: tuple[int, ...] | None = None) -> None:
         self._group = group
@@ -89,12 +94,10 @@ class Communicator(PointToPoint):
         self._world_ranks = tuple(range(self.size)) if world_ranks is None else world_ranks
         self.local_rank, self.node_rank = local_rank, node_rank
         self.backend = backend
-        self._table = group.tuning  # the tuning table it follows
         self._overrides = algorithm_overrides(ALGORITHMS)
         # what the registry's entries see of this communicator (tbcoll.collective_base.Context)
         self._ctx = Context(group, backend, self._run)
         self._ctx.fix(self._overrides)
-        self._fixed = self._ctx.fixed  # each collective's algorithm, where one at any size
         self._check_calls = check_mode()
         # the lock, the calls in progress, the count and the flight recorder (tbcoll.gate)
         self._gate = Gate(record_size())
@@ -154,9 +157,9 @@ class Communicator(PointToPoint):
 
     def _native_limit(self, entry: Collective) -> int | None:
         """The largest x whose call the table takes native (None: every size)."""
-        if self._fixed[entry.name] is not None:  # TBCOLL_ALGO, or the table, whatever the size
+        if self._ctx.fixed[entry.name] is not None:  # TBCOLL_ALGO, or the table, whatever the size
             return None
-        _, limit = tuning.native_up_to(self._table, entry.name, self.size)
+        _, limit = tuning.native_up_to(self._group.tuning, entry.name, self.size)
         return None if limit is None else limit // (self.size if entry is ALL_GATHER else 1)
 
     def _quick_path(self, entry: Collective, path: Callable | None) -> Callable | None:
@@ -166,9 +169,9 @@ class Communicator(PointToPoint):
         name = entry.name
         if path is None:
             return None
-        if self._fixed[name] is not None:
-            return path if self._fixed[name] == "native" else None
-        if not tuning.native_up_to(self._table, name, self.size)[0]:
+        if (fixed := self._ctx.fixed[name]) is not None:
+            return path if fixed == "native" else None
+        if not tuning.native_up_to(self._group.tuning, name, self.size)[0]:
             return None
         if (limit := self._native_limit(entry)) is None:
             return path
@@ -454,7 +457,7 @@ class Communicator(PointToPoint):
             if collective in self._overrides:
                 rule = f"{self._overrides[collective]} (TBCOLL_ALGO)"
             else:
-                rule = tuning.describe(self._table, collective)
+                rule = tuning.describe(self._group.tuning, collective)
             lines.append(f"  {collective}: {rule}")
         return "\n".join(lines + self._group.describe_links())
 

@@ -25,6 +25,14 @@ def test_a_script_started_alone_is_a_world_of_one(comm):
     assert "all_gather: rd up to 256 KiB, then mesh up to 4 ranks, then ring" in comm.describe()
 
 
+def test_a_communicator_keeps_its_attributes_few(comm):
+    """Past 30 attributes CPython stops sharing the instance's key table and every attribute
+    load on the call path becomes a dict lookup (tbcoll.comm.Communicator.MAX_ATTRIBUTES)."""
+    comm.all_reduce(np.ones(3))
+    comm.iall_reduce(np.ones(3)).wait()  # (the first non-blocking call binds again)
+    assert len(vars(comm)) <= comm.MAX_ATTRIBUTES, sorted(vars(comm))
+
+
 @pytest.mark.parametrize("call, error, message", [
     (lambda c: c.all_reduce(np.ones(3), op="avg"), ValueError, "op 'avg' is not one of sum"),
     (lambda c: c.all_reduce(np.ones(3, bool)), TypeError, "dtype bool is not supported"),
