@@ -94,6 +94,7 @@ VERBS_HEADERS = ["tbcoll/rdma/fabric.h"]
 setup(cmdclass={"build_ext": BuildExtAndDieWithParent}, ext_modules=[
     Extension("tbcoll._gate", ["tbcoll/_gate.c"], depends=["tbcoll/include/gate.h"],
               optional=_OPTIONAL),
+    Extension("tbcoll._route", ["tbcoll/_route.c"], optional=_OPTIONAL),
     Extension("tbcoll.shm._atomics", SHM_SOURCES,
               depends=[*_SHARED, *SHM_HEADERS, "tbcoll/include/gate.h"], optional=_OPTIONAL),
     Extension("tbcoll.transports._sockets", TCP_SOURCES,

@@ -33,14 +33,8 @@ import numpy as np
 
 from tbcoll import allocation, routes, tuning, uneven
 from tbcoll.algorithms import ALGORITHM_CODES, ALGORITHMS, COLLECTIVES, function
-from tbcoll.callbacks import checked
 from tbcoll.checks import verify_calls_match
-from tbcoll.collective_base import (
-    KIND_CODES,
-    Call,
-    Collective,
-    Context,
-)
+from tbcoll.collective_base import KIND_CODES, Call, Context
 from tbcoll.collectives import (
     ALL_GATHER,
     ALL_REDUCE,
@@ -55,25 +49,14 @@ from tbcoll.collectives import (
 from tbcoll.dumps import on_failure
 from tbcoll.env import algorithm_overrides, check_mode, record_size, trace_chunk, tracing
 from tbcoll.errors import CommError, CommRevokedError, PeerError, TbcollError, revoked
-from tbcoll.gate import NATIVE, Gate
+from tbcoll.gate import Gate
 from tbcoll.ownership import busy, track
 from tbcoll.point_to_point import MAX_TAG, PointToPoint
 from tbcoll.recorder import call_site, new_trace, trace_full
 from tbcoll.rendezvous import report_peer_failure
 from tbcoll.requests import Progress, Request
-from tbcoll.shm.flags import atomics
 from tbcoll.transports.base import Group
-from tbcoll.wire_check import check_constants
 
-# the collectives a C lane takes, in the order of its kinds (tbcoll/shm/shm.h, whose names
-# for them _atomics exports as LANE_KINDS: checked here)
-LANE_ENTRIES = routes.ROUTED
-if atomics is not None:
-    check_constants(atomics, {"LANE_KINDS": tuple(entry.name for entry in LANE_ENTRIES)},
-                    "tbcoll.comm's LANE_ENTRIES")
-
-_SEND, _RECV = KIND_CODES["send"], KIND_CODES["recv"]
-_MOVES = 1 << len(LANE_ENTRIES)  # a lane's bind: send and recv (bit k: LANE_ENTRIES[k])
 _INT64 = 1 << 63
 # what a call raises of its own, never an interruption (see the module docstring)
 _OWN_ERRORS = (TbcollError, ValueError, TypeError)
@@ -107,118 +90,47 @@ class Communicator(PointToPoint):
         self._closed = False
         self._progress: Progress | None = None  # made by the first non-blocking call
         self._uneven = uneven.Scratch()  # all_gather with counts: its buffers
-        # A transport may offer one-call paths (Native.direct_*), taken for algorithm
-        # "native" unless per-call checks are on, and may take mlx arrays there as they are.
-        native = None if self._check_calls else group.native
-        self._direct = dict.fromkeys(COLLECTIVES)
-        if native is not None and self.size > 1:
-            self._direct.update(all_reduce=native.direct_all_reduce,
-                                all_gather=native.direct_all_gather,
-                                broadcast=native.direct_broadcast,
-                                reduce_scatter=native.direct_reduce_scatter)
-        # the one-call paths where the tuning table takes them, a route's first step
-        # (tbcoll.routes); none under --trace, whose calls take the dispatch, which times them
-        self._quick = {entry: None if tracing() else self._quick_path(entry,
-                                                                      self._direct[entry.name])
-                       for entry in LANE_ENTRIES}
-        self._lane, self._lane_kinds, self._lane_moves = self._bind_lane(native)
+        # what each routed call may take (tbcoll.routes): the transport's lane and direct
+        # paths, where the table takes them; none under --trace (its calls are timed) or
+        # TBCOLL_CHECK (each call is compared first)
+        self._routes = routes.Routes(group=group, size=self.size, fixed=self._ctx.fixed,
+                                     gate=self._gate, named=self._named,
+                                     checks=self._check_calls, traced=tracing(),
+                                     max_tag=MAX_TAG)
         self._bind()
 
     def _bind(self) -> None:
-        """Each routed call's first step (tbcoll.routes), which its method takes before the
-        general path: here, and again after an event that changes them (the first
-        non-blocking call, close)."""
-        steps = routes.first_steps(self)
-        for name in routes.NAMES:
-            setattr(self, f"_first_{name}", steps.get(name))
-
-    def _bind_lane(self, native: Any) -> tuple[Any, frozenset[Collective], bool]:
-        """The transport's C lane (Native.lane, tbcoll.transports.base), bound to this
-        communicator, for the collectives whose one-call path the table takes (up to the
-        table's size: limit()), which it then takes in place of the direct path, and send and
-        recv where it moves messages: the lane, the collectives it took and whether it took
-        send and recv (its bind says). None and none where it has none."""
-        lane = getattr(native, "lane", None)
-        if lane is None or self.size == 1:
-            return None, frozenset(), False
-        served = [k for k, entry in enumerate(LANE_ENTRIES) if self._quick[entry] is not None]
-        # (every error goes to _named, which names a CommError and sees an interruption)
-        checked("named", self._named)  # C calls namer() with (error, what)
-        taken = lane.bind(gate=self._gate,
-                          codes=(*(entry.code for entry in LANE_ENTRIES), _SEND, _RECV, NATIVE),
-                          names=tuple(entry.name for entry in LANE_ENTRIES),
-                          enabled=sum(1 << k for k in served) | _MOVES, max_tag=MAX_TAG,
-                          comm_error=BaseException, namer=WeakMethod(self._named))
-        for k in served:
-            if taken & 1 << k and (limit := self._native_limit(LANE_ENTRIES[k])) is not None:
-                lane.limit(k, limit)
-        return (lane, frozenset(entry for k, entry in enumerate(LANE_ENTRIES) if taken & 1 << k),
-                bool(taken & _MOVES))
-
-    def _native_limit(self, entry: Collective) -> int | None:
-        """The largest x whose call the table takes native (None: every size)."""
-        if self._ctx.fixed[entry.name] is not None:  # TBCOLL_ALGO, or the table, whatever the size
-            return None
-        _, limit = tuning.native_up_to(self._group.tuning, entry.name, self.size)
-        return None if limit is None else limit // (self.size if entry is ALL_GATHER else 1)
-
-    def _quick_path(self, entry: Collective, path: Callable | None) -> Callable | None:
-        """path where the table takes native at every size (shm, mpi), path behind a size
-        check where it takes native up to a size (rdma: its C mesh), else None. A path also
-        returns None for what it does not take; the call then takes the dispatch."""
-        name = entry.name
-        if path is None:
-            return None
-        if (fixed := self._ctx.fixed[name]) is not None:
-            return path if fixed == "native" else None
-        if not tuning.native_up_to(self._group.tuning, name, self.size)[0]:
-            return None
-        if (limit := self._native_limit(entry)) is None:
-            return path
-
-        def up_to_the_tables_limit(x: np.ndarray, op: str | None, root: int,
-                                   out: np.ndarray | None) -> Any:
-            return path(x, op, root, out) if x.nbytes <= limit else None
-
-        return up_to_the_tables_limit
+        """Each routed call's Route (tbcoll.routes), whose call its public method makes
+        (_all_reduce ...): here, and again after an event that changes them (the first
+        non-blocking call, comm.empty's allocations, close). The general paths are held
+        weakly: the routes live in the communicator."""
+        general = {name: _weakly(getattr(self, f"_general_{name}")) for name in routes.NAMES}
+        for name, route in self._routes.bind(self._progress, general).items():
+            setattr(self, f"_{name}", route.call)
 
     # --- collectives: blocking, then non-blocking (each returns a tbcoll.Request) --------
 
     def all_reduce(self, x: Any, op: str = "sum", algorithm: str | None = None,
                    out: np.ndarray | None = None) -> Any:
         """Reduce x elementwise over all ranks with op; every rank gets the result."""
-        if algorithm is None and (first := self._first_all_reduce) is not None and (
-                result := first(x, op, out)) is not None:
-            return result
-        return self._dispatch(ALL_REDUCE.call(self._ctx, x, op, algorithm, out))
+        return self._all_reduce(x, op, algorithm, out)
 
     def all_gather(self, x: Any, algorithm: str | None = None,
                    out: np.ndarray | None = None, counts: Any = None) -> Any:
         """Concatenate every rank's x along axis 0 (a 0-d x gives shape (size,)). With counts
         (the rows of each rank's x, in rank order, the same on every rank: MPI's Allgatherv)
         the parts may differ in size."""
-        if counts is not None:
-            return uneven.all_gather(self, x, counts, algorithm, out, self._uneven)
-        if algorithm is None and (first := self._first_all_gather) is not None and (
-                result := first(x, out)) is not None:
-            return result
-        return self._dispatch(ALL_GATHER.call(self._ctx, x, algorithm, out))
+        return self._all_gather(x, algorithm, out, counts)
 
     def reduce_scatter(self, x: Any, op: str = "sum", algorithm: str | None = None,
                        out: np.ndarray | None = None) -> Any:
         """Reduce x over all ranks and return this rank's block of it along axis 0."""
-        if algorithm is None and (first := self._first_reduce_scatter) is not None and (
-                result := first(x, op, out)) is not None:
-            return result
-        return self._dispatch(REDUCE_SCATTER.call(self._ctx, x, op, algorithm, out))
+        return self._reduce_scatter(x, op, algorithm, out)
 
     def broadcast(self, x: Any, root: int = 0, algorithm: str | None = None,
                   out: np.ndarray | None = None) -> Any:
         """Return root's x on every rank (x gives the shape and dtype on the others)."""
-        if algorithm is None and (first := self._first_broadcast) is not None and (
-                result := first(x, root, out)) is not None:
-            return result
-        return self._dispatch(BROADCAST.call(self._ctx, x, root, algorithm, out))
+        return self._broadcast(x, root, algorithm, out)
 
     def barrier(self) -> None:
         """Return once every rank has entered the barrier."""
@@ -272,7 +184,22 @@ class Communicator(PointToPoint):
                     out: np.ndarray | None = None, recv_counts: Any = None) -> Request:
         return self._submit(ALL_TO_ALL.call(self._ctx, x, counts, algorithm, out, recv_counts))
 
-    # --- the one path of a collective ----------------------------------------------------
+    # --- the general path of a collective --------------------------------------------------
+
+    def _general_all_reduce(self, x: Any, op: str, algorithm: str | None, out: Any) -> Any:
+        return self._dispatch(ALL_REDUCE.call(self._ctx, x, op, algorithm, out))
+
+    def _general_all_gather(self, x: Any, algorithm: str | None, out: Any, counts: Any) -> Any:
+        if counts is not None:
+            return uneven.all_gather(self, x, counts, algorithm, out, self._uneven)
+        return self._dispatch(ALL_GATHER.call(self._ctx, x, algorithm, out))
+
+    def _general_reduce_scatter(self, x: Any, op: str, algorithm: str | None, out: Any) -> Any:
+        return self._dispatch(REDUCE_SCATTER.call(self._ctx, x, op, algorithm, out))
+
+    def _general_broadcast(self, x: Any, root: int, algorithm: str | None, out: Any) -> Any:
+        return self._dispatch(BROADCAST.call(self._ctx, x, root, algorithm, out))
+
 
     def _dispatch(self, call: Call) -> Any:
         """A blocking call: this thread's, after the queued non-blocking ones."""
@@ -304,7 +231,7 @@ class Communicator(PointToPoint):
                 self._record(slot, call)
                 return result
             native = call.algorithm == "native"
-            if native and (path := self._direct[kind.name]) is not None:
+            if native and (path := self._routes.direct.get(kind.name)) is not None:
                 result = (path(call.x, call.op, call.root, call.out) if type(call.x) is np.ndarray
                           else kind.run_direct(ctx, path, call))
                 if result is not None:
@@ -373,7 +300,7 @@ class Communicator(PointToPoint):
             # a dropped communicator's thread ends when it is collected (the thread holds
             # nothing of it between calls)
             self._stop_progress = weakref.finalize(self, self._progress.stop_soon)
-            self._bind()  # (routes: their first steps run after the queue)
+            self._bind()  # (the routes' first steps run after the queue)
         return self._progress
 
     # --- communicators -------------------------------------------------------------------
@@ -442,6 +369,7 @@ class Communicator(PointToPoint):
             buffer = self._group.allocate(nbytes)
         except CommError as e:
             raise self._named(e, "empty") from e
+        self._bind()  # (what the lane takes may have changed: tbcoll.shm.native)
         return buffer.view(kind).reshape(dims)
 
     def algorithms(self, collective: str) -> tuple[str, ...]:
@@ -470,9 +398,7 @@ class Communicator(PointToPoint):
                 self._stop_progress.detach()
                 self._progress.stop()  # what was started finishes first
             self._closed = True
-            self._lane, self._lane_kinds, self._lane_moves = None, frozenset(), False
-            self._direct = dict.fromkeys(self._direct)
-            self._quick = dict.fromkeys(self._quick)
+            self._routes.close()
             self._ctx.close()  # every call goes to its choose, which refuses
             self._bind()
             self._release()
@@ -518,3 +444,13 @@ class Communicator(PointToPoint):
         peers = tuple(self._world_ranks[p] for p in error.peers if 0 <= p < self.size)
         report_peer_failure(message, peers)
         return type(error)(message, peers)
+
+
+def _weakly(method: Callable) -> Callable:
+    """method, holding its object weakly (a route's general path: the route lives in it)."""
+    ref = WeakMethod(method)
+
+    def general(*args: Any) -> Any:
+        return ref()(*args)
+
+    return general

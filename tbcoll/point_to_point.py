@@ -1,10 +1,10 @@
 """The Communicator's point-to-point calls: send, recv, isend and irecv.
 
-A blocking send or recv takes its route's first step (tbcoll.routes: a C lane's move, where
-one is bound), else the group's p2p endpoint under the call gate, after the queued non-blocking
-calls; isend and irecv start on the progress thread (tbcoll.requests). Arguments that need no
-conversion and no check (_plain) skip the full checks, which run otherwise and say what is
-wrong: these calls are on the small-message path.
+A blocking send or recv is one line, its route's call (tbcoll.routes): a C lane's move where
+one is bound, else the general path here, the group's p2p endpoint under the call gate, after
+the queued non-blocking calls; isend and irecv start on the progress thread
+(tbcoll.requests). Arguments that need no conversion and no check (_plain) skip the full
+checks, which run otherwise and say what is wrong: these calls are on the small-message path.
 """
 
 from __future__ import annotations
@@ -27,13 +27,20 @@ _SEND, _RECV = KIND_CODES["send"], KIND_CODES["recv"]
 
 class PointToPoint:
     """The point-to-point part of tbcoll.comm.Communicator (mixed into it). It uses the
-    Communicator's group, gate, progress thread, routes' first steps (_first_send,
-    _first_recv), _claimed, _progress_thread, _named and _interrupted."""
+    Communicator's group, gate, progress thread, routes' calls (_send, _recv), _claimed,
+    _progress_thread, _named and _interrupted."""
 
     def send(self, x: Any, dst: int, tag: int = 0) -> None:
         """Send x to rank dst; returns once x may be reused."""
-        if (first := self._first_send) is not None and first(x, dst, tag) is not None:
-            return
+        self._send(x, dst, tag)
+
+    def recv(self, out_or_like: Any, src: int, tag: int = 0) -> Any:
+        """Receive from rank src into a numpy array (filled in place and returned), or, given
+        an mlx array, into a new mlx array of its shape and dtype."""
+        return self._recv(out_or_like, src, tag)
+
+    def _general_send(self, x: Any, dst: int, tag: int) -> bool:
+        """send's general path (a route's, tbcoll.routes: True, as the lane's send)."""
         if type(x) is np.ndarray and x.flags.c_contiguous and self._plain(x, dst, tag):
             buf = flat(x)
         else:
@@ -41,13 +48,10 @@ class PointToPoint:
             dst, tag = self._check_peer(dst, "dst", tag)
             buf = flat(array) if array.flags.c_contiguous else contiguous_flat(array)
         self._move("send", self._group.p2p.send, buf, dst, tag)
+        return True
 
-    def recv(self, out_or_like: Any, src: int, tag: int = 0) -> Any:
-        """Receive from rank src into a numpy array (filled in place and returned), or, given
-        an mlx array, into a new mlx array of its shape and dtype."""
-        if (first := self._first_recv) is not None and (
-                result := first(out_or_like, src, tag)) is not None:
-            return result
+    def _general_recv(self, out_or_like: Any, src: int, tag: int) -> Any:
+        """recv's general path (a route's, tbcoll.routes)."""
         if (type(out_or_like) is np.ndarray and out_or_like.flags.carray
                 and self._plain(out_or_like, src, tag)):
             self._move("recv", self._group.p2p.recv, flat(out_or_like), src, tag)

@@ -224,20 +224,22 @@ static inline PyObject *one_call_bind(OneCall *c, PyTypeObject *gate_type, PyObj
     return PyLong_FromLong(c->enabled);
 }
 
-/* limit(kind, nbytes): the table's largest x of that kind; the lane keeps its own if less */
+/* limit(kind[, nbytes]): with nbytes, the table's largest x of that kind (the lane keeps its
+ * own if less); the largest x a bound call of kind takes now, which the communicator's route
+ * reads at bind so that a larger call never enters the lane to be refused */
 static inline PyObject *one_call_limit(OneCall *c, PyObject *args)
 {
     int kind;
-    Py_ssize_t nbytes;
-    if (!PyArg_ParseTuple(args, "in:limit", &kind, &nbytes))
+    Py_ssize_t nbytes = -1;
+    if (!PyArg_ParseTuple(args, "i|n:limit", &kind, &nbytes))
         return NULL;
     if (kind < 0 || kind >= LANE_KIND_COUNT) {
         PyErr_SetString(PyExc_ValueError, "limit: bad kind");
         return NULL;
     }
-    if (nbytes < c->largest[kind])
+    if (nbytes >= 0 && nbytes < c->largest[kind])
         c->largest[kind] = nbytes;
-    Py_RETURN_NONE;
+    return PyLong_FromSsize_t(c->largest[kind]);
 }
 
 /* The transport's part of a taken call: x (its view xv) into target (tv), dtype and op

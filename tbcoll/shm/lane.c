@@ -263,23 +263,47 @@ static PyObject *lane_calls(Lane *self, PyObject *args, PyObject *kwargs)
     PyMem_Free(self->broadcast_calls);
     self->broadcast_calls = broadcast_calls;
     self->call.largest[ALL_REDUCE] = self->single_pass = single_pass;
+    for (int k = 0; k < ONE_CALL_KINDS; k++)
+        self->up_to[k] = -1; /* every size, in rounds past one (takes()) */
     Py_XSETREF(self->broadcast_call, Py_NewRef(broadcast_call));
     Py_RETURN_NONE;
 }
 
-/* limit(kind, nbytes): the largest x whose call of that kind takes the one-call path (at
- * most a slot; past it the Python path runs, e.g. a one-copy all_gather) */
+/* limit(kind[, nbytes]): with nbytes, the largest x whose call of that kind takes one round
+ * or one copy (at most a slot; past it, the rounds of takes(), or the Python path); the
+ * largest x a bound call of kind takes now (None: every size), which the communicator's route
+ * reads at bind so that a larger call never enters the lane to be refused */
 static PyObject *lane_limit(Lane *self, PyObject *args)
 {
     int kind;
-    Py_ssize_t nbytes;
-    if (!PyArg_ParseTuple(args, "in:limit", &kind, &nbytes))
+    Py_ssize_t nbytes = -1;
+    if (!PyArg_ParseTuple(args, "i|n:limit", &kind, &nbytes))
         return NULL;
-    if (kind < 0 || kind >= ONE_CALL_KINDS || nbytes < 0 || nbytes > self->slot_bytes) {
+    if (kind < 0 || kind >= ONE_CALL_KINDS || nbytes > self->slot_bytes) {
         PyErr_SetString(PyExc_ValueError, "bad kind, or more bytes than a slot");
         return NULL;
     }
-    self->call.largest[kind] = nbytes;
+    if (nbytes >= 0)
+        self->call.largest[kind] = nbytes;
+    if (self->up_to[kind] < 0 || (self->attached && (kind == ALL_GATHER || kind == BROADCAST)))
+        Py_RETURN_NONE;
+    Py_ssize_t most = self->call.largest[kind];
+    return PyLong_FromSsize_t(self->up_to[kind] > most ? self->up_to[kind] : most);
+}
+
+/* takes(kind, up_to): past one round, a bound call of kind takes x up to up_to bytes in the
+ * segment's rounds (-1: every size); larger ones are the Python path's */
+static PyObject *lane_takes(Lane *self, PyObject *args)
+{
+    int kind;
+    Py_ssize_t up_to;
+    if (!PyArg_ParseTuple(args, "in:takes", &kind, &up_to))
+        return NULL;
+    if (kind < 0 || kind >= ONE_CALL_KINDS) {
+        PyErr_SetString(PyExc_ValueError, "bad kind");
+        return NULL;
+    }
+    self->up_to[kind] = up_to < 0 ? -1 : up_to;
     Py_RETURN_NONE;
 }
 
@@ -326,17 +350,51 @@ static PyObject *lane_bind(Lane *self, PyObject *args, PyObject *kwargs)
 
 /* A bound all_gather or broadcast past its limit copies each block once (one_copy), where
  * attach() says it may and x is not inside the result but as this rank's block of it
- * (all_gather) or the result itself (broadcast) (OneCallBeyond) */
-static int copies_once(void *lane, int kind, const Py_buffer *xv, const Py_buffer *out)
+ * (all_gather) or the result itself (broadcast) */
+static int apart_or_in_place(const Lane *self, int kind, const Py_buffer *xv,
+                             const Py_buffer *out);
+
+static int copies_once(Lane *self, int kind, const Py_buffer *xv, const Py_buffer *out)
 {
-    Lane *self = lane;
     if (!self->attached || (kind != ALL_GATHER && kind != BROADCAST))
         return 0;
-    if (out == NULL)
-        return 1;
+    return out == NULL || apart_or_in_place(self, kind, xv, out);
+}
+
+/* x lies apart from out, or in place: the result itself (all_reduce, broadcast) or this
+ * rank's block of it (all_gather); rounds past the first read x while others write out */
+static int apart_or_in_place(const Lane *self, int kind, const Py_buffer *xv,
+                             const Py_buffer *out)
+{
     const char *x_at = xv->buf, *result = out->buf;
     const char *mine = result + (kind == ALL_GATHER ? self->rank * xv->len : 0);
-    return x_at == mine || x_at >= result + out->len || result >= x_at + xv->len;
+    return (x_at == mine && kind != REDUCE_SCATTER) || x_at >= result + out->len ||
+           result >= x_at + xv->len;
+}
+
+/* A bound call past its limit is taken all the same (OneCallBeyond): its blocks copied once
+ * (copies_once), else in the segment's rounds up to takes()'s size, where x and out are apart
+ * or in place (out NULL: a new result) */
+static int takes_beyond(void *lane, int kind, const Py_buffer *xv, const Py_buffer *out)
+{
+    Lane *self = lane;
+    if (copies_once(self, kind, xv, out))
+        return 1;
+    return (self->up_to[kind] < 0 || xv->len <= self->up_to[kind]) &&
+           (out == NULL || apart_or_in_place(self, kind, xv, out));
+}
+
+/* A call past one round, in the segment's rounds (lane_rounds; a broadcast in place in the
+ * result, where the root copies x first) */
+static int rounds_beyond(Lane *self, Round *r, char *base, uint64_t signature)
+{
+    if (r->kind == BROADCAST) {
+        if (r->root == self->rank && r->src != r->dst)
+            memcpy(r->dst, r->src, (size_t)r->dst_len);
+        r->src = r->dst;
+        r->src_len = r->dst_len;
+    }
+    return lane_rounds(self, r, base, signature);
 }
 
 /* A taken call in the segment: one round, or past the kind's limit its blocks copied once
@@ -381,9 +439,11 @@ static int segment_work(void *lane, int kind, PyObject *x, const Py_buffer *xv,
     Py_buffer segment;
     if (PyObject_GetBuffer(self->segment, &segment, PyBUF_WRITABLE) < 0)
         return -1;
-    int done = xv->len > self->call.largest[kind]
+    int done = xv->len <= self->call.largest[kind]
+                   ? lane_round(self, &r, (char *)segment.buf, signature)
+               : copies_once(self, kind, xv, tv)
                    ? one_copy(self, &r, segment.buf, signature)
-                   : lane_round(self, &r, (char *)segment.buf, signature);
+                   : rounds_beyond(self, &r, (char *)segment.buf, signature);
     PyBuffer_Release(&segment);
     return done < 0 ? -1 : 0;
 }
@@ -394,7 +454,7 @@ static PyObject *one_call(Lane *self, int kind, PyObject *x, PyObject *op_name, 
                           PyObject *out, int guarded)
 {
     return one_call_run_any(&self->call, self, kind, x, op_name, root, out, guarded, NULL,
-                            copies_once, segment_work);
+                            takes_beyond, segment_work);
 }
 
 static int take_root(PyObject *root, long *value)
@@ -466,6 +526,7 @@ static PyMethodDef lane_methods[] = {
     {"rounds", FASTCALL(lane_rounds_method), "A collective of any size in rounds."},
     {"calls", (PyCFunction)(void (*)(void))lane_calls, METH_VARARGS | METH_KEYWORDS, "What the one-call paths take."},
     {"limit", (PyCFunction)lane_limit, METH_VARARGS, "The largest x a kind's path takes."},
+    {"takes", (PyCFunction)lane_takes, METH_VARARGS, "The largest x a kind's rounds take."},
     {"bind", (PyCFunction)(void (*)(void))lane_bind, METH_VARARGS | METH_KEYWORDS, "The communicator whose calls take it."},
     {"streams", (PyCFunction)(void (*)(void))lane_streams, METH_VARARGS | METH_KEYWORDS, "The stream engine's rings, lent."},
     {"attach", (PyCFunction)lane_attach, METH_VARARGS, "Whether large calls copy once."},

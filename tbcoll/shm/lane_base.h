@@ -37,6 +37,10 @@ typedef struct {
      * keeps it): what the one-call paths take (largest: limit()), the communicator whose
      * calls take the lane (enabled: bit k for kind k, ONE_CALL_MOVES for send and recv) */
     OneCall call;
+    /* takes(): past one round (largest), a bound call of kind takes x up to up_to[kind]
+     * bytes in the segment's rounds (lane_rounds); -1: every size (calls()'s), less where
+     * the Python path does better (comm.empty's buffers: tbcoll/shm/native.py) */
+    Py_ssize_t up_to[ONE_CALL_KINDS];
     /* calls(): how they sign a call */
     /* attach(): a larger all_gather or broadcast copies each block once (one_copy) */
     int attached, everyone_dtype, everyone_op; /* on; int64's code, min's (a verdict round) */

@@ -345,6 +345,13 @@ class ShmNative:
         self.lane.limit(atomics.ALL_GATHER,
                         self._gather_one_copy if self._cma or self.heap.used else SLOT)
         self.lane.attach(self._cma and not self.heap.used, (_INT64, _MIN), self._cma_refused)
+        # past one round the lane's rounds take every size, but where comm.empty's buffers
+        # may be copied once (the Python paths above): there the bound calls stop where those
+        # start, and the Communicator's routes, bound again, send larger calls here
+        used = self.heap.used
+        self.lane.takes(atomics.ALL_REDUCE, SLOT if used else -1)
+        self.lane.takes(atomics.ALL_GATHER, self._gather_one_copy if used else -1)
+        self.lane.takes(atomics.BROADCAST, SLOT if used else -1)
 
     def _cma_refused(self) -> None:
         """A cross-memory copy was refused on some rank: the segment's rounds from now on."""
