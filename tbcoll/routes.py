@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
-from types import SimpleNamespace
 from typing import Any
 
 from tbcoll import tuning
@@ -99,25 +98,26 @@ class Route:
                  direct: Callable | None, general: Callable) -> None:
         self.name, self.first, self.largest, self.direct = name, first, largest, direct
         nargs, picks, nones = ARGUMENTS[name]
-        self.call = (Call or python_call)(first=first, general=general, nargs=nargs,
-                                          picks=picks, nones=nones,
-                                          largest=-1 if largest is None else largest).run
+        self.call = (Call or PyCall)(first=first, general=general, nargs=nargs, picks=picks,
+                                     nones=nones, largest=-1 if largest is None else largest).run
 
 
-def python_call(*, first: Callable | None, general: Callable, nargs: int,
-                picks: tuple[int, ...], nones: tuple[int, ...], largest: int) -> Callable:
-    """tbcoll._route.Call's twin, where it is not built (its run)."""
+class PyCall:
+    """tbcoll._route.Call's twin, where it is not built: the same fields and run."""
 
-    def run(*args: Any) -> Any:
-        if first is not None and all(args[i] is None for i in nones) and (
-                largest < 0 or getattr(args[0], "nbytes", largest + 1) <= largest):
-            result = first(*(args[i] for i in picks))
+    def __init__(self, *, first: Callable | None, general: Callable, nargs: int,
+                 picks: tuple[int, ...], nones: tuple[int, ...], largest: int) -> None:
+        self.first, self.largest = first, None if largest < 0 else largest
+        self._general, self._picks, self._nones = general, picks, nones
+
+    def run(self, *args: Any) -> Any:
+        if self.first is not None and all(args[i] is None for i in self._nones) and (
+                self.largest is None
+                or getattr(args[0], "nbytes", self.largest + 1) <= self.largest):
+            result = self.first(*(args[i] for i in self._picks))
             if result is not None:
                 return result
-        return general(*args)
-
-    call = SimpleNamespace(run=run)
-    return call
+        return self._general(*args)
 
 
 class Routes:

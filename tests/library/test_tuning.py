@@ -66,20 +66,25 @@ class _Group:
 
 
 def test_the_one_call_path_is_taken_up_to_the_tables_native_size_and_no_further():
-    """rdma's table takes its C mesh up to 64 KiB: calls up to that take the one-call path
-    without describing the call (comm._quick); larger ones are refused there, so that the
-    dispatch chooses by size (measured on all_gather's output, as the table does)."""
+    """rdma's table takes its C mesh up to 64 KiB: the routes (tbcoll.routes) take the one-call
+    path up to that without describing the call; larger calls go to the general path without
+    entering it, so that the dispatch chooses by size (measured on all_gather's output, as the
+    table does)."""
     import numpy as np
 
-    from tbcoll.collectives import ALL_GATHER, ALL_REDUCE
     from tbcoll.comm import Communicator
+    from tbcoll.routes import NAMES
 
     group = _Group()
     comm = Communicator(group, "rdma", 0, 0)
-    quick_reduce, quick_gather = comm._quick[ALL_REDUCE], comm._quick[ALL_GATHER]
+    general = {name: (lambda *args, name=name: f"general {name}") for name in NAMES}
+    routes = comm._routes.bind(None, general)
+    reduce, gather = routes["all_reduce"], routes["all_gather"]
+    assert (reduce.largest, gather.largest) == (64 << 10, 16 << 10)
     small, large = np.ones(16 << 10, np.float32), np.ones((16 << 10) + 1, np.float32)
-    assert quick_reduce(small, "sum", -1, None) is small
-    assert quick_reduce(large, "sum", -1, None) is None
-    assert quick_gather(np.ones(4 << 10, np.float32), None, -1, None) is not None  # 64 KiB out
-    assert quick_gather(small, None, -1, None) is None  # 256 KiB out: rd's
-    assert group.native.calls == [64 << 10, 16 << 10]
+    assert reduce.call(small, "sum", None, None) is small
+    assert reduce.call(large, "sum", None, None) == "general all_reduce"
+    assert reduce.call(small, "sum", "ring", None) == "general all_reduce"  # algorithm= given
+    assert gather.call(np.ones(4 << 10, np.float32), None, None, None) is not None  # 64 KiB out
+    assert gather.call(small, None, None, None) == "general all_gather"  # 256 KiB out: rd's
+    assert group.native.calls == [64 << 10, 16 << 10]  # (never entered past its size)

@@ -184,7 +184,8 @@ def ran(call, methods=("all_reduce",)):
 def lane_paths(comm):
     from tbcoll.transports._sockets import Lane
     r, p = comm.rank, comm.size
-    assert isinstance(comm._first_all_reduce.__self__, Lane)
+    assert isinstance(comm._routes.lane, Lane)
+    assert comm._all_reduce.__self__.first == comm._routes.lane.all_reduce  # (its route's)
 
     def in_c(call, check):
         # a call seen to run in C alone on every rank, every result checked (a peer later
@@ -225,7 +226,8 @@ def lane_moves(comm):
     # send and recv through the Lane too (one_call_move): a ping-pong whole in C; a sender
     # later than C's wait has the engine finish the receive C began
     r, p = comm.rank, comm.size
-    assert comm._first_send.__self__ is comm._first_recv.__self__ is comm._lane
+    lane = comm._routes.lane
+    assert comm._send.__self__.first == lane.send and comm._recv.__self__.first == lane.recv
     moves = ("send", "recv")
 
     for value in range(20):  # whole in C on both ranks, once at least (a busy machine: again)
