@@ -84,7 +84,7 @@ class Communicator(PointToPoint):
         self._check_calls = check_mode()
         # the lock, the calls in progress, the count and the flight recorder (tbcoll.gate)
         self._gate = Gate(record_size())
-        self._release = track(self, group)
+        self._release = track(self, group, self._gate, self._world_ranks)
         self._trace = new_trace(tracing(), self._world_ranks)  # every call, under --trace
         self._trace_chunk = trace_chunk() if self._trace is not None else 0
         self._closed = False
@@ -435,7 +435,7 @@ class Communicator(PointToPoint):
             self._interrupted(what, error)
             return error
         message = f"{what} on rank {self.rank}: {error}"
-        on_failure(self, message)
+        on_failure(self, self._world_ranks[self.rank], message)
         if isinstance(error, CommRevokedError):
             self._gate.revoke(CommRevokedError, f"rank {self.rank}: {error}")
             return CommRevokedError(message)

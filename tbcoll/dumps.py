@@ -62,9 +62,9 @@ def snapshot(reason: str, failed: Any = None, error: str = "") -> dict[str, Any]
     threads = {t.ident: t for t in threading.enumerate()}
     stacks = sys._current_frames()
     comms = []
-    for comm in live_communicators():
-        gate = comm._gate
-        entry = {"ranks": list(comm._world_ranks), "rank": comm.rank, "size": comm.size,
+    for comm, watched in live_communicators():
+        gate = watched.gate
+        entry = {"ranks": list(watched.world_ranks), "rank": comm.rank, "size": comm.size,
                  "backend": comm.backend, "completed": gate.completed,
                  "calls": [describe(e) for e in gate.calls()],
                  "current": _current(gate, stacks)}
@@ -106,13 +106,12 @@ def send(dump: dict[str, Any], store: Store | None = None) -> None:
 _failure: dict[str, Any] | None = None  # the dump on_failure sent last
 
 
-def on_failure(comm: Any, message: str) -> None:
-    """A call of comm raised: tell tbrun where this rank was (outside a tbrun job there is no
-    one to tell, and no stack is read)."""
+def on_failure(comm: Any, world_rank: int, message: str) -> None:
+    """A call of comm (this rank's world rank: world_rank) raised: tell tbrun where this rank
+    was (outside a tbrun job there is no one to tell, and no stack is read)."""
     global _failure
     if launch_info() is not None:
-        _failure = snapshot(f"rank {comm._world_ranks[comm.rank]} failed: {message}", comm,
-                            message)
+        _failure = snapshot(f"rank {world_rank} failed: {message}", comm, message)
         send(_failure)
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 import weakref
-from typing import Any
+from typing import Any, NamedTuple
 
 from tbcoll.collective_base import KINDS
 from tbcoll.errors import TbcollError
@@ -36,21 +36,31 @@ def busy(rank: int, what: str, gate: Any) -> TbcollError:
         "comm.split for a communicator per thread, or the non-blocking calls)")
 
 
-_live: weakref.WeakSet = weakref.WeakSet()  # every communicator of this process
+class Watched(NamedTuple):
+    """What this module and tbcoll.dumps need of a live communicator, handed in by it (track):
+    its call gate and its ranks' world ranks."""
+
+    gate: Any
+    world_ranks: tuple[int, ...]
 
 
-def track(communicator: Any, group: Any) -> weakref.finalize:
+# every communicator of this process not yet collected, with what it handed in
+_live: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def track(communicator: Any, group: Any, gate: Any, world_ranks: tuple[int, ...]
+          ) -> weakref.finalize:
     """Watch communicator for os.fork() (see _after_fork_in_child), and close its transport
     group when it is collected, unless this is a forked child: a dropped split would
     otherwise keep its shared memory and descriptors (2000 dropped splits, 2000 files: macOS
     allows 256). Calling the result closes the group now, once."""
-    _live.add(communicator)
-    return weakref.finalize(communicator, _release, group, communicator._gate)
+    _live[communicator] = Watched(gate, world_ranks)
+    return weakref.finalize(communicator, _release, group, gate)
 
 
-def live_communicators() -> list[Any]:
-    """Every communicator of this process not yet collected."""
-    return list(_live)
+def live_communicators() -> list[tuple[Any, Watched]]:
+    """Every communicator of this process not yet collected, with its gate and world ranks."""
+    return list(_live.items())
 
 
 def _release(group: Any, gate: Any) -> None:
@@ -61,8 +71,8 @@ def _release(group: Any, gate: Any) -> None:
 def _after_fork_in_child() -> None:
     """Every communicator's calls raise in this child (its gate says why)."""
     parent = os.getppid()
-    for communicator in list(_live):
-        communicator._gate.fork(TbcollError, (
+    for communicator, watched in list(_live.items()):
+        watched.gate.fork(TbcollError, (
             f"this communicator belongs to rank {communicator.rank}, process {parent}; a child "
             f"made by os.fork() (this is process {os.getpid()}) cannot take the rank's place "
             "in collectives: compute in the child and hand results back to the parent, or "

@@ -1,0 +1,131 @@
+"""One Route per (communicator, collective) (tbcoll.routes): a call declines downward once. A
+plain shm all_reduce of any size is one C call from Python (sys.setprofile's 'c_call' events);
+a call past what the lane takes (tcp's past 1 MiB) goes to the general path without entering
+the lane to be refused; and no module of tbcoll reads the Communicator's private attributes."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import tbcoll
+
+from ..conftest import tagged_lines, tbrun
+
+ENTERS_C_ONCE = """
+import sys
+import numpy as np
+import tbcoll
+
+comm = tbcoll.init()
+r, p = comm.rank, comm.size
+SIZES = (8, 1 << 20, 16 << 20)
+
+
+def c_calls(call):
+    '''call's result and the C functions Python called in it (a C function calling another
+    is not seen: what counts is how often Python enters C).'''
+    seen = []
+    # (less the engine's words, which it publishes for C after Python used it: tcp's)
+    sys.setprofile(lambda frame, event, arg: seen.append(getattr(arg, "__qualname__", "?"))
+                   if event == "c_call" and frame.f_code.co_name != "publish_words" else None)
+    try:
+        result = call()
+    finally:
+        sys.setprofile(None)
+    return result, seen[:-1]  # (less sys.setprofile itself)
+
+
+for nbytes in SIZES:
+    x = np.full(nbytes // 8, r + 1.0)
+    want = p * (p + 1) / 2
+    # (a peer later than C's wait has Python wait, or finish the call: then again)
+    for _ in range(20 if comm.backend == "shm" or nbytes <= 1 << 20 else 1):
+        y, seen = c_calls(lambda: comm.all_reduce(x))
+        assert y.shape == x.shape and (y == want).all(), nbytes
+        if comm.all_reduce(np.array(len(seen)), "max") == 1:
+            break
+    print("C", nbytes, len(seen), seen[:3], flush=True)
+
+
+class Recording:
+    '''The lane, recording each call made of it and whether it took the call.'''
+    def __init__(self, lane):
+        self.lane, self.calls = lane, []
+
+    def __getattr__(self, name):
+        method = getattr(self.lane, name)
+        if name != "all_reduce":
+            return method
+
+        def all_reduce(x, op, out):
+            result = method(x, op, out)
+            self.calls.append((x.nbytes, result is not None))
+            return result
+        return all_reduce
+
+
+comm._routes.lane = lane = Recording(comm._routes.lane)
+comm._bind()
+for nbytes in SIZES:
+    x = np.full(nbytes // 8, r + 1.0)
+    assert (comm.all_reduce(x) == p * (p + 1) / 2).all(), nbytes
+print("LANE", lane.calls, flush=True)
+"""
+
+
+@pytest.mark.parametrize("backend", ["shm", "tcp"])
+def test_a_call_enters_c_once_and_never_the_lane_to_be_refused(script, backend):
+    """shm: an 8 B, 1 MiB or 16 MiB all_reduce is one C call from Python, its route's, which
+    runs the lane (the 1 MiB and 16 MiB ones entered C 8 times before: the lane, which refused
+    them, then the gate's enter, begin, count, the rounds, record, end, leave). tcp: up to the
+    lane's 1 MiB one C call too; past it the general path (the gate, the exchanges), never
+    the lane first (which took 16 MiB's to refuse it before)."""
+    p = tbrun("--backend", backend, "-np", 2, "--comm-timeout", 30, script(ENTERS_C_ONCE),
+              timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    for lines in tagged_lines(p.stdout).values():
+        counts = {int(line.split()[1]): int(line.split()[2]) for line in lines
+                  if line.startswith("C ")}
+        lane = next(line for line in lines if line.startswith("LANE"))
+        if backend == "shm":
+            assert counts == {8: 1, 1 << 20: 1, 16 << 20: 1}, lines
+            assert lane == "LANE [(8, True), (1048576, True), (16777216, True)]", lines
+        else:
+            # 1 MiB: the lane, whose exchange the engine finishes past C's wait (tcp_finish);
+            # 16 MiB: the general path (the gate, the halves' exchanges): bounded
+            assert counts[8] == 1 and counts[1 << 20] <= 100 and counts[16 << 20] <= 100, lines
+            assert lane == "LANE [(8, True), (1048576, True)]", lines  # never 16 MiB's
+
+
+PRIVATE_READERS = {"comm", "communicator"}  # names that hold a Communicator outside comm.py
+
+
+def private_reads(tree: ast.AST) -> list[str]:
+    """Reads of a Communicator's private attributes: comm._x, communicator._x, self._comm._x."""
+    found = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Attribute) and node.attr.startswith("_")
+                and not node.attr.startswith("__")):
+            continue
+        owner = node.value
+        if (isinstance(owner, ast.Name) and owner.id in PRIVATE_READERS) or (
+                isinstance(owner, ast.Attribute) and owner.attr == "_comm"):
+            found.append(f"{ast.unparse(node)} (line {node.lineno})")
+    return found
+
+
+def test_no_module_reads_the_communicators_private_attributes():
+    """What a module needs of a Communicator (its gate, its world ranks, its lane) is handed to
+    it (tbcoll.routes.Routes, tbcoll.ownership.track, tbcoll.dumps.on_failure), never read off
+    it: routes.py read seven of its private attributes, dumps.py and ownership.py its gate."""
+    package = Path(tbcoll.__file__).parent
+    offenders = {}
+    for path in sorted(package.rglob("*.py")):
+        if path.name == "comm.py":
+            continue
+        if found := private_reads(ast.parse(path.read_text(), str(path))):
+            offenders[str(path.relative_to(package))] = found
+    assert offenders == {}
+    assert private_reads(ast.parse("comm._gate\nself._comm._lane\ncomm.rank")) == [
+        "comm._gate (line 1)", "self._comm._lane (line 2)"]
