@@ -152,3 +152,12 @@ def test_the_rule_sees_a_wrong_import(module, target):
     mine, part = _layer(module)
     theirs, their_part = _layer(target)
     assert theirs > mine or (theirs == mine and their_part != part)
+
+
+def test_no_source_file_is_over_600_lines():
+    """A file a newcomer reads at one sitting: past 600 lines it holds more than one job."""
+    files = [p for folder in ("tbcoll", "launchers") for pattern in ("*.py", "*.c", "*.h")
+             for p in (REPO / folder).rglob(pattern)]
+    long = {str(p.relative_to(REPO)): n for p in files
+            if (n := len(p.read_text().splitlines())) > 600}
+    assert files and not long, f"over 600 lines: {long}"
