@@ -2,8 +2,8 @@
 
 import pytest
 
-from tbcoll import tuning
-from tbcoll.algorithms import ALGORITHMS
+from tbcoll.collectives import tuning
+from tbcoll.core.names import ALGORITHMS
 
 
 @pytest.mark.parametrize("nbytes, size, tcp, stream", [
@@ -66,14 +66,14 @@ class _Group:
 
 
 def test_the_one_call_path_is_taken_up_to_the_tables_native_size_and_no_further():
-    """rdma's table takes its C mesh up to 64 KiB: the routes (tbcoll.routes) take the one-call
+    """rdma's table takes its C mesh up to 64 KiB: the routes (tbcoll.comm.routes) take the one-call
     path up to that without describing the call; larger calls go to the general path without
     entering it, so that the dispatch chooses by size (measured on all_gather's output, as the
     table does)."""
     import numpy as np
 
-    from tbcoll.comm import Communicator
-    from tbcoll.routes import NAMES
+    from tbcoll.comm.communicator import Communicator
+    from tbcoll.comm.routes import NAMES
 
     group = _Group()
     comm = Communicator(group, "rdma", 0, 0)
