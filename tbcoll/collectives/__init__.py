@@ -33,7 +33,7 @@ from tbcoll.collectives.base import (
     result_of,
     unchanged,
 )
-from tbcoll.core.arrays import contiguous_flat, is_mlx, may_overlap, restorer, same_buffer, to_numpy
+from tbcoll.core.arrays import contiguous_flat, is_mlx, may_overlap, restorer, same_buffer
 from tbcoll.core.calls import signature
 from tbcoll.core.dtypes import DTYPE_CODES, DTYPES, OPS, reducer
 
@@ -48,18 +48,14 @@ class AllReduce(Collective):
 
     def call(self, ctx: Context, x: Any, op: str, algorithm: str | None,
              out: Any) -> Call:
-        # the latency-critical call: as_numpy, plain_out and _choose's common cases inline
-        # (each a function call, 0.1-0.2 us of a 2 us call)
-        if type(x) is np.ndarray and id(x.dtype) in KNOWN_DTYPES:
+        # a plain call (the one admission test, `plain`) needs no conversion and no check
+        if self.plain(x, op, out, ctx.size):
             array, restore = x, unchanged
-            if out is not None and not (type(out) is np.ndarray and out.dtype is x.dtype
-                                        and out.shape == x.shape and out.flags.carray):
-                out = output(x, out, x.shape, x.dtype)
         else:
-            array, restore = to_numpy(x)
+            array, restore = as_numpy(x)
             out = output(x, out, array.shape, array.dtype)
-        if op not in OPS:
-            reducer(op)  # raises, naming the ops
+            if op not in OPS:
+                reducer(op)  # raises, naming the ops
         name = (algorithm is None and ctx.fixed[self.name]
                 or ctx.choose(self.name, array.nbytes, algorithm))
         return Call(self, x, array, out, op, -1, name, restore)

@@ -1,17 +1,19 @@
 """Communicator: the collective API over a transport's Group.
 
-A call takes one path. all_reduce, all_gather, reduce_scatter, broadcast, send and recv first
-take their first step, chosen once (tbcoll.comm.routes: a transport's one-call path, shm's C lane
-where it has one, where the table takes it); else, and for every other call, the general
-path: its registry entry (tbcoll.collectives) checks the arguments where the user called
-(ValueError, TypeError) and describes the call; `_run` then takes the first of a world of
-one, the transport's one-call path, its native collective or the algorithm chosen
-(algorithm=, else TBCOLL_ALGO, else tbcoll.collectives.tuning's table), telling the transport the
-call's signature so that ranks whose calls differ fail (tbcoll.core.calls). A CommError from below
-is raised again naming the collective and this rank. Blocking calls take the communicator for
-their thread (tbcoll.comm.ownership) and wait for queued non-blocking ones; a non-blocking call
-is described at once and queued (tbcoll.comm.requests). send, recv, isend and irecv are
-tbcoll.comm.point_to_point's.
+A call takes one path. The public methods are one line each (mpi4py's shape): all_reduce,
+all_gather, reduce_scatter, broadcast, send and recv call their Route (tbcoll.comm.routes: one
+per collective, built once and again on the events that change it), which takes the
+transport's one-call path (shm's C lane at every size, tcp's up to 1 MiB, a direct path up to
+the table's size) where it may take the call, else the general path (_general_<name>); every
+other call takes the general path. There its registry entry (tbcoll.collectives) checks the
+arguments where the user called (ValueError, TypeError) and describes the call; `_run` then
+takes the first of a world of one, the transport's one-call path, its native collective or
+the algorithm chosen (algorithm=, else TBCOLL_ALGO, else tbcoll.collectives.tuning's table),
+telling the transport the call's signature so that ranks whose calls differ fail
+(tbcoll.core.calls). A CommError from below is raised again naming the collective and this
+rank. Blocking calls take the communicator for their thread (tbcoll.comm.ownership) and wait
+for queued non-blocking ones; a non-blocking call is described at once and queued
+(tbcoll.comm.requests). send, recv, isend and irecv are tbcoll.comm.point_to_point's.
 
 A call interrupted once it may have begun (a KeyboardInterrupt, or any exception of a signal
 handler: anything but tbcoll's errors and the ValueError and TypeError of bad arguments) cannot

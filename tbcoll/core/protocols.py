@@ -89,8 +89,11 @@ class Native(Protocol):
     #   back (the Communicator passes BaseException: it names its CommErrors and sees an
     #   interrupted call, which revokes it). It returns the bits it takes: the
     #   Communicator routes those calls to it (tbcoll.comm.routes), and no others.
-    # - limit(kind, nbytes): the largest x the tuning table takes native for that kind; the
-    #   lane may take less (its own limit), never more.
+    # - limit(kind[, nbytes]): with nbytes, the largest x the tuning table takes native for
+    #   that kind (the lane may take less, its own limit, never more); returns the largest x
+    #   a bound call of that kind takes now (None: every size), which the Communicator's
+    #   route reads when it is made, so that no larger call enters the lane to be refused
+    #   (tbcoll.comm.routes).
     # - all_reduce(x, op, out), all_gather(x, out), reduce_scatter(x, op, out),
     #   broadcast(x, root, out), send(x, dst, tag), recv(out, src, tag), for the bits taken.
     # Whatever the engine must do first or finish (a message held for a peer, a peer late past
