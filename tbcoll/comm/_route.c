@@ -29,6 +29,9 @@ typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
     PyObject *first;        /* the first step, or NULL: none (the general path only) */
+    _PyCFunctionFast fast;  /* first's C function where first is a builtin of METH_FASTCALL
+                               (a lane's method), called straight: NULL otherwise */
+    PyObject *fast_self;    /* its self (first holds it) */
     PyObject *general;      /* the general path, called with the public method's arguments */
     Py_ssize_t nargs;       /* the public method's argument count */
     Py_ssize_t largest;     /* the largest x (bytes) the first step takes; -1: every size */
@@ -70,7 +73,10 @@ static PyObject *call_vectorcall(Call *self, PyObject *const *args, size_t nargs
         PyObject *picked[MOST_ARGS];
         for (int i = 0; i < self->npicks; i++)
             picked[i] = args[self->picks[i]];
-        PyObject *result = PyObject_Vectorcall(self->first, picked, (size_t)self->npicks, NULL);
+        PyObject *result = self->fast != NULL
+                               ? self->fast(self->fast_self, picked, self->npicks)
+                               : PyObject_Vectorcall(self->first, picked, (size_t)self->npicks,
+                                                     NULL);
         if (result != Py_None)
             return result; /* the call's result, or NULL with its error */
         Py_DECREF(result);
@@ -141,6 +147,14 @@ static PyObject *call_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
         return NULL;
     }
     self->first = first == Py_None ? NULL : Py_NewRef(first);
+    /* a lane's method (a builtin of METH_FASTCALL alone, bound): its C function, called
+     * without the vectorcall in between (~20 ns of a 0.3 us shm all_reduce) */
+    if (self->first != NULL && PyCFunction_Check(first) &&
+        (PyCFunction_GET_FLAGS(first) & ~METH_COEXIST) == METH_FASTCALL &&
+        PyCFunction_GET_SELF(first) != NULL) {
+        self->fast = (_PyCFunctionFast)(void (*)(void))PyCFunction_GET_FUNCTION(first);
+        self->fast_self = PyCFunction_GET_SELF(first);
+    }
     self->general = Py_NewRef(general);
     return (PyObject *)self;
 }
