@@ -131,3 +131,44 @@ def test_no_module_reads_the_communicators_private_attributes():
     assert offenders == {}
     assert private_reads(ast.parse("comm._gate\nself._comm._lane\ncomm.rank")) == [
         "comm._gate (line 1)", "self._comm._lane (line 2)"]
+
+
+@pytest.mark.parametrize("kind", ["C", "Python"])
+def test_a_routes_call_takes_its_first_step_only_where_it_may(kind):
+    """tbcoll.comm._route.Call, and its Python twin where it is not built: the first step for
+    a call whose arguments at `nones` are None and whose x is at most `largest` bytes, given
+    the arguments at `picks`; the general path, given every argument as it came, for any other
+    call and where the first step returns None."""
+    import numpy as np
+
+    from tbcoll.comm import routes
+
+    if kind == "C" and routes.Call is None:
+        pytest.skip("tbcoll.comm._route is not built")
+    make = routes.Call if kind == "C" else routes.PyCall
+    firsts = []
+
+    def first(x, op, out):
+        firsts.append(op)
+        return None if op == "none" else "first"
+
+    def general(*args):
+        return ("general", len(args))
+
+    run = make(first=first, general=general, nargs=4, picks=(0, 1, 3), nones=(2,),
+               largest=64).run
+    small, large = np.ones(8), np.ones(9)
+    assert run(small, "sum", None, None) == "first"
+    assert run(large, "sum", None, None) == ("general", 4)  # past largest: first not entered
+    assert run(small, "sum", "ring", None) == ("general", 4)  # algorithm= given
+    assert run(small, "none", None, None) == ("general", 4)  # first declined
+    assert run([1.0], "sum", None, None) == ("general", 4)  # no nbytes: not the lane's
+    assert firsts == ["sum", "none"]
+    every = make(first=first, general=general, nargs=4, picks=(0, 1, 3), nones=(2,),
+                 largest=-1)
+    assert every.largest is None and every.run(large, "max", None, None) == "first"
+    if kind == "C":
+        with pytest.raises(TypeError):
+            routes.Call(first, general, 4, (0,), (), -1)  # keywords only
+        with pytest.raises(ValueError):
+            routes.Call(first=first, general=general, nargs=4, picks=(4,), nones=(), largest=-1)
