@@ -4,16 +4,20 @@
  * Lane(*, segment, flags, size, rank, sets, slot_bytes, budget, resume, pids) is one
  * communicator's segment: the rounds (round(); the protocol is written once, in rounds.c's
  * run_round), the count of rounds done (`rounds`), and, once calls() told it what to check
- * and how to sign each call, one-call paths for small arrays that do in C what the
+ * and how to sign each call, one-call paths for arrays of any size that do in C what the
  * Communicator and the transport do in Python (the contract's one_call_run_any,
  * tbcoll/include/one_call.h, around this file's segment_work): check the arguments, take the
  * communicator's call gate (tbcoll/include/gate.h: its lock, the call in progress), run the
- * round, count the call and put it in the gate's flight recorder. That Python cost ~0.7 us of
- * a 1.4 us 8 B all_reduce, more than the round; MPICH's whole call takes ~1.1 us. A larger
- * all_gather or broadcast copies each block once (one_copy.c, Linux); send and recv are
- * checked and taken, and moved in C (moves.c). Each path returns None, having touched
- * nothing, where the call does not qualify (another array type or dtype, an empty x, an out
- * of another shape, too large, a busy communicator): the Python path then runs, and raises
+ * round (past one round's size, the rounds: lane_rounds, the same cut as the Python path's),
+ * count the call and put it in the gate's flight recorder. That Python cost ~0.7 us of a
+ * 1.4 us 8 B all_reduce, more than the round; MPICH's whole call takes ~1.1 us; a 1 MiB one
+ * entered C eight times. A larger all_gather or broadcast copies each block once (one_copy.c,
+ * Linux); send and recv are checked and taken, and moved in C (moves.c). Once comm.empty's
+ * buffers exist, takes() stops the bound calls where the Python path copies those once, and
+ * limit(kind) says where: the communicator's route reads it and sends larger calls there
+ * without entering the lane. Each path returns None, having touched nothing, where the call
+ * does not qualify (another array type or dtype, an empty x, an out of another shape or
+ * overlapping x past one round, a busy communicator): the Python path then runs, and raises
  * where the call is wrong.
  *
  * Includes: Python.h, tbcoll/include/buffers.h, one_call.h, lane.h, lane_base.h, moves.h,

@@ -1,8 +1,10 @@
 """The shm transport's native collectives: one segment per communicator, flags and slots, and
 every round in one C call (tbcoll/transports/shm/rounds.c, run_round: the protocol is written there
 once; this module drives it and checks at import that both sides agree on the layout). The same
-C object, the lane, also runs a small array's whole call (the Communicator's checks, its
-call gate and flight recorder, the round) where the Communicator binds it (bind_lane).
+C object, the lane, also runs an array's whole call, of any size (the Communicator's checks,
+its call gate and flight recorder, the rounds) where the Communicator binds it
+(tbcoll.comm.routes); past a slot, once comm.empty has made buffers, the paths here take the
+calls instead, and copy those buffers once (_limit_gather says so to the lane: takes()).
 
     segment = header (pids) | one flag line per rank | one notice line per rank | 2 data
               sets | pipes
