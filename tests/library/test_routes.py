@@ -71,6 +71,13 @@ for nbytes in SIZES:
     x = np.full(nbytes // 8, r + 1.0)
     assert (comm.all_reduce(x) == p * (p + 1) / 2).all(), nbytes
 print("LANE", lane.calls, flush=True)
+if comm.backend == "shm":  # comm.empty's buffers: past a slot they are copied once, in Python
+    x, out = comm.empty(1 << 18), comm.empty(1 << 18)  # 2 MiB each
+    x[:] = r + 1.0
+    calls = len(lane.calls)
+    assert (comm.all_reduce(x, out=out) == p * (p + 1) / 2).all()
+    assert (comm.all_reduce(np.full(1 << 10, r + 1.0)) == p * (p + 1) / 2).all()
+    print("EMPTY", comm._all_reduce.__self__.largest, lane.calls[calls:], flush=True)
 """
 
 
@@ -80,7 +87,8 @@ def test_a_call_enters_c_once_and_never_the_lane_to_be_refused(script, backend):
     runs the lane (the 1 MiB and 16 MiB ones entered C 8 times before: the lane, which refused
     them, then the gate's enter, begin, count, the rounds, record, end, leave). tcp: up to the
     lane's 1 MiB one C call too; past it the general path (the gate, the exchanges), never
-    the lane first (which took 16 MiB's to refuse it before)."""
+    the lane first (which took 16 MiB's to refuse it before). Once comm.empty has made shm
+    buffers, their calls past a slot are the Python path's (one copy): the routes know it."""
     p = tbrun("--backend", backend, "-np", 2, "--comm-timeout", 30, script(ENTERS_C_ONCE),
               timeout=120)
     assert p.returncode == 0, p.stdout + p.stderr
@@ -91,6 +99,8 @@ def test_a_call_enters_c_once_and_never_the_lane_to_be_refused(script, backend):
         if backend == "shm":
             assert counts == {8: 1, 1 << 20: 1, 16 << 20: 1}, lines
             assert lane == "LANE [(8, True), (1048576, True), (16777216, True)]", lines
+            # the route, made again, sends the 2 MiB call of comm.empty's buffers past the lane
+            assert "EMPTY 1048576 [(8192, True)]" in lines, lines
         else:
             # 1 MiB: the lane, whose exchange the engine finishes past C's wait (tcp_finish);
             # 16 MiB: the general path (the gate, the halves' exchanges): bounded
