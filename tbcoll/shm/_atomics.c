@@ -25,6 +25,7 @@
 #include "lane.h"
 #include "../include/engine_words.h" /* add_engine_words */
 #include "moves.h" /* add_move_outcomes */
+#include "one_copy.h" /* copy_plan */
 #include "rings.h"
 #include "rounds.h" /* the stages */
 #include "shm.h"
@@ -387,6 +388,7 @@ static PyObject *address(PyObject *Py_UNUSED(self), PyObject *obj)
 static PyMethodDef methods[] = {
     {"address", address, METH_O, "Where a buffer's bytes start in this process."},
     {"cma_copy", cma_copy, METH_VARARGS, "Copy bytes from or to another process (Linux)."},
+    {"copy_plan", copy_plan_py, METH_VARARGS, "The copies a rank makes in a one-copy call."},
     {"set_spin", set_spin, METH_VARARGS, "Set how many seconds a wait spins before yielding."},
     {"load_acquire", load_acquire, METH_VARARGS, "Load the word at offset with acquire order."},
     {"store_release", store_release, METH_VARARGS, "Store value at offset with release order."},
