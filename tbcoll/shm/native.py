@@ -35,6 +35,10 @@ attached_copies; the lane makes such a call's rounds in C too); where a policy f
 copies (Yama's ptrace_scope 1 or more between sibling processes, a seccomp filter) the ranks
 see it in that last round, take the slot rounds from then on, and say nothing: it is only
 slower. TBCOLL_SHM_CMA=0 turns it off.
+The copy schedule (who copies which bytes from or to whom, in which order) is written once,
+in C (one_copy.c's copy_plan): the kernel's copies follow it there, and the copies through
+the mappings here call it (_plan). The rounds around the copies are C's too (copy_once).
+There is no pure-Python path: the shm backend needs its C extension (available()).
 
 When a round's wait runs out of its slice (a slow or gone peer), the C call calls back into
 this module (_resume), which waits in Python, noticing dead ranks, revocation and the

@@ -51,3 +51,39 @@ def test_copy_plan_on_uneven_sizes(size, count, item):
             assert _covered(written + read, nbytes)
     with pytest.raises(ValueError, match="whole elements"):
         atomics.copy_plan(atomics.ALL_REDUCE, 0, 2, -1, 10, 4, False)
+
+
+@needs_c
+def test_the_pull_steps_are_cs_and_take_the_engines_pull_ids():
+    """The pull's steps (tbcoll/shm/moves.c) are what the engine's Python sends too: the
+    announcement takes the peer's next pull id from the engine's words (modulo 2**32), as the
+    lane's own moves do, and packs what framing reads back; the answer says pulled or
+    refused; the copy refuses a view of another size than announced."""
+    import os
+
+    import numpy as np
+
+    from tbcoll.transports.stream.framing import ANNOUNCE, DESCRIPTOR, HEADER, PULLED
+    from tbcoll.transports.stream.words import NEXT_PULL_WORD, PEER_WORDS, WORDS_PER_PEER
+
+    words = np.zeros(PEER_WORDS + 3 * WORDS_PER_PEER, np.uint64)
+    at = PEER_WORDS + 2 * WORDS_PER_PEER + NEXT_PULL_WORD
+    words[at] = 0xFFFFFFFF
+    payload = np.arange(10, dtype=np.float32)
+    pulls = []
+    for _ in range(2):
+        message, pull = atomics.pull_announcement(words, 2, payload, 7, 9, 3, 5)
+        header, descriptor = message[:HEADER.size], message[HEADER.size:]
+        assert HEADER.unpack(header) == (7 | ANNOUNCE, 9, DESCRIPTOR.size, 3, 5)
+        assert DESCRIPTOR.unpack(descriptor) == (atomics.address(payload), 40, pull)
+        pulls.append(pull)
+    assert pulls == [0xFFFFFFFF, 0] and words[at] == 1
+    assert HEADER.unpack(atomics.pull_answer(pulls[0], True)) == (PULLED, pulls[0], 0, 1, 0)
+    assert HEADER.unpack(atomics.pull_answer(5, False)) == (PULLED, 5, 0, 0, 0)
+    into = np.empty(10, np.float32)
+    if atomics.HAVE_CMA:
+        assert atomics.pull_payload(os.getpid(), descriptor, into) == 0
+        assert np.array_equal(into, payload)
+    assert atomics.pull_payload(os.getpid(), descriptor, into[:5]) != 0
+    with pytest.raises(ValueError, match="the engine's words"):
+        atomics.pull_announcement(words, 3, payload, 7, 9, 3, 5)
