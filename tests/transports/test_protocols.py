@@ -87,3 +87,41 @@ def test_the_pull_steps_are_cs_and_take_the_engines_pull_ids():
     assert atomics.pull_payload(os.getpid(), descriptor, into[:5]) != 0
     with pytest.raises(ValueError, match="the engine's words"):
         atomics.pull_announcement(words, 3, payload, 7, 9, 3, 5)
+
+
+# Import the stream engine's framing with wire.h's tag widened to 8 bytes (a copy of the
+# package whose header is edited, as a change of the wire would be): Python follows it.
+WIDER_TAG = r"""
+import pathlib, shutil, sys, tempfile
+import tbcoll
+copy = pathlib.Path(tempfile.mkdtemp()) / "tbcoll"
+shutil.copytree(pathlib.Path(tbcoll.__file__).parent / "include", copy / "include")
+header = copy / "include" / "wire.h"
+text = header.read_text()
+for old, new in [('X(HEADER_TAG, "tag", 4, 4)', 'X(HEADER_TAG, "tag", 4, 8)'),
+                 ('"nbytes", 8, 8) X(HEADER_SEQ, "seq", 16, 8) X(HEADER_CALL, "call", 24, 8)',
+                  '"nbytes", 12, 8) X(HEADER_SEQ, "seq", 20, 8) X(HEADER_CALL, "call", 28, 8)'),
+                 ("0x40000000u", "0x20000000u")]:
+    assert old in text, old
+    text = text.replace(old, new)
+header.write_text(text)
+import tbcoll.wire_check as wire_check
+assert "tbcoll.transports.stream.framing" not in sys.modules
+wire_check.files = lambda name: copy  # where wire_check finds tbcoll's include/
+wire_check.read_wire.cache_clear()
+from tbcoll.transports.stream import framing
+print(framing.HEADER.format, framing.HEADER.size, hex(framing.PULLED), hex(framing.RESENT))
+"""
+
+
+def test_the_framing_is_read_from_wire_h():
+    """Python restates no offset, width or context of the stream's framing: it reads
+    tbcoll/include/wire.h's X-macro lists, which C compiles (a build of another wire.h is
+    refused at import: test_wire.py)."""
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-c", WIDER_TAG], capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == ["!IQQQQ", "36", "0xa0000000", "0xa0000001"]
