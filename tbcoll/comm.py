@@ -55,7 +55,7 @@ from tbcoll.collectives import (
 from tbcoll.dumps import on_failure
 from tbcoll.env import algorithm_overrides, check_mode, record_size, trace_chunk, tracing
 from tbcoll.errors import CommError, CommRevokedError, PeerError, TbcollError, revoked
-from tbcoll.gate import NATIVE, Gate
+from tbcoll.gate import C_GATE, NATIVE, Gate
 from tbcoll.ownership import busy, track
 from tbcoll.point_to_point import MAX_TAG, PointToPoint
 from tbcoll.recorder import call_site, new_trace, trace_full
@@ -139,7 +139,7 @@ class Communicator(PointToPoint):
         recv where it moves messages: the lane, the collectives it took and whether it took
         send and recv (its bind says). None and none where it has none."""
         lane = getattr(native, "lane", None)
-        if lane is None or self.size == 1:
+        if lane is None or self.size == 1 or not C_GATE:  # (a lane drives only C's gate)
             return None, frozenset(), False
         served = [k for k, entry in enumerate(LANE_ENTRIES) if self._quick[entry] is not None]
         # (every error goes to _named, which names a CommError and sees an interruption)

@@ -34,6 +34,9 @@ reads or writes these variables.
 Read by the library as well, set by the user:
 
     TBCOLL_ALGO        force an algorithm: "ring", or per collective "all_reduce=rd,all_gather=mesh"
+    TBCOLL_NO_C        1: run as a build without a compiler would, none of tbcoll's C extensions
+                       imported (c_extension): the engine's Python path for tcp's messages,
+                       numpy's reductions, the Python gate; shm and rdma say they need C
     TBCOLL_CHECK       1: before each collective, check across ranks that the calls agree
     TBCOLL_RECORD      calls each communicator's flight recorder keeps (default 512; 0: off;
                        at most 100000)
@@ -63,9 +66,11 @@ that an unmodified MLX script runs.
 
 from __future__ import annotations
 
+import importlib
 import math
 import os
 from collections.abc import Mapping, Sequence
+from types import ModuleType
 
 from tbcoll.backends import BACKENDS
 from tbcoll.errors import TbcollError
@@ -304,6 +309,21 @@ def tracing(environ: Mapping[str, str] | None = None) -> bool:
     """TBCOLL_TRACE=1 (set by tbrun --trace): keep every call, with its call site."""
     env = os.environ if environ is None else environ
     return env.get("TBCOLL_TRACE", "") == "1"
+
+
+def c_extension(name: str, environ: Mapping[str, str] | None = None) -> ModuleType | None:
+    """tbcoll's C extension `name` (tbcoll._gate, tbcoll.shm._atomics, ...), or None where it
+    was not built or TBCOLL_NO_C=1 asks for what a build without a compiler runs: each
+    protocol's whole pure-Python path, not a mix of C and Python parts."""
+    env = os.environ if environ is None else environ
+    if env.get("TBCOLL_NO_C", "").strip() == "1":
+        return None
+    try:
+        return importlib.import_module(name)
+    except ImportError as e:
+        if e.name != name:  # the extension is there, but something it imports is not
+            raise
+        return None
 
 
 def shm_cma(environ: Mapping[str, str] | None = None) -> bool:

@@ -11,12 +11,10 @@ missing (atomics is None) and the shm backend says so (tbcoll.shm.native.availab
 from __future__ import annotations
 
 from tbcoll.callbacks import check_callbacks
+from tbcoll.env import c_extension
 from tbcoll.wire_check import check_wire
 
-try:
-    from tbcoll.shm import _atomics as atomics
-except ImportError:  # built without a compiler
-    atomics = None
+atomics = c_extension("tbcoll.shm._atomics")  # None: built without a compiler (or TBCOLL_NO_C)
 if atomics is not None:
     check_wire(atomics)
     check_callbacks(atomics, ("one_call", "shm"))

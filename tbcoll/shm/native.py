@@ -147,6 +147,11 @@ class Layout:
         return self.pipes + (source * size + dest) * self.pipe_bytes
 
 
+def built() -> bool:
+    """Whether the shm backend can run here: its C extension, and the C gate it drives."""
+    return atomics is not None and atomics.GATE_ERROR is None
+
+
 def available() -> None:
     """Raise, saying what to do, where the C module was not built."""
     if atomics is None:

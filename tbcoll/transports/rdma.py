@@ -27,7 +27,7 @@ import numpy as np
 from tbcoll.callbacks import check_callbacks, checked
 from tbcoll.calls import mismatch, signature
 from tbcoll.dtypes import DTYPE_CODES, DTYPES, OP_CODES
-from tbcoll.env import LaunchInfo, placement, rdma_settings
+from tbcoll.env import LaunchInfo, c_extension, placement, rdma_settings
 from tbcoll.errors import CommError, PeerLostError, PeerTimeoutError
 from tbcoll.rdma import devices
 from tbcoll.rendezvous import Store
@@ -37,10 +37,7 @@ from tbcoll.transports.stream.turns import SHARED_SLICE, Turns
 from tbcoll.transports.tcp import TcpTransport
 from tbcoll.wire_check import check_wire
 
-try:
-    from tbcoll.rdma import _verbs
-except ImportError:  # built without infiniband/verbs.h
-    _verbs = None
+_verbs = c_extension("tbcoll.rdma._verbs")  # None: built without infiniband/verbs.h
 if _verbs is not None:
     check_wire(_verbs)
     check_callbacks(_verbs, ("one_call", "rdma"))

@@ -22,7 +22,7 @@ import numpy as np
 
 from tbcoll.callbacks import check_callbacks, checked
 from tbcoll.calls import NO_CALL
-from tbcoll.env import LaunchInfo, link_delay, placement
+from tbcoll.env import LaunchInfo, c_extension, link_delay, placement
 from tbcoll.errors import PEER_ENDED, PeerLostError
 from tbcoll.rendezvous import Store
 from tbcoll.transports.delayed import DelayedChannel
@@ -41,10 +41,9 @@ from tbcoll.transports.stream.words import check_words
 from tbcoll.transports.tcp_native import TcpNative
 from tbcoll.wire_check import check_wire
 
-try:
-    from tbcoll.transports import _sockets
-except ImportError:  # built without a compiler: every message takes the engine's Python path
-    _sockets = None
+# None where built without a compiler (or TBCOLL_NO_C=1): every message takes the engine's
+# Python path
+_sockets = c_extension("tbcoll.transports._sockets")
 if _sockets is not None:
     check_wire(_sockets)
     check_words(_sockets)

@@ -20,15 +20,13 @@ import numpy as np
 from tbcoll.callbacks import checked
 from tbcoll.calls import signature
 from tbcoll.dtypes import DTYPE_CODES, DTYPES, OP_CODES, reducer
+from tbcoll.env import c_extension
 from tbcoll.transports.stream import StreamEndpoint
 
 if TYPE_CHECKING:
     from tbcoll.transports.tcp import TcpTransport
 
-try:
-    from tbcoll.transports import _sockets
-except ImportError:  # built without a compiler: numpy reduces
-    _sockets = None
+_sockets = c_extension("tbcoll.transports._sockets")  # None (no compiler): numpy reduces
 
 _TAG = 8  # apart from the algorithms' tags (tbcoll.algorithms)
 _KEEP = 1 << 20  # blocks of this size and more share one buffer (_kept_blocks)

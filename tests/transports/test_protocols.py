@@ -125,3 +125,49 @@ def test_the_framing_is_read_from_wire_h():
                        timeout=60)
     assert p.returncode == 0, p.stderr
     assert p.stdout.split() == ["!IQQQQ", "36", "0xa0000000", "0xa0000001"]
+
+
+# What a build without a compiler runs (TBCOLL_NO_C=1), or one whose call gate alone failed to
+# build (argv[1] "partial"): each protocol's whole Python path, never C's and Python's mixed.
+PURE = """
+import sys
+if sys.argv[1] == "partial":
+    sys.modules["tbcoll._gate"] = None  # as a build whose _gate.c did not compile
+import numpy as np
+import tbcoll
+from tbcoll import gate
+from tbcoll.shm.flags import atomics
+from tbcoll.transports import tcp
+
+comm = tbcoll.init()
+r, n = comm.rank, comm.size
+c_parts = (gate.C_GATE, atomics is not None, tcp._sockets is not None, comm._lane is not None)
+for count in (1, 1000, 300_001):  # (past tcp's whole-message exchange and shm's pull size)
+    def part(k):
+        return np.arange(count, dtype=np.float32) + 1000 * k
+    assert np.array_equal(comm.all_reduce(part(r)), sum(part(k) for k in range(n))), count
+    assert np.array_equal(comm.all_gather(part(r)), np.concatenate([part(k) for k in range(n)]))
+    request = comm.isend(part(r), (r + 1) % n, tag=3)
+    assert np.array_equal(comm.recv(np.empty(count, np.float32), (r - 1) % n, tag=3),
+                          part((r - 1) % n))
+    request.wait()
+print(comm.backend, *c_parts, flush=True)
+"""
+
+
+@pytest.mark.parametrize(("backend", "how", "expect"), [
+    ("tcp", "no_c", "tcp False False False False"),
+    ("auto", "no_c", "tcp False False False False"),  # one host, but shm needs C: tcp
+    ("auto", "partial", "tcp False True True False"),  # no C gate: no lane bound
+])
+def test_the_pure_python_paths_run_whole(script, backend, how, expect):
+    import os
+    import sys
+
+    from ..conftest import tagged_lines, tbrun
+
+    env = {**os.environ, "TBCOLL_NO_C": "1" if how == "no_c" else "0"}
+    p = tbrun("-np", 3, "--backend", backend, "--comm-timeout", 30, sys.executable,
+              script(PURE), how, env=env, timeout=120)
+    assert p.returncode == 0, p.stderr + p.stdout
+    assert tagged_lines(p.stdout) == {rank: [expect] for rank in range(3)}, p.stdout
