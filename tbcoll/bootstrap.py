@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import itertools
 
-from tbcoll.backends import BACKENDS, TRANSPORTS
-from tbcoll.comm import Communicator
-from tbcoll.dumps import start_listening
-from tbcoll.env import (
+from tbcoll.comm.communicator import Communicator
+from tbcoll.core.backends import BACKENDS, TRANSPORTS
+from tbcoll.core.errors import TbcollError
+from tbcoll.job.env import (
     launch_info,
     single_host,
     started_by_mpiexec,
     unlaunched_slurm_task,
 )
-from tbcoll.errors import TbcollError
-from tbcoll.shm.native import built as shm_built
+from tbcoll.observability.dumps import start_listening
 from tbcoll.transports import open_world
+from tbcoll.transports.shm.native import built as shm_built
 
 _opened = itertools.count()  # store keys of each init() in a process stay apart
 
@@ -42,5 +42,5 @@ def init(backend: str | None = None) -> Communicator:
         raise ValueError(f"backend {backend!r} is not one of {', '.join(BACKENDS)}")
     group, local_rank, node_rank = open_world(backend, info, f"{backend}/{next(_opened)}")
     world = Communicator(group, backend, local_rank, node_rank)
-    start_listening(info)  # for tbrun's requests of dumps (tbcoll.dumps)
+    start_listening(info)  # for tbrun's requests of dumps (tbcoll.observability.dumps)
     return world

@@ -3,9 +3,9 @@ one description that both read, so that the two sides cannot drift (issue 47, it
 
 import pytest
 
-from tbcoll.shm.flags import atomics
+from tbcoll.transports.shm.flags import atomics
 
-needs_c = pytest.mark.skipif(atomics is None, reason="tbcoll.shm._atomics was not built")
+needs_c = pytest.mark.skipif(atomics is None, reason="tbcoll.transports.shm._atomics was not built")
 
 
 def _covered(steps: list[tuple[int, int]], nbytes: int) -> bool:
@@ -63,7 +63,7 @@ def test_the_pull_steps_are_cs_and_take_the_engines_pull_ids():
 
     import numpy as np
 
-    from tbcoll.transports.stream.framing import ANNOUNCE, DESCRIPTOR, HEADER, PULLED
+    from tbcoll.core.framing import ANNOUNCE, DESCRIPTOR, HEADER, PULLED
     from tbcoll.transports.stream.words import NEXT_PULL_WORD, PEER_WORDS, WORDS_PER_PEER
 
     words = np.zeros(PEER_WORDS + 3 * WORDS_PER_PEER, np.uint64)
@@ -105,11 +105,11 @@ for old, new in [('X(HEADER_TAG, "tag", 4, 4)', 'X(HEADER_TAG, "tag", 4, 8)'),
     assert old in text, old
     text = text.replace(old, new)
 header.write_text(text)
-import tbcoll.wire_check as wire_check
-assert "tbcoll.transports.stream.framing" not in sys.modules
+import tbcoll.core.wire_check as wire_check
+assert "tbcoll.core.framing" not in sys.modules
 wire_check.files = lambda name: copy  # where wire_check finds tbcoll's include/
 wire_check.read_wire.cache_clear()
-from tbcoll.transports.stream import framing
+from tbcoll.core import framing
 print(framing.HEADER.format, framing.HEADER.size, hex(framing.PULLED), hex(framing.RESENT))
 """
 
@@ -132,12 +132,12 @@ def test_the_framing_is_read_from_wire_h():
 PURE = """
 import sys
 if sys.argv[1] == "partial":
-    sys.modules["tbcoll._gate"] = None  # as a build whose _gate.c did not compile
+    sys.modules["tbcoll.core._gate"] = None  # as a build whose _gate.c did not compile
 import numpy as np
 import tbcoll
-from tbcoll import gate
-from tbcoll.shm.flags import atomics
-from tbcoll.transports import tcp
+from tbcoll.core import gate
+from tbcoll.transports.shm.flags import atomics
+from tbcoll.transports.tcp import transport as tcp
 
 comm = tbcoll.init()
 r, n = comm.rank, comm.size

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tbcoll.transports.stream.framing import DESCRIPTOR, RESENT, bytes_of
+from tbcoll.core.framing import DESCRIPTOR, RESENT, bytes_of
 from tbcoll.transports.stream.peers import Announced, Peer, Recv, Send
 
 
