@@ -15,39 +15,45 @@ than Python writes, without a word, so it fails to import instead, naming what d
 
 from __future__ import annotations
 
-import ast
 import re
 from functools import cache
-from importlib.resources import files
+from operator import add, or_
+from pathlib import Path
 from types import ModuleType
 
 from tbcoll.core.dtypes import DTYPES, OPS
 
+INCLUDE = Path(__file__).resolve().parents[1] / "include"  # the installed C contract
 _DEFINE = re.compile(r"^#define\s+(\w+)(\(X\))?[ \t]+((?:.*\\\n)*.*)$", re.MULTILINE)
 _ITEM = re.compile(r"X\(([^()]*(?:\([^()]*\)[^()]*)*)\)")
 _COMMENT = re.compile(r"/\*.*?\*/", re.DOTALL)
 _UNSIGNED = re.compile(r"\b(0[xX][0-9a-fA-F]+|\d+)[uU]\b")
-_OPERATORS = {ast.BitOr: int.__or__, ast.Add: int.__add__, ast.LShift: int.__lshift__}
 
 
 def _value(expression: str, defines: dict[str, str]) -> int:
-    """An integer constant of wire.h (literals, names it defines, |, + and <<)."""
-    def evaluate(node: ast.AST) -> int:
-        if isinstance(node, ast.Constant) and isinstance(node.value, int):
-            return node.value
-        if isinstance(node, ast.Name) and node.id in defines:
-            return _value(defines[node.id], defines)
-        if isinstance(node, ast.BinOp) and type(node.op) in _OPERATORS:
-            return _OPERATORS[type(node.op)](evaluate(node.left), evaluate(node.right))
-        raise WireMismatch(f"tbcoll/include/wire.h: cannot read {expression!r} as a constant")
-    return evaluate(ast.parse(_UNSIGNED.sub(r"\1", expression.strip()), mode="eval").body)
+    """An integer constant of wire.h: a literal, a name it defines, or two of them joined by |
+    or + (in parentheses or not). (No ast: this runs at every rank's import.)"""
+    text = _UNSIGNED.sub(r"\1", expression).strip()
+    while text.startswith("(") and text.endswith(")"):
+        text = text[1:-1].strip()
+    for sign, join in (("|", or_), ("+", add)):
+        left, found, right = text.rpartition(sign)
+        if found:
+            return join(_value(left, defines), _value(right, defines))
+    if text in defines:
+        return _value(defines[text], defines)
+    try:
+        return int(text, 0)
+    except ValueError:
+        raise WireMismatch(f"tbcoll/include/wire.h: cannot read {expression!r} as a constant "
+                           "(literals, its names, | and +)") from None
 
 
 @cache
 def read_wire() -> dict[str, object]:
     """wire.h's framing: header and descriptor as ((name, offset, bytes), ...), contexts as
     {name: value}, pull_ids, read from the installed header (its X-macro lists)."""
-    text = _COMMENT.sub(" ", (files("tbcoll") / "include" / "wire.h").read_text())
+    text = _COMMENT.sub(" ", (INCLUDE / "wire.h").read_text())
     lists = {name: body.replace("\\\n", " ") for name, x, body in _DEFINE.findall(text) if x}
     defines = {name: body for name, x, body in _DEFINE.findall(text) if not x}
 

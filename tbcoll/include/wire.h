@@ -5,7 +5,7 @@
  * - the stream engine's message header and a pulled message's descriptor, and the contexts
  *   of the engine's own messages: written here alone. Python reads these lists from this file
  *   (tbcoll.core.wire_check.read_wire: keep each X(...) on the lines of its #define, its values
- *   literals or this file's names joined by |, + or <<), and tbcoll/core/framing.py packs
+ *   literals or this file's names, two joined by | or +), and tbcoll/core/framing.py packs
  *   what they say; shm's moves.c, rings.c and _atomics.c and tcp's exchange.c write, read or
  *   compare them here.
  * Each extension exports this description as its module's WIRE (add_wire, wire_export.h) and

@@ -107,7 +107,7 @@ for old, new in [('X(HEADER_TAG, "tag", 4, 4)', 'X(HEADER_TAG, "tag", 4, 8)'),
 header.write_text(text)
 import tbcoll.core.wire_check as wire_check
 assert "tbcoll.core.framing" not in sys.modules
-wire_check.files = lambda name: copy  # where wire_check finds tbcoll's include/
+wire_check.INCLUDE = copy / "include"  # where wire_check finds wire.h
 wire_check.read_wire.cache_clear()
 from tbcoll.core import framing
 print(framing.HEADER.format, framing.HEADER.size, hex(framing.PULLED), hex(framing.RESENT))
