@@ -55,7 +55,7 @@ from tbcoll.collectives import ALL_GATHER, ALL_REDUCE, BROADCAST, ENTRIES, REDUC
 from tbcoll.collectives.base import Collective
 from tbcoll.core.callbacks import checked
 from tbcoll.core.errors import CommError
-from tbcoll.core.gate import NATIVE
+from tbcoll.core.gate import C_GATE, NATIVE
 from tbcoll.core.names import KIND_CODES, LANE_KINDS
 
 try:
@@ -158,7 +158,7 @@ class Routes:
         is told: limit()), and send and recv where it moves messages: the lane, the
         collectives it took and whether it took send and recv (its bind says)."""
         lane = getattr(native, "lane", None)
-        if lane is None:
+        if lane is None or not C_GATE:  # (a lane drives only C's gate)
             return None, frozenset(), False
         served = [k for k, entry in enumerate(ROUTED) if entry in self._quick]
         # (every error goes to the namer, which names a CommError and sees an interruption)

@@ -447,12 +447,12 @@ def test_numpy_ints_name_the_peer_and_tag(script):
 CHANGED_WORDS = """
 import tbcoll.{module} as built
 built.PULLS <<= 1  # as a build of another engine_words.h would say
-import tbcoll.transports.{transport}.transport
+import tbcoll.transports.{transport}
 """
 
 
-@pytest.mark.parametrize("module, transport", [("transports.shm._atomics", "shm"),
-                                               ("transports.tcp._sockets", "tcp")])
+@pytest.mark.parametrize("module, transport", [("transports.shm._atomics", "shm.transport"),
+                                               ("transports.tcp._sockets", "tcp.transport")])
 def test_a_build_with_other_engine_words_is_refused_at_import(module, transport):
     """The engine's words are laid out in each extension as in tbcoll.transports.stream.words,
     or the transport's import says so."""
