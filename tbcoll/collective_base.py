@@ -1,21 +1,23 @@
-"""What a collective's registry entry is (tbcoll.collectives holds the entries): the Collective
-base class an entry fills in, the Call it makes of a public call, the Context through which it
-sees its communicator, the gate's numbering of every kind of call (KINDS), and the checks and
-buffer helpers the entries, the Communicator and the routes share.
+"""What a collective's descriptor is (tbcoll.collectives holds them, one file each): the
+Collective base class a descriptor fills in, the Call it makes of a public call, the Context
+through which it sees its communicator, the registry (register: the gate's numbering of every
+kind of call, KINDS, and each collective's algorithms and default rules), and the checks and
+buffer helpers the descriptors, the Communicator and the routes share.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import zlib
+from collections.abc import Callable, Iterable
 from typing import Any
 from weakref import WeakMethod
 
 import numpy as np
 
 from tbcoll import tuning
-from tbcoll.algorithms import ALGORITHMS, COLLECTIVES
+from tbcoll.algorithms import BUILT_IN, COLLECTIVES, NAMES, function
 from tbcoll.arrays import is_mlx, to_numpy
-from tbcoll.calls import signature
+from tbcoll.calls import FIELDS, signature
 from tbcoll.dtypes import DTYPE_CODES
 from tbcoll.errors import TbcollError
 
@@ -29,7 +31,7 @@ class Context:
     _run held weakly: a context is kept by the communicator) and closes it."""
 
     __slots__ = ("rank", "size", "native", "coll", "takes_mlx", "fixed", "backend", "closed",
-                 "_table", "_run")
+                 "agreed", "_table", "_run")
 
     def __init__(self, group: Any, backend: str, run: Callable[[Call], Any]) -> None:
         self.rank, self.size, self.backend = group.rank, group.size, backend
@@ -38,6 +40,7 @@ class Context:
         self._table, self._run = group.tuning, WeakMethod(run)
         self.fixed: dict[str, str | None] = dict.fromkeys(COLLECTIVES)
         self.closed = False
+        self.agreed = False  # the ranks' registries were compared (Communicator.collective)
 
     def fix(self, overrides: dict[str, str]) -> None:
         """The algorithm of each collective where it does not depend on the size: TBCOLL_ALGO's
@@ -63,8 +66,8 @@ class Context:
         if algorithm is not None:
             self.check_algorithm(collective, algorithm, "algorithm")
             return algorithm
-        return self.fixed[collective] or tuning.choose(self._table, collective, nbytes,
-                                                       self.size)
+        return self.fixed.get(collective) or tuning.choose(self._table, collective, nbytes,
+                                                           self.size)
 
     def check_algorithm(self, collective: str, algorithm: str, where: str) -> None:
         allowed = ALGORITHMS[collective]
@@ -100,11 +103,13 @@ def unchanged(result: np.ndarray) -> np.ndarray:
 # id costs a fraction of hashing a dtype (~0.15 us), on the latency-critical path
 KNOWN_DTYPES = frozenset(id(dtype) for dtype in DTYPE_CODES)
 
-# what a communicator's calls are, as its call gate (tbcoll.gate) numbers them: the
-# collectives (in tbcoll.algorithms' order; an entry's `code`), then the calls that are not
-# collectives
-KINDS = (*COLLECTIVES, "send", "recv", "split", "empty", "isend", "irecv")
+# what a communicator's calls are, as its call gate (tbcoll.gate) numbers them: the built-in
+# collectives (in tbcoll.algorithms' order; a descriptor's `code`), the calls that are not
+# collectives, then the registered collectives in their order (register)
+KINDS: list[str] = [*BUILT_IN, "send", "recv", "split", "empty", "isend", "irecv"]
 KIND_CODES = {name: code for code, name in enumerate(KINDS)}
+DESCRIPTORS: dict[str, Collective] = {}  # by name, in registration order
+ALGORITHMS: dict[str, tuple[str, ...]] = {}  # each collective's algorithms (its descriptor's)
 
 
 def as_numpy(x: Any) -> tuple[np.ndarray, Callable[[np.ndarray], Any]]:
@@ -161,14 +166,30 @@ def gathered_shape(array: np.ndarray, size: int) -> tuple[int, ...]:
 
 
 class Collective:
-    """A registry entry; see the module docstring. The defaults suit a collective of one
-    input array and one result."""
+    """A collective's descriptor, everything about it in one place (its file in
+    tbcoll/collectives/): the name; its argument checks and result shape (`call`, `prepare`,
+    `finish`); the algorithms it may run (names of tbcoll.algorithms.NAMES; "native" where a
+    transport does it itself) and, for each, its implementation over P2P (`implementation`:
+    the reference every transport can run); its default tuning rules (tbcoll.tuning: a
+    transport's table may say otherwise); its benchmark descriptor (`bench`, nccl-tests'
+    shape, tbcoll.collectives.bench; None: not benchmarked); and its test parameters (`cases`:
+    each rank's inputs and expected results, which tests/spmd runs on every transport). The
+    defaults suit a collective of one input array and one result."""
 
     name = ""
-    code = -1  # the collective's KIND_CODES code, as the call gate records it
+    code = -1  # the collective's KIND_CODES code, as the call gate records it (register)
+    algorithms: tuple[str, ...] = ()
+    rules: list[tuning.Rule] = []
+    bench: Any = None
 
-    def __init_subclass__(cls) -> None:
-        cls.code = KIND_CODES[cls.name]
+    def implementation(self, algorithm: str) -> Callable:
+        """The function over P2P that runs this collective with algorithm (not "native"):
+        by default the algorithm module's function of the collective's name."""
+        return function(self.name, algorithm)
+
+    def cases(self, rank: int, size: int) -> Iterable[Any]:
+        """The test parameters (tbcoll.collectives.cases.Case) for this rank of size ranks."""
+        return ()
 
     def plain(self, x: Any, arg: Any, out: Any, size: int) -> bool:
         """x (a numpy array of a known dtype), arg (op or root) and out (None, or a numpy array
@@ -208,3 +229,52 @@ class Collective:
 
     def finish(self, ctx: Context, call: Call) -> Any:
         return call.restore(call.state)
+
+
+def register(descriptor: Collective) -> Collective:
+    """Add a collective: its name gets the next code (in the calls' signatures, the call gate,
+    TBCOLL_CHECK), so every rank must register the same descriptors in the same order, before
+    it calls any of them (check_registries compares them at the first call). Registering the
+    same descriptor again changes nothing."""
+    name = descriptor.name
+    if (known := DESCRIPTORS.get(name)) is not None:
+        if known is descriptor or (type(known).__module__, type(known).__qualname__) == (
+                type(descriptor).__module__, type(descriptor).__qualname__):
+            return known
+        raise ValueError(f"a collective named {name!r} is registered already")
+    if not name.isidentifier() or name.startswith("_") or (name in KINDS
+                                                           and name not in BUILT_IN):
+        raise ValueError(f"collective name {name!r} must be an identifier, not one of the "
+                         f"communicator's calls ({', '.join(KINDS)})")
+    if unknown := [a for a in descriptor.algorithms if a not in NAMES]:
+        raise ValueError(f"collective {name!r}: algorithms {unknown} are not algorithm names "
+                         f"({', '.join(NAMES)})")
+    if not descriptor.rules or descriptor.rules[-1][:2] != (None, None):
+        raise ValueError(f"collective {name!r}: its rules must end with a catch-all rule "
+                         "(None, None, algorithm)")
+    if name not in BUILT_IN:
+        _, bits = FIELDS["collective"]
+        if len(COLLECTIVES) + 1 >= 1 << bits:
+            raise ValueError(f"no room for collective {name!r}: the calls' signature numbers "
+                             f"{(1 << bits) - 1} collectives ({bits} bits), all taken")
+        COLLECTIVES.append(name)
+        KINDS.append(name)
+        KIND_CODES[name] = len(KINDS) - 1
+    descriptor.code = KIND_CODES[name]
+    ALGORITHMS[name] = tuple(descriptor.algorithms)
+    tuning.DEFAULTS[name] = list(descriptor.rules)
+    DESCRIPTORS[name] = descriptor
+    return descriptor
+
+
+def registry_digest() -> int:
+    """The registered collectives' names in order, as a number that ranks can compare."""
+    return zlib.crc32(",".join(COLLECTIVES[len(BUILT_IN):]).encode())
+
+
+def registered_mismatch() -> str:
+    """The error for ranks whose registries differ."""
+    mine = ", ".join(COLLECTIVES[len(BUILT_IN):]) or "none"
+    return (f"the ranks registered different collectives, or in another order (this rank: "
+            f"{mine}); register the same descriptors in the same order on every rank, "
+            "before calling any of them")
