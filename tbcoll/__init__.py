@@ -16,6 +16,8 @@ _HOMES = {
     "Store": "tbcoll.rendezvous",
     "Request": "tbcoll.requests",
     "wait_all": "tbcoll.requests",
+    "register_collective": "tbcoll.collectives",
+    "register_transport": "tbcoll.backends",
     **dict.fromkeys(("AuthenticationError", "CommError", "CommRevokedError", "HostfileError",
                      "LaunchError", "PeerError", "PeerLostError", "PeerTimeoutError",
                      "RendezvousError", "TbcollError"), "tbcoll.errors"),
