@@ -11,7 +11,8 @@ signature so that ranks whose calls differ fail (tbcoll.calls). A CommError from
 raised again naming the collective and this rank. Blocking calls take the communicator for
 their thread (tbcoll.ownership) and wait for queued non-blocking ones; a non-blocking call
 is described at once and queued (tbcoll.requests). send, recv, isend and irecv are
-tbcoll.point_to_point's.
+tbcoll.point_to_point's. A registered collective (tbcoll.register_collective) is
+`collective(name, ...)`, also `comm.<name>(...)`: its descriptor's call, then the general path.
 
 A call interrupted once it may have begun (a KeyboardInterrupt, or any exception of a signal
 handler: anything but tbcoll's errors and the ValueError and TypeError of bad arguments) cannot
