@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import itertools
 
-from tbcoll.comm import Communicator
-from tbcoll.dumps import start_listening
-from tbcoll.env import (
+from tbcoll.comm.communicator import Communicator
+from tbcoll.core.errors import TbcollError
+from tbcoll.job.env import (
     launch_info,
     single_host,
     started_by_mpiexec,
     unlaunched_slurm_task,
 )
-from tbcoll.errors import TbcollError
+from tbcoll.observability.dumps import start_listening
 from tbcoll.transports import open_world
 
 _opened = itertools.count()  # store keys of each init() in a process stay apart
@@ -23,7 +23,7 @@ def init(backend: str | None = None) -> Communicator:
 
     backend None: TBCOLL_BACKEND under tbrun (auto: shm when every rank is on one host, else
     tcp), mpi under mpiexec, and a communicator of one rank when the script runs on its own.
-    A backend that is not built in joins by name (tbcoll.backends: register_transport, an
+    A backend that is not built in joins by name (tbcoll.core.backends: register_transport, an
     entry point, TBCOLL_TRANSPORT_MODULE); an unknown name is a ValueError.
     """
     info = launch_info()
@@ -35,5 +35,5 @@ def init(backend: str | None = None) -> Communicator:
         backend = "shm" if info is None or single_host(info) else "tcp"
     group, local_rank, node_rank = open_world(backend, info, f"{backend}/{next(_opened)}")
     world = Communicator(group, backend, local_rank, node_rank)
-    start_listening(info)  # for tbrun's requests of dumps (tbcoll.dumps)
+    start_listening(info)  # for tbrun's requests of dumps (tbcoll.observability.dumps)
     return world

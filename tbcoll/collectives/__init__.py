@@ -1,9 +1,10 @@
-"""The collectives: one descriptor each, one file each (tbcoll.collective_base.Collective says
+"""The collectives: one descriptor each, one file each (tbcoll.collectives.base.Collective says
 what a descriptor holds), and the hook that registers more.
 
 A descriptor is what a call of its collective needs of the Communicator's one dispatch
-(tbcoll.comm.Communicator._run); it sees its communicator only through a Context: rank and
-size, the transport's native and coll, the algorithm's choice, a nested call. Its `call` checks
+(tbcoll.comm.communicator.Communicator._run); it sees its communicator only through a
+Context: rank and size, the transport's native and coll, the algorithm's choice, a nested
+call. Its `call` checks
 a public call's arguments where the user made it and returns a Call (the input as numpy, where
 the result goes, op, root, the algorithm chosen). The dispatch then takes the first that
 applies of: a world of one (`alone`), the transport's one-call path (built-ins only), its native
@@ -23,11 +24,11 @@ from __future__ import annotations
 
 from importlib.metadata import entry_points
 
-from tbcoll.collective_base import ALGORITHMS, DESCRIPTORS, Collective, register
 from tbcoll.collectives.all_gather import ALL_GATHER
 from tbcoll.collectives.all_reduce import ALL_REDUCE
 from tbcoll.collectives.all_to_all import ALL_TO_ALL
 from tbcoll.collectives.barrier import BARRIER
+from tbcoll.collectives.base import ALGORITHMS, DESCRIPTORS, Collective, register
 from tbcoll.collectives.broadcast import BROADCAST
 from tbcoll.collectives.gather import GATHER
 from tbcoll.collectives.reduce import REDUCE
@@ -47,13 +48,13 @@ __all__ = ["ALGORITHMS", "ALL_GATHER", "ALL_REDUCE", "ALL_TO_ALL", "BARRIER", "B
 
 
 def register_collective(descriptor: Collective) -> Collective:
-    """Add a collective (a tbcoll.collective_base.Collective instance) to every communicator:
+    """Add a collective (a tbcoll.collectives.base.Collective instance) to every communicator:
     `comm.<name>(...)` and `comm.collective(name, ...)` run it. Register the same descriptors
     in the same order on every rank (each gets the next code of the calls' signatures), before
     calling any of them; the first call compares the ranks' registries and raises where they
     differ. Registering the same descriptor again changes nothing."""
     if not isinstance(descriptor, Collective):
-        raise TypeError(f"register_collective takes a tbcoll.collective_base.Collective "
+        raise TypeError(f"register_collective takes a tbcoll.collectives.base.Collective "
                         f"instance, got {type(descriptor).__name__}")
     return register(descriptor)
 

@@ -8,8 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from tbcoll.arrays import contiguous_flat, may_overlap
-from tbcoll.collective_base import (
+from tbcoll.collectives import cases as params
+from tbcoll.collectives.base import (
     KNOWN_DTYPES,
     Call,
     Collective,
@@ -21,9 +21,9 @@ from tbcoll.collective_base import (
     plain_out,
     result_of,
 )
-from tbcoll.collectives import cases as params
 from tbcoll.collectives.bench import Benchmark, count, values
-from tbcoll.tuning import STREAM
+from tbcoll.collectives.tuning import STREAM
+from tbcoll.core.arrays import contiguous_flat, may_overlap
 
 
 class AllGather(Collective):

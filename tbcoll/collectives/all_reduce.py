@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from tbcoll.arrays import contiguous_flat, may_overlap, same_buffer, to_numpy
-from tbcoll.collective_base import (
+from tbcoll.collectives import cases as params
+from tbcoll.collectives.base import (
     KNOWN_DTYPES,
     Call,
     Collective,
@@ -18,10 +18,10 @@ from tbcoll.collective_base import (
     result_of,
     unchanged,
 )
-from tbcoll.collectives import cases as params
 from tbcoll.collectives.bench import Benchmark, count, reduced, values
-from tbcoll.dtypes import DTYPES, OPS, reducer
-from tbcoll.tuning import STREAM
+from tbcoll.collectives.tuning import STREAM
+from tbcoll.core.arrays import contiguous_flat, may_overlap, same_buffer, to_numpy
+from tbcoll.core.dtypes import DTYPES, OPS, reducer
 
 
 class AllReduce(Collective):

@@ -7,9 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from tbcoll.arrays import contiguous_flat, may_overlap, same_buffer
-from tbcoll.calls import signature
-from tbcoll.collective_base import (
+from tbcoll.collectives import cases as params
+from tbcoll.collectives.base import (
     Call,
     Collective,
     Context,
@@ -18,8 +17,9 @@ from tbcoll.collective_base import (
     output,
     result_of,
 )
-from tbcoll.collectives import cases as params
 from tbcoll.collectives.bench import Benchmark, count, values
+from tbcoll.core.arrays import contiguous_flat, may_overlap, same_buffer
+from tbcoll.core.calls import signature
 
 
 class _Counts:

@@ -6,13 +6,13 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from tbcoll.collective_base import (
+from tbcoll.collectives import cases as params
+from tbcoll.collectives.base import (
     Call,
     Collective,
     Context,
     unchanged,
 )
-from tbcoll.collectives import cases as params
 from tbcoll.collectives.bench import Benchmark
 
 

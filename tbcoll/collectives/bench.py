@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from tbcoll.dtypes import OPS
+from tbcoll.core.dtypes import OPS
 
 
 def values(rank: int, count: int, dtype: np.dtype) -> np.ndarray:

@@ -7,7 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from tbcoll.collective_base import (
+from tbcoll.collectives import cases as params
+from tbcoll.collectives.base import (
     KNOWN_DTYPES,
     Call,
     Collective,
@@ -18,7 +19,6 @@ from tbcoll.collective_base import (
     output,
     result_of,
 )
-from tbcoll.collectives import cases as params
 from tbcoll.collectives.bench import Benchmark, count, values
 
 

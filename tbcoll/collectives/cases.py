@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from tbcoll.dtypes import DTYPES, OPS
+from tbcoll.core.dtypes import DTYPES, OPS
 
 BIG_BYTES = 3 << 20  # "several MB": an all_reduce of it crosses shm's segments
 BIG_DTYPES = ("float32", "bfloat16", "int8")

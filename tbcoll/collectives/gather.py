@@ -8,8 +8,8 @@ from typing import Any
 import numpy as np
 
 from tbcoll.algorithms import tree
-from tbcoll.arrays import contiguous_flat, may_overlap
-from tbcoll.collective_base import (
+from tbcoll.collectives import cases as params
+from tbcoll.collectives.base import (
     Call,
     Collective,
     Context,
@@ -20,8 +20,8 @@ from tbcoll.collective_base import (
     output,
     result_of,
 )
-from tbcoll.collectives import cases as params
 from tbcoll.collectives.bench import Benchmark, count, values
+from tbcoll.core.arrays import contiguous_flat, may_overlap
 
 
 class Gather(Collective):

@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from tbcoll.arrays import contiguous_flat, may_overlap
-from tbcoll.collective_base import (
+from tbcoll.collectives import cases as params
+from tbcoll.collectives.base import (
     Call,
     Collective,
     Context,
@@ -18,10 +18,10 @@ from tbcoll.collective_base import (
     output,
     result_of,
 )
-from tbcoll.collectives import cases as params
 from tbcoll.collectives.bench import Benchmark, count, reduced, values
 from tbcoll.collectives.gather import _at_root
-from tbcoll.dtypes import DTYPES, OPS, reducer
+from tbcoll.core.arrays import contiguous_flat, may_overlap
+from tbcoll.core.dtypes import DTYPES, OPS, reducer
 
 
 class Reduce(Collective):

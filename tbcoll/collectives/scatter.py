@@ -8,9 +8,8 @@ from typing import Any
 import numpy as np
 
 from tbcoll.algorithms import tree
-from tbcoll.arrays import contiguous_flat, is_mlx, restorer
-from tbcoll.calls import signature
-from tbcoll.collective_base import (
+from tbcoll.collectives import cases as params
+from tbcoll.collectives.base import (
     Call,
     Collective,
     Context,
@@ -20,10 +19,11 @@ from tbcoll.collective_base import (
     output,
     unchanged,
 )
-from tbcoll.collectives import cases as params
 from tbcoll.collectives.bench import Benchmark, count, values
 from tbcoll.collectives.broadcast import BROADCAST
-from tbcoll.dtypes import DTYPE_CODES, DTYPES
+from tbcoll.core.arrays import contiguous_flat, is_mlx, restorer
+from tbcoll.core.calls import signature
+from tbcoll.core.dtypes import DTYPE_CODES, DTYPES
 
 _HEADER = 11  # scatter's header: dtype code, ndim, mlx, then up to 8 dimensions
 

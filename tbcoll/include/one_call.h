@@ -1,13 +1,13 @@
 /*
  * What every C lane shares (a transport's whole call in one C call; the contract is
- * tbcoll/transports/base.py's Native.lane): the dtype code of an array, the refusals that
+ * tbcoll/core/protocols.py's Native.lane): the dtype code of an array, the refusals that
  * hand a call to the Python path, the naming of a bound call's CommError as the communicator
  * names it; the contract's state (OneCall: what calls take, the communicator bound) and its
  * calls(), bind() and limit(), which every lane keeps; and the whole call around the
- * transport's work: one_call_run_any (shm's four kinds, tbcoll/shm/lane.c), one_call_run
- * (all_reduce and all_gather: tcp's, tbcoll/transports/tcp_lane.c; rdma's mesh,
- * tbcoll/rdma/mesh_lane.c); and a send or recv around the transport's move: one_call_move (shm's,
- * tbcoll/shm/moves.c; tcp's).
+ * transport's work: one_call_run_any (shm's four kinds, tbcoll/transports/shm/lane.c), one_call_run
+ * (all_reduce and all_gather: tcp's, tbcoll/transports/tcp/tcp_lane.c; rdma's mesh,
+ * tbcoll/transports/rdma/mesh_lane.c); and a send or recv around the transport's move: one_call_move (shm's,
+ * tbcoll/transports/shm/moves.c; tcp's).
  *
  * A new transport's lane: a Python type holding a OneCall, whose calls(), bind(), limit()
  * and collective methods call one_call_calls, one_call_bind, one_call_limit and
@@ -26,7 +26,7 @@
 #include "wire.h" /* DTYPES */
 
 /* The code of array's dtype among dtypes (a tuple by code, compared by identity, as
- * tbcoll.comm's KNOWN_DTYPES), or -1; -2 with an exception. *dtype: a new reference. */
+ * tbcoll.comm.communicator's KNOWN_DTYPES), or -1; -2 with an exception. *dtype: a new reference. */
 static inline int one_call_dtype(PyObject *dtypes, PyObject *array, PyObject **dtype)
 {
     static PyObject *name; /* "dtype", interned once (with the GIL held) */
@@ -112,7 +112,7 @@ static inline int one_call_words(PyObject *list, uint64_t *words, Py_ssize_t cou
 
 /* --- the whole call ---------------------------------------------------------------------- */
 
-/* the contract's kinds (tbcoll.comm.LANE_ENTRIES' order) and bind's codes: the four kinds',
+/* the contract's kinds (tbcoll.comm.communicator.LANE_ENTRIES' order) and bind's codes: the four kinds',
  * send's, recv's, the native algorithm's */
 enum { ONE_CALL_ALL_REDUCE, ONE_CALL_ALL_GATHER, ONE_CALL_REDUCE_SCATTER, ONE_CALL_BROADCAST,
        LANE_KIND_COUNT, ONE_CALL_SEND = LANE_KIND_COUNT, ONE_CALL_RECV, ONE_CALL_NATIVE,
@@ -510,7 +510,7 @@ static inline PyObject *one_call_run(OneCall *c, void *lane, int kind, PyObject 
     return one_call_run_any(c, lane, kind, x, op_name, -1, out, 1, ready, NULL, work);
 }
 
-/* For a module with a lane, at its import: tbcoll._gate's Gate, its layout checked
+/* For a module with a lane, at its import: tbcoll.core._gate's Gate, its layout checked
  * (gate_import), into *type; where that fails the module still imports, saying why in
  * GATE_ERROR (None otherwise) and *error, which bind() raises. 0, or -1. */
 static inline int one_call_import_gate(PyObject *module, PyTypeObject **type, PyObject **error)

@@ -1,17 +1,17 @@
 /*
  * The wire that tbcoll's C extensions share with its Python, described once:
- * - the element types' and reductions' codes (tbcoll/dtypes.py holds their numpy types, in
+ * - the element types' and reductions' codes (tbcoll/core/dtypes.py holds their numpy types, in
  *   this order; a collective's arrays and reductions are named by these codes to C);
  * - the stream engine's message header and a pulled message's descriptor, and the contexts
- *   of the engine's own messages (tbcoll/transports/stream/framing.py packs and parses them in
+ *   of the engine's own messages (tbcoll/core/framing.py packs and parses them in
  *   Python; shm's moves.c, rings.c and _atomics.c and tcp's _sockets.c write, read or
  *   compare them here).
  * Each extension exports this description as its module's WIRE (add_wire, wire_export.h) and
- * tbcoll.wire_check compares it with Python's as the extension is imported: a build of
+ * tbcoll.core.wire_check compares it with Python's as the extension is imported: a build of
  * another version of this file fails to import, naming what differs, where it would
  * otherwise read other bytes or codes than Python writes without a word.
  *
- * Pure C (no Python.h): the shm transport's pure layer (tbcoll/shm/rings.c, rounds.c)
+ * Pure C (no Python.h): the shm transport's pure layer (tbcoll/transports/shm/rings.c, rounds.c)
  * includes it. May include: the C library only.
  */
 #ifndef TBCOLL_WIRE_H
@@ -20,14 +20,14 @@
 #include <stddef.h> /* ptrdiff_t */
 #include <stdint.h>
 
-/* --- element types: X(code, name in tbcoll.dtypes.DTYPES, bytes), in code order --------- */
+/* --- element types: X(code, name in tbcoll.core.dtypes.DTYPES, bytes), in code order --------- */
 #define WIRE_DTYPES(X)                                                                      \
     X(DTYPE_FLOAT16, "float16", 2) X(DTYPE_BFLOAT16, "bfloat16", 2)                         \
     X(DTYPE_FLOAT32, "float32", 4) X(DTYPE_FLOAT64, "float64", 8) X(DTYPE_INT8, "int8", 1)  \
     X(DTYPE_INT16, "int16", 2) X(DTYPE_INT32, "int32", 4) X(DTYPE_INT64, "int64", 8)        \
     X(DTYPE_UINT8, "uint8", 1)
 
-/* --- reductions: X(code, name in tbcoll.dtypes.OPS), in code order ------------------------ */
+/* --- reductions: X(code, name in tbcoll.core.dtypes.OPS), in code order ------------------------ */
 #define WIRE_OPS(X) X(OP_SUM, "sum") X(OP_PROD, "prod") X(OP_MAX, "max") X(OP_MIN, "min")
 
 #define WIRE_CODE(code, ...) code,

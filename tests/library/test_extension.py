@@ -32,10 +32,10 @@ import pytest
 
 import tbcoll
 from tbcoll.algorithms import function
-from tbcoll.calls import mismatch
-from tbcoll.collective_base import Call, Collective, Context, flat
+from tbcoll.collectives.base import Call, Collective, Context, flat
 from tbcoll.collectives.cases import Case
-from tbcoll.errors import CommError, CommRevokedError, PeerLostError, PeerTimeoutError
+from tbcoll.core.calls import mismatch
+from tbcoll.core.errors import CommError, CommRevokedError, PeerLostError, PeerTimeoutError
 
 # --- (a) a collective: MAXLOC ------------------------------------------------------------
 
@@ -225,7 +225,7 @@ class _Engine:
 
 
 class _Endpoint:
-    """One matching space of the group (p2p or coll), as tbcoll.transports.base.P2P."""
+    """One matching space of the group (p2p or coll), as tbcoll.core.protocols.P2P."""
 
     acknowledge = False
 

@@ -1,5 +1,5 @@
-"""A communicator's call gate (tbcoll.gate: tbcoll/_gate.c and include/gate.h): its lock, its
-calls in progress, its count and its flight recorder, in C (and its Python twin, alike); the
+"""A communicator's call gate (tbcoll.core.gate: tbcoll/core/_gate.c and include/gate.h): its lock,
+its calls in progress, its count and its flight recorder, in C (and its Python twin, alike); the
 shm lane drives the same struct from C; a dump's call in progress is the gate's, whichever
 path the call took, with the user's line read off the thread that runs it."""
 
@@ -10,12 +10,11 @@ import sys
 import numpy as np
 import pytest
 
-from tbcoll import gate as gates
-from tbcoll.algorithms import ALGORITHM_CODES
-from tbcoll.collective_base import KIND_CODES
 from tbcoll.collectives import ALL_REDUCE, BROADCAST
-from tbcoll.dtypes import DTYPE_CODES, OP_CODES
-from tbcoll.errors import CommRevokedError, TbcollError
+from tbcoll.core import gate as gates
+from tbcoll.core.dtypes import DTYPE_CODES, OP_CODES
+from tbcoll.core.errors import CommRevokedError, TbcollError
+from tbcoll.core.names import ALGORITHM_CODES, KIND_CODES
 
 from ..conftest import tagged_lines, tbrun
 
@@ -27,7 +26,7 @@ RING = ALGORITHM_CODES["ring"]
 def gate_type(request):
     if request.param == "C":
         if gates.Gate is gates.PyGate:
-            pytest.fail("tbcoll._gate was not built (make)")
+            pytest.fail("tbcoll.core._gate was not built (make)")
         return gates.Gate
     return gates.PyGate
 
@@ -111,9 +110,9 @@ def test_the_call_in_progress_is_the_innermost_and_its_codes_come_from_the_regis
 
 def test_the_lane_takes_only_a_gate_built_from_its_layout():
     """The shm lane drives the gate's struct from C (tbcoll/include/gate.h): it checked the
-    layout of tbcoll._gate's at import (a stale build is kept and said: the shm backend
+    layout of tbcoll.core._gate's at import (a stale build is kept and said: the shm backend
     refuses, saying what to do), and binds nothing but a Gate."""
-    from tbcoll.shm import _atomics
+    from tbcoll.transports.shm import _atomics
 
     assert _atomics.GATE_ERROR is None
     lane = _atomics.Lane.__new__(_atomics.Lane)
@@ -121,16 +120,17 @@ def test_the_lane_takes_only_a_gate_built_from_its_layout():
         lane.bind(gate=gates.PyGate(4), codes=(0,) * 7, names=("a",) * 4, enabled=0,
                   max_tag=1, comm_error=TbcollError, namer=None)
     stale = subprocess.run([sys.executable, "-c", (
-        "from tbcoll.shm import _atomics, native; _atomics.GATE_ERROR = 'layout 2, built for 1'"
+        "from tbcoll.transports.shm import _atomics, native; "
+        "_atomics.GATE_ERROR = 'layout 2, built for 1'"
         "\nnative.available()")], capture_output=True, text=True, timeout=60)
     assert stale.returncode == 1 and (
-        "TbcollError: the shm backend cannot use tbcoll's call gate (tbcoll._gate): layout 2, "
+        "TbcollError: the shm backend cannot use tbcoll's call gate (tbcoll.core._gate): layout 2, "
         "built for 1; reinstall tbcoll (make)") in stale.stderr, stale.stderr
 
 
 IN_PROGRESS = """
 import itertools, json, os, threading, time, numpy as np, tbcoll
-from tbcoll.dumps import snapshot
+from tbcoll.observability.dumps import snapshot
 comm = tbcoll.init()
 x = np.ones(2, np.float32)
 comm.all_reduce(x)

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import tbcoll
-from tbcoll.dtypes import DTYPES
+from tbcoll.core.dtypes import DTYPES
 
 pytestmark = pytest.mark.spmd  # runs inside every rank of a job; see conftest.py
 

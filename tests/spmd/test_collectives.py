@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from tbcoll.collectives import ALGORITHMS
-from tbcoll.dtypes import DTYPES, OPS
+from tbcoll.core.dtypes import DTYPES, OPS
 
 from .conftest import rank_input, usable
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tbcoll.transports.stream.framing import (
+from tbcoll.core.framing import (
     ANNOUNCE,
     DESCRIPTOR,
     HEADER,
