@@ -71,7 +71,7 @@ import math
 import os
 from collections.abc import Mapping, Sequence
 
-from tbcoll.core.backends import known
+from tbcoll.core.backends import BACKENDS, known
 from tbcoll.core.errors import TbcollError
 from tbcoll.core.records import record
 from tbcoll.job.topology import Layout
@@ -171,7 +171,8 @@ def launch_info(environ: Mapping[str, str] | None = None) -> LaunchInfo | None:
     )
     if not 0 <= info.rank < info.size:
         raise TbcollError(f"TBCOLL_RANK={info.rank} is outside 0..{info.size - 1} (TBCOLL_SIZE)")
-    if not info.transport_module and info.backend not in known():
+    if info.backend not in BACKENDS and not info.transport_module and (
+            info.backend not in known()):
         raise TbcollError(f"TBCOLL_BACKEND={info.backend!r} is not one of {', '.join(known())} "
                           "(and no TBCOLL_TRANSPORT_MODULE provides it)")
     return info
