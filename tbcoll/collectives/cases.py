@@ -21,6 +21,7 @@ from tbcoll.core.dtypes import DTYPES, OPS
 BIG_BYTES = 3 << 20  # "several MB": an all_reduce of it crosses shm's segments
 BIG_DTYPES = ("float32", "bfloat16", "int8")
 # the span of the values each op gets: products and sums of a few ranks stay exact in int8
+_PERIOD = 7877
 _RANGES = {"sum": (-4, 4), "prod": (-2, 2), "max": (-100, 100), "min": (-100, 100)}
 
 
@@ -74,17 +75,20 @@ def _bytes(array: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(array).reshape(-1).view(np.uint8)
 
 
-@functools.lru_cache(maxsize=64)  # every algorithm's cases ask for the same arrays
+@functools.lru_cache(maxsize=512)  # every algorithm's cases ask for the same arrays
 def _values(rank: int, count: int, dtype: np.dtype, op: str, salt: int) -> np.ndarray:
     lo, hi = _RANGES[op]
     if dtype == np.uint8:
         lo, hi = 0, (3 if op == "prod" else hi)
     span = hi - lo + 1
-    mixed = (np.arange(count, dtype=np.int64) * 7919 + rank * 104729 + salt * 13) % 7877
-    return _read_only((mixed % span + lo).astype(dtype))
+    # one period (a prime, so that no block size of a transport or an algorithm divides it),
+    # repeated: several MB cost a copy, not the arithmetic
+    period = min(count, _PERIOD)
+    mixed = (np.arange(period, dtype=np.int64) * 7919 + rank * 104729 + salt * 13) % _PERIOD
+    return _read_only(np.resize((mixed % span + lo).astype(dtype), count))
 
 
-@functools.lru_cache(maxsize=16)
+@functools.lru_cache(maxsize=256)
 def _reduction(size: int, count: int, dtype: np.dtype, op: str, salt: int) -> np.ndarray:
     reduce: Callable = OPS[op]
     return _read_only(functools.reduce(reduce, [_values(r, count, dtype, op, salt)
