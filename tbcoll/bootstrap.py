@@ -14,6 +14,7 @@ from tbcoll.job.env import (
 )
 from tbcoll.observability.dumps import start_listening
 from tbcoll.transports import open_world
+from tbcoll.transports.shm.native import built as shm_built
 
 _opened = itertools.count()  # store keys of each init() in a process stay apart
 
@@ -21,9 +22,10 @@ _opened = itertools.count()  # store keys of each init() in a process stay apart
 def init(backend: str | None = None) -> Communicator:
     """Connect the ranks of this job and return the world communicator.
 
-    backend None: TBCOLL_BACKEND under tbrun (auto: shm when every rank is on one host, else
-    tcp), mpi under mpiexec, and a communicator of one rank when the script runs on its own.
-    A backend that is not built in joins by name (tbcoll.core.backends: register_transport, an
+    backend None: TBCOLL_BACKEND under tbrun (auto: shm when every rank is on one host and
+    shm's C extension is built, else tcp, whose pure-Python path runs without a compiler),
+    mpi under mpiexec, and a communicator of one rank when the script runs on its own. A
+    backend that is not built in joins by name (tbcoll.core.backends: register_transport, an
     entry point, TBCOLL_TRANSPORT_MODULE); an unknown name is a ValueError.
     """
     info = launch_info()
@@ -32,7 +34,8 @@ def init(backend: str | None = None) -> Communicator:
     if backend is None:
         backend = info.backend if info else ("mpi" if started_by_mpiexec() else "tcp")
     if backend == "auto":
-        backend = "shm" if info is None or single_host(info) else "tcp"
+        one_host = info is None or single_host(info)
+        backend = "shm" if one_host and shm_built() else "tcp"
     group, local_rank, node_rank = open_world(backend, info, f"{backend}/{next(_opened)}")
     world = Communicator(group, backend, local_rank, node_rank)
     start_listening(info)  # for tbrun's requests of dumps (tbcoll.observability.dumps)

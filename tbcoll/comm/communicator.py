@@ -60,7 +60,7 @@ from tbcoll.comm.point_to_point import MAX_TAG, PointToPoint
 from tbcoll.comm.requests import Progress, Request
 from tbcoll.core.callbacks import checked
 from tbcoll.core.errors import CommError, CommRevokedError, PeerError, TbcollError, revoked
-from tbcoll.core.gate import NATIVE, Gate
+from tbcoll.core.gate import C_GATE, NATIVE, Gate
 from tbcoll.core.names import ALGORITHM_CODES, BUILT_IN, COLLECTIVES, KIND_CODES
 from tbcoll.core.protocols import Group
 from tbcoll.job.env import algorithm_overrides, check_mode, record_size, trace_chunk, tracing
@@ -137,7 +137,7 @@ class Communicator(PointToPoint):
         recv where it moves messages: the lane, the collectives it took and whether it took
         send and recv (its bind says). None and none where it has none."""
         lane = getattr(native, "lane", None)
-        if lane is None or self.size == 1:
+        if lane is None or self.size == 1 or not C_GATE:  # (a lane drives only C's gate)
             return None, frozenset(), False
         served = [k for k, entry in enumerate(LANE_ENTRIES) if self._quick[entry] is not None]
         # (every error goes to _named, which names a CommError and sees an interruption)

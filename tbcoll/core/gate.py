@@ -18,8 +18,12 @@ Every field is a code from one registry: KIND_CODES (tbcoll.collectives.base), D
 OP_CODES (tbcoll.core.dtypes), ALGORITHM_CODES (tbcoll.algorithms); -1 for none. A call's dtype and
 op are given as they are (a numpy dtype, an op's name, or None), and the gate takes their
 codes from tbcoll.core.dtypes' tables, handed to it at import: on the latency-critical paths that
-costs less than a lookup in Python. Where the C extension is not built, PyGate does the same
-in Python (the shm lane needs the C one). describe, in_progress and row turn records and
+costs less than a lookup in Python. Where the C extension is not built (or TBCOLL_NO_C=1),
+PyGate does the same in Python: the one Python gate, for the whole no-compiler path. A C lane
+drives only the C gate (its bind refuses another), so where the gate is Python's no lane is
+bound (C_GATE, Communicator._bind_lane) and shm, whose rounds are C's, is not chosen: C and
+Python never share a communicator's gate. tests/library/test_gate.py runs the same tests on
+both. describe, in_progress and row turn records and
 calls into names, for tbcoll.observability.dumps.
 """
 
@@ -30,6 +34,7 @@ from time import perf_counter
 from typing import Any
 
 from tbcoll.core.dtypes import DTYPE_CODES, DTYPES, OP_CODES, OPS
+from tbcoll.core.extensions import c_extension
 from tbcoll.core.names import ALGORITHM_CODES, COLLECTIVES, KINDS, NAMES
 
 # a record, as calls() and last() give it
@@ -195,10 +200,12 @@ class PyGate:
         return None
 
 
-try:
-    from tbcoll.core import _gate
-except ImportError:  # built without a compiler
+_gate = c_extension("tbcoll.core._gate")
+if _gate is None:  # built without a compiler (or TBCOLL_NO_C=1)
     Gate: Any = PyGate
 else:
     _gate.codes(tuple(DTYPE_CODES), tuple(OP_CODES))
     Gate = _gate.Gate
+# Whether the communicators' gate is C's: a C lane drives only that one, so where it is
+# Python's no lane is bound (Communicator._bind_lane) and C and Python never share a gate.
+C_GATE = Gate is not PyGate

@@ -3,9 +3,11 @@
  * - the element types' and reductions' codes (tbcoll/core/dtypes.py holds their numpy types, in
  *   this order; a collective's arrays and reductions are named by these codes to C);
  * - the stream engine's message header and a pulled message's descriptor, and the contexts
- *   of the engine's own messages (tbcoll/core/framing.py packs and parses them in
- *   Python; shm's moves.c, rings.c and _atomics.c and tcp's _sockets.c write, read or
- *   compare them here).
+ *   of the engine's own messages: written here alone. Python reads these lists from this file
+ *   (tbcoll.core.wire_check.read_wire: keep each X(...) on the lines of its #define, its values
+ *   literals or this file's names, two joined by | or +), and tbcoll/core/framing.py packs
+ *   what they say; shm's moves.c, rings.c and _atomics.c and tcp's exchange.c write, read or
+ *   compare them here.
  * Each extension exports this description as its module's WIRE (add_wire, wire_export.h) and
  * tbcoll.core.wire_check compares it with Python's as the extension is imported: a build of
  * another version of this file fails to import, naming what differs, where it would

@@ -38,6 +38,10 @@ reads or writes these variables.
 Read by the library as well, set by the user:
 
     TBCOLL_ALGO        force an algorithm: "ring", or per collective "all_reduce=rd,all_gather=mesh"
+    TBCOLL_NO_C        1: run as a build without a compiler would, none of tbcoll's C extensions
+                       imported (read by tbcoll.core.extensions, below this layer): the
+                       engine's Python path for tcp's messages, numpy's reductions, the Python
+                       gate; shm and rdma say they need C
     TBCOLL_CHECK       1: before each collective, check across ranks that the calls agree
     TBCOLL_RECORD      calls each communicator's flight recorder keeps (default 512; 0: off;
                        at most 100000)

@@ -448,8 +448,8 @@ import tbcoll.transports.{transport}
 """
 
 
-@pytest.mark.parametrize("module, transport", [("shm._atomics", "shm"),
-                                               ("transports._sockets", "tcp")])
+@pytest.mark.parametrize("module, transport", [("transports.shm._atomics", "shm.transport"),
+                                               ("transports.tcp._sockets", "tcp.transport")])
 def test_a_build_with_other_engine_words_is_refused_at_import(module, transport):
     """The engine's words are laid out in each extension as in tbcoll.transports.stream.words,
     or the transport's import says so."""

@@ -28,6 +28,7 @@ from tbcoll.core.callbacks import check_callbacks, checked
 from tbcoll.core.calls import mismatch, signature
 from tbcoll.core.dtypes import DTYPE_CODES, DTYPES, OP_CODES
 from tbcoll.core.errors import CommError, PeerLostError, PeerTimeoutError
+from tbcoll.core.extensions import c_extension
 from tbcoll.core.wire_check import check_wire
 from tbcoll.job.env import LaunchInfo, placement, rdma_settings
 from tbcoll.job.rendezvous import Store
@@ -37,10 +38,7 @@ from tbcoll.transports.stream import Peer, StreamEndpoint, StreamTransport
 from tbcoll.transports.stream.turns import SHARED_SLICE, Turns
 from tbcoll.transports.tcp.transport import TcpTransport
 
-try:
-    from tbcoll.transports.rdma import _verbs
-except ImportError:  # built without infiniband/verbs.h
-    _verbs = None
+_verbs = c_extension("tbcoll.transports.rdma._verbs")  # None: built without infiniband/verbs.h
 if _verbs is not None:
     check_wire(_verbs)
     check_callbacks(_verbs, ("one_call", "rdma"))

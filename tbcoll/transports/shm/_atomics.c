@@ -23,6 +23,7 @@
 #include "lane.h"
 #include "../../include/engine_words.h" /* add_engine_words */
 #include "moves.h" /* add_move_outcomes */
+#include "one_copy.h" /* copy_plan */
 #include "rings.h"
 #include "rounds.h" /* the stages */
 #include "shm.h"
@@ -302,6 +303,11 @@ static PyObject *address(PyObject *Py_UNUSED(self), PyObject *obj)
 static PyMethodDef methods[] = {
     {"address", address, METH_O, "Where a buffer's bytes start in this process."},
     {"cma_copy", cma_copy, METH_VARARGS, "Copy bytes from or to another process (Linux)."},
+    {"pull_announcement", pull_announcement, METH_VARARGS,
+     "A pulled message's announcement, its pull id taken from the engine's words."},
+    {"pull_answer", pull_answer, METH_VARARGS, "The answer to a pulled message's announcement."},
+    {"pull_payload", pull_payload_py, METH_VARARGS, "Copy an announced payload from its sender."},
+    {"copy_plan", copy_plan_py, METH_VARARGS, "The copies a rank makes in a one-copy call."},
     {"set_spin", set_spin, METH_VARARGS, "Set how many seconds a wait spins before yielding."},
     {"load_acquire", load_acquire, METH_VARARGS, "Load the word at offset with acquire order."},
     {"store_release", store_release, METH_VARARGS, "Store value at offset with release order."},

@@ -11,13 +11,12 @@ missing (atomics is None) and the shm backend says so (tbcoll.transports.shm.nat
 from __future__ import annotations
 
 from tbcoll.core.callbacks import check_callbacks
+from tbcoll.core.extensions import c_extension
 from tbcoll.core.names import LANE_KINDS
 from tbcoll.core.wire_check import check_constants, check_wire
 
-try:
-    from tbcoll.transports.shm import _atomics as atomics
-except ImportError:  # built without a compiler
-    atomics = None
+# None: built without a compiler (or TBCOLL_NO_C=1)
+atomics = c_extension("tbcoll.transports.shm._atomics")
 if atomics is not None:
     check_wire(atomics)
     check_callbacks(atomics, ("one_call", "shm"))

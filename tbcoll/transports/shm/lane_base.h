@@ -57,7 +57,6 @@ typedef struct {
     Py_ssize_t *stream_at;     /* [2k]: the ring to rank k, [2k + 1]: the ring from it */
     Py_ssize_t stream_capacity;    /* each ring's data bytes */
     Py_ssize_t pull_bytes;     /* payloads this large are pulled (to a peer that pulls) */
-    uint32_t announce_bit, answer_context; /* an announcement's context bit; an answer's */
     double send_budget, recv_budget; /* seconds a move waits in C before Python takes over */
     PyObject *look;            /* look(peer): the engine's; raises where peer has ended */
     double look_every;         /* seconds between a send's looks at its receiver, per rank */

@@ -9,6 +9,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <errno.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -41,15 +42,15 @@ void lane_release_words(Lane *self)
 /*
  * streams(*, context, capacity, send_budget, recv_budget, words, publish, rings, send, recv,
  *         finish_send, finish_recv, finish_pulled_send, finish_announcement, pull_bytes,
- *         announce_bit, answer_context, look, look_every)
+ *         look, look_every)
  * Lend the lane the stream engine's rings (tbcoll/transports/shm/transport.py, ShmStream.lend_lane):
  * context, the endpoint's whose messages send and recv move; capacity, each ring's data
  * bytes; budgets, (send, recv) seconds a move waits in C; words, the engine's (a writable
  * buffer of PEER_WORDS + WORDS_PER_PEER uint64 per rank, see above), held from now on, and
  * publish(), the engine's publish_words; rings, by rank, (ring to it, ring from it), None for
  * this rank; moves, the engine's (send, recv, finish_send, finish_recv, finish_pulled_send,
- * finish_announced); pulls, (pull_bytes, the announcement's context bit, the answer's
- * context); look(peer), the engine's, which raises where rank peer has ended, called by a
+ * finish_announced); pull_bytes, the size from which messages are pulled (the pull's
+ * contexts are wire.h's); look(peer), the engine's, which raises where rank peer has ended, called by a
  * send at most every `every` seconds per receiver (look_if_due).
  */
 PyObject *lane_streams(Lane *self, PyObject *args, PyObject *kwargs)
@@ -57,18 +58,17 @@ PyObject *lane_streams(Lane *self, PyObject *args, PyObject *kwargs)
     static char *keywords[] = {"context", "capacity", "send_budget", "recv_budget", "words",
                                "publish", "rings", "send", "recv", "finish_send", "finish_recv",
                                "finish_pulled_send", "finish_announcement", "pull_bytes",
-                               "announce_bit", "answer_context", "look", "look_every", NULL};
+                               "look", "look_every", NULL};
     PyObject *context, *publish, *rings, *moves[6], *look;
     Py_buffer words;
     Py_ssize_t capacity, pull_bytes;
-    unsigned long announce_bit, answer_context;
     double send_budget, recv_budget, look_every;
     if (!every_keyword("streams", kwargs, keywords) ||
-        !PyArg_ParseTupleAndKeywords(args, kwargs, "|$O!nddw*OO!OOOOOOnkkOd:streams", keywords,
+        !PyArg_ParseTupleAndKeywords(args, kwargs, "|$O!nddw*OO!OOOOOOnOd:streams", keywords,
                                      &PyLong_Type, &context, &capacity, &send_budget,
                                      &recv_budget, &words, &publish, &PyTuple_Type, &rings,
                                      &moves[0], &moves[1], &moves[2], &moves[3], &moves[4],
-                                     &moves[5], &pull_bytes, &announce_bit, &answer_context,
+                                     &moves[5], &pull_bytes,
                                      &look, &look_every))
         return NULL;
     Py_buffer segment;
@@ -79,8 +79,7 @@ PyObject *lane_streams(Lane *self, PyObject *args, PyObject *kwargs)
     Py_ssize_t len = segment.len;
     PyBuffer_Release(&segment);
     unsigned long word = PyLong_AsUnsignedLong(context);
-    if (PyErr_Occurred() || word > UINT32_MAX || announce_bit > UINT32_MAX ||
-        answer_context > UINT32_MAX || PyTuple_GET_SIZE(rings) != self->size ||
+    if (PyErr_Occurred() || word > UINT32_MAX || PyTuple_GET_SIZE(rings) != self->size ||
         pull_bytes < 1 || capacity < HEADER_BYTES + DESCRIPTOR_BYTES ||
         words.len != (PEER_WORDS + self->size * WORDS_PER_PEER) * (Py_ssize_t)sizeof(uint64_t) ||
         (uintptr_t)words.buf % sizeof(uint64_t) != 0 || !PyCallable_Check(publish) ||
@@ -126,8 +125,6 @@ PyObject *lane_streams(Lane *self, PyObject *args, PyObject *kwargs)
     Py_XSETREF(self->finish_announced, Py_NewRef(moves[5]));
     self->stream_capacity = capacity;
     self->pull_bytes = pull_bytes;
-    self->announce_bit = (uint32_t)announce_bit;
-    self->answer_context = (uint32_t)answer_context;
     self->send_budget = send_budget;
     self->recv_budget = recv_budget;
     Py_RETURN_NONE;
@@ -179,6 +176,114 @@ static int ring_move(Lane *self, int sending, const Py_buffer *payload, char *se
     return m->moved == whole ? MOVED : FINISH;
 }
 
+/*
+ * The pull's steps, written here once: C's own moves (pull_move) and the engine's Python
+ * (tbcoll/transports/stream/pulls.py, through the module's pull_announcement, pull_answer
+ * and pull_payload below) both take them.
+ */
+
+/* The header of a message's announcement: the message's, with ANNOUNCE_BIT, its payload the
+ * descriptor (what a receiver expects, too). */
+static void put_announcement_header(unsigned char *header, uint32_t context, uint64_t tag,
+                                    uint64_t seq, uint64_t call)
+{
+    put_header(header, context | ANNOUNCE_BIT, tag, DESCRIPTOR_BYTES, seq, call);
+}
+
+/* The announcement of payload (len bytes at buf) to peer: its header (the message's, with
+ * ANNOUNCE_BIT) and descriptor (address, nbytes, pull id), the pull id taken from the
+ * engine's words (peer's NEXT_PULL_WORD, the engine's own next id for it: see "The stream
+ * engine's words" above). The pull id. */
+static uint64_t put_announcement(void *words, Py_ssize_t peer, unsigned char *header,
+                                 unsigned char *descriptor, uint32_t context, uint64_t tag,
+                                 uint64_t seq, uint64_t call, const void *buf, Py_ssize_t len)
+{
+    uint64_t *next = engine_word(words, peer, NEXT_PULL_WORD);
+    uint64_t pull = *next;
+    *next = (pull + 1) & PULL_IDS;
+    put_announcement_header(header, context, tag, seq, call);
+    put_big_endian(descriptor + DESCRIPTOR_ADDRESS, (uint64_t)(uintptr_t)buf,
+                   DESCRIPTOR_ADDRESS_WIDTH);
+    put_big_endian(descriptor + DESCRIPTOR_NBYTES, (uint64_t)len, DESCRIPTOR_NBYTES_WIDTH);
+    put_big_endian(descriptor + DESCRIPTOR_PULL, pull, DESCRIPTOR_PULL_WIDTH);
+    return pull;
+}
+
+/* The receiver's answer to announcement `pull`: pulled, or refused (then the sender resends
+ * the payload through the stream, RESENT_CONTEXT, and neither announces again). */
+static void put_answer(unsigned char *answer, uint64_t pull, int refused)
+{
+    put_header(answer, PULLED_CONTEXT, pull, 0, (uint64_t)!!refused, 0);
+}
+
+/* Copy the payload that descriptor announces, from process pid, into to[:len]: 0, or the
+ * errno that stopped it (cma_move's; EMSGSIZE where the sizes differ). Why the bytes are whole
+ * (ARM64 too): tbcoll/transports/shm.py, ShmStream. */
+static int pull_payload(long pid, const unsigned char *descriptor, char *to, Py_ssize_t len)
+{
+    if (big_endian(descriptor + DESCRIPTOR_NBYTES, DESCRIPTOR_NBYTES_WIDTH) != (uint64_t)len)
+        return EMSGSIZE;
+    return cma_move(pid, big_endian(descriptor + DESCRIPTOR_ADDRESS, DESCRIPTOR_ADDRESS_WIDTH),
+                    to, len, 0);
+}
+
+/* pull_announcement(words, peer, buf, context, tag, seq, call) -> (announcement, pull): the
+ * header and descriptor of buf's announcement to rank peer, its pull id taken from words
+ * (the engine's, tbcoll/include/engine_words.h). */
+PyObject *pull_announcement(PyObject *Py_UNUSED(module), PyObject *args)
+{
+    Py_buffer words, buf;
+    Py_ssize_t peer;
+    unsigned long context;
+    unsigned long long tag, seq, call;
+    if (!PyArg_ParseTuple(args, "w*ny*kKKK:pull_announcement", &words, &peer, &buf, &context,
+                          &tag, &seq, &call))
+        return NULL;
+    Py_ssize_t need = (PEER_WORDS + (peer + 1) * WORDS_PER_PEER) * (Py_ssize_t)sizeof(uint64_t);
+    PyObject *result = NULL;
+    if (peer < 0 || words.len < need || (uintptr_t)words.buf % sizeof(uint64_t) ||
+        context > UINT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "pull_announcement: the engine's words, one of its "
+                                          "ranks, a context");
+    } else {
+        unsigned char message[HEADER_BYTES + DESCRIPTOR_BYTES];
+        uint64_t pull = put_announcement(words.buf, peer, message, message + HEADER_BYTES,
+                                         (uint32_t)context, tag, seq, call, buf.buf, buf.len);
+        result = Py_BuildValue("(y#K)", (const char *)message, (Py_ssize_t)sizeof(message),
+                               (unsigned long long)pull);
+    }
+    PyBuffer_Release(&words);
+    PyBuffer_Release(&buf);
+    return result;
+}
+
+/* pull_answer(pull, refused) -> the answer's header */
+PyObject *pull_answer(PyObject *Py_UNUSED(module), PyObject *args)
+{
+    unsigned long long pull;
+    int refused;
+    if (!PyArg_ParseTuple(args, "Kp:pull_answer", &pull, &refused))
+        return NULL;
+    unsigned char answer[HEADER_BYTES];
+    put_answer(answer, pull, refused);
+    return PyBytes_FromStringAndSize((const char *)answer, HEADER_BYTES);
+}
+
+/* pull_payload(pid, descriptor, view) -> 0, or the errno that stopped the copy */
+PyObject *pull_payload_py(PyObject *Py_UNUSED(module), PyObject *args)
+{
+    long pid;
+    Py_buffer descriptor, view;
+    if (!PyArg_ParseTuple(args, "ly*w*:pull_payload", &pid, &descriptor, &view))
+        return NULL;
+    int error = descriptor.len != DESCRIPTOR_BYTES
+                    ? EINVAL
+                    : pull_payload(pid, descriptor.buf, view.buf, view.len);
+    PyBuffer_Release(&descriptor);
+    PyBuffer_Release(&view);
+    return PyLong_FromLong(error);
+}
+
 #if HAVE_CMA
 /*
  * A message of pull_bytes or more to or from a peer that pulls, as the engine would move it
@@ -194,44 +299,32 @@ static int pull_move(Lane *self, int sending, const Py_buffer *payload, char *se
     Py_ssize_t peer = m->peer, capacity = self->stream_capacity;
     char *to = segment + self->stream_at[2 * peer], *from = segment + self->stream_at[2 * peer + 1];
     unsigned char announcement[HEADER_BYTES], answer[HEADER_BYTES];
-    put_header(announcement, m->context | self->announce_bit, m->tag, DESCRIPTOR_BYTES, m->seq,
-               m->call);
     if (sending) {
         if (ring_room(to, capacity) < HEADER_BYTES + DESCRIPTOR_BYTES)
             return ENGINE;
-        uint64_t *next = engine_word(self->words.buf, peer, NEXT_PULL_WORD); /* the engine's _take_pull */
-        m->pull = *next;
-        *next = (m->pull + 1) & PULL_IDS;
-        put_big_endian(m->descriptor + DESCRIPTOR_ADDRESS, (uint64_t)(uintptr_t)payload->buf,
-                       DESCRIPTOR_ADDRESS_WIDTH);
-        put_big_endian(m->descriptor + DESCRIPTOR_NBYTES, (uint64_t)payload->len,
-                       DESCRIPTOR_NBYTES_WIDTH);
-        put_big_endian(m->descriptor + DESCRIPTOR_PULL, m->pull, DESCRIPTOR_PULL_WIDTH);
+        m->pull = put_announcement(self->words.buf, peer, announcement, m->descriptor,
+                                   m->context, m->tag, m->seq, m->call, payload->buf,
+                                   payload->len);
         /* whole, as there is room: release, the payload (written before this call) and the
          * descriptor before the head that publishes them */
         ring_put_message(to, capacity, (const char *)announcement, HEADER_BYTES,
                          (const char *)m->descriptor, DESCRIPTOR_BYTES, self->send_budget);
-        put_header(answer, self->answer_context, m->pull, 0, 0, 0);
+        put_answer(answer, m->pull, 0);
         char none;
         /* acquire (ring_take): the receiver's copy is done before its answer's head */
         return ring_take(from, capacity, answer, &none, 0, self->recv_budget) == 0
                    ? MOVED : ANNOUNCED_SEND;
     }
+    put_announcement_header(announcement, m->context, m->tag, m->seq, m->call); /* expected */
     m->moved = ring_take(from, capacity, announcement, (char *)m->descriptor, DESCRIPTOR_BYTES,
                          self->recv_budget);
     if (m->moved < 0)
         return FINISH; /* none yet, another message first, or an overwritten ring */
-    if (m->moved < DESCRIPTOR_BYTES ||
-        big_endian(m->descriptor + DESCRIPTOR_NBYTES, DESCRIPTOR_NBYTES_WIDTH) !=
-            (uint64_t)payload->len ||
-        ring_room(to, capacity) < HEADER_BYTES)
-        return ANNOUNCED_RECV;
-    if (cma_move(pid_of(self, segment, peer),
-                 big_endian(m->descriptor + DESCRIPTOR_ADDRESS, DESCRIPTOR_ADDRESS_WIDTH),
-                 payload->buf, payload->len, 0) != 0)
+    if (m->moved < DESCRIPTOR_BYTES || ring_room(to, capacity) < HEADER_BYTES ||
+        pull_payload(pid_of(self, segment, peer), m->descriptor, payload->buf,
+                     payload->len) != 0)
         return ANNOUNCED_RECV; /* the engine pulls again, and says what a refusal means */
-    put_header(answer, self->answer_context,
-               big_endian(m->descriptor + DESCRIPTOR_PULL, DESCRIPTOR_PULL_WIDTH), 0, 0, 0);
+    put_answer(answer, big_endian(m->descriptor + DESCRIPTOR_PULL, DESCRIPTOR_PULL_WIDTH), 0);
     /* release: the copy has returned before the answer's head */
     ring_put_message(to, capacity, (const char *)answer, HEADER_BYTES, NULL, 0,
                      self->send_budget);

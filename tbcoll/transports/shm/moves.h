@@ -13,6 +13,11 @@ INTERNAL PyObject *lane_streams(Lane *self, PyObject *args, PyObject *kwargs);
 INTERNAL PyObject *lane_send(Lane *self, PyObject *const *args, Py_ssize_t nargs);
 INTERNAL PyObject *lane_recv(Lane *self, PyObject *const *args, Py_ssize_t nargs);
 INTERNAL PyObject *lane_move(Lane *self, PyObject *args);
+/* The pull's steps, for the engine's Python (the module's pull_announcement, pull_answer and
+ * pull_payload: see moves.c) */
+INTERNAL PyObject *pull_announcement(PyObject *module, PyObject *args);
+INTERNAL PyObject *pull_answer(PyObject *module, PyObject *args);
+INTERNAL PyObject *pull_payload_py(PyObject *module, PyObject *args);
 /* The module's MOVE_* constants (what move() leaves to the engine): 0, or -1 */
 INTERNAL int add_move_outcomes(PyObject *module);
 /* The release of the engine's words (tp_clear) */

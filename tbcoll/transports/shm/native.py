@@ -35,6 +35,10 @@ attached_copies; the lane makes such a call's rounds in C too); where a policy f
 copies (Yama's ptrace_scope 1 or more between sibling processes, a seccomp filter) the ranks
 see it in that last round, take the slot rounds from then on, and say nothing: it is only
 slower. TBCOLL_SHM_CMA=0 turns it off.
+The copy schedule (who copies which bytes from or to whom, in which order) is written once,
+in C (one_copy.c's copy_plan): the kernel's copies follow it there, and the copies through
+the mappings here call it (_plan). The rounds around the copies are C's too (copy_once).
+There is no pure-Python path: the shm backend needs its C extension (available()).
 
 When a round's wait runs out of its slice (a slow or gone peer), the C call calls back into
 this module (_resume), which waits in Python, noticing dead ranks, revocation and the
@@ -141,6 +145,11 @@ class Layout:
     def pipe(self, source: int, dest: int, size: int) -> int:
         """Where the ring from rank source to rank dest starts."""
         return self.pipes + (source * size + dest) * self.pipe_bytes
+
+
+def built() -> bool:
+    """Whether the shm backend can run here: its C extension, and the C gate it drives."""
+    return atomics is not None and atomics.GATE_ERROR is None
 
 
 def available() -> None:
@@ -256,23 +265,24 @@ class ShmNative:
         self.lane.rounds(atomics.ALL_GATHER, src, dst, _BYTES, 0, 0, call)
 
     def _gather(self, src: np.ndarray, dst: np.ndarray, peers: Mapped) -> None:
-        """all_gather's copies between comm.empty buffers: every other rank's block from its
-        x (buffer 0) where the x are mapped, else from its result (buffer 1), where it is in
-        place. (Cross-memory copies: one_copy.c's attached_copies.)"""
-        block, rank = src.nbytes, self.rank
+        """all_gather's copies between comm.empty buffers, by copy_plan: every other rank's
+        block from its x (buffer 0) where the x are mapped, else from its result (buffer 1),
+        where it is in place."""
         results = peers.mapped[1] and not peers.mapped[0]
-        for k in self._from_the_next():
-            mine = dst[k * block:(k + 1) * block]
-            if k != rank:
-                peers.copy(k, mine, k * block if results else 0, False, int(results))
-            elif not np.may_share_memory(mine, src):  # (src is mine, or apart from dst)
-                np.copyto(mine, src)
+        for peer, buffer, theirs, mine, nbytes, _ in self._plan(atomics.ALL_GATHER, src.nbytes,
+                                                                from_results=results):
+            part = dst[mine:mine + nbytes]
+            if peer != self.rank:
+                peers.copy(peer, part, theirs, False, buffer)
+            elif not np.may_share_memory(part, src):  # (src is mine, or apart from dst)
+                np.copyto(part, src)
 
-    def _from_the_next(self) -> list[int]:
-        """Every rank, this one's next first: the ranks copying at once read different
-        ranks' memory (each process_vm_readv pins its pages in the owner's address space,
-        and a buffer read by one rank at a time stays in fewer caches)."""
-        return [(self.rank + 1 + i) % self.size for i in range(self.size)]
+    def _plan(self, kind: int, nbytes: int, item: int = 1, root: int = -1,
+              from_results: bool = False) -> tuple[tuple[int, int, int, int, int, bool], ...]:
+        """The copies this rank makes in a one-copy call, in order: (peer, buffer, offset in
+        theirs, offset in mine, bytes, write). One schedule for these mapped copies and the
+        kernel's (one_copy.c's copy_plan, which both call)."""
+        return atomics.copy_plan(kind, self.rank, self.size, root, nbytes, item, from_results)
 
     def reduce_scatter(self, send: np.ndarray, recv: np.ndarray, op: str) -> None:
         """Each round carries a piece of every rank's block: slot k holds rank k's pieces."""
@@ -294,29 +304,25 @@ class ShmNative:
                     signature("barrier"))
 
     def _spread(self, data: np.ndarray, root: int, peers: Mapped) -> None:
-        """broadcast's copies between comm.empty buffers, shared by the p ranks (as one_copy.c's
-        attached_copies shares cross-memory ones): the root writes the first 1/p of every
-        other rank's buffer while each of them reads the rest from the root's, so that every
-        core copies (p-1)/p of a buffer, not one reader the whole of it."""
-        head = data.nbytes // self.size
-        if self.rank == root:
-            for k in range(self.size):
-                if k != root:
-                    peers.copy(k, data[:head], 0, True)
-        else:
-            peers.copy(root, data[head:], head, False)
+        """broadcast's copies between comm.empty buffers, by copy_plan: the root writes the
+        first 1/p of every other rank's buffer while each of them reads the rest from the
+        root's."""
+        for peer, _, theirs, mine, nbytes, write in self._plan(atomics.BROADCAST, data.nbytes,
+                                                               root=root):
+            peers.copy(peer, data[mine:mine + nbytes], theirs, write)
 
     def _reduce_parts(self, src: np.ndarray, dst: np.ndarray, dtype: np.dtype, op: str,
                       in_place: bool, peers: Mapped) -> None:
-        """all_reduce's copies between comm.empty buffers: this rank reduces its 1/p of every
-        rank's x, in rank order (so every rank gets the same bits), straight from their
-        buffers into its out; after a round (every part done), it copies the other parts from
-        their owners' outs: one copy fewer than the slots' rounds."""
-        rank, size, item = self.rank, self.size, dtype.itemsize
-        count = dst.nbytes // item
-        bounds = [k * count // size * item for k in range(size + 1)]
-        lo, hi = bounds[rank], bounds[rank + 1]
-        parts = [(src[lo:hi] if k == rank else peers.view(k, 0, lo, hi - lo)).view(dtype)
+        """all_reduce's copies between comm.empty buffers, by copy_plan: this rank reduces its
+        part of every rank's x, in rank order (so every rank gets the same bits), straight
+        from their buffers into its out; after a round (every part done), it copies the other
+        parts from their owners' outs: one copy fewer than the slots' rounds."""
+        rank, size = self.rank, self.size
+        plan = self._plan(atomics.ALL_REDUCE, dst.nbytes, dtype.itemsize)
+        lo, nbytes = next((mine, nbytes) for peer, _, _, mine, nbytes, _ in plan
+                          if peer == rank)
+        hi = lo + nbytes
+        parts = [(src[lo:hi] if k == rank else peers.view(k, 0, lo, nbytes)).view(dtype)
                  for k in range(size)]
         if in_place and rank >= 2:  # out's part is x's, which the first step would overwrite
             parts[rank] = parts[rank].copy()
@@ -325,9 +331,9 @@ class ShmNative:
         for part in parts[2:]:
             ufunc(ours, part, out=ours)
         self._everyone(True)  # every part is reduced
-        for k in self._from_the_next():
-            if k != rank:
-                peers.copy(k, dst[bounds[k]:bounds[k + 1]], bounds[k], False, 1)
+        for peer, buffer, theirs, mine, nbytes, _ in plan:
+            if peer != rank:
+                peers.copy(peer, dst[mine:mine + nbytes], theirs, False, buffer)
 
     def allocate(self, nbytes: int) -> np.ndarray:
         """This rank's buffer of a new comm.empty allocation (tbcoll.transports.shm.heap);

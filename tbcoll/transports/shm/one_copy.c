@@ -9,6 +9,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <errno.h>
 #include <string.h>
 
 #include "../../include/buffers.h"
@@ -24,36 +25,111 @@ static void copy_bytes(char *to, const char *from, Py_ssize_t n)
 }
 
 /*
- * The cross-memory copies of an all_gather or broadcast of n bytes a rank: table[k] holds
- * where rank k's buffers are (x and result for all_gather, the result for broadcast: address,
- * then two words of comm.empty's), base the segment (its pids). all_gather: every other rank's block from its x, the next
- * rank's first (ranks copying at once read different ranks' memory), and this rank's own into
- * dst; broadcast: the root writes the first 1/p of every other rank's result while each of
- * them reads the rest from the root's, so that every core copies, not the root alone.
- * 0, or the errno of the first copy refused (the others are not made).
+ * The copy schedule of a one-copy call, written once: the copies that rank makes, in order,
+ * for the kernel's (attached_copies, here) and for Python's through the mappings of
+ * comm.empty's allocations (tbcoll/shm/native.py, which calls it as copy_plan()). n: the bytes
+ * of a rank's block for all_gather, of the whole buffer for broadcast and all_reduce; item:
+ * the element's bytes (all_reduce's parts end on an element). A step names the peer, which of
+ * its buffers (0: x, or broadcast's one buffer; 1: the result), where in it, where in this
+ * rank's result, how many bytes, and whether this rank writes there (else it reads). A step
+ * whose peer is this rank is its own part: all_gather's block copied from x into the result,
+ * all_reduce's part that this rank reduces. Into steps (room for size of them): how many.
+ *   all_gather: every rank's block, the next rank's first (ranks copying at once read
+ *     different ranks' memory), from its x, or from its result where from_results;
+ *   broadcast: the root writes the first n / size bytes of every other rank's buffer while
+ *     each of them reads the rest from the root's, so that every core copies;
+ *   all_reduce: rank k owns bytes [k * count / size, (k + 1) * count / size) elements (count
+ *     = n / item); this rank reduces its own part, then reads every other part from its
+ *     owner's result, the next rank's first.
+ */
+Py_ssize_t copy_plan(int kind, Py_ssize_t rank, Py_ssize_t size, Py_ssize_t root, Py_ssize_t n,
+                     Py_ssize_t item, int from_results, CopyStep *steps)
+{
+    Py_ssize_t made = 0, head = n / size, count = n / item;
+    if (kind == BROADCAST) {
+        for (Py_ssize_t k = 0; k < size && rank == root; k++)
+            if (k != root)
+                steps[made++] = (CopyStep){k, 0, 0, 0, head, 1};
+        if (rank != root)
+            steps[made++] = (CopyStep){root, 0, head, head, n - head, 0};
+        return made;
+    }
+    for (Py_ssize_t i = 1; i <= size; i++) {
+        Py_ssize_t k = (rank + i) % size;
+        if (kind == ALL_GATHER) {
+            steps[made++] = (CopyStep){k, from_results, from_results ? k * n : 0, k * n, n, 0};
+        } else {
+            Py_ssize_t lo = k * count / size * item, hi = (k + 1) * count / size * item;
+            steps[made++] = (CopyStep){k, 1, lo, lo, hi - lo, 0};
+        }
+    }
+    return made;
+}
+
+/*
+ * copy_plan(kind, rank, size, root, nbytes, itemsize, from_results) -> steps
+ * The schedule above, as a tuple of (peer, buffer, theirs, mine, nbytes, write).
+ */
+PyObject *copy_plan_py(PyObject *Py_UNUSED(module), PyObject *args)
+{
+    int kind, from_results;
+    Py_ssize_t rank, size, root, n, item;
+    if (!PyArg_ParseTuple(args, "innnnnp:copy_plan", &kind, &rank, &size, &root, &n, &item,
+                          &from_results))
+        return NULL;
+    if (!(kind == ALL_GATHER || kind == BROADCAST || kind == ALL_REDUCE) || size < 1 ||
+        size > MAX_RANKS || rank < 0 || rank >= size || n < 0 || item < 1 || n % item ||
+        (kind == BROADCAST && (root < 0 || root >= size))) {
+        PyErr_SetString(PyExc_ValueError, "copy_plan: a one-copy kind, a rank of size (at most "
+                                          "MAX_RANKS), a root of it, and whole elements");
+        return NULL;
+    }
+    CopyStep *steps = PyMem_New(CopyStep, size);
+    if (steps == NULL)
+        return PyErr_NoMemory();
+    Py_ssize_t made = copy_plan(kind, rank, size, root, n, item, from_results, steps);
+    PyObject *plan = PyTuple_New(made);
+    for (Py_ssize_t i = 0; plan != NULL && i < made; i++) {
+        CopyStep *s = &steps[i];
+        PyObject *step = Py_BuildValue("(nnnnnO)", s->peer, s->buffer, s->theirs, s->mine,
+                                       s->nbytes, s->write ? Py_True : Py_False);
+        if (step == NULL)
+            Py_CLEAR(plan);
+        else
+            PyTuple_SET_ITEM(plan, i, step);
+    }
+    PyMem_Free(steps);
+    return plan;
+}
+
+/*
+ * The cross-memory copies of an all_gather or broadcast (copy_plan's steps, made by the
+ * kernel): table[k] holds where rank k's buffers are (x and result for all_gather, the result
+ * for broadcast: address, then two words of comm.empty's), base the segment (its pids); this
+ * rank's own all_gather block is copied from src. 0, or the errno of the first copy refused
+ * (the others are not made).
  */
 static int attached_copies(Lane *self, int kind, long root, const char *src, char *dst,
                            Py_ssize_t n, const int64_t *table, const char *base)
 {
-    Py_ssize_t size = self->size, rank = self->rank, head = n / size;
+    Py_ssize_t buffers = kind == ALL_GATHER ? 2 : 1;
+    CopyStep *steps = PyMem_New(CopyStep, self->size);
+    if (steps == NULL)
+        return ENOMEM;
+    Py_ssize_t made = copy_plan(kind, self->rank, self->size, root, n, 1, 0, steps);
     int error = 0;
-    if (kind == ALL_GATHER) {
-        for (Py_ssize_t i = 1; i <= size; i++) {
-            Py_ssize_t k = (rank + i) % size;
-            char *block = dst + k * n;
-            if (k != rank && !error)
-                error = cma_move(pid_of(self, base, k), (uint64_t)table[6 * k], block, n, 0);
-            else if (k == rank && block != src)
-                copy_bytes(block, src, n);
+    for (Py_ssize_t i = 0; i < made && !error; i++) {
+        CopyStep *s = &steps[i];
+        char *mine = dst + s->mine;
+        if (s->peer != self->rank) {
+            uint64_t theirs = (uint64_t)table[3 * (buffers * s->peer + s->buffer)];
+            error = cma_move(pid_of(self, base, s->peer), theirs + (uint64_t)s->theirs, mine,
+                             s->nbytes, s->write);
+        } else if (mine != src) {
+            copy_bytes(mine, src, s->nbytes);
         }
-    } else if (rank == root) {
-        for (Py_ssize_t k = 0; k < size && !error; k++)
-            if (k != rank)
-                error = cma_move(pid_of(self, base, k), (uint64_t)table[3 * k], dst, head, 1);
-    } else {
-        error = cma_move(pid_of(self, base, root), (uint64_t)table[3 * root] + (uint64_t)head,
-                         dst + head, n - head, 0);
     }
+    PyMem_Free(steps);
     return error;
 }
 

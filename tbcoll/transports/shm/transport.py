@@ -111,7 +111,6 @@ class ShmStream(StreamTransport):
                       for rank in range(self.size) for peer in [self._peers.get(rank)])
         ring = next(iter(self._peers.values())).channel.outgoing
         self.publish_words()
-        announce_bit, answer_context = self.PULL_CONTEXTS
         lane.streams(
             context=endpoint.context, capacity=ring.capacity, send_budget=_ROOM_WAIT,
             recv_budget=WAIT_SLICE, words=self.words, publish=self.publish_words, rings=rings,
@@ -122,8 +121,8 @@ class ShmStream(StreamTransport):
             finish_pulled_send=checked("finish_pulled_send", self._door(self._finish_pulled_send)),
             finish_announcement=checked("finish_announcement",
                                         self._door(self._finish_announcement)),
-            pull_bytes=PULL_BYTES, announce_bit=announce_bit, answer_context=answer_context,
-            look=checked("look", self._door(self._look)), look_every=LOOK_EVERY)
+            pull_bytes=PULL_BYTES, look=checked("look", self._door(self._look)),
+            look_every=LOOK_EVERY)
 
     def _door(self, method: Callable[..., None]) -> Callable[..., None]:
         """method, entered as a door into the engine (its Turns, which mark the words STALE)."""
@@ -242,14 +241,19 @@ class ShmStream(StreamTransport):
         return PeerLostError(f"lost the stream from rank {peer.rank} ({peer.lost})",
                              (peer.rank,))
 
-    def _address(self, buf: np.ndarray) -> int:
-        return atomics.address(buf)
+    def _announcement(self, peer: Peer, buf: np.ndarray, context: int, tag: int,
+                      call: tuple[int, int]) -> tuple[bytes, int]:
+        return atomics.pull_announcement(self.words, peer.rank, bytes_of(buf), context, tag,
+                                         *call)
 
-    def _pull(self, peer: Peer, address: int, view: memoryview | np.ndarray) -> bool:
+    def _answer(self, pull: int, refused: bool) -> bytes:
+        return atomics.pull_answer(pull, refused)
+
+    def _pull(self, peer: Peer, descriptor: bytes, view: memoryview) -> bool:
         pid = self._native.pid_of(peer.rank)
         if pid <= 0:  # not published yet (it always is by then): through the ring instead
             return False
-        error = atomics.cma_copy(pid, address, view, False)
+        error = atomics.pull_payload(pid, descriptor, view)
         if error == errno.ESRCH:
             self._lose(peer, f"{PEER_ENDED}: pid {pid} is gone")
         return error == 0

@@ -88,7 +88,6 @@ class StreamTransport(Pulls, Revocation):
     # it touches nothing another thread changes
     waits_released = False
     DESCRIPTOR_BYTES = DESCRIPTOR.size
-    PULL_CONTEXTS = (ANNOUNCE, PULLED)  # an announcement's context bit, an answer's context
 
     def __init__(self, rank: int, size: int, channels: dict[int, Channel],
                  timeout: float) -> None:

@@ -20,15 +20,13 @@ import numpy as np
 from tbcoll.core.callbacks import checked
 from tbcoll.core.calls import signature
 from tbcoll.core.dtypes import DTYPE_CODES, DTYPES, OP_CODES, reducer
+from tbcoll.core.extensions import c_extension
 from tbcoll.transports.stream import StreamEndpoint
 
 if TYPE_CHECKING:
     from tbcoll.transports.tcp.transport import TcpTransport
 
-try:
-    from tbcoll.transports.tcp import _sockets
-except ImportError:  # built without a compiler: numpy reduces
-    _sockets = None
+_sockets = c_extension("tbcoll.transports.tcp._sockets")  # None (no compiler): numpy reduces
 
 _TAG = 8  # apart from the algorithms' tags (tbcoll.algorithms)
 _KEEP = 1 << 20  # blocks of this size and more share one buffer (_kept_blocks)

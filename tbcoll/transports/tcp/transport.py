@@ -23,6 +23,7 @@ import numpy as np
 from tbcoll.core.callbacks import check_callbacks, checked
 from tbcoll.core.calls import NO_CALL
 from tbcoll.core.errors import PEER_ENDED, PeerLostError
+from tbcoll.core.extensions import c_extension
 from tbcoll.core.wire_check import check_wire
 from tbcoll.job.env import LaunchInfo, link_delay, placement
 from tbcoll.job.rendezvous import Store
@@ -41,10 +42,9 @@ from tbcoll.transports.stream.words import check_words
 from tbcoll.transports.tcp.delayed import DelayedChannel
 from tbcoll.transports.tcp.native import TcpNative
 
-try:
-    from tbcoll.transports.tcp import _sockets
-except ImportError:  # built without a compiler: every message takes the engine's Python path
-    _sockets = None
+# None where built without a compiler (or TBCOLL_NO_C=1): every message takes the engine's
+# Python path
+_sockets = c_extension("tbcoll.transports.tcp._sockets")
 if _sockets is not None:
     check_wire(_sockets)
     check_words(_sockets)
