@@ -107,11 +107,12 @@ _HEADER = struct.Struct("<iiqQ")  # endpoint, tag, bytes, the sender's call sign
 
 
 class _Request:
-    __slots__ = ("peer", "key", "view", "done", "signature")
+    """A send or a receive: with whom, its (peer, endpoint, tag), its bytes, whether done."""
 
-    def __init__(self, peer: int, key: tuple, view: memoryview, signature: int = 0) -> None:
-        self.peer, self.key, self.view, self.signature = peer, key, view, signature
-        self.done = False
+    __slots__ = ("peer", "key", "view", "done")
+
+    def __init__(self, peer: int, key: tuple, view: memoryview) -> None:
+        self.peer, self.key, self.view, self.done = peer, key, view, False
 
 
 class _Engine:
@@ -130,7 +131,7 @@ class _Engine:
     def isend(self, endpoint: int, buf: np.ndarray, peer: int, tag: int) -> _Request:
         data = memoryview(np.ascontiguousarray(buf).reshape(-1).view(np.uint8))
         header = _HEADER.pack(endpoint, tag, data.nbytes, self.signature if endpoint else 0)
-        request = _Request(peer, (endpoint, tag), data)
+        request = _Request(peer, (peer, endpoint, tag), data)
         self.outgoing[peer].append([request, memoryview(header), data])
         return request
 
@@ -143,16 +144,15 @@ class _Engine:
             self.posted.setdefault(request.key, []).append(request)
         return request
 
-    def _deliver(self, request: _Request, data: bytes | None, signature: int) -> None:
+    def _deliver(self, request: _Request, data: bytes, signature: int) -> None:
         """Compare the calls (as the stream transports do), then the message's size."""
         mine = self.signature if request.key[1] else 0
         if signature and mine and signature != mine:
             raise CommError(mismatch({self.rank: mine, request.peer: signature}))
-        if data is not None:
-            if len(data) != request.view.nbytes:
-                raise CommError(f"rank {request.peer} sent {len(data)} bytes where "
-                                f"{request.view.nbytes} were expected")
-            request.view[:] = data
+        if len(data) != request.view.nbytes:
+            raise CommError(f"rank {request.peer} sent {len(data)} bytes where "
+                            f"{request.view.nbytes} were expected")
+        request.view[:] = data
         request.done = True
 
     def waitall(self, requests: list[_Request]) -> None:
