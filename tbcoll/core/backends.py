@@ -55,7 +55,11 @@ def transport(name: str, module: str = "") -> ModuleType:
     """The transport module of backend `name`; module: TBCOLL_TRANSPORT_MODULE ("": none),
     imported first (it may register name, or be the transport itself)."""
     if module:
-        found = import_module(module)
+        try:
+            found = import_module(module)
+        except ImportError as e:
+            raise ValueError(f"TBCOLL_TRANSPORT_MODULE={module!r} cannot be imported ({e}); "
+                             "name a module on every rank's sys.path") from e
         if name not in _REGISTERED and name not in TRANSPORTS and name not in installed():
             if not callable(getattr(found, "open_world", None)):
                 raise ValueError(f"TBCOLL_TRANSPORT_MODULE={module!r} neither registers a "
