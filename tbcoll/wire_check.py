@@ -2,8 +2,9 @@
 
 tbcoll/include/wire.h describes what C and Python must agree on byte for byte: the element
 types' and reductions' codes (Python holds their numpy types, tbcoll.dtypes, in that order),
-and the stream engine's message header, pulled-message descriptor and contexts (Python packs
-them with struct, tbcoll.transports.stream.framing). Each extension exports that description as
+the call signature's fields (tbcoll.calls.FIELDS), and the stream engine's message header,
+pulled-message descriptor and contexts (Python packs them with struct,
+tbcoll.transports.stream.framing). Each extension exports that description as
 WIRE, and _atomics the shm layout's and lane's constants besides (tbcoll/shm/shm.h). An
 extension built from other versions of those headers would read other bytes or codes than
 Python writes, without a word, so it fails to import instead, naming what differs.
@@ -14,6 +15,7 @@ from __future__ import annotations
 import struct
 from types import ModuleType
 
+from tbcoll.calls import FIELDS
 from tbcoll.dtypes import DTYPES, OPS
 from tbcoll.transports.stream import framing
 
@@ -38,6 +40,7 @@ def python_wire() -> dict[str, object]:
         "descriptor": _layout(framing.DESCRIPTOR_FIELDS),
         "contexts": framing.CONTEXTS,
         "pull_ids": framing.PULL_IDS,
+        "call": tuple((name, low, bits) for name, (low, bits) in FIELDS.items()),
         "byte_order": "big",
     }
 
@@ -59,7 +62,8 @@ def check_wire(module: ModuleType) -> None:
     theirs = theirs if isinstance(theirs, dict) else {}
     _raise_if_differs(module, {part: (theirs.get(part), ours)
                                for part, ours in python_wire().items()},
-                      "tbcoll.dtypes and tbcoll.transports.stream.framing (tbcoll/include/wire.h)")
+                      "tbcoll.dtypes, tbcoll.calls and tbcoll.transports.stream.framing "
+                      "(tbcoll/include/wire.h)")
 
 
 def check_constants(module: ModuleType, ours: dict[str, object], owner: str) -> None:

@@ -127,7 +127,7 @@ static int mesh_work(void *lane, int kind, PyObject *x, const Py_buffer *xv, PyO
     (void)root; /* all_reduce and all_gather: none */
     int reduces = kind == ONE_CALL_ALL_REDUCE, mesh = reduces ? MESH_ALL_REDUCE
                                                               : MESH_ALL_GATHER;
-    unsigned long long signature = (unsigned long long)xv->len |
+    unsigned long long signature = CALL_BYTES_OF(xv->len) |
                                    (reduces ? self->all_reduce[dtype][op]
                                             : self->all_gather[dtype]);
     if (!reduces)

@@ -347,7 +347,7 @@ static int segment_work(void *lane, int kind, PyObject *x, const Py_buffer *xv,
     Lane *self = lane;
     Round r = {.src = xv->buf, .src_len = xv->len, .dst = tv->buf, .dst_len = tv->len,
                .kind = kind, .dtype = BYTES_DTYPE};
-    uint64_t signature = (uint64_t)xv->len;
+    uint64_t signature = CALL_BYTES_OF(xv->len);
     switch (kind) {
     case ALL_REDUCE:
         r.dtype = dtype;

@@ -328,7 +328,7 @@ static int exchange_and_reduce(void *lane, int kind, PyObject *x, const Py_buffe
     char *blocks = PyByteArray_AS_STRING(self->blocks);
     uint64_t *call = self->seq.buf; /* the engine's begin_next_call */
     call[0] += 1;
-    call[1] = (uint64_t)len | self->signatures[dtype][op];
+    call[1] = CALL_BYTES_OF(len) | self->signatures[dtype][op];
     unsigned char header[HEADER_BYTES];
     put_header(header, self->context, self->tag, (uint64_t)len, call[0], call[1]);
     char *stages[MAX_PEERS];
