@@ -1,7 +1,9 @@
 """Builds the C extensions and tbrun's die-with-parent; everything else is in pyproject.toml.
 
 - tbcoll._gate: a communicator's call gate (its lock, calls in progress, count and flight
-  recorder; tbcoll/include/gate.h), which the shm lane drives from C.
+  recorder; tbcoll/include/gate.h), and LaneCall (tbcoll/one_call.c): the whole call around a
+  transport's C lane, which each lane's extension offers as a versioned struct
+  (tbcoll/include/lane.h) in a capsule; compiled here once.
 - tbcoll.shm._atomics: the shm transport's flags, rings and rounds, and its one-call lane (its
   files by layer: tbcoll/shm/shm.h).
 - tbcoll.transports._sockets: the tcp transport's small-message path (a whole message per
@@ -65,11 +67,11 @@ class BuildExtAndDieWithParent(build_ext):
 
 
 # the headers every extension shares (tbcoll/include: the wire and its export, reductions,
-# buffers, the pause of a spin, the stream engine's words, what the C lanes share, the calls
+# buffers, the pause of a spin, the stream engine's words, the lane interface, the calls
 # into Python)
 _SHARED = ["tbcoll/include/wire.h", "tbcoll/include/wire_export.h", "tbcoll/include/reduce.h",
            "tbcoll/include/buffers.h", "tbcoll/include/cpu_relax.h",
-           "tbcoll/include/engine_words.h", "tbcoll/include/one_call.h",
+           "tbcoll/include/engine_words.h", "tbcoll/include/lane.h",
            "tbcoll/include/callbacks.h"]
 # shm's files by layer (tbcoll/shm/shm.h): the pure C ones first (no Python.h:
 # tests/transports/test_tsan.py builds them without Python), then the Lane's and the module's
@@ -92,7 +94,8 @@ VERBS_SOURCES = [f"tbcoll/rdma/{name}" for name in (
 VERBS_HEADERS = ["tbcoll/rdma/fabric.h"]
 
 setup(cmdclass={"build_ext": BuildExtAndDieWithParent}, ext_modules=[
-    Extension("tbcoll._gate", ["tbcoll/_gate.c"], depends=["tbcoll/include/gate.h"],
+    Extension("tbcoll._gate", ["tbcoll/_gate.c", "tbcoll/one_call.c"],
+              depends=[*_SHARED, "tbcoll/include/gate.h", "tbcoll/one_call.h"],
               optional=_OPTIONAL),
     Extension("tbcoll.shm._atomics", SHM_SOURCES,
               depends=[*_SHARED, *SHM_HEADERS, "tbcoll/include/gate.h"], optional=_OPTIONAL),

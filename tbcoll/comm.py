@@ -55,7 +55,7 @@ from tbcoll.collectives import (
 from tbcoll.dumps import on_failure
 from tbcoll.env import algorithm_overrides, check_mode, record_size, trace_chunk, tracing
 from tbcoll.errors import CommError, CommRevokedError, PeerError, TbcollError, revoked
-from tbcoll.gate import NATIVE, Gate
+from tbcoll.gate import NATIVE, Gate, lane_call
 from tbcoll.ownership import busy, track
 from tbcoll.point_to_point import MAX_TAG, PointToPoint
 from tbcoll.recorder import call_site, new_trace, trace_full
@@ -133,13 +133,14 @@ class Communicator(PointToPoint):
             setattr(self, f"_first_{name}", steps.get(name))
 
     def _bind_lane(self, native: Any) -> tuple[Any, frozenset[Collective], bool]:
-        """The transport's C lane (Native.lane, tbcoll.transports.base), bound to this
-        communicator, for the collectives whose one-call path the table takes (up to the
-        table's size: limit()), which it then takes in place of the direct path, and send and
-        recv where it moves messages: the lane, the collectives it took and whether it took
+        """The transport's C lane (Native.lane, tbcoll.transports.base), its whole call run by
+        tbcoll._gate.LaneCall (tbcoll.gate.lane_call) and bound to this communicator, for the
+        collectives whose one-call path the table takes (up to the table's size: limit()),
+        which it then takes in place of the direct path, and send and recv where it moves
+        messages: the lane, the collectives it took and whether it took
         send and recv (its bind says). None and none where it has none."""
-        lane = getattr(native, "lane", None)
-        if lane is None or self.size == 1:
+        lane = None if self.size == 1 else lane_call(getattr(native, "lane", None))
+        if lane is None:
             return None, frozenset(), False
         served = [k for k, entry in enumerate(LANE_ENTRIES) if self._quick[entry] is not None]
         # (every error goes to _named, which names a CommError and sees an interruption)

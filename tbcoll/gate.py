@@ -19,8 +19,14 @@ OP_CODES (tbcoll.dtypes), ALGORITHM_CODES (tbcoll.algorithms); -1 for none. A ca
 op are given as they are (a numpy dtype, an op's name, or None), and the gate takes their
 codes from tbcoll.dtypes' tables, handed to it at import: on the latency-critical paths that
 costs less than a lookup in Python. Where the C extension is not built, PyGate does the same
-in Python (the shm lane needs the C one). describe, in_progress and row turn records and
+in Python (the C lanes need the C one). describe, in_progress and row turn records and
 calls into names, for tbcoll.dumps.
+
+The same extension runs the whole call around a transport's C lane (lane_call: LaneCall,
+tbcoll/one_call.c), which each transport's extension offers as a versioned struct of
+functions (tbcoll/include/lane.h) in a "tbcoll.lane.v1" capsule: the code of a whole call
+(its checks and admission, the gate, the engine's lock, the count and the record) is
+compiled once, here, and a transport writes only its work.
 """
 
 from __future__ import annotations
@@ -29,7 +35,10 @@ import threading
 from time import perf_counter
 from typing import Any
 
+import numpy as np
+
 from tbcoll.algorithms import ALGORITHM_CODES, COLLECTIVES, NAMES
+from tbcoll.callbacks import check_callbacks
 from tbcoll.collective_base import KINDS
 from tbcoll.dtypes import DTYPE_CODES, DTYPES, OP_CODES, OPS
 
@@ -196,10 +205,25 @@ class PyGate:
         return None
 
 
+LaneCall: Any = None  # tbcoll._gate.LaneCall, where built
 try:
     from tbcoll import _gate
 except ImportError:  # built without a compiler
     Gate: Any = PyGate
 else:
     _gate.codes(tuple(DTYPE_CODES), tuple(OP_CODES))
-    Gate = _gate.Gate
+    check_callbacks(_gate, ("one_call",))  # LaneCall's calls into Python
+    Gate, LaneCall = _gate.Gate, _gate.LaneCall
+_DTYPES_BY_CODE = tuple(DTYPE_CODES)
+
+
+def lane_call(lane: Any) -> Any:
+    """The whole call around a transport's C lane (lane: its object, whose lane_capsule()
+    offers tbcoll/include/lane.h's struct), as tbcoll._gate.LaneCall runs it: bind, limit,
+    admits, direct and the calls of the Native.lane contract (tbcoll.transports.base). None
+    where there is no lane, or no gate extension to run it. Raises ImportError where the lane
+    was built for another version of the interface."""
+    if lane is None or LaneCall is None:
+        return None
+    return LaneCall(lane.lane_capsule(), ndarray=np.ndarray, dtypes=_DTYPES_BY_CODE,
+                    ops=OP_CODES, empty=np.empty)

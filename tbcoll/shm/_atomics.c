@@ -429,7 +429,7 @@ static PyObject *lane_kinds(void)
 }
 
 /* the calls into Python that the shm lane makes (checked at import by tbcoll.callbacks) */
-#define SHM_CALLBACKS(X) CALLBACKS_ONE_CALL(X) CALLBACKS_SHM(X)
+#define SHM_CALLBACKS(X) CALLBACKS_SHM(X)
 
 PyMODINIT_FUNC PyInit__atomics(void)
 {

@@ -19,7 +19,7 @@ except ImportError:  # built without a compiler
     atomics = None
 if atomics is not None:
     check_wire(atomics)
-    check_callbacks(atomics, ("one_call", "shm"))
+    check_callbacks(atomics, ("shm",))
 
 
 class AtomicFlags:

@@ -3,22 +3,17 @@
  *
  * Lane(*, segment, flags, size, rank, sets, slot_bytes, budget, resume, pids) is one
  * communicator's segment: the rounds (round(); the protocol is written once, in rounds.c's
- * run_round), the count of rounds done (`rounds`), and, once calls() told it what to check
- * and how to sign each call, one-call paths for small arrays that do in C what the
- * Communicator and the transport do in Python (the contract's one_call_run_any,
- * tbcoll/include/one_call.h, around this file's segment_work): check the arguments, take the
- * communicator's call gate (tbcoll/include/gate.h: its lock, the call in progress), run the
- * round, count the call and put it in the gate's flight recorder. That Python cost ~0.7 us of
- * a 1.4 us 8 B all_reduce, more than the round; MPICH's whole call takes ~1.1 us. A larger
- * all_gather or broadcast copies each block once (one_copy.c, Linux); send and recv are
- * checked and taken, and moved in C (moves.c). Each path returns None, having touched
- * nothing, where the call does not qualify (another array type or dtype, an empty x, an out
- * of another shape, too large, a busy communicator): the Python path then runs, and raises
- * where the call is wrong.
+ * run_round), the count of rounds done (`rounds`), and, once calls() told it how to sign each
+ * call, the lane interface (tbcoll/include/lane.h) that lane_capsule() hands out:
+ * tbcoll._gate.LaneCall runs a small array's whole call around this file's segment_work
+ * (checks, the communicator's call gate, the round, the count and the flight recorder), which
+ * Python did in ~0.7 us of a 1.4 us 8 B all_reduce, more than the round; MPICH's whole call
+ * takes ~1.1 us. A larger all_gather or broadcast copies each block once (one_copy.c, Linux:
+ * copies_once, the struct's beyond); send and recv move in C (moves.c's move_message).
  *
- * Includes: Python.h, tbcoll/include/buffers.h, one_call.h, lane.h, lane_base.h, moves.h,
- * one_copy.h, cma.h (HAVE_CMA); nothing includes this file's functions but _atomics.c
- * (add_lane_type).
+ * Includes: Python.h, tbcoll/include/buffers.h, lane.h (shm's), lane_base.h
+ * (tbcoll/include/lane.h), moves.h, one_copy.h, cma.h (HAVE_CMA); nothing includes this file's
+ * functions but _atomics.c (add_lane_type).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -27,15 +22,13 @@
 #include <structmember.h> /* T_ULONGLONG */
 
 #include "../include/buffers.h"
-#include "../include/one_call.h" /* one_call_import_gate, one_call_words */
 #include "cma.h" /* HAVE_CMA */
 #include "lane.h"
 #include "lane_base.h"
 #include "moves.h"
 #include "one_copy.h"
 
-static PyTypeObject *GateType; /* tbcoll._gate.Gate; NULL where its import failed: */
-static PyObject *gate_error;   /* why (GATE_ERROR: tbcoll.shm.native raises it) */
+static void lane_offer(Lane *self, int size, int rank);
 
 static int lane_traverse(Lane *self, visitproc visit, void *arg)
 {
@@ -52,7 +45,7 @@ static int lane_traverse(Lane *self, visitproc visit, void *arg)
     Py_VISIT(self->look);
     Py_VISIT(self->words.obj);
     Py_VISIT(self->publish);
-    return one_call_traverse(&self->call, visit, arg);
+    return 0;
 }
 
 static int lane_clear(Lane *self)
@@ -75,7 +68,6 @@ static int lane_clear(Lane *self)
     self->stream_at = NULL;
     PyMem_Free(self->next_look);
     self->next_look = NULL;
-    one_call_clear(&self->call);
     return 0;
 }
 
@@ -114,6 +106,7 @@ static int lane_init(Lane *self, PyObject *args, PyObject *kwargs)
         return -1;
     }
     lane_clear(self);
+    lane_offer(self, (int)size, (int)rank);
     Py_INCREF(segment);
     Py_INCREF(resume);
     self->segment = segment;
@@ -227,43 +220,40 @@ static PyObject *lane_rounds_method(Lane *self, PyObject *const *args, Py_ssize_
 }
 
 /*
- * calls(*, single_pass, ndarray, dtypes, ops, empty, all_reduce, all_gather, reduce_scatter,
- *       broadcast_call)
- * What the one-call paths take: numpy arrays (ndarray) of the dtypes (a tuple, by code),
- * reductions named in ops (name -> code), all_reduce up to single_pass bytes and the others
- * up to a slot (until limit() says otherwise); new results from empty(shape, dtype)
- * (one_call_calls). How they sign a call: all_reduce and reduce_scatter's signatures less
- * the byte count, flat lists by dtype then op, all_gather's by dtype, and broadcast's from
- * broadcast_call(dtype, root), asked once each.
+ * calls(*, single_pass, all_reduce, all_gather, reduce_scatter, broadcast_call)
+ * What the one-call paths take: all_reduce up to single_pass bytes and the others up to a
+ * slot (until limit() says otherwise). How they sign a call: all_reduce and reduce_scatter's
+ * signatures less the byte count, flat lists by dtype then op, all_gather's by dtype, and
+ * broadcast's from broadcast_call(dtype, root), asked once each.
  */
 static PyObject *lane_calls(Lane *self, PyObject *args, PyObject *kwargs)
 {
-    static char *keywords[] = {"single_pass", "ndarray", "dtypes", "ops", "empty", "all_reduce",
-                               "all_gather", "reduce_scatter", "broadcast_call", NULL};
+    static char *keywords[] = {"single_pass", "all_reduce", "all_gather", "reduce_scatter",
+                               "broadcast_call", NULL};
     Py_ssize_t single_pass;
-    PyObject *ndarray, *dtypes, *ops, *empty, *all_reduce, *all_gather, *reduce_scatter,
-        *broadcast_call;
+    PyObject *all_reduce, *all_gather, *reduce_scatter, *broadcast_call;
     if (!every_keyword("calls", kwargs, keywords) ||
-        !PyArg_ParseTupleAndKeywords(args, kwargs, "|$nOOOOOOOO:calls", keywords, &single_pass,
-                                     &ndarray, &dtypes, &ops, &empty, &all_reduce, &all_gather,
-                                     &reduce_scatter, &broadcast_call) ||
-        one_call_words(all_reduce, &self->all_reduce_calls[0][0], DTYPES * OPS) < 0 ||
-        one_call_words(all_gather, self->all_gather_calls, DTYPES) < 0 ||
-        one_call_words(reduce_scatter, &self->reduce_scatter_calls[0][0], DTYPES * OPS) < 0)
+        !PyArg_ParseTupleAndKeywords(args, kwargs, "|$nOOOO:calls", keywords, &single_pass,
+                                     &all_reduce, &all_gather, &reduce_scatter,
+                                     &broadcast_call) ||
+        lane_words(all_reduce, &self->all_reduce_calls[0][0], DTYPES * OPS) < 0 ||
+        lane_words(all_gather, self->all_gather_calls, DTYPES) < 0 ||
+        lane_words(reduce_scatter, &self->reduce_scatter_calls[0][0], DTYPES * OPS) < 0)
         return NULL;
+    if (self->segment == NULL || single_pass < 0 || single_pass > self->slot_bytes) {
+        PyErr_SetString(PyExc_ValueError, "calls: after Lane(), single_pass up to a slot");
+        return NULL;
+    }
     uint64_t *broadcast_calls = PyMem_Calloc((size_t)(DTYPES * self->size), sizeof(uint64_t));
     if (broadcast_calls == NULL)
         return PyErr_NoMemory();
-    /* (no engine's lock: the segment is this communicator's alone) */
-    if (one_call_calls(&self->call, (int)self->size, ndarray, dtypes, ops, empty, NULL, NULL,
-                       self->slot_bytes) < 0) {
-        PyMem_Free(broadcast_calls);
-        return NULL;
-    }
     PyMem_Free(self->broadcast_calls);
     self->broadcast_calls = broadcast_calls;
-    self->call.largest[ALL_REDUCE] = self->single_pass = single_pass;
+    for (int k = 0; k < LANE_KIND_COUNT; k++)
+        self->largest[k] = self->slot_bytes;
+    self->largest[ALL_REDUCE] = self->single_pass = single_pass;
     Py_XSETREF(self->broadcast_call, Py_NewRef(broadcast_call));
+    self->calls_given = 1;
     Py_RETURN_NONE;
 }
 
@@ -279,7 +269,7 @@ static PyObject *lane_limit(Lane *self, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "bad kind, or more bytes than a slot");
         return NULL;
     }
-    self->call.largest[kind] = nbytes;
+    self->largest[kind] = nbytes;
     Py_RETURN_NONE;
 }
 
@@ -306,27 +296,9 @@ static PyObject *lane_attach(Lane *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
-/*
- * bind(*, gate, codes, names, enabled, max_tag, comm_error, namer)
- * The communicator whose calls take the lane: its call gate (a tbcoll._gate.Gate, taken
- * around each call, counting the collectives and recording them), the gate's codes of the
- * lane's calls (tbcoll.gate: each kind's, in the kinds' order, then send's, recv's and the
- * native algorithm's), each kind's name (for its errors), a mask of the kinds that may take
- * the lane (bit k: kind k; ONE_CALL_MOVES: send and recv, with tags up to max_tag, once
- * streams() was called), and how its errors are named: a comm_error raised in a call is
- * raised again as namer()(error, what) (see named). Returns the mask it took: all of
- * enabled.
- */
-static PyObject *lane_bind(Lane *self, PyObject *args, PyObject *kwargs)
-{
-    /* every kind and the moves: all it has */
-    return one_call_bind(&self->call, GateType, gate_error, args, kwargs,
-                         ((1 << ONE_CALL_KINDS) - 1) | ONE_CALL_MOVES);
-}
-
 /* A bound all_gather or broadcast past its limit copies each block once (one_copy), where
  * attach() says it may and x is not inside the result but as this rank's block of it
- * (all_gather) or the result itself (broadcast) (OneCallBeyond) */
+ * (all_gather) or the result itself (broadcast) (the lane's beyond) */
 static int copies_once(void *lane, int kind, const Py_buffer *xv, const Py_buffer *out)
 {
     Lane *self = lane;
@@ -340,7 +312,7 @@ static int copies_once(void *lane, int kind, const Py_buffer *xv, const Py_buffe
 }
 
 /* A taken call in the segment: one round, or past the kind's limit its blocks copied once
- * (OneCallWork) */
+ * (the lane's work) */
 static int segment_work(void *lane, int kind, PyObject *x, const Py_buffer *xv,
                         PyObject *target, const Py_buffer *tv, int dtype, int op, int root)
 {
@@ -381,103 +353,55 @@ static int segment_work(void *lane, int kind, PyObject *x, const Py_buffer *xv,
     Py_buffer segment;
     if (PyObject_GetBuffer(self->segment, &segment, PyBUF_WRITABLE) < 0)
         return -1;
-    int done = xv->len > self->call.largest[kind]
+    int done = xv->len > self->largest[kind]
                    ? one_copy(self, &r, segment.buf, signature)
                    : lane_round(self, &r, (char *)segment.buf, signature);
     PyBuffer_Release(&segment);
     return done < 0 ? -1 : 0;
 }
 
-/* The one-call path of a collective of kind (one_call_run_any): guarded, the communicator's
- * call (bind), else the transport's direct_* path. */
-static PyObject *one_call(Lane *self, int kind, PyObject *x, PyObject *op_name, long root,
-                          PyObject *out, int guarded)
+/* The largest x of kind a round takes (the lane's limits): 0 until calls() */
+static Py_ssize_t round_limit(void *lane, int kind)
 {
-    return one_call_run_any(&self->call, self, kind, x, op_name, root, out, guarded, NULL,
-                            copies_once, segment_work);
+    const Lane *self = lane;
+    return self->calls_given ? self->largest[kind] : 0;
 }
 
-static int take_root(PyObject *root, long *value)
+/* The lane interface this Lane offers (tbcoll/include/lane.h): every kind, send and recv (once
+ * streams() lent the engine's rings; declined before), no engine's lock (the segment is this
+ * communicator's alone, and the engine's rings are taken in its doors) */
+static void lane_offer(Lane *self, int size, int rank)
 {
-    if (!PyLong_CheckExact(root)) /* (not a bool: the Python path says what is wrong) */
-        return 0;
-    *value = PyLong_AsLong(root);
-    if (*value == -1 && PyErr_Occurred()) {
-        PyErr_Clear();
-        return 0;
-    }
-    return 1;
+    self->lane = (tbcoll_lane_v1){
+        .version = TBCOLL_LANE_VERSION, .size = sizeof(tbcoll_lane_v1),
+        .kinds = ((1u << LANE_KIND_COUNT) - 1) | LANE_MOVES, .ranks = size, .rank = rank,
+        .state = self, .work = segment_work, .move = move_message, .ready = NULL,
+        .limits = round_limit, .beyond = copies_once, .take = NULL, .give = NULL};
 }
 
-/* direct(kind, x, op, root, out): the transport's direct_* path (tbcoll.transports.base),
- * whose caller holds the communicator and counts the call. */
-static PyObject *lane_direct(Lane *self, PyObject *const *args, Py_ssize_t nargs)
+/* lane_capsule() -> the "tbcoll.lane.v1" capsule of the lane interface, for
+ * tbcoll._gate.LaneCall (it keeps this Lane alive) */
+static PyObject *lane_capsule(Lane *self, PyObject *unused)
 {
-    long kind, root = -1;
-    if (!positional("direct", nargs, 5))
-        return NULL;
-    kind = PyLong_AsLong(args[0]);
-    if (kind < 0 || kind >= ONE_CALL_KINDS) {
-        if (!PyErr_Occurred())
-            PyErr_SetString(PyExc_ValueError, "bad kind");
+    (void)unused;
+    if (self->segment == NULL || !self->calls_given) {
+        PyErr_SetString(PyExc_ValueError, "lane_capsule: after Lane() and calls()");
         return NULL;
     }
-    if (kind == BROADCAST && !take_root(args[3], &root))
-        Py_RETURN_NONE;
-    return one_call(self, (int)kind, args[1], args[2], root, args[4], 0);
-}
-
-/* The communicator's calls (bind), their errors named: all_reduce(x, op, out), all_gather(x, out),
- * reduce_scatter(x, op, out), broadcast(x, root, out). */
-static PyObject *lane_all_reduce(Lane *self, PyObject *const *args, Py_ssize_t nargs)
-{
-    if (!positional("all_reduce", nargs, 3))
-        return NULL;
-    return one_call(self, ALL_REDUCE, args[0], args[1], -1, args[2], 1);
-}
-
-static PyObject *lane_all_gather(Lane *self, PyObject *const *args, Py_ssize_t nargs)
-{
-    if (!positional("all_gather", nargs, 2))
-        return NULL;
-    return one_call(self, ALL_GATHER, args[0], Py_None, -1, args[1], 1);
-}
-
-static PyObject *lane_reduce_scatter(Lane *self, PyObject *const *args, Py_ssize_t nargs)
-{
-    if (!positional("reduce_scatter", nargs, 3))
-        return NULL;
-    return one_call(self, REDUCE_SCATTER, args[0], args[1], -1, args[2], 1);
-}
-
-static PyObject *lane_broadcast(Lane *self, PyObject *const *args, Py_ssize_t nargs)
-{
-    long root;
-    if (!positional("broadcast", nargs, 3))
-        return NULL;
-    if (!take_root(args[1], &root))
-        Py_RETURN_NONE;
-    return one_call(self, BROADCAST, args[0], Py_None, root, args[2], 1);
+    return lane_capsule_new(&self->lane, (PyObject *)self);
 }
 
 #define FASTCALL(f) (PyCFunction)(void (*)(void))(f), METH_FASTCALL
 static PyMethodDef lane_methods[] = {
     {"round", FASTCALL(lane_round_method), "One round of a collective, to its end."},
     {"rounds", FASTCALL(lane_rounds_method), "A collective of any size in rounds."},
-    {"calls", (PyCFunction)(void (*)(void))lane_calls, METH_VARARGS | METH_KEYWORDS, "What the one-call paths take."},
-    {"limit", (PyCFunction)lane_limit, METH_VARARGS, "The largest x a kind's path takes."},
-    {"bind", (PyCFunction)(void (*)(void))lane_bind, METH_VARARGS | METH_KEYWORDS, "The communicator whose calls take it."},
+    {"calls", (PyCFunction)(void (*)(void))lane_calls, METH_VARARGS | METH_KEYWORDS, "How the one-call paths sign calls."},
+    {"limit", (PyCFunction)lane_limit, METH_VARARGS, "The largest x a kind's round takes."},
+    {"lane_capsule", (PyCFunction)lane_capsule, METH_NOARGS, "The lane interface (lane.h)."},
     {"streams", (PyCFunction)(void (*)(void))lane_streams, METH_VARARGS | METH_KEYWORDS, "The stream engine's rings, lent."},
     {"attach", (PyCFunction)lane_attach, METH_VARARGS, "Whether large calls copy once."},
     {"copy_once", (PyCFunction)lane_copy_once, METH_VARARGS, "A one-copy call's rounds."},
-    {"direct", FASTCALL(lane_direct), "A transport's one-call path."},
-    {"all_reduce", FASTCALL(lane_all_reduce), "The communicator's all_reduce, or None."},
-    {"all_gather", FASTCALL(lane_all_gather), "The communicator's all_gather, or None."},
-    {"reduce_scatter", FASTCALL(lane_reduce_scatter), "The communicator's reduce_scatter."},
-    {"broadcast", FASTCALL(lane_broadcast), "The communicator's broadcast, or None."},
     {"move", (PyCFunction)lane_move, METH_VARARGS, "The stream engine's blocking move."},
-    {"send", FASTCALL(lane_send), "The communicator's send (True), or None."},
-    {"recv", FASTCALL(lane_recv), "The communicator's recv (out), or None."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -491,7 +415,7 @@ static PyTypeObject LaneType = {
     .tp_name = "tbcoll.shm._atomics.Lane",
     .tp_basicsize = sizeof(Lane),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
-    .tp_doc = "One communicator's shm segment: its rounds and one-call paths.",
+    .tp_doc = "One communicator's shm segment: its rounds and its lane (lane.h).",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)lane_init,
     .tp_dealloc = (destructor)lane_dealloc,
@@ -503,8 +427,7 @@ static PyTypeObject LaneType = {
 
 int add_lane_type(PyObject *module)
 {
-    if (PyType_Ready(&LaneType) < 0 ||
-        one_call_import_gate(module, &GateType, &gate_error) < 0)
+    if (PyType_Ready(&LaneType) < 0)
         return -1;
     Py_INCREF(&LaneType);
     if (PyModule_AddObject(module, "Lane", (PyObject *)&LaneType) < 0) {

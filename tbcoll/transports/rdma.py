@@ -26,7 +26,7 @@ import numpy as np
 
 from tbcoll.callbacks import check_callbacks, checked
 from tbcoll.calls import mismatch, signature
-from tbcoll.dtypes import DTYPE_CODES, DTYPES, OP_CODES
+from tbcoll.dtypes import DTYPE_CODES, OP_CODES
 from tbcoll.env import LaunchInfo, placement, rdma_settings
 from tbcoll.errors import CommError, PeerLostError, PeerTimeoutError
 from tbcoll.rdma import devices
@@ -43,7 +43,7 @@ except ImportError:  # built without infiniband/verbs.h
     _verbs = None
 if _verbs is not None:
     check_wire(_verbs)
-    check_callbacks(_verbs, ("one_call", "rdma"))
+    check_callbacks(_verbs, ("rdma",))
 
 WAIT_SLICE = 0.05  # seconds a wait stays in C before it looks at the peers and the deadline
 
@@ -147,9 +147,8 @@ class RdmaNative:
         # the small all_reduce and all_gather whole in C (the Communicator binds it): its first
         # slice as _mesh_held's, which goes on from where it stopped
         self.lane = _verbs.MeshLane(fabric)
-        self.lane.calls(ndarray=np.ndarray, dtypes=tuple(DTYPES.values()), ops=OP_CODES,
-                        empty=np.empty, take=checked("take", turns.lock.acquire),
-                        give=turns.lock.release, largest=self._piece, all_reduce=_ALL_REDUCE,
+        self.lane.calls(take=checked("take", turns.lock.acquire), give=turns.lock.release,
+                        largest=self._piece, all_reduce=_ALL_REDUCE,
                         all_gather=_ALL_GATHER, shared=turns.shared_word, budget=WAIT_SLICE,
                         shared_budget=SHARED_SLICE,
                         finish=checked("mesh_held", self._mesh_held))

@@ -19,7 +19,7 @@ import numpy as np
 
 from tbcoll.callbacks import checked
 from tbcoll.calls import signature
-from tbcoll.dtypes import DTYPE_CODES, DTYPES, OP_CODES, reducer
+from tbcoll.dtypes import DTYPE_CODES, OP_CODES, reducer
 from tbcoll.transports.stream import StreamEndpoint
 
 if TYPE_CHECKING:
@@ -68,9 +68,8 @@ class TcpNative:
         if self.lane is not None:
             lock = transport.turns.lock
             spin, budget = transport.c_wait()
-            self.lane.calls(ndarray=np.ndarray, dtypes=tuple(DTYPES.values()), ops=OP_CODES,
-                            empty=np.empty, take=checked("take", lock.acquire),
-                            give=lock.release, largest=_WHOLE, signatures=_SIGNATURES,
+            self.lane.calls(take=checked("take", lock.acquire), give=lock.release,
+                            largest=_WHOLE, signatures=_SIGNATURES,
                             spin=spin, budget=budget, finish=checked("tcp_finish", self._finish))
 
     def direct_all_reduce(self, x: np.ndarray, op: str, root: int,

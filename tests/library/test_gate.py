@@ -3,7 +3,9 @@ calls in progress, its count and its flight recorder, in C (and its Python twin,
 shm lane drives the same struct from C; a dump's call in progress is the gate's, whichever
 path the call took, with the user's line read off the thread that runs it."""
 
+import ctypes
 import json
+import re
 import subprocess
 import sys
 
@@ -109,23 +111,55 @@ def test_the_call_in_progress_is_the_innermost_and_its_codes_come_from_the_regis
     gate.leave(unknown)
 
 
-def test_the_lane_takes_only_a_gate_built_from_its_layout():
-    """The shm lane drives the gate's struct from C (tbcoll/include/gate.h): it checked the
-    layout of tbcoll._gate's at import (a stale build is kept and said: the shm backend
-    refuses, saying what to do), and binds nothing but a Gate."""
-    from tbcoll.shm import _atomics
+def _capsule(version: int, size: int, name: bytes = b"tbcoll.lane.v1"):
+    """A capsule as a transport built from another tbcoll/include/lane.h would hand out: its
+    struct's version and size as given, the rest zero (never read: refused first)."""
+    make = ctypes.pythonapi.PyCapsule_New
+    make.restype, make.argtypes = ctypes.py_object, [ctypes.c_void_p, ctypes.c_void_p,
+                                                     ctypes.c_void_p]
+    struct = (ctypes.c_uint32 * 64)(version, size)
+    named = ctypes.create_string_buffer(name)
+    capsule = make(ctypes.addressof(struct), ctypes.addressof(named), None)
+    return capsule, (struct, named)  # (kept alive as long as the capsule is used)
 
-    assert _atomics.GATE_ERROR is None
-    lane = _atomics.Lane.__new__(_atomics.Lane)
+
+def test_the_lane_interface_is_versioned_and_binds_only_a_gate():
+    """A transport's lane offers tbcoll/include/lane.h's struct in a "tbcoll.lane.v1" capsule;
+    the gate's extension runs the whole call around it (LaneCall) and refuses a struct of
+    another version or size (a transport built from another lane.h) or another capsule,
+    saying what to do; bind takes nothing but a Gate. Without the gate's extension the shm
+    backend refuses, saying why."""
+    from tbcoll import _gate
+    from tbcoll.gate import lane_call
+    from tbcoll.shm import _atomics, native
+
+    lane = _atomics.Lane(segment=bytearray(1 << 16), flags=64, size=2, rank=0,
+                         sets=[4096, 8192], slot_bytes=256, budget=0.01, resume=None, pids=0)
+    lane.calls(single_pass=128, all_reduce=native._ALL_REDUCE, all_gather=native._ALL_GATHER,
+               reduce_scatter=native._REDUCE_SCATTER, broadcast_call=native._broadcast_call)
+    calls = lane_call(lane)
+    assert calls.kinds == 0b11111  # the four collectives, send and recv
     with pytest.raises(TypeError, match="Gate"):
-        lane.bind(gate=gates.PyGate(4), codes=(0,) * 7, names=("a",) * 4, enabled=0,
-                  max_tag=1, comm_error=TbcollError, namer=None)
-    stale = subprocess.run([sys.executable, "-c", (
-        "from tbcoll.shm import _atomics, native; _atomics.GATE_ERROR = 'layout 2, built for 1'"
-        "\nnative.available()")], capture_output=True, text=True, timeout=60)
-    assert stale.returncode == 1 and (
-        "TbcollError: the shm backend cannot use tbcoll's call gate (tbcoll._gate): layout 2, "
-        "built for 1; reinstall tbcoll (make)") in stale.stderr, stale.stderr
+        calls.bind(gate=gates.PyGate(4), codes=(0,) * 7, names=("a",) * 4, enabled=0,
+                   max_tag=1, comm_error=TbcollError, namer=None)
+    arrays = {"ndarray": np.ndarray, "dtypes": tuple(DTYPE_CODES), "ops": {"sum": 0},
+              "empty": np.empty}
+    for version, size, says in [(2, _gate.LANE_SIZE, "offers lane interface version 2 "),
+                                (1, _gate.LANE_SIZE - 8, f"version 1 ({_gate.LANE_SIZE - 8} "
+                                                         "bytes)")]:
+        capsule, kept = _capsule(version, size)
+        with pytest.raises(ImportError, match=re.escape(says)) as refused:
+            _gate.LaneCall(capsule, **arrays)
+        assert str(refused.value).endswith("reinstall tbcoll (make, or pip install -e .)")
+    capsule, kept = _capsule(1, _gate.LANE_SIZE, b"tbcoll.lane.v0")
+    with pytest.raises(TypeError, match='a capsule named "tbcoll.lane.v0"'):
+        _gate.LaneCall(capsule, **arrays)
+    missing = subprocess.run([sys.executable, "-c", (
+        "from tbcoll.shm import native; native.LaneCall = None\nnative.available()")],
+        capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 1 and (
+        "TbcollError: the shm backend needs tbcoll's call gate extension (tbcoll._gate), which "
+        "was not built: reinstall tbcoll (make)") in missing.stderr, missing.stderr
 
 
 IN_PROGRESS = """

@@ -182,9 +182,9 @@ def ran(call, methods=("all_reduce",)):
     return result, set(names) - {"<lambda>", "publish_words", *methods}
 
 def lane_paths(comm):
-    from tbcoll.transports._sockets import Lane
+    from tbcoll._gate import LaneCall
     r, p = comm.rank, comm.size
-    assert isinstance(comm._first_all_reduce.__self__, Lane)
+    assert isinstance(comm._first_all_reduce.__self__, LaneCall)  # around tcp's lane
 
     def in_c(call, check):
         # a call seen to run in C alone on every rank, every result checked (a peer later
@@ -222,8 +222,8 @@ def lane_paths(comm):
 
 
 def lane_moves(comm):
-    # send and recv through the Lane too (one_call_move): a ping-pong whole in C; a sender
-    # later than C's wait has the engine finish the receive C began
+    # send and recv through the Lane too (its move, LaneCall's send and recv): a ping-pong
+    # whole in C; a sender later than C's wait has the engine finish the receive C began
     r, p = comm.rank, comm.size
     assert comm._first_send.__self__ is comm._first_recv.__self__ is comm._lane
     moves = ("send", "recv")
