@@ -2,8 +2,8 @@
 
 - tbcoll._gate: a communicator's call gate (its lock, calls in progress, count and flight
   recorder; tbcoll/include/gate.h), and LaneCall (tbcoll/one_call.c): the whole call around a
-  transport's C lane, which each lane's extension offers as a versioned struct
-  (tbcoll/include/lane.h) in a capsule; compiled here once.
+  transport's C lane (its admission: tbcoll/admits.c), which each lane's extension offers as
+  a versioned struct (tbcoll/include/lane.h) in a capsule; compiled here once.
 - tbcoll.shm._atomics: the shm transport's flags, rings and rounds, and its one-call lane (its
   files by layer: tbcoll/shm/shm.h).
 - tbcoll.transports._sockets: the tcp transport's small-message path (a whole message per
@@ -94,8 +94,9 @@ VERBS_SOURCES = [f"tbcoll/rdma/{name}" for name in (
 VERBS_HEADERS = ["tbcoll/rdma/fabric.h"]
 
 setup(cmdclass={"build_ext": BuildExtAndDieWithParent}, ext_modules=[
-    Extension("tbcoll._gate", ["tbcoll/_gate.c", "tbcoll/one_call.c"],
-              depends=[*_SHARED, "tbcoll/include/gate.h", "tbcoll/one_call.h"],
+    Extension("tbcoll._gate", ["tbcoll/_gate.c", "tbcoll/one_call.c", "tbcoll/admits.c"],
+              depends=[*_SHARED, "tbcoll/include/gate.h", "tbcoll/one_call.h",
+                       "tbcoll/admits.h"],
               optional=_OPTIONAL),
     Extension("tbcoll.shm._atomics", SHM_SOURCES,
               depends=[*_SHARED, *SHM_HEADERS, "tbcoll/include/gate.h"], optional=_OPTIONAL),

@@ -205,16 +205,22 @@ class PyGate:
         return None
 
 
-LaneCall: Any = None  # tbcoll._gate.LaneCall, where built
+_DTYPES_BY_CODE = tuple(DTYPE_CODES)
+# tbcoll._gate.LaneCall, and plain(kind, x, arg, out, size): whether a call of a lane's kind
+# (tbcoll.routes.ROUTED's order) has arguments a one-call path takes as they are, the check
+# every LaneCall makes (tbcoll/admits.c), for a direct path with no lane; None where not built
+# (the entries' Collective.plain are then its twin)
+LaneCall: Any = None
+plain: Any = None
 try:
     from tbcoll import _gate
 except ImportError:  # built without a compiler
     Gate: Any = PyGate
 else:
     _gate.codes(tuple(DTYPE_CODES), tuple(OP_CODES))
+    _gate.arrays(np.ndarray, _DTYPES_BY_CODE, OP_CODES)
     check_callbacks(_gate, ("one_call",))  # LaneCall's calls into Python
-    Gate, LaneCall = _gate.Gate, _gate.LaneCall
-_DTYPES_BY_CODE = tuple(DTYPE_CODES)
+    Gate, LaneCall, plain = _gate.Gate, _gate.LaneCall, _gate.plain
 
 
 def lane_call(lane: Any) -> Any:

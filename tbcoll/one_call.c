@@ -9,7 +9,8 @@
  * are the Communicator's (tbcoll/transports/base.py's Native.lane contract); direct(kind, x,
  * op, root, out) a transport's direct_* path (its caller holds the communicator and counts
  * the call); admits(kind, x, arg, out) -> bool, the admission predicate (lane_admits) as a
- * bound call asks it, for Python's choice of a route.
+ * bound call asks it, for Python's choice of a route. The module's plain(kind, x, arg, out,
+ * size) is the same check of the arguments (arguments_admit) for a direct path with no lane.
  *
  * A call: its arguments checked and admitted (lane_admits: the one place that says whether a
  * call may take the lane), the communicator's call gate taken (gate.h), the engine's lock
@@ -19,7 +20,8 @@
  * call is wrong. That Python cost ~0.7 us of a 1.4 us shm 8 B all_reduce; the struct's
  * indirect calls cost ~1 ns each.
  *
- * Includes: Python.h, tbcoll/include/gate.h, lane.h, buffers.h, callbacks.h, wire.h.
+ * Includes: Python.h, tbcoll/include/gate.h, lane.h, buffers.h, callbacks.h, wire.h; admits.h
+ * (the check of the arguments, admits.c).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -30,6 +32,7 @@
 #include "include/gate.h"
 #include "include/lane.h"
 #include "include/wire.h" /* DTYPES */
+#include "admits.h"
 #include "one_call.h"
 
 typedef struct {
@@ -200,77 +203,10 @@ static PyObject *lane_call_limit(LaneCall *c, PyObject *args)
 
 /* --- the admission: may this call take the lane? ----------------------------------------- */
 
-/* The code of array's dtype among dtypes (a tuple by code, compared by identity, as
- * tbcoll.collective_base's KNOWN_DTYPES), or -1; -2 with an exception. *dtype: a new
- * reference. */
-static int dtype_code(PyObject *dtypes, PyObject *array, PyObject **dtype)
-{
-    static PyObject *name; /* "dtype", interned once (with the GIL held) */
-    if (name == NULL && (name = PyUnicode_InternFromString("dtype")) == NULL)
-        return -2;
-    *dtype = PyObject_GetAttr(array, name);
-    if (*dtype == NULL)
-        return -2;
-    for (int code = 0; code < DTYPES; code++)
-        if (PyTuple_GET_ITEM(dtypes, code) == *dtype)
-            return code;
-    return -1;
-}
-
-/* Whether the error set is a refusal of a buffer (numpy's: not C-contiguous, not writable),
- * which makes the call the Python path's: then cleared. */
-static int refused_buffer(void)
-{
-    if (!PyErr_ExceptionMatches(PyExc_BufferError) && !PyErr_ExceptionMatches(PyExc_ValueError))
-        return 0;
-    PyErr_Clear();
-    return 1;
-}
-
-/* The shape of kind's result for x's (view) on size ranks, into shape: its ndim, or -1 where
- * x does not divide (reduce_scatter) */
-static int result_shape(int kind, const Py_buffer *x, Py_ssize_t size, Py_ssize_t *shape)
-{
-    int ndim = x->ndim;
-    for (int i = 0; i < ndim; i++)
-        shape[i] = x->shape[i];
-    if (kind == LANE_ALL_GATHER) {
-        if (ndim > 0)
-            shape[0] *= size;
-        else
-            shape[ndim++] = size;
-    } else if (kind == LANE_REDUCE_SCATTER) {
-        if (ndim <= 0 || shape[0] % size)
-            return -1;
-        shape[0] /= size;
-    }
-    return ndim;
-}
-
-/* An admitted call: its views (released by admitted_release), codes and result's shape */
-typedef struct {
-    Py_buffer xv, tv;
-    int have_x, have_out, dtype, op, ndim;
-    PyObject *dtype_obj; /* x's dtype (a new reference) */
-    Py_ssize_t shape[64];
-} Admitted;
-
-static void admitted_release(Admitted *a)
-{
-    if (a->have_out)
-        PyBuffer_Release(&a->tv);
-    if (a->have_x)
-        PyBuffer_Release(&a->xv);
-    a->have_out = a->have_x = 0;
-    Py_CLEAR(a->dtype_obj);
-}
-
 /*
  * The admission predicate, the one place that says whether a collective of kind may take
  * the lane (the Communicator's bound call: guarded; a transport's direct path: not): kind
- * among the bound ones; x a numpy array of a known dtype, C-contiguous, not empty; op a
- * known reduction (all_reduce, reduce_scatter); root a rank (broadcast; -1 for the others);
- * out None or a writable C-contiguous numpy array of the result's shape and dtype; x at most
+ * among the lane's (and the bound ones), its arguments admitted (arguments_admit), x at most
  * the lane's and the table's largest of kind (limits), or past them where the lane takes it
  * all the same (beyond). 1 admitted (a's views held: admitted_release), 0 not (nothing
  * held), -1 with an exception.
@@ -279,59 +215,21 @@ static int lane_admits(LaneCall *c, int kind, PyObject *x, PyObject *op_name, lo
                        PyObject *out, int guarded, Admitted *a)
 {
     tbcoll_lane_v1 *lane = c->lane;
-    a->have_x = a->have_out = 0;
-    a->dtype_obj = NULL;
-    a->op = 0;
     if (lane == NULL || (guarded && !(c->enabled & (1 << kind))) ||
-        !(lane->kinds & (1u << kind)) || Py_TYPE(x) != (PyTypeObject *)c->ndarray ||
-        (out != Py_None && Py_TYPE(out) != (PyTypeObject *)c->ndarray) ||
-        (kind == LANE_BROADCAST ? root < 0 || root >= lane->ranks : root != -1))
+        !(lane->kinds & (1u << kind)))
         return 0;
-    if (kind == LANE_ALL_REDUCE || kind == LANE_REDUCE_SCATTER) {
-        PyObject *code = PyUnicode_CheckExact(op_name) ? PyDict_GetItemWithError(c->ops, op_name)
-                                                       : NULL;
-        if (code == NULL)
-            return PyErr_Occurred() ? -1 : 0;
-        a->op = (int)PyLong_AsLong(code);
-    }
-    PyObject *out_dtype = NULL;
-    if ((a->dtype = dtype_code(c->dtypes, x, &a->dtype_obj)) == -2)
-        goto failed;
-    if (out != Py_None && dtype_code(c->dtypes, out, &out_dtype) == -2)
-        goto failed;
-    Py_XDECREF(out_dtype); /* (only compared: it lives as long as out) */
-    if (a->dtype < 0 || (out_dtype != NULL && out_dtype != a->dtype_obj))
-        goto declined;
-    /* C-contiguous, with the shape, no format (bfloat16 has none): numpy refuses another */
-    if (PyObject_GetBuffer(x, &a->xv, PyBUF_C_CONTIGUOUS) < 0)
-        goto refused;
-    a->have_x = 1;
-    if (a->xv.len == 0 || a->xv.ndim > 62 ||
-        (a->ndim = result_shape(kind, &a->xv, lane->ranks, a->shape)) < 0)
-        goto declined;
-    if (out != Py_None) {
-        if (PyObject_GetBuffer(out, &a->tv, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0)
-            goto refused;
-        a->have_out = 1;
-        if (a->tv.ndim != a->ndim ||
-            (a->ndim && memcmp(a->tv.shape, a->shape, a->ndim * sizeof *a->shape)))
-            goto declined;
-    }
+    const Arrays arrays = {c->ndarray, c->dtypes, c->ops};
+    int admitted = arguments_admit(&arrays, lane->ranks, kind, x, op_name, root, out, a);
+    if (admitted <= 0)
+        return admitted;
     Py_ssize_t own = lane->limits(lane->state, kind);
     if ((a->xv.len > own || a->xv.len > c->table[kind]) &&
         !(guarded && lane->beyond &&
-          lane->beyond(lane->state, kind, &a->xv, a->have_out ? &a->tv : NULL)))
-        goto declined;
+          lane->beyond(lane->state, kind, &a->xv, a->have_out ? &a->tv : NULL))) {
+        admitted_release(a);
+        return 0;
+    }
     return 1;
-refused:
-    if (refused_buffer())
-        goto declined;
-failed:
-    admitted_release(a);
-    return -1;
-declined:
-    admitted_release(a);
-    return 0;
 }
 
 /* --- the whole call ---------------------------------------------------------------------- */
@@ -549,42 +447,6 @@ static PyObject *run_move(LaneCall *c, int sending, PyObject *x, PyObject *peer_
 
 /* --- the methods ------------------------------------------------------------------------- */
 
-static int take_root(PyObject *root, long *value)
-{
-    if (!PyLong_CheckExact(root)) /* (not a bool: the Python path says what is wrong) */
-        return 0;
-    *value = PyLong_AsLong(root);
-    if (*value == -1 && PyErr_Occurred()) {
-        PyErr_Clear();
-        return 0;
-    }
-    return 1;
-}
-
-/* A kind from Python: 0, or -1 with a ValueError */
-static int kind_of(PyObject *arg, long *kind)
-{
-    *kind = PyLong_AsLong(arg);
-    if (*kind >= 0 && *kind < LANE_KIND_COUNT)
-        return 0;
-    if (!PyErr_Occurred())
-        PyErr_SetString(PyExc_ValueError, "bad kind");
-    return -1;
-}
-
-/* A call's (kind, x, arg, out) as lane_admits takes them: op_name and root (arg is op for
- * the reductions, root for broadcast); 0 where arg is no root (not this path's) */
-static int call_arguments(long kind, PyObject *arg, PyObject **op_name, long *root)
-{
-    *op_name = Py_None;
-    *root = -1;
-    if (kind == LANE_BROADCAST)
-        return take_root(arg, root);
-    if (kind == LANE_ALL_REDUCE || kind == LANE_REDUCE_SCATTER)
-        *op_name = arg;
-    return 1;
-}
-
 /* direct(kind, x, op, root, out): the transport's direct_* path (tbcoll.transports.base),
  * whose caller holds the communicator and counts the call. */
 static PyObject *lane_call_direct(LaneCall *c, PyObject *const *args, Py_ssize_t nargs)
@@ -717,7 +579,8 @@ int add_lane_call(PyObject *module, PyTypeObject *gate)
         PyModule_AddObjectRef(module, "LaneCall", (PyObject *)&LaneCallType) < 0 ||
         PyModule_AddIntConstant(module, "LANE_VERSION", TBCOLL_LANE_VERSION) < 0 ||
         PyModule_AddIntConstant(module, "LANE_SIZE", (long)sizeof(tbcoll_lane_v1)) < 0 ||
-        PyModule_AddStringConstant(module, "LANE_CAPSULE", TBCOLL_LANE_CAPSULE) < 0)
+        PyModule_AddStringConstant(module, "LANE_CAPSULE", TBCOLL_LANE_CAPSULE) < 0 ||
+        add_plain(module) < 0)
         return -1;
     return ADD_CALLBACKS(module, ONE_CALL_CALLBACKS); /* checked at import by tbcoll.gate */
 }

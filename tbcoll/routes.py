@@ -38,24 +38,28 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from tbcoll.collective_base import Collective
 from tbcoll.collectives import ALL_GATHER, ALL_REDUCE, BROADCAST, REDUCE_SCATTER
 from tbcoll.errors import CommError
 from tbcoll.gate import NATIVE
+from tbcoll.gate import plain as c_plain
 
 ROUTED = (ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, BROADCAST)  # the C lane's kinds' order
 
 
 def gated(comm: Any, entry: Collective, path: Callable) -> Callable:
     """The transport's direct path as a route's first step, first(x, arg, out) (all_gather:
-    first(x, out)), as the lane makes it in C: taken only for a plain call (entry.plain), in
-    the call gate, counted and recorded untimed (a clock read cost as much as the rest of
-    its record), no call described (~0.7 us of a 2 us call); None where the path declines or
-    the gate is held (the general path then waits, or raises)."""
+    first(x, out)), as the lane makes it in C: taken only for a plain call (the lane's check of
+    the arguments, tbcoll.gate.plain; entry.plain where C is not built), in the call gate,
+    counted and recorded untimed (a clock read cost as much as the rest of its record), no
+    call described (~0.7 us of a 2 us call); None where the path declines or the gate is held
+    (the general path then waits, or raises)."""
     gate, code, name, size = comm._gate, entry.code, entry.name, comm.size
-    plain, named = entry.plain, weakref.WeakMethod(comm._named)
+    plain = entry.plain if c_plain is None else partial(c_plain, ROUTED.index(entry))
+    named = weakref.WeakMethod(comm._named)
     takes_op, takes_root = entry in (ALL_REDUCE, REDUCE_SCATTER), entry is BROADCAST
 
     def first(x: Any, arg: Any, out: Any) -> Any:

@@ -162,6 +162,62 @@ def test_the_lane_interface_is_versioned_and_binds_only_a_gate():
         "was not built: reinstall tbcoll (make)") in missing.stderr, missing.stderr
 
 
+def _shm_lane(slot_bytes: int = 256, single_pass: int = 128):
+    """A shm Lane of 2 ranks over a private buffer (never run: its admission is asked)."""
+    from tbcoll.shm import _atomics, native
+
+    lane = _atomics.Lane(segment=bytearray(1 << 16), flags=64, size=2, rank=0,
+                         sets=[4096, 8192], slot_bytes=slot_bytes, budget=0.01, resume=None,
+                         pids=0)
+    lane.calls(single_pass=single_pass, all_reduce=native._ALL_REDUCE,
+               all_gather=native._ALL_GATHER, reduce_scatter=native._REDUCE_SCATTER,
+               broadcast_call=native._broadcast_call)
+    return lane
+
+
+def test_one_admission_predicate_for_c_and_python():
+    """Whether a call may take a lane is said in one C function (tbcoll/admits.c, with the
+    lane's limits in one_call.c): LaneCall asks it before each call, and Python asks the same
+    one (LaneCall.admits for a bound lane, tbcoll.gate.plain for a direct path without a
+    lane), not a copy of its own."""
+    from tbcoll.gate import lane_call, plain
+    from tbcoll.routes import ROUTED
+
+    ar, ag, rs, bc = range(4)
+    f4 = np.ones(2, np.float32)  # 8 B
+    cases = [  # (kind, x, arg, out, admitted by its arguments)
+        (ar, f4, "sum", None, True),
+        (ar, f4, "xor", None, False),
+        (ar, f4, "sum", np.empty(2, np.float64), False),
+        (ar, f4, "sum", np.empty(3, np.float32), False),
+        (ar, np.ones(4, np.float32)[::2], "sum", None, False),
+        (ar, f4[:0], "sum", None, False),
+        (ar, f4.astype(np.complex64), "sum", None, False),
+        (ar, [1.0, 2.0], "sum", None, False),
+        (ag, f4, None, np.empty(4, np.float32), True),
+        (ag, f4, None, np.empty(3, np.float32), False),
+        (rs, np.ones(3, np.float32), "max", None, False),
+        (rs, np.ones(4, np.int64), "max", np.empty(2, np.int64), True),
+        (bc, f4, 1, None, True),
+        (bc, f4, 2, None, False),
+        (bc, f4, True, None, False),
+        (bc, f4, -1, f4, False),
+    ]
+    calls = lane_call(_shm_lane())
+    assert not calls.admits(ar, f4, "sum", None)  # not bound: no kind enabled
+    calls.bind(gate=gates.Gate(4), codes=(0,) * 7, names=tuple(e.name for e in ROUTED),
+               enabled=0b11111, max_tag=7, comm_error=TbcollError, namer=None)
+    for kind, x, arg, out, admitted in cases:
+        assert calls.admits(kind, x, arg, out) is admitted, (kind, x, arg, out)
+        assert plain(kind, x, arg, out, 2) is admitted, (kind, x, arg, out)
+    big = np.ones(64, np.float32)  # 256 B: past single_pass (all_reduce's), a slot for the others
+    assert plain(ar, big, "sum", None, 2) and not calls.admits(ar, big, "sum", None)
+    assert calls.admits(ag, big, None, None) and not calls.admits(ag, np.ones(65, np.float32),
+                                                                    None, None)
+    calls.limit(ar, 4)  # the table's largest: less than the lane's
+    assert not calls.admits(ar, f4, "sum", None) and calls.admits(ar, f4[:1], "sum", None)
+
+
 IN_PROGRESS = """
 import itertools, json, os, threading, time, numpy as np, tbcoll
 from tbcoll.dumps import snapshot
