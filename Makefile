@@ -9,8 +9,8 @@ STAMP  := $(VENV)/.installed-stamp
 	reference-tools arm64-lab
 
 # the C sources and headers: a change to any rebuilds the extensions (setup.py lists them)
-C_FILES := $(wildcard tbcoll/include/*.h tbcoll/shm/*.c tbcoll/shm/*.h tbcoll/transports/*.c \
-	  tbcoll/transports/*.h tbcoll/rdma/*.c tbcoll/rdma/*.h) tbcoll/_gate.c \
+C_FILES := $(wildcard tbcoll/include/*.h tbcoll/core/*.c tbcoll/transports/*/*.c \
+	  tbcoll/transports/*/*.h) \
 	  launchers/die_with_parent.c launchers/_subreaper.c
 
 $(STAMP): pyproject.toml setup.py Makefile $(C_FILES)
@@ -91,7 +91,7 @@ rdma-lab-tools: $(STAMP)
 	@if $(AS_ROOT_WITH_APT); then \
 	  [ -x $(BIN)/vng ] || \
 	    $(BIN)/pip install --quiet --disable-pip-version-check virtme-ng==1.42; \
-	  $(BIN)/python -c 'import tbcoll.rdma._verbs' 2>/dev/null || \
+	  $(BIN)/python -c 'import tbcoll.transports.rdma._verbs' 2>/dev/null || \
 	    $(BIN)/pip install --quiet --disable-pip-version-check --no-deps -e .; \
 	fi
 

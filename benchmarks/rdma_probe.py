@@ -3,7 +3,7 @@
     python benchmarks/rdma_probe.py --lab 2        # as root: boots the RDMA lab, A B .. B A
     python -m tests.harness.rdmalab -- python benchmarks/rdma_probe.py    # one system, in it
 
-Two processes (forked here) open a tbcoll.rdma._verbs.Fabric each on $RDMALAB_DEVICE,
+Two processes (forked here) open a tbcoll.transports.rdma._verbs.Fabric each on $RDMALAB_DEVICE,
 exchange queue-pair info through pipes, and then time, in turns (A B A B ...), by default:
   exchange-ws  a bare two-sided 8 B exchange in C (both SEND, then poll for the peer's;
                Fabric._probe): the floor under the mesh
@@ -40,9 +40,9 @@ def rank_main(rank: int, conn, between, args) -> None:
 
 
 def measure(rank: int, conn, between, args) -> None:
-    from tbcoll.dtypes import DTYPE_CODES, OP_CODES
-    from tbcoll.rdma import _verbs
-    from tbcoll.transports.rdma import RdmaNative
+    from tbcoll.core.dtypes import DTYPE_CODES, OP_CODES
+    from tbcoll.transports.rdma import _verbs
+    from tbcoll.transports.rdma.transport import RdmaNative
     from tbcoll.transports.stream.turns import Turns
 
     device = os.environ.get("RDMALAB_DEVICE", "rxe0")
@@ -117,7 +117,7 @@ def measure(rank: int, conn, between, args) -> None:
 def mesh_call(fabric, x, out, dtype: int, op: int) -> None:
     """One Fabric.mesh all_reduce, waited for in slices; an error, not a hang, where the
     peer is lost, made another call, or sent nothing for 30 s (UC drops a message silently)."""
-    from tbcoll.rdma import _verbs
+    from tbcoll.transports.rdma import _verbs
 
     deadline = time.monotonic() + 30
     while (result := fabric.mesh(_verbs.MESH_ALL_REDUCE, x, out, dtype, op, 1234, 0.05)) == -1:
@@ -134,7 +134,7 @@ def under_tbrun(args) -> None:
     import threading
 
     import tbcoll
-    from tbcoll.dtypes import DTYPE_CODES, OP_CODES
+    from tbcoll.core.dtypes import DTYPE_CODES, OP_CODES
 
     comm = tbcoll.init()
     x = np.full(2, comm.rank + 1, np.float32)
@@ -156,14 +156,14 @@ def under_tbrun(args) -> None:
             mesh_call(fabric, x, out, dtype, op)
 
     from tbcoll.collectives import ENTRIES
-    from tbcoll.routes import gated
+    from tbcoll.comm.routes import gated
 
     entry = ENTRIES["all_reduce"]
     first = gated(comm, entry, native.direct_all_reduce)
 
     def quick(n: int) -> None:
         """comm.all_reduce had its table let it take the one-call path first, as shm's does
-        (tbcoll.routes takes it as a whole only where the table says native at every size;
+        (tbcoll.comm.routes takes it as a whole only where the table says native at every size;
         rdma's says native up to 64 KiB, exactly where direct_all_reduce takes a call, and
         returns None above)."""
         kept, comm._first_all_reduce = comm._first_all_reduce, first
@@ -172,8 +172,8 @@ def under_tbrun(args) -> None:
         finally:
             comm._first_all_reduce = kept
 
-    from tbcoll.collective_base import KNOWN_DTYPES
-    from tbcoll.dtypes import OPS
+    from tbcoll.collectives.base import KNOWN_DTYPES
+    from tbcoll.core.dtypes import OPS
 
     def quickly(n: int) -> None:  # the route's first step, without all_reduce's route
         for _ in range(n):

@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 
-from tbcoll.comm import Communicator
+from tbcoll.comm.communicator import Communicator
 
 CALLS = 20000
 

@@ -32,8 +32,8 @@ from pathlib import Path
 import numpy as np
 
 import tbcoll
-from tbcoll.shm.native import SLOT
 from tbcoll.tp.layers import ShardedToAllLinear
+from tbcoll.transports.shm.native import SLOT
 
 SEQUENCE = 128  # bert: tokens per sequence of the batch
 

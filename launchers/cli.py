@@ -23,10 +23,10 @@ from tbcoll.launch.config import LaunchConfig, parse_exports, read_hosts, resolv
 from tbcoll.launch.job import run
 from tbcoll.launch.starters import REMOTE
 
-from tbcoll.env import BACKENDS, DEFAULT_TIMEOUT
-from tbcoll.env import comm_timeout as tbcoll_comm_timeout
-from tbcoll.errors import LaunchError, TbcollError
-from tbcoll.topology import MAX_RANKS
+from tbcoll.core.errors import LaunchError, TbcollError
+from tbcoll.job.env import BACKENDS, DEFAULT_TIMEOUT
+from tbcoll.job.env import comm_timeout as tbcoll_comm_timeout
+from tbcoll.job.topology import MAX_RANKS
 
 USAGE_STATUS = 2
 MAP_BY = ("slot", "node")
@@ -84,8 +84,8 @@ def _tbrun_parser() -> Parser:
                              "printed).")
     parser.add_argument("--trace", type=file, metavar="FILE",
                         help="Write a timeline of every collective of every rank to FILE "
-                             "(Chrome/Perfetto JSON); `python -m tbcoll.trace summary FILE` "
-                             "sums it up.")
+                             "(Chrome/Perfetto JSON); `python -m tbcoll.observability.trace "
+                             "summary FILE` sums it up.")
     parser.add_argument("--timeout", type=seconds(0), default=0.0, metavar="SECONDS",
                         help="Stop the job after this many seconds (0: never); exit status 124 "
                              "(default: %(default)g).")

@@ -6,9 +6,9 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 
-from tbcoll.errors import LaunchError
-from tbcoll.records import record
-from tbcoll.topology import Hostfile
+from tbcoll.core.errors import LaunchError
+from tbcoll.core.records import record
+from tbcoll.job.topology import Hostfile
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 

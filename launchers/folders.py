@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import stat
 
-from tbcoll.errors import LaunchError
+from tbcoll.core.errors import LaunchError
 
 PRIVATE_FILE = 0o600
 PRIVATE_FOLDER = 0o700

@@ -9,9 +9,9 @@ import shlex
 import socket
 from collections.abc import Mapping, Sequence
 
-from tbcoll.errors import LaunchError
-from tbcoll.records import record
-from tbcoll.topology import Hostfile, Layout, route_source
+from tbcoll.core.errors import LaunchError
+from tbcoll.core.records import record
+from tbcoll.job.topology import Hostfile, Layout, route_source
 
 LOOPBACK = "127.0.0.1"
 _LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")

@@ -28,7 +28,7 @@ from tbcoll.launch.hydratopo import held_topologies, remove_topologies
 from tbcoll.launch.reaper import carrying, descendants, processes, sweep
 from tbcoll.launch.shmclean import mpich_segments, remove_job_segments, remove_unmapped
 
-from tbcoll.env import job_marks
+from tbcoll.job.env import job_marks
 
 _PATIENCE = 5.0  # seconds the sweep may go on killing a job that keeps forking
 _WRAPPER_PATIENCE = 2.0  # seconds a local wrapper gets to kill its rank and exit

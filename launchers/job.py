@@ -15,8 +15,8 @@ from tbcoll.launch.starters import RankSpec, starter_for
 from tbcoll.launch.stdin import standard_input, stdin_ranks
 from tbcoll.launch.supervisor import RankCommand, Supervisor
 
-from tbcoll.env import LaunchInfo, worker_env
-from tbcoll.errors import LaunchError
+from tbcoll.core.errors import LaunchError
+from tbcoll.job.env import LaunchInfo, worker_env
 
 # descriptors tbrun holds a rank, with room: measured on Linux, 2 (its output pipes; tbrun
 # held 14 for -np 2, 30 for -np 10), and a wrapped rank (macOS) has its input pipe too
@@ -56,7 +56,8 @@ def rank_commands(cfg: LaunchConfig, plan: JobPlan, store_port: int, token: str,
 
 def rdma_devices(cfg: LaunchConfig) -> dict[str, str]:
     """For --backend rdma, the hostfile's "rdma" matrix as TBCOLL_RDMA_DEVICES (the device
-    each host reaches each other host by: tbcoll.rdma.devices), unless the user set it."""
+    each host reaches each other host by: tbcoll.transports.rdma.devices), unless the user set
+    it."""
     if (cfg.backend != "rdma" or cfg.hostfile is None
             or "TBCOLL_RDMA_DEVICES" in cfg.exports or "TBCOLL_RDMA_DEVICES" in os.environ
             or not any(h.rdma for h in cfg.hostfile.hosts)):

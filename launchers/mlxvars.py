@@ -18,10 +18,10 @@ import json
 from tbcoll.launch.config import LaunchConfig
 from tbcoll.launch.hosts import LOOPBACK, JobPlan, free_port
 
-from tbcoll.env import format_hostport
-from tbcoll.errors import LaunchError
-from tbcoll.records import record
-from tbcoll.topology import Hostfile
+from tbcoll.core.errors import LaunchError
+from tbcoll.core.records import record
+from tbcoll.job.env import format_hostport
+from tbcoll.job.topology import Hostfile
 
 MLX_BACKENDS = ("ring", "jaccl", "jaccl-ring")
 FIRST_PORT = 32323  # mlx.launch's default --starting-port

@@ -3,7 +3,7 @@ PROGRAM...` for a Python program, `python -m tbcoll.launch.mpirank --exec STDIN 
 any other, where STDIN is the rank that reads the job's input ("none": no rank).
 
 mpiexec gives every rank the same environment; this wrapper makes it the rank's own launch
-contract (tbcoll.env.worker_env), as tbrun gives it on every other backend. Its rank and the
+contract (tbcoll.job.env.worker_env), as tbrun gives it on every other backend. Its rank and the
 job's size come from MPI's own variables (PMI_RANK, PMI_SIZE: torchrun_names_from_mpi); the
 rest from what tbrun wrote for the whole job in TBCOLL_MPI_LAUNCH (MpiJob, below; removed from
 the rank's environment here): its host, hence its node and local rank, from the resolved
@@ -36,10 +36,10 @@ from typing import NoReturn
 
 from tbcoll.launch.hydratopo import remove_proxy_topology
 
-from tbcoll.env import LaunchInfo, parse_hostport, torchrun_names_from_mpi, worker_env
-from tbcoll.errors import TbcollError
-from tbcoll.records import record
-from tbcoll.topology import Layout
+from tbcoll.core.errors import TbcollError
+from tbcoll.core.records import record
+from tbcoll.job.env import LaunchInfo, parse_hostport, torchrun_names_from_mpi, worker_env
+from tbcoll.job.topology import Layout
 
 LAUNCH = "TBCOLL_MPI_LAUNCH"
 REPORTS = "TBCOLL_MPI_REPORTS"

@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 from tbcoll.launch.folders import open_own_file, safe_folder
 
-from tbcoll.errors import LaunchError
+from tbcoll.core.errors import LaunchError
 
 STREAMS = ("out", "err")
 PARTIAL_DELAY = 0.05  # seconds a partial line waits for the rest of its line

@@ -1,5 +1,5 @@
-"""tbrun's side of the ranks' dumps (tbcoll.dumps): ask the running ranks through the store,
-wait briefly for their answers, write every dump to a folder that outlives the job, and say
+"""tbrun's side of the ranks' dumps (tbcoll.observability.dumps): ask the running ranks through the
+store, wait briefly for their answers, write every dump to a folder that outlives the job, and say
 where each rank was (tbcoll.launch.whereabouts).
 
 Ranks that failed in a call sent their dump before they exited; the ranks still running answer
@@ -18,8 +18,8 @@ from collections.abc import Callable, Sequence
 from tbcoll.launch.diagnose import ranks_phrase
 from tbcoll.launch.folders import PRIVATE_FOLDER, new_folder, write_new
 
-from tbcoll.dump_keys import ANSWER_KEY, DUMP_KEY, LISTENING_KEY, REQUEST_KEY
-from tbcoll.rendezvous import StoreServer
+from tbcoll.job.rendezvous import StoreServer
+from tbcoll.observability.dump_keys import ANSWER_KEY, DUMP_KEY, LISTENING_KEY, REQUEST_KEY
 
 DUMP_WAIT = 3.0  # seconds the ranks get to answer a request for their dumps
 _PEEK = 0.05  # seconds between looks at which ranks still run, while waiting for answers
@@ -45,7 +45,8 @@ class Postmortem:
         """Ask the ranks that run tbcoll for their dumps, write down every dump there is and
         log where each rank was; the folder written, None if no rank sent one. running():
         the ranks whose process has not ended (those that end meanwhile are not waited for);
-        nudge(ranks): make silent ranks write their stacks (tbcoll.dumps.STACKS_SIGNAL)."""
+        nudge(ranks): make silent ranks write their stacks
+        (tbcoll.observability.dumps.STACKS_SIGNAL)."""
         self._asked += 1
         n = self._asked
         self._store.set(REQUEST_KEY.format(n), reason)

@@ -28,7 +28,7 @@ import sys
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping
 
-from tbcoll.records import record
+from tbcoll.core.records import record
 
 LINUX = sys.platform.startswith("linux")
 _PR_SET_CHILD_SUBREAPER, _PR_GET_CHILD_SUBREAPER = 36, 37

@@ -4,8 +4,8 @@ tbrun sends one JSON line on stdin, {"argv", "cwd", "env", "defaults", "files", 
 that the job's token never shows on a command line, then keeps stdin open. "files" maps a
 variable to the content of a file it should name (MLX's hostfiles); they live in a private
 temporary folder removed when the rank ends. Then come frames (tbcoll.launch.stdin): a signal to
-pass on to the rank's process group ("TERM", "INT"; "USR2", tbcoll.dumps' request for stacks, to
-the rank's process alone), or the rank's input where "stdin" is
+pass on to the rank's process group ("TERM", "INT"; "USR2", tbcoll.observability.dumps' request for
+stacks, to the rank's process alone), or the rank's input where "stdin" is
 true (else the rank reads /dev/null). End of file means tbrun or the ssh connection is gone,
 and the rank is killed: the remote twin of PR_SET_PDEATHSIG. The rank's output goes straight
 to ssh's channels; the exit status is the rank's (128+N for signal N).
@@ -41,8 +41,8 @@ from tbcoll.launch.reaper import carrying, descendants, set_subreaper, sweep
 from tbcoll.launch.shmclean import remove_written_down
 from tbcoll.launch.stdin import read_frames
 
-from tbcoll.dump_keys import STACKS_SIGNAL
-from tbcoll.env import job_id, rank_marks, segment_names, segment_prefix
+from tbcoll.job.env import job_id, rank_marks, segment_names, segment_prefix
+from tbcoll.observability.dump_keys import STACKS_SIGNAL
 
 _PATIENCE = 5.0  # seconds the sweep may go on killing what keeps forking
 

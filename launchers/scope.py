@@ -17,9 +17,9 @@ from tbcoll.launch.reaper import new_job_id
 from tbcoll.launch.shmclean import remove_job_segments
 from tbcoll.launch.store import StoreServer, serve_store
 
-from tbcoll.auth import new_token
-from tbcoll.env import segment_prefix
-from tbcoll.errors import LaunchError
+from tbcoll.core.errors import LaunchError
+from tbcoll.job.auth import new_token
+from tbcoll.job.env import segment_prefix
 
 UNMADE = "<made at launch>"  # the token a dry run shows
 

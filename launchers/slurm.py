@@ -13,9 +13,9 @@ import re
 import subprocess
 from collections.abc import Mapping
 
-from tbcoll.errors import HostfileError
-from tbcoll.records import record
-from tbcoll.topology import MAX_RANKS, Host, Hostfile
+from tbcoll.core.errors import HostfileError
+from tbcoll.core.records import record
+from tbcoll.job.topology import MAX_RANKS, Host, Hostfile
 
 _COUNT = re.compile(r"(\d+)(?:\(x(\d+)\))?\Z")
 _RANGE = re.compile(r"(\d+)(?:-(\d+))?\Z")

@@ -1,4 +1,4 @@
-"""The rendezvous store that tbrun serves for every job (tbcoll.rendezvous.StoreServer), on
+"""The rendezvous store that tbrun serves for every job (tbcoll.job.rendezvous.StoreServer), on
 the address this machine has towards each of the job's hosts."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import errno
 from tbcoll.launch.hosts import JobPlan
 from tbcoll.launch.output import log
 
-from tbcoll.env import format_hostport
-from tbcoll.errors import LaunchError
-from tbcoll.rendezvous import StoreServer
+from tbcoll.core.errors import LaunchError
+from tbcoll.job.env import format_hostport
+from tbcoll.job.rendezvous import StoreServer
 
 
 def serve_store(token: str, plan: JobPlan, port: int, clients: int) -> StoreServer:

@@ -62,10 +62,10 @@ from tbcoll.launch.verdict import (
     status_of,
 )
 
-from tbcoll.dump_keys import STACKS_SIGNAL
-from tbcoll.env import job_marks
-from tbcoll.errors import LaunchError
-from tbcoll.records import record
+from tbcoll.core.errors import LaunchError
+from tbcoll.core.records import record
+from tbcoll.job.env import job_marks
+from tbcoll.observability.dump_keys import STACKS_SIGNAL
 
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _POLL = 0.5  # backstop for SIGCHLD wake-ups; exits are normally seen at once
@@ -322,8 +322,8 @@ class Supervisor:
         self._postmortem.gather(reason, self._running, self._ask_for_stacks)
 
     def _ask_for_stacks(self, ranks: list[int]) -> None:
-        """Signal silent ranks to write their stacks to stderr (tbcoll.dumps), the rank's
-        process only: its children need not handle the signal. A wrapped rank (every local
+        """Signal silent ranks to write their stacks to stderr (tbcoll.observability.dumps), the
+        rank's process only: its children need not handle the signal. A wrapped rank (every local
         rank on macOS, a remote one) is asked through its wrapper (tbcoll.launch.remote),
         which signals the rank alone; a launcher's (mpiexec's) ranks are not asked."""
         for rank in ranks:

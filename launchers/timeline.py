@@ -1,8 +1,8 @@
 """tbrun --trace FILE: the ranks send their calls to the store in chunks as they run
-(tbcoll.dumps), which hands each chunk here at once (StoreServer.divert); each rank's chunks
-go to a file of its own in the job's private folder, and when the job ends they are merged
-into one timeline (tbcoll.trace.write_trace), a chunk in memory at a time. Neither tbrun nor
-a rank holds a long job's calls in memory."""
+(tbcoll.observability.dumps), which hands each chunk here at once (StoreServer.divert); each rank's
+chunks go to a file of its own in the job's private folder, and when the job ends they are merged
+into one timeline (tbcoll.observability.trace.write_trace), a chunk in memory at a time. Neither
+tbrun nor a rank holds a long job's calls in memory."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from collections.abc import Callable, Iterator
 
 from tbcoll.launch.folders import beside
 
-from tbcoll.dump_keys import TRACE_PREFIX
-from tbcoll.rendezvous import StoreServer
-from tbcoll.trace import write_trace
+from tbcoll.job.rendezvous import StoreServer
+from tbcoll.observability.dump_keys import TRACE_PREFIX
+from tbcoll.observability.trace import write_trace
 
 
 class TraceSpool:
@@ -32,7 +32,7 @@ class TraceSpool:
     def _take(self, key: bytes, chunk: bytes) -> None:
         rank_text = key[len(TRACE_PREFIX):].split(b"/")[0]
         if not rank_text.isdigit() or b"\n" in chunk:
-            return  # not what tbcoll.dumps sends
+            return  # not what tbcoll.observability.dumps sends
         rank = int(rank_text)
         with self._lock:
             if self._failed:
@@ -97,4 +97,4 @@ def save_trace(spool: TraceSpool, size: int, path: str, log: Callable[[str], Non
     log(f"--trace: {written.calls} calls of {len(ranks)} ranks in {path}"
         + (f" (none from {', '.join(map(str, missing))})" if missing else "")
         + "".join(f"; rank {r}'s calls may end early (it did not exit normally)" for r in early)
-        + f"; python -m tbcoll.trace summary {path}")
+        + f"; python -m tbcoll.observability.trace summary {path}")

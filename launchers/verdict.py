@@ -22,8 +22,8 @@ from collections.abc import Mapping
 
 from tbcoll.launch.diagnose import SSH_FAILED, describe_exit, plural, ranks_phrase, suspects
 
-from tbcoll.errors import LINK_DOWN
-from tbcoll.records import record
+from tbcoll.core.errors import LINK_DOWN
+from tbcoll.core.records import record
 
 TIMEOUT_STATUS = 124  # as timeout(1) does
 STDOUT_CLOSED_STATUS = 128 + signal.SIGPIPE  # as the shell reports a writer SIGPIPE killed
@@ -112,8 +112,8 @@ class KillNow:
 
 @record
 class Dump:
-    """Gather the ranks' dumps (tbcoll.dumps) before they are stopped, and say where each
-    rank was: the job is failing."""
+    """Gather the ranks' dumps (tbcoll.observability.dumps) before they are stopped, and say where
+    each rank was: the job is failing."""
 
     reason: str
 

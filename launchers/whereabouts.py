@@ -1,5 +1,5 @@
-"""Where every rank was, from the ranks' dumps (tbcoll.dumps): one screen, matched across
-ranks by each communicator's call numbers. A pure function of the dumps, tested without
+"""Where every rank was, from the ranks' dumps (tbcoll.observability.dumps): one screen, matched
+across ranks by each communicator's call numbers. A pure function of the dumps, tested without
 processes (tests/launch/test_whereabouts.py).
 
     ranks 0, 1, 3: all_reduce #51 float32 4096 B at train.py:14 (for 30.2 s)

@@ -10,15 +10,15 @@ __version__ = "0.1.0"
 
 _HOMES = {
     "init": "tbcoll.bootstrap",
-    "Communicator": "tbcoll.comm",
-    "LaunchInfo": "tbcoll.env",
-    "launch_info": "tbcoll.env",
-    "Store": "tbcoll.rendezvous",
-    "Request": "tbcoll.requests",
-    "wait_all": "tbcoll.requests",
+    "Communicator": "tbcoll.comm.communicator",
+    "LaunchInfo": "tbcoll.job.env",
+    "launch_info": "tbcoll.job.env",
+    "Store": "tbcoll.job.rendezvous",
+    "Request": "tbcoll.comm.requests",
+    "wait_all": "tbcoll.comm.requests",
     **dict.fromkeys(("AuthenticationError", "CommError", "CommRevokedError", "HostfileError",
                      "LaunchError", "PeerError", "PeerLostError", "PeerTimeoutError",
-                     "RendezvousError", "TbcollError"), "tbcoll.errors"),
+                     "RendezvousError", "TbcollError"), "tbcoll.core.errors"),
 }
 __all__ = sorted(_HOMES)
 

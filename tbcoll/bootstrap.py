@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import itertools
 
-from tbcoll.backends import BACKENDS, TRANSPORTS
-from tbcoll.comm import Communicator
-from tbcoll.dumps import start_listening
-from tbcoll.env import (
+from tbcoll.comm.communicator import Communicator
+from tbcoll.core.backends import BACKENDS, TRANSPORTS
+from tbcoll.core.errors import TbcollError
+from tbcoll.job.env import (
     launch_info,
     single_host,
     started_by_mpiexec,
     unlaunched_slurm_task,
 )
-from tbcoll.errors import TbcollError
+from tbcoll.observability.dumps import start_listening
 from tbcoll.transports import open_world
+from tbcoll.transports.shm.native import built as shm_built
 
 _opened = itertools.count()  # store keys of each init() in a process stay apart
 
@@ -22,8 +23,9 @@ _opened = itertools.count()  # store keys of each init() in a process stay apart
 def init(backend: str | None = None) -> Communicator:
     """Connect the ranks of this job and return the world communicator.
 
-    backend None: TBCOLL_BACKEND under tbrun (auto: shm when every rank is on one host, else
-    tcp), mpi under mpiexec, and a communicator of one rank when the script runs on its own.
+    backend None: TBCOLL_BACKEND under tbrun (auto: shm when every rank is on one host and
+    shm's C extension is built, else tcp, whose pure-Python path runs without a compiler),
+    mpi under mpiexec, and a communicator of one rank when the script runs on its own.
     """
     info = launch_info()
     if (why := unlaunched_slurm_task()) is not None:
@@ -31,7 +33,8 @@ def init(backend: str | None = None) -> Communicator:
     if backend is None:
         backend = info.backend if info else ("mpi" if started_by_mpiexec() else "tcp")
     if backend == "auto":
-        backend = "shm" if info is None or single_host(info) else "tcp"
+        one_host = info is None or single_host(info)
+        backend = "shm" if one_host and shm_built() else "tcp"
     if backend not in TRANSPORTS:
         if backend in BACKENDS:
             raise ValueError(f"backend {backend!r} is not available in this version of tbcoll; "
@@ -39,5 +42,5 @@ def init(backend: str | None = None) -> Communicator:
         raise ValueError(f"backend {backend!r} is not one of {', '.join(BACKENDS)}")
     group, local_rank, node_rank = open_world(backend, info, f"{backend}/{next(_opened)}")
     world = Communicator(group, backend, local_rank, node_rank)
-    start_listening(info)  # for tbrun's requests of dumps (tbcoll.dumps)
+    start_listening(info)  # for tbrun's requests of dumps (tbcoll.observability.dumps)
     return world

@@ -41,13 +41,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tbcoll.env import (
+from tbcoll.core.errors import CommError
+from tbcoll.job.env import (
     launch_info,
     launcher_world_size,
     started_by_mpiexec,
     torchrun_names_from_mpi,
 )
-from tbcoll.errors import CommError
 
 _REPORT_BYTES = 4096  # what a rank's failure message may take in the exchange
 _FAILED = 1  # the first byte of a rank's row in the exchange

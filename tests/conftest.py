@@ -18,7 +18,7 @@ from unittest import mock
 import pytest
 from tbcoll.launch import shmclean
 
-from tbcoll.env import launch_info, started_by_mpiexec
+from tbcoll.job.env import launch_info, started_by_mpiexec
 
 # tests/spmd runs inside the ranks of a job (see tests/spmd/conftest.py); a plain run of the
 # suite launches it from tests/library/test_spmd.py instead of collecting it.

@@ -20,7 +20,7 @@ from tbcoll.launch.cluster.probe import probe
 from tbcoll.launch.cluster.rdma_checks import rdma_checks
 from tbcoll.launch.hosts import is_this_machine, ssh_options
 
-from tbcoll.topology import Host, Hostfile
+from tbcoll.job.topology import Host, Hostfile
 
 PACKAGES = ("tbcoll", "mlx", "mpi4py", "numpy")
 

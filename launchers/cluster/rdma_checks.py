@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from tbcoll.launch.cluster import thunderbolt
 from tbcoll.launch.cluster.check import Check
 
-from tbcoll.topology import Host
+from tbcoll.job.topology import Host
 
 TB5_GBPS = 80
 

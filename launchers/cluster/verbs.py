@@ -16,7 +16,7 @@ import os
 import sys
 from pathlib import Path
 
-from tbcoll.env import rdma_library
+from tbcoll.job.env import rdma_library
 
 LIBRARIES = {"darwin": ("librdma.dylib",), "linux": ("libibverbs.so.1",)}
 PORT_STATES = {0: "NOP", 1: "DOWN", 2: "INIT", 3: "ARMED", 4: "ACTIVE", 5: "ACTIVE_DEFER"}

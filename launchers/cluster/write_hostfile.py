@@ -14,8 +14,8 @@ from tbcoll.launch.cluster import thunderbolt
 from tbcoll.launch.cluster.doctor import gather
 from tbcoll.launch.hosts import LOOPBACK, address_towards, is_this_machine
 
-from tbcoll.errors import LaunchError
-from tbcoll.topology import Host
+from tbcoll.core.errors import LaunchError
+from tbcoll.job.topology import Host
 
 
 def text_hostfile(names: Sequence[str], slots: int | None, ssh: Sequence[str], python: str,

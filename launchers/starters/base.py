@@ -9,7 +9,7 @@ from tbcoll.launch.config import LaunchConfig
 from tbcoll.launch.hosts import HostPlan, remote_setup
 from tbcoll.launch.supervisor import RankCommand
 
-from tbcoll.records import record
+from tbcoll.core.records import record
 
 
 @record

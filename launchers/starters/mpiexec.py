@@ -36,8 +36,8 @@ from tbcoll.launch.shmclean import mpich_segments, remove_unmapped
 from tbcoll.launch.starters.base import Starter
 from tbcoll.launch.supervisor import RankCommand, Supervisor
 
-from tbcoll.env import format_hostport
-from tbcoll.errors import LaunchError
+from tbcoll.core.errors import LaunchError
+from tbcoll.job.env import format_hostport
 
 
 def find_mpiexec(python: str) -> str:

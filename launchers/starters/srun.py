@@ -17,7 +17,7 @@ from tbcoll.launch.config import LaunchConfig
 from tbcoll.launch.starters.base import WRAPPER_MODULE, RankSpec, Starter, wrapped
 from tbcoll.launch.supervisor import RankCommand
 
-from tbcoll.errors import LaunchError
+from tbcoll.core.errors import LaunchError
 
 
 def srun_command(node: str, python: str) -> list[str]:

@@ -1,7 +1,7 @@
 """Acknowledgements for the ranks of a rooted collective that would receive nothing.
 
 Transports that compare the ranks' calls where messages arrive (P2P.acknowledge; see
-tbcoll.calls) never show a rank that only sends a message of another call: a broadcast's
+tbcoll.core.calls) never show a rank that only sends a message of another call: a broadcast's
 or a scatter's root, a gather's or a reduce's leaves. Each such rank therefore waits for a
 zero-byte message from the ranks it sent to, which every one of them sends once its own
 part has arrived. Two ranks that each believe they are the root (broadcast(root=rank % 2))
@@ -16,7 +16,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from tbcoll.transports.base import P2P
+from tbcoll.core.protocols import P2P
 
 _TAG = 7
 _NOTHING = np.empty(0, np.uint8)

@@ -11,7 +11,7 @@ import numpy as np
 
 from tbcoll.algorithms import acks
 from tbcoll.algorithms.layout import chunk_bounds
-from tbcoll.transports.base import P2P
+from tbcoll.core.protocols import P2P
 
 _TAG = 2
 

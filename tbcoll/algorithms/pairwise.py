@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from tbcoll.transports.base import P2P
+from tbcoll.core.protocols import P2P
 
 _TAG = 5
 

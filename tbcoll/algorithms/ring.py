@@ -17,7 +17,7 @@ import numpy as np
 
 from tbcoll.algorithms import acks
 from tbcoll.algorithms.layout import chunk_bounds, segments
-from tbcoll.transports.base import P2P
+from tbcoll.core.protocols import P2P
 
 SEGMENT_BYTES = 256 << 10
 _TAG = 1

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from tbcoll.algorithms import acks
-from tbcoll.transports.base import P2P
+from tbcoll.core.protocols import P2P
 
 _TAG = 6
 

@@ -15,7 +15,7 @@ import tbcoll
 from tbcoll.bench import report
 from tbcoll.bench.descriptors import DESCRIPTORS
 from tbcoll.bench.harness import runs_in_place, sweep
-from tbcoll.dtypes import DTYPES, OPS
+from tbcoll.core.dtypes import DTYPES, OPS
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from tbcoll.dtypes import OPS
+from tbcoll.core.dtypes import OPS
 
 
 def _values(rank: int, count: int, dtype: np.dtype) -> np.ndarray:

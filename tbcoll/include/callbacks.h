@@ -1,7 +1,7 @@
 /* Every call from C into Python that passes arguments, declared once: X(name, format, "argument
  * names"), the format as PyObject_CallFunction reads it (one letter per argument, "y#" for
  * bytes) and the names the Python callable's parameters carry, in order. Each extension exports
- * the tables it calls through as its module's CALLBACKS (add_callbacks) and tbcoll.callbacks
+ * the tables it calls through as its module's CALLBACKS (add_callbacks) and tbcoll.core.callbacks
  * compares them with Python's declaration at import; the Python side checks each callable's
  * parameter names once, where it hands the callable to C. Call sites take their format from
  * here (CALLBACK_FORMAT) and never write one; those that call with objects already made
@@ -13,12 +13,12 @@
 #include <Python.h>
 
 /* --- one entry per callback: CALLBACK_<NAME>(X) expands to X(name, format, names) ---------- */
-/* the whole call around a lane (tbcoll/one_call.c, in tbcoll._gate): the communicator's
+/* the whole call around a lane (tbcoll/core/one_call.c, in tbcoll.core._gate): the communicator's
  * namer, results, the engine's lock */
 #define CALLBACK_NAMED(X) X("named", "OO", "error what")
 #define CALLBACK_EMPTY(X) X("empty", "OO", "shape dtype")
 #define CALLBACK_TAKE(X) X("take", "O", "blocking")
-/* shm's lane (tbcoll/shm/lane.c, lane_base.c, moves.c) */
+/* shm's lane (tbcoll/transports/shm/lane.c, lane_base.c, moves.c) */
 #define CALLBACK_BROADCAST_CALL(X) X("broadcast_call", "ii", "dtype root")
 #define CALLBACK_RESUME(X) X("resume", "iKK", "stage seq signature")
 #define CALLBACK_LOOK(X) X("look", "n", "dest")
@@ -29,14 +29,14 @@
 #define CALLBACK_SHM_FINISH_RECV(X) X("shm_finish_recv", "OOyn", "buf source header copied")
 #define CALLBACK_FINISH_ANNOUNCEMENT(X)                                                       \
     X("finish_announcement", "OOyy", "buf source header descriptor")
-/* tcp's lane (tbcoll/transports/tcp_lane.c) */
+/* tcp's lane (tbcoll/transports/tcp/tcp_lane.c) */
 #define CALLBACK_TCP_FINISH(X)                                                                \
     X("tcp_finish", "OOOOOii", "x out blocks header stopped dtype_code op_code")
 #define CALLBACK_TCP_FINISH_SEND(X)                                                           \
     X("tcp_finish_send", "Oiy#ni", "buf dest header written error")
 #define CALLBACK_TCP_FINISH_RECV(X)                                                           \
     X("tcp_finish_recv", "Oiy#nni", "buf source header copied staged error")
-/* rdma's mesh lane (tbcoll/rdma/mesh_lane.c) */
+/* rdma's mesh lane (tbcoll/transports/rdma/mesh_lane.c) */
 #define CALLBACK_MESH_HELD(X) X("mesh_held", "iOOiiKl", "kind src dst dtype op call result")
 
 /* --- the tables, one per extension's part ------------------------------------------------- */

@@ -7,8 +7,8 @@
  * C, finding them so, has the engine publish them (StreamTransport.publish_words) before it
  * tests one, so that they are true whenever C tests them. C stores only next_pull's.
  *
- * Used by shm's send and recv (tbcoll/shm/moves.c) and tcp's whole all_reduce
- * (tbcoll/transports/tcp_lane.c); each says why its plain loads and stores are safe (the
+ * Used by shm's send and recv (tbcoll/transports/shm/moves.c) and tcp's whole all_reduce
+ * (tbcoll/transports/tcp/tcp_lane.c); each says why its plain loads and stores are safe (the
  * words are the process's own memory, touched with the GIL held by a thread that holds the
  * engine, or the communicator whose engine it alone uses).
  */

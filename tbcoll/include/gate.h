@@ -1,9 +1,9 @@
 /*
- * A communicator's call gate (tbcoll.gate): who may call it now, the calls in progress, the
- * count of its collectives and its flight recorder. The type lives in tbcoll/_gate.c; this
+ * A communicator's call gate (tbcoll.core.gate): who may call it now, the calls in progress, the
+ * count of its collectives and its flight recorder. The type lives in tbcoll/core/_gate.c; this
  * header is its layout and its operations, shared with the C code that makes a whole call
- * itself (tbcoll/shm/lane.c, moves.c), which takes a Gate through bind() and drives it with
- * these functions, never by attribute names. tbcoll._gate exports GATE_LAYOUT and the sizes
+ * itself (tbcoll/transports/shm/lane.c, moves.c), which takes a Gate through bind() and drives it with
+ * these functions, never by attribute names. tbcoll.core._gate exports GATE_LAYOUT and the sizes
  * in a capsule (GATE_CAPSULE); an extension that includes this header checks them when it is
  * imported (gate_import), so that two builds of different layouts never meet.
  *
@@ -25,9 +25,9 @@
 #define GATE_LAYOUT 2   /* raise on any change to the structs below */
 #define GATE_DEPTH 8    /* calls in progress at once: nested (scatter's header, split's
                            all_gather) and the progress thread's; far past what tbcoll makes */
-#define GATE_CAPSULE "tbcoll._gate.LAYOUT"
+#define GATE_CAPSULE "tbcoll.core._gate.LAYOUT"
 
-/* A call, as the flight recorder keeps it (tbcoll.gate.RECORD): codes from tbcoll.gate's
+/* A call, as the flight recorder keeps it (tbcoll.core.gate.RECORD): codes from tbcoll.core.gate's
  * registries (KIND_CODES, DTYPE_CODES, OP_CODES, ALGORITHM_CODES), -1 for none. */
 typedef struct {
     int64_t seq;      /* its number among the communicator's collectives; 0: not counted */
@@ -173,12 +173,12 @@ static inline void gate_done(Gate *g, int slot)
     gate_record(g, slot);
 }
 
-/* For an extension that includes this header, at its import: the Gate type of tbcoll._gate,
+/* For an extension that includes this header, at its import: the Gate type of tbcoll.core._gate,
  * its layout checked against this header's; NULL with ImportError where it is missing or was
  * built from another layout (a stale build: rebuild with `make`). */
 static inline PyTypeObject *gate_import(void)
 {
-    PyObject *module = PyImport_ImportModule("tbcoll._gate"); /* (then the capsule is found) */
+    PyObject *module = PyImport_ImportModule("tbcoll.core._gate"); /* (then the capsule is found) */
     if (module == NULL)
         return NULL;
     Py_DECREF(module);
@@ -188,7 +188,7 @@ static inline PyTypeObject *gate_import(void)
     if (found->layout != GATE_LAYOUT || found->gate_size != sizeof(Gate) ||
         found->record_size != sizeof(GateRecord) || found->call_size != sizeof(GateCall)) {
         PyErr_Format(PyExc_ImportError,
-                     "tbcoll._gate has gate layout %d (%zu bytes) but this extension was "
+                     "tbcoll.core._gate has gate layout %d (%zu bytes) but this extension was "
                      "built for layout %d (%zu bytes): rebuild tbcoll (make, or pip install "
                      "-e .)", found->layout, found->gate_size, GATE_LAYOUT, sizeof(Gate));
         return NULL;

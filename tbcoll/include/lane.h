@@ -3,12 +3,12 @@
  * (a small collective, a send or a recv) runs in one C call, as NCCL's net plugins offer
  * theirs: one versioned struct of function pointers, found by name.
  *
- * A transport's lane (shm's tbcoll/shm/lane.c, tcp's tbcoll/transports/tcp_lane.c, rdma's
- * tbcoll/rdma/mesh_lane.c) fills a tbcoll_lane_v1 in its own object and hands it out as a
- * PyCapsule named TBCOLL_LANE_CAPSULE (its lane_capsule() method: lane_capsule_new), whose
- * context is the lane object (LaneCall holds that, and the GC sees it there). tbcoll's
- * gate extension takes the capsule (tbcoll._gate.LaneCall, tbcoll/one_call.c), refuses
- * another version or size, and runs each call around the struct's functions: the checks of
+ * A transport's lane (shm's tbcoll/transports/shm/lane.c, tcp's
+ * tbcoll/transports/tcp/tcp_lane.c, rdma's tbcoll/transports/rdma/mesh_lane.c) fills a
+ * tbcoll_lane_v1 in its own object and hands it out as a PyCapsule named TBCOLL_LANE_CAPSULE
+ * (its lane_capsule() method: lane_capsule_new), whose context is the lane object (LaneCall
+ * holds that, and the GC sees it there). tbcoll's gate extension takes the capsule
+ * (tbcoll.core._gate.LaneCall, tbcoll/core/one_call.c), refuses another version or size, and runs each call around the struct's functions: the checks of
  * the arguments, the admission (lane_admits there: the kinds, the limits, beyond), the
  * communicator's call gate (gate.h), the engine's lock (take, give), ready, the work or the
  * move, the count and the record, the error named as the communicator names it. A transport
@@ -26,7 +26,7 @@
 #define TBCOLL_LANE_VERSION 1
 #define TBCOLL_LANE_CAPSULE "tbcoll.lane.v1"
 
-/* The kinds of call a lane takes (tbcoll.comm.LANE_ENTRIES' order; shm.h's first four), and
+/* The kinds of call a lane takes (tbcoll.core.names.LANE_KINDS' order; shm.h's first four), and
  * the gate codes bind() is given: each kind's, send's, recv's, the native algorithm's */
 enum { LANE_ALL_REDUCE, LANE_ALL_GATHER, LANE_REDUCE_SCATTER, LANE_BROADCAST, LANE_KIND_COUNT,
        LANE_SEND = LANE_KIND_COUNT, LANE_RECV, LANE_NATIVE, LANE_CODES };

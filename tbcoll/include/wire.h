@@ -1,19 +1,21 @@
 /*
  * The wire that tbcoll's C extensions share with its Python, described once:
- * - the element types' and reductions' codes (tbcoll/dtypes.py holds their numpy types, in
+ * - the element types' and reductions' codes (tbcoll/core/dtypes.py holds their numpy types, in
  *   this order; a collective's arrays and reductions are named by these codes to C);
- * - the call signature's fields (tbcoll/calls.py's FIELDS; C ORs a call's bytes into a
+ * - the call signature's fields (tbcoll/core/calls.py's FIELDS; C ORs a call's bytes into a
  *   signature Python made less its bytes, so it must know that field's width);
  * - the stream engine's message header and a pulled message's descriptor, and the contexts
- *   of the engine's own messages (tbcoll/transports/stream/framing.py packs and parses them in
- *   Python; shm's moves.c, rings.c and _atomics.c and tcp's _sockets.c write, read or
- *   compare them here).
+ *   of the engine's own messages: written here alone. Python reads these lists from this file
+ *   (tbcoll.core.wire_check.read_wire: keep each X(...) on the lines of its #define, its values
+ *   literals or this file's names, two joined by | or +), and tbcoll/core/framing.py packs
+ *   what they say; shm's moves.c, rings.c and _atomics.c and tcp's exchange.c write, read or
+ *   compare them here.
  * Each extension exports this description as its module's WIRE (add_wire, wire_export.h) and
- * tbcoll.wire_check compares it with Python's as the extension is imported: a build of
+ * tbcoll.core.wire_check compares it with Python's as the extension is imported: a build of
  * another version of this file fails to import, naming what differs, where it would
  * otherwise read other bytes or codes than Python writes without a word.
  *
- * Pure C (no Python.h): the shm transport's pure layer (tbcoll/shm/rings.c, rounds.c)
+ * Pure C (no Python.h): the shm transport's pure layer (tbcoll/transports/shm/rings.c, rounds.c)
  * includes it. May include: the C library only.
  */
 #ifndef TBCOLL_WIRE_H
@@ -22,14 +24,14 @@
 #include <stddef.h> /* ptrdiff_t */
 #include <stdint.h>
 
-/* --- element types: X(code, name in tbcoll.dtypes.DTYPES, bytes), in code order --------- */
+/* --- element types: X(code, name in tbcoll.core.dtypes.DTYPES, bytes), in code order --------- */
 #define WIRE_DTYPES(X)                                                                      \
     X(DTYPE_FLOAT16, "float16", 2) X(DTYPE_BFLOAT16, "bfloat16", 2)                         \
     X(DTYPE_FLOAT32, "float32", 4) X(DTYPE_FLOAT64, "float64", 8) X(DTYPE_INT8, "int8", 1)  \
     X(DTYPE_INT16, "int16", 2) X(DTYPE_INT32, "int32", 4) X(DTYPE_INT64, "int64", 8)        \
     X(DTYPE_UINT8, "uint8", 1)
 
-/* --- reductions: X(code, name in tbcoll.dtypes.OPS), in code order ------------------------ */
+/* --- reductions: X(code, name in tbcoll.core.dtypes.OPS), in code order ------------------------ */
 #define WIRE_OPS(X) X(OP_SUM, "sum") X(OP_PROD, "prod") X(OP_MAX, "max") X(OP_MIN, "min")
 
 #define WIRE_CODE(code, ...) code,
@@ -39,8 +41,8 @@ enum { WIRE_OPS(WIRE_CODE) OPS };
 #define WIRE_ITEMSIZE(code, name, bytes) bytes,
 static const ptrdiff_t ITEMSIZE[DTYPES] = {WIRE_DTYPES(WIRE_ITEMSIZE)};
 
-/* --- the call signature: X(field, name in tbcoll.calls.FIELDS, lowest bit, bits), highest
- * first; the fields tile the 64 bits (checked below, and by tbcoll.calls at its import) --- */
+/* --- the call signature: X(field, name in tbcoll.core.calls.FIELDS, lowest bit, bits), highest
+ * first; the fields tile the 64 bits (checked below, and by tbcoll.core.calls at import) --- */
 #define WIRE_CALL(X)                                                                        \
     X(CALL_COLLECTIVE, "collective", 58, 6) X(CALL_ALGORITHM, "algorithm", 53, 5)           \
     X(CALL_DTYPE, "dtype", 49, 4) X(CALL_OP, "op", 46, 3) X(CALL_ROOT, "root", 34, 12)      \

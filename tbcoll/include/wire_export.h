@@ -1,7 +1,7 @@
 /* add_wire: a C extension's export of the wire (wire.h) as its module's WIRE, which
- * tbcoll.wire_check compares with Python's at import. Python-facing: included by the
- * extensions' module files (tbcoll/shm/_atomics.c, tbcoll/transports/_sockets.c,
- * tbcoll/rdma/_verbs.c). May include: Python.h, wire.h. */
+ * tbcoll.core.wire_check compares with Python's at import. Python-facing: included by the
+ * extensions' module files (tbcoll/transports/shm/_atomics.c, tbcoll/transports/tcp/_sockets.c,
+ * tbcoll/transports/rdma/_verbs.c). May include: Python.h, wire.h. */
 #ifndef TBCOLL_WIRE_EXPORT_H
 #define TBCOLL_WIRE_EXPORT_H
 
@@ -12,7 +12,7 @@
 /* --- the export: WIRE = {"dtypes": ((name, bytes), ...), "ops": (name, ...), "header":
  * ((name, offset, bytes), ...), "descriptor": (likewise), "contexts": {name: value},
  * "pull_ids": mask, "call": ((name, lowest bit, bits), ...), "byte_order": "big"}, as
- * tbcoll.wire_check builds Python's (the call: tbcoll.calls.FIELDS). One
+ * tbcoll.core.wire_check builds Python's (the call: tbcoll.core.calls.FIELDS). One
  * Py_BuildValue: each list gives its part of the format and its arguments. */
 #define WIRE_DTYPE_FORMAT(code, name, bytes) "(si)"
 #define WIRE_DTYPE_ARGS(code, name, bytes) name, bytes,

@@ -1,12 +1,12 @@
-"""The transports: tbcoll.backends lists them; open_world opens one."""
+"""The transports: tbcoll.core.backends lists them; open_world opens one."""
 
 from __future__ import annotations
 
 from importlib import import_module
 
-from tbcoll.backends import TRANSPORTS
-from tbcoll.env import LaunchInfo
-from tbcoll.transports.base import Group
+from tbcoll.core.backends import TRANSPORTS
+from tbcoll.core.protocols import Group
+from tbcoll.job.env import LaunchInfo
 
 
 def open_world(backend: str, info: LaunchInfo | None, prefix: str) -> tuple[Group, int, int]:

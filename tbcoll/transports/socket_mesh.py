@@ -5,7 +5,7 @@ side connections (set-up, watching peers, point-to-point), so it is a part of it
 Set-up: every rank listens on its host's addresses (its main one and, from the hostfile's
 "links", one per cable to another host) and publishes them in the store, connects to every
 lower rank over the cable between their hosts where there is one, and accepts every higher
-rank. Each connection runs the HMAC handshake of tbcoll.auth, then the connecting side names
+rank. Each connection runs the HMAC handshake of tbcoll.job.auth, then the connecting side names
 its rank. A link that dies with nothing failed yet is found by keepalive (idle) or by the
 kernel's retransmission counters (data in flight: unanswered).
 """
@@ -26,12 +26,12 @@ import time
 import weakref
 from collections.abc import Callable
 
-from tbcoll.auth import HANDSHAKE_TIMEOUT, Doorman, accept_handshake, connect_proven
-from tbcoll.env import LaunchInfo, format_hostport, parse_hostport
-from tbcoll.errors import LINK_DOWN, PEER_ENDED, AuthenticationError, CommError
-from tbcoll.rendezvous import Store
-from tbcoll.topology import route_source
-from tbcoll.wire import recv_exactly
+from tbcoll.core.errors import LINK_DOWN, PEER_ENDED, AuthenticationError, CommError
+from tbcoll.core.wire import recv_exactly
+from tbcoll.job.auth import HANDSHAKE_TIMEOUT, Doorman, accept_handshake, connect_proven
+from tbcoll.job.env import LaunchInfo, format_hostport, parse_hostport
+from tbcoll.job.rendezvous import Store
+from tbcoll.job.topology import route_source
 
 log = logging.getLogger("tbcoll.tcp")
 
@@ -60,7 +60,7 @@ def connect_mesh(rank: int, size: int, hosts: list[str], route: Callable[[int], 
 
     hosts: the addresses to listen on; route(peer): the address of peer to connect to (one
     it listens on), or None for its first. Incoming connections prove themselves in threads
-    of their own, admitted by a tbcoll.auth.Doorman, so that idle connections from anyone
+    of their own, admitted by a tbcoll.job.auth.Doorman, so that idle connections from anyone
     cannot hold up a peer.
     """
     listeners = [socket.create_server((host, 0), backlog=max(size, 16)) for host in hosts]

@@ -58,7 +58,7 @@ def test_the_profile_exports_only_jaccls_symbols(profile):
 def test_the_backend_loads_on_a_library_with_only_jaccls_symbols(profile):
     """It needed ibv_wc_status_str too, and failed to load: 'the RDMA library ... has no
     ibv_wc_status_str'. A process of its own: the library opened first stays opened."""
-    code = f"from tbcoll.rdma import _verbs; print(_verbs.devices({str(profile[0])!r}))"
+    code = f"from tbcoll.transports.rdma import _verbs; print(_verbs.devices({str(profile[0])!r}))"
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
     assert p.stdout.startswith("["), p.stdout  # this host: no device, so []

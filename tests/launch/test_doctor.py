@@ -10,7 +10,7 @@ from tbcoll.launch.cluster import thunderbolt
 from tbcoll.launch.cluster.doctor import checks
 from tbcoll.launch.cluster.write_hostfile import hostfile_from_facts
 
-from tbcoll.topology import Host, Hostfile
+from tbcoll.job.topology import Host, Hostfile
 
 from ..conftest import REPO, tbrun
 

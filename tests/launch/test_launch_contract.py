@@ -7,8 +7,8 @@ import platform
 import pytest
 
 from tbcoll import TbcollError
-from tbcoll.env import LaunchInfo, launch_info, worker_env
-from tbcoll.topology import Layout
+from tbcoll.job.env import LaunchInfo, launch_info, worker_env
+from tbcoll.job.topology import Layout
 
 from ..conftest import REPO, tagged_lines, tbrun
 

@@ -7,8 +7,8 @@ import re
 import pytest
 from tbcoll.launch.mlxvars import choose_backend, jaccl_variables, ring_variables
 
-from tbcoll.errors import LaunchError
-from tbcoll.topology import Hostfile
+from tbcoll.core.errors import LaunchError
+from tbcoll.job.topology import Hostfile
 
 from ..conftest import REPO, tbrun
 

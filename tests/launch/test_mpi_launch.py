@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from tbcoll.errors import TbcollError
-from tbcoll.topology import JobHost, Layout
+from tbcoll.core.errors import TbcollError
+from tbcoll.job.topology import JobHost, Layout
 
 from ..conftest import (
     hydra_topology_files,

@@ -9,8 +9,8 @@ import time
 import pytest
 
 from tbcoll import RendezvousError, Store
-from tbcoll.auth import new_token
-from tbcoll.rendezvous import StoreServer
+from tbcoll.job.auth import new_token
+from tbcoll.job.rendezvous import StoreServer
 
 from ..conftest import tagged_lines, tbrun
 

@@ -15,7 +15,7 @@ import pytest
 from tbcoll.launch.shmclean import mpich_segments, remove_unmapped
 from tbcoll.launch.slurm import expand_counts, expand_hostlist
 
-from tbcoll.errors import HostfileError
+from tbcoll.core.errors import HostfileError
 
 from ..conftest import REPO, TBRUN, skip_or_fail
 from ..harness import netns, slurmcluster

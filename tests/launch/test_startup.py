@@ -5,10 +5,11 @@ need. Its start-up time is a benchmark (benchmarks/startup.py), not a test."""
 import subprocess
 import sys
 
-NOT_AT_START = ("numpy", "tbcoll.comm", "tbcoll.algorithms", "tbcoll.dumps",
-                "tbcoll.launch.timeline", "tbcoll.trace", "tbcoll.launch.cluster.doctor",
-                "dataclasses",  # tbcoll.topology's and env's records are tuples: ~3 ms
-                "typing",  # ~5 ms with its NamedTuples: tbcoll.records instead
+NOT_AT_START = ("numpy", "tbcoll.comm.communicator", "tbcoll.algorithms",
+                "tbcoll.observability.dumps", "tbcoll.launch.timeline",
+                "tbcoll.observability.trace", "tbcoll.launch.cluster.doctor",
+                "dataclasses",  # tbcoll.job.topology's and env's records are tuples: ~3 ms
+                "typing",  # ~5 ms with its NamedTuples: tbcoll.core.records instead
                 "hashlib",  # OpenSSL, ~2.5 ms: the first handshake of tbrun's store imports it
                 # what only other starters and --backend mlx need
                 "tbcoll.launch.starters.ssh", "tbcoll.launch.starters.srun",

@@ -5,8 +5,8 @@ import re
 
 import pytest
 
-from tbcoll.errors import HostfileError
-from tbcoll.topology import Hostfile, Layout
+from tbcoll.core.errors import HostfileError
+from tbcoll.job.topology import Hostfile, Layout
 
 from ..conftest import REPO
 

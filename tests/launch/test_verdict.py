@@ -19,7 +19,7 @@ from tbcoll.launch.verdict import (
     judge,
 )
 
-from tbcoll.errors import LINK_DOWN
+from tbcoll.core.errors import LINK_DOWN
 
 NAMES = {0: "rank 0", 1: "rank 1", 2: "rank 2"}
 

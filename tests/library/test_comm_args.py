@@ -5,7 +5,7 @@ import pytest
 
 import tbcoll
 from tbcoll import TbcollError
-from tbcoll.env import algorithm_overrides
+from tbcoll.job.env import algorithm_overrides
 
 
 @pytest.fixture
@@ -27,7 +27,8 @@ def test_a_script_started_alone_is_a_world_of_one(comm):
 
 def test_a_communicator_keeps_its_attributes_few(comm):
     """Past 30 attributes CPython stops sharing the instance's key table and every attribute
-    load on the call path becomes a dict lookup (tbcoll.comm.Communicator.MAX_ATTRIBUTES)."""
+    load on the call path becomes a dict lookup
+    (tbcoll.comm.communicator.Communicator.MAX_ATTRIBUTES)."""
     comm.all_reduce(np.ones(3))
     comm.iall_reduce(np.ones(3)).wait()  # (the first non-blocking call binds again)
     assert len(vars(comm)) <= comm.MAX_ATTRIBUTES, sorted(vars(comm))

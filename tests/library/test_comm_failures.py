@@ -149,8 +149,8 @@ def test_mpiexec_ends_a_job_whose_rank_died(script):
 # tbrun to be) before it unlinks the name
 HOLDS_A_SEGMENT = """
 import os, signal, time, tbcoll
-from tbcoll.env import segment_prefix
-from tbcoll.shm.segment import Segment
+from tbcoll.job.env import segment_prefix
+from tbcoll.transports.shm.segment import Segment
 segment = Segment.create_unique(segment_prefix(tbcoll.launch_info().job), 4096)
 print("created", segment.name, flush=True)
 if "{dies}" == "rank":
@@ -215,8 +215,8 @@ def test_a_remote_ranks_wrapper_removes_its_segments(tmp_path):
     rank = tmp_path / "rank.py"
     rank.write_text(textwrap.dedent("""
         import os, signal
-        from tbcoll.env import job_id, segment_prefix
-        from tbcoll.shm.segment import Segment
+        from tbcoll.job.env import job_id, segment_prefix
+        from tbcoll.transports.shm.segment import Segment
         segment = Segment.create_unique(segment_prefix(job_id(os.environ)), 4096)
         print("[0] created", segment.name, flush=True)
         os.kill(os.getpid(), signal.SIGKILL)

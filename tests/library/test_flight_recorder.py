@@ -1,5 +1,6 @@
-"""When a job hangs or diverges, tbrun says where every rank was (tbcoll.recorder,
-tbcoll.dumps, tbcoll.launch.postmortem), and --trace writes a timeline (tbcoll.trace)."""
+"""When a job hangs or diverges, tbrun says where every rank was (tbcoll.observability.recorder,
+tbcoll.observability.dumps, tbcoll.launch.postmortem), and --trace writes a timeline
+(tbcoll.observability.trace)."""
 
 import json
 import os
@@ -167,7 +168,8 @@ def test_trace_holds_every_rank_and_the_summary_adds_up(script, tmp_path):
     assert sorted(e["name"] for e in events if e["pid"] == 3) == (
         ["all_gather"] + ["all_reduce"] * 20 + ["broadcast"] * 20)
     assert {e["args"]["site"] for e in events if e["name"] == "all_reduce"} == {"job.py:6"}
-    summary = subprocess.run([sys.executable, "-m", "tbcoll.trace", "summary", str(path)],
+    summary = subprocess.run([sys.executable, "-m", "tbcoll.observability.trace", "summary",
+                              str(path)],
                              capture_output=True, text=True, timeout=30)
     assert summary.returncode == 0, summary.stderr
     rows = {line.split()[0]: line.split() for line in summary.stdout.splitlines()[1:]}
@@ -181,7 +183,7 @@ def test_trace_holds_every_rank_and_the_summary_adds_up(script, tmp_path):
 def test_trace_summary_refuses_what_is_not_a_trace(tmp_path):
     bad = tmp_path / "x.json"
     bad.write_text("{}")
-    p = subprocess.run([sys.executable, "-m", "tbcoll.trace", "summary", str(bad)],
+    p = subprocess.run([sys.executable, "-m", "tbcoll.observability.trace", "summary", str(bad)],
                        capture_output=True, text=True, timeout=30)
     assert p.returncode == 1 and "not a trace that tbrun --trace wrote" in p.stderr
 
@@ -189,7 +191,7 @@ def test_trace_summary_refuses_what_is_not_a_trace(tmp_path):
 def test_the_recorder_keeps_the_last_calls_and_can_be_turned_off(script):
     path = script("""
         import os, numpy as np, tbcoll
-        from tbcoll.dumps import snapshot
+        from tbcoll.observability.dumps import snapshot
         comm = tbcoll.init()
         for i in range(10):
             comm.all_reduce(np.full(3, i))

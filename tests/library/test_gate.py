@@ -1,5 +1,5 @@
-"""A communicator's call gate (tbcoll.gate: tbcoll/_gate.c and include/gate.h): its lock, its
-calls in progress, its count and its flight recorder, in C (and its Python twin, alike); the
+"""A communicator's call gate (tbcoll.core.gate: tbcoll/core/_gate.c and include/gate.h): its lock,
+its calls in progress, its count and its flight recorder, in C (and its Python twin, alike); the
 shm lane drives the same struct from C; a dump's call in progress is the gate's, whichever
 path the call took, with the user's line read off the thread that runs it."""
 
@@ -12,12 +12,11 @@ import sys
 import numpy as np
 import pytest
 
-from tbcoll import gate as gates
-from tbcoll.algorithms import ALGORITHM_CODES
-from tbcoll.collective_base import KIND_CODES
 from tbcoll.collectives import ALL_REDUCE, BROADCAST
-from tbcoll.dtypes import DTYPE_CODES, OP_CODES
-from tbcoll.errors import CommRevokedError, TbcollError
+from tbcoll.core import gate as gates
+from tbcoll.core.dtypes import DTYPE_CODES, OP_CODES
+from tbcoll.core.errors import CommRevokedError, TbcollError
+from tbcoll.core.names import ALGORITHM_CODES, KIND_CODES
 
 from ..conftest import tagged_lines, tbrun
 
@@ -29,7 +28,7 @@ RING = ALGORITHM_CODES["ring"]
 def gate_type(request):
     if request.param == "C":
         if gates.Gate is gates.PyGate:
-            pytest.fail("tbcoll._gate was not built (make)")
+            pytest.fail("tbcoll.core._gate was not built (make)")
         return gates.Gate
     return gates.PyGate
 
@@ -129,9 +128,9 @@ def test_the_lane_interface_is_versioned_and_binds_only_a_gate():
     another version or size (a transport built from another lane.h) or another capsule,
     saying what to do; bind takes nothing but a Gate. Without the gate's extension the shm
     backend refuses, saying why."""
-    from tbcoll import _gate
-    from tbcoll.gate import lane_call
-    from tbcoll.shm import _atomics, native
+    from tbcoll.core import _gate
+    from tbcoll.core.gate import lane_call
+    from tbcoll.transports.shm import _atomics, native
 
     lane = _atomics.Lane(segment=bytearray(1 << 16), flags=64, size=2, rank=0,
                          sets=[4096, 8192], slot_bytes=256, budget=0.01, resume=None, pids=0)
@@ -155,16 +154,17 @@ def test_the_lane_interface_is_versioned_and_binds_only_a_gate():
     with pytest.raises(TypeError, match='a capsule named "tbcoll.lane.v0"'):
         _gate.LaneCall(capsule, **arrays)
     missing = subprocess.run([sys.executable, "-c", (
-        "from tbcoll.shm import native; native.LaneCall = None\nnative.available()")],
+        "from tbcoll.transports.shm import native; native.LaneCall = None\n"
+        "native.available()")],
         capture_output=True, text=True, timeout=60)
     assert missing.returncode == 1 and (
-        "TbcollError: the shm backend needs tbcoll's call gate extension (tbcoll._gate), which "
-        "was not built: reinstall tbcoll (make)") in missing.stderr, missing.stderr
+        "TbcollError: the shm backend needs tbcoll's call gate extension (tbcoll.core._gate), "
+        "which was not built: reinstall tbcoll (make)") in missing.stderr, missing.stderr
 
 
 def _shm_lane(slot_bytes: int = 256, single_pass: int = 128):
     """A shm Lane of 2 ranks over a private buffer (never run: its admission is asked)."""
-    from tbcoll.shm import _atomics, native
+    from tbcoll.transports.shm import _atomics, native
 
     lane = _atomics.Lane(segment=bytearray(1 << 16), flags=64, size=2, rank=0,
                          sets=[4096, 8192], slot_bytes=slot_bytes, budget=0.01, resume=None,
@@ -178,10 +178,10 @@ def _shm_lane(slot_bytes: int = 256, single_pass: int = 128):
 def test_one_admission_predicate_for_c_and_python():
     """Whether a call may take a lane is said in one C function (tbcoll/admits.c, with the
     lane's limits in one_call.c): LaneCall asks it before each call, and Python asks the same
-    one (LaneCall.admits for a bound lane, tbcoll.gate.plain for a direct path without a
+    one (LaneCall.admits for a bound lane, tbcoll.core.gate.plain for a direct path without a
     lane), not a copy of its own."""
-    from tbcoll.gate import lane_call, plain
-    from tbcoll.routes import ROUTED
+    from tbcoll.comm.routes import ROUTED
+    from tbcoll.core.gate import lane_call, plain
 
     ar, ag, rs, bc = range(4)
     f4 = np.ones(2, np.float32)  # 8 B
@@ -220,7 +220,7 @@ def test_one_admission_predicate_for_c_and_python():
 
 IN_PROGRESS = """
 import itertools, json, os, threading, time, numpy as np, tbcoll
-from tbcoll.dumps import snapshot
+from tbcoll.observability.dumps import snapshot
 comm = tbcoll.init()
 x = np.ones(2, np.float32)
 comm.all_reduce(x)

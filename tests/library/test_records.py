@@ -1,8 +1,8 @@
-"""tbcoll.records.record: typing.NamedTuple's class syntax, without typing."""
+"""tbcoll.core.records.record: typing.NamedTuple's class syntax, without typing."""
 
 import pytest
 
-from tbcoll.records import record
+from tbcoll.core.records import record
 
 
 @record

@@ -42,6 +42,13 @@ def test_under_tbrun(np_, backend):
     run_job(tbrun_pytest(np_, backend), np_)
 
 
+@pytest.mark.parametrize("backend, np_", [("auto", 2), ("tcp", 3)])
+def test_under_tbrun_without_c(np_, backend):
+    """What a build without a compiler runs (TBCOLL_NO_C=1): each protocol's whole Python path
+    (on one host auto takes tcp: shm's rounds are C's), the suite green on it."""
+    run_job(tbrun_pytest(np_, backend), np_, TBCOLL_NO_C="1")
+
+
 @pytest.mark.parametrize("np_", [1, 2])
 def test_under_tbrun_with_mlx(np_):
     pytest.importorskip("mlx.core")

@@ -2,8 +2,8 @@
 
 import pytest
 
-from tbcoll import tuning
-from tbcoll.algorithms import ALGORITHMS
+from tbcoll.collectives import tuning
+from tbcoll.core.names import ALGORITHMS
 
 
 @pytest.mark.parametrize("nbytes, size, tcp, stream", [
@@ -72,7 +72,7 @@ def test_the_one_call_path_is_taken_up_to_the_tables_native_size_and_no_further(
     import numpy as np
 
     from tbcoll.collectives import ALL_GATHER, ALL_REDUCE
-    from tbcoll.comm import Communicator
+    from tbcoll.comm.communicator import Communicator
 
     group = _Group()
     comm = Communicator(group, "rdma", 0, 0)

@@ -249,9 +249,9 @@ LATE_AT_THE_LIMITS = """
 import sys, time
 import numpy as np
 import tbcoll
-from tbcoll import tuning
-from tbcoll.shm import native as shm
-from tbcoll.transports import tcp_native
+from tbcoll.collectives import tuning
+from tbcoll.transports.shm import native as shm
+from tbcoll.transports.tcp import native as tcp_native
 
 comm = tbcoll.init()
 r, n = comm.rank, comm.size

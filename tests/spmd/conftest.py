@@ -13,7 +13,7 @@ import functools
 import numpy as np
 import pytest
 
-from tbcoll.dtypes import DTYPES, OPS
+from tbcoll.core.dtypes import DTYPES, OPS
 
 # Inputs are small integers, so every dtype holds every partial result exactly and the
 # order in which an algorithm reduces cannot change the answer.

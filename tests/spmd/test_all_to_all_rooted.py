@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 import tbcoll
-from tbcoll.algorithms import ALGORITHMS
-from tbcoll.dtypes import DTYPES
+from tbcoll.core.dtypes import DTYPES
+from tbcoll.core.names import ALGORITHMS
 
 from .conftest import expected_reduction, rank_input, usable
 

@@ -5,8 +5,8 @@ import time
 import numpy as np
 import pytest
 
-from tbcoll.algorithms import ALGORITHMS
-from tbcoll.dtypes import DTYPES, OPS
+from tbcoll.core.dtypes import DTYPES, OPS
+from tbcoll.core.names import ALGORITHMS
 
 from .conftest import BIG_BYTES, counts, expected_reduction, rank_input, usable
 

@@ -6,9 +6,10 @@ bytearray still exported cannot be resized); so does a call that succeeds."""
 
 import pytest
 
-from tbcoll.shm import _atomics
-from tbcoll.transports import _sockets
+from tbcoll.transports.mpi import _gathered
+from tbcoll.transports.shm import _atomics
 from tbcoll.transports.stream import HEADER as _HEADER
+from tbcoll.transports.tcp import _sockets
 
 READ, WRITE = "read", "write"
 
@@ -18,8 +19,8 @@ def _calls(fd: int) -> dict:
     header = _HEADER.pack(1, 3, 8, 4, 9)  # 8 payload bytes
     B = bytearray
     return {
-        "put_call": (_atomics.put_call, [B(16), 7, B(8)], {0: WRITE, 2: READ}),
-        "gathered_reduce": (_atomics.gathered_reduce, [B(32), 16, 2, 8, B(8), 4, 0],
+        "put_call": (_gathered.put_call, [B(16), 7, B(8)], {0: WRITE, 2: READ}),
+        "gathered_reduce": (_gathered.gathered_reduce, [B(32), 16, 2, 8, B(8), 4, 0],
                             {0: READ, 4: WRITE}),
         "ring_send": (_atomics.ring_send, [B(1024), 0, 64, B(header), B(8), 0.0],
                       {0: WRITE, 3: READ, 4: READ}),

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tbcoll.errors import LINK_DOWN
+from tbcoll.core.errors import LINK_DOWN
 from tbcoll.transports import socket_mesh
 
 

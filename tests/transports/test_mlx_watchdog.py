@@ -28,7 +28,7 @@ def test_a_closed_or_reset_connection_is_seen_without_reading_it():
 def test_the_watchdog_ends_a_rank_stuck_in_mlx_once_a_peer_isgone():
     code = (
         "import time\n"
-        "from tbcoll.transports.mlx import Watchdog\n"
+        "from tbcoll.transports.mlx.transport import Watchdog\n"
         "dog = Watchdog(0, 60.0, lambda: (1, 'it closed the connection'))\n"
         "dog._busy = ('all_reduce', time.monotonic())  # as inside mx.eval\n"
         "time.sleep(30)\n")

@@ -9,10 +9,10 @@ import time
 
 import pytest
 
-from tbcoll.env import LaunchInfo, RdmaSettings
-from tbcoll.errors import CommError
-from tbcoll.rdma import devices
-from tbcoll.topology import JobHost, Layout
+from tbcoll.core.errors import CommError
+from tbcoll.job.env import LaunchInfo, RdmaSettings
+from tbcoll.job.topology import JobHost, Layout
+from tbcoll.transports.rdma import devices
 
 from ..conftest import REPO, TBRUN, run_setup_py, tbrun
 from ..library.test_comm_failures import KILLED_MID_ALL_REDUCE, rank_1_was_named
@@ -120,17 +120,19 @@ def test_a_device_that_does_not_exist_is_named(script):
 
 
 def test_built_without_verbs_says_so(monkeypatch):
-    from tbcoll.transports import rdma
+    from tbcoll.transports.rdma import transport as rdma
     monkeypatch.setattr(rdma, "_verbs", None)
     with pytest.raises(CommError, match="built without RDMA support: install libibverbs-dev"):
         rdma.open_world(_info(0, [[0], [1]]), "t")
 
 
 def test_the_verbs_extension_is_files_of_one_job_each_that_the_build_lists():
-    """Issue 47: no source file over 600 lines. setup.py builds every C file of tbcoll/rdma
-    into the one extension (the Makefile's wildcard and the arm64 lab take them from there)."""
-    extension, = (e for e in run_setup_py()[1]["ext_modules"] if e.name == "tbcoll.rdma._verbs")
-    folder = REPO / "tbcoll/rdma"
+    """Issue 47: no source file over 600 lines. setup.py builds every C file of
+    tbcoll/transports/rdma into the one extension (the Makefile's wildcard and the arm64 lab take
+    them from there)."""
+    extension, = (e for e in run_setup_py()[1]["ext_modules"]
+                  if e.name == "tbcoll.transports.rdma._verbs")
+    folder = REPO / "tbcoll/transports/rdma"
     on_disk = sorted(str(path.relative_to(REPO)) for path in folder.glob("*.c"))
     assert sorted(extension.sources) == on_disk
     long = {path.name: lines for path in [*folder.glob("*.c"), *folder.glob("*.h")]

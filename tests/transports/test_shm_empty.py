@@ -156,7 +156,7 @@ def test_mismatched_requests_fail_on_every_rank(script):
 NO_ROOM_JOB = """
 import numpy as np
 import tbcoll
-from tbcoll.shm import heap, segment
+from tbcoll.transports.shm import heap, segment
 
 comm = tbcoll.init()
 if comm.rank == 1:

@@ -1,5 +1,5 @@
-"""shm's C lane (tbcoll/shm/lane.c): a small array's whole collective call, or a send or recv,
-in one C call. It must give what the Python path gives (every dtype, op, shape, root, out
+"""shm's C lane (tbcoll/transports/shm/lane.c): a small array's whole collective call, or a send or
+recv, in one C call. It must give what the Python path gives (every dtype, op, shape, root, out
 given or not, in place), count and record each collective, leave what it does not take to
 the Python path (which raises where the call is wrong), refuse a second thread, and step
 aside where the table or TBCOLL_ALGO picks another algorithm, under TBCOLL_CHECK and
@@ -19,10 +19,10 @@ import sys, threading
 import ml_dtypes
 import numpy as np
 import tbcoll
-from tbcoll.collective_base import KIND_CODES
+from tbcoll.core.names import KIND_CODES
 from tbcoll.collectives import ALL_REDUCE
-from tbcoll.dtypes import DTYPE_CODES, OP_CODES
-from tbcoll.gate import NATIVE
+from tbcoll.core.dtypes import DTYPE_CODES, OP_CODES
+from tbcoll.core.gate import NATIVE
 
 comm = tbcoll.init()
 r, p = comm.rank, comm.size
@@ -231,8 +231,8 @@ import functools
 import time
 import numpy as np
 import tbcoll
-import tbcoll.transports.shm as shm
-from tbcoll.transports.shm import PULL_BYTES, ShmStream
+import tbcoll.transports.shm.transport as shm
+from tbcoll.transports.shm.transport import PULL_BYTES, ShmStream
 
 # C's receive waits this long before the engine takes over (50 ms in use): under emulation (the
 # arm64 lab, beside the RDMA lab's VM) a peer was once later than 50 ms, and a receive counted
@@ -244,7 +244,7 @@ engine = dict.fromkeys(("send", "recv", "_finish_send", "_finish_recv", "_finish
 
 def counted(name):
     method = getattr(ShmStream, name)
-    @functools.wraps(method)  # the parameters the lane's set-up checks (tbcoll.callbacks)
+    @functools.wraps(method)  # the parameters the lane's set-up checks (tbcoll.core.callbacks)
     def call(self, *args):
         engine[name] += 1
         return method(self, *args)
@@ -448,8 +448,8 @@ import tbcoll.transports.{transport}
 """
 
 
-@pytest.mark.parametrize("module, transport", [("shm._atomics", "shm"),
-                                               ("transports._sockets", "tcp")])
+@pytest.mark.parametrize("module, transport", [("transports.shm._atomics", "shm.transport"),
+                                               ("transports.tcp._sockets", "tcp.transport")])
 def test_a_build_with_other_engine_words_is_refused_at_import(module, transport):
     """The engine's words are laid out in each extension as in tbcoll.transports.stream.words,
     or the transport's import says so."""

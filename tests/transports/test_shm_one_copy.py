@@ -82,7 +82,7 @@ def test_large_all_gather_and_broadcast(script, np_, refuse, env, path):
 
 # Messages from the pull threshold up, both ranks sending at once, blocking and not.
 SEND_RECV_JOB = REFUSING + """
-from tbcoll.transports import shm
+from tbcoll.transports.shm import transport as shm
 peer = 1 - comm.rank
 for n in (shm.PULL_BYTES // 4, (3 << 20) // 4 + 3):
     def mine(k):

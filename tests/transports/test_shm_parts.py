@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 from tbcoll.launch import reaper
 
-from tbcoll.env import segment_prefix
-from tbcoll.shm import native
-from tbcoll.shm.flags import AtomicFlags
-from tbcoll.shm.pipe import OverwrittenRing, Ring
-from tbcoll.shm.segment import Segment, SegmentSpaceError
+from tbcoll.job.env import segment_prefix
+from tbcoll.transports.shm import native
+from tbcoll.transports.shm.flags import AtomicFlags
+from tbcoll.transports.shm.pipe import OverwrittenRing, Ring
+from tbcoll.transports.shm.segment import Segment, SegmentSpaceError
 from tbcoll.transports.stream import HEADER as _HEADER
 
 from ..conftest import tagged_lines, tbrun
@@ -100,7 +100,7 @@ def test_planted_names_are_passed_over(monkeypatch, tmp_path):
     name passed over is not left written down (tbrun would unlink the planter's segment)."""
     import secrets
 
-    from tbcoll.shm import segment as seg
+    from tbcoll.transports.shm import segment as seg
 
     monkeypatch.setenv("TBCOLL_SHM_NAMES", str(tmp_path))
     prefix = f"/tbc-t{os.getpid()}-"
@@ -257,7 +257,7 @@ class TestRingInC:
 def test_a_round_refuses_strides_outside_its_buffers(segment, stride):
     """A negative stride, or one whose product with the ranks overflows, passed the bounds
     check of an all-gather round (kind 1) and wrote outside the result."""
-    from tbcoll.shm.flags import atomics
+    from tbcoll.transports.shm.flags import atomics
     src, dst = np.zeros(8, np.uint8), np.zeros(64, np.uint8)
     with pytest.raises(ValueError, match="do not fit"):
         lane = atomics.Lane(segment=segment.buffer, flags=0, size=4, rank=0, sets=[1024, 1024],

@@ -5,8 +5,8 @@ import socket
 
 import pytest
 
-from tbcoll.env import LaunchInfo
-from tbcoll.topology import Layout
+from tbcoll.job.env import LaunchInfo
+from tbcoll.job.topology import Layout
 from tbcoll.transports.socket_mesh import listen_hosts, peer_route
 
 

@@ -6,9 +6,9 @@ import threading
 import time
 
 from tbcoll import Store
-from tbcoll.auth import new_token
-from tbcoll.env import parse_hostport
-from tbcoll.rendezvous import StoreServer
+from tbcoll.job.auth import new_token
+from tbcoll.job.env import parse_hostport
+from tbcoll.job.rendezvous import StoreServer
 from tbcoll.transports.socket_mesh import connect_mesh
 
 

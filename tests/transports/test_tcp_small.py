@@ -1,4 +1,4 @@
-"""tcp's small-message path in C (tbcoll/transports/_sockets.c): the C calls on real sockets,
+"""tcp's small-message path in C (tbcoll/transports/tcp/_sockets.c): the C calls on real sockets,
 and jobs whose messages take it, fall back from it mid-way (another message first, a large
 one, a slow sender) or never take it (the extension missing), with every result checked."""
 
@@ -8,8 +8,8 @@ import time
 import numpy as np
 import pytest
 
-from tbcoll.transports import _sockets
 from tbcoll.transports.stream import HEADER as _HEADER
+from tbcoll.transports.tcp import _sockets
 
 from ..conftest import tagged_lines, tbrun
 
@@ -108,7 +108,8 @@ JOB = """
 import sys, time
 import numpy as np
 import tbcoll
-from tbcoll.transports import tcp, tcp_native
+from tbcoll.transports.tcp import native as tcp_native
+from tbcoll.transports.tcp import transport as tcp
 
 if "python" in sys.argv:  # as where the extension was not built
     tcp._sockets = tcp_native._sockets = None
@@ -163,7 +164,7 @@ if "c" in sys.argv:
 print(late[:1].tolist())
 """
 
-# The Lane (tbcoll/transports/tcp_lane.c) takes a small plain all_reduce whole, in C; where
+# The Lane (tbcoll/transports/tcp/tcp_lane.c) takes a small plain all_reduce whole, in C; where
 # the engine holds something for a peer it leaves the call to the Python path; where a peer is
 # late its exchange stops and the engine finishes it. Which Python functions ran, seen by
 # sys.setprofile, tells which path each call took.
@@ -182,7 +183,7 @@ def ran(call, methods=("all_reduce",)):
     return result, set(names) - {"<lambda>", "publish_words", *methods}
 
 def lane_paths(comm):
-    from tbcoll._gate import LaneCall
+    from tbcoll.core._gate import LaneCall
     r, p = comm.rank, comm.size
     assert isinstance(comm._first_all_reduce.__self__, LaneCall)  # around tcp's lane
 

@@ -12,9 +12,7 @@ Its parts, one module each:
 - turns: how several threads share one engine; words: the engine's state as C tests it.
 """
 
-from tbcoll.transports.stream.endpoint import StreamEndpoint
-from tbcoll.transports.stream.engine import StreamTransport
-from tbcoll.transports.stream.framing import (
+from tbcoll.core.framing import (
     CONTEXTS,
     DESCRIPTOR_FIELDS,
     HEADER,
@@ -22,6 +20,8 @@ from tbcoll.transports.stream.framing import (
     PULL_IDS,
     bytes_of,
 )
+from tbcoll.transports.stream.endpoint import StreamEndpoint
+from tbcoll.transports.stream.engine import StreamTransport
 from tbcoll.transports.stream.peers import Channel, Peer, Recv, Send
 
 __all__ = ["CONTEXTS", "DESCRIPTOR_FIELDS", "HEADER", "HEADER_FIELDS", "PULL_IDS", "Channel",

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from tbcoll.calls import NO_CALL
+from tbcoll.core.calls import NO_CALL
 from tbcoll.transports.stream.engine import StreamTransport
 from tbcoll.transports.stream.peers import Recv, Send
 

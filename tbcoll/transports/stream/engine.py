@@ -4,7 +4,7 @@ matching, progress and waits (the package's docstring says what it does as a who
 Each pair of ranks has one byte stream (a Channel: a TCP socket, or a ring buffer in shared
 memory) that offers non-blocking sendmsg and recv_into, raising BlockingIOError when it cannot
 move a byte now. A collective's messages carry its call (seq, its number on the communicator,
-and call, its tbcoll.calls signature; a user's messages carry 0, 0): a message of another call
+and call, its tbcoll.core.calls signature; a user's messages carry 0, 0): a message of another call
 than the one a rank runs, met as it arrives or as a receive takes it, fails the wait with a
 CommError naming both calls, where the ranks would otherwise compute with each other's
 different calls. A message's payload is read straight into the destination when its receive
@@ -27,9 +27,9 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from tbcoll.calls import MISMATCH_ADVICE, NO_CALL, mismatch
-from tbcoll.errors import CommError, PeerLostError, PeerTimeoutError
-from tbcoll.transports.stream.framing import (
+from tbcoll.core.calls import MISMATCH_ADVICE, NO_CALL, mismatch
+from tbcoll.core.errors import CommError, PeerLostError, PeerTimeoutError
+from tbcoll.core.framing import (
     ANNOUNCE,
     DESCRIPTOR,
     HEADER,
@@ -88,7 +88,6 @@ class StreamTransport(Pulls, Revocation):
     # it touches nothing another thread changes
     waits_released = False
     DESCRIPTOR_BYTES = DESCRIPTOR.size
-    PULL_CONTEXTS = (ANNOUNCE, PULLED)  # an announcement's context bit, an answer's context
 
     def __init__(self, rank: int, size: int, channels: dict[int, Channel],
                  timeout: float) -> None:

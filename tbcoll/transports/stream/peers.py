@@ -14,8 +14,8 @@ from typing import Protocol
 
 import numpy as np
 
-from tbcoll.calls import NO_CALL
-from tbcoll.transports.stream.framing import DESCRIPTOR
+from tbcoll.core.calls import NO_CALL
+from tbcoll.core.framing import DESCRIPTOR
 from tbcoll.transports.stream.words import PEER_WORDS, WORDS_PER_PEER
 
 STAGE = 256 << 10  # staging buffer per stream

@@ -9,72 +9,53 @@ with that id. The send is done only then, so the sender's buffer stays untouched
 read. Where the copy is refused (a policy forbids it), the answer asks for the payload, which
 follows through the stream (RESENT) into the receive already matched, and neither side
 announces to the other again.
+
+Written once, in C: the pull's steps (taking a pull id from the engine's words, the
+announcement, the copy, the answer) are tbcoll/shm/moves.c's, which its own moves take and
+which this engine calls through the transport's _announcement, _pull and _answer (shm's:
+atomics.pull_announcement, pull_payload, pull_answer). What is Python's here is only the
+engine's part: matching, unexpected buffers, waiting, the refusal's resend. Without a compiler
+nothing pulls (Peer.pulls stays False): every message goes through the stream, the engine's
+whole pure-Python path (shm then needs its C extension anyway; tcp never pulls).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from tbcoll.transports.stream.framing import (
-    ANNOUNCE,
-    DESCRIPTOR,
-    HEADER,
-    PULL_IDS,
-    PULLED,
-    RESENT,
-    bytes_of,
-)
+from tbcoll.core.framing import DESCRIPTOR, RESENT, bytes_of
 from tbcoll.transports.stream.peers import Announced, Peer, Recv, Send
-from tbcoll.transports.stream.words import NEXT_PULL_WORD
 
 
 class Pulls:
-    """The pull protocol's part of StreamTransport (mixed into it): announcing, pulling,
-    answering, and the pull ids kept in the engine's words. It calls the engine's _match,
-    _complete, _queue, _enqueue, _finish_message, waitall and _lose."""
+    """The pull protocol's part of StreamTransport (mixed into it): the engine's side of
+    announcing, pulling and answering, over the transport's C steps (_announcement, _pull,
+    _answer). It calls the engine's _match, _complete, _queue, _enqueue, _finish_message,
+    waitall and _lose."""
 
-    def _pull(self, peer: Peer, address: int, view: memoryview) -> bool:
-        """Copy len(view) bytes at address in peer's memory into view; False where a policy
-        refuses it, or the transport cannot (the payload is then resent through the stream).
-        A peer found gone is lost (_lose)."""
+    def _pull(self, peer: Peer, descriptor: bytes, view: memoryview) -> bool:
+        """Copy into view the payload that descriptor (an announcement's) names, from peer's
+        memory; False where a policy refuses it, or the transport cannot (the payload is then
+        resent through the stream). A peer found gone is lost (_lose)."""
         return False
 
-    def _address(self, buf: np.ndarray) -> int:
-        """Where buf's bytes start in this process's memory, for its receiver's _pull."""
+    def _announcement(self, peer: Peer, buf: np.ndarray, context: int, tag: int,
+                      call: tuple[int, int]) -> tuple[bytes, int]:
+        """The header and descriptor announcing buf to peer, and its pull id (taken from the
+        engine's words, which C's moves take too)."""
         raise NotImplementedError
 
-    def _next_pull(self, peer: Peer) -> int:
-        """The id of the next message pulled from this rank by peer (its word, which a C path
-        takes too)."""
-        return self.words[peer.words_at + NEXT_PULL_WORD]
-
-    def _take_pull(self, peer: Peer) -> int:
-        """_next_pull, taken."""
-        pull = self._next_pull(peer)
-        self.words[peer.words_at + NEXT_PULL_WORD] = (pull + 1) & PULL_IDS
-        return pull
+    def _answer(self, pull: int, refused: bool) -> bytes:
+        """The answer to announcement `pull`: pulled, or refused."""
+        raise NotImplementedError
 
     def _announce(self, peer: Peer, buf: np.ndarray, context: int, tag: int,
                   call: tuple[int, int]) -> Send:
         """A send of buf by pull, its announcement still to write (its views)."""
-        pull = self._take_pull(peer)
-        announcement = (self._announce_header(context, tag, call)
-                        + DESCRIPTOR.pack(self._address(buf), buf.nbytes, pull))
+        announcement, pull = self._announcement(peer, buf, context, tag, call)
         request = Send(peer, [memoryview(announcement)], buf)
         peer.announced[pull] = request
         return request
-
-    @staticmethod
-    def _announce_header(context: int, tag: int, call: tuple[int, int]) -> bytes:
-        """The header of the announcement of a message (its descriptor follows)."""
-        return HEADER.pack(context | ANNOUNCE, tag, DESCRIPTOR.size, *call)
-
-    @staticmethod
-    def _pulled_header(pull: int, refused: bool = False) -> bytes:
-        """The answer to announcement `pull`."""
-        return HEADER.pack(PULLED, pull, 0, int(refused), 0)
-
-    _descriptor_of = staticmethod(DESCRIPTOR.unpack)  # -> (address, nbytes, pull)
 
     def _finish_announced(self, peer: Peer, view: memoryview, context: int, tag: int,
                           call: tuple[int, int], descriptor: bytes, arrived: int) -> None:
@@ -99,9 +80,10 @@ class Pulls:
         """Match an announced message and pull its payload, or ask for it where the pull is
         refused; answer the sender either way. (One that no receive awaits yet is pulled into
         an unexpected buffer at once: its sender does not wait for the receive.)"""
-        address, nbytes, pull = self._descriptor_of(announced.descriptor)
+        descriptor = bytes(announced.descriptor)
+        _, nbytes, pull = DESCRIPTOR.unpack(descriptor)
         owner, view = self._match(peer, announced.context, announced.tag, nbytes, announced.call)
-        pulled = self._pull(peer, address, view)
+        pulled = self._pull(peer, descriptor, view)
         if peer.lost:
             return
         if pulled:
@@ -109,7 +91,7 @@ class Pulls:
         else:
             peer.pulls = False
             peer.refused[pull] = owner, view
-        self._queue(peer, [memoryview(self._pulled_header(pull, refused=not pulled))])
+        self._queue(peer, [memoryview(self._answer(pull, not pulled))])
 
     def _answered(self, peer: Peer, pull: int, refused: bool) -> None:
         """The receiver of announcement `pull` has pulled it (the send is done), or was

@@ -13,8 +13,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable
 
-from tbcoll.errors import CommError, CommRevokedError, revoked
-from tbcoll.transports.stream.framing import NOTICE_BYTES, REVOKED
+from tbcoll.core.errors import CommError, CommRevokedError, revoked
+from tbcoll.core.framing import NOTICE_BYTES, REVOKED
 from tbcoll.transports.stream.peers import Recv, Send
 
 

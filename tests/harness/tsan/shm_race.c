@@ -1,5 +1,5 @@
 /*
- * A ThreadSanitizer guard for the shm transport's ring, flag and round code (tbcoll/shm/
+ * A ThreadSanitizer guard for the shm transport's ring, flag and round code (tbcoll/transports/shm/
  * rings.c's ring_put_message and ring_take, flags.c's wait_flags, rounds.c's run_round: the
  * extension's pure-C layer, which includes no Python.h), built with -fsanitize=thread with
  * those files by tests/transports/test_tsan.py and driven by threads that share one mapping, as
@@ -14,7 +14,7 @@
  *
  * Exits 0 when every result is right; 1 (and says which) when one is wrong; ThreadSanitizer
  * exits 66 on a report. No Python runs: the two Python calls the code makes (to release the
- * GIL and take it back: tbcoll/shm/gil.h) are stubs below.
+ * GIL and take it back: tbcoll/transports/shm/gil.h) are stubs below.
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -134,8 +134,8 @@ static void rings(void)
 
 #define SLOT 4096
 #define ROUNDS 600
-#define INT64 7 /* tbcoll.dtypes.DTYPE_CODES */
-#define SUM 0   /* tbcoll.dtypes.OP_CODES */
+#define INT64 7 /* tbcoll.core.dtypes.DTYPE_CODES */
+#define SUM 0   /* tbcoll.core.dtypes.OP_CODES */
 #define MOST_RANKS 4
 
 static const int KIND_OF_ROUND[] = {ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, BROADCAST, BARRIER,

@@ -1,9 +1,0 @@
-"""The backends by name: the one list of them. Each transport is the module whose
-`open_world(info, prefix)` connects a job's ranks and returns (world Group, local rank, node
-index); it is imported only when a job uses it (importing mpi4py starts MPI, and tbrun, which
-reads this list, imports no transport at all). "auto" is shm on one host, else tcp."""
-
-TRANSPORTS = {"shm": "tbcoll.transports.shm", "tcp": "tbcoll.transports.tcp",
-              "mpi": "tbcoll.transports.mpi", "mlx": "tbcoll.transports.mlx",
-              "rdma": "tbcoll.transports.rdma"}
-BACKENDS = ("auto", *TRANSPORTS)

@@ -1,1 +1,0 @@
-"""The rdma transport's C extension (_verbs) and its set-up helpers."""

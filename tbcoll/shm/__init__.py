@@ -1,1 +1,0 @@
-"""Shared-memory building blocks: segments (segment.py) and ordered flags (flags.py)."""

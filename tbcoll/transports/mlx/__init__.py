@@ -1,0 +1,2 @@
+"""The mlx transport: MLX's distributed backends (ring, jaccl) under the collectives
+(transport.py)."""

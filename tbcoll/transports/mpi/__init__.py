@@ -1,0 +1,1 @@
+"""The mpi transport: mpi4py under the collectives (transport.py)."""

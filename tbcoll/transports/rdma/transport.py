@@ -1,0 +1,392 @@
+"""RDMA transport: tbcoll's own, over the ibverbs API (tbcoll/transports/rdma/fabric.h).
+
+Per pair of ranks two queue pairs on the device named for that pair
+(tbcoll.transports.rdma.devices): one carries a byte stream that tbcoll.transports.stream's engine
+drives (messages, tags, matching, every algorithm of tbcoll/algorithms), the other the native mesh
+collectives (small all_reduce and all_gather, barrier: every rank sends its block to every peer, and
+reduces all of them in rank order in C).
+
+Set-up: every rank opens its devices and queue pairs, connects one authenticated tcp
+connection to every other rank (tbcoll.transports.socket_mesh.connect_mesh), exchanges its
+queue-pair info through the job's authenticated store, brings its queue pairs to RTS and
+says so in the store; nobody sends before every rank has (UC drops what arrives early).
+
+A dead peer gives no error on UC (nor promptly on RC): the tcp connections beside the queue
+pairs carry nothing but show a peer's death (its kernel closes them) or a dead link
+(keepalive), and every wait looks at them each WAIT_SLICE, as well as at TBCOLL_TIMEOUT.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable
+
+import numpy as np
+
+from tbcoll.core.callbacks import check_callbacks, checked
+from tbcoll.core.calls import mismatch, signature
+from tbcoll.core.dtypes import DTYPE_CODES, OP_CODES
+from tbcoll.core.errors import CommError, PeerLostError, PeerTimeoutError
+from tbcoll.core.extensions import c_extension
+from tbcoll.core.wire_check import check_wire
+from tbcoll.job.env import LaunchInfo, placement, rdma_settings
+from tbcoll.job.rendezvous import Store
+from tbcoll.transports.rdma import devices
+from tbcoll.transports.socket_mesh import connect_mesh, listen_hosts, peer_route
+from tbcoll.transports.stream import Peer, StreamEndpoint, StreamTransport
+from tbcoll.transports.stream.turns import SHARED_SLICE, Turns
+from tbcoll.transports.tcp.transport import TcpTransport
+
+_verbs = c_extension("tbcoll.transports.rdma._verbs")  # None: built without infiniband/verbs.h
+if _verbs is not None:
+    check_wire(_verbs)
+    check_callbacks(_verbs, ("rdma",))
+
+WAIT_SLICE = 0.05  # seconds a wait stays in C before it looks at the peers and the deadline
+
+
+class _Channel:
+    """The stream to one peer, as the engine wants it (tbcoll.transports.stream.Channel)."""
+
+    def __init__(self, fabric: object, rank: int) -> None:
+        self._fabric, self._rank = fabric, rank
+
+    def sendmsg(self, buffers: list[memoryview]) -> int:
+        sent = self._fabric.send(self._rank, buffers)  # ConnectionError once lost
+        if not sent:
+            raise BlockingIOError
+        return sent
+
+    def recv_into(self, view: memoryview) -> int:
+        got = self._fabric.recv_into(self._rank, view)
+        if not got:
+            raise BlockingIOError
+        return got
+
+    def close(self) -> None:
+        pass  # the Fabric goes with the group
+
+
+class Watch:
+    """Whether a peer is gone, seen from the tcp connections beside the queue pairs and from
+    the device's own completions (RC's retries exhausted)."""
+
+    def __init__(self, fabric: object, side: TcpTransport, peers: list[int]) -> None:
+        self._fabric, self._side, self._peers = fabric, side, peers
+
+    def losses(self) -> list[tuple[int, str]]:
+        """Every peer found gone: (rank, why), the device's word first."""
+        found = [(rank, why) for rank in self._peers if (why := self._fabric.lost(rank))]
+        named = {rank for rank, _ in found}
+        return found + [loss for loss in self._side.silent_losses() if loss[0] not in named]
+
+    def loss(self) -> tuple[int, str] | None:
+        losses = self.losses()
+        return losses[0] if losses else None
+
+
+class RdmaStream(StreamTransport):
+    """The stream engine over the Fabric's stream queue pairs; waiting polls the device."""
+
+    def __init__(self, fabric: object, rank: int, size: int, watch: Watch,
+                 timeout: float) -> None:
+        peers = [k for k in range(size) if k != rank]
+        super().__init__(rank, size, {k: _Channel(fabric, k) for k in peers}, timeout)
+        self._fabric, self._watch = fabric, watch
+
+    def _ready(self, timeout: float) -> Iterable[tuple[Peer, bool, bool]]:
+        writers = [peer.rank for peer in self._writing]
+        end = time.monotonic() + timeout
+        while True:
+            left = end - time.monotonic()
+            ready = self._fabric.wait(max(0.0, min(WAIT_SLICE, left)), writers)
+            if ready or timeout <= 0:
+                return [(self._peers[k], readable, writable) for k, readable, writable in ready]
+            if self._lose_gone() or time.monotonic() >= end:
+                return []
+
+    def _check_links(self, peers: Iterable[Peer]) -> None:
+        self._lose_gone()
+
+    def _lose_gone(self) -> bool:
+        """Lose every peer newly found gone (not only the first: a wait on rank 2 must not
+        go on because rank 1, lost before, is still the first gone)."""
+        newly = False
+        for rank, why in self._watch.losses():
+            peer = self._peers.get(rank)
+            if peer is not None and not peer.lost:
+                self._lose(peer, why)
+                newly = True
+        return newly
+
+
+# the mesh lane's signatures less the byte count: all_reduce's by dtype then op, all_gather's
+_ALL_REDUCE = [signature("all_reduce", dtype, op, 0) for dtype in DTYPE_CODES for op in OP_CODES]
+_ALL_GATHER = [signature("all_gather", dtype, None, 0) for dtype in DTYPE_CODES]
+
+
+class RdmaNative:
+    """The world's mesh collectives in C: every rank sends its block to every other, and each
+    reduces (or places) all of them in rank order. Blocks past COLL_BYTES go in pieces."""
+
+    offers = frozenset(("all_reduce", "all_gather", "barrier"))
+    takes_mlx = False
+    direct_broadcast = direct_reduce_scatter = None
+
+    def __init__(self, fabric: object, rank: int, size: int, watch: Watch,
+                 timeout: float, turns: Turns) -> None:
+        """turns: the stream's (tbcoll.transports.stream.turns): the mesh and the stream share the
+        device's completion queue, which the C code does not guard against two threads."""
+        self._fabric, self.rank, self.size = fabric, rank, size
+        self._watch, self._timeout, self._turns = watch, timeout, turns
+        self._piece = _verbs.COLL_BYTES
+        self._empty = np.empty(0, np.uint8)
+        # the small all_reduce and all_gather whole in C (the Communicator binds it): its first
+        # slice as _mesh_held's, which goes on from where it stopped
+        self.lane = _verbs.MeshLane(fabric)
+        self.lane.calls(take=checked("take", turns.lock.acquire), give=turns.lock.release,
+                        largest=self._piece, all_reduce=_ALL_REDUCE,
+                        all_gather=_ALL_GATHER, shared=turns.shared_word, budget=WAIT_SLICE,
+                        shared_budget=SHARED_SLICE,
+                        finish=checked("mesh_held", self._mesh_held))
+
+    # --- one-call paths (Native.direct_*) ---------------------------------------------------
+
+    def direct_all_reduce(self, x: np.ndarray, op: str, root: int,
+                          out: np.ndarray | None) -> np.ndarray | None:
+        dtype = DTYPE_CODES.get(x.dtype)
+        if dtype is None or x.nbytes > self._piece or not x.flags.c_contiguous:
+            return None
+        out = np.empty_like(x) if out is None else out
+        self._mesh(_verbs.MESH_ALL_REDUCE, x, out, dtype, OP_CODES[op],
+                   signature("all_reduce", x.dtype, op, x.nbytes))
+        return out
+
+    def direct_all_gather(self, x: np.ndarray, op: None, root: int,
+                          out: np.ndarray | None) -> np.ndarray | None:
+        if (x.dtype not in DTYPE_CODES or x.nbytes > self._piece
+                or not x.flags.c_contiguous):
+            return None
+        if out is None:
+            shape = (self.size * x.shape[0], *x.shape[1:]) if x.ndim else (self.size,)
+            out = np.empty(shape, x.dtype)
+        self._mesh(_verbs.MESH_ALL_GATHER, x, out, 0, 0,
+                   signature("all_gather", x.dtype, None, x.nbytes))
+        return out
+
+    # --- the collectives --------------------------------------------------------------------
+
+    def all_reduce(self, send: np.ndarray | None, recv: np.ndarray, op: str) -> None:
+        data = (recv if send is None else send).reshape(-1)
+        out = recv.reshape(-1)
+        dtype, code = DTYPE_CODES[recv.dtype], OP_CODES[op]
+        call = signature("all_reduce", recv.dtype, op, recv.nbytes)
+        step = max(1, self._piece // recv.itemsize)
+        for lo in range(0, max(out.size, 1), step):  # elementwise: piece by piece
+            self._mesh(_verbs.MESH_ALL_REDUCE, data[lo:lo + step], out[lo:lo + step], dtype,
+                       code, call)
+
+    def all_gather(self, send: np.ndarray, recv: np.ndarray) -> None:
+        src, dst = send.reshape(-1).view(np.uint8), recv.reshape(-1).view(np.uint8)
+        block = src.nbytes
+        call = signature("all_gather", send.dtype, None, block)
+        if block <= self._piece:
+            self._mesh(_verbs.MESH_ALL_GATHER, src, dst, 0, 0, call)
+            return
+        blocks = dst.reshape(self.size, block)
+        for lo in range(0, block, self._piece):
+            piece = src[lo:lo + self._piece]
+            gathered = np.empty((self.size, piece.nbytes), np.uint8)
+            self._mesh(_verbs.MESH_ALL_GATHER, piece, gathered, 0, 0, call)
+            blocks[:, lo:lo + piece.nbytes] = gathered
+
+    def barrier(self) -> None:
+        self._mesh(_verbs.MESH_ALL_GATHER, self._empty, self._empty, 0, 0,
+                   signature("barrier"))
+
+    def _mesh(self, kind: int, src: np.ndarray, dst: np.ndarray, dtype: int, op: int,
+              call: int) -> None:
+        """One mesh call, in C slices of WAIT_SLICE between which the peers are watched (and,
+        once the stream is shared by threads, slices of SHARED_SLICE between which another
+        thread may take its turn)."""
+        with self._turns:
+            self._mesh_held(kind, src, dst, dtype, op, call)
+
+    def _mesh_held(self, kind: int, src: np.ndarray, dst: np.ndarray, dtype: int, op: int,
+                   call: int, result: int | None = None) -> None:
+        """_mesh's work, the engine held; result: of a slice run already (the lane's)."""
+        deadline = None
+        while True:
+            if result is None:
+                budget = SHARED_SLICE if self._turns.shared else WAIT_SLICE
+                result = self._fabric.mesh(kind, src, dst, dtype, op, call, budget)
+            if result == 0:
+                return
+            if result > 0:
+                rank = result - 1
+                seq, theirs, nbytes = self._fabric.differing_call()
+                raise CommError(mismatch({rank: (seq + 1, theirs), self.rank: (seq + 1, call)})
+                                if nbytes >= 0 and theirs != call else
+                                f"rank {rank} sent {nbytes} bytes for a native collective "
+                                f"where rank {self.rank} expected {src.nbytes}: the ranks' "
+                                "calls do not match")
+            if loss := self._watch.loss():
+                raise PeerLostError(f"lost rank {loss[0]} ({loss[1]})", (loss[0],))
+            now = time.monotonic()
+            deadline = deadline or now + self._timeout
+            if now >= deadline:
+                peers = tuple(k for k in range(self.size) if k != self.rank)
+                raise PeerTimeoutError(f"timed out after {self._timeout:g} s (TBCOLL_TIMEOUT) "
+                                       "waiting for the other ranks' blocks of a native "
+                                       "collective", peers)
+            self._turns.pass_turn()
+            result = None
+
+
+class RdmaGroup:
+    """A communicator's view of the rdma transport: the world has the mesh natives; a
+    sub-group from split runs tbcoll's algorithms over the same stream (contexts apart)."""
+
+    allocate = None  # comm.empty: plain arrays
+
+    def __init__(self, stream: StreamTransport, context: int, members: list[int],
+                 native: RdmaNative | None, owner: _World | None) -> None:
+        self._stream, self._owner, self.native = stream, owner, native
+        self.tuning = "rdma" if native is not None else "stream"  # sub-groups: no natives
+        self.context, self.members = context, members
+        self.p2p = StreamEndpoint(stream, context, members)
+        self.coll = StreamEndpoint(stream, context + 1, members)
+        self.rank, self.size = self.p2p.rank, self.p2p.size
+        self.begin_call = self.coll.begin_call  # every message of a call carries it
+
+    def end_call(self) -> None:
+        pass  # compared as messages arrive, and in the natives' headers
+
+    def revoke(self, notice: str) -> None:
+        with self._stream.turns:  # (the natives' waits are the C mesh's: they time out)
+            self._stream.revoke(self.context, self.members, notice)
+
+    def context_hint(self) -> int:
+        return self._stream.next_context
+
+    def split(self, color: int | None, key: int, members: list[int],
+              context: int) -> RdmaGroup | None:
+        self._stream.new_group(context, color is not None)  # as TcpGroup.split
+        if color is None:
+            return None
+        return RdmaGroup(self._stream, context, [self.members[m] for m in members], None, None)
+
+    def describe_links(self) -> list[str]:
+        if self._owner is None:
+            return []
+        return [f"  to rank {r}: {self._owner.describe(r)}" for r in self.members
+                if r != self._stream.rank]
+
+    def close(self) -> None:
+        if self._owner is not None:
+            self._owner.close()
+
+
+class _World:
+    """What the world group owns: the Fabric and the tcp connections beside it."""
+
+    def __init__(self, fabric: object | None, side: TcpTransport | None) -> None:
+        self._fabric, self._side = fabric, side
+
+    def describe(self, rank: int) -> str:
+        device, gid, kind = self._fabric.describe(rank)
+        return f"RDMA {kind} on {device} (GID index {gid}); watched over tcp " \
+               f"{self._side.link(rank)}"
+
+    def close(self) -> None:
+        if self._fabric is not None:
+            self._fabric.close()
+            self._fabric = None
+        if self._side is not None:
+            self._side.close()
+            self._side = None
+
+
+def open_world(info: LaunchInfo | None, prefix: str) -> tuple[RdmaGroup, int, int]:
+    """Connect every rank of the job (a single rank needs no device)."""
+    if info is None or info.size == 1:
+        stream = _Alone(info.rank if info else 0)
+        return RdmaGroup(stream, 0, [0], None, _World(None, None)), *placement(info)
+    if _verbs is None:
+        raise CommError(devices.NOT_BUILT)
+    settings = rdma_settings()
+    fabric = _open_fabric(info, settings)
+    try:
+        with Store.from_launch(info) as store:
+            sockets = connect_mesh(info.rank, info.size, listen_hosts(info), peer_route(info),
+                                   store, info.token, info.timeout, prefix)
+            side = TcpTransport(info.rank, info.size, sockets, info.timeout)
+            _connect_queue_pairs(fabric, info, store, f"{prefix}/rdma")
+    except BaseException:
+        fabric.close()
+        raise
+    peers = [k for k in range(info.size) if k != info.rank]
+    watch = Watch(fabric, side, peers)
+    stream = RdmaStream(fabric, info.rank, info.size, watch, info.timeout)
+    native = RdmaNative(fabric, info.rank, info.size, watch, info.timeout, stream.turns)
+    group = RdmaGroup(stream, 0, list(range(info.size)), native, _World(fabric, side))
+    return group, *placement(info)
+
+
+class _Alone(StreamTransport):
+    """A world of one: no peers, nothing to wait for."""
+
+    def __init__(self, rank: int) -> None:
+        super().__init__(rank, 1, {}, 0.0)
+
+    def _ready(self, timeout: float) -> Iterable[tuple[Peer, bool, bool]]:
+        return []
+
+
+def _open_fabric(info: LaunchInfo, settings: object) -> object:
+    """Open this rank's devices and queue pairs, each failure as one line saying what to do."""
+    try:
+        present = _verbs.devices(settings.library)
+    except _verbs.LibraryError as e:
+        raise CommError(f"the rdma backend cannot use the RDMA library: {e}; on Linux install "
+                        "rdma-core (apt-get install ibverbs-providers), on macOS it needs "
+                        "26.2 or later (librdma.dylib)") from None
+    names = devices.devices_per_rank(info, settings, present)
+    local = max(1, info.local_size)
+    spin = 50e-6 if local <= (os.cpu_count() or 1) else 5e-6
+    try:
+        return _verbs.Fabric(rank=info.rank, size=info.size, devices=names, rc=settings.rc,
+                             gid_index=settings.gid_index, library=settings.library, spin=spin)
+    except _verbs.DeviceError as e:
+        raise CommError(f"RDMA device {e} does not exist on rank {info.rank}'s host; its "
+                        f"devices: {', '.join(present) or 'none'}") from None
+    except _verbs.GidError as e:
+        raise CommError(devices.no_gid(str(e))) from None
+    except _verbs.RegistrationError as e:
+        raise CommError(devices.registration_refused(str(e))) from None
+    except OSError as e:
+        raise CommError(f"rank {info.rank}: {e}") from None
+
+
+def _connect_queue_pairs(fabric: object, info: LaunchInfo, store: Store, prefix: str) -> None:
+    """Exchange queue-pair info through the store, bring every queue pair to RTS, and wait
+    until every rank has: its receives are posted and it is ready to receive."""
+    rank, size = info.rank, info.size
+    for peer in range(size):
+        if peer != rank:
+            store.set(f"{prefix}/{rank}/{peer}", fabric.info(peer))
+    for peer in range(size):
+        if peer != rank:
+            _connect(fabric, rank, peer, store.get(f"{prefix}/{peer}/{rank}"))
+    store.set(f"{prefix}/ready/{rank}", b"")
+    store.wait([f"{prefix}/ready/{r}" for r in range(size)])
+
+
+def _connect(fabric: object, rank: int, peer: int, their_info: bytes) -> None:
+    """Bring the queue pairs to peer to RTS, once: a refused transition is not tried again
+    (on a Mac, repeated failed RTR transitions can wedge the port until reboot)."""
+    try:
+        fabric.connect(peer, their_info)
+    except OSError as e:
+        raise CommError(devices.transition_refused(rank, fabric.describe(peer), e)) from None
