@@ -385,8 +385,8 @@ done:
             named(c, "%U", PyTuple_GET_ITEM(c->names, kind));
         gate_leave(c->gate, slot);
     }
+    admitted_release(&a); /* (the views first, as they were taken last) */
     Py_XDECREF(target);
-    admitted_release(&a);
     return result;
 }
 
