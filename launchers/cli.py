@@ -23,8 +23,9 @@ from tbcoll.launch.config import LaunchConfig, parse_exports, read_hosts, resolv
 from tbcoll.launch.job import run
 from tbcoll.launch.starters import REMOTE
 
+from tbcoll.core.backends import BACKENDS, ENTRY_POINTS, known
 from tbcoll.core.errors import LaunchError, TbcollError
-from tbcoll.job.env import BACKENDS, DEFAULT_TIMEOUT
+from tbcoll.job.env import DEFAULT_TIMEOUT, transport_module
 from tbcoll.job.env import comm_timeout as tbcoll_comm_timeout
 from tbcoll.job.topology import MAX_RANKS
 
@@ -60,9 +61,15 @@ def _tbrun_parser() -> Parser:
     parser.add_argument("--map-by", type=choice(MAP_BY), default="slot",
                         metavar=one_of(MAP_BY), help="slot: fill each host's slots in turn; "
                         "node: deal ranks round the hosts (default: %(default)s).")
-    parser.add_argument("--backend", type=choice(BACKENDS), default="auto",
-                        metavar=one_of(BACKENDS),
-                        help="Transport the ranks use (TBCOLL_BACKEND; default: %(default)s).")
+    parser.add_argument("--backend", type=_backend, default="auto",
+                        metavar=one_of(BACKENDS) + "|NAME",
+                        help="Transport the ranks use (TBCOLL_BACKEND; default: %(default)s): "
+                             "a built-in one, one an installed package names (entry point "
+                             f"group {ENTRY_POINTS}), or one --transport-module provides.")
+    parser.add_argument("--transport-module", default=transport_module(), metavar="MODULE",
+                        help="A module every rank imports before opening its backend, which "
+                             "provides the transport --backend names (TBCOLL_TRANSPORT_MODULE; "
+                             "docs/extending.md).")
     parser.add_argument("-x", "--export", "--env", dest="exports", action="append", default=[],
                         metavar="NAME[=VALUE]", help="Export a variable to every rank (NAME "
                         "alone: tbrun's own value). Repeatable.")
@@ -166,10 +173,16 @@ def tbrun(args: Namespace) -> int:
     comm_timeout = DEFAULT_TIMEOUT if args.comm_timeout is None else args.comm_timeout
     if "TBCOLL_TIMEOUT" in exported:  # the contract's variable: tbrun would overwrite it
         comm_timeout = _exported_timeout(exported.pop("TBCOLL_TIMEOUT"), args.comm_timeout)
+    if args.backend not in BACKENDS and not args.transport_module and (
+            args.backend not in known()):
+        raise LaunchError(f"--backend {args.backend}: no such transport (known: "
+                          f"{', '.join(known())}); name the module that provides it with "
+                          "--transport-module MODULE")
     cfg = LaunchConfig(
         nprocs=nprocs,
         program=resolve_program(command[0], command[1:], args.python, args.module),
         backend=args.backend,
+        transport_module=args.transport_module,
         tag_output=args.tag_output,
         output_dir=args.output_dir,
         dump_dir=args.dump_dir,
@@ -194,6 +207,14 @@ def tbrun(args: Namespace) -> int:
         launcher=args.launcher or ("srun" if granted else "ssh"),
     )
     return run(cfg)
+
+
+def _backend(text: str) -> str:
+    """A backend's name: a built-in one, or any name a transport may register (checked once
+    --transport-module is known, in tbrun())."""
+    if text not in BACKENDS and not text.isidentifier():
+        return choice(BACKENDS)(text)  # (raises, naming the built-in ones)
+    return text
 
 
 def _exported_timeout(value: str, given: float | None) -> float:

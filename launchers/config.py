@@ -46,6 +46,7 @@ class LaunchConfig:
     launcher: str = "ssh"  # the starter of ranks on other hosts (tbcoll.launch.starters)
     dump_dir: str | None = None  # where the ranks' dumps go (None: a new temporary folder)
     trace: str | None = None  # where the timeline of every rank's calls goes
+    transport_module: str = ""  # TBCOLL_TRANSPORT_MODULE for every rank ("": none)
 
 
 def resolve_program(program: str, args: Sequence[str], python: str,

@@ -42,7 +42,8 @@ def rank_commands(cfg: LaunchConfig, plan: JobPlan, store_port: int, token: str,
                               node_rank=node, backend=cfg.backend,
                               store=(host.store_host, store_port), token=token,
                               topology=plan.topology, timeout=cfg.comm_timeout, job=job,
-                              segment_names=segment_names if host.local else "")
+                              segment_names=segment_names if host.local else "",
+                              transport_module=cfg.transport_module)
             env = {**cfg.exports, "PYTHONUNBUFFERED": "1",
                    **worker_env(info, (plan.master_addr, master_port)),
                    **master_overrides(cfg.exports), **(mlx.for_rank(rank) if mlx else {}),

@@ -16,6 +16,8 @@ _HOMES = {
     "Store": "tbcoll.job.rendezvous",
     "Request": "tbcoll.comm.requests",
     "wait_all": "tbcoll.comm.requests",
+    "register_collective": "tbcoll.collectives",
+    "register_transport": "tbcoll.core.backends",
     **dict.fromkeys(("AuthenticationError", "CommError", "CommRevokedError", "HostfileError",
                      "LaunchError", "PeerError", "PeerLostError", "PeerTimeoutError",
                      "RendezvousError", "TbcollError"), "tbcoll.core.errors"),

@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 
 from tbcoll.comm.communicator import Communicator
-from tbcoll.core.backends import BACKENDS, TRANSPORTS
 from tbcoll.core.errors import TbcollError
 from tbcoll.job.env import (
     launch_info,
@@ -25,7 +24,9 @@ def init(backend: str | None = None) -> Communicator:
 
     backend None: TBCOLL_BACKEND under tbrun (auto: shm when every rank is on one host and
     shm's C extension is built, else tcp, whose pure-Python path runs without a compiler),
-    mpi under mpiexec, and a communicator of one rank when the script runs on its own.
+    mpi under mpiexec, and a communicator of one rank when the script runs on its own. A
+    backend that is not built in joins by name (tbcoll.core.backends: register_transport, an
+    entry point, TBCOLL_TRANSPORT_MODULE); an unknown name is a ValueError.
     """
     info = launch_info()
     if (why := unlaunched_slurm_task()) is not None:
@@ -35,11 +36,6 @@ def init(backend: str | None = None) -> Communicator:
     if backend == "auto":
         one_host = info is None or single_host(info)
         backend = "shm" if one_host and shm_built() else "tcp"
-    if backend not in TRANSPORTS:
-        if backend in BACKENDS:
-            raise ValueError(f"backend {backend!r} is not available in this version of tbcoll; "
-                             f"use one of {', '.join(TRANSPORTS)}")
-        raise ValueError(f"backend {backend!r} is not one of {', '.join(BACKENDS)}")
     group, local_rank, node_rank = open_world(backend, info, f"{backend}/{next(_opened)}")
     world = Communicator(group, backend, local_rank, node_rank)
     start_listening(info)  # for tbrun's requests of dumps (tbcoll.observability.dumps)

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from tbcoll.bench.descriptors import Collective
+from tbcoll.collectives.bench import Benchmark as Collective
 
 
 @dataclass(frozen=True)

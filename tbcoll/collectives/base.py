@@ -1,23 +1,26 @@
-"""What a collective's registry entry is (tbcoll.collectives holds the entries): the Collective
-base class an entry fills in, the Call it makes of a public call, the Context through which it
-sees its communicator, the gate's numbering of every kind of call (KINDS), and the checks and
-buffer helpers the entries, the Communicator and the routes share.
+"""What a collective's descriptor is (tbcoll.collectives holds them, one file each): the
+Collective base class a descriptor fills in, the Call it makes of a public call, the Context
+through which it sees its communicator, the registry (register: the gate's numbering of every
+kind of call, KINDS, and each collective's algorithms and default rules), and the checks and
+buffer helpers the descriptors, the Communicator and the routes share.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import zlib
+from collections.abc import Callable, Iterable
 from typing import Any
 from weakref import WeakMethod
 
 import numpy as np
 
+from tbcoll.algorithms import function
 from tbcoll.collectives import tuning
 from tbcoll.core.arrays import is_mlx, to_numpy
-from tbcoll.core.calls import signature
+from tbcoll.core.calls import FIELDS, signature
 from tbcoll.core.dtypes import DTYPE_CODES
 from tbcoll.core.errors import TbcollError
-from tbcoll.core.names import ALGORITHMS, COLLECTIVES, KIND_CODES
+from tbcoll.core.names import ALGORITHMS, BUILT_IN, COLLECTIVES, KIND_CODES, KINDS, NAMES
 
 
 class Context:
@@ -29,7 +32,7 @@ class Context:
     _run held weakly: a context is kept by the communicator) and closes it."""
 
     __slots__ = ("rank", "size", "native", "coll", "takes_mlx", "fixed", "backend", "closed",
-                 "_table", "_run")
+                 "agreed", "_table", "_run")
 
     def __init__(self, group: Any, backend: str, run: Callable[[Call], Any]) -> None:
         self.rank, self.size, self.backend = group.rank, group.size, backend
@@ -38,6 +41,7 @@ class Context:
         self._table, self._run = group.tuning, WeakMethod(run)
         self.fixed: dict[str, str | None] = dict.fromkeys(COLLECTIVES)
         self.closed = False
+        self.agreed = False  # the ranks' registries were compared (Communicator.collective)
 
     def fix(self, overrides: dict[str, str]) -> None:
         """The algorithm of each collective where it does not depend on the size: TBCOLL_ALGO's
@@ -63,8 +67,8 @@ class Context:
         if algorithm is not None:
             self.check_algorithm(collective, algorithm, "algorithm")
             return algorithm
-        return self.fixed[collective] or tuning.choose(self._table, collective, nbytes,
-                                                       self.size)
+        return self.fixed.get(collective) or tuning.choose(self._table, collective, nbytes,
+                                                           self.size)
 
     def check_algorithm(self, collective: str, algorithm: str, where: str) -> None:
         allowed = ALGORITHMS[collective]
@@ -100,6 +104,7 @@ def unchanged(result: np.ndarray) -> np.ndarray:
 # id costs a fraction of hashing a dtype (~0.15 us), on the latency-critical path
 KNOWN_DTYPES = frozenset(id(dtype) for dtype in DTYPE_CODES)
 
+DESCRIPTORS: dict[str, Collective] = {}  # by name, in registration order (register)
 
 
 def as_numpy(x: Any) -> tuple[np.ndarray, Callable[[np.ndarray], Any]]:
@@ -156,14 +161,30 @@ def gathered_shape(array: np.ndarray, size: int) -> tuple[int, ...]:
 
 
 class Collective:
-    """A registry entry; see the module docstring. The defaults suit a collective of one
-    input array and one result."""
+    """A collective's descriptor, everything about it in one place (its file in
+    tbcoll/collectives/): the name; its argument checks and result shape (`call`, `prepare`,
+    `finish`); the algorithms it may run (names of tbcoll.core.names.NAMES; "native" where a
+    transport does it itself) and, for each, its implementation over P2P (`implementation`:
+    the reference every transport can run); its default tuning rules (tbcoll.collectives.tuning: a
+    transport's table may say otherwise); its benchmark descriptor (`bench`, nccl-tests'
+    shape, tbcoll.collectives.bench; None: not benchmarked); and its test parameters (`cases`:
+    each rank's inputs and expected results, which tests/spmd runs on every transport). The
+    defaults suit a collective of one input array and one result."""
 
     name = ""
-    code = -1  # the collective's KIND_CODES code, as the call gate records it
+    code = -1  # the collective's KIND_CODES code, as the call gate records it (register)
+    algorithms: tuple[str, ...] = ()
+    rules: list[tuning.Rule] = []
+    bench: Any = None
 
-    def __init_subclass__(cls) -> None:
-        cls.code = KIND_CODES[cls.name]
+    def implementation(self, algorithm: str) -> Callable:
+        """The function over P2P that runs this collective with algorithm (not "native"):
+        by default the algorithm module's function of the collective's name."""
+        return function(self.name, algorithm)
+
+    def cases(self, rank: int, size: int) -> Iterable[Any]:
+        """The test parameters (tbcoll.collectives.cases.Case) for this rank of size ranks."""
+        return ()
 
     def plain(self, x: Any, arg: Any, out: Any, size: int) -> bool:
         """x (a numpy array of a known dtype), arg (op or root) and out (None, or a numpy array
@@ -203,3 +224,52 @@ class Collective:
 
     def finish(self, ctx: Context, call: Call) -> Any:
         return call.restore(call.state)
+
+
+def register(descriptor: Collective) -> Collective:
+    """Add a collective: its name gets the next code (in the calls' signatures, the call gate,
+    TBCOLL_CHECK), so every rank must register the same descriptors in the same order, before
+    it calls any of them (check_registries compares them at the first call). Registering the
+    same descriptor again changes nothing."""
+    name = descriptor.name
+    if (known := DESCRIPTORS.get(name)) is not None:
+        if known is descriptor or (type(known).__module__, type(known).__qualname__) == (
+                type(descriptor).__module__, type(descriptor).__qualname__):
+            return known
+        raise ValueError(f"a collective named {name!r} is registered already")
+    if not name.isidentifier() or name.startswith("_") or (name in KINDS
+                                                           and name not in BUILT_IN):
+        raise ValueError(f"collective name {name!r} must be an identifier, not one of the "
+                         f"communicator's calls ({', '.join(KINDS)})")
+    if unknown := [a for a in descriptor.algorithms if a not in NAMES]:
+        raise ValueError(f"collective {name!r}: algorithms {unknown} are not algorithm names "
+                         f"({', '.join(NAMES)})")
+    if not descriptor.rules or descriptor.rules[-1][:2] != (None, None):
+        raise ValueError(f"collective {name!r}: its rules must end with a catch-all rule "
+                         "(None, None, algorithm)")
+    if name not in BUILT_IN:
+        _, bits = FIELDS["collective"]
+        if len(COLLECTIVES) + 1 >= 1 << bits:
+            raise ValueError(f"no room for collective {name!r}: the calls' signature numbers "
+                             f"{(1 << bits) - 1} collectives ({bits} bits), all taken")
+        COLLECTIVES.append(name)
+        KINDS.append(name)
+        KIND_CODES[name] = len(KINDS) - 1
+    descriptor.code = KIND_CODES[name]
+    ALGORITHMS[name] = tuple(descriptor.algorithms)
+    tuning.DEFAULTS[name] = list(descriptor.rules)
+    DESCRIPTORS[name] = descriptor
+    return descriptor
+
+
+def registry_digest() -> int:
+    """The registered collectives' names in order, as a number that ranks can compare."""
+    return zlib.crc32(",".join(COLLECTIVES[len(BUILT_IN):]).encode())
+
+
+def registered_mismatch() -> str:
+    """The error for ranks whose registries differ."""
+    mine = ", ".join(COLLECTIVES[len(BUILT_IN):]) or "none"
+    return (f"the ranks registered different collectives, or in another order (this rank: "
+            f"{mine}); register the same descriptors in the same order on every rank, "
+            "before calling any of them")

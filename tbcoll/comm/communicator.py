@@ -11,7 +11,8 @@ call's signature so that ranks whose calls differ fail (tbcoll.core.calls). A Co
 is raised again naming the collective and this rank. Blocking calls take the communicator for
 their thread (tbcoll.comm.ownership) and wait for queued non-blocking ones; a non-blocking call
 is described at once and queued (tbcoll.comm.requests). send, recv, isend and irecv are
-tbcoll.comm.point_to_point's.
+tbcoll.comm.point_to_point's. A registered collective (tbcoll.register_collective) is
+`collective(name, ...)`, also `comm.<name>(...)`: its descriptor's call, then the general path.
 
 A call interrupted once it may have begun (a KeyboardInterrupt, or any exception of a signal
 handler: anything but tbcoll's errors and the ValueError and TypeError of bad arguments) cannot
@@ -31,13 +32,14 @@ from weakref import WeakMethod
 
 import numpy as np
 
-from tbcoll.algorithms import function
 from tbcoll.collectives import (
+    ALGORITHMS,
     ALL_GATHER,
     ALL_REDUCE,
     ALL_TO_ALL,
     BARRIER,
     BROADCAST,
+    DESCRIPTORS,
     GATHER,
     REDUCE,
     REDUCE_SCATTER,
@@ -48,6 +50,8 @@ from tbcoll.collectives.base import (
     Call,
     Collective,
     Context,
+    registered_mismatch,
+    registry_digest,
 )
 from tbcoll.collectives.checks import verify_calls_match
 from tbcoll.comm import allocation, routes, uneven
@@ -57,7 +61,7 @@ from tbcoll.comm.requests import Progress, Request
 from tbcoll.core.callbacks import checked
 from tbcoll.core.errors import CommError, CommRevokedError, PeerError, TbcollError, revoked
 from tbcoll.core.gate import C_GATE, NATIVE, Gate, lane_call
-from tbcoll.core.names import ALGORITHM_CODES, ALGORITHMS, COLLECTIVES, KIND_CODES
+from tbcoll.core.names import ALGORITHM_CODES, BUILT_IN, COLLECTIVES, KIND_CODES
 from tbcoll.core.protocols import Group
 from tbcoll.job.env import algorithm_overrides, check_mode, record_size, trace_chunk, tracing
 from tbcoll.job.rendezvous import report_peer_failure
@@ -268,6 +272,35 @@ class Communicator(PointToPoint):
                     out: np.ndarray | None = None, recv_counts: Any = None) -> Request:
         return self._submit(ALL_TO_ALL.call(self._ctx, x, counts, algorithm, out, recv_counts))
 
+    def collective(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        """Run the collective registered as name (tbcoll.register_collective; the built-ins
+        too) with its descriptor's arguments; comm.<name>(...) is the same call."""
+        descriptor = DESCRIPTORS.get(name)
+        if descriptor is None:
+            raise ValueError(f"no collective is registered as {name!r}; the collectives: "
+                             f"{', '.join(DESCRIPTORS)}")
+        call = descriptor.call(self._ctx, *args, **kwargs)
+        if not self._ctx.agreed and name not in BUILT_IN:
+            self._compare_registries()
+        return self._dispatch(call)
+
+    def __getattr__(self, name: str) -> Any:
+        """comm.<name> of a registered collective (see collective)."""
+        if name in DESCRIPTORS and not name.startswith("_"):
+            return partial(self.collective, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def _compare_registries(self) -> None:
+        """Before this communicator's first registered collective: the ranks' registries are
+        the same (their codes are positions; see tbcoll.collectives): one all_reduce of two
+        numbers, a call of its own, before the registered one's signature is compared."""
+        digest = registry_digest()
+        both = self._dispatch(ALL_REDUCE.call(self._ctx, np.array([digest, -digest], np.int64),
+                                              "max", "rd", None))
+        if both[0] != digest or both[1] != -digest:
+            raise TbcollError(f"rank {self.rank}: {registered_mismatch()}")
+        self._ctx.agreed = True
+
     # --- the one path of a collective ----------------------------------------------------
 
     def _dispatch(self, call: Call) -> Any:
@@ -316,7 +349,7 @@ class Communicator(PointToPoint):
             if native:
                 kind.native(ctx, call)
             else:
-                kind.algorithm(ctx, call, function(kind.name, call.algorithm))
+                kind.algorithm(ctx, call, kind.implementation(call.algorithm))
             self._group.end_call()
             result = kind.finish(ctx, call)
             self._record(slot, call)

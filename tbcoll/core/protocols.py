@@ -8,13 +8,14 @@ Ranks in a Group are the communicator's ranks, 0 .. size-1.
 Buffers are 1-D C-contiguous numpy arrays. Messages between two ranks with the same tag are
 matched in the order they were sent (non-overtaking, as in MPI).
 
-What a new transport provides, and nothing more:
-1. a module with `open_world(info, prefix) -> (Group, local rank, node index)`, named in
-   tbcoll/core/backends.py (the one list of backends: tbrun, env and init read it);
+What a new transport provides, and nothing more (docs/extending.md):
+1. a module with `open_world(info, prefix) -> (Group, local rank, node index)`, known by name
+   (tbcoll/core/backends.py: built in, an entry point of the group tbcoll.transports,
+   TBCOLL_TRANSPORT_MODULE, or tbcoll.register_transport);
 2. a Group (below): two P2P endpoints, on which every algorithm of tbcoll/algorithms runs;
    `begin_call`/`end_call`, through which ranks whose calls differ fail; `split`; `close`;
-3. its `tuning` table in tbcoll/collectives/tuning.py (which algorithm at which size and rank
-count);
+3. optionally its `tuning` table in tbcoll/collectives/tuning.py (which algorithm at which size
+   and rank count, where it differs from the collectives' default rules);
 4. optionally a Native: the collectives it does itself (`offers`) and one-call paths for the
    latency-critical ones (`direct_*`, None where it has none), `takes_mlx` if it takes mlx
    arrays as they are;

@@ -8,7 +8,11 @@ reads or writes these variables.
     TBCOLL_LOCAL_RANK  rank among the ranks on this host, 0 .. TBCOLL_LOCAL_SIZE-1
     TBCOLL_LOCAL_SIZE  number of ranks on this host
     TBCOLL_NODE_RANK   index of this host among the job's hosts
-    TBCOLL_BACKEND     transport asked for: auto, shm, tcp, mpi, mlx or rdma
+    TBCOLL_BACKEND     transport asked for: auto, shm, tcp, mpi, mlx, rdma, or one that
+                       joined by name (tbcoll.core.backends: an entry point, or the module below)
+    TBCOLL_TRANSPORT_MODULE  a module each rank imports before it opens its backend, which
+                       provides the transport TBCOLL_BACKEND names (tbrun --transport-module;
+                       set only where given; docs/extending.md)
     TBCOLL_STORE       host:port of the rendezvous store that tbrun serves
     TBCOLL_TOKEN       random per-job secret; every connection proves it knows it (HMAC)
     TBCOLL_HOSTFILE    the resolved topology as JSON text: the hosts that run ranks, each with
@@ -71,7 +75,7 @@ import math
 import os
 from collections.abc import Mapping, Sequence
 
-from tbcoll.core.backends import BACKENDS
+from tbcoll.core.backends import BACKENDS, known
 from tbcoll.core.errors import TbcollError
 from tbcoll.core.records import record
 from tbcoll.job.topology import Layout
@@ -102,6 +106,7 @@ class LaunchInfo:
     timeout: float
     job: str = ""  # TBCOLL_JOB
     segment_names: str = ""  # TBCOLL_SHM_NAMES ("": none, as for ranks on other hosts)
+    transport_module: str = ""  # TBCOLL_TRANSPORT_MODULE ("": none)
 
 
 def worker_env(info: LaunchInfo, master: tuple[str, int]) -> dict[str, str]:
@@ -119,6 +124,7 @@ def worker_env(info: LaunchInfo, master: tuple[str, int]) -> dict[str, str]:
         "TBCOLL_TIMEOUT": f"{info.timeout:g}",
         "TBCOLL_JOB": info.job,
         **({"TBCOLL_SHM_NAMES": info.segment_names} if info.segment_names else {}),
+        **({"TBCOLL_TRANSPORT_MODULE": info.transport_module} if info.transport_module else {}),
         "RANK": str(info.rank),
         "WORLD_SIZE": str(info.size),
         "LOCAL_RANK": str(info.local_rank),
@@ -165,12 +171,21 @@ def launch_info(environ: Mapping[str, str] | None = None) -> LaunchInfo | None:
         timeout=comm_timeout(None, env),
         job=env.get("TBCOLL_JOB", ""),
         segment_names=env.get("TBCOLL_SHM_NAMES", ""),
+        transport_module=transport_module(env),
     )
     if not 0 <= info.rank < info.size:
         raise TbcollError(f"TBCOLL_RANK={info.rank} is outside 0..{info.size - 1} (TBCOLL_SIZE)")
-    if info.backend not in BACKENDS:
-        raise TbcollError(f"TBCOLL_BACKEND={info.backend!r} is not one of {', '.join(BACKENDS)}")
+    if info.backend not in BACKENDS and not info.transport_module and (
+            info.backend not in known()):
+        raise TbcollError(f"TBCOLL_BACKEND={info.backend!r} is not one of {', '.join(known())} "
+                          "(and no TBCOLL_TRANSPORT_MODULE provides it)")
     return info
+
+
+def transport_module(environ: Mapping[str, str] | None = None) -> str:
+    """TBCOLL_TRANSPORT_MODULE: the module that provides a transport by name ("": none)."""
+    env = os.environ if environ is None else environ
+    return env.get("TBCOLL_TRANSPORT_MODULE", "").strip()
 
 
 def job_marks(job: str, environ: Mapping[str, str] | None = None) -> tuple[bytes, ...]:

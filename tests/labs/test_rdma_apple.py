@@ -85,8 +85,9 @@ def test_spmd_suite_under_the_apple_profile(rdma_lab, profile):
     without it)."""
     p = lab_tbrun(rdma_lab, "-np", 3, "--timeout", "600", "-m", "pytest", "-q",
                   "-p", "no:cacheprovider", "-k", THREE_RANKS_SUBSET,
-                  "tests/spmd/test_collectives.py", timeout=650, env=under_profile(profile))
-    assert_suite_passed(p, 17)
+                  "tests/spmd/test_collectives.py", "tests/spmd/test_descriptors.py",
+                  "--case-dtypes", "float32", timeout=650, env=under_profile(profile))
+    assert_suite_passed(p, 13)
 
 
 def test_a_killed_rank_is_named_under_the_apple_profile(rdma_lab, profile, tmp_path):

@@ -50,6 +50,8 @@ def assert_usage_error(p, *fragments):
      ["-x TBCOLL_TIMEOUT=5 and --comm-timeout 9 disagree"]),
     (["-np", "2", "-x", "TBCOLL_TIMEOUT=soon", "true"], ["TBCOLL_TIMEOUT='soon': give a positive"]),
     (["-np", "2", "--backend", "carrier-pigeon", "true"], ["'carrier-pigeon' is not one of"]),
+    (["-np", "2", "--backend", "pigeons", "true"],
+     ["--backend pigeons: no such transport", "--transport-module MODULE"]),
     (["--hostfile", "no-such-hosts.txt", "true"], ["no-such-hosts.txt: cannot read the hostfile"]),
     (["-H", "a:0", "true"], ["-H a:0: 'a:0': expected a whole number of slots"]),
     (["-H", "a", "--hostfile", "h.txt", "true"], ["give --hostfile or -H, not both"]),

@@ -65,7 +65,8 @@ def test_under_mpiexec(np_):
 # tests/spmd, without the thousand back-to-back calls, on shm at 3 ranks (its rounds and its
 # two-copy path for large messages, as a Mac has no process_vm_readv) and tcp at 2: ~50 s
 # here under the lane, against ~40 s each for the whole of tests/spmd at 3 ranks.
-LANE_SUBSET = (f"{SPMD}/test_collectives.py", f"{SPMD}/test_unaligned.py")
+LANE_SUBSET = (f"{SPMD}/test_descriptors.py", f"{SPMD}/test_collectives.py",
+               f"{SPMD}/test_unaligned.py")
 
 
 @pytest.mark.skipif(not MACOS_LANE, reason="the macOS lane's subset (test_under_tbrun runs all)")

@@ -60,6 +60,17 @@ def counts(size: int) -> list[int]:
     return sorted({0, 1, size - 1, 1009})
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--case-dtypes", default="", metavar="NAME,...",
+                     help="test_descriptors.py: only the cases of these dtypes (and those "
+                          "with no data)")
+
+
+@pytest.fixture
+def case_dtypes(request: pytest.FixtureRequest) -> tuple[str, ...]:
+    return tuple(filter(None, request.config.getoption("--case-dtypes", "").split(",")))
+
+
 def usable(comm, collective: str, algorithm: str) -> None:
     """Skip unless this communicator can run collective with algorithm."""
     if algorithm not in comm.algorithms(collective):

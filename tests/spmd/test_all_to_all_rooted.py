@@ -1,126 +1,15 @@
-"""all_to_all (equal and counted blocks) and the rooted collectives (gather, scatter, reduce)
-against numpy, on every rank: each algorithm x dtype, every root, empty and odd sizes."""
+"""all_to_all and the rooted collectives beyond their descriptors' cases (those are
+tests/spmd/test_descriptors.py's): an mlx scatter, and the non-blocking calls."""
 
 import numpy as np
 import pytest
 
 import tbcoll
 from tbcoll.core.dtypes import DTYPES
-from tbcoll.core.names import ALGORITHMS
-
-from .conftest import expected_reduction, rank_input, usable
 
 pytestmark = pytest.mark.spmd  # runs inside every rank of a job; see conftest.py
 
 DTYPE_NAMES = list(DTYPES)
-
-
-def contribution(rank, rows, dtype, salt=0):
-    """Rank `rank`'s rows x 3 array; any rank can compute any other's."""
-    return rank_input(rank, rows * 3, np.dtype(DTYPES[dtype]), "max", salt).reshape(rows, 3)
-
-
-@pytest.mark.parametrize("algorithm", ALGORITHMS["all_to_all"])
-class TestAllToAll:
-    @pytest.mark.parametrize("dtype", DTYPE_NAMES)
-    @pytest.mark.parametrize("rows_per_rank", [0, 1, 5])
-    def test_equal_blocks(self, comm, algorithm, dtype, rows_per_rank):
-        usable(comm, "all_to_all", algorithm)
-        rows = rows_per_rank * comm.size
-        got = comm.all_to_all(contribution(comm.rank, rows, dtype), algorithm=algorithm)
-        mine = slice(comm.rank * rows_per_rank, (comm.rank + 1) * rows_per_rank)
-        want = np.concatenate([contribution(r, rows, dtype)[mine] for r in range(comm.size)])
-        assert got.dtype == want.dtype and np.array_equal(got.view(np.uint8), want.view(np.uint8))
-
-    def test_counted_blocks_as_moe_routing_sends_them(self, comm, algorithm):
-        """Rank r sends (r + j) % 3 rows to rank j: some blocks empty, sizes unequal."""
-        usable(comm, "all_to_all", algorithm)
-        if algorithm == "bruck":
-            with pytest.raises(ValueError, match="blocks of one size"):
-                comm.all_to_all(np.ones(comm.size), [1] * comm.size, algorithm="bruck")
-            return
-        n, r = comm.size, comm.rank
-        counts = [(r + j) % 3 for j in range(n)]
-        x = contribution(r, sum(counts), "float32")
-        got, received = comm.all_to_all(x, counts, algorithm=algorithm)
-        assert received.tolist() == [(i + r) % 3 for i in range(n)]
-        want = []
-        for i in range(n):
-            sent = [(i + j) % 3 for j in range(n)]
-            start = sum(sent[:r])
-            want.append(contribution(i, sum(sent), "float32")[start:start + sent[r]])
-        assert np.array_equal(got, np.concatenate(want))
-        # back the way they came, the counts known on both sides (MoE's combine)
-        back, returned = comm.all_to_all(got, received, algorithm=algorithm, recv_counts=counts)
-        assert np.array_equal(back, x) and returned.tolist() == counts
-
-    def test_out_and_bad_arguments(self, comm, algorithm):
-        usable(comm, "all_to_all", algorithm)
-        x = np.arange(comm.size * 2, dtype=np.int64)
-        out = np.empty_like(x)
-        assert comm.all_to_all(x, algorithm=algorithm, out=out) is out
-        assert out.tolist() == [2 * comm.rank, 2 * comm.rank + 1] * comm.size
-        with pytest.raises(ValueError, match="counts sum to"):
-            comm.all_to_all(x, [0] * comm.size)
-        if comm.size > 1:
-            with pytest.raises(ValueError, match="divisible"):
-                comm.all_to_all(np.ones(comm.size + 1))
-
-
-@pytest.mark.parametrize("algorithm", ALGORITHMS["gather"])  # scatter, reduce: the same
-class TestRooted:
-    @pytest.mark.parametrize("dtype", DTYPE_NAMES)
-    def test_gather_every_root(self, comm, algorithm, dtype):
-        usable(comm, "gather", algorithm)
-        for root in range(comm.size):
-            got = comm.gather(contribution(comm.rank, 2, dtype, root), root, algorithm=algorithm)
-            if comm.rank != root:
-                assert got is None
-                continue
-            want = np.concatenate([contribution(r, 2, dtype, root) for r in range(comm.size)])
-            assert np.array_equal(got.view(np.uint8), want.view(np.uint8))
-
-    @pytest.mark.parametrize("dtype", DTYPE_NAMES)
-    def test_scatter_every_root(self, comm, algorithm, dtype):
-        usable(comm, "scatter", algorithm)
-        for root in range(comm.size):
-            whole = contribution(root, 3 * comm.size, dtype, root)
-            got = comm.scatter(whole if comm.rank == root else None, root, algorithm=algorithm)
-            want = whole[3 * comm.rank:3 * comm.rank + 3]
-            assert got.dtype == want.dtype and got.shape == want.shape
-            assert np.array_equal(got.view(np.uint8), want.view(np.uint8))
-
-    @pytest.mark.parametrize("op", ["sum", "prod", "max", "min"])
-    @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int64", "uint8"])
-    def test_reduce_every_root(self, comm, algorithm, op, dtype):
-        usable(comm, "reduce", algorithm)
-        dt = np.dtype(DTYPES[dtype])
-        for root in range(comm.size):
-            got = comm.reduce(rank_input(comm.rank, 1009, dt, op, root), op, root,
-                              algorithm=algorithm)
-            if comm.rank == root:
-                want = expected_reduction(comm.size, 1009, dt, op, root)
-                assert np.array_equal(got.view(np.uint8), want.view(np.uint8))
-            else:
-                assert got is None
-
-    def test_shapes_out_and_empty(self, comm, algorithm):
-        usable(comm, "gather", algorithm)
-        root = comm.size - 1
-        scalar = comm.gather(np.float64(comm.rank), root, algorithm=algorithm)
-        empty = comm.gather(np.zeros((0, 4)), root, algorithm=algorithm)
-        out = np.empty(6, np.int32)
-        into = comm.reduce(np.arange(6, dtype=np.int32), "max", root, algorithm=algorithm,
-                           out=out if comm.rank == root else None)
-        part = comm.scatter(np.zeros((0, 2)) if comm.rank == root else None, root,
-                            algorithm=algorithm)
-        assert part.shape == (0, 2)
-        if comm.rank == root:
-            assert scalar.tolist() == list(range(comm.size))
-            assert empty.shape == (0, 4)
-            assert into is out and out.tolist() == list(range(6))
-        with pytest.raises(ValueError, match="root"):
-            comm.gather(np.ones(1), comm.size)
 
 
 def test_scatter_returns_mlx_where_root_gave_mlx(comm):

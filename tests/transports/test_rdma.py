@@ -18,14 +18,19 @@ from ..conftest import REPO, TBRUN, run_setup_py, tbrun
 from ..library.test_comm_failures import KILLED_MID_ALL_REDUCE, rank_1_was_named
 
 # Everything runs ~50x slower in the VM, so the suites there keep what is the rdma
-# transport's own: its C mesh ("native") for every collective with float32, float16, bfloat16
-# and int64 (its conversions), the stream under tbcoll's ring with float32 (the stream moves
-# bytes, whatever the dtype or algorithm: those are tested on shm and tcp), and messages,
-# splits, barriers, progress under credit pressure and non-blocking calls
+# transport's own: its C mesh ("native") for every collective with float32, float16 and int64
+# (its conversions), the stream under tbcoll's ring (the stream moves bytes, whatever the
+# dtype or algorithm: those are tested on shm and tcp), and messages, splits, barriers,
+# progress under credit pressure and non-blocking calls. The descriptors' cases
+# (tests/spmd/test_descriptors.py) keep to DTYPES' (--case-dtypes).
 OTHER_DTYPES = "(float16 or bfloat16 or float64 or int8 or int16 or int32 or int64 or uint8)"
+DTYPES = "float32,float16,int64"
 SUBSET = (f"native and (float32 or float16 or int64) or ring and not {OTHER_DTYPES} or "
+          "test_cases and (native or ring) or "
           "identical_bits or TestBarrier or TestSendRecv or TestSplit or TestProgress or "
           "TestOrdering or TestNonBlocking or overlaps or lanes")
+SUITE = ("tests/spmd/test_collectives.py", "tests/spmd/test_all_to_all_rooted.py",
+         "tests/spmd/test_descriptors.py")
 
 
 def lab_tbrun(lab, *args, timeout: float, env: dict | None = None):
@@ -43,23 +48,23 @@ def assert_suite_passed(p, at_least: int) -> None:
 # np=3 runs under the Apple profile (tests/labs/test_rdma_apple.py), which keeps to what Apple's
 # driver allows and so holds this run's as well: each suite runs once, in the VM's minutes.
 # Its subset: the mesh and the ring with float32, messages, splits and progress.
-THREE_RANKS_SUBSET = "(native or ring) and float32 or TestSendRecv or TestSplit or TestProgress"
+THREE_RANKS_SUBSET = ("(native or ring) and (float32 or test_cases) or TestSendRecv or TestSplit "
+                      "or TestProgress")
 
 
 def test_spmd_suite_over_soft_roce(rdma_lab):
     """Without the suite's per-call checks (TBCOLL_CHECK, which the np=3 run keeps), so that
     plain calls take the mesh's lane as a job's do (test_a_lanes_calls_run_whole_in_c)."""
     p = lab_tbrun(rdma_lab, "-np", 2, "--timeout", "600", "-m", "pytest", "-q",
-                  "-p", "no:cacheprovider", "-k", SUBSET, "tests/spmd/test_collectives.py",
-                  "tests/spmd/test_all_to_all_rooted.py", timeout=650,
-                  env={"TBCOLL_CHECK": "0"})
-    assert_suite_passed(p, 43)
+                  "-p", "no:cacheprovider", "-k", SUBSET, *SUITE, "--case-dtypes", DTYPES,
+                  timeout=650, env={"TBCOLL_CHECK": "0"})
+    assert_suite_passed(p, 24)
 
 
 def test_spmd_suite_with_one_rank_needs_no_device():
     p = tbrun("-np", 1, "--backend", "rdma", "-m", "pytest", "-q", "-p", "no:cacheprovider",
               "tests/spmd", timeout=200, cwd=REPO)
-    assert_suite_passed(p, 100)
+    assert_suite_passed(p, 60)
 
 
 def test_a_killed_rank_is_named_within_seconds(rdma_lab, tmp_path):

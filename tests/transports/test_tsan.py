@@ -24,7 +24,7 @@ import pytest
 from ..conftest import REPO, run_setup_py, skip_or_fail
 
 HARNESS = REPO / "tests" / "harness" / "tsan" / "shm_race.c"
-SHM = REPO / "tbcoll" / "shm"
+SHM = REPO / "tbcoll" / "transports" / "shm"
 REPORT = "WARNING: ThreadSanitizer"
 
 
