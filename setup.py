@@ -1,10 +1,12 @@
 """Builds the C extensions and tbrun's die-with-parent; everything else is in pyproject.toml.
 
 - tbcoll.core._gate: a communicator's call gate (its lock, calls in progress, count and flight
-  recorder; tbcoll/include/gate.h), which the shm lane drives from C.
-- tbcoll.transports.shm._atomics: the shm transport's flags, rings and rounds, and its one-call lane
-(its
-  files by layer: tbcoll/transports/shm/shm.h).
+  recorder; tbcoll/include/gate.h), and LaneCall (tbcoll/core/one_call.c): the whole call
+  around a transport's C lane (its admission: tbcoll/core/admits.h), which each lane's
+  extension offers as a versioned struct (tbcoll/include/lane.h) in a capsule; compiled here
+  once.
+- tbcoll.transports.shm._atomics: the shm transport's flags, rings and rounds, and its lane
+  (its files by layer: tbcoll/transports/shm/shm.h).
 - tbcoll.transports.tcp._sockets: the tcp transport's small-message path (a whole message per
   sendmsg; the next message read straight into its receive's buffer).
 - tbcoll.transports.mpi._gathered: the mpi transport's small all_reduce (each rank's call and
@@ -69,11 +71,11 @@ class BuildExtAndDieWithParent(build_ext):
 
 
 # the headers every extension shares (tbcoll/include: the wire and its export, reductions,
-# buffers, the pause of a spin, the stream engine's words, what the C lanes share, the calls
+# buffers, the pause of a spin, the stream engine's words, the lane interface, the calls
 # into Python)
 _SHARED = ["tbcoll/include/wire.h", "tbcoll/include/wire_export.h", "tbcoll/include/reduce.h",
            "tbcoll/include/buffers.h", "tbcoll/include/cpu_relax.h",
-           "tbcoll/include/engine_words.h", "tbcoll/include/one_call.h",
+           "tbcoll/include/engine_words.h", "tbcoll/include/lane.h",
            "tbcoll/include/callbacks.h"]
 # shm's files by layer (tbcoll/transports/shm/shm.h): the pure C ones first (no Python.h:
 # tests/transports/test_tsan.py builds them without Python), then the Lane's and the module's
@@ -98,8 +100,10 @@ VERBS_SOURCES = [RDMA + name for name in (
 VERBS_HEADERS = [RDMA + "fabric.h"]
 
 setup(cmdclass={"build_ext": BuildExtAndDieWithParent}, ext_modules=[
-    Extension("tbcoll.core._gate", ["tbcoll/core/_gate.c"], depends=["tbcoll/include/gate.h"],
-              optional=_OPTIONAL),
+    Extension("tbcoll.core._gate", ["tbcoll/core/_gate.c", "tbcoll/core/one_call.c",
+                                    "tbcoll/core/admits.c"],
+              depends=[*_SHARED, "tbcoll/include/gate.h", "tbcoll/core/one_call.h",
+                       "tbcoll/core/admits.h"], optional=_OPTIONAL),
     Extension("tbcoll.comm._route", ["tbcoll/comm/_route.c"], optional=_OPTIONAL),
     Extension("tbcoll.transports.shm._atomics", SHM_SOURCES,
               depends=[*_SHARED, *SHM_HEADERS, "tbcoll/include/gate.h"], optional=_OPTIONAL),

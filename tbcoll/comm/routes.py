@@ -49,13 +49,15 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from tbcoll.collectives import ALL_GATHER, ALL_REDUCE, BROADCAST, ENTRIES, REDUCE_SCATTER, tuning
 from tbcoll.collectives.base import Collective
 from tbcoll.core.callbacks import checked
 from tbcoll.core.errors import CommError
-from tbcoll.core.gate import C_GATE, NATIVE
+from tbcoll.core.gate import C_GATE, NATIVE, lane_call
+from tbcoll.core.gate import plain as c_plain
 from tbcoll.core.names import KIND_CODES, LANE_KINDS
 
 try:
@@ -160,6 +162,7 @@ class Routes:
         lane = getattr(native, "lane", None)
         if lane is None or not C_GATE:  # (a lane drives only C's gate)
             return None, frozenset(), False
+        lane = lane_call(lane)  # (its whole call: tbcoll.core._gate.LaneCall)
         served = [k for k, entry in enumerate(ROUTED) if entry in self._quick]
         # (every error goes to the namer, which names a CommError and sees an interruption)
         checked("named", named)  # C calls namer() with (error, what)
@@ -205,12 +208,14 @@ class Routes:
 def gated(gate: Any, size: int, named: weakref.WeakMethod, entry: Collective,
           path: Callable) -> Callable:
     """The transport's direct path as a route's first step, first(x, arg, out) (all_gather:
-    first(x, out)), as the lane makes it in C: taken only for a plain call (entry.plain, the
-    one Python admission test), in the call gate, counted and recorded untimed (a clock read
-    cost as much as the rest of its record), no call described (~0.7 us of a 2 us call);
-    None where the path declines or the gate is held (the general path then waits, or
+    first(x, out)), as the lane makes it in C: taken only for a plain call (the one
+    admission test of the arguments: the lane's, tbcoll.core.gate.plain; entry.plain, its
+    Python twin, where C is not built), in the call gate, counted and recorded untimed (a
+    clock read cost as much as the rest of its record), no call described (~0.7 us of a 2 us
+    call); None where the path declines or the gate is held (the general path then waits, or
     raises)."""
-    code, name, plain = entry.code, entry.name, entry.plain
+    code, name = entry.code, entry.name
+    plain = entry.plain if c_plain is None else partial(c_plain, ROUTED.index(entry))
     takes_op, takes_root = entry in (ALL_REDUCE, REDUCE_SCATTER), entry is BROADCAST
 
     def first(x: Any, arg: Any, out: Any) -> Any:

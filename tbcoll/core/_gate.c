@@ -1,14 +1,15 @@
 /*
  * tbcoll.core._gate.Gate: a communicator's call gate (tbcoll/include/gate.h has its layout and
  * operations; tbcoll/core/gate.py its codes and its Python twin, taken where this is not built).
- * The Communicator drives it through the methods below; C code that makes a whole call (the shm
- * lane) through gate.h's functions on the same struct. See gate.h for why the GIL alone keeps
+ * The Communicator drives it through the methods below; C code that makes a whole call
+ * (LaneCall, one_call.c, in this extension) through gate.h's functions on the same struct. See gate.h for why the GIL alone keeps
  * it consistent.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
 #include "../include/gate.h"
+#include "one_call.h" /* LaneCall: the whole call around a transport's lane */
 
 /* tbcoll.core.dtypes' dtypes and ops in the order of their codes (DTYPE_CODES, OP_CODES), as
  * tbcoll.core.gate gives them at its import (codes()): the one registry, not a copy of it */
@@ -360,7 +361,9 @@ static PyMethodDef module_methods[] = {
 };
 
 static struct PyModuleDef gate_module = {
-    PyModuleDef_HEAD_INIT, "tbcoll.core._gate", "A communicator's call gate (include/gate.h).", -1,
+    PyModuleDef_HEAD_INIT, "tbcoll.core._gate",
+    "A communicator's call gate (include/gate.h), and the whole call around a transport's lane "
+    "(LaneCall, include/lane.h).", -1,
     module_methods, NULL, NULL, NULL, NULL,
 };
 
@@ -373,7 +376,8 @@ PyMODINIT_FUNC PyInit__gate(void)
                             ? NULL : PyCapsule_New(&layout, GATE_CAPSULE, NULL);
     int failed = capsule == NULL || PyModule_AddObjectRef(module, "LAYOUT", capsule) < 0 ||
                  PyModule_AddObjectRef(module, "Gate", (PyObject *)&GateType) < 0 ||
-                 PyModule_AddIntConstant(module, "DEPTH", GATE_DEPTH) < 0;
+                 PyModule_AddIntConstant(module, "DEPTH", GATE_DEPTH) < 0 ||
+                 add_lane_call(module, &GateType) < 0;
     Py_XDECREF(capsule);
     if (failed)
         Py_CLEAR(module);

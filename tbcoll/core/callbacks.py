@@ -25,7 +25,7 @@ FORMAT_TYPES: dict[str, type] = {"i": int, "l": int, "n": int, "k": int, "K": in
 
 # name -> (format, argument names): tbcoll/include/callbacks.h's entries, Python's side
 CALLBACKS: dict[str, tuple[str, tuple[str, ...]]] = {
-    # the contract's (tbcoll/include/one_call.h)
+    # the whole call around a lane (tbcoll/core/one_call.c, in tbcoll.core._gate)
     "named": ("OO", ("error", "what")),
     "empty": ("OO", ("shape", "dtype")),
     "take": ("O", ("blocking",)),

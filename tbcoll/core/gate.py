@@ -25,6 +25,12 @@ bound (C_GATE, Communicator._bind_lane) and shm, whose rounds are C's, is not ch
 Python never share a communicator's gate. tests/library/test_gate.py runs the same tests on
 both. describe, in_progress and row turn records and
 calls into names, for tbcoll.observability.dumps.
+
+The same extension runs the whole call around a transport's C lane (lane_call: LaneCall,
+tbcoll/core/one_call.c), which each transport's extension offers as a versioned struct of
+functions (tbcoll/include/lane.h) in a "tbcoll.lane.v1" capsule: the code of a whole call
+(its checks and admission, the gate, the engine's lock, the count and the record) is
+compiled once, here, and a transport writes only its work.
 """
 
 from __future__ import annotations
@@ -33,6 +39,9 @@ import threading
 from time import perf_counter
 from typing import Any
 
+import numpy as np
+
+from tbcoll.core.callbacks import check_callbacks
 from tbcoll.core.dtypes import DTYPE_CODES, DTYPES, OP_CODES, OPS
 from tbcoll.core.extensions import c_extension
 from tbcoll.core.names import ALGORITHM_CODES, COLLECTIVES, KINDS, NAMES
@@ -200,12 +209,33 @@ class PyGate:
         return None
 
 
+_DTYPES_BY_CODE = tuple(DTYPE_CODES)
+# tbcoll.core._gate.LaneCall, and plain(kind, x, arg, out, size): whether a call of a lane's
+# kind (LANE_KINDS' order) has arguments a one-call path takes as they are, the check every
+# LaneCall makes (tbcoll/core/admits.h), for a direct path with no lane; None where not built
+# (the entries' Collective.plain are then its twin)
+LaneCall: Any = None
+plain: Any = None
 _gate = c_extension("tbcoll.core._gate")
 if _gate is None:  # built without a compiler (or TBCOLL_NO_C=1)
     Gate: Any = PyGate
 else:
     _gate.codes(tuple(DTYPE_CODES), tuple(OP_CODES))
-    Gate = _gate.Gate
+    _gate.arrays(np.ndarray, _DTYPES_BY_CODE, OP_CODES)
+    check_callbacks(_gate, ("one_call",))  # LaneCall's calls into Python
+    Gate, LaneCall, plain = _gate.Gate, _gate.LaneCall, _gate.plain
 # Whether the communicators' gate is C's: a C lane drives only that one, so where it is
 # Python's no lane is bound (Communicator._bind_lane) and C and Python never share a gate.
 C_GATE = Gate is not PyGate
+
+
+def lane_call(lane: Any) -> Any:
+    """The whole call around a transport's C lane (lane: its object, whose lane_capsule()
+    offers tbcoll/include/lane.h's struct), as tbcoll.core._gate.LaneCall runs it: bind,
+    limit, admits, direct and the calls of the Native.lane contract (tbcoll.core.protocols).
+    None where there is no lane, or no gate extension to run it. Raises ImportError where the
+    lane was built for another version of the interface."""
+    if lane is None or LaneCall is None:
+        return None
+    return LaneCall(lane.lane_capsule(), ndarray=np.ndarray, dtypes=_DTYPES_BY_CODE,
+                    ops=OP_CODES, empty=np.empty)

@@ -74,29 +74,36 @@ class Native(Protocol):
     direct_broadcast: Callable[[Any, None, int, Any], Any] | None
     direct_reduce_scatter: Callable[[Any, str, int, Any], Any] | None
     takes_mlx: bool
-    # Optionally `lane`: a C object that runs a whole call in one C call (the checks, the
-    # communicator's call gate, the transport's work) or returns None having touched nothing,
-    # after which the general path runs the call. The contract, which tbcoll/transports/shm/lane.c,
-    # tbcoll/transports/tcp/tcp_lane.c and rdma's MeshLane (tbcoll/transports/rdma/mesh_lane.c) keep
-    # (tbcoll/include/one_call.h holds what they share, and the whole call around a
-    # transport's work: a new lane writes only its work):
+    # Optionally `lane`: a C object whose lane_capsule() offers the lane interface
+    # (tbcoll/include/lane.h: a versioned struct of the transport's work, move, ready, limits
+    # and beyond, in a "tbcoll.lane.v1" capsule), as tbcoll/transports/shm/lane.c,
+    # tbcoll/transports/tcp/tcp_lane.c and rdma's MeshLane (tbcoll/transports/rdma/mesh_lane.c)
+    # do. The whole call around that work is compiled once, in the gate's extension: the
+    # Communicator makes a tbcoll.core._gate.LaneCall of it (tbcoll.core.gate.lane_call; a
+    # struct of another version or size is refused), which runs a call in one C call (the
+    # checks and the admission, tbcoll/core/admits.h; the communicator's call gate; the
+    # engine's lock; the work) or returns None having touched nothing, after which the
+    # general path runs the call. LaneCall's:
     # - bind(gate, codes, names, enabled, max_tag, comm_error, namer) -> the mask it took.
     #   gate: the communicator's tbcoll.core._gate.Gate, driven from C through
     #   tbcoll/include/gate.h (enter, done, leave: its lock, count and flight recorder);
-    #   codes: the gate's codes of the four kinds (tbcoll.comm.communicator.LANE_ENTRIES' order),
-    # send,   recv and the native algorithm; names: the kinds' names, for errors; enabled: bit k for
+    #   codes: the gate's codes of the four kinds (tbcoll.core.names.LANE_KINDS' order), send,
+    #   recv and the native algorithm; names: the kinds' names, for errors; enabled: bit k for
     #   kind k, the next bit for send and recv (tags up to max_tag); a comm_error raised in a
     #   call is raised again as namer()(error, name), or as it was where the namer gives it
     #   back (the Communicator passes BaseException: it names its CommErrors and sees an
-    #   interrupted call, which revokes it). It returns the bits it takes: the
-    #   Communicator routes those calls to it (tbcoll.comm.routes), and no others.
+    #   interrupted call, which revokes it). It returns the bits it takes (enabled, less the
+    #   lane's kinds): the Communicator routes those calls to it (tbcoll.comm.routes), no
+    #   others.
     # - limit(kind[, nbytes]): with nbytes, the largest x the tuning table takes native for
-    #   that kind (the lane may take less, its own limit, never more); returns the largest x
+    #   that kind (the lane may take less, its own limits, never more); returns the largest x
     #   a bound call of that kind takes now (None: every size), which the Communicator's
     #   route reads when it is made, so that no larger call enters the lane to be refused
     #   (tbcoll.comm.routes).
     # - all_reduce(x, op, out), all_gather(x, out), reduce_scatter(x, op, out),
-    #   broadcast(x, root, out), send(x, dst, tag), recv(out, src, tag), for the bits taken.
+    #   broadcast(x, root, out), send(x, dst, tag), recv(out, src, tag), for the bits taken;
+    #   admits(kind, x, arg, out): whether such a bound call may take the lane (the same
+    #   predicate the call asks); direct(kind, x, op, root, out): unbound, for direct_*.
     # Whatever the engine must do first or finish (a message held for a peer, a peer late past
     # C's wait) C leaves to the transport's Python, as the stream engine's words say
     # (tbcoll.transports.stream.words: C tests them with one load each).

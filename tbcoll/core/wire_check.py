@@ -3,7 +3,8 @@ tbcoll's C extensions were built with, checked against it as each is imported.
 
 tbcoll/include/wire.h describes what C and Python must agree on byte for byte: the element
 types' and reductions' codes (Python holds their numpy types, tbcoll.core.dtypes, in that order),
-and the stream engine's message header, pulled-message descriptor and contexts. The framing
+the call signature's fields (tbcoll.core.calls.FIELDS, checked against WIRE_CALL), and the
+stream engine's message header, pulled-message descriptor and contexts. The framing
 is written there once: Python does not keep its own copy but reads wire.h's X-macro lists
 here (WIRE_HEADER, WIRE_DESCRIPTOR, WIRE_CONTEXTS, PULL_IDS; read_wire), whether or not a
 compiler built the extensions, and tbcoll.core.framing packs with struct what
@@ -21,6 +22,7 @@ from operator import add, or_
 from pathlib import Path
 from types import ModuleType
 
+from tbcoll.core.calls import FIELDS
 from tbcoll.core.dtypes import DTYPES, OPS
 
 INCLUDE = Path(__file__).resolve().parents[1] / "include"  # the installed C contract
@@ -82,6 +84,7 @@ def python_wire() -> dict[str, object]:
         "dtypes": tuple((name, dtype.itemsize) for name, dtype in DTYPES.items()),
         "ops": tuple(OPS),
         **read_wire(),
+        "call": tuple((name, low, bits) for name, (low, bits) in FIELDS.items()),
         "byte_order": "big",
     }
 
@@ -103,7 +106,8 @@ def check_wire(module: ModuleType) -> None:
     theirs = theirs if isinstance(theirs, dict) else {}
     _raise_if_differs(module, {part: (theirs.get(part), ours)
                                for part, ours in python_wire().items()},
-                      "tbcoll.core.dtypes and the installed tbcoll/include/wire.h")
+                      "tbcoll.core.dtypes, tbcoll.core.calls and the installed "
+                      "tbcoll/include/wire.h")
 
 
 def check_constants(module: ModuleType, ours: dict[str, object], owner: str) -> None:

@@ -13,7 +13,8 @@
 #include <Python.h>
 
 /* --- one entry per callback: CALLBACK_<NAME>(X) expands to X(name, format, names) ---------- */
-/* the contract's (one_call.h): the communicator's namer, results, the engine's lock */
+/* the whole call around a lane (tbcoll/core/one_call.c, in tbcoll.core._gate): the communicator's
+ * namer, results, the engine's lock */
 #define CALLBACK_NAMED(X) X("named", "OO", "error what")
 #define CALLBACK_EMPTY(X) X("empty", "OO", "shape dtype")
 #define CALLBACK_TAKE(X) X("take", "O", "blocking")

@@ -2,6 +2,8 @@
  * The wire that tbcoll's C extensions share with its Python, described once:
  * - the element types' and reductions' codes (tbcoll/core/dtypes.py holds their numpy types, in
  *   this order; a collective's arrays and reductions are named by these codes to C);
+ * - the call signature's fields (tbcoll/core/calls.py's FIELDS; C ORs a call's bytes into a
+ *   signature Python made less its bytes, so it must know that field's width);
  * - the stream engine's message header and a pulled message's descriptor, and the contexts
  *   of the engine's own messages: written here alone. Python reads these lists from this file
  *   (tbcoll.core.wire_check.read_wire: keep each X(...) on the lines of its #define, its values
@@ -38,6 +40,22 @@ enum { WIRE_OPS(WIRE_CODE) OPS };
 
 #define WIRE_ITEMSIZE(code, name, bytes) bytes,
 static const ptrdiff_t ITEMSIZE[DTYPES] = {WIRE_DTYPES(WIRE_ITEMSIZE)};
+
+/* --- the call signature: X(field, name in tbcoll.core.calls.FIELDS, lowest bit, bits), highest
+ * first; the fields tile the 64 bits (checked below, and by tbcoll.core.calls at import) --- */
+#define WIRE_CALL(X)                                                                        \
+    X(CALL_COLLECTIVE, "collective", 58, 6) X(CALL_ALGORITHM, "algorithm", 53, 5)           \
+    X(CALL_DTYPE, "dtype", 49, 4) X(CALL_OP, "op", 46, 3) X(CALL_ROOT, "root", 34, 12)      \
+    X(CALL_BYTES, "bytes", 0, 34)
+/* FIELD: its lowest bit; FIELD_BITS: its width */
+#define WIRE_CALL_AT(field, name, low, bits) field = low, field##_BITS = bits,
+enum { WIRE_CALL(WIRE_CALL_AT) };
+#define WIRE_CALL_SUM(field, name, low, bits) +(bits)
+_Static_assert(0 WIRE_CALL(WIRE_CALL_SUM) == 64 && CALL_COLLECTIVE + CALL_COLLECTIVE_BITS == 64
+                   && CALL_BYTES == 0, "the call signature's fields tile its 64 bits");
+/* The bytes of a call as its signature's field holds them (modulo 2^CALL_BYTES_BITS): what C
+ * ORs into a signature made less its bytes */
+#define CALL_BYTES_OF(n) ((uint64_t)(n) & ((UINT64_C(1) << CALL_BYTES_BITS) - 1))
 
 /* --- the stream engine's messages: X(field, name in stream.py, offset, bytes), big-endian -
  * A message is its header, then its payload (header.nbytes bytes). */

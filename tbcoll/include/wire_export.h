@@ -11,7 +11,8 @@
 
 /* --- the export: WIRE = {"dtypes": ((name, bytes), ...), "ops": (name, ...), "header":
  * ((name, offset, bytes), ...), "descriptor": (likewise), "contexts": {name: value},
- * "pull_ids": mask, "byte_order": "big"}, as tbcoll.core.wire_check builds Python's. One
+ * "pull_ids": mask, "call": ((name, lowest bit, bits), ...), "byte_order": "big"}, as
+ * tbcoll.core.wire_check builds Python's (the call: tbcoll.core.calls.FIELDS). One
  * Py_BuildValue: each list gives its part of the format and its arguments. */
 #define WIRE_DTYPE_FORMAT(code, name, bytes) "(si)"
 #define WIRE_DTYPE_ARGS(code, name, bytes) name, bytes,
@@ -19,6 +20,8 @@
 #define WIRE_OP_ARGS(code, name) name,
 #define WIRE_FIELD_FORMAT(field, name, at, bytes) "(sii)"
 #define WIRE_FIELD_ARGS(field, name, at, bytes) name, at, bytes,
+#define WIRE_CALL_FORMAT(field, name, low, bits) "(sii)"
+#define WIRE_CALL_ARGS(field, name, low, bits) name, low, bits,
 #define WIRE_CONTEXT_FORMAT(name, value) "sk"
 #define WIRE_CONTEXT_ARGS(name, value) name, (unsigned long)(value),
 
@@ -28,11 +31,11 @@ static inline int add_wire(PyObject *module)
     PyObject *wire = Py_BuildValue(
         "{s(" WIRE_DTYPES(WIRE_DTYPE_FORMAT) ")s(" WIRE_OPS(WIRE_OP_FORMAT) ")"
         "s(" WIRE_HEADER(WIRE_FIELD_FORMAT) ")s(" WIRE_DESCRIPTOR(WIRE_FIELD_FORMAT) ")"
-        "s{" WIRE_CONTEXTS(WIRE_CONTEXT_FORMAT) "}sksz}",
+        "s{" WIRE_CONTEXTS(WIRE_CONTEXT_FORMAT) "}sks(" WIRE_CALL(WIRE_CALL_FORMAT) ")sz}",
         "dtypes", WIRE_DTYPES(WIRE_DTYPE_ARGS) "ops", WIRE_OPS(WIRE_OP_ARGS)
         "header", WIRE_HEADER(WIRE_FIELD_ARGS) "descriptor", WIRE_DESCRIPTOR(WIRE_FIELD_ARGS)
         "contexts", WIRE_CONTEXTS(WIRE_CONTEXT_ARGS) "pull_ids", (unsigned long)PULL_IDS,
-        "byte_order", "big");
+        "call", WIRE_CALL(WIRE_CALL_ARGS) "byte_order", "big");
     if (wire == NULL)
         return -1;
     if (PyModule_AddObject(module, "WIRE", wire) < 0) {

@@ -3,7 +3,9 @@ its calls in progress, its count and its flight recorder, in C (and its Python t
 shm lane drives the same struct from C; a dump's call in progress is the gate's, whichever
 path the call took, with the user's line read off the thread that runs it."""
 
+import ctypes
 import json
+import re
 import subprocess
 import sys
 
@@ -108,24 +110,112 @@ def test_the_call_in_progress_is_the_innermost_and_its_codes_come_from_the_regis
     gate.leave(unknown)
 
 
-def test_the_lane_takes_only_a_gate_built_from_its_layout():
-    """The shm lane drives the gate's struct from C (tbcoll/include/gate.h): it checked the
-    layout of tbcoll.core._gate's at import (a stale build is kept and said: the shm backend
-    refuses, saying what to do), and binds nothing but a Gate."""
-    from tbcoll.transports.shm import _atomics
+def _capsule(version: int, size: int, name: bytes = b"tbcoll.lane.v1"):
+    """A capsule as a transport built from another tbcoll/include/lane.h would hand out: its
+    struct's version and size as given, the rest zero (never read: refused first)."""
+    make = ctypes.pythonapi.PyCapsule_New
+    make.restype, make.argtypes = ctypes.py_object, [ctypes.c_void_p, ctypes.c_void_p,
+                                                     ctypes.c_void_p]
+    struct = (ctypes.c_uint32 * 64)(version, size)
+    named = ctypes.create_string_buffer(name)
+    capsule = make(ctypes.addressof(struct), ctypes.addressof(named), None)
+    return capsule, (struct, named)  # (kept alive as long as the capsule is used)
 
-    assert _atomics.GATE_ERROR is None
-    lane = _atomics.Lane.__new__(_atomics.Lane)
+
+def test_the_lane_interface_is_versioned_and_binds_only_a_gate():
+    """A transport's lane offers tbcoll/include/lane.h's struct in a "tbcoll.lane.v1" capsule;
+    the gate's extension runs the whole call around it (LaneCall) and refuses a struct of
+    another version or size (a transport built from another lane.h) or another capsule,
+    saying what to do; bind takes nothing but a Gate. Without the gate's extension the shm
+    backend refuses, saying why."""
+    from tbcoll.core import _gate
+    from tbcoll.core.gate import lane_call
+    from tbcoll.transports.shm import _atomics, native
+
+    lane = _atomics.Lane(segment=bytearray(1 << 16), flags=64, size=2, rank=0,
+                         sets=[4096, 8192], slot_bytes=256, budget=0.01, resume=None, pids=0)
+    lane.calls(single_pass=128, all_reduce=native._ALL_REDUCE, all_gather=native._ALL_GATHER,
+               reduce_scatter=native._REDUCE_SCATTER, broadcast_call=native._broadcast_call)
+    calls = lane_call(lane)
+    assert calls.kinds == 0b11111  # the four collectives, send and recv
     with pytest.raises(TypeError, match="Gate"):
-        lane.bind(gate=gates.PyGate(4), codes=(0,) * 7, names=("a",) * 4, enabled=0,
-                  max_tag=1, comm_error=TbcollError, namer=None)
-    stale = subprocess.run([sys.executable, "-c", (
-        "from tbcoll.transports.shm import _atomics, native; "
-        "_atomics.GATE_ERROR = 'layout 2, built for 1'"
-        "\nnative.available()")], capture_output=True, text=True, timeout=60)
-    assert stale.returncode == 1 and (
-        "TbcollError: the shm backend cannot use tbcoll's call gate (tbcoll.core._gate): layout 2, "
-        "built for 1; reinstall tbcoll (make)") in stale.stderr, stale.stderr
+        calls.bind(gate=gates.PyGate(4), codes=(0,) * 7, names=("a",) * 4, enabled=0,
+                   max_tag=1, comm_error=TbcollError, namer=None)
+    arrays = {"ndarray": np.ndarray, "dtypes": tuple(DTYPE_CODES), "ops": {"sum": 0},
+              "empty": np.empty}
+    for version, size, says in [(2, _gate.LANE_SIZE, "offers lane interface version 2 "),
+                                (1, _gate.LANE_SIZE - 8, f"version 1 ({_gate.LANE_SIZE - 8} "
+                                                         "bytes)")]:
+        capsule, kept = _capsule(version, size)
+        with pytest.raises(ImportError, match=re.escape(says)) as refused:
+            _gate.LaneCall(capsule, **arrays)
+        assert str(refused.value).endswith("reinstall tbcoll (make, or pip install -e .)")
+    capsule, kept = _capsule(1, _gate.LANE_SIZE, b"tbcoll.lane.v0")
+    with pytest.raises(TypeError, match='a capsule named "tbcoll.lane.v0"'):
+        _gate.LaneCall(capsule, **arrays)
+    missing = subprocess.run([sys.executable, "-c", (
+        "from tbcoll.transports.shm import native; native.LaneCall = None\n"
+        "native.available()")],
+        capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 1 and (
+        "TbcollError: the shm backend needs tbcoll's call gate extension (tbcoll.core._gate), "
+        "which was not built: reinstall tbcoll (make)") in missing.stderr, missing.stderr
+
+
+def _shm_lane(slot_bytes: int = 256, single_pass: int = 128):
+    """A shm Lane of 2 ranks over a private buffer (never run: its admission is asked)."""
+    from tbcoll.transports.shm import _atomics, native
+
+    lane = _atomics.Lane(segment=bytearray(1 << 16), flags=64, size=2, rank=0,
+                         sets=[4096, 8192], slot_bytes=slot_bytes, budget=0.01, resume=None,
+                         pids=0)
+    lane.calls(single_pass=single_pass, all_reduce=native._ALL_REDUCE,
+               all_gather=native._ALL_GATHER, reduce_scatter=native._REDUCE_SCATTER,
+               broadcast_call=native._broadcast_call)
+    return lane
+
+
+def test_one_admission_predicate_for_c_and_python():
+    """Whether a call may take a lane is said in one C function (tbcoll/admits.c, with the
+    lane's limits in one_call.c): LaneCall asks it before each call, and Python asks the same
+    one (LaneCall.admits for a bound lane, tbcoll.core.gate.plain for a direct path without a
+    lane), not a copy of its own."""
+    from tbcoll.comm.routes import ROUTED
+    from tbcoll.core.gate import lane_call, plain
+
+    ar, ag, rs, bc = range(4)
+    f4 = np.ones(2, np.float32)  # 8 B
+    cases = [  # (kind, x, arg, out, admitted by its arguments)
+        (ar, f4, "sum", None, True),
+        (ar, f4, "xor", None, False),
+        (ar, f4, "sum", np.empty(2, np.float64), False),
+        (ar, f4, "sum", np.empty(3, np.float32), False),
+        (ar, np.ones(4, np.float32)[::2], "sum", None, False),
+        (ar, f4[:0], "sum", None, False),
+        (ar, f4.astype(np.complex64), "sum", None, False),
+        (ar, [1.0, 2.0], "sum", None, False),
+        (ag, f4, None, np.empty(4, np.float32), True),
+        (ag, f4, None, np.empty(3, np.float32), False),
+        (rs, np.ones(3, np.float32), "max", None, False),
+        (rs, np.ones(4, np.int64), "max", np.empty(2, np.int64), True),
+        (bc, f4, 1, None, True),
+        (bc, f4, 2, None, False),
+        (bc, f4, True, None, False),
+        (bc, f4, -1, f4, False),
+    ]
+    calls = lane_call(_shm_lane())
+    assert not calls.admits(ar, f4, "sum", None)  # not bound: no kind enabled
+    calls.bind(gate=gates.Gate(4), codes=(0,) * 7, names=tuple(e.name for e in ROUTED),
+               enabled=0b11111, max_tag=7, comm_error=TbcollError, namer=None)
+    for kind, x, arg, out, admitted in cases:
+        assert calls.admits(kind, x, arg, out) is admitted, (kind, x, arg, out)
+        assert plain(kind, x, arg, out, 2) is admitted, (kind, x, arg, out)
+    big = np.ones(64, np.float32)  # 256 B: past single_pass (all_reduce's), a slot for the others
+    assert plain(ar, big, "sum", None, 2) and not calls.admits(ar, big, "sum", None)
+    assert calls.admits(ag, big, None, None) and not calls.admits(ag, np.ones(65, np.float32),
+                                                                    None, None)
+    calls.limit(ar, 4)  # the table's largest: less than the lane's
+    assert not calls.admits(ar, f4, "sum", None) and calls.admits(ar, f4[:1], "sum", None)
 
 
 IN_PROGRESS = """

@@ -183,9 +183,9 @@ def ran(call, methods=("all_reduce",)):
     return result, set(names) - {"<lambda>", "publish_words", *methods}
 
 def lane_paths(comm):
-    from tbcoll.transports.tcp._sockets import Lane
+    from tbcoll.core._gate import LaneCall
     r, p = comm.rank, comm.size
-    assert isinstance(comm._routes.lane, Lane)
+    assert isinstance(comm._routes.lane, LaneCall)  # around tcp's lane
     assert comm._all_reduce.__self__.first == comm._routes.lane.all_reduce  # (its route's)
 
     def in_c(call, check):
@@ -224,8 +224,8 @@ def lane_paths(comm):
 
 
 def lane_moves(comm):
-    # send and recv through the Lane too (one_call_move): a ping-pong whole in C; a sender
-    # later than C's wait has the engine finish the receive C began
+    # send and recv through the Lane too (its move, LaneCall's send and recv): a ping-pong
+    # whole in C; a sender later than C's wait has the engine finish the receive C began
     r, p = comm.rank, comm.size
     lane = comm._routes.lane
     assert comm._send.__self__.first == lane.send and comm._recv.__self__.first == lane.recv

@@ -5,6 +5,7 @@ headers than Python's tables fails to import with a message naming what differs.
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from tbcoll.core import wire_check
@@ -83,6 +84,10 @@ MISMATCHES = {
     "a ring's overwritten code": (
         "from tbcoll.transports.shm import _atomics as a; a.RING_OVERWRITTEN = -4",
         "tbcoll.transports.shm.native", ["RING_OVERWRITTEN: C -4, Python -3"]),
+    "a signature field's width": (
+        "import tbcoll.core.calls as c; c.FIELDS['bytes'] = (0, 33)",
+        "tbcoll.transports.tcp.transport",
+        ["tbcoll.transports.tcp._sockets", "call", "('bytes', 0, 34)"]),
     "an old build without WIRE": (
         "from tbcoll.transports.tcp import _sockets; del _sockets.WIRE",
         "tbcoll.transports.tcp.transport", ["tbcoll.transports.tcp._sockets", "dtypes: C None"]),
@@ -117,3 +122,37 @@ def test_unchanged_everything_imports():
     p = imported_after("pass", "tbcoll.comm.communicator, tbcoll.transports.shm.transport, "
                               "tbcoll.transports.rdma.transport")
     assert p.returncode == 0, p.stderr
+
+
+# (what grows past its field, the message's words): the ninth algorithm or the seventeenth
+# collective wrote into the next field before the fields were widened; now past the widths
+NAMES_PAST_THEIR_FIELD = {
+    "algorithm": ("a.NAMES = (*a.NAMES, *(f'x{i}' for i in range(33 - len(a.NAMES))))",
+                  "algorithm field has 5 bits, too few for 32"),
+    "collective": ("a.COLLECTIVES = (*a.COLLECTIVES, *(f'c{i}' for i in "
+                   "range(64 - len(a.COLLECTIVES))))",
+                   "collective field has 6 bits, too few for 64"),
+}
+
+
+@pytest.mark.parametrize("field", sorted(NAMES_PAST_THEIR_FIELD))
+def test_more_names_than_their_signature_field_holds_fail_the_import(field):
+    grow, words = NAMES_PAST_THEIR_FIELD[field]
+    p = imported_after(f"import tbcoll.core.names as a; {grow}", "tbcoll.core.calls")
+    last = p.stderr.strip().splitlines()[-1]
+    assert last.startswith("tbcoll.core.calls.SignatureFieldsFull: "), p.stderr
+    assert words in last, last
+    one_less = grow.replace("33 -", "32 -").replace("64 -", "63 -")
+    p = imported_after(f"import tbcoll.core.names as a; {one_less}", "tbcoll.core.calls")
+    assert p.returncode == 0, p.stderr
+
+
+def test_each_signature_field_keeps_its_value_at_the_widths():
+    from tbcoll.core.calls import FIELDS, fields_in, render, signature
+    from tbcoll.core.names import NAMES
+
+    assert FIELDS["algorithm"][1] >= 5 and FIELDS["collective"][1] >= 6
+    word = signature("broadcast", np.dtype(np.float64), None, (1 << 34) + 24, 4094, NAMES[-1])
+    assert render(word) == f"broadcast(float64, 24 B, root=4094, algorithm={NAMES[-1]})"
+    other = signature("broadcast", np.dtype(np.float64), None, 24, 4094, NAMES[0])
+    assert fields_in(word ^ other) == ["algorithm"]

@@ -16,13 +16,12 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "tbcoll.transports.rd
                                     module_methods};
 
 /* the calls into Python that the mesh lane makes */
-#define RDMA_CALLBACKS(X) CALLBACKS_ONE_CALL(X) CALLBACKS_RDMA(X)
+#define RDMA_CALLBACKS(X) CALLBACKS_RDMA(X)
 
 PyMODINIT_FUNC PyInit__verbs(void)
 {
     PyObject *m = PyModule_Create(&module);
-    if (!m || PyType_Ready(&FabricType) < 0 || PyType_Ready(&MeshLaneType) < 0 ||
-        verbs_mesh_lane_import_gate(m) < 0)
+    if (!m || PyType_Ready(&FabricType) < 0 || PyType_Ready(&MeshLaneType) < 0)
         return NULL;
     LibraryError = PyErr_NewException("tbcoll.transports.rdma._verbs.LibraryError", PyExc_OSError, NULL);
     DeviceError = PyErr_NewException("tbcoll.transports.rdma._verbs.DeviceError", PyExc_OSError, NULL);

@@ -241,7 +241,5 @@ INTERNAL long verbs_mesh_call(Fabric *f, int kind, const Py_buffer *src, const P
 /* --- the mesh lane (mesh_lane.c) ---------------------------------------------------------- */
 
 INTERNAL extern PyTypeObject MeshLaneType;
-/* At import: the call gate's type for MeshLane.bind, or why not (one_call_import_gate). */
-INTERNAL int verbs_mesh_lane_import_gate(PyObject *module);
 
 #endif

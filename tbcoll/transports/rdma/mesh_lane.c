@@ -1,27 +1,31 @@
 /* rdma's MeshLane: the world's small mesh all_reduce and all_gather as one C call. */
 #include "fabric.h"
 
-#include "../../include/buffers.h" /* positional */
-#include "../../include/one_call.h" /* the mesh lane's call around verbs_mesh_call */
+#include "../../include/buffers.h"   /* every_keyword */
+#include "../../include/callbacks.h" /* the formats of its calls into Python */
+#include "../../include/lane.h"      /* the lane interface it offers */
+#include "../../include/wire.h"      /* DTYPES, OPS, CALL_BYTES_OF */
 
 /*
  * MeshLane(fabric): the world communicator's small all_reduce and all_gather as one C call
- * (tbcoll/core/protocols.py's Native.lane contract; tbcoll/include/one_call.h does the call
- * around verbs_mesh_call: checks, the call gate, the engine's lock, since the mesh shares the
- * device's completion queue with the stream). Under the RDMA lab's emulation Python costs
- * 50-100x its host cost, and the direct path's Python (the gate, the checks, the signature,
- * the engine's turns, the budget) cost more than the mesh. Where verbs_mesh_call does not finish
- * in its first slice (a late peer, another call, a lost peer), finish(kind, x, target,
- * dtype, op, signature, result) goes on in Python (RdmaNative._mesh_held) with the engine
- * still taken. calls(*, ndarray, dtypes, ops, empty, take, give, largest, all_reduce, all_gather,
- * shared, budget, shared_budget, finish): one_call_calls', each kind's signatures less the
- * byte count (all_reduce's by dtype then op, all_gather's by dtype), the engine's Turns'
- * shared_word, the first slice's budget alone in the engine and once shared (as
- * _mesh_held's), and finish.
+ * (the lane interface, tbcoll/include/lane.h: lane_capsule(), which tbcoll.core._gate.LaneCall
+ * runs: checks, the call gate, the engine's lock, since the mesh shares the device's
+ * completion queue with the stream, around this file's mesh_work). Under the RDMA lab's
+ * emulation Python costs 50-100x its host cost, and the direct path's Python (the gate, the
+ * checks, the signature, the engine's turns, the budget) cost more than the mesh. Where
+ * verbs_mesh_call does not finish in its first slice (a late peer, another call, a lost
+ * peer), finish(kind, x, target, dtype, op, signature, result) goes on in Python
+ * (RdmaNative._mesh_held) with the engine still taken. calls(*, take, give, largest,
+ * all_reduce, all_gather, shared, budget, shared_budget, finish): the engine's lock, the
+ * largest x (at most COLL_BYTES), each kind's signatures less the byte count (all_reduce's
+ * by dtype then op, all_gather's by dtype), the engine's Turns' shared_word, the first
+ * slice's budget alone in the engine and once shared (as _mesh_held's), and finish.
  */
 typedef struct {
     PyObject_HEAD
-    OneCall call;
+    tbcoll_lane_v1 lane; /* what it offers LaneCall (lane_capsule()) */
+    Py_ssize_t largest;
+    PyObject *take, *give; /* the engine's lock */
     Fabric *fabric;
     uint64_t all_reduce[DTYPES][OPS], all_gather[DTYPES];
     Py_buffer shared;        /* Turns.shared_word, held: 1 once threads have shared the engine */
@@ -29,20 +33,14 @@ typedef struct {
     PyObject *finish;
 } MeshLane;
 
-static PyTypeObject *GateType; /* tbcoll.core._gate.Gate; NULL where its import failed: */
-static PyObject *gate_error;   /* why (GATE_ERROR) */
-
-INTERNAL int verbs_mesh_lane_import_gate(PyObject *module)
-{
-    return one_call_import_gate(module, &GateType, &gate_error);
-}
-
 static int MeshLane_traverse(MeshLane *self, visitproc visit, void *arg)
 {
     Py_VISIT(self->shared.obj);
     Py_VISIT(self->fabric);
     Py_VISIT(self->finish);
-    return one_call_traverse(&self->call, visit, arg);
+    Py_VISIT(self->take);
+    Py_VISIT(self->give);
+    return 0;
 }
 
 static int MeshLane_clear(MeshLane *self)
@@ -52,7 +50,9 @@ static int MeshLane_clear(MeshLane *self)
     self->shared.obj = NULL;
     Py_CLEAR(self->fabric);
     Py_CLEAR(self->finish);
-    one_call_clear(&self->call);
+    Py_CLEAR(self->take);
+    Py_CLEAR(self->give);
+    self->lane.take = self->lane.give = NULL;
     return 0;
 }
 
@@ -73,61 +73,15 @@ static int MeshLane_init(MeshLane *self, PyObject *args, PyObject *Py_UNUSED(kwa
     return 0;
 }
 
-static PyObject *MeshLane_calls(MeshLane *self, PyObject *args, PyObject *kwargs)
-{
-    static char *keywords[] = {"ndarray", "dtypes", "ops", "empty", "take", "give", "largest",
-                               "all_reduce", "all_gather", "shared", "budget", "shared_budget",
-                               "finish", NULL};
-    PyObject *ndarray, *dtypes, *ops, *empty, *take, *give, *all_reduce, *all_gather, *shared,
-        *finish;
-    Py_ssize_t largest;
-    double budget, shared_budget;
-    if (self->fabric == NULL || self->shared.obj != NULL) {
-        PyErr_SetString(PyExc_ValueError, "calls: once, after MeshLane(fabric)");
-        return NULL;
-    }
-    if (!every_keyword("calls", kwargs, keywords) ||
-        !PyArg_ParseTupleAndKeywords(args, kwargs, "|$OOOOOOnOOOddO:calls", keywords, &ndarray,
-                                     &dtypes, &ops, &empty, &take, &give, &largest, &all_reduce,
-                                     &all_gather, &shared, &budget, &shared_budget, &finish) ||
-        one_call_words(all_reduce, &self->all_reduce[0][0], DTYPES * OPS) < 0 ||
-        one_call_words(all_gather, self->all_gather, DTYPES) < 0 ||
-        one_call_calls(&self->call, self->fabric->size, ndarray, dtypes, ops, empty, take, give,
-                       largest < COLL_BYTES ? largest : COLL_BYTES) < 0 ||
-        PyObject_GetBuffer(shared, &self->shared, PyBUF_SIMPLE) < 0)
-        return NULL;
-    if (self->shared.len != sizeof(uint64_t)) {
-        PyBuffer_Release(&self->shared);
-        self->shared.obj = NULL;
-        PyErr_SetString(PyExc_ValueError, "calls: the engine's shared word (8 bytes)");
-        return NULL;
-    }
-    Py_XSETREF(self->finish, Py_NewRef(finish));
-    self->budget = budget;
-    self->shared_budget = shared_budget;
-    Py_RETURN_NONE;
-}
-
-static PyObject *MeshLane_bind(MeshLane *self, PyObject *args, PyObject *kwargs)
-{
-    return one_call_bind(&self->call, GateType, gate_error, args, kwargs,
-                         (1 << ONE_CALL_ALL_REDUCE) | (1 << ONE_CALL_ALL_GATHER));
-}
-
-static PyObject *MeshLane_limit(MeshLane *self, PyObject *args)
-{
-    return one_call_limit(&self->call, args);
-}
-
-/* One mesh call of a taken all_reduce or all_gather (OneCallWork) */
+/* One mesh call of a taken all_reduce or all_gather (the lane's work) */
 static int mesh_work(void *lane, int kind, PyObject *x, const Py_buffer *xv, PyObject *target,
                      const Py_buffer *tv, int dtype, int op, int root)
 {
     MeshLane *self = lane;
     (void)root; /* all_reduce and all_gather: none */
-    int reduces = kind == ONE_CALL_ALL_REDUCE, mesh = reduces ? MESH_ALL_REDUCE
+    int reduces = kind == LANE_ALL_REDUCE, mesh = reduces ? MESH_ALL_REDUCE
                                                               : MESH_ALL_GATHER;
-    unsigned long long signature = (unsigned long long)xv->len |
+    unsigned long long signature = CALL_BYTES_OF(xv->len) |
                                    (reduces ? self->all_reduce[dtype][op]
                                             : self->all_gather[dtype]);
     if (!reduces)
@@ -145,30 +99,70 @@ static int mesh_work(void *lane, int kind, PyObject *x, const Py_buffer *xv, PyO
     return done == NULL ? -1 : 0;
 }
 
-static PyObject *MeshLane_all_reduce(MeshLane *self, PyObject *const *args, Py_ssize_t nargs)
+/* The largest x of kind a mesh call takes (the lane's limits) */
+static Py_ssize_t mesh_limit(void *lane, int kind)
 {
-    if (!positional("all_reduce", nargs, 3))
-        return NULL;
-    return one_call_run(&self->call, self, ONE_CALL_ALL_REDUCE, args[0], args[1], args[2],
-                        NULL, mesh_work);
+    const MeshLane *self = lane;
+    return kind == LANE_ALL_REDUCE || kind == LANE_ALL_GATHER ? self->largest : 0;
 }
 
-static PyObject *MeshLane_all_gather(MeshLane *self, PyObject *const *args, Py_ssize_t nargs)
+static PyObject *MeshLane_calls(MeshLane *self, PyObject *args, PyObject *kwargs)
 {
-    if (!positional("all_gather", nargs, 2))
+    static char *keywords[] = {"take", "give", "largest", "all_reduce", "all_gather", "shared",
+                               "budget", "shared_budget", "finish", NULL};
+    PyObject *take, *give, *all_reduce, *all_gather, *shared, *finish;
+    Py_ssize_t largest;
+    double budget, shared_budget;
+    if (self->fabric == NULL || self->shared.obj != NULL) {
+        PyErr_SetString(PyExc_ValueError, "calls: once, after MeshLane(fabric)");
         return NULL;
-    return one_call_run(&self->call, self, ONE_CALL_ALL_GATHER, args[0], Py_None, args[1],
-                        NULL, mesh_work);
+    }
+    if (!every_keyword("calls", kwargs, keywords) ||
+        !PyArg_ParseTupleAndKeywords(args, kwargs, "|$OOnOOOddO:calls", keywords, &take, &give,
+                                     &largest, &all_reduce, &all_gather, &shared, &budget,
+                                     &shared_budget, &finish) ||
+        lane_words(all_reduce, &self->all_reduce[0][0], DTYPES * OPS) < 0 ||
+        lane_words(all_gather, self->all_gather, DTYPES) < 0 ||
+        PyObject_GetBuffer(shared, &self->shared, PyBUF_SIMPLE) < 0)
+        return NULL;
+    if (self->shared.len != sizeof(uint64_t) || !PyCallable_Check(take) ||
+        !PyCallable_Check(give)) {
+        PyBuffer_Release(&self->shared);
+        self->shared.obj = NULL;
+        PyErr_SetString(PyExc_ValueError, "calls: the engine's shared word (8 bytes) and the "
+                                          "lock's two callables");
+        return NULL;
+    }
+    Py_XSETREF(self->take, Py_NewRef(take));
+    Py_XSETREF(self->give, Py_NewRef(give));
+    Py_XSETREF(self->finish, Py_NewRef(finish));
+    self->largest = largest < COLL_BYTES ? largest : COLL_BYTES;
+    self->budget = budget;
+    self->shared_budget = shared_budget;
+    self->lane = (tbcoll_lane_v1){
+        .version = TBCOLL_LANE_VERSION, .size = sizeof(tbcoll_lane_v1),
+        .kinds = 1u << LANE_ALL_REDUCE | 1u << LANE_ALL_GATHER, .ranks = self->fabric->size,
+        .rank = self->fabric->rank, .state = self, .work = mesh_work, .move = NULL,
+        .ready = NULL, .limits = mesh_limit, .beyond = NULL, .take = self->take,
+        .give = self->give};
+    Py_RETURN_NONE;
+}
+
+/* lane_capsule() -> the "tbcoll.lane.v1" capsule of the lane interface, for
+ * tbcoll.core._gate.LaneCall */
+static PyObject *MeshLane_capsule(MeshLane *self, PyObject *unused)
+{
+    (void)unused;
+    if (self->take == NULL) {
+        PyErr_SetString(PyExc_ValueError, "lane_capsule: after calls()");
+        return NULL;
+    }
+    return lane_capsule_new(&self->lane, (PyObject *)self);
 }
 
 static PyMethodDef MeshLane_methods[] = {
     {"calls", (PyCFunction)(void (*)(void))MeshLane_calls, METH_VARARGS | METH_KEYWORDS, "What its calls take."},
-    {"bind", (PyCFunction)(void (*)(void))MeshLane_bind, METH_VARARGS | METH_KEYWORDS, "The communicator whose calls take it."},
-    {"limit", (PyCFunction)MeshLane_limit, METH_VARARGS, "The largest x a kind's path takes."},
-    {"all_reduce", (PyCFunction)(void (*)(void))MeshLane_all_reduce, METH_FASTCALL,
-     "The communicator's all_reduce, or None."},
-    {"all_gather", (PyCFunction)(void (*)(void))MeshLane_all_gather, METH_FASTCALL,
-     "The communicator's all_gather, or None."},
+    {"lane_capsule", (PyCFunction)MeshLane_capsule, METH_NOARGS, "The lane interface (lane.h)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -26,7 +26,7 @@ import numpy as np
 
 from tbcoll.core.callbacks import check_callbacks, checked
 from tbcoll.core.calls import mismatch, signature
-from tbcoll.core.dtypes import DTYPE_CODES, DTYPES, OP_CODES
+from tbcoll.core.dtypes import DTYPE_CODES, OP_CODES
 from tbcoll.core.errors import CommError, PeerLostError, PeerTimeoutError
 from tbcoll.core.extensions import c_extension
 from tbcoll.core.wire_check import check_wire
@@ -41,7 +41,7 @@ from tbcoll.transports.tcp.transport import TcpTransport
 _verbs = c_extension("tbcoll.transports.rdma._verbs")  # None: built without infiniband/verbs.h
 if _verbs is not None:
     check_wire(_verbs)
-    check_callbacks(_verbs, ("one_call", "rdma"))
+    check_callbacks(_verbs, ("rdma",))
 
 WAIT_SLICE = 0.05  # seconds a wait stays in C before it looks at the peers and the deadline
 
@@ -145,9 +145,8 @@ class RdmaNative:
         # the small all_reduce and all_gather whole in C (the Communicator binds it): its first
         # slice as _mesh_held's, which goes on from where it stopped
         self.lane = _verbs.MeshLane(fabric)
-        self.lane.calls(ndarray=np.ndarray, dtypes=tuple(DTYPES.values()), ops=OP_CODES,
-                        empty=np.empty, take=checked("take", turns.lock.acquire),
-                        give=turns.lock.release, largest=self._piece, all_reduce=_ALL_REDUCE,
+        self.lane.calls(take=checked("take", turns.lock.acquire), give=turns.lock.release,
+                        largest=self._piece, all_reduce=_ALL_REDUCE,
                         all_gather=_ALL_GATHER, shared=turns.shared_word, budget=WAIT_SLICE,
                         shared_budget=SHARED_SLICE,
                         finish=checked("mesh_held", self._mesh_held))

@@ -346,7 +346,7 @@ static PyObject *lane_kinds(void)
 }
 
 /* the calls into Python that the shm lane makes (checked at import by tbcoll.core.callbacks) */
-#define SHM_CALLBACKS(X) CALLBACKS_ONE_CALL(X) CALLBACKS_SHM(X)
+#define SHM_CALLBACKS(X) CALLBACKS_SHM(X)
 
 PyMODINIT_FUNC PyInit__atomics(void)
 {

@@ -19,7 +19,7 @@ from tbcoll.core.wire_check import check_constants, check_wire
 atomics = c_extension("tbcoll.transports.shm._atomics")
 if atomics is not None:
     check_wire(atomics)
-    check_callbacks(atomics, ("one_call", "shm"))
+    check_callbacks(atomics, ("shm",))
     check_constants(atomics, {"LANE_KINDS": LANE_KINDS}, "tbcoll.core.names")
 
 

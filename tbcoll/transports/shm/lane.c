@@ -3,26 +3,21 @@
  *
  * Lane(*, segment, flags, size, rank, sets, slot_bytes, budget, resume, pids) is one
  * communicator's segment: the rounds (round(); the protocol is written once, in rounds.c's
- * run_round), the count of rounds done (`rounds`), and, once calls() told it what to check
- * and how to sign each call, one-call paths for arrays of any size that do in C what the
- * Communicator and the transport do in Python (the contract's one_call_run_any,
- * tbcoll/include/one_call.h, around this file's segment_work): check the arguments, take the
- * communicator's call gate (tbcoll/include/gate.h: its lock, the call in progress), run the
- * round (past one round's size, the rounds: lane_rounds, the same cut as the Python path's),
- * count the call and put it in the gate's flight recorder. That Python cost ~0.7 us of a
- * 1.4 us 8 B all_reduce, more than the round; MPICH's whole call takes ~1.1 us; a 1 MiB one
- * entered C eight times. A larger all_gather or broadcast copies each block once (one_copy.c,
- * Linux); send and recv are checked and taken, and moved in C (moves.c). Once comm.empty's
- * buffers exist, takes() stops the bound calls where the Python path copies those once, and
- * limit(kind) says where: the communicator's route reads it and sends larger calls there
- * without entering the lane. Each path returns None, having touched nothing, where the call
- * does not qualify (another array type or dtype, an empty x, an out of another shape or
- * overlapping x past one round, a busy communicator): the Python path then runs, and raises
- * where the call is wrong.
+ * run_round), the count of rounds done (`rounds`), and, once calls() told it how to sign each
+ * call, the lane interface (tbcoll/include/lane.h) that lane_capsule() hands out:
+ * tbcoll.core._gate.LaneCall runs an array's whole call, of any size, around this file's
+ * segment_work (checks, the communicator's call gate, the round, past one round the rounds,
+ * the count and the flight recorder), which Python did in ~0.7 us of a 1.4 us 8 B all_reduce,
+ * more than the round (MPICH's whole call takes ~1.1 us), and a 1 MiB one in eight entries
+ * into C. A larger all_gather or broadcast copies each block once (one_copy.c, Linux:
+ * copies_once, the struct's beyond); send and recv move in C (moves.c's move_message). Once
+ * comm.empty's buffers exist, takes() stops the lane where the Python path copies those once,
+ * and its limits say so: the communicator's routes send larger calls there without entering
+ * the lane.
  *
- * Includes: Python.h, tbcoll/include/buffers.h, one_call.h, lane.h, lane_base.h, moves.h,
- * one_copy.h, cma.h (HAVE_CMA); nothing includes this file's functions but _atomics.c
- * (add_lane_type).
+ * Includes: Python.h, tbcoll/include/buffers.h, lane.h (shm's), lane_base.h
+ * (tbcoll/include/lane.h), moves.h, one_copy.h, cma.h (HAVE_CMA); nothing includes this file's
+ * functions but _atomics.c (add_lane_type).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -31,15 +26,13 @@
 #include <structmember.h> /* T_ULONGLONG */
 
 #include "../../include/buffers.h"
-#include "../../include/one_call.h" /* one_call_import_gate, one_call_words */
 #include "cma.h" /* HAVE_CMA */
 #include "lane.h"
 #include "lane_base.h"
 #include "moves.h"
 #include "one_copy.h"
 
-static PyTypeObject *GateType; /* tbcoll.core._gate.Gate; NULL where its import failed: */
-static PyObject *gate_error;   /* why (GATE_ERROR: tbcoll.transports.shm.native raises it) */
+static void lane_offer(Lane *self, int size, int rank);
 
 static int lane_traverse(Lane *self, visitproc visit, void *arg)
 {
@@ -56,7 +49,7 @@ static int lane_traverse(Lane *self, visitproc visit, void *arg)
     Py_VISIT(self->look);
     Py_VISIT(self->words.obj);
     Py_VISIT(self->publish);
-    return one_call_traverse(&self->call, visit, arg);
+    return 0;
 }
 
 static int lane_clear(Lane *self)
@@ -79,7 +72,6 @@ static int lane_clear(Lane *self)
     self->stream_at = NULL;
     PyMem_Free(self->next_look);
     self->next_look = NULL;
-    one_call_clear(&self->call);
     return 0;
 }
 
@@ -118,6 +110,7 @@ static int lane_init(Lane *self, PyObject *args, PyObject *kwargs)
         return -1;
     }
     lane_clear(self);
+    lane_offer(self, (int)size, (int)rank);
     Py_INCREF(segment);
     Py_INCREF(resume);
     self->segment = segment;
@@ -231,79 +224,70 @@ static PyObject *lane_rounds_method(Lane *self, PyObject *const *args, Py_ssize_
 }
 
 /*
- * calls(*, single_pass, ndarray, dtypes, ops, empty, all_reduce, all_gather, reduce_scatter,
- *       broadcast_call)
- * What the one-call paths take: numpy arrays (ndarray) of the dtypes (a tuple, by code),
- * reductions named in ops (name -> code), all_reduce up to single_pass bytes and the others
- * up to a slot (until limit() says otherwise); new results from empty(shape, dtype)
- * (one_call_calls). How they sign a call: all_reduce and reduce_scatter's signatures less
- * the byte count, flat lists by dtype then op, all_gather's by dtype, and broadcast's from
- * broadcast_call(dtype, root), asked once each.
+ * calls(*, single_pass, all_reduce, all_gather, reduce_scatter, broadcast_call)
+ * What the one-call paths take: all_reduce up to single_pass bytes and the others up to a
+ * slot (until limit() says otherwise). How they sign a call: all_reduce and reduce_scatter's
+ * signatures less the byte count, flat lists by dtype then op, all_gather's by dtype, and
+ * broadcast's from broadcast_call(dtype, root), asked once each.
  */
 static PyObject *lane_calls(Lane *self, PyObject *args, PyObject *kwargs)
 {
-    static char *keywords[] = {"single_pass", "ndarray", "dtypes", "ops", "empty", "all_reduce",
-                               "all_gather", "reduce_scatter", "broadcast_call", NULL};
+    static char *keywords[] = {"single_pass", "all_reduce", "all_gather", "reduce_scatter",
+                               "broadcast_call", NULL};
     Py_ssize_t single_pass;
-    PyObject *ndarray, *dtypes, *ops, *empty, *all_reduce, *all_gather, *reduce_scatter,
-        *broadcast_call;
+    PyObject *all_reduce, *all_gather, *reduce_scatter, *broadcast_call;
     if (!every_keyword("calls", kwargs, keywords) ||
-        !PyArg_ParseTupleAndKeywords(args, kwargs, "|$nOOOOOOOO:calls", keywords, &single_pass,
-                                     &ndarray, &dtypes, &ops, &empty, &all_reduce, &all_gather,
-                                     &reduce_scatter, &broadcast_call) ||
-        one_call_words(all_reduce, &self->all_reduce_calls[0][0], DTYPES * OPS) < 0 ||
-        one_call_words(all_gather, self->all_gather_calls, DTYPES) < 0 ||
-        one_call_words(reduce_scatter, &self->reduce_scatter_calls[0][0], DTYPES * OPS) < 0)
+        !PyArg_ParseTupleAndKeywords(args, kwargs, "|$nOOOO:calls", keywords, &single_pass,
+                                     &all_reduce, &all_gather, &reduce_scatter,
+                                     &broadcast_call) ||
+        lane_words(all_reduce, &self->all_reduce_calls[0][0], DTYPES * OPS) < 0 ||
+        lane_words(all_gather, self->all_gather_calls, DTYPES) < 0 ||
+        lane_words(reduce_scatter, &self->reduce_scatter_calls[0][0], DTYPES * OPS) < 0)
         return NULL;
+    if (self->segment == NULL || single_pass < 0 || single_pass > self->slot_bytes) {
+        PyErr_SetString(PyExc_ValueError, "calls: after Lane(), single_pass up to a slot");
+        return NULL;
+    }
     uint64_t *broadcast_calls = PyMem_Calloc((size_t)(DTYPES * self->size), sizeof(uint64_t));
     if (broadcast_calls == NULL)
         return PyErr_NoMemory();
-    /* (no engine's lock: the segment is this communicator's alone) */
-    if (one_call_calls(&self->call, (int)self->size, ndarray, dtypes, ops, empty, NULL, NULL,
-                       self->slot_bytes) < 0) {
-        PyMem_Free(broadcast_calls);
-        return NULL;
-    }
     PyMem_Free(self->broadcast_calls);
     self->broadcast_calls = broadcast_calls;
-    self->call.largest[ALL_REDUCE] = self->single_pass = single_pass;
-    for (int k = 0; k < ONE_CALL_KINDS; k++)
+    for (int k = 0; k < LANE_KIND_COUNT; k++)
+        self->largest[k] = self->slot_bytes;
+    self->largest[ALL_REDUCE] = self->single_pass = single_pass;
+    for (int k = 0; k < LANE_KIND_COUNT; k++)
         self->up_to[k] = -1; /* every size, in rounds past one (takes()) */
     Py_XSETREF(self->broadcast_call, Py_NewRef(broadcast_call));
+    self->calls_given = 1;
     Py_RETURN_NONE;
 }
 
-/* limit(kind[, nbytes]): with nbytes, the largest x whose call of that kind takes one round
- * or one copy (at most a slot; past it, the rounds of takes(), or the Python path); the
- * largest x a bound call of kind takes now (None: every size), which the communicator's route
- * reads at bind so that a larger call never enters the lane to be refused */
+/* limit(kind, nbytes): the largest x whose call of that kind takes the one-call path (at
+ * most a slot; past it the Python path runs, e.g. a one-copy all_gather) */
 static PyObject *lane_limit(Lane *self, PyObject *args)
 {
     int kind;
-    Py_ssize_t nbytes = -1;
-    if (!PyArg_ParseTuple(args, "i|n:limit", &kind, &nbytes))
+    Py_ssize_t nbytes;
+    if (!PyArg_ParseTuple(args, "in:limit", &kind, &nbytes))
         return NULL;
-    if (kind < 0 || kind >= ONE_CALL_KINDS || nbytes > self->slot_bytes) {
+    if (kind < 0 || kind >= ONE_CALL_KINDS || nbytes < 0 || nbytes > self->slot_bytes) {
         PyErr_SetString(PyExc_ValueError, "bad kind, or more bytes than a slot");
         return NULL;
     }
-    if (nbytes >= 0)
-        self->call.largest[kind] = nbytes;
-    if (self->up_to[kind] < 0 || (self->attached && (kind == ALL_GATHER || kind == BROADCAST)))
-        Py_RETURN_NONE;
-    Py_ssize_t most = self->call.largest[kind];
-    return PyLong_FromSsize_t(self->up_to[kind] > most ? self->up_to[kind] : most);
+    self->largest[kind] = nbytes;
+    Py_RETURN_NONE;
 }
 
-/* takes(kind, up_to): past one round, a bound call of kind takes x up to up_to bytes in the
- * segment's rounds (-1: every size); larger ones are the Python path's */
+/* takes(kind, up_to): past one round, the segment's rounds take x of kind up to up_to bytes
+ * (-1: every size); larger ones are the Python path's (the lane's limits say so) */
 static PyObject *lane_takes(Lane *self, PyObject *args)
 {
     int kind;
     Py_ssize_t up_to;
     if (!PyArg_ParseTuple(args, "in:takes", &kind, &up_to))
         return NULL;
-    if (kind < 0 || kind >= ONE_CALL_KINDS) {
+    if (kind < 0 || kind >= LANE_KIND_COUNT) {
         PyErr_SetString(PyExc_ValueError, "bad kind");
         return NULL;
     }
@@ -334,82 +318,58 @@ static PyObject *lane_attach(Lane *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
-/*
- * bind(*, gate, codes, names, enabled, max_tag, comm_error, namer)
- * The communicator whose calls take the lane: its call gate (a tbcoll.core._gate.Gate, taken
- * around each call, counting the collectives and recording them), the gate's codes of the
- * lane's calls (tbcoll.core.gate: each kind's, in the kinds' order, then send's, recv's and the
- * native algorithm's), each kind's name (for its errors), a mask of the kinds that may take
- * the lane (bit k: kind k; ONE_CALL_MOVES: send and recv, with tags up to max_tag, once
- * streams() was called), and how its errors are named: a comm_error raised in a call is
- * raised again as namer()(error, what) (see named). Returns the mask it took: all of
- * enabled.
- */
-static PyObject *lane_bind(Lane *self, PyObject *args, PyObject *kwargs)
-{
-    /* every kind and the moves: all it has */
-    return one_call_bind(&self->call, GateType, gate_error, args, kwargs,
-                         ((1 << ONE_CALL_KINDS) - 1) | ONE_CALL_MOVES);
-}
-
 /* A bound all_gather or broadcast past its limit copies each block once (one_copy), where
  * attach() says it may and x is not inside the result but as this rank's block of it
- * (all_gather) or the result itself (broadcast) */
-static int apart_or_in_place(const Lane *self, int kind, const Py_buffer *xv,
-                             const Py_buffer *out);
-
-static int copies_once(Lane *self, int kind, const Py_buffer *xv, const Py_buffer *out)
-{
-    if (!self->attached || (kind != ALL_GATHER && kind != BROADCAST))
-        return 0;
-    return out == NULL || apart_or_in_place(self, kind, xv, out);
-}
-
-/* x lies apart from out, or in place: the result itself (all_reduce, broadcast) or this
- * rank's block of it (all_gather); rounds past the first read x while others write out */
-static int apart_or_in_place(const Lane *self, int kind, const Py_buffer *xv,
-                             const Py_buffer *out)
-{
-    const char *x_at = xv->buf, *result = out->buf;
-    const char *mine = result + (kind == ALL_GATHER ? self->rank * xv->len : 0);
-    return (x_at == mine && kind != REDUCE_SCATTER) || x_at >= result + out->len ||
-           result >= x_at + xv->len;
-}
-
-/* A bound call past its limit is taken all the same (OneCallBeyond): its blocks copied once
- * (copies_once), else in the segment's rounds up to takes()'s size, where x and out are apart
- * or in place (out NULL: a new result) */
-static int takes_beyond(void *lane, int kind, const Py_buffer *xv, const Py_buffer *out)
+ * (all_gather) or the result itself (broadcast) (the lane's beyond) */
+static int copies_once(void *lane, int kind, const Py_buffer *xv, const Py_buffer *out)
 {
     Lane *self = lane;
-    if (copies_once(self, kind, xv, out))
+    if (!self->attached || (kind != ALL_GATHER && kind != BROADCAST))
+        return 0;
+    if (out == NULL)
         return 1;
-    return (self->up_to[kind] < 0 || xv->len <= self->up_to[kind]) &&
-           (out == NULL || apart_or_in_place(self, kind, xv, out));
+    const char *x_at = xv->buf, *result = out->buf;
+    const char *mine = result + (kind == ALL_GATHER ? self->rank * xv->len : 0);
+    return x_at == mine || x_at >= result + out->len || result >= x_at + xv->len;
 }
 
-/* A call past one round, in the segment's rounds (lane_rounds; a broadcast in place in the
- * result, where the root copies x first) */
+/* A call past one round in the segment's rounds (lane_rounds: the same cut as the Python
+ * path's): a broadcast in place in the result (the root copies x there first); an x that
+ * overlaps the result other than in place read from a copy (later rounds write the result
+ * while they read x). 0, or -1 with an exception. */
 static int rounds_beyond(Lane *self, Round *r, char *base, uint64_t signature)
 {
+    const char *x_at = r->src, *result = r->dst;
+    const char *mine = result + (r->kind == ALL_GATHER ? self->rank * r->src_len : 0);
+    int apart = x_at >= result + r->dst_len || result >= x_at + r->src_len;
+    char *copy = NULL;
     if (r->kind == BROADCAST) {
         if (r->root == self->rank && r->src != r->dst)
-            memcpy(r->dst, r->src, (size_t)r->dst_len);
+            memmove(r->dst, r->src, (size_t)r->dst_len);
         r->src = r->dst;
         r->src_len = r->dst_len;
+    } else if (!apart && !(x_at == mine && r->kind != REDUCE_SCATTER)) {
+        if ((copy = PyMem_Malloc((size_t)r->src_len)) == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        memcpy(copy, r->src, (size_t)r->src_len);
+        r->src = copy;
     }
-    return lane_rounds(self, r, base, signature);
+    int done = lane_rounds(self, r, base, signature);
+    PyMem_Free(copy);
+    return done;
 }
 
-/* A taken call in the segment: one round, or past the kind's limit its blocks copied once
- * (OneCallWork) */
+/* A taken call in the segment: one round; past the kind's round, its blocks copied once
+ * (copies_once) or the segment's rounds (the lane's work) */
 static int segment_work(void *lane, int kind, PyObject *x, const Py_buffer *xv,
                         PyObject *target, const Py_buffer *tv, int dtype, int op, int root)
 {
     Lane *self = lane;
     Round r = {.src = xv->buf, .src_len = xv->len, .dst = tv->buf, .dst_len = tv->len,
                .kind = kind, .dtype = BYTES_DTYPE};
-    uint64_t signature = (uint64_t)xv->len;
+    uint64_t signature = CALL_BYTES_OF(xv->len);
     switch (kind) {
     case ALL_REDUCE:
         r.dtype = dtype;
@@ -443,7 +403,7 @@ static int segment_work(void *lane, int kind, PyObject *x, const Py_buffer *xv,
     Py_buffer segment;
     if (PyObject_GetBuffer(self->segment, &segment, PyBUF_WRITABLE) < 0)
         return -1;
-    int done = xv->len <= self->call.largest[kind]
+    int done = xv->len <= self->largest[kind]
                    ? lane_round(self, &r, (char *)segment.buf, signature)
                : copies_once(self, kind, xv, tv)
                    ? one_copy(self, &r, segment.buf, signature)
@@ -452,97 +412,54 @@ static int segment_work(void *lane, int kind, PyObject *x, const Py_buffer *xv,
     return done < 0 ? -1 : 0;
 }
 
-/* The one-call path of a collective of kind (one_call_run_any): guarded, the communicator's
- * call (bind), else the transport's direct_* path. */
-static PyObject *one_call(Lane *self, int kind, PyObject *x, PyObject *op_name, long root,
-                          PyObject *out, int guarded)
+/* The largest x of kind the lane takes (its limits): in its rounds past one, up to takes()'s
+ * size (every size: PY_SSIZE_T_MAX), at least a round's; 0 until calls() */
+static Py_ssize_t round_limit(void *lane, int kind)
 {
-    return one_call_run_any(&self->call, self, kind, x, op_name, root, out, guarded, NULL,
-                            takes_beyond, segment_work);
-}
-
-static int take_root(PyObject *root, long *value)
-{
-    if (!PyLong_CheckExact(root)) /* (not a bool: the Python path says what is wrong) */
+    const Lane *self = lane;
+    if (!self->calls_given)
         return 0;
-    *value = PyLong_AsLong(root);
-    if (*value == -1 && PyErr_Occurred()) {
-        PyErr_Clear();
-        return 0;
+    if (self->up_to[kind] < 0)
+        return PY_SSIZE_T_MAX;
+    return self->up_to[kind] > self->largest[kind] ? self->up_to[kind] : self->largest[kind];
+}
+
+/* The lane interface this Lane offers (tbcoll/include/lane.h): every kind, send and recv (once
+ * streams() lent the engine's rings; declined before), no engine's lock (the segment is this
+ * communicator's alone, and the engine's rings are taken in its doors) */
+static void lane_offer(Lane *self, int size, int rank)
+{
+    self->lane = (tbcoll_lane_v1){
+        .version = TBCOLL_LANE_VERSION, .size = sizeof(tbcoll_lane_v1),
+        .kinds = ((1u << LANE_KIND_COUNT) - 1) | LANE_MOVES, .ranks = size, .rank = rank,
+        .state = self, .work = segment_work, .move = move_message, .ready = NULL,
+        .limits = round_limit, .beyond = copies_once, .take = NULL, .give = NULL};
+}
+
+/* lane_capsule() -> the "tbcoll.lane.v1" capsule of the lane interface, for
+ * tbcoll.core._gate.LaneCall (it keeps this Lane alive) */
+static PyObject *lane_capsule(Lane *self, PyObject *unused)
+{
+    (void)unused;
+    if (self->segment == NULL || !self->calls_given) {
+        PyErr_SetString(PyExc_ValueError, "lane_capsule: after Lane() and calls()");
+        return NULL;
     }
-    return 1;
-}
-
-/* direct(kind, x, op, root, out): the transport's direct_* path (tbcoll.core.protocols),
- * whose caller holds the communicator and counts the call. */
-static PyObject *lane_direct(Lane *self, PyObject *const *args, Py_ssize_t nargs)
-{
-    long kind, root = -1;
-    if (!positional("direct", nargs, 5))
-        return NULL;
-    kind = PyLong_AsLong(args[0]);
-    if (kind < 0 || kind >= ONE_CALL_KINDS) {
-        if (!PyErr_Occurred())
-            PyErr_SetString(PyExc_ValueError, "bad kind");
-        return NULL;
-    }
-    if (kind == BROADCAST && !take_root(args[3], &root))
-        Py_RETURN_NONE;
-    return one_call(self, (int)kind, args[1], args[2], root, args[4], 0);
-}
-
-/* The communicator's calls (bind), their errors named: all_reduce(x, op, out), all_gather(x, out),
- * reduce_scatter(x, op, out), broadcast(x, root, out). */
-static PyObject *lane_all_reduce(Lane *self, PyObject *const *args, Py_ssize_t nargs)
-{
-    if (!positional("all_reduce", nargs, 3))
-        return NULL;
-    return one_call(self, ALL_REDUCE, args[0], args[1], -1, args[2], 1);
-}
-
-static PyObject *lane_all_gather(Lane *self, PyObject *const *args, Py_ssize_t nargs)
-{
-    if (!positional("all_gather", nargs, 2))
-        return NULL;
-    return one_call(self, ALL_GATHER, args[0], Py_None, -1, args[1], 1);
-}
-
-static PyObject *lane_reduce_scatter(Lane *self, PyObject *const *args, Py_ssize_t nargs)
-{
-    if (!positional("reduce_scatter", nargs, 3))
-        return NULL;
-    return one_call(self, REDUCE_SCATTER, args[0], args[1], -1, args[2], 1);
-}
-
-static PyObject *lane_broadcast(Lane *self, PyObject *const *args, Py_ssize_t nargs)
-{
-    long root;
-    if (!positional("broadcast", nargs, 3))
-        return NULL;
-    if (!take_root(args[1], &root))
-        Py_RETURN_NONE;
-    return one_call(self, BROADCAST, args[0], Py_None, root, args[2], 1);
+    return lane_capsule_new(&self->lane, (PyObject *)self);
 }
 
 #define FASTCALL(f) (PyCFunction)(void (*)(void))(f), METH_FASTCALL
 static PyMethodDef lane_methods[] = {
     {"round", FASTCALL(lane_round_method), "One round of a collective, to its end."},
     {"rounds", FASTCALL(lane_rounds_method), "A collective of any size in rounds."},
-    {"calls", (PyCFunction)(void (*)(void))lane_calls, METH_VARARGS | METH_KEYWORDS, "What the one-call paths take."},
-    {"limit", (PyCFunction)lane_limit, METH_VARARGS, "The largest x a kind's path takes."},
+    {"calls", (PyCFunction)(void (*)(void))lane_calls, METH_VARARGS | METH_KEYWORDS, "How the one-call paths sign calls."},
+    {"limit", (PyCFunction)lane_limit, METH_VARARGS, "The largest x a kind's round takes."},
     {"takes", (PyCFunction)lane_takes, METH_VARARGS, "The largest x a kind's rounds take."},
-    {"bind", (PyCFunction)(void (*)(void))lane_bind, METH_VARARGS | METH_KEYWORDS, "The communicator whose calls take it."},
+    {"lane_capsule", (PyCFunction)lane_capsule, METH_NOARGS, "The lane interface (lane.h)."},
     {"streams", (PyCFunction)(void (*)(void))lane_streams, METH_VARARGS | METH_KEYWORDS, "The stream engine's rings, lent."},
     {"attach", (PyCFunction)lane_attach, METH_VARARGS, "Whether large calls copy once."},
     {"copy_once", (PyCFunction)lane_copy_once, METH_VARARGS, "A one-copy call's rounds."},
-    {"direct", FASTCALL(lane_direct), "A transport's one-call path."},
-    {"all_reduce", FASTCALL(lane_all_reduce), "The communicator's all_reduce, or None."},
-    {"all_gather", FASTCALL(lane_all_gather), "The communicator's all_gather, or None."},
-    {"reduce_scatter", FASTCALL(lane_reduce_scatter), "The communicator's reduce_scatter."},
-    {"broadcast", FASTCALL(lane_broadcast), "The communicator's broadcast, or None."},
     {"move", (PyCFunction)lane_move, METH_VARARGS, "The stream engine's blocking move."},
-    {"send", FASTCALL(lane_send), "The communicator's send (True), or None."},
-    {"recv", FASTCALL(lane_recv), "The communicator's recv (out), or None."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -556,7 +473,7 @@ static PyTypeObject LaneType = {
     .tp_name = "tbcoll.transports.shm._atomics.Lane",
     .tp_basicsize = sizeof(Lane),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
-    .tp_doc = "One communicator's shm segment: its rounds and one-call paths.",
+    .tp_doc = "One communicator's shm segment: its rounds and its lane (lane.h).",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)lane_init,
     .tp_dealloc = (destructor)lane_dealloc,
@@ -568,8 +485,7 @@ static PyTypeObject LaneType = {
 
 int add_lane_type(PyObject *module)
 {
-    if (PyType_Ready(&LaneType) < 0 ||
-        one_call_import_gate(module, &GateType, &gate_error) < 0)
+    if (PyType_Ready(&LaneType) < 0)
         return -1;
     Py_INCREF(&LaneType);
     if (PyModule_AddObject(module, "Lane", (PyObject *)&LaneType) < 0) {

@@ -8,8 +8,7 @@
 
 #include "shm.h" /* INTERNAL */
 
-/* Adds the Lane type, and GATE_ERROR (why tbcoll.core._gate's Gate could not be used, or None), to
- * the module: 0, or -1 with an exception. */
+/* Adds the Lane type to the module: 0, or -1 with an exception. */
 INTERNAL int add_lane_type(PyObject *module);
 
 #endif

@@ -1,15 +1,13 @@
 /*
  * What each of the shm lane's paths shares (lane_base.h): a round run to its end and resumed
  * in Python (lane_round, over rounds.c's run_round), a call of any size cut into rounds
- * (lane_rounds), a CommError named as the communicator names it, numpy's refusal of a buffer
- * told from an error, a dtype's code.
+ * (lane_rounds).
  *
- * Includes: Python.h, tbcoll/include/one_call.h, lane_base.h (and the pure layer through it).
+ * Includes: Python.h, lane_base.h (and the pure layer and tbcoll/include's through it).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
-#include "../../include/one_call.h"
 #include "lane_base.h"
 
 /* Run round self->rounds + 1 to its end over the segment at base: where a wait runs out of

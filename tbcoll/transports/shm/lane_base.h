@@ -3,7 +3,8 @@
  * all_gather and broadcast, each block copied once) and moves.c (send and recv over the
  * stream engine's rings) work on; a round run to its end, resumed in Python; a CommError
  * named; a dtype's code.
- * May include: Python.h, tbcoll/include/one_call.h (gate.h), the pure layer (shm.h, rounds.h).
+ * May include: Python.h, tbcoll/include/gate.h (gate_now), callbacks.h, lane.h, the pure layer
+ * (shm.h, rounds.h).
  */
 #ifndef TBCOLL_LANE_BASE_H
 #define TBCOLL_LANE_BASE_H
@@ -11,17 +12,18 @@
 #include <Python.h>
 #include <stdint.h>
 
-#include "../../include/one_call.h" /* the contract's kinds and codes; gate.h */
+#include "../../include/callbacks.h" /* the formats of its calls into Python */
+#include "../../include/gate.h"    /* gate_now */
+#include "../../include/lane.h"    /* the lane interface: its kinds, the struct it offers */
 #include "rounds.h" /* Round */
 #include "shm.h"    /* INTERNAL, the kinds; wire.h's DTYPES, OPS */
 
 /* DTYPES and OPS (the codes' counts): tbcoll/include/wire.h; ONE_CALL_KINDS: shm.h */
 #define BYTES_DTYPE DTYPE_UINT8 /* what a round that only copies calls its data */
-_Static_assert(ONE_CALL_KINDS == LANE_KIND_COUNT && (int)ALL_REDUCE == ONE_CALL_ALL_REDUCE &&
-               (int)ALL_GATHER == ONE_CALL_ALL_GATHER &&
-               (int)REDUCE_SCATTER == ONE_CALL_REDUCE_SCATTER &&
-               (int)BROADCAST == ONE_CALL_BROADCAST,
-               "shm's lane kinds and codes are the contract's (tbcoll/include/one_call.h)");
+_Static_assert(ONE_CALL_KINDS == LANE_KIND_COUNT && (int)ALL_REDUCE == LANE_ALL_REDUCE &&
+               (int)ALL_GATHER == LANE_ALL_GATHER &&
+               (int)REDUCE_SCATTER == LANE_REDUCE_SCATTER && (int)BROADCAST == LANE_BROADCAST,
+               "shm's lane kinds are the lane interface's (tbcoll/include/lane.h)");
 
 typedef struct {
     PyObject_HEAD
@@ -33,14 +35,16 @@ typedef struct {
     double budget;             /* seconds a wait runs before resume looks at the peers */
     unsigned long long rounds; /* rounds begun and finished (round seq uses set seq % 2) */
     PyObject *resume;          /* resume(stage, seq, signature): wait in Python, or raise */
-    /* calls() and bind() (tbcoll/include/one_call.h: the contract's part, as every lane
-     * keeps it): what the one-call paths take (largest: limit()), the communicator whose
-     * calls take the lane (enabled: bit k for kind k, ONE_CALL_MOVES for send and recv) */
-    OneCall call;
-    /* takes(): past one round (largest), a bound call of kind takes x up to up_to[kind]
-     * bytes in the segment's rounds (lane_rounds); -1: every size (calls()'s), less where
-     * the Python path does better (comm.empty's buffers: tbcoll/shm/native.py) */
-    Py_ssize_t up_to[ONE_CALL_KINDS];
+    /* what it offers tbcoll.core._gate.LaneCall (tbcoll/include/lane.h: lane_capsule()), which
+     * runs the whole call around its work; largest: each kind's in a round (calls(),
+     * limit()), past which beyond copies blocks once */
+    tbcoll_lane_v1 lane;
+    Py_ssize_t largest[LANE_KIND_COUNT];
+    /* takes(): past one round (largest), the segment's rounds take x of kind up to
+     * up_to[kind] bytes (lane_rounds); -1: every size (calls()'s), less where the Python path
+     * does better (comm.empty's buffers: tbcoll/transports/shm/native.py) */
+    Py_ssize_t up_to[LANE_KIND_COUNT];
+    int calls_given;           /* calls() was called */
     /* calls(): how they sign a call */
     /* attach(): a larger all_gather or broadcast copies each block once (one_copy) */
     int attached, everyone_dtype, everyone_op; /* on; int64's code, min's (a verdict round) */

@@ -26,7 +26,8 @@
  * Why plain loads and stores: the words are this process's own memory (an array the engine
  * owns, its buffer held here from streams() on, so it can neither move nor be resized), and
  * only the thread that holds the communicator touches them, with the GIL held: C from the
- * gate's taking in one_call_move to its giving, the engine within its doors, which run only
+ * gate's taking in tbcoll.core._gate.LaneCall's send or recv (tbcoll/core/one_call.c) to its
+ * giving, the engine within its doors, which run only
  * within that thread's calls (C calls them after its move, never between its load of a word
  * and the move that the word allows), and publish_words, which C calls with the gate held
  * and no door open. No other thread or process reads them.
@@ -416,12 +417,11 @@ static int look_if_due(Lane *self, Py_ssize_t peer)
     return done == NULL ? -1 : 0;
 }
 
-/* A taken send or recv (one_call_move's work, tbcoll/include/one_call.h): moved here (move)
+/* A taken send or recv (the lane's move, tbcoll/include/lane.h): moved here (move)
  * where the engine is idle; else the engine's send or recv moves it, or finishes what C began
  * (a full ring, a late sender, another message first, a pull refused). Declined where the
  * engine's rings were not lent (streams()). */
-static int move_message(void *lane, int sending, PyObject *x, const Py_buffer *xv, long peer,
-                        long tag)
+int move_message(void *lane, int sending, PyObject *x, const Py_buffer *xv, long peer, long tag)
 {
     Lane *self = lane;
     if (self->send == NULL)
@@ -442,25 +442,6 @@ static int move_message(void *lane, int sending, PyObject *x, const Py_buffer *x
     Py_XDECREF(done);
     return done == NULL ? -1 : 0;
 }
-
-/* send(x, dst, tag) -> True, recv(out, src, tag) -> out: the communicator's (bind), or None
- * (one_call_move) */
-PyObject *lane_send(Lane *self, PyObject *const *args, Py_ssize_t nargs)
-{
-    if (!positional("send", nargs, 3))
-        return NULL;
-    return one_call_move(&self->call, self, (int)self->rank, 1, args[0], args[1], args[2],
-                         move_message);
-}
-
-PyObject *lane_recv(Lane *self, PyObject *const *args, Py_ssize_t nargs)
-{
-    if (!positional("recv", nargs, 3))
-        return NULL;
-    return one_call_move(&self->call, self, (int)self->rank, 0, args[0], args[1], args[2],
-                         move_message);
-}
-
 
 /*
  * move(sending, buf, peer, context, tag, seq, call, pulled) -> None, or (outcome, header,

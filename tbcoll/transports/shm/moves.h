@@ -1,5 +1,5 @@
 /* The shm lane's send and recv over the stream engine's rings, and the engine's own blocking
- * moves (moves.c), for lane.c (its methods and tp_clear) and _atomics.c (the constants).
+ * moves (moves.c), for lane.c (its methods, its lane's move and tp_clear) and _atomics.c (the constants).
  * May include: Python.h, lane_base.h. */
 #ifndef TBCOLL_SHM_MOVES_H
 #define TBCOLL_SHM_MOVES_H
@@ -8,11 +8,12 @@
 
 #include "lane_base.h"
 
-/* The Lane methods streams(), send(), recv() and move() (the engine's own) */
+/* The Lane methods streams() and move() (the engine's own) */
 INTERNAL PyObject *lane_streams(Lane *self, PyObject *args, PyObject *kwargs);
-INTERNAL PyObject *lane_send(Lane *self, PyObject *const *args, Py_ssize_t nargs);
-INTERNAL PyObject *lane_recv(Lane *self, PyObject *const *args, Py_ssize_t nargs);
 INTERNAL PyObject *lane_move(Lane *self, PyObject *args);
+/* The lane's send and recv, once taken (tbcoll/include/lane.h's move) */
+INTERNAL int move_message(void *lane, int sending, PyObject *x, const Py_buffer *xv, long peer,
+                          long tag);
 /* The pull's steps, for the engine's Python (the module's pull_announcement, pull_answer and
  * pull_payload: see moves.c) */
 INTERNAL PyObject *pull_announcement(PyObject *module, PyObject *args);

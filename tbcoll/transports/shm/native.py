@@ -72,6 +72,7 @@ from tbcoll.core.errors import (
     TbcollError,
     revoked,
 )
+from tbcoll.core.gate import LaneCall, lane_call
 from tbcoll.core.wire_check import check_constants
 from tbcoll.job.env import shm_cma
 from tbcoll.transports.shm.flags import AtomicFlags, atomics
@@ -151,7 +152,7 @@ class Layout:
 
 def built() -> bool:
     """Whether the shm backend can run here: its C extension, and the C gate it drives."""
-    return atomics is not None and atomics.GATE_ERROR is None
+    return atomics is not None and LaneCall is not None
 
 
 def available() -> None:
@@ -161,10 +162,10 @@ def available() -> None:
                           "(tbcoll.transports.shm._atomics), "
                           "which was not built: install a C compiler (xcode-select --install; "
                           "apt-get install gcc) and reinstall tbcoll, or use --backend tcp")
-    if atomics.GATE_ERROR is not None:  # the call gate its lane drives (tbcoll/include/gate.h)
-        raise TbcollError(f"the shm backend cannot use tbcoll's call gate (tbcoll.core._gate): "
-                          f"{atomics.GATE_ERROR}; reinstall tbcoll (make), or use --backend "
-                          "tcp")
+    if LaneCall is None:  # what runs its lane's calls (tbcoll/core/one_call.c)
+        raise TbcollError("the shm backend needs tbcoll's call gate extension "
+                          "(tbcoll.core._gate), which was not built: reinstall tbcoll (make), "
+                          "or use --backend tcp")
 
 
 class Mapped:
@@ -213,15 +214,15 @@ class ShmNative:
         self.lane = atomics.Lane(segment=buffer, flags=self.layout.flags, size=size, rank=rank,
                                  sets=sets, slot_bytes=SLOT, budget=WAIT_SLICE,
                                  resume=checked("resume", self._resume), pids=self.layout.pids)
-        self.lane.calls(single_pass=SINGLE_PASS_BYTES, ndarray=np.ndarray, dtypes=_DTYPES,
-                        ops=OP_CODES, empty=np.empty, all_reduce=_ALL_REDUCE,
+        self.lane.calls(single_pass=SINGLE_PASS_BYTES, all_reduce=_ALL_REDUCE,
                         all_gather=_ALL_GATHER, reduce_scatter=_REDUCE_SCATTER,
                         broadcast_call=checked("broadcast_call", _broadcast_call))
         self._round = self.lane.round
-        self.direct_all_reduce = partial(self.lane.direct, atomics.ALL_REDUCE)
-        self.direct_all_gather = partial(self.lane.direct, atomics.ALL_GATHER)
-        self.direct_broadcast = partial(self.lane.direct, atomics.BROADCAST)
-        self.direct_reduce_scatter = partial(self.lane.direct, atomics.REDUCE_SCATTER)
+        direct = lane_call(self.lane).direct  # (unbound: the caller holds the communicator)
+        self.direct_all_reduce = partial(direct, atomics.ALL_REDUCE)
+        self.direct_all_gather = partial(direct, atomics.ALL_GATHER)
+        self.direct_broadcast = partial(direct, atomics.BROADCAST)
+        self.direct_reduce_scatter = partial(direct, atomics.REDUCE_SCATTER)
         # blocks past a slot are read from their owners' memory (see the module docstring)
         self._cma = bool(atomics.HAVE_CMA) and shm_cma()
         self.heap = Heap(rank, size, prefix)  # comm.empty's buffers

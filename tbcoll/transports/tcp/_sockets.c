@@ -244,7 +244,7 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_sockets", NULL, -1, methods};
 
 /* the calls into Python that the tcp lane makes */
-#define TCP_CALLBACKS(X) CALLBACKS_ONE_CALL(X) CALLBACKS_TCP(X)
+#define TCP_CALLBACKS(X) CALLBACKS_TCP(X)
 
 PyMODINIT_FUNC PyInit__sockets(void)
 {

@@ -19,7 +19,7 @@ import numpy as np
 
 from tbcoll.core.callbacks import checked
 from tbcoll.core.calls import signature
-from tbcoll.core.dtypes import DTYPE_CODES, DTYPES, OP_CODES, reducer
+from tbcoll.core.dtypes import DTYPE_CODES, OP_CODES, reducer
 from tbcoll.core.extensions import c_extension
 from tbcoll.transports.stream import StreamEndpoint
 
@@ -66,9 +66,8 @@ class TcpNative:
         if self.lane is not None:
             lock = transport.turns.lock
             spin, budget = transport.c_wait()
-            self.lane.calls(ndarray=np.ndarray, dtypes=tuple(DTYPES.values()), ops=OP_CODES,
-                            empty=np.empty, take=checked("take", lock.acquire),
-                            give=lock.release, largest=_WHOLE, signatures=_SIGNATURES,
+            self.lane.calls(take=checked("take", lock.acquire), give=lock.release,
+                            largest=_WHOLE, signatures=_SIGNATURES,
                             spin=spin, budget=budget, finish=checked("tcp_finish", self._finish))
 
     def direct_all_reduce(self, x: np.ndarray, op: str, root: int,

@@ -1,9 +1,11 @@
 /*
- * tcp's Lane: a communicator's small all_reduce as one C call (tbcoll/core/protocols.py's
- * Native.lane contract; tcp_native.py makes it), as shm's lane makes its calls
- * (tbcoll/transports/shm/lane.c): check the arguments, take the communicator's call gate
- * (tbcoll/include/gate.h), take the stream engine (its Turns' lock), see in the engine's
- * words (tbcoll/include/engine_words.h) that nothing must go first, number the call
+ * tcp's Lane: a communicator's small all_reduce as one C call (the lane interface,
+ * tbcoll/include/lane.h, which tbcoll.core._gate.LaneCall runs; tcp/native.py makes it), as
+ * shm's lane makes its calls (tbcoll/transports/shm/lane.c): LaneCall checks the arguments,
+ * takes the communicator's call gate (tbcoll/include/gate.h) and the stream engine (its
+ * Turns' lock, the struct's take and give) and asks engine_idle (its ready) to see in the
+ * engine's words (tbcoll/include/engine_words.h) that nothing must go first; this file's
+ * work numbers the call
  * (the group's call words, which the engine compares with the peers' messages), exchange one
  * message with every peer and reduce the blocks in rank order (exchange.c), count and record
  * the call. That Python cost about as much as the exchange (np=2, 8 B: ~10 us around a
@@ -12,7 +14,7 @@
  * nothing, and the Python path runs; where the exchange stops (another message first, a slow
  * or lost peer) the engine finishes it (finish, called with the engine still taken).
  *
- * Its send and recv are the communicator's the same way (one_call.h's one_call_move): one
+ * Its send and recv are the communicator's the same way (the struct's move): one
  * sendmsg of the whole message, or the next message read straight into the array, where the
  * engine holds nothing for that peer; else the Python path, or the engine where C stopped.
  *
@@ -21,13 +23,13 @@
  *     staging buffers and where their state words are, in rank order without this rank
  * engine(words, publish, call, shared)                the engine's words and publish_words,
  *     the group's call words [seq, signature], and Turns.shared_word (1: threads share it)
- * calls(ndarray, dtypes, ops, empty, take, give, largest, signatures, spin, budget, finish)
- *     one_call_calls' (take, give: the engine's lock), and the exchange's
+ * calls(take, give, largest, signatures, spin, budget, finish)   the engine's lock, the
+ *     largest x, and the exchange's
  * moves(context, call, finish_send, finish_recv)     the point-to-point endpoint's context
  *     and call words, and the engine's finishers of a send or recv that C began
- * bind(gate, codes, names, enabled, max_tag, comm_error, namer), limit(kind, nbytes),
- *     all_reduce(x, op, out), send(x, dst, tag) and recv(out, src, tag): the contract's
- *     (tbcoll/include/one_call.h does the call around the exchange or the move).
+ * lane_capsule()                                      the lane interface, for LaneCall
+ *     (tbcoll/core/one_call.c, in the gate's extension, does the call around the exchange or the
+ *     move).
  *
  * Why plain loads and stores of the words: they are this process's own memory (arrays the
  * engine owns, their buffers held from engine() on, so they can neither move nor be resized),
@@ -36,7 +38,7 @@
  * the lock. The call words are written only by the thread that holds the communicator's
  * gate, here or in the engine's doors.
  *
- * Includes: Python.h, tbcoll/include/buffers.h, engine_words.h, one_call.h (gate.h, wire.h),
+ * Includes: Python.h, tbcoll/include/buffers.h, callbacks.h, engine_words.h, lane.h, wire.h,
  * tcp_lane.h (exchange.h).
  */
 #define PY_SSIZE_T_CLEAN
@@ -45,16 +47,17 @@
 #include <string.h>
 
 #include "../../include/buffers.h"
+#include "../../include/callbacks.h" /* the formats of its calls into Python */
 #include "../../include/engine_words.h"
-#include "../../include/one_call.h"
+#include "../../include/lane.h"
+#include "../../include/wire.h"
 #include "tcp_lane.h"
-
-static PyTypeObject *GateType; /* tbcoll.core._gate.Gate; NULL where its import failed: */
-static PyObject *gate_error;   /* why (GATE_ERROR) */
 
 typedef struct {
     PyObject_HEAD
-    OneCall call;
+    tbcoll_lane_v1 lane; /* what it offers LaneCall (lane_capsule()) */
+    Py_ssize_t largest;  /* the largest x its all_reduce takes (calls()) */
+    PyObject *take, *give; /* the engine's lock (calls()) */
     /* the group (Lane()) */
     int peers, rank;
     int fds[MAX_PEERS];
@@ -78,6 +81,8 @@ typedef struct {
      * so that what finish makes of it never outlives its memory */
     PyObject *blocks;
 } TcpLane;
+
+static void tcp_lane_offer(TcpLane *self);
 
 PyObject *ways_stopped(const struct way *ways, int n)
 {
@@ -123,7 +128,9 @@ static int tcp_lane_traverse(TcpLane *self, visitproc visit, void *arg)
     Py_VISIT(self->publish);
     Py_VISIT(self->finish);
     Py_VISIT(self->blocks);
-    return one_call_traverse(&self->call, visit, arg);
+    Py_VISIT(self->take);
+    Py_VISIT(self->give);
+    return 0;
 }
 
 static int tcp_lane_clear(TcpLane *self)
@@ -134,7 +141,10 @@ static int tcp_lane_clear(TcpLane *self)
     Py_CLEAR(self->finish_send);
     Py_CLEAR(self->finish_recv);
     Py_CLEAR(self->blocks);
-    one_call_clear(&self->call);
+    Py_CLEAR(self->take);
+    Py_CLEAR(self->give);
+    self->lane.take = self->lane.give = NULL;
+    self->largest = 0;
     return 0;
 }
 
@@ -224,20 +234,26 @@ static PyObject *tcp_lane_engine(TcpLane *self, PyObject *args, PyObject *kwargs
 
 static PyObject *tcp_lane_calls(TcpLane *self, PyObject *args, PyObject *kwargs)
 {
-    static char *keywords[] = {"ndarray", "dtypes", "ops", "empty", "take", "give", "largest",
-                               "signatures", "spin", "budget", "finish", NULL};
-    PyObject *ndarray, *dtypes, *ops, *empty, *take, *give, *signatures, *finish;
+    static char *keywords[] = {"take", "give", "largest", "signatures", "spin", "budget",
+                               "finish", NULL};
+    PyObject *take, *give, *signatures, *finish;
     Py_ssize_t largest;
     double spin, budget;
     if (!every_keyword("calls", kwargs, keywords) ||
-        !PyArg_ParseTupleAndKeywords(args, kwargs, "|$OOOOOOnOddO:calls", keywords, &ndarray,
-                                     &dtypes, &ops, &empty, &take, &give, &largest, &signatures,
-                                     &spin, &budget, &finish) ||
-        one_call_words(signatures, &self->signatures[0][0], DTYPES * OPS) < 0 ||
-        one_call_calls(&self->call, self->peers + 1, ndarray, dtypes, ops, empty, take, give,
-                       largest) < 0)
+        !PyArg_ParseTupleAndKeywords(args, kwargs, "|$OOnOddO:calls", keywords, &take, &give,
+                                     &largest, &signatures, &spin, &budget, &finish) ||
+        lane_words(signatures, &self->signatures[0][0], DTYPES * OPS) < 0)
         return NULL;
+    if (self->stages_held == 0 || !PyCallable_Check(take) || !PyCallable_Check(give) ||
+        largest < 0) {
+        PyErr_SetString(PyExc_ValueError, "calls: after Lane(), the lock's two callables");
+        return NULL;
+    }
+    Py_XSETREF(self->take, Py_NewRef(take));
+    Py_XSETREF(self->give, Py_NewRef(give));
+    self->largest = largest;
     Py_XSETREF(self->finish, Py_NewRef(finish));
+    tcp_lane_offer(self);
     self->spin = spin;
     self->budget = budget;
     Py_RETURN_NONE;
@@ -269,18 +285,8 @@ static PyObject *tcp_lane_moves(TcpLane *self, PyObject *args, PyObject *kwargs)
     self->p2p_context = context;
     Py_XSETREF(self->finish_send, Py_NewRef(finish_send));
     Py_XSETREF(self->finish_recv, Py_NewRef(finish_recv));
+    self->lane.kinds |= LANE_MOVES;
     Py_RETURN_NONE;
-}
-
-static PyObject *tcp_lane_bind(TcpLane *self, PyObject *args, PyObject *kwargs)
-{
-    return one_call_bind(&self->call, GateType, gate_error, args, kwargs,
-                         1 << ONE_CALL_ALL_REDUCE | (self->p2p_call.obj ? ONE_CALL_MOVES : 0));
-}
-
-static PyObject *tcp_lane_limit(TcpLane *self, PyObject *args)
-{
-    return one_call_limit(&self->call, args);
 }
 
 /* Whether C may read the engine's words now: they are lent (engine()), no thread but this
@@ -310,7 +316,7 @@ static int engine_idle(void *lane)
     return 1;
 }
 
-/* The exchange and the reduction of a taken call (OneCallWork) */
+/* The exchange and the reduction of a taken call (the lane's work) */
 static int exchange_and_reduce(void *lane, int kind, PyObject *x, const Py_buffer *xv,
                                PyObject *target, const Py_buffer *tv, int dtype, int op,
                                int root)
@@ -328,7 +334,7 @@ static int exchange_and_reduce(void *lane, int kind, PyObject *x, const Py_buffe
     char *blocks = PyByteArray_AS_STRING(self->blocks);
     uint64_t *call = self->seq.buf; /* the engine's begin_next_call */
     call[0] += 1;
-    call[1] = (uint64_t)len | self->signatures[dtype][op];
+    call[1] = CALL_BYTES_OF(len) | self->signatures[dtype][op];
     unsigned char header[HEADER_BYTES];
     put_header(header, self->context, self->tag, (uint64_t)len, call[0], call[1]);
     char *stages[MAX_PEERS];
@@ -362,16 +368,7 @@ static int exchange_and_reduce(void *lane, int kind, PyObject *x, const Py_buffe
     return done == NULL ? -1 : 0;
 }
 
-/* all_reduce(x, op, out): the communicator's all_reduce (bind), or None (see the top) */
-static PyObject *tcp_lane_all_reduce(TcpLane *self, PyObject *const *args, Py_ssize_t nargs)
-{
-    if (!positional("all_reduce", nargs, 3))
-        return NULL;
-    return one_call_run(&self->call, self, ONE_CALL_ALL_REDUCE, args[0], args[1], args[2],
-                        engine_idle, exchange_and_reduce);
-}
-
-/* A taken send or recv (OneCallMove): the whole message (header and payload) written with one
+/* A taken send or recv (the lane's move): the whole message (header and payload) written with one
  * sendmsg, or the next message of the peer's stream read straight into x when it is this one,
  * where the engine holds nothing that must go first (its words, as engine_idle reads them, for
  * the one peer and way); what C leaves (no room in the socket, a late peer, another message
@@ -418,34 +415,43 @@ static int move_message(void *lane, int sending, PyObject *x, const Py_buffer *x
     return done == NULL ? -1 : 0;
 }
 
-/* send(x, dst, tag) -> True, recv(out, src, tag) -> out: the communicator's (bind), or None
- * (one_call_move) */
-static PyObject *tcp_lane_send(TcpLane *self, PyObject *const *args, Py_ssize_t nargs)
+/* The largest x of kind the exchange takes (the lane's limits) */
+static Py_ssize_t exchange_limit(void *lane, int kind)
 {
-    if (!positional("send", nargs, 3))
-        return NULL;
-    return one_call_move(&self->call, self, self->rank, 1, args[0], args[1], args[2],
-                         move_message);
+    const TcpLane *self = lane;
+    return kind == LANE_ALL_REDUCE ? self->largest : 0;
 }
 
-static PyObject *tcp_lane_recv(TcpLane *self, PyObject *const *args, Py_ssize_t nargs)
+/* lane_capsule() -> the "tbcoll.lane.v1" capsule of the lane interface, for
+ * tbcoll.core._gate.LaneCall: all_reduce, send and recv once moves() was called, under the
+ * engine's lock (calls()) */
+/* The lane interface it offers, once calls() gave the engine's lock: all_reduce, and send
+ * and recv from moves() on (LaneCall reads the kinds at each bind) */
+static void tcp_lane_offer(TcpLane *self)
 {
-    if (!positional("recv", nargs, 3))
-        return NULL;
-    return one_call_move(&self->call, self, self->rank, 0, args[0], args[1], args[2],
-                         move_message);
+    self->lane = (tbcoll_lane_v1){
+        .version = TBCOLL_LANE_VERSION, .size = sizeof(tbcoll_lane_v1),
+        .kinds = 1u << LANE_ALL_REDUCE | (self->p2p_call.obj ? LANE_MOVES : 0),
+        .ranks = self->peers + 1, .rank = self->rank, .state = self,
+        .work = exchange_and_reduce, .move = move_message, .ready = engine_idle,
+        .limits = exchange_limit, .beyond = NULL, .take = self->take, .give = self->give};
 }
 
-#define FASTCALL(f) (PyCFunction)(void (*)(void))(f), METH_FASTCALL
+static PyObject *tcp_lane_capsule(TcpLane *self, PyObject *unused)
+{
+    (void)unused;
+    if (self->take == NULL || self->words.obj == NULL) {
+        PyErr_SetString(PyExc_ValueError, "lane_capsule: after engine() and calls()");
+        return NULL;
+    }
+    return lane_capsule_new(&self->lane, (PyObject *)self);
+}
+
 static PyMethodDef tcp_lane_methods[] = {
     {"engine", (PyCFunction)(void (*)(void))tcp_lane_engine, METH_VARARGS | METH_KEYWORDS, "The stream engine it takes."},
     {"calls", (PyCFunction)(void (*)(void))tcp_lane_calls, METH_VARARGS | METH_KEYWORDS, "What its all_reduce takes."},
     {"moves", (PyCFunction)(void (*)(void))tcp_lane_moves, METH_VARARGS | METH_KEYWORDS, "What its send and recv take."},
-    {"bind", (PyCFunction)(void (*)(void))tcp_lane_bind, METH_VARARGS | METH_KEYWORDS, "The communicator whose calls take it."},
-    {"limit", (PyCFunction)tcp_lane_limit, METH_VARARGS, "The largest x a kind's path takes."},
-    {"all_reduce", FASTCALL(tcp_lane_all_reduce), "The communicator's all_reduce, or None."},
-    {"send", FASTCALL(tcp_lane_send), "The communicator's send (True), or None."},
-    {"recv", FASTCALL(tcp_lane_recv), "The communicator's recv (out), or None."},
+    {"lane_capsule", (PyCFunction)tcp_lane_capsule, METH_NOARGS, "The lane interface (lane.h)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -465,8 +471,7 @@ static PyTypeObject TcpLaneType = {
 
 int add_tcp_lane(PyObject *module)
 {
-    if (one_call_import_gate(module, &GateType, &gate_error) < 0 ||
-        PyType_Ready(&TcpLaneType) < 0)
+    if (PyType_Ready(&TcpLaneType) < 0)
         return -1;
     return PyModule_AddObjectRef(module, "Lane", (PyObject *)&TcpLaneType);
 }

@@ -10,7 +10,7 @@
  * payload sent, the send's errno or 0, copied, staged, error), as _sockets.exchange says. */
 INTERNAL PyObject *ways_stopped(const struct way *ways, int n);
 
-/* At import: the Lane type into the module, the call gate's layout checked (0, or -1). */
+/* At import: the Lane type into the module (0, or -1). */
 INTERNAL int add_tcp_lane(PyObject *module);
 
 #endif

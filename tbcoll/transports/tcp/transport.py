@@ -48,7 +48,7 @@ _sockets = c_extension("tbcoll.transports.tcp._sockets")
 if _sockets is not None:
     check_wire(_sockets)
     check_words(_sockets)
-    check_callbacks(_sockets, ("one_call", "tcp"))
+    check_callbacks(_sockets, ("tcp",))
 
 _READ_EVENTS = select.POLLIN | select.POLLHUP | select.POLLERR
 # A waiting rank looks at its sockets this long before it sleeps in poll(): waking from poll
