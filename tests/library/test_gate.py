@@ -203,7 +203,7 @@ def test_one_admission_predicate_for_c_and_python():
         (bc, f4, True, None, False),
         (bc, f4, -1, f4, False),
     ]
-    calls = lane_call(_shm_lane())
+    calls = lane_call(lane := _shm_lane())
     assert not calls.admits(ar, f4, "sum", None)  # not bound: no kind enabled
     calls.bind(gate=gates.Gate(4), codes=(0,) * 7, names=tuple(e.name for e in ROUTED),
                enabled=0b11111, max_tag=7, comm_error=TbcollError, namer=None)
@@ -211,11 +211,17 @@ def test_one_admission_predicate_for_c_and_python():
         assert calls.admits(kind, x, arg, out) is admitted, (kind, x, arg, out)
         assert plain(kind, x, arg, out, 2) is admitted, (kind, x, arg, out)
     big = np.ones(64, np.float32)  # 256 B: past single_pass (all_reduce's), a slot for the others
+    # shm's lane takes every size (its rounds past one): its limits, and the route's, say so
+    assert calls.admits(ar, big, "sum", None) and calls.limit(ar) is None
+    lane.takes(ar, 128)  # as once comm.empty's buffers exist: no further than the Python path
+    lane.takes(ag, 256)
     assert plain(ar, big, "sum", None, 2) and not calls.admits(ar, big, "sum", None)
     assert calls.admits(ag, big, None, None) and not calls.admits(ag, np.ones(65, np.float32),
                                                                     None, None)
+    assert (calls.limit(ar), calls.limit(ag)) == (128, 256)
     calls.limit(ar, 4)  # the table's largest: less than the lane's
     assert not calls.admits(ar, f4, "sum", None) and calls.admits(ar, f4[:1], "sum", None)
+    assert calls.limit(ar) == 4
 
 
 IN_PROGRESS = """
