@@ -40,6 +40,7 @@ class OneRankGroup:
         pass
 
     def close(self) -> None:
+        self.segment.unlink()  # (this process's alone: gone once closed)
         self.native.close()
 
 
@@ -53,13 +54,12 @@ def main() -> None:
             x = np.ones(nbytes // 4, np.float32)
             out = np.empty_like(x)
             assert comm.all_reduce(x, out=out) is out and out[0] == 1.0
-            best = min(timeit.repeat(lambda: comm.all_reduce(x, out=out), number=n,
-                                     repeat=repeat)) / n
+            best = min(timeit.repeat(lambda x=x, out=out: comm.all_reduce(x, out=out),
+                                     number=n, repeat=repeat)) / n
             cells.append(f"{nbytes} B {best * 1e6:.3f} us")
         print(", ".join(cells), f"({tbcoll.__file__})")
     finally:
         comm.close()
-        group.segment.unlink() if hasattr(group.segment, "unlink") else None
 
 
 if __name__ == "__main__":
