@@ -9,11 +9,11 @@ gate (`gated`) up to the table's; then the general path, where the registry entr
 and describes the call and Communicator._run runs it: a world of one, the direct path again
 (algorithm "native" under the general path's checks), the native collective, or the
 algorithm (tbcoll.collectives). Routes are built once, when the communicator is made, and
-again on the few events that change them (the first non-blocking call, comm.empty's first
-allocation, close: Communicator._bind), never per call.
+again on the few events that change them (the first non-blocking call, comm.empty's
+allocations, close: Communicator._bind), never per call.
 
-Declining downward once. The route's call (tbcoll.comm._route.Call, in C) takes the first step
-only where it may take the call: no algorithm= (nor all_gather's counts=) and x within the
+Declining downward once. The route's call (tbcoll.comm._route.Call, in C) takes the first
+step only where it may take the call: no algorithm= (nor all_gather's counts=) and x within the
 largest size the first step takes, known at bind (the lane's limits: `limit(kind)` says what
 a bound call of that kind takes now, None for every size; the table's native size for a
 direct path). A call past it goes straight to the general path, never into the lane to be
@@ -22,11 +22,12 @@ tbcoll/transports/shm), so a plain shm collective of any size is one C call from
 takes all_reduce up to 1 MiB (tbcoll.transports.tcp.native._WHOLE) and the table's size at
 np 3-4.
 
-The one admission test. Which arguments a first step takes without conversion or check is
-said once per kind of first step: in C by the lane (tbcoll/include/one_call.h's
-one_call_run_any), and in Python by the registry entry's `plain` (tbcoll.collectives.base),
-which `gated` asks; where either says no, the call goes to the general path, which checks,
-converts and raises. The size test is the Route's alone (its `largest`).
+The one admission test. Whether a call's arguments may take a first step as they are is
+asked of one C function (tbcoll/core/admits.c): a lane's LaneCall asks it before each call
+(with the lane's limits), and `gated` asks it too (tbcoll.core.gate.plain; the registry
+entry's `plain` is its Python twin where C is not built); where it says no, the call goes to
+the general path, which checks, converts and raises. The size the route checks first is the
+lane's own limits, read at bind (LaneCall.limit(kind)), not a second test.
 
 The same implementation on every rank. A first step that leaves a call (returns None) has
 touched nothing, and the general path it leaves to runs the same protocol (shm: the same
@@ -35,9 +36,9 @@ halves past it at np=2, whichever path took it). Sizes decide the route, and eve
 agrees on its size: a rank that arrives late takes the same route as one that arrived first.
 
 Non-blocking calls: after the first one, a blocking call must wait for the queued ones
-(tbcoll.comm.requests.Progress.run). The lane cannot see that queue, so every route keeps its first
-step and runs it through the progress queue (`queued`): the same C call, after the queued
-ones, on every rank whatever calls it made before. send and recv take the general path then
+(tbcoll.comm.requests.Progress.run). The lane cannot see that queue, so every route keeps its
+first step and runs it through the progress queue (`queued`): the same C call, after the
+queued ones, on every rank whatever calls it made before. send and recv take the general path then
 (the engine's, whose messages the lane's moves share the wire with).
 
 Nothing here reads the Communicator: it hands Routes what the routes need when it makes them
