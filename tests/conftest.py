@@ -177,9 +177,11 @@ def read_pids(folder: Path, files: int, timeout: float = 20, pattern: str = "*")
 
 def tbcoll_segments() -> set[Path]:
     """tbcoll's shared memory in /dev/shm (none can be listed on macOS, nor in a rank under the
-    macOS lane, where /dev/shm answers stat but not a listing)."""
+    macOS lane, where /dev/shm answers stat but not a listing); in a rank, only its job's:
+    another job's, of the other session `make test` runs beside this one, is not this one's."""
+    job = "".join(c for c in os.environ.get("TBCOLL_JOB", "") if c.isascii() and c.isalnum())
     try:
-        return set(Path("/dev/shm").glob("tbc-*"))
+        return set(Path("/dev/shm").glob(f"tbc-{job[:8]}-*" if job else "tbc-*"))
     except OSError:
         return set()
 
@@ -216,14 +218,16 @@ def unheld(paths: set[Path]) -> set[Path]:
 
 def left_behind(paths: set[Path]) -> set[Path]:
     """Those of paths (shared memory, Hydra's topology files) that no process maps or holds
-    open, looked at twice a second apart: `make test` runs two sessions side by side, and a
-    job of the other one may have just made its own."""
+    open, looked at for up to 5 s: `make test` runs two sessions side by side, and a job of
+    the other one may have just made its own, or be ending (its tbrun unlinks what is left)."""
     def unused(paths: set[Path]) -> set[Path]:
         held = {Path(path) for path in shmclean.mapped({str(path) for path in paths})}
         return unheld({path for path in paths if path.exists()} - held)
     left = unused(paths) if paths else set()
-    if left:
-        time.sleep(1)
+    for _ in range(10):
+        if not left:
+            break
+        time.sleep(0.5)
         left = unused(left)
     return left
 
