@@ -57,29 +57,30 @@ from tbcoll.collectives import ALL_GATHER, ALL_REDUCE, BROADCAST, ENTRIES, REDUC
 from tbcoll.collectives.base import Collective
 from tbcoll.core.callbacks import checked
 from tbcoll.core.errors import CommError
+from tbcoll.core.extensions import c_extension
 from tbcoll.core.gate import C_GATE, NATIVE, lane_call
 from tbcoll.core.gate import plain as c_plain
 from tbcoll.core.names import KIND_CODES, LANE_KINDS
 
-try:
-    from tbcoll.comm._route import Call
-except ImportError:  # built without a compiler
-    Call = None
+_route = c_extension("tbcoll.comm._route")  # None: built without a compiler, or TBCOLL_NO_C
+Call = None if _route is None else _route.Call
 
 ROUTED = tuple(ENTRIES[name] for name in LANE_KINDS)  # in the order of the C lane's kinds
 NAMES = (*(entry.name for entry in ROUTED), "send", "recv")  # the calls that have routes
 _SEND, _RECV = KIND_CODES["send"], KIND_CODES["recv"]
 _MOVES = 1 << len(ROUTED)  # a lane's bind: send and recv (bit k: ROUTED[k])
 
-# each route's public arguments: how many, those its first step takes (in its order), and
-# those that must be None for the first step to take the call
+# each route's public arguments, by name, in the order its public method and its general path
+# take them (C forwards them by position: tests/library/test_routes.py holds both methods to
+# these names); those its first step takes, in its order; those that must be None for the
+# first step to take the call
 ARGUMENTS = {
-    "all_reduce": (4, (0, 1, 3), (2,)),      # x, op, algorithm, out
-    "all_gather": (4, (0, 2), (1, 3)),       # x, algorithm, out, counts
-    "reduce_scatter": (4, (0, 1, 3), (2,)),  # x, op, algorithm, out
-    "broadcast": (4, (0, 1, 3), (2,)),       # x, root, algorithm, out
-    "send": (3, (0, 1, 2), ()),              # x, dst, tag
-    "recv": (3, (0, 1, 2), ()),              # out_or_like, src, tag
+    "all_reduce": (("x", "op", "algorithm", "out"), ("x", "op", "out"), ("algorithm",)),
+    "all_gather": (("x", "algorithm", "out", "counts"), ("x", "out"), ("algorithm", "counts")),
+    "reduce_scatter": (("x", "op", "algorithm", "out"), ("x", "op", "out"), ("algorithm",)),
+    "broadcast": (("x", "root", "algorithm", "out"), ("x", "root", "out"), ("algorithm",)),
+    "send": (("x", "dst", "tag"), ("x", "dst", "tag"), ()),
+    "recv": (("out_or_like", "src", "tag"), ("out_or_like", "src", "tag"), ()),
 }
 
 
@@ -94,9 +95,11 @@ class Route:
     def __init__(self, name: str, first: Callable | None, largest: int | None,
                  direct: Callable | None, general: Callable) -> None:
         self.name, self.first, self.largest, self.direct = name, first, largest, direct
-        nargs, picks, nones = ARGUMENTS[name]
-        self.call = (Call or PyCall)(first=first, general=general, nargs=nargs, picks=picks,
-                                     nones=nones, largest=-1 if largest is None else largest).run
+        names, picked, nones = ARGUMENTS[name]
+        self.call = (Call or PyCall)(first=first, general=general, nargs=len(names),
+                                     picks=tuple(names.index(n) for n in picked),
+                                     nones=tuple(names.index(n) for n in nones),
+                                     largest=-1 if largest is None else largest).run
 
 
 class PyCall:

@@ -182,3 +182,18 @@ def test_a_routes_call_takes_its_first_step_only_where_it_may(kind):
             routes.Call(first, general, 4, (0,), (), -1)  # keywords only
         with pytest.raises(ValueError):
             routes.Call(first=first, general=general, nargs=4, picks=(4,), nones=(), largest=-1)
+
+
+def test_the_public_methods_and_general_paths_take_the_routes_arguments_in_its_order():
+    """C forwards a public method's arguments to the general path by position: both must name
+    them as routes.ARGUMENTS does, in its order (a swapped pair would take each other's)."""
+    import inspect
+
+    from tbcoll.comm import routes
+    from tbcoll.comm.communicator import Communicator
+
+    for name, (names, picked, nones) in routes.ARGUMENTS.items():
+        for method in (name, f"_general_{name}"):
+            parameters = tuple(inspect.signature(getattr(Communicator, method)).parameters)[1:]
+            assert parameters == names, (method, parameters, names)
+        assert set(picked) | set(nones) <= set(names) and not set(picked) & set(nones)

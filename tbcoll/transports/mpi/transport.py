@@ -40,13 +40,11 @@ from tbcoll.core.arrays import may_overlap, same_buffer
 from tbcoll.core.calls import mismatch, signature
 from tbcoll.core.dtypes import DTYPE_CODES, OP_CODES, reducer
 from tbcoll.core.errors import CommError, CommRevokedError, TbcollError, revoked
+from tbcoll.core.extensions import c_extension
 from tbcoll.core.wire_check import check_wire
 from tbcoll.job.env import LaunchInfo, comm_timeout, launcher_world_size
 
-try:
-    from tbcoll.transports.mpi import _gathered
-except ImportError:  # built without a compiler: the small all_reduce takes MPI's own
-    _gathered = None
+_gathered = c_extension("tbcoll.transports.mpi._gathered")  # None: MPI's own all_reduce
 if _gathered is not None:
     check_wire(_gathered)
 
