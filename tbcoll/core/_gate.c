@@ -2,8 +2,8 @@
  * tbcoll.core._gate.Gate: a communicator's call gate (tbcoll/include/gate.h has its layout and
  * operations; tbcoll/core/gate.py its codes and its Python twin, taken where this is not built).
  * The Communicator drives it through the methods below; C code that makes a whole call
- * (LaneCall, one_call.c, in this extension) through gate.h's functions on the same struct. See gate.h for why the GIL alone keeps
- * it consistent.
+ * (LaneCall, one_call.c, in this extension) through gate.h's functions on the same struct. See
+ * gate.h for why the GIL alone keeps it consistent.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -183,7 +183,8 @@ static PyObject *gate_done_method(Gate *self, PyObject *arg)
     Py_RETURN_NONE;
 }
 
-/* a record as tbcoll.core.gate.RECORD: (seq, kind, dtype, op, root, bytes, algorithm, start, end) */
+/* a record as tbcoll.core.gate.RECORD: (seq, kind, dtype, op, root, bytes, algorithm, start, end)
+ * */
 static PyObject *record_tuple(const GateRecord *r)
 {
     return Py_BuildValue("(LhhhiLhdd)", (long long)r->seq, r->kind, r->dtype, r->op,

@@ -1,7 +1,8 @@
 /* A C extension's function's arguments (tbcoll.transports.shm._atomics and its lane,
  * tbcoll.transports.tcp._sockets): positional, their count; take_buffers and release_buffers, the
- * Python buffers it works on, taken in one call and let go in one place. A release missed on one of a ladder of error paths leaves the object exported
- * for ever (numpy then refuses to resize the array); taking all or none rules that out. */
+ * Python buffers it works on, taken in one call and let go in one place. A release missed on one of
+ * a ladder of error paths leaves the object exported for ever (numpy then refuses to resize the
+ * array); taking all or none rules that out. */
 #ifndef TBCOLL_BUFFERS_H
 #define TBCOLL_BUFFERS_H
 

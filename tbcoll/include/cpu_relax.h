@@ -1,6 +1,6 @@
 /* CPU_RELAX(): the pause of a busy-wait loop, shared by the C extensions that spin
- * (tbcoll.transports.shm._atomics, tbcoll.transports.rdma._verbs): x86's pause, ARM64's yield (a hint to the core,
- * not a barrier: the loops' orderings are argued where they load). */
+ * (tbcoll.transports.shm._atomics, tbcoll.transports.rdma._verbs): x86's pause, ARM64's yield (a
+ * hint to the core, not a barrier: the loops' orderings are argued where they load). */
 #ifndef TBCOLL_CPU_RELAX_H
 #define TBCOLL_CPU_RELAX_H
 

@@ -3,9 +3,10 @@
  * the same there; each extension that includes this exports them, add_engine_words, and the
  * transport checks them at import, tbcoll.transports.stream.words.check_words): what a C path must
  * know before it moves a message to or from a peer by itself, each word tested with one load.
- * Each of the engine's doors marks them STALE as it leaves (tbcoll.transports.stream.turns.Marking);
- * C, finding them so, has the engine publish them (StreamTransport.publish_words) before it
- * tests one, so that they are true whenever C tests them. C stores only next_pull's.
+ * Each of the engine's doors marks them STALE as it leaves
+ * (tbcoll.transports.stream.turns.Marking); C, finding them so, has the engine publish them
+ * (StreamTransport.publish_words) before it tests one, so that they are true whenever C tests them.
+ * C stores only next_pull's.
  *
  * Used by shm's send and recv (tbcoll/transports/shm/moves.c) and tcp's whole all_reduce
  * (tbcoll/transports/tcp/tcp_lane.c); each says why its plain loads and stores are safe (the

@@ -2,9 +2,9 @@
  * A communicator's call gate (tbcoll.core.gate): who may call it now, the calls in progress, the
  * count of its collectives and its flight recorder. The type lives in tbcoll/core/_gate.c; this
  * header is its layout and its operations, shared with the C code that makes a whole call
- * itself (tbcoll/transports/shm/lane.c, moves.c), which takes a Gate through bind() and drives it with
- * these functions, never by attribute names. tbcoll.core._gate exports GATE_LAYOUT and the sizes
- * in a capsule (GATE_CAPSULE); an extension that includes this header checks them when it is
+ * itself (tbcoll/transports/shm/lane.c, moves.c), which takes a Gate through bind() and drives it
+ * with these functions, never by attribute names. tbcoll.core._gate exports GATE_LAYOUT and the
+ * sizes in a capsule (GATE_CAPSULE); an extension that includes this header checks them when it is
  * imported (gate_import), so that two builds of different layouts never meet.
  *
  * Every read and write of a Gate happens with the GIL held, by C code that does not release

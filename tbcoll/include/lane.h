@@ -8,11 +8,12 @@
  * tbcoll_lane_v1 in its own object and hands it out as a PyCapsule named TBCOLL_LANE_CAPSULE
  * (its lane_capsule() method: lane_capsule_new), whose context is the lane object (LaneCall
  * holds that, and the GC sees it there). tbcoll's gate extension takes the capsule
- * (tbcoll.core._gate.LaneCall, tbcoll/core/one_call.c), refuses another version or size, and runs each call around the struct's functions: the checks of
- * the arguments, the admission (lane_admits there: the kinds, the limits, beyond), the
- * communicator's call gate (gate.h), the engine's lock (take, give), ready, the work or the
- * move, the count and the record, the error named as the communicator names it. A transport
- * writes only its work: nothing of the whole call is compiled into its extension.
+ * (tbcoll.core._gate.LaneCall, tbcoll/core/one_call.c), refuses another version or size, and runs
+ * each call around the struct's functions: the checks of the arguments, the admission (lane_admits
+ * there: the kinds, the limits, beyond), the communicator's call gate (gate.h), the engine's lock
+ * (take, give), ready, the work or the move, the count and the record, the error named as the
+ * communicator names it. A transport writes only its work: nothing of the whole call is compiled
+ * into its extension.
  *
  * Every function runs with the GIL held (work and move may release it while they wait).
  * May include: Python.h.

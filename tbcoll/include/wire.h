@@ -31,7 +31,8 @@
     X(DTYPE_INT16, "int16", 2) X(DTYPE_INT32, "int32", 4) X(DTYPE_INT64, "int64", 8)        \
     X(DTYPE_UINT8, "uint8", 1)
 
-/* --- reductions: X(code, name in tbcoll.core.dtypes.OPS), in code order ------------------------ */
+/* --- reductions: X(code, name in tbcoll.core.dtypes.OPS), in code order ------------------------
+ * */
 #define WIRE_OPS(X) X(OP_SUM, "sum") X(OP_PROD, "prod") X(OP_MAX, "max") X(OP_MIN, "min")
 
 #define WIRE_CODE(code, ...) code,

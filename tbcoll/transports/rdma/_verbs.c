@@ -1,5 +1,5 @@
-/* The module tbcoll.transports.rdma._verbs: its exceptions, its types and its constants (fabric.h says
- * what each file of the extension does). */
+/* The module tbcoll.transports.rdma._verbs: its exceptions, its types and its constants (fabric.h
+ * says what each file of the extension does). */
 #include "fabric.h"
 
 #include "../../include/callbacks.h" /* ADD_CALLBACKS */
@@ -12,8 +12,8 @@ static PyMethodDef module_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "tbcoll.transports.rdma._verbs", NULL, -1,
-                                    module_methods};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "tbcoll.transports.rdma._verbs", NULL,
+                                    -1, module_methods};
 
 /* the calls into Python that the mesh lane makes */
 #define RDMA_CALLBACKS(X) CALLBACKS_RDMA(X)
@@ -23,8 +23,10 @@ PyMODINIT_FUNC PyInit__verbs(void)
     PyObject *m = PyModule_Create(&module);
     if (!m || PyType_Ready(&FabricType) < 0 || PyType_Ready(&MeshLaneType) < 0)
         return NULL;
-    LibraryError = PyErr_NewException("tbcoll.transports.rdma._verbs.LibraryError", PyExc_OSError, NULL);
-    DeviceError = PyErr_NewException("tbcoll.transports.rdma._verbs.DeviceError", PyExc_OSError, NULL);
+    LibraryError =
+        PyErr_NewException("tbcoll.transports.rdma._verbs.LibraryError", PyExc_OSError, NULL);
+    DeviceError =
+        PyErr_NewException("tbcoll.transports.rdma._verbs.DeviceError", PyExc_OSError, NULL);
     GidError = PyErr_NewException("tbcoll.transports.rdma._verbs.GidError", PyExc_OSError, NULL);
     RegistrationError = PyErr_NewException("tbcoll.transports.rdma._verbs.RegistrationError",
                                            PyExc_OSError, NULL);

@@ -93,8 +93,8 @@ static int mesh_work(void *lane, int kind, PyObject *x, const Py_buffer *xv, PyO
         return 0;
     if (result == -3)
         return -1;
-    PyObject *done = PyObject_CallFunction(self->finish, CALLBACK_FORMAT(MESH_HELD), mesh, x, target, dtype, op,
-                                           signature, result);
+    PyObject *done = PyObject_CallFunction(self->finish, CALLBACK_FORMAT(MESH_HELD), mesh, x,
+                                           target, dtype, op, signature, result);
     Py_XDECREF(done);
     return done == NULL ? -1 : 0;
 }
@@ -161,7 +161,8 @@ static PyObject *MeshLane_capsule(MeshLane *self, PyObject *unused)
 }
 
 static PyMethodDef MeshLane_methods[] = {
-    {"calls", (PyCFunction)(void (*)(void))MeshLane_calls, METH_VARARGS | METH_KEYWORDS, "What its calls take."},
+    {"calls", (PyCFunction)(void (*)(void))MeshLane_calls, METH_VARARGS | METH_KEYWORDS,
+     "What its calls take."},
     {"lane_capsule", (PyCFunction)MeshLane_capsule, METH_NOARGS, "The lane interface (lane.h)."},
     {NULL, NULL, 0, NULL},
 };

@@ -3,8 +3,8 @@
  *
  * Its functions give Python the pure layer below: atomic loads and stores of a segment's
  * words and waits for its flags (flags.c: the release/acquire argument is there), the byte
- * rings (rings.c) and cross-process copies (cma.c); its init exports the layout Python checks at import, and adds the Lane type
- * (lane.c).
+ * rings (rings.c) and cross-process copies (cma.c); its init exports the layout Python checks at
+ * import, and adds the Lane type (lane.c).
  *
  * Includes: Python.h, tbcoll/include/buffers.h, wire_export.h, engine_words.h (the
  * words' layout), lane.h, rounds.h, and the pure layer (shm.h, flags.h, rings.h, cma.h).
@@ -98,7 +98,8 @@ static PyObject *wait_all(PyObject *Py_UNUSED(self), PyObject *args)
 
 static const char RING_OUTSIDE[] = "the ring lies outside the segment";
 
-/* --- point-to-point: the byte rings of tbcoll/transports/shm/pipe.py (rings.h) ----------------------- */
+/* --- point-to-point: the byte rings of tbcoll/transports/shm/pipe.py (rings.h)
+ * ----------------------- */
 
 /* The ring at `at` in segment, or NULL (RING_OUTSIDE). */
 static char *ring_at(const Py_buffer *segment, Py_ssize_t at, Py_ssize_t capacity)
@@ -125,7 +126,8 @@ static char *ring_of(PyObject *const *args, Py_buffer *segment, Py_ssize_t *capa
 /*
  * ring_write(segment, at, capacity, buffers) -> bytes written
  * The producer copies as many leading bytes of the buffers (a sequence) as there is room for
- * now, without waiting: the stream engine's writes (tbcoll/transports/shm/pipe.py, ShmDuplex.sendmsg).
+ * now, without waiting: the stream engine's writes (tbcoll/transports/shm/pipe.py,
+ * ShmDuplex.sendmsg).
  */
 static PyObject *ring_write_now(PyObject *Py_UNUSED(self), PyObject *const *args,
                                 Py_ssize_t nargs)
@@ -351,9 +353,9 @@ static PyObject *lane_kinds(void)
 PyMODINIT_FUNC PyInit__atomics(void)
 {
     PyObject *m = PyModule_Create(&module);
-    /* the layout Python shares with this file, checked at import by tbcoll/transports/shm/native.py,
-     * the lane's kinds by tbcoll/comm/communicator.py, and the wire (tbcoll/include/wire.h) by
-     * tbcoll/transports/shm/flags.py */
+    /* the layout Python shares with this file, checked at import by
+     * tbcoll/transports/shm/native.py, the lane's kinds by tbcoll/comm/communicator.py, and the
+     * wire (tbcoll/include/wire.h) by tbcoll/transports/shm/flags.py */
     if (m == NULL || PyModule_AddIntConstant(m, "LINE", LINE) < 0 ||
         PyModule_AddIntConstant(m, "ARRIVE_OFFSET", ARRIVE_OFFSET) < 0 ||
         PyModule_AddIntConstant(m, "DONE_OFFSET", DONE_OFFSET) < 0 ||

@@ -74,8 +74,8 @@ typedef struct {
 #define PREFAULT_BYTES (4 << 20) /* results this large have their pages touched first */
 
 /* A pid of rank k's, from the segment at base. Each rank stores its own there (release,
- * tbcoll/transports/shm/native.py's publish_pid) before the communicator's first round or message; a
- * pull reads it only after an acquire of that rank's flag or ring head, stored later, so the
+ * tbcoll/transports/shm/native.py's publish_pid) before the communicator's first round or message;
+ * a pull reads it only after an acquire of that rank's flag or ring head, stored later, so the
  * pid happens-before this load and relaxed suffices (on ARM64 too). */
 static inline long pid_of(const Lane *self, const char *base, Py_ssize_t k)
 {

@@ -44,15 +44,15 @@ void lane_release_words(Lane *self)
  * streams(*, context, capacity, send_budget, recv_budget, words, publish, rings, send, recv,
  *         finish_send, finish_recv, finish_pulled_send, finish_announcement, pull_bytes,
  *         look, look_every)
- * Lend the lane the stream engine's rings (tbcoll/transports/shm/transport.py, ShmStream.lend_lane):
- * context, the endpoint's whose messages send and recv move; capacity, each ring's data
- * bytes; budgets, (send, recv) seconds a move waits in C; words, the engine's (a writable
- * buffer of PEER_WORDS + WORDS_PER_PEER uint64 per rank, see above), held from now on, and
+ * Lend the lane the stream engine's rings (tbcoll/transports/shm/transport.py,
+ * ShmStream.lend_lane): context, the endpoint's whose messages send and recv move; capacity, each
+ * ring's data bytes; budgets, (send, recv) seconds a move waits in C; words, the engine's (a
+ * writable buffer of PEER_WORDS + WORDS_PER_PEER uint64 per rank, see above), held from now on, and
  * publish(), the engine's publish_words; rings, by rank, (ring to it, ring from it), None for
  * this rank; moves, the engine's (send, recv, finish_send, finish_recv, finish_pulled_send,
  * finish_announced); pull_bytes, the size from which messages are pulled (the pull's
- * contexts are wire.h's); look(peer), the engine's, which raises where rank peer has ended, called by a
- * send at most every `every` seconds per receiver (look_if_due).
+ * contexts are wire.h's); look(peer), the engine's, which raises where rank peer has ended, called
+ * by a send at most every `every` seconds per receiver (look_if_due).
  */
 PyObject *lane_streams(Lane *self, PyObject *args, PyObject *kwargs)
 {
@@ -403,8 +403,9 @@ static PyObject *engine_part(Lane *self, int sending, int outcome, PyObject *x,
 /* Whether the send's receiver, rank peer, is known alive: a ring never says that its reader
  * has ended, and a message that fits it would be written all the same and the send return
  * (tcp's socket says so within a send or two). So a send asks the engine (look, which loses
- * the peer and raises PeerLostError where its process has ended: tbcoll/transports/shm/transport.py)
- * at most every look_every seconds per receiver, which costs a clock read per send. 0, or
+ * the peer and raises PeerLostError where its process has ended:
+ * tbcoll/transports/shm/transport.py) at most every look_every seconds per receiver, which costs a
+ * clock read per send. 0, or
  * -1 with that error. */
 static int look_if_due(Lane *self, Py_ssize_t peer)
 {
@@ -448,8 +449,8 @@ int move_message(void *lane, int sending, PyObject *x, const Py_buffer *xv, long
  * moved, extra): the stream engine's own blocking send or recv of buf (a buffer; writable to
  * receive into) to or from peer (a rank of this engine's), its message's header made of
  * context, tag, buf's size, seq and call, by pull where pulled, moved in C (move) where it
- * can. The caller (tbcoll/transports/shm/transport.py, ShmStream.send and recv, inside the engine) has
- * checked that nothing of the engine's must go first. None where it all moved; else what is
+ * can. The caller (tbcoll/transports/shm/transport.py, ShmStream.send and recv, inside the engine)
+ * has checked that nothing of the engine's must go first. None where it all moved; else what is
  * left to the engine, by MOVE_* outcome: MOVE_ENGINE all of it; MOVE_FINISH the rest after
  * moved bytes; MOVE_ANNOUNCED_SEND the answer to pull `extra`; MOVE_ANNOUNCED_RECV the
  * message whose announcement (`extra`: its bytes that came) was taken.

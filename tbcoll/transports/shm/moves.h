@@ -1,6 +1,6 @@
 /* The shm lane's send and recv over the stream engine's rings, and the engine's own blocking
- * moves (moves.c), for lane.c (its methods, its lane's move and tp_clear) and _atomics.c (the constants).
- * May include: Python.h, lane_base.h. */
+ * moves (moves.c), for lane.c (its methods, its lane's move and tp_clear) and _atomics.c (the
+ * constants). May include: Python.h, lane_base.h. */
 #ifndef TBCOLL_SHM_MOVES_H
 #define TBCOLL_SHM_MOVES_H
 

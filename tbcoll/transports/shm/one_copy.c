@@ -1,9 +1,9 @@
 /*
  * The one-copy calls' rounds (one_copy.h), written once: each block copied once, between the
- * ranks' own buffers, by their mappings of comm.empty allocations (tbcoll/transports/shm/native.py's
- * copies, called back) or by the kernel (cross-memory attach, cma.c); for native.py's
- * _one_copy_round (the Lane's copy_once()) and for the lane's own all_gather and broadcast
- * past its limit (one_copy).
+ * ranks' own buffers, by their mappings of comm.empty allocations
+ * (tbcoll/transports/shm/native.py's copies, called back) or by the kernel (cross-memory attach,
+ * cma.c); for native.py's _one_copy_round (the Lane's copy_once()) and for the lane's own
+ * all_gather and broadcast past its limit (one_copy).
  *
  * Includes: Python.h, tbcoll/include/buffers.h, one_copy.h (lane_base.h), cma.h.
  */

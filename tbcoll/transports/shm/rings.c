@@ -1,6 +1,6 @@
 /*
- * The byte rings of tbcoll/transports/shm/pipe.py and of the stream engine's shm messages: bytes in and
- * out as room and data allow, a message in, the next message out (rings.h has the layout and
+ * The byte rings of tbcoll/transports/shm/pipe.py and of the stream engine's shm messages: bytes in
+ * and out as room and data allow, a message in, the next message out (rings.h has the layout and
  * the order of its counters).
  *
  * Pure C: includes rings.h, flags.h, gil.h and the C library.

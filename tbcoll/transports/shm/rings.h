@@ -1,4 +1,5 @@
-/* --- point-to-point byte rings (tbcoll/transports/shm/pipe.py; their messages: the stream engine's)
+/* --- point-to-point byte rings (tbcoll/transports/shm/pipe.py; their messages: the stream
+ * engine's)
  *
  * A ring at `at` in the segment: the producer's head counter (u64), a line further the
  * consumer's tail counter, two lines further `capacity` bytes of data; byte k of the stream
@@ -76,8 +77,8 @@ INTERNAL ptrdiff_t ring_put_message(char *ring, ptrdiff_t capacity, const char *
  * within budget, RING_ANOTHER_FIRST when the next message is another one (nothing is
  * consumed), RING_OVERWRITTEN when the producer's counter says more bytes wait than the ring
  * holds (the segment was overwritten), else how many payload bytes arrived (len unless the
- * budget ran out while they came). (tbcoll/transports/shm/pipe.py's Ring.OVERWRITTEN is checked against
- * _atomics' RING_OVERWRITTEN at import.) Called with the GIL (released to wait, and to copy
+ * budget ran out while they came). (tbcoll/transports/shm/pipe.py's Ring.OVERWRITTEN is checked
+ * against _atomics' RING_OVERWRITTEN at import.) Called with the GIL (released to wait, and to copy
  * NOGIL_BYTES or more). */
 enum { RING_NONE_YET = -1, RING_ANOTHER_FIRST = -2, RING_OVERWRITTEN = -3 };
 INTERNAL ptrdiff_t ring_take(char *ring, ptrdiff_t capacity, const void *expected, char *dst,

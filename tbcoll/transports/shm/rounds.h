@@ -29,8 +29,8 @@ typedef struct {
  * ROUND_WAIT_FREE, ROUND_WAIT_ARRIVED and ROUND_WAIT_DONE, whose wait ran out of its budget,
  * or ROUND_CALLS_DIFFER, where a rank's signature differs (resumed at ROUND_WAIT_ARRIVED if
  * they match after all); ROUND_MISFIT where the buffers do not fit the segment. The stages'
- * numbers are what the Lane's resume(stage, seq, signature) gets (tbcoll/transports/shm/native.py, by
- * the names _atomics exports). */
+ * numbers are what the Lane's resume(stage, seq, signature) gets (tbcoll/transports/shm/native.py,
+ * by the names _atomics exports). */
 enum {
     ROUND_MISFIT = -1,
     ROUND_DONE = 0,

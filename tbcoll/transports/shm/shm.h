@@ -1,7 +1,7 @@
 /* The shm transport's segment layout and kinds of round: what every C file of
- * tbcoll.transports.shm._atomics shares, and what tbcoll/transports/shm/native.py checks at import (through the
- * module's constants); the wire that shm shares with tcp and rdma (codes, the stream engine's
- * header) is tbcoll/include/wire.h.
+ * tbcoll.transports.shm._atomics shares, and what tbcoll/transports/shm/native.py checks at import
+ * (through the module's constants); the wire that shm shares with tcp and rdma (codes, the stream
+ * engine's header) is tbcoll/include/wire.h.
  *
  * The extension's files, by layer (each includes only the layers below it; none includes a
  * .c file, and no function calls up a layer):
@@ -36,9 +36,8 @@
 #define NOGIL_BYTES (32 << 10) /* copies at least this large release the GIL */
 
 /* the kinds of round (rounds.c), X(kind, name): the first ONE_CALL_KINDS are also the
- * one-call paths' collectives, named as tbcoll.collectives names them (tbcoll.comm.communicator's
- * LANE_ENTRIES, in this order: _atomics exports their names as LANE_KINDS, which tbcoll.comm.communicator
- * checks at import) */
+ * one-call paths' collectives, in tbcoll.core.names.LANE_KINDS' order (_atomics exports their
+ * names as LANE_KINDS, which tbcoll/transports/shm/flags.py checks at import) */
 #define SHM_KINDS(X)                                                                        \
     X(ALL_REDUCE, "all_reduce") X(ALL_GATHER, "all_gather")                                 \
     X(REDUCE_SCATTER, "reduce_scatter") X(BROADCAST, "broadcast") X(BARRIER, "barrier")     \
@@ -47,9 +46,9 @@ enum { SHM_KINDS(WIRE_CODE) KINDS };
 #define ONE_CALL_KINDS (BROADCAST + 1)
 
 /* Where a rank's buffer is, as the ranks exchange it before one copy (one_copy.c,
- * tbcoll/transports/shm/native.py's _one_copy_round): int64 words address, allocation, offset; a buffer
- * in none of comm.empty's allocations has NOT_IN_HEAP's (tbcoll/transports/shm/heap.py checks its own
- * against these at import, through _atomics' NOT_IN_HEAP). */
+ * tbcoll/transports/shm/native.py's _one_copy_round): int64 words address, allocation, offset; a
+ * buffer in none of comm.empty's allocations has NOT_IN_HEAP's (tbcoll/transports/shm/heap.py
+ * checks its own against these at import, through _atomics' NOT_IN_HEAP). */
 #define NOT_IN_HEAP_ALLOCATION (-1)
 #define NOT_IN_HEAP_OFFSET 0
 

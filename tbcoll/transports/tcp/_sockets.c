@@ -1,7 +1,7 @@
 /*
  * tbcoll.transports.tcp._sockets: the tcp transport's small-message path in C
- * (tbcoll/transports/tcp/transport.py, tcp_native.py): the module's functions over exchange.c's moves,
- * which do the work without the GIL (see exchange.h for what they do and why no atomics or
+ * (tbcoll/transports/tcp/transport.py, tcp_native.py): the module's functions over exchange.c's
+ * moves, which do the work without the GIL (see exchange.h for what they do and why no atomics or
  * fences are needed), and tcp_lane.c's Lane, a whole small all_reduce in one call.
  */
 #define PY_SSIZE_T_CLEAN

@@ -358,9 +358,10 @@ static int exchange_and_reduce(void *lane, int kind, PyObject *x, const Py_buffe
     /* the engine goes on from where C stopped, into the blocks, and reduces */
     PyObject *sent = PyBytes_FromStringAndSize((const char *)header, HEADER_BYTES);
     PyObject *where = ways_stopped(ways, self->peers);
-    PyObject *done = sent && where ? PyObject_CallFunction(self->finish, CALLBACK_FORMAT(TCP_FINISH), x, target,
-                                                           self->blocks, sent, where, dtype, op)
-                                   : NULL;
+    PyObject *done = NULL;
+    if (sent && where)
+        done = PyObject_CallFunction(self->finish, CALLBACK_FORMAT(TCP_FINISH), x, target,
+                                     self->blocks, sent, where, dtype, op);
     *((uint64_t *)self->words.buf + ENGINE_WORD) |= STALE; /* the engine has moved */
     Py_XDECREF(sent);
     Py_XDECREF(where);
@@ -396,9 +397,10 @@ static int move_message(void *lane, int sending, PyObject *x, const Py_buffer *x
         int error = sent < 0 ? errno : 0;
         if (sent == HEADER_BYTES + xv->len)
             return 0;
-        done = PyObject_CallFunction(self->finish_send, CALLBACK_FORMAT(TCP_FINISH_SEND), x, (int)self->peer_words[i],
-                                     (const char *)header, (Py_ssize_t)HEADER_BYTES,
-                                     (Py_ssize_t)(sent < 0 ? 0 : sent), error);
+        done = PyObject_CallFunction(self->finish_send, CALLBACK_FORMAT(TCP_FINISH_SEND), x,
+                                     (int)self->peer_words[i], (const char *)header,
+                                     (Py_ssize_t)HEADER_BYTES, (Py_ssize_t)(sent < 0 ? 0 : sent),
+                                     error);
     } else {
         struct received r;
         Py_BEGIN_ALLOW_THREADS
@@ -407,9 +409,9 @@ static int move_message(void *lane, int sending, PyObject *x, const Py_buffer *x
         Py_END_ALLOW_THREADS
         if (r.copied == xv->len)
             return 0;
-        done = PyObject_CallFunction(self->finish_recv, CALLBACK_FORMAT(TCP_FINISH_RECV), x, (int)self->peer_words[i],
-                                     (const char *)header, (Py_ssize_t)HEADER_BYTES, r.copied,
-                                     r.staged, r.error);
+        done = PyObject_CallFunction(self->finish_recv, CALLBACK_FORMAT(TCP_FINISH_RECV), x,
+                                     (int)self->peer_words[i], (const char *)header,
+                                     (Py_ssize_t)HEADER_BYTES, r.copied, r.staged, r.error);
     }
     Py_XDECREF(done);
     return done == NULL ? -1 : 0;
@@ -448,9 +450,12 @@ static PyObject *tcp_lane_capsule(TcpLane *self, PyObject *unused)
 }
 
 static PyMethodDef tcp_lane_methods[] = {
-    {"engine", (PyCFunction)(void (*)(void))tcp_lane_engine, METH_VARARGS | METH_KEYWORDS, "The stream engine it takes."},
-    {"calls", (PyCFunction)(void (*)(void))tcp_lane_calls, METH_VARARGS | METH_KEYWORDS, "What its all_reduce takes."},
-    {"moves", (PyCFunction)(void (*)(void))tcp_lane_moves, METH_VARARGS | METH_KEYWORDS, "What its send and recv take."},
+    {"engine", (PyCFunction)(void (*)(void))tcp_lane_engine, METH_VARARGS | METH_KEYWORDS,
+     "The stream engine it takes."},
+    {"calls", (PyCFunction)(void (*)(void))tcp_lane_calls, METH_VARARGS | METH_KEYWORDS,
+     "What its all_reduce takes."},
+    {"moves", (PyCFunction)(void (*)(void))tcp_lane_moves, METH_VARARGS | METH_KEYWORDS,
+     "What its send and recv take."},
     {"lane_capsule", (PyCFunction)tcp_lane_capsule, METH_NOARGS, "The lane interface (lane.h)."},
     {NULL, NULL, 0, NULL},
 };
