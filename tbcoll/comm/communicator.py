@@ -194,8 +194,6 @@ class Communicator(PointToPoint):
     def collective(self, name: str, *args: Any, **kwargs: Any) -> Any:
         """Run the collective registered as name (tbcoll.register_collective; the built-ins
         too) with its descriptor's arguments; comm.<name>(...) is the same call."""
-        if name in BUILT_IN:  # its public method: its route
-            return getattr(self, name)(*args, **kwargs)
         return self._dispatch(self._registered_call(name, args, kwargs))
 
     def icollective(self, name: str, *args: Any, **kwargs: Any) -> Request:
