@@ -142,6 +142,14 @@ class Group(Protocol):
     # keeps what it maps until the array is collected or the Group closes); None where the
     # transport has none (comm.empty then returns np.empty)
     allocate: Callable[[int], np.ndarray] | None
+    # revocation: (word, why), the flag a peer's notice sets, lent to the communicator's call
+    # gate so that every call checks it with one load at enter (CommRevokedError at once, on
+    # every rank, whatever the call): word is a buffer whose first 8 bytes (aligned) turn
+    # nonzero once any rank has revoked this group (stored with release where another process
+    # stores it: shm's segment), why() -> the notice's line. None: the transport raises
+    # CommRevokedError from its waits only (mpi), or a revocation is local (its peers learn
+    # nothing).
+    revocation: tuple[Any, Callable[[], str]] | None
 
     def begin_call(self, seq: int, signature: int) -> None:
         """This rank is about to run a collective: its number on this communicator (1, 2,

@@ -54,6 +54,11 @@ typedef struct {
                               peer): every call raises at once */
     PyObject *forked_error, *forked_message; /* what a call raises in such a child, or once
                                                 revoked (the fork's, where both) */
+    /* The transport's revocation word (watch(): Group.revocation), which a peer's notice sets:
+     * NULL where none. With `revoked` it is the one flag every call checks at enter. */
+    const uint64_t *revoked_word;
+    Py_buffer revoked_view;  /* holds the word's memory (the segment, or the engine's array) */
+    PyObject *revoked_error, *revoked_why; /* raised as revoked_error(revoked_why()) */
     uint64_t completed;    /* collectives counted (the last one's seq) */
     int depth;             /* calls[0..depth) hold the calls in progress (and ended ones
                               below an active one) */
@@ -110,12 +115,37 @@ static inline void gate_end(Gate *g, int slot)
         g->depth--;
 }
 
+/* Whether a peer has revoked the communicator: its transport's word is set. Acquire, pairing
+ * with the release that sets the word after the notice's text (shm: a word in the shared
+ * segment, set by another process), so that why() reads the whole line (ARM64 as x86-64); the
+ * stream engine's word is this process's, set with the GIL held. One load per call. */
+static inline int gate_revoked_elsewhere(const Gate *g)
+{
+    return g->revoked_word != NULL && __atomic_load_n(g->revoked_word, __ATOMIC_ACQUIRE) != 0;
+}
+
+/* Revoke the gate from its transport's word: every later call raises revoked_error(why()),
+ * without loading the word again. 0, or -1 with an exception. */
+static inline int gate_take_revocation(Gate *g)
+{
+    PyObject *message = PyObject_CallNoArgs(g->revoked_why);
+    if (message == NULL)
+        return -1;
+    Py_XSETREF(g->forked_error, Py_NewRef(g->revoked_error));
+    Py_XSETREF(g->forked_message, message);
+    g->revoked = 1;
+    return 0;
+}
+
 /* Take the gate for a user thread's call and begin it: its slot; -1 where another call holds
- * the gate; -2 with the error set in a forked child or on a revoked communicator. */
+ * the gate; -2 with the error set in a forked child or on a revoked communicator (here, or on a
+ * peer whose notice set the transport's word). */
 static inline int gate_enter(Gate *g, int kind, int dtype, int op, long root, Py_ssize_t bytes,
                              int algorithm, int timed)
 {
-    if (g->forked || g->revoked) {
+    if (g->forked || g->revoked || gate_revoked_elsewhere(g)) {
+        if (!g->forked && !g->revoked && gate_take_revocation(g) < 0)
+            return -2;
         PyErr_SetObject(g->forked_error, g->forked_message);
         return -2;
     }

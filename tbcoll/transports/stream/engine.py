@@ -107,6 +107,7 @@ class StreamTransport(Pulls, Revocation):
         # a revoked communicator's contexts -> the notice (see the module docstring); a wait
         # for a message of one of them fails
         self._revoked: dict[int, str] = {}
+        self._revocation_words: dict[int, array] = {}  # a communicator's first context -> its
         # per peer: its state as a C path tests it, and the id of its next pull (see
         # WORDS_PER_PEER); the state words are set by publish_words only
         self.words = array("Q", bytes(8 * (PEER_WORDS + WORDS_PER_PEER * size)))

@@ -403,6 +403,7 @@ class TcpGroup:
         self.coll = StreamEndpoint(transport, context + 1, members)
         self.rank, self.size = self.p2p.rank, self.p2p.size
         self.begin_call = self.coll.begin_call  # every message of a call carries it
+        self.revocation = transport.revocation(context)
         self.native = TcpNative(transport, self.coll, context + 1, members)
         if self.native.lane is not None:  # the communicator's send and recv too
             self.native.lane.moves(
