@@ -204,6 +204,17 @@ class Communicator(PointToPoint):
     def collective(self, name: str, *args: Any, **kwargs: Any) -> Any:
         """Run the collective registered as name (tbcoll.register_collective; the built-ins
         too) with its descriptor's arguments; comm.<name>(...) is the same call."""
+        if name in BUILT_IN:  # its public method: its route
+            return getattr(self, name)(*args, **kwargs)
+        return self._dispatch(self._registered_call(name, args, kwargs))
+
+    def icollective(self, name: str, *args: Any, **kwargs: Any) -> Request:
+        """collective(name, ...) without blocking: a tbcoll.Request, as iall_reduce's."""
+        return self._submit(self._registered_call(name, args, kwargs))
+
+    def _registered_call(self, name: str, args: tuple, kwargs: dict[str, Any]) -> Call:
+        """The Call of collective name, checked and described; before this communicator's
+        first registered collective, the ranks' registries compared."""
         descriptor = DESCRIPTORS.get(name)
         if descriptor is None:
             raise ValueError(f"no collective is registered as {name!r}; the collectives: "
@@ -211,7 +222,7 @@ class Communicator(PointToPoint):
         call = descriptor.call(self._ctx, *args, **kwargs)
         if not self._ctx.agreed and name not in BUILT_IN:
             self._compare_registries()
-        return self._dispatch(call)
+        return call
 
     def __getattr__(self, name: str) -> Any:
         """comm.<name> of a registered collective (see collective)."""

@@ -387,6 +387,9 @@ from tests.library.test_extension import MAXLOC  # noqa: E402 (registers maxloc)
 comm = tbcoll.init()
 values, where = comm.maxloc(np.array([comm.rank, 5.0]))
 print("maxloc", values.tolist(), where.tolist(), flush=True)
+values, where = comm.icollective("maxloc", np.array([5.0, comm.rank])).wait()
+print("imaxloc", values.tolist(), where.tolist(), flush=True)
+print("sum", comm.collective("all_reduce", np.ones(2)).tolist(), flush=True)
 if sys.argv[1] == "mismatch":
     if comm.rank == 0:
         comm.maxloc(np.ones(4))
@@ -410,6 +413,7 @@ def test_a_registered_collective_is_named_where_the_ranks_calls_differ(tmp_path)
     p = _script(tmp_path, "mismatch")
     out = p.stdout + p.stderr
     assert p.returncode != 0 and "maxloc [1.0, 5.0] [1, 0]" in out, out[-3000:]
+    assert "imaxloc [5.0, 1.0] [0, 1]" in out and "sum [2.0, 2.0]" in out, out[-3000:]
     assert re.search(r"the ranks' calls do not match \(rank 0: maxloc\(", out), out[-3000:]
     assert re.search(r"rank 0: maxloc #\d+ at .*extended.py", out), out[-3000:]  # the recorder
 
