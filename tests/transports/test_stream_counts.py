@@ -4,6 +4,8 @@ is what the other side counts as received, by whichever path moved it (C's or th
 and a stream moved to a new connection between the same two processes carries the next
 messages whole, its counts going on."""
 
+import os
+
 import pytest
 
 from ..conftest import tagged_lines, tbrun
@@ -11,13 +13,15 @@ from ..conftest import tagged_lines, tbrun
 JOB = r"""
 import socket
 import struct
+import sys
 
 import numpy as np
 
 import tbcoll
 
 comm = tbcoll.init()
-engine = comm._group._transport  # the world's stream engine: the seam under test
+group = comm._group  # the world's stream engine: the seam under test
+engine = group._stream if comm.backend == "shm" else group._transport
 me, peer = comm.rank, 1 - comm.rank
 SIZES = [8, 64, 4096, 65536, 1 << 20]  # bytes
 
@@ -55,11 +59,28 @@ def quiet():
     return engine.stream_counts(peer)
 
 
+def exact():
+    '''Messages under the pull size, one way and back: each counts its header and payload,
+    once, on each side (where a path missed its bytes on both sides alike, the mirrored
+    counts would not show it).'''
+    start, sizes = engine.stream_counts(peer), (8, 64, 4096)
+    for n in sizes:
+        x = np.zeros(n, np.uint8)
+        if me == 0:
+            comm.send(x, peer, tag=4)
+            comm.recv(x, peer, tag=4)
+        else:
+            comm.recv(x, peer, tag=4)
+            comm.send(x, peer, tag=4)
+    end, whole = engine.stream_counts(peer), sum(32 + n for n in sizes)
+    assert (end[0] - start[0], end[1] - start[1]) == (whole, whole), (start, end)
+
+
 def kernel_received():
     '''The bytes the kernel has received on the stream's socket (Linux's tcp_info
     tcpi_bytes_received, at byte 128), None where it does not say (macOS).'''
     sock = engine.peer(peer).channel
-    if not hasattr(socket, "TCP_INFO"):
+    if comm.backend != "tcp" or not hasattr(socket, "TCP_INFO"):
         return None
     info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 256)
     return struct.unpack_from("Q", info, 128)[0] if len(info) >= 136 else None
@@ -98,13 +119,19 @@ else:
     side = socket.create_connection(("127.0.0.1", int(port[0])))
 
 before = quiet()
+exact()
+before = quiet()
 kernel_before = mirrored(before)  # (the engine's counts start after the handshake)
 traffic()
 first = quiet()
 kernel_first = mirrored(first)
 if kernel_before is not None:  # every byte that came is counted, whichever path read it
     assert kernel_first - kernel_before == first[1] - before[1], (kernel_first, before, first)
+if comm.backend == "shm":  # (its streams are rings in the segment: no new connection)
+    print("counts", first, flush=True)
+    sys.exit(0)
 engine.replace_channel(peer, path)
+exact()
 traffic()
 second = quiet()
 kernel_second = mirrored(second)
@@ -112,19 +139,21 @@ if kernel_second is not None:  # the new connection's bytes, from its first
     assert kernel_second == second[1] - first[1], (kernel_second, first, second)
 # the counts went on from where they stood: the same traffic added the same bytes
 step = (first[0] - before[0], first[1] - before[1])
-assert (second[0] - first[0], second[1] - first[1]) == step, (before, first, second)
+whole = sum(32 + n for n in (8, 64, 4096))  # exact()'s each way, between first and second
+assert (second[0] - first[0] - whole, second[1] - first[1] - whole) == step, (before, first,
+                                                                           second)
 assert step[0] > 2 * sum(SIZES), step
 print("counts", first, second)
 """
 
 
-@pytest.mark.parametrize("c_paths", ["1", "0"], ids=["c", "python"])
-def test_byte_counts_mirror_and_go_on_over_a_new_connection(script, c_paths):
-    env = None
-    if c_paths == "0":
-        import os
-        env = {**os.environ, "TBCOLL_NO_C": "1"}
-    p = tbrun("-np", 2, "--backend", "tcp", script(JOB), timeout=120, env=env)
+@pytest.mark.parametrize("backend, no_c", [("tcp", False), ("tcp", True), ("shm", False)],
+                         ids=["tcp-c", "tcp-python", "shm"])
+def test_byte_counts_mirror_and_go_on_over_a_new_connection(script, backend, no_c):
+    """tcp: over C's paths and the engine's (TBCOLL_NO_C=1); shm: its ring moves in C and the
+    engine's, without a new connection."""
+    env = {**os.environ, "TBCOLL_NO_C": "1"} if no_c else None
+    p = tbrun("-np", 2, "--backend", backend, script(JOB), timeout=120, env=env)
     assert p.returncode == 0, p.stdout + p.stderr
     lines = tagged_lines(p.stdout)
     assert all(any(line.startswith("counts") for line in lines.get(r, [])) for r in (0, 1))
