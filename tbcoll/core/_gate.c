@@ -54,6 +54,7 @@ static int gate_init(Gate *self, PyObject *args, PyObject *kwargs)
         return -1;
     }
     self->ring_size = size;
+    self->refusal = &self->refused_here; /* 0: calls go on */
     return 0;
 }
 
@@ -264,6 +265,7 @@ static PyObject *gate_fork(Gate *self, PyObject *args)
     Py_XSETREF(self->forked_error, Py_NewRef(error));
     Py_XSETREF(self->forked_message, Py_NewRef(message));
     self->forked = 1;
+    gate_refuse_here(self);
     Py_RETURN_NONE;
 }
 
@@ -283,6 +285,7 @@ static PyObject *gate_revoke(Gate *self, PyObject *args)
         Py_XSETREF(self->forked_message, Py_NewRef(message));
     }
     self->revoked = 1;
+    gate_refuse_here(self);
     Py_RETURN_NONE;
 }
 
@@ -309,6 +312,8 @@ static PyObject *gate_watch(Gate *self, PyObject *args)
     self->revoked_word = self->revoked_view.buf;
     self->revoked_error = Py_NewRef(error);
     self->revoked_why = Py_NewRef(why);
+    if (!self->refused_here)
+        self->refusal = self->revoked_word;
     Py_RETURN_NONE;
 }
 
@@ -318,6 +323,7 @@ static PyObject *gate_unwatch(Gate *self, PyObject *unused)
 {
     (void)unused;
     if (self->revoked_word != NULL) {
+        self->refusal = &self->refused_here; /* (a revocation read stays: refused_here) */
         self->revoked_word = NULL;
         PyBuffer_Release(&self->revoked_view);
         Py_CLEAR(self->revoked_error);
@@ -341,7 +347,7 @@ static PyObject *gate_get_forked(Gate *self, void *unused)
 static PyObject *gate_get_revoked(Gate *self, void *unused)
 {
     (void)unused;
-    return PyBool_FromLong(self->revoked || gate_revoked_elsewhere(self));
+    return PyBool_FromLong(self->revoked || (!self->refused_here && gate_refused(self)));
 }
 
 static PyObject *gate_get_held(Gate *self, void *unused)

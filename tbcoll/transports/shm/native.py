@@ -478,9 +478,9 @@ class ShmNative:
 
     def revocation(self) -> tuple[memoryview, Callable[[], str]]:
         """The segment's revocation word and the first notice posted (Group.revocation): the
-        communicator's gate loads the word (acquire) at each call, which pairs with
-        post_notice's release store after the notice's line, so the line it then reads is
-        whole."""
+        communicator's gate loads the word at each call; post_notice stores it with release
+        after the notice's line, and notice_text reads the line behind an acquire load of its
+        length, so the line is whole (ARM64 too)."""
         word = memoryview(self.segment.buffer)[self.layout.revoked:self.layout.revoked + 8]
         return word, self.notice_text
 
