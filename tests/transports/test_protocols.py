@@ -141,7 +141,8 @@ from tbcoll.transports.tcp import transport as tcp
 
 comm = tbcoll.init()
 r, n = comm.rank, comm.size
-c_parts = (gate.C_GATE, atomics is not None, tcp._sockets is not None, comm._lane is not None)
+c_parts = (gate.C_GATE, atomics is not None, tcp._sockets is not None,
+           comm._routes.lane is not None)
 for count in (1, 1000, 300_001):  # (past tcp's whole-message exchange and shm's pull size)
     def part(k):
         return np.arange(count, dtype=np.float32) + 1000 * k
