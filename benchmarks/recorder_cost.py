@@ -27,7 +27,7 @@ class Native:
 
 class Group:
     rank, size, tuning = 0, 2, "shm"
-    native = Native()
+    native, revocation = Native(), None
 
     def close(self):
         pass

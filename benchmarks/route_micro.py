@@ -28,6 +28,7 @@ class OneRankGroup:
     """Rank 0 of 2 for the Communicator and its table; a transport of one rank below it."""
 
     rank, size, local_rank, tuning, coll, p2p, allocate = 0, 2, 0, "shm", None, None, None
+    revocation = None  # (nothing to revoke: no peer)
 
     def __init__(self) -> None:
         self.segment = Segment.create_unique(f"/tbrm{os.getpid()}_", Layout(1).total)

@@ -69,6 +69,15 @@ _INT64 = 1 << 63
 _OWN_ERRORS = (TbcollError, ValueError, TypeError)
 
 
+def watch_revocation(gate: Any, group: Group, rank: int) -> None:
+    """Lend the gate the transport's revocation word (Group.revocation), so that once a peer's
+    notice has set it every call here raises CommRevokedError at enter: the one flag every call
+    checks, set here by an interrupted call (gate.revoke) or by a peer's."""
+    if group.revocation is not None:
+        word, why = group.revocation
+        gate.watch(word, CommRevokedError, lambda: f"rank {rank}: {revoked(why())}")
+
+
 class Communicator(PointToPoint):
     """A group of ranks that run collectives together. Use tbcoll.init() to get the world."""
 
@@ -91,6 +100,7 @@ class Communicator(PointToPoint):
         self._check_calls = check_mode()
         # the lock, the calls in progress, the count and the flight recorder (tbcoll.core.gate)
         self._gate = Gate(record_size())
+        watch_revocation(self._gate, group, self.rank)
         self._release = track(self, group, self._gate, self._world_ranks)
         self._trace = new_trace(tracing(), self._world_ranks)  # every call, under --trace
         self._trace_chunk = trace_chunk() if self._trace is not None else 0

@@ -49,6 +49,7 @@ def track(communicator: Any, group: Any, gate: Any, world_ranks: tuple[int, ...]
 
 def _release(group: Any, gate: Any) -> None:
     if not gate.forked:
+        gate.unwatch()  # the group's revocation word may be in memory its close unmaps
         group.close()
 
 

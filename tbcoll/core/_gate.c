@@ -54,13 +54,17 @@ static int gate_init(Gate *self, PyObject *args, PyObject *kwargs)
         return -1;
     }
     self->ring_size = size;
+    self->refusal = &self->refused_here; /* 0: calls go on */
     return 0;
 }
+
+static PyObject *gate_unwatch(Gate *self, PyObject *unused);
 
 static void gate_dealloc(Gate *self)
 {
     Py_CLEAR(self->forked_error);
     Py_CLEAR(self->forked_message);
+    Py_XDECREF(gate_unwatch(self, NULL));
     PyMem_Free(self->ring);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
@@ -261,6 +265,7 @@ static PyObject *gate_fork(Gate *self, PyObject *args)
     Py_XSETREF(self->forked_error, Py_NewRef(error));
     Py_XSETREF(self->forked_message, Py_NewRef(message));
     self->forked = 1;
+    gate_refuse_here(self);
     Py_RETURN_NONE;
 }
 
@@ -280,6 +285,50 @@ static PyObject *gate_revoke(Gate *self, PyObject *args)
         Py_XSETREF(self->forked_message, Py_NewRef(message));
     }
     self->revoked = 1;
+    gate_refuse_here(self);
+    Py_RETURN_NONE;
+}
+
+/* watch(word, error, why): from now on every call raises error(why()) once word's first
+ * 8 bytes (aligned) are nonzero: the transport's revocation word (Group.revocation), which a
+ * peer's notice sets; once per gate */
+static PyObject *gate_watch(Gate *self, PyObject *args)
+{
+    PyObject *word, *error, *why;
+    if (!PyArg_ParseTuple(args, "OOO:watch", &word, &error, &why))
+        return NULL;
+    if (!PyExceptionClass_Check(error) || !PyCallable_Check(why) || self->revoked_word != NULL) {
+        PyErr_SetString(PyExc_TypeError, "watch(word, error class, why callable), once");
+        return NULL;
+    }
+    if (PyObject_GetBuffer(word, &self->revoked_view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    if (self->revoked_view.len < (Py_ssize_t)sizeof(uint64_t) ||
+        (uintptr_t)self->revoked_view.buf % sizeof(uint64_t)) {
+        PyBuffer_Release(&self->revoked_view);
+        PyErr_SetString(PyExc_ValueError, "watch: the word must be 8 aligned bytes");
+        return NULL;
+    }
+    self->revoked_word = self->revoked_view.buf;
+    self->revoked_error = Py_NewRef(error);
+    self->revoked_why = Py_NewRef(why);
+    if (!self->refused_here)
+        self->refusal = self->revoked_word;
+    Py_RETURN_NONE;
+}
+
+/* unwatch(): give the word's memory back (before the transport unmaps it: Group.close); a
+ * revocation already read stays */
+static PyObject *gate_unwatch(Gate *self, PyObject *unused)
+{
+    (void)unused;
+    if (self->revoked_word != NULL) {
+        self->refusal = &self->refused_here; /* (a revocation read stays: refused_here) */
+        self->revoked_word = NULL;
+        PyBuffer_Release(&self->revoked_view);
+        Py_CLEAR(self->revoked_error);
+        Py_CLEAR(self->revoked_why);
+    }
     Py_RETURN_NONE;
 }
 
@@ -298,7 +347,7 @@ static PyObject *gate_get_forked(Gate *self, void *unused)
 static PyObject *gate_get_revoked(Gate *self, void *unused)
 {
     (void)unused;
-    return PyBool_FromLong(self->revoked);
+    return PyBool_FromLong(self->revoked || (!self->refused_here && gate_refused(self)));
 }
 
 static PyObject *gate_get_held(Gate *self, void *unused)
@@ -328,6 +377,8 @@ static PyMethodDef gate_methods[] = {
     {"current", (PyCFunction)gate_current, METH_NOARGS, "The call in progress, or None."},
     {"fork", (PyCFunction)gate_fork, METH_VARARGS, "In a forked child: calls raise."},
     {"revoke", (PyCFunction)gate_revoke, METH_VARARGS, "Revoked: calls raise."},
+    {"watch", (PyCFunction)gate_watch, METH_VARARGS, "A peer's revocation sets this word."},
+    {"unwatch", (PyCFunction)gate_unwatch, METH_NOARGS, "Give the watched word back."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -36,6 +36,7 @@ compiled once, here, and a transport writes only its work.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from time import perf_counter
 from typing import Any
 
@@ -116,6 +117,8 @@ class PyGate:
         self._lock = threading.Lock()
         self._forked: tuple[type, str] | None = None
         self._revoked: tuple[type, str] | None = None
+        # watch()'s: the transport's revocation word (as 8-byte words), the error, why()
+        self._watched: tuple[memoryview, type, Callable[[], str]] | None = None
         self.completed = 0
 
     @property
@@ -128,7 +131,22 @@ class PyGate:
 
     @property
     def revoked(self) -> bool:
-        return self._revoked is not None
+        return self._revoked is not None or self._revoked_elsewhere()
+
+    def watch(self, word: Any, error: type, why: Callable[[], str]) -> None:
+        if self._watched is not None:
+            raise TypeError("watch(word, error class, why callable), once")
+        self._watched = (memoryview(word).cast("B").cast("Q"), error, why)
+
+    def unwatch(self) -> None:
+        if self._watched is not None:
+            self._watched[0].release()
+            self._watched = None
+
+    def _revoked_elsewhere(self) -> bool:
+        """A peer's notice has set the transport's word (a plain load: the no-compiler
+        transports' words are this process's, set with the GIL held)."""
+        return self._watched is not None and self._watched[0][0] != 0
 
     def fork(self, error: type, message: str) -> None:
         self._forked = (error, message)
@@ -138,6 +156,9 @@ class PyGate:
 
     def _refuse(self) -> None:
         """A call raises in a forked child, or on a revoked communicator."""
+        if not self._forked and not self._revoked and self._revoked_elsewhere():
+            _, error, why = self._watched
+            self._revoked = (error, why())
         if refusal := self._forked or self._revoked:
             raise refusal[0](refusal[1])
 

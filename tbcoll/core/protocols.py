@@ -142,6 +142,31 @@ class Group(Protocol):
     # keeps what it maps until the array is collected or the Group closes); None where the
     # transport has none (comm.empty then returns np.empty)
     allocate: Callable[[int], np.ndarray] | None
+    # revocation: (word, why), the flag a peer's notice sets, lent to the communicator's call
+    # gate so that every call checks it with one load at enter (CommRevokedError at once, on
+    # every rank, whatever the call): word is a buffer whose first 8 bytes (aligned) turn
+    # nonzero once any rank has revoked this group (stored with release where another process
+    # stores it: shm's segment), why() -> the notice's line. None: the transport raises
+    # CommRevokedError from its waits only (mpi), or a revocation is local (its peers learn
+    # nothing).
+    revocation: tuple[Any, Callable[[], str]] | None
+
+    # A group that spans two transports (shm inside a host, tcp or rdma between hosts: the
+    # next step, not built) is a Group like any other, made of two: the host's shm Group and
+    # a network Group of the hosts' ranks. What it needs of each, and they already give:
+    # - a P2P endpoint per peer: its p2p and coll route each (peer, tag) to the endpoint of the
+    #   group that holds that peer (renumbered: a P2P's ranks are its own group's), and its
+    #   waitall and test take a mix of both endpoints' requests, waiting on each endpoint's
+    #   own (a request stays its endpoint's object: nothing else may read it);
+    # - begin_call/end_call passed to both (each compares the call where it exchanges), one
+    #   context_hint (the larger) and a split of both; revoke on both, and one revocation
+    #   word the gate loads (the network's notice and the host's segment word set together:
+    #   a hybrid lends a word of its own that either sets);
+    # - natives of two levels (the host's reduce and broadcast around the hosts' all_reduce)
+    #   are its own Native, over the two groups' natives and P2P; its tuning names its table.
+    # The stream engine (tbcoll.transports.stream) already holds one Channel per peer, of any
+    # kind that offers non-blocking sendmsg, recv_into and close; readiness (_ready) is the
+    # subclass's, and stream_counts/replace_channel keep a peer's byte counts across Channels.
 
     def begin_call(self, seq: int, signature: int) -> None:
         """This rank is about to run a collective: its number on this communicator (1, 2,

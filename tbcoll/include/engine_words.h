@@ -6,7 +6,7 @@
  * Each of the engine's doors marks them STALE as it leaves
  * (tbcoll.transports.stream.turns.Marking); C, finding them so, has the engine publish them
  * (StreamTransport.publish_words) before it tests one, so that they are true whenever C tests them.
- * C stores only next_pull's.
+ * C stores only next_pull's, and adds to the byte counts (count_stream) of what it moves itself.
  *
  * Used by shm's send and recv (tbcoll/transports/shm/moves.c) and tcp's whole all_reduce
  * (tbcoll/transports/tcp/tcp_lane.c); each says why its plain loads and stores are safe (the
@@ -19,7 +19,10 @@
 #include <Python.h>
 #include <stdint.h>
 
-enum { ENGINE_WORD = 0, PEER_WORDS = 1, WORDS_PER_PEER = 2, STATE_WORD = 0, NEXT_PULL_WORD = 1 };
+enum {
+    ENGINE_WORD = 0, PEER_WORDS = 1, WORDS_PER_PEER = 4,
+    STATE_WORD = 0, NEXT_PULL_WORD = 1, SENT_WORD = 2, RECEIVED_WORD = 3
+};
 /* the engine word's bits */
 #define STALE (1u << 0)   /* the state words may be out of date */
 #define WRITING (1u << 1) /* a send waits for room in a socket (tcp: the engine must watch it)
@@ -45,10 +48,22 @@ enum { ENGINE_WORD = 0, PEER_WORDS = 1, WORDS_PER_PEER = 2, STATE_WORD = 0, NEXT
 #define SEND_HELD (SENDING | LOST)
 #define RECV_HELD (LOST | READING | POSTED | UNEXPECTED | MISMATCH)
 
-/* peer's word at `which` (STATE_WORD, NEXT_PULL_WORD) in the words at `words` */
+/* peer's word at `which` (STATE_WORD, NEXT_PULL_WORD, SENT_WORD, RECEIVED_WORD) in the words at `words` */
 static inline uint64_t *engine_word(void *words, Py_ssize_t peer, int which)
 {
     return (uint64_t *)words + PEER_WORDS + peer * WORDS_PER_PEER + which;
+}
+
+/* Count bytes that a C path wrote to, and read from, peer's stream (its SENT_WORD and
+ * RECEIVED_WORD: every byte the stream carried, header and payload, whichever path moved it;
+ * the engine counts its own in Python). Plain adds, no release/acquire: only the thread that
+ * holds the engine (its Turns' lock, which a C path keeps while it moves bytes) ever writes
+ * them, and they are read in this process only, by a holder of that lock (the lock orders
+ * them), so a new connection can resume the stream from the byte its peer last received. */
+static inline void count_stream(void *words, Py_ssize_t peer, uint64_t sent, uint64_t received)
+{
+    *engine_word(words, peer, SENT_WORD) += sent;
+    *engine_word(words, peer, RECEIVED_WORD) += received;
 }
 
 /* Have the engine publish its words (publish: StreamTransport.publish_words) where a door has
@@ -79,7 +94,8 @@ static inline int add_engine_words(PyObject *module)
     } layout[] = {
         {"ENGINE_WORD", ENGINE_WORD}, {"STALE", STALE}, {"WRITING", WRITING},
         {"PEER_WORDS", PEER_WORDS}, {"WORDS_PER_PEER", WORDS_PER_PEER},
-        {"STATE_WORD", STATE_WORD}, {"NEXT_PULL_WORD", NEXT_PULL_WORD}, {"SENDING", SENDING},
+        {"STATE_WORD", STATE_WORD}, {"NEXT_PULL_WORD", NEXT_PULL_WORD}, {"SENT_WORD", SENT_WORD},
+        {"RECEIVED_WORD", RECEIVED_WORD}, {"SENDING", SENDING},
         {"LOST", LOST}, {"READING", READING}, {"POSTED", POSTED}, {"UNEXPECTED", UNEXPECTED},
         {"MISMATCH", MISMATCH}, {"PULLS", PULLS},
     };

@@ -61,6 +61,14 @@ typedef struct {
     GateRecord last;       /* the last call recorded (seq 0: none yet) */
     GateRecord *ring;      /* the flight recorder: call seq at ring[seq % ring_size] */
     Py_ssize_t ring_size;  /* 0: none */
+    /* The one flag every call loads at enter: nonzero where it must raise. It points at
+     * refused_here, which fork() and revoke() set, or, while none has, at the transport's
+     * revocation word (watch(): Group.revocation), which a peer's notice sets. */
+    const uint64_t *refusal;
+    uint64_t refused_here;
+    const uint64_t *revoked_word; /* watch()'s word, NULL where none */
+    Py_buffer revoked_view;  /* holds the word's memory (the segment, or the engine's array) */
+    PyObject *revoked_error, *revoked_why; /* raised as revoked_error(revoked_why()) */
 } Gate;
 
 typedef struct {
@@ -110,12 +118,48 @@ static inline void gate_end(Gate *g, int slot)
         g->depth--;
 }
 
+/* Whether every call must raise: the one flag (refusal), one load per call. Relaxed (a plain
+ * load, which the compiler may not tear or cache across calls): it orders nothing itself. A
+ * transport's word set by another process (shm's, in the segment) is stored with release after
+ * the notice's line, and why() reads that line behind its own acquire load of the line's
+ * length (ShmNative.notice_text), so the text is whole on ARM64 as on x86-64; a word seen a
+ * call late only raises a call later. The stream engine's word, and refused_here, are this
+ * process's, set with the GIL held. */
+static inline int gate_refused(const Gate *g)
+{
+    return __atomic_load_n(g->refusal, __ATOMIC_RELAXED) != 0;
+}
+
+/* Point the one flag at refused_here, set: fork() and revoke() */
+static inline void gate_refuse_here(Gate *g)
+{
+    g->refused_here = 1;
+    g->refusal = &g->refused_here;
+}
+
+/* Revoke the gate from its transport's word: every later call raises revoked_error(why()).
+ * 0, or -1 with an exception. */
+static inline int gate_take_revocation(Gate *g)
+{
+    PyObject *message = PyObject_CallNoArgs(g->revoked_why);
+    if (message == NULL)
+        return -1;
+    Py_XSETREF(g->forked_error, Py_NewRef(g->revoked_error));
+    Py_XSETREF(g->forked_message, message);
+    g->revoked = 1;
+    gate_refuse_here(g);
+    return 0;
+}
+
 /* Take the gate for a user thread's call and begin it: its slot; -1 where another call holds
- * the gate; -2 with the error set in a forked child or on a revoked communicator. */
+ * the gate; -2 with the error set in a forked child or on a revoked communicator (here, or on a
+ * peer whose notice set the transport's word). */
 static inline int gate_enter(Gate *g, int kind, int dtype, int op, long root, Py_ssize_t bytes,
                              int algorithm, int timed)
 {
-    if (g->forked || g->revoked) {
+    if (gate_refused(g)) {
+        if (!g->forked && !g->revoked && gate_take_revocation(g) < 0)
+            return -2;
         PyErr_SetObject(g->forked_error, g->forked_message);
         return -2;
     }

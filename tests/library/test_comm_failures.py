@@ -446,6 +446,98 @@ def test_an_interrupted_call_revokes_the_communicator_on_every_rank(script, back
                                "all_reduce 8 MB REVOKED", "WORLD OK"], p.stdout + p.stderr
 
 
+REVOKED_EVERY_CALL = """
+import signal
+import time
+
+import numpy as np
+
+import tbcoll
+from tbcoll.collectives.barrier import Barrier
+
+
+class Alarm(Exception):
+    pass
+
+
+def ring(*_):
+    raise Alarm("the user's alarm")
+
+
+signal.signal(signal.SIGALRM, ring)
+tbcoll.register_collective(type("Knock", (Barrier,), {"name": "knock"})())
+world = tbcoll.init()
+rank, peer = world.rank, 1 - world.rank
+small, mib, big = np.ones(2, np.float32), np.ones(1 << 18, np.float32), np.ones(1 << 22, np.float32)
+CALLS = {
+    "all_reduce 8 B": lambda c: c.all_reduce(small),
+    "all_reduce 1 MiB": lambda c: c.all_reduce(mib),
+    "all_reduce 16 MiB": lambda c: c.all_reduce(big),
+    "all_gather": lambda c: c.all_gather(small),
+    "broadcast": lambda c: c.broadcast(small, root=0),
+    "reduce_scatter": lambda c: c.reduce_scatter(np.ones(4, np.float32)),
+    "barrier": lambda c: c.barrier(),
+    "all_to_all": lambda c: c.all_to_all(np.ones(4, np.float32)),
+    "gather": lambda c: c.gather(small, root=0),
+    "scatter": lambda c: c.scatter(np.ones(4, np.float32) if rank == 0 else None, root=0),
+    "reduce": lambda c: c.reduce(small, root=0),
+    "send": lambda c: c.send(small, peer),
+    "recv": lambda c: c.recv(np.empty(2, np.float32), peer),
+    "isend": lambda c: c.isend(small, peer),
+    "irecv": lambda c: c.irecv(np.empty(2, np.float32), peer),
+    "iall_reduce": lambda c: c.iall_reduce(small),
+    "iall_gather": lambda c: c.iall_gather(small),
+    "ireduce_scatter": lambda c: c.ireduce_scatter(np.ones(4, np.float32)),
+    "ibroadcast": lambda c: c.ibroadcast(small, root=0),
+    "iall_to_all": lambda c: c.iall_to_all(np.ones(4, np.float32)),
+    "icollective": lambda c: c.icollective("knock"),
+    "split": lambda c: c.split(0),
+    "empty": lambda c: c.empty(4, np.float32),
+    "a registered collective": lambda c: c.knock(),
+}
+wrong = []
+for name, call in CALLS.items():
+    sub = world.split(0)
+    if rank == 0:  # interrupted in a receive that rank 1 never sends: revokes sub
+        signal.setitimer(signal.ITIMER_REAL, 0.05)
+        try:
+            sub.recv(np.empty(2, np.float32), 1)
+            raise SystemExit("not interrupted")
+        except Alarm:
+            pass
+    world.barrier()  # (rank 0's notice reaches rank 1 before this barrier's message)
+    started = time.monotonic()
+    try:
+        call(sub)
+        wrong.append(f"{name}: went through")
+    except tbcoll.CommRevokedError as e:
+        if "rank 0 was interrupted in recv from rank 1 (Alarm)" not in str(e):
+            wrong.append(f"{name}: {e}")
+        if time.monotonic() - started > 0.5:
+            wrong.append(f"{name}: raised after {time.monotonic() - started:.2f} s")
+    except Exception as e:  # noqa: BLE001
+        wrong.append(f"{name}: {type(e).__name__}: {e}")
+    sub.close()
+    world.barrier()
+print("WRONG" if wrong else "ALL REVOKED", "; ".join(wrong), flush=True)
+"""
+
+
+@pytest.mark.parametrize("backend", ["shm", "tcp"])
+def test_every_call_on_every_rank_raises_once_revoked(script, backend):
+    """Revocation is one flag that every call checks (the gate's, which a peer's notice sets
+    through the transport's word, Group.revocation): after rank 0's interrupted receive,
+    each public call, made first on a fresh revoked communicator, raises CommRevokedError at
+    once on both ranks. Before, rank 1's send, isend, irecv and iall_reduce went through
+    (none of them waits, and only waits read the notice)."""
+    p = tbrun("-np", 2, "--backend", backend, "--comm-timeout", 20,
+              script(REVOKED_EVERY_CALL), timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    lines = tagged_lines(p.stdout)
+    for rank in (0, 1):
+        assert lines[rank] == ["ALL REVOKED "], p.stdout + p.stderr
+
+
 def test_a_peer_waiting_in_mlx_on_a_revoked_world_is_ended_saying_why(script):
     """MLX's collectives wait in C, where no signal handler runs: rank 0's alarm lands once
     MLX returns, and revokes all the same; rank 1, whose next call then waits in MLX for rank

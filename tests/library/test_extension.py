@@ -259,6 +259,7 @@ class PipesGroup:
     tuning = "pipes"
     native = None
     allocate = None
+    revocation = None  # a revocation is this rank's only
 
     def __init__(self, engine: _Engine, rank: int, size: int) -> None:
         self.engine, self.rank, self.size, self.local_rank = engine, rank, size, rank

@@ -57,7 +57,7 @@ class _Native:
 
 
 class _Group:
-    rank, size, tuning, coll = 0, 4, "rdma", None
+    rank, size, tuning, coll, revocation = 0, 4, "rdma", None, None
 
     def __init__(self):
         self.native = _Native()

@@ -303,7 +303,7 @@ class MlxGroup:
         self.end_call, self.describe_links = tcp.end_call, tcp.describe_links
         # told over tcp: a peer that waits in MLX's C (its collectives) cannot look, and
         # waits on, as MLX has no timeout
-        self.revoke = tcp.revoke
+        self.revoke, self.revocation = tcp.revoke, tcp.revocation
 
     def begin_call(self, seq: int, signature: int) -> None:
         self._tcp.begin_call(seq, signature)  # for the algorithms

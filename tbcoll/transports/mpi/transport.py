@@ -487,6 +487,7 @@ class MpiGroup:
 
     tuning = "mpi"
     allocate = None  # comm.empty: plain arrays
+    revocation = None  # a peer's notice is read in the waits (Notices)
 
     def __init__(self, comm: MPI.Comm, timeout: float) -> None:
         self._comm, self._timeout = comm, timeout

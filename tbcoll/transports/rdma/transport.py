@@ -259,6 +259,7 @@ class RdmaGroup:
         self.coll = StreamEndpoint(stream, context + 1, members)
         self.rank, self.size = self.p2p.rank, self.p2p.size
         self.begin_call = self.coll.begin_call  # every message of a call carries it
+        self.revocation = stream.revocation(context)
 
     def end_call(self) -> None:
         pass  # compared as messages arrive, and in the natives' headers

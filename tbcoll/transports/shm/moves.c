@@ -170,9 +170,13 @@ static int ring_move(Lane *self, int sending, const Py_buffer *payload, char *se
         m->moved = ring_put_message(ring, capacity, (const char *)m->header, HEADER_BYTES,
                                     payload->buf, payload->len, self->send_budget);
         whole += HEADER_BYTES;
+        count_stream(self->words.buf, m->peer, (uint64_t)m->moved, 0);
     } else {
         m->moved = ring_take(ring, capacity, m->header, payload->buf, payload->len,
                              self->recv_budget);
+        /* (the header is consumed only where it matched: moved >= 0) */
+        count_stream(self->words.buf, m->peer, 0,
+                     m->moved >= 0 ? HEADER_BYTES + (uint64_t)m->moved : 0);
     }
     return m->moved == whole ? MOVED : FINISH;
 }
@@ -313,14 +317,17 @@ static int pull_move(Lane *self, int sending, const Py_buffer *payload, char *se
         put_answer(answer, m->pull, 0);
         char none;
         /* acquire (ring_take): the receiver's copy is done before its answer's head */
-        return ring_take(from, capacity, answer, &none, 0, self->recv_budget) == 0
-                   ? MOVED : ANNOUNCED_SEND;
+        int answered = ring_take(from, capacity, answer, &none, 0, self->recv_budget) == 0;
+        count_stream(self->words.buf, peer, HEADER_BYTES + DESCRIPTOR_BYTES,
+                     answered ? HEADER_BYTES : 0);
+        return answered ? MOVED : ANNOUNCED_SEND;
     }
     put_announcement_header(announcement, m->context, m->tag, m->seq, m->call); /* expected */
     m->moved = ring_take(from, capacity, announcement, (char *)m->descriptor, DESCRIPTOR_BYTES,
                          self->recv_budget);
     if (m->moved < 0)
         return FINISH; /* none yet, another message first, or an overwritten ring */
+    count_stream(self->words.buf, peer, 0, HEADER_BYTES + (uint64_t)m->moved);
     if (m->moved < DESCRIPTOR_BYTES || ring_room(to, capacity) < HEADER_BYTES ||
         pull_payload(pid_of(self, segment, peer), m->descriptor, payload->buf,
                      payload->len) != 0)
@@ -329,6 +336,7 @@ static int pull_move(Lane *self, int sending, const Py_buffer *payload, char *se
     /* release: the copy has returned before the answer's head */
     ring_put_message(to, capacity, (const char *)answer, HEADER_BYTES, NULL, 0,
                      self->send_budget);
+    count_stream(self->words.buf, peer, HEADER_BYTES, 0);
     return MOVED;
 }
 #endif

@@ -139,7 +139,8 @@ class Layout:
         self.pids = LINE
         self.flags = self.pids + _round_up(8 * size, LINE)
         self.notices = self.flags + size * LINE  # (ShmNative.post_notice)
-        self.data = _round_up(self.notices + size * LINE, 4096)
+        self.revoked = self.notices + size * LINE  # a word: any rank's notice is posted
+        self.data = _round_up(self.revoked + LINE, 4096)
         self.set_bytes = (size + 1) * SLOT
         self.pipes = self.data + 2 * self.set_bytes
         self.pipe_bytes = Ring.CONTROL + RING
@@ -473,14 +474,28 @@ class ShmNative:
         text = notice.encode()[:LINE - 9]
         self.segment.buffer[at + 8:at + 8 + len(text)] = text
         self.flags.store(at, len(text) + 1)
+        self.flags.store(self.layout.revoked, 1)  # release: after the line (see revocation)
 
-    def raise_if_revoked(self) -> None:
-        """Raise CommRevokedError where a rank has posted a notice (acquire)."""
+    def revocation(self) -> tuple[memoryview, Callable[[], str]]:
+        """The segment's revocation word and the first notice posted (Group.revocation): the
+        communicator's gate loads the word at each call; post_notice stores it with release
+        after the notice's line, and notice_text reads the line behind an acquire load of its
+        length, so the line is whole (ARM64 too)."""
+        word = memoryview(self.segment.buffer)[self.layout.revoked:self.layout.revoked + 8]
+        return word, self.notice_text
+
+    def notice_text(self) -> str:
+        """The first rank's notice posted, or "" (acquire, per line)."""
         for rank in range(self.size):
             at = self.layout.notices + LINE * rank
             if length := self.flags.load(at):
-                text = bytes(self.segment.buffer[at + 8:at + 7 + length])
-                raise CommRevokedError(revoked(text.decode(errors="replace")))
+                return bytes(self.segment.buffer[at + 8:at + 7 + length]).decode(errors="replace")
+        return ""
+
+    def raise_if_revoked(self) -> None:
+        """Raise CommRevokedError where a rank has posted a notice (acquire)."""
+        if text := self.notice_text():
+            raise CommRevokedError(revoked(text))
 
     def _wait_all(self, word: int, target: int) -> None:
         offset, ranks = self._flag(0, word), range(self.size)

@@ -317,6 +317,7 @@ class ShmGroup:
         self.members, self._names, self._timeout = members, names, timeout
         self.native = ShmNative(segment, rank, len(members), timeout, names.prefix)
         self.allocate = self.native.allocate
+        self.revocation = self.native.revocation()
         self.native.publish_pid()  # before any round or message (see ShmNative.pid_of)
         self._stream = ShmStream(self.native, timeout)
         ranks = list(range(len(members)))
@@ -353,6 +354,7 @@ class ShmGroup:
 
     def close(self) -> None:
         self._stream.close()
+        self.revocation[0].release()  # (the segment cannot unmap while it is lent)
         self.native.close()
 
 

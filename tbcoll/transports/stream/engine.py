@@ -62,7 +62,9 @@ from tbcoll.transports.stream.words import (
     POSTED,
     PULLS,
     READING,
+    RECEIVED_WORD,
     SENDING,
+    SENT_WORD,
     STATE_WORD,
     UNEXPECTED,
     WORDS_PER_PEER,
@@ -105,6 +107,7 @@ class StreamTransport(Pulls, Revocation):
         # a revoked communicator's contexts -> the notice (see the module docstring); a wait
         # for a message of one of them fails
         self._revoked: dict[int, str] = {}
+        self._revocation_words: dict[int, array] = {}  # a communicator's first context -> its
         # per peer: its state as a C path tests it, and the id of its next pull (see
         # WORDS_PER_PEER); the state words are set by publish_words only
         self.words = array("Q", bytes(8 * (PEER_WORDS + WORDS_PER_PEER * size)))
@@ -142,6 +145,36 @@ class StreamTransport(Pulls, Revocation):
                                 "from one thread at a time (make a thread's communicator "
                                 "before it starts)")
             self._contexts.add(context)
+
+    def stream_counts(self, rank: int) -> tuple[int, int]:
+        """The bytes this rank's stream to rank has carried so far, (sent, received), over
+        every Channel it had and by every path (the engine's and C's): what a stream resumed
+        on a new Channel goes on from."""
+        at = self._peers[rank].words_at
+        return self.words[at + SENT_WORD], self.words[at + RECEIVED_WORD]
+
+    def replace_channel(self, rank: int, channel: Channel) -> None:
+        """Carry the stream to rank over channel from now on, its byte counts kept, and close
+        the old one: between calls, where nothing of the peer's is queued or half-read (the
+        stream's bytes so far are whole messages on both ends; a transport that replaces a
+        channel in mid-message must first replay from the peer's RECEIVED count). Both ends
+        replace it at the same point of their streams."""
+        with self.turns:
+            peer = self._peers.get(rank)
+            if peer is None or peer.lost:
+                raise CommError(f"rank {self.rank} has no live stream to rank {rank} to move "
+                                "to a new channel")
+            if peer.sendq or peer.target is not None or peer.start != peer.end:
+                raise CommError(f"rank {self.rank}: the stream to rank {rank} is in mid-message "
+                                "(a send queued or a message half-read): replace its channel "
+                                "between calls")
+            self._swap_channel(peer, channel)
+
+    def _swap_channel(self, peer: Peer, channel: Channel) -> None:
+        """Make channel peer's, closing the old one (a subclass that watches its streams, or
+        whose C holds them, follows the new one)."""
+        old, peer.channel = peer.channel, channel
+        old.close()
 
     def close(self) -> None:
         for peer in self._peers.values():
@@ -365,6 +398,7 @@ class StreamTransport(Pulls, Revocation):
                 self._lose(peer, self._send_failure(e))
                 raise PeerLostError(f"lost connection to rank {peer.rank} ({peer.lost})",
                                     (peer.rank,)) from e
+            self.words[peer.words_at + SENT_WORD] += sent  # the holder of the engine's
             views = request.views
             while sent:
                 if sent >= len(views[0]):
@@ -426,6 +460,7 @@ class StreamTransport(Pulls, Revocation):
             return 0
         if got == 0:
             self._lose(peer, "it closed the connection: exited or crashed")
+        self.words[peer.words_at + RECEIVED_WORD] += got  # (as _pump_out's)
         return got
 
     def _parse(self, peer: Peer) -> None:

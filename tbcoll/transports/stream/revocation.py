@@ -11,7 +11,8 @@ own included.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from array import array
+from collections.abc import Callable, Iterable
 
 from tbcoll.core.errors import CommError, CommRevokedError, revoked
 from tbcoll.core.framing import NOTICE_BYTES, REVOKED
@@ -20,7 +21,8 @@ from tbcoll.transports.stream.peers import Recv, Send
 
 class Revocation:
     """The revocation part of StreamTransport (mixed into it): it calls the engine's _header,
-    _queue, waitall, _move and _ready, and keeps the notices in its _revoked."""
+    _queue, waitall, _move and _ready, and keeps the notices in its _revoked and each
+    communicator's word (revocation) in its _revocation_words."""
 
     def revoke(self, context: int, members: Iterable[int], notice: str) -> None:
         """Revoke the communicator of contexts (context, context + 1) here and tell members
@@ -59,9 +61,21 @@ class Revocation:
                 pass
         return self._revoked.get(context)
 
+    def revocation(self, context: int) -> tuple[array, Callable[[], str]]:
+        """The communicator of context's revocation word and its notice (Group.revocation):
+        the word turns 1 as this engine reads a peer's notice, or revokes it here."""
+        word = self._revocation_words.setdefault(context, array("Q", [0]))
+        if context in self._revoked:
+            word[0] = 1
+        return word, lambda: self._revoked.get(context, "")
+
     def _revoke(self, context: int, notice: str) -> None:
-        """Fail every wait on the communicator of contexts (context, context + 1)."""
+        """Fail every wait on the communicator of contexts (context, context + 1), and set its
+        word, which its gate loads at each call (a plain store: this process's memory, with
+        the GIL held; the notice is in _revoked before it)."""
         self._revoked[context] = self._revoked[context + 1] = notice
+        if (word := self._revocation_words.get(context)) is not None:
+            word[0] = 1
 
     def _fail_revoked(self, pending: list[Send | Recv]) -> None:
         """Raise where one of pending is of a revoked communicator."""

@@ -8,15 +8,21 @@ publish them, StreamTransport.publish_words) and WRITING (whether threads share 
 Turns.shared_word). Peer k's are
 words[PEER_WORDS + k * WORDS_PER_PEER + STATE_WORD] (the peer bits below) and
 [... + NEXT_PULL_WORD] (the id of the next message pulled from this rank by k, which the
-engine and C both take). tbcoll/include/engine_words.h has the same layout; each extension
-that includes it exports it, and its transport checks it at import (check_words).
+engine and C both take), [... + SENT_WORD] and [... + RECEIVED_WORD] (every byte the stream to
+k has carried each way, header and payload, whichever path moved it: the engine adds what its
+Channel moves, a C path what it moves on the socket itself; kept across a new Channel,
+StreamTransport.replace_channel, so that a stream can resume from the byte its peer last
+received). Only the holder of the engine (its Turns) writes or reads the counts, so plain adds
+suffice. tbcoll/include/engine_words.h has the same layout; each extension that includes it
+exports it, and its transport checks it at import (check_words).
 """
 
 from __future__ import annotations
 
 from types import ModuleType
 
-ENGINE_WORD, PEER_WORDS, WORDS_PER_PEER, STATE_WORD, NEXT_PULL_WORD = 0, 1, 2, 0, 1
+ENGINE_WORD, PEER_WORDS, WORDS_PER_PEER = 0, 1, 4
+STATE_WORD, NEXT_PULL_WORD, SENT_WORD, RECEIVED_WORD = 0, 1, 2, 3
 # the engine word's bits
 STALE = 1 << 0  # the state words may be out of date
 WRITING = 1 << 1  # a send waits for room in a socket (tcp: the engine must watch it)
@@ -30,7 +36,8 @@ MISMATCH = 1 << 5  # the ranks' calls were found to differ (the engine's: in eve
 PULLS = 1 << 6  # large messages to and from the peer are pulled
 WORD_LAYOUT = {"ENGINE_WORD": ENGINE_WORD, "STALE": STALE, "WRITING": WRITING,
                "PEER_WORDS": PEER_WORDS, "WORDS_PER_PEER": WORDS_PER_PEER,
-               "STATE_WORD": STATE_WORD, "NEXT_PULL_WORD": NEXT_PULL_WORD, "SENDING": SENDING,
+               "STATE_WORD": STATE_WORD, "NEXT_PULL_WORD": NEXT_PULL_WORD,
+               "SENT_WORD": SENT_WORD, "RECEIVED_WORD": RECEIVED_WORD, "SENDING": SENDING,
                "LOST": LOST, "READING": READING, "POSTED": POSTED, "UNEXPECTED": UNEXPECTED,
                "MISMATCH": MISMATCH, "PULLS": PULLS}
 

@@ -316,6 +316,22 @@ static int engine_idle(void *lane)
     return 1;
 }
 
+/* The bytes a receive read from its socket: the header and the payload copied once the
+ * header matched, else what it staged (exchange.h's struct received) */
+static uint64_t read_from_socket(const struct received *r)
+{
+    return r->copied >= 0 ? HEADER_BYTES + (uint64_t)r->copied : (uint64_t)r->staged;
+}
+
+/* Count what the ways moved on each peer's stream (the engine's words; the engine is this
+ * thread's, taken, see count_stream) */
+static void count_ways(TcpLane *self, const struct way *ways)
+{
+    for (int i = 0; i < self->peers; i++)
+        count_stream(self->words.buf, self->peer_words[i], ways[i].sent,
+                     read_from_socket(&ways[i].r));
+}
+
 /* The exchange and the reduction of a taken call (the lane's work) */
 static int exchange_and_reduce(void *lane, int kind, PyObject *x, const Py_buffer *xv,
                                PyObject *target, const Py_buffer *tv, int dtype, int op,
@@ -350,6 +366,7 @@ static int exchange_and_reduce(void *lane, int kind, PyObject *x, const Py_buffe
     stopped = exchange_reduce(ways, self->peers, (const char *)header, xv->buf, len, self->spin,
                               self->budget, tv->buf, NULL, self->rank, dtype, op);
     Py_END_ALLOW_THREADS
+    count_ways(self, ways);
     if (stopped <= 0) {
         if (stopped < 0)
             PyErr_NoMemory();
@@ -395,6 +412,7 @@ static int move_message(void *lane, int sending, PyObject *x, const Py_buffer *x
         /* non-blocking: no wait, so the GIL stays (as _sockets.send) */
         ssize_t sent = send_one(self->fds[i], header, HEADER_BYTES, xv->buf, (size_t)xv->len);
         int error = sent < 0 ? errno : 0;
+        count_stream(self->words.buf, self->peer_words[i], sent < 0 ? 0 : (uint64_t)sent, 0);
         if (sent == HEADER_BYTES + xv->len)
             return 0;
         done = PyObject_CallFunction(self->finish_send, CALLBACK_FORMAT(TCP_FINISH_SEND), x,
@@ -407,6 +425,7 @@ static int move_message(void *lane, int sending, PyObject *x, const Py_buffer *x
         r = receive_one(self->fds[i], (const char *)header, xv->buf, xv->len, self->stages[i].buf,
                         self->stages[i].len, self->spin, self->budget);
         Py_END_ALLOW_THREADS
+        count_stream(self->words.buf, self->peer_words[i], 0, read_from_socket(&r));
         if (r.copied == xv->len)
             return 0;
         done = PyObject_CallFunction(self->finish_recv, CALLBACK_FORMAT(TCP_FINISH_RECV), x,

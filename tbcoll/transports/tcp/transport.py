@@ -22,8 +22,9 @@ import numpy as np
 
 from tbcoll.core.callbacks import check_callbacks, checked
 from tbcoll.core.calls import NO_CALL
-from tbcoll.core.errors import PEER_ENDED, PeerLostError
+from tbcoll.core.errors import PEER_ENDED, CommError, PeerLostError
 from tbcoll.core.extensions import c_extension
+from tbcoll.core.framing import HEADER
 from tbcoll.core.wire_check import check_wire
 from tbcoll.job.env import LaunchInfo, link_delay, placement
 from tbcoll.job.rendezvous import Store
@@ -36,9 +37,17 @@ from tbcoll.transports.socket_mesh import (
     send_failure,
     unanswered,
 )
-from tbcoll.transports.stream import Peer, Recv, Send, StreamEndpoint, StreamTransport, bytes_of
+from tbcoll.transports.stream import (
+    Channel,
+    Peer,
+    Recv,
+    Send,
+    StreamEndpoint,
+    StreamTransport,
+    bytes_of,
+)
 from tbcoll.transports.stream.turns import Marking
-from tbcoll.transports.stream.words import check_words
+from tbcoll.transports.stream.words import RECEIVED_WORD, SENT_WORD, check_words
 from tbcoll.transports.tcp.delayed import DelayedChannel
 from tbcoll.transports.tcp.native import TcpNative
 
@@ -104,6 +113,7 @@ class TcpTransport(StreamTransport):
             written = _sockets.send(peer.channel.fileno(), header, buf)
         except OSError as e:
             raise self._send_failed(peer, e.errno) from e
+        self.words[peer.words_at + SENT_WORD] += written  # (the engine's holder: its counts)
         return self._send_rest(peer, header, bytes_of(buf), written)
 
     def recv(self, buf: np.ndarray, source: int, context: int, tag: int,
@@ -119,6 +129,7 @@ class TcpTransport(StreamTransport):
         header = self._header(context, tag, buf.nbytes, call[0], call[1])
         copied, staged, error = _sockets.recv(peer.channel.fileno(), header, buf, peer.stage,
                                               *self._c_wait())
+        self.words[peer.words_at + RECEIVED_WORD] += read_by_c(copied, staged)
         if copied != buf.nbytes:
             self.waitall([self._resumed(peer, buf, context, tag, call, copied, staged, error)])
 
@@ -135,6 +146,7 @@ class TcpTransport(StreamTransport):
             header = self._header(context, tag, buf.nbytes, call[0], call[1])
             stopped = _sockets.exchange(fds, header, buf, blocks, stages, *self._c_wait(),
                                         reduction)
+            self._count_exchange(streams, len(header) + buf.nbytes, stopped)
             if stopped is None:
                 return reduction is not None
             self._exchange_on(buf, streams, blocks, context, tag, call, header, stopped)
@@ -220,6 +232,29 @@ class TcpTransport(StreamTransport):
             requests.append(self._resumed(stream, blocks[i], context, tag, call, copied,
                                           staged, error))
         self.waitall([request for request in requests if request is not None])
+
+    def _count_exchange(self, streams: list[Peer], whole: int, stopped: tuple | None) -> None:
+        """Count what _sockets.exchange moved on each stream (stopped None: whole messages
+        both ways), in the engine's words."""
+        words = self.words
+        for i, stream in enumerate(streams):
+            sent, received = ((whole, whole) if stopped is None else
+                              (stopped[i][0], read_by_c(stopped[i][2], stopped[i][3])))
+            words[stream.words_at + SENT_WORD] += sent
+            words[stream.words_at + RECEIVED_WORD] += received
+
+    def _swap_channel(self, peer: Peer, channel: Channel) -> None:
+        """A new connection takes the old one's descriptor number (dup2, which closes the old
+        connection): the C Lanes and the exchanges' arguments hold that number, and poll()
+        watches it, so all of them follow the new connection as they stand."""
+        if not isinstance(channel, socket.socket) or not isinstance(peer.channel, socket.socket):
+            raise CommError(f"rank {self.rank}: tcp replaces a connection with a connected "
+                            f"socket, not a {type(channel).__name__} (nor one that holds "
+                            "bytes back: TBCOLL_LINK_DELAY_US)")
+        channel.setblocking(False)
+        os.dup2(channel.fileno(), peer.channel.fileno(), inheritable=False)
+        channel.close()
+        self._links[peer.rank] = link_of(peer.channel)
 
     def _exchange_args(self, peers: tuple[int, ...]) -> tuple[list[Peer], tuple | None, tuple]:
         """exchange's streams, and its arguments for C (fds None where C does not take it)."""
@@ -368,6 +403,7 @@ class TcpGroup:
         self.coll = StreamEndpoint(transport, context + 1, members)
         self.rank, self.size = self.p2p.rank, self.p2p.size
         self.begin_call = self.coll.begin_call  # every message of a call carries it
+        self.revocation = transport.revocation(context)
         self.native = TcpNative(transport, self.coll, context + 1, members)
         if self.native.lane is not None:  # the communicator's send and recv too
             self.native.lane.moves(
@@ -411,6 +447,12 @@ class TcpGroup:
     def close(self) -> None:
         if self._owns:
             self._transport.close()
+
+
+def read_by_c(copied: int, staged: int) -> int:
+    """The bytes a C receive read from its socket (copied, staged: as _sockets.recv says):
+    the header and copied bytes of payload once the header matched, else what it staged."""
+    return HEADER.size + copied if copied >= 0 else staged
 
 
 def open_world(info: LaunchInfo | None, prefix: str) -> tuple[TcpGroup, int, int]:
