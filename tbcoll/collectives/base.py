@@ -259,7 +259,12 @@ def register(descriptor: Collective) -> Collective:
     ALGORITHMS[name] = tuple(descriptor.algorithms)
     tuning.DEFAULTS[name] = list(descriptor.rules)
     DESCRIPTORS[name] = descriptor
+    for hook in ON_REGISTER:
+        hook(name)
     return descriptor
+
+
+ON_REGISTER: list[Callable[[str], None]] = []  # told each new collective's name (the Communicator)
 
 
 def registry_digest() -> int:

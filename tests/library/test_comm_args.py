@@ -34,6 +34,15 @@ def test_a_communicator_keeps_its_attributes_few(comm):
     assert len(vars(comm)) <= comm.MAX_ATTRIBUTES, sorted(vars(comm))
 
 
+def test_a_communicators_attributes_load_the_plain_way(comm):
+    """A class with __getattr__ (or its own __getattribute__) loses CPython's specialised
+    attribute loads on every instance: +20% on the shm 8 B all_reduce, for registered
+    collectives' comm.<name>, which are methods of the class instead."""
+    cls = type(comm)
+    assert not any("__getattr__" in vars(k) for k in cls.__mro__), cls.__mro__
+    assert cls.__getattribute__ is object.__getattribute__
+
+
 @pytest.mark.parametrize("call, error, message", [
     (lambda c: c.all_reduce(np.ones(3), op="avg"), ValueError, "op 'avg' is not one of sum"),
     (lambda c: c.all_reduce(np.ones(3, bool)), TypeError, "dtype bool is not supported"),
