@@ -128,3 +128,35 @@ def test_large_send_recv(script, refuse, env, path):
     assert result.returncode == 0, result.stdout + result.stderr
     lines = tagged_lines(result.stdout)
     assert {rank: lines[rank][-1] for rank in range(2)} == dict.fromkeys(range(2), path)
+
+
+# Rank 1 started with TBCOLL_SHM_CMA=0 and one core, rank 0 with neither: both must still take
+# one protocol for each call (the segment's creator decides for every rank), past 128 KiB
+# (the all_gather's one-copy size where the ranks fit the cores) and past a slot (cma).
+UNEQUAL_JOB = """
+import os, sys
+import numpy as np
+rank = int(os.environ["TBCOLL_RANK"])
+if rank == 1:
+    os.environ["TBCOLL_SHM_CMA"] = "0"
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+import tbcoll
+comm = tbcoll.init()
+for rows in (64 << 10, 512 << 10):  # 256 KiB and 2 MiB of float32 a rank
+    x = np.arange(rows, dtype=np.float32) + rank
+    got = comm.all_gather(x)
+    assert np.array_equal(got, np.concatenate([np.arange(rows, dtype=np.float32) + r
+                                               for r in range(comm.size)])), rows
+    total = comm.all_reduce(x)
+    assert np.array_equal(total, 2 * np.arange(rows, dtype=np.float32) + 1), rows
+print("agreed")
+"""
+
+
+def test_ranks_started_with_other_settings_take_one_protocol(script):
+    job = script(UNEQUAL_JOB)
+    result = tbrun("-np", 2, "--backend", "shm", "--timeout", 60, sys.executable, job,
+                   env={**os.environ, "TBCOLL_TIMEOUT": "20"}, timeout=120)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert [lines[-1] for lines in tagged_lines(result.stdout).values()] == ["agreed"] * 2

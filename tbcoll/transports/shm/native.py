@@ -134,6 +134,9 @@ def _round_up(n: int, to: int) -> int:
     return -(-n // to) * to
 
 
+SETTINGS = 0  # the segment's first line: what its creator decided for every rank (settle)
+
+
 class Layout:
     def __init__(self, size: int) -> None:
         self.pids = LINE
@@ -224,16 +227,18 @@ class ShmNative:
         self.direct_all_gather = partial(direct, atomics.ALL_GATHER)
         self.direct_broadcast = partial(direct, atomics.BROADCAST)
         self.direct_reduce_scatter = partial(direct, atomics.REDUCE_SCATTER)
-        # blocks past a slot are read from their owners' memory (see the module docstring)
-        self._cma = bool(atomics.HAVE_CMA) and shm_cma()
+        # blocks past a slot are read from their owners' memory (see the module docstring),
+        # as the segment's creator decided for every rank (settle)
+        cma, host_cores = (int(word) for word in np.frombuffer(buffer, np.int64, 2, SETTINGS))
+        self._cma = bool(cma)
         self.heap = Heap(rank, size, prefix)  # comm.empty's buffers
-        self._gather_one_copy = GATHER_ONE_COPY_BYTES if size <= cores() else SLOT
+        self._gather_one_copy = GATHER_ONE_COPY_BYTES if size <= host_cores else SLOT
         self._limit_gather()
         # A wait spins ~1 us (a small message's turnaround) before it yields its core, and
         # with more ranks than cores next to nothing: the peer it waits for may need the core
         # (8 B all_reduce at np=4 on 2 cores: 35 us with 5 us of spin, 21 with 0.5, 9.6
         # with 0.05).
-        atomics.set_spin(1e-6 if size <= cores() else 0.0)
+        atomics.set_spin(1e-6 if size <= host_cores else 0.0)
 
     # --- the collectives -----------------------------------------------------------------
 
@@ -447,7 +452,7 @@ class ShmNative:
     def _flag(self, rank: int, word: int) -> int:
         return self.layout.flags + rank * LINE + word
 
-    # Each rank's pid, an int64 in the segment's first line. A rank stores its own (release)
+    # Each rank's pid, an int64 in the segment's second line. A rank stores its own (release)
     # once, before its first round or message, and never again; the lane's pulls and copies
     # load it relaxed (lane_base.h's pid_of: the round's or ring's acquire that let them pull
     # came after it). The slow waits read it at any time, with acquire: 0 there means "not
@@ -511,6 +516,17 @@ class ShmNative:
                 raise PeerTimeoutError(f"timed out after {self._timeout:g} s (TBCOLL_TIMEOUT) "
                                        f"waiting for rank(s) {', '.join(map(str, late))}",
                                        tuple(late))
+
+
+def settle(buffer: memoryview) -> None:
+    """A new segment's settings, decided by its creator for every rank (the segment's first
+    line): whether blocks move by cross-memory attach (TBCOLL_SHM_CMA) and how many cores the
+    ranks have (CPU affinity). Read by each rank for itself, a rank started with another
+    TBCOLL_SHM_CMA or affinity would take another protocol than its peers in the same call.
+    Plain stores before the segment's name is sent: the store's or the parent communicator's
+    message carrying the name orders them before any other rank maps it."""
+    np.frombuffer(buffer, np.int64, 2, SETTINGS)[:] = (
+        int(bool(atomics.HAVE_CMA) and shm_cma()), cores())
 
 
 def cores() -> int:

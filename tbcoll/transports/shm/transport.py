@@ -34,7 +34,15 @@ from tbcoll.core.protocols import P2P
 from tbcoll.job.env import LaunchInfo, comm_timeout, placement, segment_prefix, shm_cma, single_host
 from tbcoll.job.rendezvous import Store
 from tbcoll.transports.shm.flags import atomics
-from tbcoll.transports.shm.native import RING, WAIT_SLICE, Layout, ShmNative, available, gone
+from tbcoll.transports.shm.native import (
+    RING,
+    WAIT_SLICE,
+    Layout,
+    ShmNative,
+    available,
+    gone,
+    settle,
+)
 from tbcoll.transports.shm.pipe import OverwrittenRing, Ring, ShmDuplex
 from tbcoll.transports.shm.segment import MAX_NAME, Segment
 from tbcoll.transports.stream import Peer, StreamEndpoint, StreamTransport, bytes_of
@@ -371,6 +379,7 @@ def _share_segment(p2p: P2P, rank: int, members: list[int], prefix: str, size: i
         p2p.waitall([p2p.isend(done, members[0], _SETUP_TAG)])
         return segment
     segment = Segment.create_unique(prefix, size)
+    settle(segment.buffer)
     try:
         name[:len(segment.name)] = np.frombuffer(segment.name.encode(), np.uint8)
         p2p.waitall([p2p.isend(name, r, _SETUP_TAG) for r in others])
@@ -393,11 +402,13 @@ def open_world(info: LaunchInfo | None, prefix: str) -> tuple[ShmGroup, int, int
     nbytes = Layout(size).total
     if size == 1:
         segment = Segment.create_unique(names.prefix, nbytes)
+        settle(segment.buffer)
         segment.unlink()
     else:
         with Store.from_launch(info) as store:
             if rank == 0:
                 segment = Segment.create_unique(names.prefix, nbytes)
+                settle(segment.buffer)
                 try:
                     store.set(f"{prefix}/created", segment.name)
                     store.wait([f"{prefix}/mapped/{r}" for r in range(1, size)])
