@@ -117,6 +117,8 @@ def plan_command(config: Path | None, dtype: str, machines: str, gbps_memory: fl
         shape = Shape.from_config(fields, DTYPE_BYTES[dtype])
     except KeyError as e:
         raise click.UsageError(f"{config or 'the shape flags'}: {e} missing") from None
+    except ValueError as e:
+        raise click.UsageError(f"{config or 'the shape flags'}: {e}") from None
     try:
         counts = [int(n) for n in machines.split(",")]
     except ValueError:

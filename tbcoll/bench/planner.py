@@ -40,6 +40,16 @@ class Shape:
     vocab: int
     dtype_bytes: float
 
+    def __post_init__(self) -> None:
+        counts = {"hidden": self.hidden, "ffn": self.ffn, "heads": self.heads,
+                  "kv_heads": self.kv_heads, "layers": self.layers, "vocab": self.vocab}
+        if bad := [f"{name} {value!r}" for name, value in counts.items()
+                   if not isinstance(value, int) or value < 1]:
+            raise ValueError(f"{', '.join(bad)}: each must be a whole number of at least 1")
+        if self.heads % self.kv_heads or self.hidden % self.heads:
+            raise ValueError(f"kv_heads {self.kv_heads} must divide heads {self.heads}, and "
+                             f"heads must divide hidden {self.hidden}")
+
     @classmethod
     def from_config(cls, config: dict, dtype_bytes: float) -> Shape:
         """From a Hugging Face config.json's fields."""

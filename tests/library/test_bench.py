@@ -186,3 +186,7 @@ def test_planner_command_line(tmp_path):
     with pytest.raises(SystemExit):
         _model("plan", "--config", str(tmp_path / "missing.json"), "--gbps-memory", "1",
                "--alpha-us", "1")
+    config.write_text(json.dumps({**json.loads(config.read_text()), "num_key_value_heads": 0}))
+    refused = CliRunner().invoke(model_cli.main, ["plan", "--config", str(config),
+                                                  "--gbps-memory", "1", "--alpha-us", "1"])
+    assert refused.exit_code == 2 and "kv_heads 0: each must be a whole number" in refused.output
