@@ -11,6 +11,8 @@
  *
  * The rules (sources in FACTS.md, "Apple's Thunderbolt RDMA driver"):
  * - UC queue pairs only: creating any other type fails (EINVAL; Apple's errno is unreported).
+ * - One device context per device (several on one device deadlock Apple's driver: MLX PR #3245
+ *   fell back to TCP for it): a second ibv_open_device fails with EBUSY.
  * - At most 10 queue pairs per device (MLX#3162, mlx PR 4209: the eleventh fails with EBUSY).
  * - Queue depth: ibv_create_qp accepts any depth and reports it back, as Apple's does
  *   (hellas-ai/thunderbolt-ibverbs#41), but a post that would leave more than 32 work requests
@@ -21,6 +23,9 @@
  *   its post until its completion is polled (an unsignaled send until a later signaled send of
  *   its queue pair completes, as hardware frees it).
  * - About 100 memory regions per device (MLX#3162): the 101st ibv_reg_mr fails with ENOMEM.
+ * - Contexts, queue pairs and memory regions count per (device, host) across every process of
+ *   the host, as Apple's driver counts them (see "Counted per host" below); each refusal says
+ *   on stderr what was refused and which processes hold the rest ("apple-profile: refused ...").
  * - Path MTU 1024: ports report at most 1024, and an RTR transition asking more fails (EINVAL).
  * - The RTR transition fails with EINVAL (errno 22, MLX#3467) for a source GID index whose GID
  *   is not IPv4-mapped; each failure is written to stderr ("apple-profile: RTR refused ..."),
@@ -29,18 +34,33 @@
  * - A SEND that arrives before its RECV is posted is dropped without a completion: Soft-RoCE
  *   already does that on UC (rxe's responder drops the message, class D), nothing to add.
  *
- * What it cannot show: the counts live in one process (Apple's limits are per device across
- * every process), so ranks sharing rxe0 each get the whole allowance; the driver's timing,
- * credit flow control and wedged ports; anything of Apple's not reported in public.
+ * Counted per host: the lab's VM is one machine with one rxe0, on which a test declares several
+ * hosts, so "host" is what the job says: APPLE_PROFILE_HOST, else TBCOLL_JOB and
+ * TBCOLL_NODE_RANK (two jobs at once in the lab are two clusters), else "host". The counts of a
+ * (device, host) live in a small text file, APPLE_PROFILE_STATE/<host>.<device> (default folder
+ * /tmp/tbcoll-apple-profile), locked with flock around each change: a line "peak C Q M" (the
+ * most ever held at once, for a test to read) and a line "pid start C Q M" per process holding
+ * any. A process that died holding some (start: its start time in /proc, against pid reuse) is
+ * dropped by the next look, as the driver frees a dead process's resources.
+ * APPLE_PROFILE_COUNT=process counts per process instead (this profile's first design: ranks
+ * sharing rxe0 each got the whole allowance), for a test to show what that let through.
+ *
+ * What it cannot show: the driver's timing, credit flow control and wedged ports; anything of
+ * Apple's not reported in public.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <arpa/inet.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <infiniband/verbs.h>
 
 #undef ibv_query_port /* verbs.h makes these inline wrappers; the exported functions are */
@@ -48,6 +68,7 @@
 
 #define EXPORT __attribute__((visibility("default")))
 #define MAX_DEPTH 32
+#define MAX_CONTEXTS 1
 #define MAX_MRS 100
 #define MAX_QPS_PER_DEVICE 10
 #define MAX_MTU IBV_MTU_1024
@@ -105,9 +126,25 @@ static int ready(void)
 
 /* --- what is counted ---------------------------------------------------------------------- */
 
+enum { CONTEXTS, QPS, MRS, KINDS }; /* what is counted per (device, host) */
+
+static const struct {
+    const char *what;
+    int limit, error;
+    const char *why;
+} KIND[KINDS] = {
+    {"device context", MAX_CONTEXTS, EBUSY,
+     "Apple's driver deadlocks with several contexts on one device: MLX PR #3245"},
+    {"queue pair", MAX_QPS_PER_DEVICE, EBUSY,
+     "Apple's driver allows about 10 per device across the host's processes: MLX #3162"},
+    {"memory region", MAX_MRS, ENOMEM,
+     "Apple's driver allows about 100 per device across the host's processes: MLX #3162"},
+};
+
 typedef struct { /* per device name: Apple's limits are per device */
     char name[64];
-    int mrs, qps, failed_rtr;
+    int held[KINDS]; /* this process's: all that is counted under APPLE_PROFILE_COUNT=process */
+    int failed_rtr;
 } Device;
 
 typedef struct { /* an opened context and the ops the provider gave it */
@@ -131,9 +168,8 @@ static Device devices[TABLE];
 static Context contexts[TABLE];
 static Queue queues[TABLE];
 
-static Device *device_of(struct ibv_context *ctx)
+static Device *device_named(const char *name)
 {
-    const char *name = R.get_device_name(ctx->device);
     Device *free_slot = NULL;
     for (int i = 0; i < TABLE; i++) {
         if (devices[i].name[0] && strcmp(devices[i].name, name) == 0)
@@ -144,6 +180,11 @@ static Device *device_of(struct ibv_context *ctx)
     if (free_slot)
         snprintf(free_slot->name, sizeof free_slot->name, "%s", name);
     return free_slot;
+}
+
+static Device *device_of(struct ibv_context *ctx)
+{
+    return device_named(R.get_device_name(ctx->device));
 }
 
 static Context *context_of(struct ibv_context *ctx)
@@ -168,6 +209,177 @@ static Queue *queue_by_number(struct ibv_context *ctx, uint32_t qp_num)
         if (queues[i].qp && queues[i].qp->context == ctx && queues[i].qp->qp_num == qp_num)
             return &queues[i];
     return NULL;
+}
+
+/* --- counted per (device, host), across processes (see "Counted per host" above) ----------- */
+
+#define HOLDERS 256
+
+typedef struct {
+    long pid;
+    unsigned long long start;
+    int held[KINDS];
+} Holder;
+
+typedef struct {
+    int peak[KINDS];
+    int n;
+    Holder holder[HOLDERS];
+} Ledger;
+
+/* The start time of process pid (/proc/PID/stat's 22nd field), or 0 where it is gone, a
+ * zombie, or unreadable. */
+static unsigned long long start_of(long pid)
+{
+    char path[64], text[1024];
+    snprintf(path, sizeof path, "/proc/%ld/stat", pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 0;
+    size_t got = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[got] = 0;
+    char *after = strrchr(text, ')'); /* the command name may hold spaces and parentheses */
+    char state = 0;
+    unsigned long long start = 0;
+    /* after ") ": state, then 18 fields, then starttime */
+    if (!after || sscanf(after + 1, " %c %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s "
+                         "%*s %*s %*s %*s %*s %llu", &state, &start) != 2 || state == 'Z')
+        return 0;
+    return start;
+}
+
+static int holder_alive(const Holder *h)
+{
+    if (kill((pid_t)h->pid, 0) != 0 && errno == ESRCH)
+        return 0;
+    return start_of(h->pid) == h->start;
+}
+
+static void ledger_read(FILE *f, Ledger *l)
+{
+    memset(l, 0, sizeof *l);
+    if (fscanf(f, "peak %d %d %d\n", &l->peak[0], &l->peak[1], &l->peak[2]) != KINDS)
+        return;
+    Holder h;
+    while (l->n < HOLDERS && fscanf(f, "%ld %llu %d %d %d\n", &h.pid, &h.start, &h.held[0],
+                                    &h.held[1], &h.held[2]) == 2 + KINDS)
+        if (holder_alive(&h)) /* a dead process holds nothing */
+            l->holder[l->n++] = h;
+}
+
+static void ledger_write(int fd, const Ledger *l)
+{
+    char text[64 + HOLDERS * 64];
+    int at = snprintf(text, sizeof text, "peak %d %d %d\n", l->peak[0], l->peak[1], l->peak[2]);
+    for (int i = 0; i < l->n; i++) {
+        const Holder *h = &l->holder[i];
+        if (h->held[0] || h->held[1] || h->held[2])
+            at += snprintf(text + at, sizeof text - (size_t)at, "%ld %llu %d %d %d\n", h->pid,
+                           h->start, h->held[0], h->held[1], h->held[2]);
+    }
+    if (ftruncate(fd, 0) == 0 && pwrite(fd, text, (size_t)at, 0) != at)
+        fprintf(stderr, "apple-profile: cannot write its counts\n");
+}
+
+/* The host this process counts under: see "Counted per host". */
+static void host_name(char *out, size_t size)
+{
+    const char *host = getenv("APPLE_PROFILE_HOST"), *node = getenv("TBCOLL_NODE_RANK");
+    const char *job = getenv("TBCOLL_JOB");
+    if (host && *host)
+        snprintf(out, size, "%s", host);
+    else if (node && *node)
+        snprintf(out, size, "%s-node%s", job && *job ? job : "job", node);
+    else
+        snprintf(out, size, "host");
+    for (char *c = out; *c; c++) /* a file name */
+        if (!(*c == '-' || *c == '_' || (*c >= '0' && *c <= '9') || (*c >= 'a' && *c <= 'z') ||
+              (*c >= 'A' && *c <= 'Z')))
+            *c = '_';
+}
+
+static int per_process(void)
+{
+    const char *count = getenv("APPLE_PROFILE_COUNT");
+    return count && strcmp(count, "process") == 0;
+}
+
+/* Say what was refused and who holds the rest, as one line on stderr. */
+static void tell_refused(const Device *d, const char *host, int kind, const Ledger *l)
+{
+    char holders[512] = "";
+    int at = 0;
+    for (int i = 0; l && i < l->n && at < (int)sizeof holders - 40; i++)
+        if (l->holder[i].held[kind])
+            at += snprintf(holders + at, sizeof holders - (size_t)at, "%s pid %ld: %d",
+                           at ? "," : "", l->holder[i].pid, l->holder[i].held[kind]);
+    fprintf(stderr, "apple-profile: refused %s number %d on %s of host %s (held:%s; at most %d): "
+            "%s\n", KIND[kind].what, KIND[kind].limit + 1, d->name, host,
+            l ? holders : " this process alone counted", KIND[kind].limit, KIND[kind].why);
+}
+
+/* Count delta more of kind on device d: 0, or -1 with errno set (and a line on stderr) where
+ * that would pass Apple's limit on this host. Called with `lock` held. */
+static int count(Device *d, int kind, int delta)
+{
+    char host[128], path[512];
+    host_name(host, sizeof host);
+    if (per_process()) {
+        if (delta > 0 && d->held[kind] + delta > KIND[kind].limit) {
+            tell_refused(d, host, kind, NULL);
+            errno = KIND[kind].error;
+            return -1;
+        }
+        d->held[kind] += delta;
+        return 0;
+    }
+    const char *folder = getenv("APPLE_PROFILE_STATE");
+    folder = folder && *folder ? folder : "/tmp/tbcoll-apple-profile";
+    mkdir(folder, 0700);
+    snprintf(path, sizeof path, "%s/%s.%s", folder, host, d->name);
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    FILE *f = fd < 0 ? NULL : fdopen(dup(fd), "r");
+    if (!f || flock(fd, LOCK_EX) != 0) {
+        fprintf(stderr, "apple-profile: cannot count in %s: %s\n", path, strerror(errno));
+        if (f)
+            fclose(f);
+        if (fd >= 0)
+            close(fd);
+        errno = EIO;
+        return -1;
+    }
+    static Ledger l; /* `lock` is held: one at a time */
+    ledger_read(f, &l);
+    fclose(f);
+    long me = (long)getpid();
+    int mine = 0, total = 0;
+    while (mine < l.n && l.holder[mine].pid != me)
+        mine++;
+    for (int i = 0; i < l.n; i++)
+        total += l.holder[i].held[kind];
+    int rc = 0;
+    if (delta > 0 && total + delta > KIND[kind].limit) {
+        tell_refused(d, host, kind, &l);
+        rc = -1;
+    } else if (mine == l.n && l.n == HOLDERS) {
+        fprintf(stderr, "apple-profile: more than %d processes on %s\n", HOLDERS, path);
+        rc = -1;
+    } else if (mine < l.n || delta > 0) {
+        if (mine == l.n)
+            l.holder[l.n++] = (Holder){.pid = me, .start = start_of(me)};
+        l.holder[mine].held[kind] += delta;
+        if (l.peak[kind] < total + delta)
+            l.peak[kind] = total + delta;
+        ledger_write(fd, &l);
+    }
+    flock(fd, LOCK_UN);
+    close(fd);
+    if (rc)
+        errno = KIND[kind].error;
+    else
+        d->held[kind] += delta;
+    return rc;
 }
 
 /* --- the ops table's three entries -------------------------------------------------------- */
@@ -283,12 +495,24 @@ EXPORT const char *ibv_get_device_name(struct ibv_device *device)
 
 EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device)
 {
-    struct ibv_context *ctx = ready() ? R.open_device(device) : NULL;
-    if (!ctx)
+    if (!ready())
         return NULL;
     pthread_mutex_lock(&lock);
-    Context *c = context_of(NULL);
-    if (c) {
+    Device *d = device_named(R.get_device_name(device));
+    int counted = d && count(d, CONTEXTS, 1) == 0; /* before opening: a second one deadlocks */
+    pthread_mutex_unlock(&lock);
+    if (!counted) {
+        errno = d ? EBUSY : ENOMEM;
+        return NULL;
+    }
+    struct ibv_context *ctx = R.open_device(device);
+    pthread_mutex_lock(&lock);
+    Context *c = ctx ? context_of(NULL) : NULL;
+    if (!c) {
+        int error = ctx ? ENOMEM : errno;
+        count(d, CONTEXTS, -1);
+        errno = error;
+    } else {
         *c = (Context){ctx, ctx->ops.post_send, ctx->ops.post_recv, ctx->ops.poll_cq};
         ctx->ops.post_send = post_send;
         ctx->ops.post_recv = post_recv;
@@ -296,7 +520,8 @@ EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device)
     }
     pthread_mutex_unlock(&lock);
     if (!c) {
-        R.close_device(ctx);
+        if (ctx)
+            R.close_device(ctx);
         errno = ENOMEM;
         return NULL;
     }
@@ -307,10 +532,16 @@ EXPORT int ibv_close_device(struct ibv_context *ctx)
 {
     pthread_mutex_lock(&lock);
     Context *c = context_of(ctx);
+    Device *d = device_of(ctx);
     if (c)
         c->ctx = NULL;
     pthread_mutex_unlock(&lock);
-    return R.close_device(ctx);
+    int rc = R.close_device(ctx);
+    pthread_mutex_lock(&lock);
+    if (!rc && c && d)
+        count(d, CONTEXTS, -1);
+    pthread_mutex_unlock(&lock);
+    return rc;
 }
 
 EXPORT struct ibv_pd *ibv_alloc_pd(struct ibv_context *ctx)
@@ -328,10 +559,13 @@ EXPORT struct ibv_mr *ibv_reg_mr(struct ibv_pd *pd, void *addr, size_t length, i
     pthread_mutex_lock(&lock);
     Device *d = device_of(pd->context);
     struct ibv_mr *mr = NULL;
-    if (!d || d->mrs >= MAX_MRS)
+    if (!d)
         errno = ENOMEM;
-    else if ((mr = R.reg_mr(pd, addr, length, access)))
-        d->mrs++;
+    else if (count(d, MRS, 1) == 0 && !(mr = R.reg_mr(pd, addr, length, access))) {
+        int error = errno;
+        count(d, MRS, -1);
+        errno = error;
+    }
     pthread_mutex_unlock(&lock);
     return mr;
 }
@@ -342,7 +576,7 @@ EXPORT int ibv_dereg_mr(struct ibv_mr *mr)
     Device *d = device_of(mr->context);
     int rc = R.dereg_mr(mr);
     if (!rc && d)
-        d->mrs--;
+        count(d, MRS, -1);
     pthread_mutex_unlock(&lock);
     return rc;
 }
@@ -369,11 +603,14 @@ EXPORT struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *
     Device *d = device_of(pd->context);
     Queue *q = queue_of(NULL);
     struct ibv_qp *qp = NULL;
-    if (!d || d->qps >= MAX_QPS_PER_DEVICE || !q)
+    if (!d || !q)
         errno = EBUSY;
-    else if ((qp = R.create_qp(pd, attr))) {
+    else if (count(d, QPS, 1) == 0 && !(qp = R.create_qp(pd, attr))) {
+        int error = errno;
+        count(d, QPS, -1);
+        errno = error;
+    } else if (qp) {
         *q = (Queue){.qp = qp, .sig_all = attr->sq_sig_all};
-        d->qps++;
         attr->cap.max_send_wr = asked.max_send_wr; /* what was asked, not what is safe */
         attr->cap.max_recv_wr = asked.max_recv_wr;
     }
@@ -391,7 +628,7 @@ EXPORT int ibv_destroy_qp(struct ibv_qp *qp)
         if (q)
             q->qp = NULL;
         if (d)
-            d->qps--;
+            count(d, QPS, -1);
     }
     pthread_mutex_unlock(&lock);
     return rc;

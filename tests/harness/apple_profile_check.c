@@ -1,7 +1,8 @@
 /*
  * apple_profile_check LIBRARY DEVICE: tries each of Apple's known rules
- * (tests/harness/apple_profile.c) on DEVICE through the verbs library LIBRARY, one process, two
- * UC queue pairs connected to each other, and prints one line per rule: "ok NAME" where the
+ * (tests/harness/apple_profile.c) on DEVICE through the verbs library LIBRARY, one process (and
+ * two short-lived children for the one context per device), two UC queue pairs connected to
+ * each other, and prints one line per rule: "ok NAME" where the
  * library enforced it, "no NAME: what happened" where it did not. Run in the RDMA lab by
  * tests/labs/test_rdma_apple.py, with the Apple profile (every line ok) and with plain
  * libibverbs.so.1 (the profile's rules: no).
@@ -15,6 +16,7 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include <sys/wait.h>
 #include <infiniband/verbs.h>
 
 #undef ibv_query_port
@@ -74,6 +76,19 @@ static struct ibv_qp *new_qp(struct ibv_cq *cq, enum ibv_qp_type type, int depth
         exit(2);
     }
     return qp;
+}
+
+/* In a child process: open `device` and exit without closing it (its exit status: 0 opened,
+ * 1 refused with EBUSY, 2 refused otherwise). Its status, or -1 where fork failed. */
+static int open_in_a_child(struct ibv_device *device)
+{
+    pid_t child = fork();
+    if (child == 0)
+        _exit(V.open_device(device) ? 0 : errno == EBUSY ? 1 : 2);
+    int status = 0;
+    if (child < 0 || waitpid(child, &status, 0) != child || !WIFEXITED(status))
+        return -1;
+    return WEXITSTATUS(status);
 }
 
 /* RTR towards qp number `to` at our own IPv4-mapped GID; returns ibv_modify_qp's result */
@@ -172,10 +187,17 @@ int main(int argc, char **argv)
 
     int n = 0;
     struct ibv_device **list = V.get_device_list(&n);
-    struct ibv_context *ctx = NULL;
-    for (int i = 0; i < n && !ctx; i++)
+    struct ibv_device *device = NULL;
+    for (int i = 0; i < n && !device; i++)
         if (strcmp(V.get_device_name(list[i]), argv[2]) == 0)
-            ctx = V.open_device(list[i]);
+            device = list[i];
+    /* one context per device on a host, across processes; a dead process's is freed */
+    int died_holding = device ? open_in_a_child(device) : -1;
+    struct ibv_context *ctx = device ? V.open_device(device) : NULL;
+    int second = ctx ? open_in_a_child(device) : -1;
+    report("contexts-1-per-host", died_holding == 0 && second == 1,
+           "a child that died holding a context: %d (0: opened), a second context in another "
+           "process beside ours: %d (1: refused with EBUSY)", died_holding, second);
     if (!ctx || !(pd = V.alloc_pd(ctx)) ||
         !(mr = V.reg_mr(pd, buf, sizeof buf, IBV_ACCESS_LOCAL_WRITE))) {
         fprintf(stderr, "cannot open %s\n", argv[2]);

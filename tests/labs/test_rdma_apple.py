@@ -28,8 +28,9 @@ from ..transports.test_rdma import (
 
 # Every rule the profile adds (the checker's names); Soft-RoCE itself drops a UC SEND that
 # finds no receive, and refuses an RTR from a link-local GID to an IPv4 one, with or without it.
-PROFILE_RULES = ("only-jaccls-symbols", "mtu-1024", "rc-refused", "rtr-path-mtu-1024",
-                 "recv-depth-32", "send-depth-32", "memory-regions-100", "queue-pairs-10")
+PROFILE_RULES = ("only-jaccls-symbols", "contexts-1-per-host", "mtu-1024", "rc-refused",
+                 "rtr-path-mtu-1024", "recv-depth-32", "send-depth-32", "memory-regions-100",
+                 "queue-pairs-10")
 RDMA_RULES = ("rtr-needs-an-ipv4-mapped-gid", "send-before-recv-dropped")
 
 

@@ -171,9 +171,34 @@ def test_device_choice_errors_say_what_to_do():
     assert devices.devices_per_rank(_info(0, [[0, 1]]), _settings(""), ["rxe0"]) == \
         [None, "rxe0"]
     with pytest.raises(CommError, match="names no RDMA device from rank 0's host"):
+        devices.devices_per_rank(_info(0, [[0], [1]]), _settings("[[null]]"), ["a"])
+    with pytest.raises(CommError, match="ranks 0 and 1 share host 0.*through shared memory"):
         devices.devices_per_rank(_info(0, [[0, 1]]), _settings("[[null]]"), ["a"])
     with pytest.raises(CommError, match="its devices: rxe0"):
         devices.devices_per_rank(_info(0, [[0], [1]]), _settings("mlx5_0"), ["rxe0"])
+
+
+def test_the_leaders_group_takes_the_devices_between_their_hosts():
+    """2 hosts x 2 ranks: the leaders' group (world ranks 0 and 2) has one pair, between the
+    hosts, whose matrix entry each end takes; a member's neighbour on its own host has none."""
+    matrix = '[[null, "rdma_en2"], ["rdma_en3", null]]'
+    leaders = [0, 2]
+    got = devices.devices_per_rank(_info(2, [[0, 1], [2, 3]]), _settings(matrix),
+                                   ["rdma_en3"], leaders)
+    assert got == ["rdma_en3", None]
+    got = devices.devices_per_rank(_info(0, [[0, 1], [2, 3]]), _settings(matrix),
+                                   ["rdma_en2"], leaders)
+    assert got == [None, "rdma_en2"]
+    assert devices.devices_per_rank(_info(2, [[0, 1], [2, 3]]), _settings("rxe0"), ["rxe0"],
+                                    leaders) == ["rxe0", None]
+
+
+def test_open_group_is_called_by_its_members_only():
+    from tbcoll.transports.rdma import transport as rdma
+    with pytest.raises(ValueError, match=r"rank 1 opened an rdma group of ranks \[0, 2\]"):
+        rdma.open_group(_info(1, [[0, 1], [2, 3]]), "t", [0, 2])
+    alone = rdma.open_group(_info(2, [[0, 1], [2, 3]]), "t", [2])  # one host: no device
+    assert (alone.rank, alone.size, alone.native) == (0, 1, None)
 
 
 def test_gid_and_registration_messages_name_the_fix():

@@ -4,6 +4,10 @@ The device for a pair comes from TBCOLL_RDMA_DEVICES: one name for every pair, o
 matrix of the hostfile's "rdma" entries ([i][j]: the device host i reaches host j by; a list
 of names for several cables, of which the first is used), which tbrun passes on. Without it,
 a host with exactly one device uses that one for every pair.
+
+The pairs are those of the rdma group: every rank of the job where each host runs one, else
+the hosts' leaders (tbcoll.hierarchy), one per host, so that a matrix entry is always between
+two hosts. Two ranks of one host have no entry: they talk through shared memory.
 """
 
 from __future__ import annotations
@@ -21,11 +25,13 @@ NOT_BUILT = ("tbcoll was built without RDMA support: install libibverbs-dev (Lin
              "macOS 26.2 SDK and reinstall tbcoll")
 
 
-def devices_per_rank(info: LaunchInfo, settings: RdmaSettings,
-                     present: list[str]) -> list[str | None]:
-    """The device this rank reaches each rank by (None for itself); CommError saying what
-    to change where none is named, or a name is not one of this host's `present` devices."""
-    rank, size = info.rank, info.size
+def devices_per_rank(info: LaunchInfo, settings: RdmaSettings, present: list[str],
+                     members: list[int] | None = None) -> list[str | None]:
+    """The device this rank reaches each of members (world ranks in the group's order; default
+    every rank) by, None for itself; CommError saying what to change where none is named, or a
+    name is not one of this host's `present` devices."""
+    rank = info.rank
+    members = list(range(info.size)) if members is None else members
     text, source = settings.devices, "TBCOLL_RDMA_DEVICES"
     if not text:
         if not present:
@@ -38,30 +44,37 @@ def devices_per_rank(info: LaunchInfo, settings: RdmaSettings,
         text, source = present[0], "the only device on this host"
     if text.startswith("["):
         matrix = _matrix(text)
-        nodes = [info.topology.node_of(r) for r in range(size)]
-        mine = nodes[rank]
+        mine = info.topology.node_of(rank)
         names: list[str | None] = []
-        for r in range(size):
+        for r in members:
             if r == rank:
                 names.append(None)
                 continue
-            entry = _entry(matrix, mine, nodes[r])
+            theirs = info.topology.node_of(r)
+            entry = _entry(matrix, mine, theirs)
             if entry is None:
-                raise CommError(f"the hostfile names no RDMA device from rank {rank}'s host "
-                                f"(host {mine}) to rank {r}'s (host {nodes[r]}): the rdma "
-                                "backend needs one for every pair (one rank per host, every "
-                                "pair of hosts cabled), or one device for all pairs in "
-                                "TBCOLL_RDMA_DEVICES")
+                raise CommError(_no_entry(rank, mine, r, theirs))
             names.append(entry)
         source = "the hostfile's \"rdma\" entries (TBCOLL_RDMA_DEVICES)"
     else:
-        names = [None if r == rank else text for r in range(size)]
+        names = [None if r == rank else text for r in members]
     for name in dict.fromkeys(n for n in names if n is not None):
         if name not in present:
             there = ", ".join(present) if present else "none"
             raise CommError(f"RDMA device {name!r}, named by {source}, does not exist on rank "
                             f"{rank}'s host; its devices: {there}")
     return names
+
+
+def _no_entry(rank: int, mine: int | None, peer: int, theirs: int | None) -> str:
+    if mine is not None and mine == theirs:
+        return (f"ranks {rank} and {peer} share host {mine}, and the hostfile's \"rdma\" "
+                "entries name devices between hosts only: ranks of one host talk through shared "
+                "memory in the two-level group (which TBCOLL_HIERARCHY=0 turns off), or name "
+                "one device for all pairs in TBCOLL_RDMA_DEVICES")
+    return (f"the hostfile names no RDMA device from rank {rank}'s host (host {mine}) to rank "
+            f"{peer}'s (host {theirs}): the rdma backend needs one for every pair of hosts "
+            "(every pair cabled), or one device for all pairs in TBCOLL_RDMA_DEVICES")
 
 
 def _matrix(text: str) -> list:

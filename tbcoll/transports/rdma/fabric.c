@@ -72,7 +72,11 @@ static int open_device(Device *d, const char *name, int gid_index)
     d->ctx = V.open_device(found);
     V.free_device_list(list);
     if (!d->ctx) {
-        PyErr_Format(PyExc_OSError, "cannot open RDMA device %s: %s", name, strerror(errno));
+        int err = errno;
+        PyErr_Format(PyExc_OSError, "cannot open RDMA device %s: %s%s", name, strerror(err),
+                     err == EBUSY ? " (Apple's driver allows one context per device on a host, "
+                     "shared by every process: tbcoll opens it in each host's first rank only, "
+                     "unless TBCOLL_HIERARCHY=0; end other RDMA jobs on this host)" : "");
         return -1;
     }
     struct ibv_port_attr port;
@@ -133,8 +137,8 @@ static struct ibv_qp *create_qp(Fabric *f, Device *d, int send_wr, int recv_wr)
                      f->rc ? "RC" : "UC", d->name, strerror(err),
                      f->rc ? " (Apple's driver takes UC queue pairs only: TBCOLL_RDMA_QP=uc)"
                      : err == EBUSY ? " (Apple's driver allows about 10 queue pairs per device, "
-                     "shared by every process; tbcoll takes 2 per peer: end other RDMA jobs on "
-                     "this host)" : "");
+                     "shared by every process; tbcoll takes 2 per other host on its cable: end "
+                     "other RDMA jobs on this host)" : "");
         return NULL;
     }
     struct ibv_qp_attr a;

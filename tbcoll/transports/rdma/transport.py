@@ -6,10 +6,15 @@ drives (messages, tags, matching, every algorithm of tbcoll/algorithms), the oth
 collectives (small all_reduce and all_gather, barrier: every rank sends its block to every peer, and
 reduces all of them in rank order in C).
 
-Set-up: every rank opens its devices and queue pairs, connects one authenticated tcp
-connection to every other rank (tbcoll.transports.socket_mesh.connect_mesh), exchanges its
+Set-up: every rank of the group opens its devices and queue pairs, connects one authenticated
+tcp connection to every other (tbcoll.transports.socket_mesh.connect_mesh), exchanges its
 queue-pair info through the job's authenticated store, brings its queue pairs to RTS and
 says so in the store; nobody sends before every rank has (UC drops what arrives early).
+
+The group is every rank of the job (open_world: one rank per host, as on a Mac cluster) or the
+hosts' leaders only (open_group, which tbcoll.hierarchy calls where a host runs several ranks):
+Apple's driver allows one device context and about 10 queue pairs per device on a host, across
+its processes, so only one process per host may hold them.
 
 A dead peer gives no error on UC (nor promptly on RC): the tcp connections beside the queue
 pairs carry nothing but show a peer's death (its kernel closes them) or a dead link
@@ -311,28 +316,46 @@ class _World:
 
 def open_world(info: LaunchInfo | None, prefix: str) -> tuple[RdmaGroup, int, int]:
     """Connect every rank of the job (a single rank needs no device)."""
-    if info is None or info.size == 1:
-        stream = _Alone(info.rank if info else 0)
-        return RdmaGroup(stream, 0, [0], None, _World(None, None)), *placement(info)
+    members = list(range(info.size)) if info is not None else [0]
+    return open_group(info, prefix, members), *placement(info)
+
+
+def open_group(info: LaunchInfo | None, prefix: str, members: list[int]) -> RdmaGroup:
+    """Connect the world ranks `members` only (tbcoll.hierarchy: the hosts' leaders, one per
+    host), called by those ranks alone: the group's ranks are 0..len(members)-1 in members'
+    order, its store keys lie under prefix, and only these ranks open device contexts, queue
+    pairs and memory regions."""
+    me = _position(info, members)
+    if len(members) == 1:
+        return RdmaGroup(_Alone(me), 0, [0], None, _World(None, None))
     if _verbs is None:
         raise CommError(devices.NOT_BUILT)
-    settings = rdma_settings()
-    fabric = _open_fabric(info, settings)
+    size = len(members)
+    fabric = _open_fabric(info, rdma_settings(), members)
     try:
         with Store.from_launch(info) as store:
-            sockets = connect_mesh(info.rank, info.size, listen_hosts(info), peer_route(info),
+            route = peer_route(info)
+            sockets = connect_mesh(me, size, listen_hosts(info), lambda k: route(members[k]),
                                    store, info.token, info.timeout, prefix)
-            side = TcpTransport(info.rank, info.size, sockets, info.timeout)
-            _connect_queue_pairs(fabric, info, store, f"{prefix}/rdma")
+            side = TcpTransport(me, size, sockets, info.timeout)
+            _connect_queue_pairs(fabric, me, size, store, f"{prefix}/rdma", info.rank)
     except BaseException:
         fabric.close()
         raise
-    peers = [k for k in range(info.size) if k != info.rank]
-    watch = Watch(fabric, side, peers)
-    stream = RdmaStream(fabric, info.rank, info.size, watch, info.timeout)
-    native = RdmaNative(fabric, info.rank, info.size, watch, info.timeout, stream.turns)
-    group = RdmaGroup(stream, 0, list(range(info.size)), native, _World(fabric, side))
-    return group, *placement(info)
+    watch = Watch(fabric, side, [k for k in range(size) if k != me])
+    stream = RdmaStream(fabric, me, size, watch, info.timeout)
+    native = RdmaNative(fabric, me, size, watch, info.timeout, stream.turns)
+    return RdmaGroup(stream, 0, list(range(size)), native, _World(fabric, side))
+
+
+def _position(info: LaunchInfo | None, members: list[int]) -> int:
+    """This rank's place in members; ValueError where it is not one of them (a caller's bug:
+    every member must call, and no other rank)."""
+    rank = info.rank if info is not None else 0
+    if rank not in members or len(set(members)) != len(members):
+        raise ValueError(f"rank {rank} opened an rdma group of ranks {members}: only its "
+                         "members call open_group, each listed once")
+    return members.index(rank)
 
 
 class _Alone(StreamTransport):
@@ -345,20 +368,28 @@ class _Alone(StreamTransport):
         return []
 
 
-def _open_fabric(info: LaunchInfo, settings: object) -> object:
-    """Open this rank's devices and queue pairs, each failure as one line saying what to do."""
+def _spin(info: LaunchInfo) -> float:
+    """Seconds a wait spins before it yields: long while the host's ranks have a core each,
+    short where they share cores. All of the host's ranks count, not only the group's: beside a
+    leader that waits on the device, its host's other ranks run (and wait in shared memory)."""
+    local = max(1, info.local_size)
+    return 50e-6 if local <= (os.cpu_count() or 1) else 5e-6
+
+
+def _open_fabric(info: LaunchInfo, settings: object, members: list[int]) -> object:
+    """Open this rank's devices and the queue pairs to the other members, each failure as one
+    line saying what to do."""
     try:
         present = _verbs.devices(settings.library)
     except _verbs.LibraryError as e:
         raise CommError(f"the rdma backend cannot use the RDMA library: {e}; on Linux install "
                         "rdma-core (apt-get install ibverbs-providers), on macOS it needs "
                         "26.2 or later (librdma.dylib)") from None
-    names = devices.devices_per_rank(info, settings, present)
-    local = max(1, info.local_size)
-    spin = 50e-6 if local <= (os.cpu_count() or 1) else 5e-6
+    names = devices.devices_per_rank(info, settings, present, members)
     try:
-        return _verbs.Fabric(rank=info.rank, size=info.size, devices=names, rc=settings.rc,
-                             gid_index=settings.gid_index, library=settings.library, spin=spin)
+        return _verbs.Fabric(rank=members.index(info.rank), size=len(members), devices=names,
+                             rc=settings.rc, gid_index=settings.gid_index,
+                             library=settings.library, spin=_spin(info))
     except _verbs.DeviceError as e:
         raise CommError(f"RDMA device {e} does not exist on rank {info.rank}'s host; its "
                         f"devices: {', '.join(present) or 'none'}") from None
@@ -370,16 +401,17 @@ def _open_fabric(info: LaunchInfo, settings: object) -> object:
         raise CommError(f"rank {info.rank}: {e}") from None
 
 
-def _connect_queue_pairs(fabric: object, info: LaunchInfo, store: Store, prefix: str) -> None:
+def _connect_queue_pairs(fabric: object, rank: int, size: int, store: Store, prefix: str,
+                         world_rank: int) -> None:
     """Exchange queue-pair info through the store, bring every queue pair to RTS, and wait
-    until every rank has: its receives are posted and it is ready to receive."""
-    rank, size = info.rank, info.size
+    until every rank of the group (rank, size: the group's) has: its receives are posted and it
+    is ready to receive. world_rank: this rank's in the job, for messages."""
     for peer in range(size):
         if peer != rank:
             store.set(f"{prefix}/{rank}/{peer}", fabric.info(peer))
     for peer in range(size):
         if peer != rank:
-            _connect(fabric, rank, peer, store.get(f"{prefix}/{peer}/{rank}"))
+            _connect(fabric, world_rank, peer, store.get(f"{prefix}/{peer}/{rank}"))
     store.set(f"{prefix}/ready/{rank}", b"")
     store.wait([f"{prefix}/ready/{r}" for r in range(size)])
 
