@@ -84,15 +84,109 @@ def test_apples_rules_hold_under_the_profile_and_not_without(rdma_lab, profile):
 def test_spmd_suite_under_the_apple_profile(rdma_lab, profile):
     """tests/transports/test_rdma.py's np=3 suite, under the profile (its np=2 suite runs
     without it)."""
-    p = lab_tbrun(rdma_lab, "-np", 3, "--timeout", "600", "-m", "pytest", "-q",
+    p = lab_tbrun(rdma_lab, "--timeout", "600", "-m", "pytest", "-q",
                   "-p", "no:cacheprovider", "-k", THREE_RANKS_SUBSET,
                   "tests/spmd/test_collectives.py", "tests/spmd/test_descriptors.py",
-                  "--case-dtypes", "float32", timeout=650, env=under_profile(profile))
+                  "--case-dtypes", "float32", np=3, timeout=650, env=under_profile(profile))
     assert_suite_passed(p, 13)
 
 
 def test_a_killed_rank_is_named_under_the_apple_profile(rdma_lab, profile, tmp_path):
     killed_rank_is_named(rdma_lab, tmp_path, "native", 2, under_profile(profile))
+
+
+# --- several ranks per host: Apple's limits per (device, host) ----------------------------------
+
+ALL_REDUCE_ONCE = """
+import numpy as np, tbcoll
+comm = tbcoll.init()
+print("sum", comm.all_reduce(np.ones(3, np.float32))[0], flush=True)
+"""
+
+# rdma among the hosts' leaders (open_group), each collective checked against numpy: the mesh
+# (64 B), the stream (256 KiB, past the mesh's pieces), and messages
+LEADERS_GROUP = """
+import numpy as np
+from tbcoll.comm.communicator import Communicator
+from tbcoll.job.env import launch_info
+from tbcoll.transports.rdma.transport import open_group
+info = launch_info()
+leaders = [r for r in range(info.size) if info.topology.node_of(r) is not None
+           and info.topology.hosts[info.topology.node_of(r)].ranks[0] == r]
+if info.rank in leaders:
+    comm = Communicator(open_group(info, "leaders", leaders), "rdma", 0, info.node_rank)
+    r, n = comm.rank, comm.size
+    for count in (16, 1 << 16):
+        x = np.arange(count, dtype=np.float32) * (r + 1)
+        every = [np.arange(count, dtype=np.float32) * (k + 1) for k in range(n)]
+        assert np.array_equal(comm.all_reduce(x), sum(every)), count
+        assert np.array_equal(comm.all_gather(x), np.concatenate(every)), count
+        assert np.array_equal(comm.broadcast(x, root=n - 1), every[-1]), count
+        assert np.array_equal(comm.reduce_scatter(x), np.split(sum(every), n)[r]), count
+        comm.barrier()
+        if r == 0:
+            comm.send(x, 1, tag=count % 1000)
+        elif r == 1:
+            assert np.array_equal(comm.recv(np.empty_like(x), 0, tag=count % 1000), every[0]), count
+    print("leaders", r, n, "right", flush=True)
+    comm.close()
+"""
+
+
+def profile_counts(lab, folder) -> dict[str, list[int]]:
+    """The most contexts, queue pairs and memory regions the profile counted at once per
+    (host, device) in folder (APPLE_PROFILE_STATE): {"node0.rxe0": [1, 2, 1], ...}."""
+    p = lab.run(["sh", "-c", 'for f in "$0"/*; do echo "${f##*/} $(head -n 1 "$f")"; done',
+                 str(folder)], timeout=60)
+    counts = {}
+    for line in p.stdout.splitlines():
+        name, word, *numbers = line.split()
+        assert word == "peak", p.stdout
+        counts[name.rpartition("-")[2]] = [int(n) for n in numbers]  # less the job's id
+    return counts
+
+
+def test_the_per_rank_design_is_refused_per_host_as_per_process_counting_did_not(
+        rdma_lab, profile, script, tmp_path):
+    """np 4 as 2 hosts x 2 ranks, every rank with its own device context and 2 queue pairs to
+    each other rank (TBCOLL_HIERARCHY=0: rdma among every rank, tbcoll's design before issue
+    48): each host's second context is refused (Apple's driver deadlocks with several, MLX
+    PR #3245), named by the profile and by the rank in one line. Counted per process, as the
+    profile did before, the same job passed. Two jobs at once (their time is start-up)."""
+    job = script(ALL_REDUCE_ONCE)
+    envs = [under_profile(profile, TBCOLL_HIERARCHY="0", APPLE_PROFILE_STATE=tmp_path / "c"),
+            under_profile(profile, TBCOLL_HIERARCHY="0", APPLE_PROFILE_COUNT="process")]
+    with ThreadPoolExecutor(2) as pool:
+        per_host, per_process = pool.map(lambda env: lab_tbrun(
+            rdma_lab, job, np=4, per_host=2, timeout=300, env=env), envs)
+    out = per_process.stdout + per_process.stderr
+    assert per_process.returncode == 0, out
+    assert sorted(re.findall(r"^\[(\d)\] sum 4.0$", per_process.stdout, re.M)) == list("0123"), out
+    out = per_host.stdout + per_host.stderr
+    assert per_host.returncode != 0, out
+    refused = re.findall(r"apple-profile: refused device context number 2 on rxe0 of host "
+                         r"\w+-(node\d) \(held: pid \d+: 1; at most 1\): Apple's driver "
+                         r"deadlocks with several contexts on one device", out)
+    assert refused and set(refused) <= {"node0", "node1"}, out
+    errors = [line for line in out.splitlines() if "CommError: " in line]
+    assert errors, out
+    assert "cannot open RDMA device rxe0: Device or resource busy (Apple's driver allows one " \
+           "context per device on a host" in errors[0], errors[0]
+
+
+def test_rdma_among_the_hosts_leaders_keeps_apples_limits_per_host(rdma_lab, profile, script,
+                                                                   tmp_path):
+    """2 hosts x 2 ranks: the hosts' leaders (ranks 0 and 2) open rdma among themselves alone
+    (open_group), every collective right; per (device, host) the profile counted at most one
+    context, 2 queue pairs (one other host) and one memory region."""
+    state = tmp_path / "counts"
+    p = lab_tbrun(rdma_lab, script(LEADERS_GROUP), np=4, per_host=2, timeout=300,
+                  env=under_profile(profile, APPLE_PROFILE_STATE=state))
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert sorted(re.findall(r"^\[(\d)\] leaders (\d) 2 right$", p.stdout, re.M)) == \
+        [("0", "0"), ("2", "1")], p.stdout
+    assert profile_counts(rdma_lab, state) == {"node0.rxe0": [1, 2, 1],
+                                               "node1.rxe0": [1, 2, 1]}
 
 
 def test_set_up_refusals_are_one_line_and_rtr_is_never_tried_again(rdma_lab, profile, script):
@@ -103,7 +197,7 @@ def test_set_up_refusals_are_one_line_and_rtr_is_never_tried_again(rdma_lab, pro
     envs = [under_profile(profile, TBCOLL_RDMA_GID_INDEX="0"),
             under_profile(profile, TBCOLL_RDMA_QP="rc")]
     with ThreadPoolExecutor(2) as pool:
-        rtr, rc = pool.map(lambda env: lab_tbrun(rdma_lab, "-np", 2, hello, timeout=200,
+        rtr, rc = pool.map(lambda env: lab_tbrun(rdma_lab, hello, np=2, timeout=200,
                                                  env=env), envs)
     assert rtr.returncode != 0 and rc.returncode != 0
     out = rtr.stdout + rtr.stderr

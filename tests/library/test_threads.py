@@ -95,6 +95,6 @@ def test_threads_get_their_own_messages(script, backend, ranks):
 def test_threads_over_rdma(rdma_lab, script):
     path = script(THREADS)
     path.chmod(0o644)
-    p = lab_tbrun(rdma_lab, "-np", 2, path, "both", 8, timeout=400)
+    p = lab_tbrun(rdma_lab, path, "both", 8, np=2, timeout=400)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert [lines[-1] for lines in tagged_lines(p.stdout).values()] == ["OK", "OK"], p.stdout

@@ -33,8 +33,24 @@ SUITE = ("tests/spmd/test_collectives.py", "tests/spmd/test_all_to_all_rooted.py
          "tests/spmd/test_descriptors.py")
 
 
-def lab_tbrun(lab, *args, timeout: float, env: dict | None = None):
-    return lab.run([TBRUN, "--backend", "rdma", *map(str, args)], timeout=timeout,
+LOCAL_SSH = f"sh {REPO / 'tests' / 'harness' / 'localssh'}"
+
+
+def declared_hosts(np: int, per_host: int = 1) -> list[str]:
+    """tbrun's arguments for np ranks on hosts declared on the lab's one VM, per_host ranks
+    each (a second rxe device does not work there): every host is 127.0.0.1 under a name of
+    its own, reached through tests/harness/localssh, and tbrun gives each its node rank, as on
+    a cluster. One rank per host is the rdma design Apple's driver allows (one device context
+    per device on a host): the Apple profile counts per declared host."""
+    hosts = ",".join(f"h{i}@127.0.0.1:{per_host}" for i in range(-(-np // per_host)))
+    return ["-H", hosts, "--ssh", LOCAL_SSH, "-np", str(np)]
+
+
+def lab_tbrun(lab, *args, np: int, timeout: float, env: dict | None = None,
+              per_host: int = 1):
+    """tbrun --backend rdma in the lab: np ranks, per_host of them on each declared host."""
+    return lab.run([TBRUN, "--backend", "rdma", *declared_hosts(np, per_host),
+                    *map(str, args)], timeout=timeout,
                    env={"TBCOLL_TIMEOUT": "60", **(env or {})}, cwd=str(REPO))
 
 
@@ -55,9 +71,9 @@ THREE_RANKS_SUBSET = ("(native or ring) and (float32 or test_cases) or TestSendR
 def test_spmd_suite_over_soft_roce(rdma_lab):
     """Without the suite's per-call checks (TBCOLL_CHECK, which the np=3 run keeps), so that
     plain calls take the mesh's lane as a job's do (test_a_lanes_calls_run_whole_in_c)."""
-    p = lab_tbrun(rdma_lab, "-np", 2, "--timeout", "600", "-m", "pytest", "-q",
+    p = lab_tbrun(rdma_lab, "--timeout", "600", "-m", "pytest", "-q",
                   "-p", "no:cacheprovider", "-k", SUBSET, *SUITE, "--case-dtypes", DTYPES,
-                  timeout=650, env={"TBCOLL_CHECK": "0"})
+                  np=2, timeout=650, env={"TBCOLL_CHECK": "0"})
     assert_suite_passed(p, 24)
 
 
@@ -83,7 +99,7 @@ def killed_rank_is_named(lab, folder, algorithm: str, count: int, env: dict | No
     script.write_text(KILLED_MID_ALL_REDUCE.format(algorithm=algorithm, count=count))
     script.chmod(0o600)
     started = time.monotonic()
-    p = lab_tbrun(lab, "-np", 3, "--grace", "20", script, timeout=300,
+    p = lab_tbrun(lab, "--grace", "20", script, np=3, timeout=300,
                   env={**(env or {}), "TBCOLL_TIMEOUT": "600"})
     elapsed = time.monotonic() - started
     # in a ring a survivor may see the other survivor leave first: one at least names rank 1
