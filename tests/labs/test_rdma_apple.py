@@ -103,33 +103,32 @@ comm = tbcoll.init()
 print("sum", comm.all_reduce(np.ones(3, np.float32))[0], flush=True)
 """
 
-# rdma among the hosts' leaders (open_group), each collective checked against numpy: the mesh
-# (64 B), the stream (256 KiB, past the mesh's pieces), and messages
-LEADERS_GROUP = """
-import numpy as np
-from tbcoll.comm.communicator import Communicator
-from tbcoll.job.env import launch_info
-from tbcoll.transports.rdma.transport import open_group
-info = launch_info()
-leaders = [r for r in range(info.size) if info.topology.node_of(r) is not None
-           and info.topology.hosts[info.topology.node_of(r)].ranks[0] == r]
-if info.rank in leaders:
-    comm = Communicator(open_group(info, "leaders", leaders), "rdma", 0, info.node_rank)
-    r, n = comm.rank, comm.size
-    for count in (16, 1 << 16):
-        x = np.arange(count, dtype=np.float32) * (r + 1)
-        every = [np.arange(count, dtype=np.float32) * (k + 1) for k in range(n)]
-        assert np.array_equal(comm.all_reduce(x), sum(every)), count
-        assert np.array_equal(comm.all_gather(x), np.concatenate(every)), count
-        assert np.array_equal(comm.broadcast(x, root=n - 1), every[-1]), count
-        assert np.array_equal(comm.reduce_scatter(x), np.split(sum(every), n)[r]), count
-        comm.barrier()
-        if r == 0:
-            comm.send(x, 1, tag=count % 1000)
-        elif r == 1:
-            assert np.array_equal(comm.recv(np.empty_like(x), 0, tag=count % 1000), every[0]), count
-    print("leaders", r, n, "right", flush=True)
-    comm.close()
+# 2 hosts x 2 ranks through tbcoll.init(): shm inside a host, rdma among the hosts' leaders
+# (tbcoll.hierarchy), each collective checked against numpy at the mesh's size (64 B a rank)
+# and past it (256 KiB); point-to-point between the hosts' non-leaders (over tcp), a flat
+# algorithm over the two levels (all_to_all) and a sub-communicator of a rank per host
+TWO_HOSTS_OF_TWO = """
+import numpy as np, tbcoll
+comm = tbcoll.init()
+r, n = comm.rank, comm.size
+for count in (16, 1 << 16):
+    x = np.arange(count, dtype=np.float32) * (r + 1)
+    every = [np.arange(count, dtype=np.float32) * (k + 1) for k in range(n)]
+    assert np.array_equal(comm.all_reduce(x), sum(every)), count
+    assert np.array_equal(comm.all_gather(x), np.concatenate(every)), count
+    assert np.array_equal(comm.broadcast(x, root=3), every[3]), count
+    assert np.array_equal(comm.reduce_scatter(x), np.split(sum(every), n)[r]), count
+    assert np.array_equal(comm.all_to_all(x),
+                          np.concatenate([np.split(e, n)[r] for e in every])), count
+    comm.barrier()
+    if r == 1:
+        comm.send(x, 3, tag=count % 1000)
+    elif r == 3:
+        assert np.array_equal(comm.recv(np.empty_like(x), 1, tag=count % 1000), every[1]), count
+sub = comm.split(r % 2)  # ranks 0 and 2, ranks 1 and 3: one of each host
+assert np.array_equal(sub.all_reduce(np.full(4, r, np.int64)), np.full(4, 2 + 2 * (r % 2)))
+print("right", r, flush=True)
+comm.close()
 """
 
 
@@ -174,17 +173,18 @@ def test_the_per_rank_design_is_refused_per_host_as_per_process_counting_did_not
            "context per device on a host" in errors[0], errors[0]
 
 
-def test_rdma_among_the_hosts_leaders_keeps_apples_limits_per_host(rdma_lab, profile, script,
-                                                                   tmp_path):
-    """2 hosts x 2 ranks: the hosts' leaders (ranks 0 and 2) open rdma among themselves alone
-    (open_group), every collective right; per (device, host) the profile counted at most one
-    context, 2 queue pairs (one other host) and one memory region."""
+def test_two_hosts_of_two_ranks_keep_apples_limits_per_host(rdma_lab, profile, script,
+                                                           tmp_path):
+    """2 hosts x 2 ranks, backend rdma, under the profile: the two-level group opens rdma among
+    the hosts' leaders alone (open_group), and every collective comes out right; per (device,
+    host) the profile counted at most one context, 2 queue pairs (the one other host's) and
+    one memory region, whatever the ranks per host."""
     state = tmp_path / "counts"
-    p = lab_tbrun(rdma_lab, script(LEADERS_GROUP), np=4, per_host=2, timeout=300,
+    p = lab_tbrun(rdma_lab, script(TWO_HOSTS_OF_TWO), np=4, per_host=2, timeout=300,
                   env=under_profile(profile, APPLE_PROFILE_STATE=state))
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    assert sorted(re.findall(r"^\[(\d)\] leaders (\d) 2 right$", p.stdout, re.M)) == \
-        [("0", "0"), ("2", "1")], p.stdout
+    assert sorted(re.findall(r"^\[(\d)\] right (\d)$", p.stdout, re.M)) == \
+        [(str(r), str(r)) for r in range(4)], p.stdout
     assert profile_counts(rdma_lab, state) == {"node0.rxe0": [1, 2, 1],
                                                "node1.rxe0": [1, 2, 1]}
 

@@ -3,7 +3,6 @@
 import _posixshmem
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -46,10 +45,7 @@ def rank_1_was_named(p, lost: str = "") -> dict[int, str]:
     one CommError of their all_reduce, starting with lost, and one at least names rank 1.
     Returns each survivor's line."""
     assert p.returncode == 128 + signal.SIGKILL, p.stdout + p.stderr
-    # started here: "rank 1 (pid N) was killed by signal 9"; through ssh (the RDMA lab's
-    # declared hosts): "rank 1 on HOST (pid N) exited with status 137", the remote shell's word
-    killed = r"rank 1 (on \S+ )?\(pid \d+\) (was killed by signal 9|exited with status 137)"
-    assert re.search(killed, p.stderr), p.stderr
+    assert "rank 1 (pid" in p.stderr and "killed by signal 9" in p.stderr
     reports = tagged_lines(p.stdout)
     assert sorted(reports) == [0, 2], p.stdout + p.stderr
     for rank in (0, 2):

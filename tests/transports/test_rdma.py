@@ -33,17 +33,15 @@ SUITE = ("tests/spmd/test_collectives.py", "tests/spmd/test_all_to_all_rooted.py
          "tests/spmd/test_descriptors.py")
 
 
-LOCAL_SSH = f"sh {REPO / 'tests' / 'harness' / 'localssh'}"
-
-
 def declared_hosts(np: int, per_host: int = 1) -> list[str]:
     """tbrun's arguments for np ranks on hosts declared on the lab's one VM, per_host ranks
-    each (a second rxe device does not work there): every host is 127.0.0.1 under a name of
-    its own, reached through tests/harness/localssh, and tbrun gives each its node rank, as on
-    a cluster. One rank per host is the rdma design Apple's driver allows (one device context
-    per device on a host): the Apple profile counts per declared host."""
-    hosts = ",".join(f"h{i}@127.0.0.1:{per_host}" for i in range(-(-np // per_host)))
-    return ["-H", hosts, "--ssh", LOCAL_SSH, "-np", str(np)]
+    each (a second rxe device does not work there): loopback addresses 127.0.0.2, 127.0.0.3,
+    ..., all this machine, so tbrun starts every rank here and gives each its host's node rank,
+    as on a cluster (tests/library/test_spmd.py's two-level job does the same). One rank per
+    host is the rdma design Apple's driver allows without the two-level group (one device
+    context per device on a host): the Apple profile counts per declared host."""
+    hosts = ",".join(f"127.0.0.{2 + i}:{per_host}" for i in range(-(-np // per_host)))
+    return ["-H", hosts, "-np", str(np)]
 
 
 def lab_tbrun(lab, *args, np: int, timeout: float, env: dict | None = None,
