@@ -9,12 +9,14 @@ whose network step failed)."""
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from tbcoll.comm.communicator import Communicator
+from tbcoll.core.errors import CommError, PeerError
 from tbcoll.hierarchy.hosts import Hosts
 
 # An all_reduce of at least this many bytes, on tcp with as many ranks on every host (and a
@@ -22,14 +24,21 @@ from tbcoll.hierarchy.hosts import Hosts
 # of each slice among rank k of every host, an all_gather inside the host; below it, or
 # otherwise, through the leaders (docs/hosts.md)
 RAILS_FROM = 256 << 10
+_NAMED = re.compile(r"[a-z_]+ on rank [0-9]+: ")  # how a Communicator names its call
 
 
 def _revoking(method: Callable) -> Callable:
-    """A step that fails revokes both levels before it raises."""
+    """A step that fails revokes both levels before it raises: a CommError as the step's
+    communicator gave it, less its naming (the two-level call's names it)."""
     @functools.wraps(method)
     def run(self: TwoLevelNative, *args: Any) -> None:
         try:
             method(self, *args)
+        except CommError as error:
+            self._failed(error)
+            text = _NAMED.sub("", str(error), count=1)
+            raise (type(error)(text, error.peers) if isinstance(error, PeerError)
+                   else type(error)(text)) from error
         except BaseException as error:
             self._failed(error)
             raise
