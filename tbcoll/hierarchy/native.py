@@ -49,7 +49,7 @@ class TwoLevelNative:
     """A two-level group's native collectives, over its levels' communicators."""
 
     offers = frozenset(("all_reduce", "all_gather", "reduce_scatter", "broadcast", "barrier"))
-    direct_all_reduce = direct_all_gather = direct_broadcast = direct_reduce_scatter = None
+    direct_all_gather = direct_broadcast = direct_reduce_scatter = None
     takes_mlx = False
 
     def __init__(self, hosts: Hosts, local: Communicator, leaders: Communicator | None,
@@ -62,6 +62,16 @@ class TwoLevelNative:
         self._identity = hosts.host_major == tuple(range(len(hosts.nodes)))
         self._one_host = len(hosts.by_host) == 1  # (a sub-group): the host's step is all
         self._leads = hosts.local_rank == 0
+
+    def direct_all_reduce(self, x: np.ndarray, op: str, root: int,
+                          out: np.ndarray | None) -> np.ndarray | None:
+        """The route's one-call path (tbcoll.comm.routes): every step checks its own call, so
+        the two-level call need not check it first; None where out is not one block."""
+        result = np.empty(x.shape, x.dtype) if out is None else out
+        if not result.flags.c_contiguous:
+            return None
+        self.all_reduce(x.reshape(-1), result.reshape(-1), op)
+        return result
 
     @_revoking
     def all_reduce(self, send: np.ndarray | None, recv: np.ndarray, op: str) -> None:
