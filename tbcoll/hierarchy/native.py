@@ -28,12 +28,16 @@ _NAMED = re.compile(r"[a-z_]+ on rank [0-9]+: ")  # how a Communicator names its
 
 
 def _revoking(method: Callable) -> Callable:
-    """A step that fails revokes both levels before it raises: a CommError as the step's
-    communicator gave it, less its naming (the two-level call's names it)."""
+    """A step that fails revokes both levels before it raises (a CommError as the step's
+    communicator gave it, less its naming: the two-level call's names it). A ValueError or
+    TypeError is an argument every rank's step refused alike, before any data moved: the
+    group stays usable, as a one-level communicator does."""
     @functools.wraps(method)
     def run(self: TwoLevelNative, *args: Any) -> None:
         try:
             method(self, *args)
+        except (ValueError, TypeError):
+            raise
         except CommError as error:
             self._failed(error)
             text = _NAMED.sub("", str(error), count=1)
