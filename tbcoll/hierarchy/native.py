@@ -9,12 +9,14 @@ whose network step failed)."""
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from tbcoll.comm.communicator import Communicator
+from tbcoll.core.errors import CommError, PeerError
 from tbcoll.hierarchy.hosts import Hosts
 
 # An all_reduce of at least this many bytes, on tcp with as many ranks on every host (and a
@@ -22,14 +24,25 @@ from tbcoll.hierarchy.hosts import Hosts
 # of each slice among rank k of every host, an all_gather inside the host; below it, or
 # otherwise, through the leaders (docs/hosts.md)
 RAILS_FROM = 256 << 10
+_NAMED = re.compile(r"[a-z_]+ on rank [0-9]+: ")  # how a Communicator names its call
 
 
 def _revoking(method: Callable) -> Callable:
-    """A step that fails revokes both levels before it raises."""
+    """A step that fails revokes both levels before it raises (a CommError as the step's
+    communicator gave it, less its naming: the two-level call's names it). A ValueError or
+    TypeError is an argument every rank's step refused alike, before any data moved: the
+    group stays usable, as a one-level communicator does."""
     @functools.wraps(method)
     def run(self: TwoLevelNative, *args: Any) -> None:
         try:
             method(self, *args)
+        except (ValueError, TypeError):
+            raise
+        except CommError as error:
+            self._failed(error)
+            text = _NAMED.sub("", str(error), count=1)
+            raise (type(error)(text, error.peers) if isinstance(error, PeerError)
+                   else type(error)(text)) from error
         except BaseException as error:
             self._failed(error)
             raise
@@ -40,7 +53,7 @@ class TwoLevelNative:
     """A two-level group's native collectives, over its levels' communicators."""
 
     offers = frozenset(("all_reduce", "all_gather", "reduce_scatter", "broadcast", "barrier"))
-    direct_all_reduce = direct_all_gather = direct_broadcast = direct_reduce_scatter = None
+    direct_all_gather = direct_broadcast = direct_reduce_scatter = None
     takes_mlx = False
 
     def __init__(self, hosts: Hosts, local: Communicator, leaders: Communicator | None,
@@ -53,6 +66,16 @@ class TwoLevelNative:
         self._identity = hosts.host_major == tuple(range(len(hosts.nodes)))
         self._one_host = len(hosts.by_host) == 1  # (a sub-group): the host's step is all
         self._leads = hosts.local_rank == 0
+
+    def direct_all_reduce(self, x: np.ndarray, op: str, root: int,
+                          out: np.ndarray | None) -> np.ndarray | None:
+        """The route's one-call path (tbcoll.comm.routes): every step checks its own call, so
+        the two-level call need not check it first; None where out is not one block."""
+        result = np.empty(x.shape, x.dtype) if out is None else out
+        if not result.flags.c_contiguous:
+            return None
+        self.all_reduce(x.reshape(-1), result.reshape(-1), op)
+        return result
 
     @_revoking
     def all_reduce(self, send: np.ndarray | None, recv: np.ndarray, op: str) -> None:
