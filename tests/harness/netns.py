@@ -75,12 +75,14 @@ class Cluster:
         a, b = min(i, j), max(i, j)
         return f"10.202.{a * self.size + b}.{1 if i == a else 2}"
 
-    def mesh_hostfile(self, folder: Path) -> Path:
-        """The cluster as a JSON hostfile, with each host's address on each cable ("links")."""
+    def mesh_hostfile(self, folder: Path, slots: list[int] | None = None) -> Path:
+        """The cluster as a JSON hostfile, with each host's address on each cable ("links")
+        and, where given, each host's "slots"."""
         hosts = [{"ssh": self.address(i), "ips": [self.address(i)],
-                  "links": [None if j == i else self.link(i, j) for j in range(self.size)]}
+                  "links": [None if j == i else self.link(i, j) for j in range(self.size)],
+                  **({"slots": slots[i]} if slots else {})}
                  for i in range(self.size)]
-        path = folder / "mesh.json"
+        path = folder / ("mesh.json" if slots is None else f"mesh-{'-'.join(map(str, slots))}.json")
         path.write_text(json.dumps({"hosts": hosts}))
         return path
 
