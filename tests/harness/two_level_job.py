@@ -64,8 +64,8 @@ def first_difference(got, expected: np.ndarray) -> str:
     if not bad.size:
         return ""
     i = bad[0]
-    return (f"; {bad.size} elements differ, the first at {i}: {got.ravel()[i]!r} "
-            f"for {expected.ravel()[i]!r}")
+    return (f"; {bad.size} elements differ, the first at {i}: {got.ravel()[i].item()!r} "
+            f"for {expected.ravel()[i].item()!r}")
 
 
 def reference(op: str, parts: list[np.ndarray]) -> np.ndarray:
