@@ -5,10 +5,13 @@ from __future__ import annotations
 import itertools
 
 from tbcoll.comm.communicator import Communicator
+from tbcoll.hierarchy import group as hierarchy
 from tbcoll.core.errors import TbcollError
 from tbcoll.job.env import (
+    LaunchInfo,
     launch_info,
     single_host,
+    two_levels,
     started_by_mpiexec,
     unlaunched_slurm_task,
 )
@@ -16,6 +19,9 @@ from tbcoll.observability.dumps import start_listening
 from tbcoll.transports import open_world
 from tbcoll.transports.shm.native import built as shm_built
 
+# backends that move a host's ranks' data through shared memory when some host runs several
+# ranks of a job over several hosts (tbcoll.hierarchy; TBCOLL_HIERARCHY=0: one level)
+TWO_LEVEL_BACKENDS = ("tcp", "rdma")
 _opened = itertools.count()  # store keys of each init() in a process stay apart
 
 
@@ -36,7 +42,18 @@ def init(backend: str | None = None) -> Communicator:
     if backend == "auto":
         one_host = info is None or single_host(info)
         backend = "shm" if one_host and shm_built() else "tcp"
-    group, local_rank, node_rank = open_world(backend, info, f"{backend}/{next(_opened)}")
+    prefix = f"{backend}/{next(_opened)}"
+    if backend in TWO_LEVEL_BACKENDS and info is not None and shares_hosts(info) \
+            and two_levels() and shm_built():
+        group, local_rank, node_rank = hierarchy.open_world(backend, info, prefix)
+    else:
+        group, local_rank, node_rank = open_world(backend, info, prefix)
     world = Communicator(group, backend, local_rank, node_rank)
     start_listening(info)  # for tbrun's requests of dumps (tbcoll.observability.dumps)
     return world
+
+
+def shares_hosts(info: LaunchInfo) -> bool:
+    """The job spans several hosts, and some host runs more than one of its ranks."""
+    hosts = info.topology.hosts
+    return len(hosts) > 1 and any(len(host.ranks) > 1 for host in hosts)

@@ -48,6 +48,9 @@ TABLES: dict[str, dict[str, list[Rule]]] = {
     "tcp": {"all_reduce": [(None, 2, "native"), (256 << 10, 4, "native"), *STREAM]},
     "stream": {},
     "shm": dict.fromkeys(_DATA, _NATIVE),
+    # two levels (tbcoll.hierarchy): the host's shm and the network's step, for the data
+    # collectives; the rooted ones and all_to_all run the algorithms over its point-to-point
+    "hosts": dict.fromkeys(_DATA, _NATIVE),
     "mlx": dict.fromkeys(_DATA, _NATIVE),
     "mpi": dict.fromkeys((*_DATA, "all_to_all", "gather", "scatter", "reduce"), _NATIVE),
     "rdma": {"all_reduce": [(64 << 10, None, "native"), *STREAM],

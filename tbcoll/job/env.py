@@ -325,6 +325,13 @@ def tracing(environ: Mapping[str, str] | None = None) -> bool:
     return env.get("TBCOLL_TRACE", "") == "1"
 
 
+def two_levels(environ: Mapping[str, str] | None = None) -> bool:
+    """TBCOLL_HIERARCHY=0 (or false/no/off): a tcp or rdma job whose hosts run several ranks
+    each connects every pair of ranks over the network, as one level (tbcoll.hierarchy), to
+    compare with the two levels."""
+    env = os.environ if environ is None else environ
+    return env.get("TBCOLL_HIERARCHY", "").strip().lower() not in ("0", "false", "no", "off")
+
 def shm_cma(environ: Mapping[str, str] | None = None) -> bool:
     """TBCOLL_SHM_CMA=0 (or false/no/off): shm moves large blocks through its segment, two
     copies, instead of reading them from the other ranks' memory (tbcoll.transports.shm.native)."""

@@ -54,15 +54,18 @@ _DEAD_AFTER_RTOS = 3  # consecutive unanswered retransmission timeouts (~3 s) me
 
 
 def connect_mesh(rank: int, size: int, hosts: list[str], route: Callable[[int], str | None],
-                 store: Store, token: str, timeout: float,
-                 prefix: str) -> dict[int, socket.socket]:
+                 store: Store, token: str, timeout: float, prefix: str,
+                 peers: frozenset[int] | None = None) -> dict[int, socket.socket]:
     """Open one authenticated connection to every other rank (lower ranks: we connect).
 
     hosts: the addresses to listen on; route(peer): the address of peer to connect to (one
-    it listens on), or None for its first. Incoming connections prove themselves in threads
-    of their own, admitted by a tbcoll.job.auth.Doorman, so that idle connections from anyone
-    cannot hold up a peer.
+    it listens on), or None for its first; peers: the ranks to connect to (None: every other
+    rank), the same relation on every rank (a two-level group leaves out its host's own).
+    Incoming connections prove themselves in threads of their own, admitted by a
+    tbcoll.job.auth.Doorman, so that idle connections from anyone cannot hold up a peer.
     """
+    if peers is None:
+        peers = frozenset(range(size)) - {rank}
     listeners = [socket.create_server((host, 0), backlog=max(size, 16)) for host in hosts]
     store.set(f"{prefix}/addr/{rank}", ",".join(
         format_hostport(*listener.getsockname()[:2]) for listener in listeners))
@@ -71,24 +74,24 @@ def connect_mesh(rank: int, size: int, hosts: list[str], route: Callable[[int], 
     arrivals: queue.SimpleQueue = queue.SimpleQueue()  # (peer or None, socket)
     doorman = Doorman(limit=max(64, 2 * size))  # a job's own never need to wait
     try:
-        for peer in range(rank):
+        for peer in sorted(p for p in peers if p < rank):
             published = store.get(f"{prefix}/addr/{peer}").decode().split(",")
             addresses = [parse_hostport(text, "address") for text in published]
             wanted = route(peer)
             address = next((a for a in addresses if a[0] == wanted), addresses[0])
             sockets[peer] = _connect(rank, peer, address, token, deadline)
-        while len(sockets) < size - 1:
+        while len(sockets) < len(peers):
             while not arrivals.empty():
                 peer, sock = arrivals.get()
-                if not doorman.done(sock) or peer is None or peer in sockets:
+                if not doorman.done(sock) or peer not in peers or peer in sockets:
                     sock.close()
                 else:
                     sockets[peer] = sock
-            if len(sockets) == size - 1:
+            if len(sockets) == len(peers):
                 break
             left = deadline - time.monotonic()
             if left <= 0:
-                missing = sorted(set(range(rank + 1, size)) - set(sockets))
+                missing = sorted(peers - set(sockets))
                 raise CommError(f"rank(s) {missing} did not connect to rank {rank} within "
                                 f"{timeout:g} s (TBCOLL_TIMEOUT)")
             ready, _, _ = select.select(listeners, [], [], min(left, 0.05))

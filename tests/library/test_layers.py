@@ -24,6 +24,7 @@ LAYERS = (
     ("algorithms", ("tbcoll.algorithms",)),
     ("collectives", ("tbcoll.collectives",)),
     ("communicator", ("tbcoll.comm",)),
+    ("two levels, a Group made of communicators", ("tbcoll.hierarchy",)),
     ("the library's front", ("tbcoll", "tbcoll.bootstrap", "tbcoll.testing", "tbcoll.bench")),
     ("tbrun", ("tbcoll.launch",)),
 )

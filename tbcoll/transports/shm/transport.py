@@ -341,6 +341,12 @@ class ShmGroup:
     def end_call(self) -> None:
         pass
 
+    def endpoint(self, context: int) -> StreamEndpoint:
+        """Point-to-point among this group's ranks in a context of its own (2 and up; 0 and 1
+        are p2p's and coll's), whose messages a group built over this one
+        (tbcoll.hierarchy) keeps apart from this group's own calls."""
+        return StreamEndpoint(self._stream, context, list(range(self.size)))
+
     def revoke(self, notice: str) -> None:
         self.native.post_notice(notice)  # every rank's waits look at it
 
@@ -396,11 +402,18 @@ def open_world(info: LaunchInfo | None, prefix: str) -> tuple[ShmGroup, int, int
         hosts = len(info.topology.hosts)
         raise CommError(f"the shm backend needs every rank on one host, but this job spans "
                         f"{hosts} hosts: use --backend tcp")
+    members = list(range(info.size)) if info else [0]
+    return open_host(info, prefix, members), *placement(info)
+
+
+def open_host(info: LaunchInfo | None, prefix: str, members: list[int]) -> ShmGroup:
+    """The Group of the world ranks `members`, every one on this host (members[0] makes the
+    segment): a job's world, or one host's part of a job over several hosts."""
     available()  # before any rank makes a segment: the C module was built
     names = _Names(segment_prefix(info.job) if info and info.job else f"/tbc-p{os.getpid()}-")
-    rank, size = (info.rank, info.size) if info else (0, 1)
-    nbytes = Layout(size).total
-    if size == 1:
+    rank = members.index(info.rank if info else 0)
+    nbytes = Layout(len(members)).total
+    if len(members) == 1:
         segment = Segment.create_unique(names.prefix, nbytes)
         settle(segment.buffer)
         segment.unlink()
@@ -411,12 +424,11 @@ def open_world(info: LaunchInfo | None, prefix: str) -> tuple[ShmGroup, int, int
                 settle(segment.buffer)
                 try:
                     store.set(f"{prefix}/created", segment.name)
-                    store.wait([f"{prefix}/mapped/{r}" for r in range(1, size)])
+                    store.wait([f"{prefix}/mapped/{r}" for r in members[1:]])
                 finally:
                     segment.unlink()
             else:
                 name = store.get(f"{prefix}/created").decode()
                 segment = Segment.attach(name, nbytes)
-                store.set(f"{prefix}/mapped/{rank}", b"")
-    return (ShmGroup(segment, rank, list(range(size)), names, comm_timeout(info)),
-            *placement(info))
+                store.set(f"{prefix}/mapped/{members[rank]}", b"")
+    return ShmGroup(segment, rank, members, names, comm_timeout(info))

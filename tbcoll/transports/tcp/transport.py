@@ -463,8 +463,13 @@ def open_world(info: LaunchInfo | None, prefix: str) -> tuple[TcpGroup, int, int
 def _world(info: LaunchInfo | None, prefix: str) -> TcpGroup:
     if info is None or info.size == 1:
         return TcpGroup(TcpTransport(0, 1, {}, 0.0), 0, [0], True)
+    return TcpGroup(connect(info, prefix), 0, list(range(info.size)), True)
+
+
+def connect(info: LaunchInfo, prefix: str, peers: frozenset[int] | None = None) -> TcpTransport:
+    """The transport over a connection to each of peers (world ranks; None: every other
+    rank), the same relation on every rank."""
     with Store.from_launch(info) as store:
         sockets = connect_mesh(info.rank, info.size, listen_hosts(info), peer_route(info),
-                               store, info.token, info.timeout, prefix)
-    transport = TcpTransport(info.rank, info.size, sockets, info.timeout, link_delay())
-    return TcpGroup(transport, 0, list(range(info.size)), True)
+                               store, info.token, info.timeout, prefix, peers)
+    return TcpTransport(info.rank, info.size, sockets, info.timeout, link_delay())

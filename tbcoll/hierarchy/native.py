@@ -1,0 +1,119 @@
+"""The two-level collectives: the host's ranks through shared memory, one rank a host
+across the network (or, on tcp, every rank of a host carrying its slice: the rails).
+
+Each step is a call of a Communicator of one level, which checks the ranks' calls, takes its
+transport's fast paths and names a failure; a step that fails revokes both levels, so that
+no rank waits for a step that cannot come (the host's ranks in a broadcast from a leader
+whose network step failed)."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from tbcoll.comm.communicator import Communicator
+from tbcoll.hierarchy.hosts import Hosts
+
+# An all_reduce of at least this many bytes, on tcp with as many ranks on every host (and a
+# length they divide), goes over the rails: a reduce_scatter inside the host, an all_reduce
+# of each slice among rank k of every host, an all_gather inside the host; below it, or
+# otherwise, through the leaders (docs/hosts.md)
+RAILS_FROM = 256 << 10
+
+
+def _revoking(method: Callable) -> Callable:
+    """A step that fails revokes both levels before it raises."""
+    @functools.wraps(method)
+    def run(self: TwoLevelNative, *args: Any) -> None:
+        try:
+            method(self, *args)
+        except BaseException as error:
+            self._failed(error)
+            raise
+    return run
+
+
+class TwoLevelNative:
+    """A two-level group's native collectives, over its levels' communicators."""
+
+    offers = frozenset(("all_reduce", "all_gather", "reduce_scatter", "broadcast", "barrier"))
+    direct_all_reduce = direct_all_gather = direct_broadcast = direct_reduce_scatter = None
+    takes_mlx = False
+
+    def __init__(self, hosts: Hosts, local: Communicator, leaders: Communicator | None,
+                 rail: Communicator | None, failed: Callable[[BaseException], None]) -> None:
+        """local: this host's ranks; leaders: one rank a host (None where this rank leads
+        none); rail: rank k of every host, where the rails are taken (None: never);
+        failed(error): revoke both levels."""
+        self._hosts, self._local, self._leaders, self._rail = hosts, local, leaders, rail
+        self._failed = failed
+        self._identity = hosts.host_major == tuple(range(len(hosts.nodes)))
+
+    @_revoking
+    def all_reduce(self, send: np.ndarray | None, recv: np.ndarray, op: str) -> None:
+        if self._rail is not None and recv.nbytes >= RAILS_FROM \
+                and recv.size % self._local.size == 0:
+            self._all_reduce_on_rails(recv if send is None else send, recv, op)
+        else:
+            self._local.all_reduce(recv if send is None else send, op=op, out=recv)
+            if self._leaders is not None:
+                self._leaders.all_reduce(recv, op=op, out=recv)
+            self._local.broadcast(recv, root=0, out=recv)
+
+    def _all_reduce_on_rails(self, send: np.ndarray, recv: np.ndarray, op: str) -> None:
+        mine = self._local.reduce_scatter(send, op=op)
+        self._rail.all_reduce(mine, op=op, out=mine)
+        self._local.all_gather(mine, out=recv)
+
+    @_revoking
+    def all_gather(self, send: np.ndarray, recv: np.ndarray) -> None:
+        """Gathered inside the host, then among the leaders host by host (a host's block is
+        its ranks' blocks, in rank order), then given to the host's ranks; put in rank order
+        where the hosts' ranks are not consecutive."""
+        whole = recv if self._identity else np.empty_like(recv)
+        block = send.size
+        here = self._local.size * block
+        if self._leaders is not None:
+            start = self._hosts.host_major.index(self._hosts.here[0]) * block
+            host_block = whole[start:start + here]
+            self._local.all_gather(send, out=host_block)
+            counts = [len(ranks) * block for ranks in self._hosts.by_host.values()]
+            if len(set(counts)) == 1:
+                self._leaders.all_gather(host_block, out=whole)
+            else:
+                self._leaders.all_gather(host_block, out=whole, counts=counts)
+        else:
+            self._local.all_gather(send, out=np.empty(here, send.dtype))
+        self._local.broadcast(whole, root=0, out=whole)
+        if not self._identity:
+            blocks = whole.reshape(len(self._hosts.nodes), block)
+            recv.reshape(-1, block)[list(self._hosts.host_major)] = blocks
+
+    def reduce_scatter(self, send: np.ndarray, recv: np.ndarray, op: str) -> None:
+        """An all_reduce of the whole, of which this rank keeps its block."""
+        whole = np.array(send, copy=True)
+        self.all_reduce(None, whole, op)
+        block = recv.size
+        recv[:] = whole[self._hosts.rank * block:(self._hosts.rank + 1) * block]
+
+    @_revoking
+    def broadcast(self, buf: np.ndarray, root: int) -> None:
+        """To the root's leader inside its host, among the leaders, then inside each host."""
+        hosts = self._hosts
+        on_roots_host = hosts.nodes[root] == hosts.node
+        if on_roots_host and hosts.local_index(root) != 0:
+            self._local.broadcast(buf, root=hosts.local_index(root), out=buf)
+        if self._leaders is not None:
+            self._leaders.broadcast(buf, root=hosts.host_of_leader(root), out=buf)
+        if not on_roots_host or hosts.local_index(root) == 0:
+            self._local.broadcast(buf, root=0, out=buf)
+
+    @_revoking
+    def barrier(self) -> None:
+        self._local.barrier()
+        if self._leaders is not None:
+            self._leaders.barrier()
+        self._local.barrier()
