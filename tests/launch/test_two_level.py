@@ -79,12 +79,14 @@ def assert_two_level_bytes(got: dict[int, dict]) -> dict[tuple[int, str], int]:
     ranks (one rank per host): not ranks-per-host times it."""
     world, leaders = bytes_by_interface(got, "bytes"), bytes_by_interface(got, "leaders_bytes")
     assert sum(leaders.values()) > 4 << 20, leaders  # the measurement saw the all_reduce
+    # measured: each interface 0.99-1.26x, all together 1.01-1.08x; one level: 2.3-2.75x
     for where, moved in world.items():
         expected = leaders[where]
         if expected < QUIET:
             assert moved < QUIET, (where, moved, expected)
         else:
-            assert 0.6 * expected < moved < 1.4 * expected, (where, moved, expected, world)
+            assert 0.6 * expected < moved < 1.5 * expected, (where, moved, expected, world)
+    assert 0.8 < sum(world.values()) / sum(leaders.values()) < 1.25, (world, leaders)
     return world
 
 
