@@ -5,14 +5,14 @@ from __future__ import annotations
 import itertools
 
 from tbcoll.comm.communicator import Communicator
-from tbcoll.hierarchy import group as hierarchy
 from tbcoll.core.errors import TbcollError
+from tbcoll.hierarchy import group as hierarchy
 from tbcoll.job.env import (
     LaunchInfo,
     launch_info,
     single_host,
-    two_levels,
     started_by_mpiexec,
+    two_levels,
     unlaunched_slurm_task,
 )
 from tbcoll.observability.dumps import start_listening

@@ -70,7 +70,22 @@ def checks(hosts: Sequence[Host], facts: list[dict | str], python: str) -> list[
     if any(h.rdma for h in hosts):
         found += _jaccl(reached)
     found.append(_cabling(hosts, facts))
+    found.append(_levels(hosts))
     return found
+
+
+def _levels(hosts: Sequence[Host]) -> Check:
+    """How a job over these hosts moves its data (docs/hosts.md): one level, or shared memory
+    inside each host and the network only between hosts."""
+    if len(hosts) == 1 or all(h.slots == 1 for h in hosts):
+        return Check("ok", "levels", f"one level: {len(hosts)} host(s), "
+                     + ("one rank each" if len(hosts) > 1 else "shared memory (shm)"))
+    per_host = ", ".join(f"{h.name} ({h.slots})" for h in hosts)
+    pairs = sum(a.slots * b.slots for i, a in enumerate(hosts) for b in hosts[i + 1:])
+    return Check("ok", "levels", f"two levels: ranks per host {per_host}; each host's ranks "
+                 f"move data through its shared memory, only the hosts' traffic crosses the "
+                 f"network (tcp: {pairs} connections, one per pair of ranks on different hosts; "
+                 f"rdma: queue pairs between the hosts' first ranks only)")
 
 
 def _version_line(fact: dict) -> str:

@@ -497,7 +497,10 @@ class Communicator(PointToPoint):
             return CommRevokedError(message)
         if not isinstance(error, PeerError):
             return CommError(message)
-        peers = tuple(self._world_ranks[p] for p in error.peers if 0 <= p < self.size)
+        if getattr(self._group, "world_peers", False):  # (tbcoll.core.protocols.Group)
+            peers = tuple(p for p in error.peers if p in self._world_ranks)
+        else:
+            peers = tuple(self._world_ranks[p] for p in error.peers if 0 <= p < self.size)
         report_peer_failure(message, peers)
         return type(error)(message, peers)
 

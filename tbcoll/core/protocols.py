@@ -150,6 +150,10 @@ class Group(Protocol):
     # CommRevokedError from its waits only (mpi), or a revocation is local (its peers learn
     # nothing).
     revocation: tuple[Any, Callable[[], str]] | None
+    # optional, False where absent: True where the peers of its PeerErrors are the job's world
+    # ranks (the stream transports over sockets, whose ranks are the world's), not the
+    # group's own (shm), so that the Communicator tells tbrun the right ranks
+    world_peers: bool
 
     # A group that spans two transports (shm inside a host, tcp or rdma between hosts: the
     # next step, not built) is a Group like any other, made of two: the host's shm Group and

@@ -22,6 +22,7 @@ class TwoLevelGroup:
 
     tuning = "hosts"
     allocate = None  # comm.empty: plain arrays
+    world_peers = True  # each level's failures name world ranks (TwoLevelP2P, the steps')
     # a revocation reaches each level's waits (revoke), not the outer call gate
     revocation = None
 
@@ -38,11 +39,11 @@ class TwoLevelGroup:
         timeout = network.timeout
         # the host's endpoints are this group's own, apart from those its local communicator's
         # calls use (each endpoint carries the call its messages belong to)
-        self.p2p = TwoLevelP2P(hosts, local.endpoint(2), StreamEndpoint(network, context,
-                                                                         list(world)), timeout)
+        self.p2p = TwoLevelP2P(hosts, world, local.endpoint(2),
+                               StreamEndpoint(network, context, list(world)), timeout)
         local_coll, network_coll = local.endpoint(3), StreamEndpoint(network, context + 1,
                                                                      list(world))
-        self.coll = TwoLevelP2P(hosts, local_coll, network_coll, timeout)
+        self.coll = TwoLevelP2P(hosts, world, local_coll, network_coll, timeout)
         self._coll_endpoints = (local_coll, network_coll)
         self._local_group = local
         self._local = Communicator(local, "shm", hosts.local_rank, hosts.node,

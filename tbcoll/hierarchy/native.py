@@ -9,12 +9,14 @@ whose network step failed)."""
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from tbcoll.comm.communicator import Communicator
+from tbcoll.core.errors import CommError, PeerError
 from tbcoll.hierarchy.hosts import Hosts
 
 # An all_reduce of at least this many bytes, on tcp with as many ranks on every host (and a
@@ -22,14 +24,21 @@ from tbcoll.hierarchy.hosts import Hosts
 # of each slice among rank k of every host, an all_gather inside the host; below it, or
 # otherwise, through the leaders (docs/hosts.md)
 RAILS_FROM = 256 << 10
+_NAMED = re.compile(r"[a-z_]+ on rank [0-9]+: ")  # how a Communicator names its call
 
 
 def _revoking(method: Callable) -> Callable:
-    """A step that fails revokes both levels before it raises."""
+    """A step that fails revokes both levels before it raises: a CommError as the step's
+    communicator gave it, less its naming (the two-level call's names it)."""
     @functools.wraps(method)
     def run(self: TwoLevelNative, *args: Any) -> None:
         try:
             method(self, *args)
+        except CommError as error:
+            self._failed(error)
+            text = _NAMED.sub("", str(error), count=1)
+            raise (type(error)(text, error.peers) if isinstance(error, PeerError)
+                   else type(error)(text)) from error
         except BaseException as error:
             self._failed(error)
             raise
@@ -51,10 +60,14 @@ class TwoLevelNative:
         self._hosts, self._local, self._leaders, self._rail = hosts, local, leaders, rail
         self._failed = failed
         self._identity = hosts.host_major == tuple(range(len(hosts.nodes)))
+        self._one_host = len(hosts.by_host) == 1  # (a sub-group): the host's step is all
+        self._leads = hosts.local_rank == 0
 
     @_revoking
     def all_reduce(self, send: np.ndarray | None, recv: np.ndarray, op: str) -> None:
-        if self._rail is not None and recv.nbytes >= RAILS_FROM \
+        if self._one_host:
+            self._local.all_reduce(recv if send is None else send, op=op, out=recv)
+        elif self._rail is not None and recv.nbytes >= RAILS_FROM \
                 and recv.size % self._local.size == 0:
             self._all_reduce_on_rails(recv if send is None else send, recv, op)
         else:
@@ -73,10 +86,13 @@ class TwoLevelNative:
         """Gathered inside the host, then among the leaders host by host (a host's block is
         its ranks' blocks, in rank order), then given to the host's ranks; put in rank order
         where the hosts' ranks are not consecutive."""
+        if self._one_host:
+            self._local.all_gather(send, out=recv)
+            return
         whole = recv if self._identity else np.empty_like(recv)
         block = send.size
         here = self._local.size * block
-        if self._leaders is not None:
+        if self._leads:
             start = self._hosts.host_major.index(self._hosts.here[0]) * block
             host_block = whole[start:start + here]
             self._local.all_gather(send, out=host_block)

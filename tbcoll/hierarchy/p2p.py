@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from tbcoll.core.errors import PeerTimeoutError
+from tbcoll.core.errors import PeerError, PeerTimeoutError
 from tbcoll.core.protocols import P2P
 from tbcoll.hierarchy.hosts import Hosts
 
@@ -26,10 +26,14 @@ class TwoLevelP2P:
     host waits for it): while either level has requests of this rank unfinished, a wait moves
     both."""
 
-    def __init__(self, hosts: Hosts, local: P2P, network: P2P, timeout: float) -> None:
+    def __init__(self, hosts: Hosts, world: tuple[int, ...], local: P2P, network: P2P,
+                 timeout: float) -> None:
+        """world: the world rank of each group rank: errors name peers so (the network's
+        already do; the host's name its own ranks)."""
         self.rank, self.size = hosts.rank, len(hosts.nodes)
         self.acknowledge = local.acknowledge or network.acknowledge
-        self._timeout = timeout
+        self._timeout, self._local, self._world = timeout, local, world
+        self._local_world = tuple(world[r] for r in hosts.here)
         self._routes = [(local, hosts.local_index(r)) if hosts.nodes[r] == hosts.node
                         else (network, r) for r in range(self.size)]
         self._started: dict[P2P, list] = {local: [], network: []}  # what may be unfinished
@@ -59,18 +63,19 @@ class TwoLevelP2P:
         moving = self._unfinished()
         if len(moving) <= 1 and len(wanted) == 1:
             (endpoint, waiting), = wanted.items()
-            endpoint.waitall(waiting)
+            self._on(endpoint, endpoint.waitall, waiting)
             return
         deadline, nap = time.monotonic() + self._timeout, 0.0
         while True:
             for endpoint, started in moving.items():
-                endpoint.test(started)  # moves that level (and raises its failures)
-            if all([endpoint.test(waiting) for endpoint, waiting in wanted.items()]):
+                self._on(endpoint, endpoint.test, started)  # moves that level
+            if all([self._on(endpoint, endpoint.test, waiting)
+                    for endpoint, waiting in wanted.items()]):
                 return
             if time.monotonic() > deadline:
-                peers = sorted({peer for _, request, peer in requests
+                peers = sorted({self._world[peer] for _, request, peer in requests
                                 if not getattr(request, "done", False)})
-                raise PeerTimeoutError(f"rank {self.rank}: ranks {peers} did not take part "
+                raise PeerTimeoutError(f"ranks {peers} did not take part "
                                        f"within {self._timeout:g} s (TBCOLL_TIMEOUT)", peers)
             time.sleep(nap)
             nap = min(_LONGEST_NAP, nap * 2 or 20e-6)
@@ -78,9 +83,19 @@ class TwoLevelP2P:
 
     def test(self, requests: Sequence[tuple]) -> bool:
         for endpoint, started in self._unfinished().items():
-            endpoint.test(started)
-        return all([endpoint.test(waiting)
+            self._on(endpoint, endpoint.test, started)
+        return all([self._on(endpoint, endpoint.test, waiting)
                     for endpoint, waiting in _by_endpoint(requests).items()])
+
+    def _on(self, endpoint: P2P, method: Callable, requests: list) -> bool | None:
+        """method(requests) of one level; the host's failures name world ranks."""
+        try:
+            return method(requests)
+        except PeerError as error:
+            if endpoint is not self._local:
+                raise
+            peers = tuple(self._local_world[p] for p in error.peers)
+            raise type(error)(str(error), peers) from error
 
     def _unfinished(self) -> dict[P2P, list]:
         """Each level's requests of this rank not yet done (the done ones forgotten)."""

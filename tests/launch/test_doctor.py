@@ -103,6 +103,17 @@ def test_doctor_passes_a_well_set_up_mac_cluster():
     assert sum(c.what.startswith("rdma_ctl") for c in found) == 3
 
 
+def test_doctor_shows_the_two_levels_of_hosts_with_several_ranks():
+    facts = [mac_facts(i) for i in range(3)]
+    one = next(c for c in checks([Host(f"mac{i}") for i in range(3)], facts, "python3")
+               if c.what == "levels")
+    assert one.detail == "one level: 3 host(s), one rank each"
+    hosts = [Host("mac0", 2), Host("mac1", 2), Host("mac2", 1)]
+    two = next(c for c in checks(hosts, facts, "python3") if c.what == "levels")
+    assert two.status == "ok" and "two levels: ranks per host mac0 (2), mac1 (2), mac2 (1)" \
+        in two.detail and "tcp: 8 connections" in two.detail, two.detail
+
+
 def test_doctor_names_each_problem_and_its_fix():
     facts = [mac_facts(0), mac_facts(1, rdma="RDMA disabled", bridge="status: active"),
              mac_facts(2, addresses=False)]

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from ..conftest import (
+    REPO,
     TBRUN,
     left_behind,
     mpich_segments,
@@ -65,6 +66,26 @@ def test_rank_killed_mid_all_reduce(script, backend, algorithm, lost):
     p = tbrun("-np", 3, "--grace", "10", "--backend", backend,
               script(KILLED_MID_ALL_REDUCE.format(algorithm=algorithm, count=1 << 20)), timeout=60)
     rank_1_was_named(p, lost)
+    assert time.monotonic() - started < 30
+    assert not left_behind(tbcoll_segments() - before)
+
+
+def test_rank_killed_on_two_levels_is_named_by_its_world_rank(script):
+    """Hosts that are this machine (tests/harness/ssh_here), --map-by node: host 0 runs ranks
+    0 and 2, host 1 rank 1 (tbcoll.hierarchy). Rank 2 dies mid-all_reduce: tbrun names it,
+    rank 0 (its host's other rank) names it by its world rank (it is 1 in the host's own
+    group), and nothing is left behind."""
+    started, before = time.monotonic(), tbcoll_segments()
+    killed = KILLED_MID_ALL_REDUCE.format(algorithm="native", count=1 << 20).replace(
+        "comm.rank == 1 and", "comm.rank == 2 and")
+    p = tbrun("--grace", "10", "--ssh", str(REPO / "tests" / "harness" / "ssh_here"),
+              "-H", "127.0.0.2:2,127.0.0.3:1", "--map-by", "node", script(killed), timeout=60)
+    assert p.returncode == 128 + signal.SIGKILL, p.stdout + p.stderr
+    assert "rank 2 (pid" in p.stderr and "killed by signal 9" in p.stderr
+    reports = tagged_lines(p.stdout)
+    assert reports[0][0].startswith("CommError: all_reduce on rank 0: rank 2 (pid"), reports
+    assert all(line.startswith(f"CommError: all_reduce on rank {rank}: ")
+               for rank, (line,) in reports.items()), reports
     assert time.monotonic() - started < 30
     assert not left_behind(tbcoll_segments() - before)
 

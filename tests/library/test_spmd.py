@@ -42,6 +42,15 @@ def test_under_tbrun(np_, backend):
     run_job(tbrun_pytest(np_, backend), np_)
 
 
+def test_under_tbrun_on_two_levels():
+    """A job over "hosts" that are this machine (loopback addresses, reached by a stand-in
+    for ssh), one of them with two ranks: the two-level group (tbcoll.hierarchy), its hosts
+    uneven and their ranks not consecutive (--map-by node: host 0 runs ranks 0 and 2)."""
+    ssh = str(REPO / "tests" / "harness" / "ssh_here")
+    run_job([TBRUN, "--ssh", ssh, "-H", "127.0.0.2:2,127.0.0.3:1", "--map-by", "node",
+             "--timeout", "270", *PYTEST, SPMD], 3)
+
+
 @pytest.mark.parametrize("backend, np_", [("auto", 2), ("tcp", 3)])
 def test_under_tbrun_without_c(np_, backend):
     """What a build without a compiler runs (TBCOLL_NO_C=1): each protocol's whole Python path

@@ -291,6 +291,7 @@ class MlxGroup:
     and split sub-groups over tbcoll's tcp transport between the same ranks."""
 
     allocate = None  # comm.empty: plain arrays
+    world_peers = True  # its peers are named by tcp's and the watchdog's world ranks
 
     def __init__(self, tcp: TcpGroup, native: MlxNative, backend: str) -> None:
         self._tcp, self.native = tcp, native

@@ -208,6 +208,7 @@ class ShmNative:
             raise TbcollError(f"the shm backend runs at most {atomics.MAX_RANKS} ranks on a "
                               f"host; got {size}")
         self.segment, self.rank, self.size, self._timeout = segment, rank, size, timeout
+        self.names: list[int] | range = range(size)  # each rank's name in messages (ShmGroup)
         self.layout = Layout(size)
         buffer = segment.buffer
         self.flags = AtomicFlags(buffer)
@@ -511,7 +512,8 @@ class ShmNative:
             for rank in late:
                 pid = self.pid_of(rank)
                 if gone(pid):
-                    raise PeerLostError(f"rank {rank} (pid {pid}): {PEER_ENDED}", (rank,))
+                    raise PeerLostError(f"rank {self.names[rank]} (pid {pid}): {PEER_ENDED}",
+                                        (rank,))
             if time.monotonic() > deadline:
                 raise PeerTimeoutError(f"timed out after {self._timeout:g} s (TBCOLL_TIMEOUT) "
                                        f"waiting for rank(s) {', '.join(map(str, late))}",

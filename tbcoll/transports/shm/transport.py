@@ -178,7 +178,7 @@ class ShmStream(StreamTransport):
         if not peer.lost and gone(pid):
             self._lose(peer, f"{PEER_ENDED}: pid {pid} is gone")
         if peer.lost:
-            raise PeerLostError(f"lost connection to rank {dest} ({peer.lost})", (dest,))
+            raise self.lost(dest)
 
     def recv(self, buf: np.ndarray, source: int, context: int, tag: int,
              call: tuple[int, int] = NO_CALL) -> None:
@@ -246,8 +246,8 @@ class ShmStream(StreamTransport):
     def _overwritten(self, peer: Peer, error: OSError) -> PeerLostError:
         """Lose peer, whose ring a C receive found overwritten; the error to raise."""
         self._lose(peer, str(error))
-        return PeerLostError(f"lost the stream from rank {peer.rank} ({peer.lost})",
-                             (peer.rank,))
+        return PeerLostError(f"lost the stream from rank {self.names[peer.rank]} "
+                             f"({peer.lost})", (peer.rank,))
 
     def _announcement(self, peer: Peer, buf: np.ndarray, context: int, tag: int,
                       call: tuple[int, int]) -> tuple[bytes, int]:
@@ -328,6 +328,7 @@ class ShmGroup:
         self.revocation = self.native.revocation()
         self.native.publish_pid()  # before any round or message (see ShmNative.pid_of)
         self._stream = ShmStream(self.native, timeout)
+        self._stream.names = self.native.names = members  # messages name world ranks
         ranks = list(range(len(members)))
         self.p2p = StreamEndpoint(self._stream, 0, ranks)
         if len(members) > 1:

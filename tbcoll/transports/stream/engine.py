@@ -94,6 +94,9 @@ class StreamTransport(Pulls, Revocation):
     def __init__(self, rank: int, size: int, channels: dict[int, Channel],
                  timeout: float) -> None:
         self.rank, self.size, self.timeout = rank, size, timeout
+        # each rank's name in messages: its world rank (a transport whose ranks are a
+        # group's own, shm's, names them as the job does)
+        self.names: Sequence[int] = range(size)
         self.turns = Turns()
         self.next_context = 2  # contexts 0 and 1 belong to the world group
         self._contexts = {0}  # the first context of each group made here
@@ -257,7 +260,7 @@ class StreamTransport(Pulls, Revocation):
                 message.waiter = request
             return request
         if peer.lost:
-            raise PeerLostError(f"lost connection to rank {source} ({peer.lost})", (source,))
+            raise self.lost(source)
         peer.posted[context, tag].append(request)
         return request
 
@@ -329,8 +332,7 @@ class StreamTransport(Pulls, Revocation):
                 if has_failed(request):
                     raise CommError(request.error)
                 if request.peer.lost:
-                    raise PeerLostError(f"lost connection to rank {request.peer.rank} "
-                                        f"({request.peer.lost})", (request.peer.rank,))
+                    raise self.lost(request.peer.rank)
             now = time.monotonic()
             if deadline is None:
                 deadline, next_check = now + self.timeout, now + 1.0
@@ -380,8 +382,7 @@ class StreamTransport(Pulls, Revocation):
             if has_failed(request):
                 raise CommError(request.error)
             if request.peer.lost:
-                raise PeerLostError(f"lost connection to rank {request.peer.rank} "
-                                    f"({request.peer.lost})", (request.peer.rank,))
+                raise self.lost(request.peer.rank)
             return False
         return True
 
@@ -396,8 +397,7 @@ class StreamTransport(Pulls, Revocation):
                 break
             except OSError as e:
                 self._lose(peer, self._send_failure(e))
-                raise PeerLostError(f"lost connection to rank {peer.rank} ({peer.lost})",
-                                    (peer.rank,)) from e
+                raise self.lost(peer.rank) from e
             self.words[peer.words_at + SENT_WORD] += sent  # the holder of the engine's
             views = request.views
             while sent:
@@ -570,8 +570,13 @@ class StreamTransport(Pulls, Revocation):
         if peer is None:
             raise CommError(f"rank {self.rank} has no connection to rank {rank}")
         if peer.lost:
-            raise PeerLostError(f"lost connection to rank {rank} ({peer.lost})", (rank,))
+            raise self.lost(rank)
         return peer
+
+    def lost(self, rank: int) -> PeerLostError:
+        """The error for a wait on the lost stream to rank (named as the job knows it)."""
+        return PeerLostError(f"lost connection to rank {self.names[rank]} "
+                             f"({self._peers[rank].lost})", (rank,))
 
     @staticmethod
     def _send_failure(error: OSError) -> str:

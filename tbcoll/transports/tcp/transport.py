@@ -394,6 +394,7 @@ class TcpGroup:
 
     tuning = "tcp"
     allocate = None  # comm.empty: plain arrays
+    world_peers = True  # its transport's ranks are the world's
 
     def __init__(self, transport: TcpTransport, context: int, members: list[int],
                  owns_transport: bool) -> None:
