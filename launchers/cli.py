@@ -254,7 +254,8 @@ each host probed over ssh (as mlx.distributed_config does on Macs).""")
     parser.add_argument("names", nargs="*", metavar="HOST", help="A host to probe, as ssh "
                         "reaches it.")
     parser.add_argument("--slots", type=whole(1), metavar="N",
-                        help="Ranks per host (text); default: each host's number of cores.")
+                        help="Ranks per host; default: each host's number of cores (text), "
+                             "one (--json).")
     parser.add_argument("--json", dest="as_json", action="store_true",
                         help="MLX's JSON hostfile, with the Thunderbolt cabling where the hosts "
                              "are Macs.")
@@ -270,7 +271,8 @@ def write_hostfile(args: Namespace) -> int:
     if not args.names:
         raise UsageError("Missing argument 'HOST...'")
     ssh = shlex.split(args.ssh)
-    text = (json_hostfile(args.names, ssh, args.python, args.connect_timeout) if args.as_json
+    text = (json_hostfile(args.names, ssh, args.python, args.connect_timeout, args.slots)
+            if args.as_json
             else text_hostfile(args.names, args.slots, ssh, args.python, args.connect_timeout))
     if args.output is None:
         sys.stdout.write(text)

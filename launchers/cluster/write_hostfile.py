@@ -2,7 +2,8 @@
 with --json, MLX's JSON hostfile, each host probed over ssh for the address it was reached
 at and, when every host is a Mac, the Thunderbolt cables between them: the RDMA device that
 reaches each host ("rdma"), each end's address ("links") and the backend the cabling allows
-(jaccl for a full mesh, jaccl-ring for a ring), as mlx.distributed_config does."""
+(jaccl for a full mesh, jaccl-ring for a ring), as mlx.distributed_config does, and each
+host's "slots" where --slots is given."""
 
 from __future__ import annotations
 
@@ -27,11 +28,11 @@ def text_hostfile(names: Sequence[str], slots: int | None, ssh: Sequence[str], p
 
 
 def json_hostfile(names: Sequence[str], ssh: Sequence[str], python: str,
-                  connect_timeout: float) -> str:
+                  connect_timeout: float, slots: int | None = None) -> str:
     facts = probe_all(names, ssh, python, connect_timeout)
     remote = [name for name in names if not is_this_machine(name)]
     here = address_towards(remote[0]) if remote else LOOPBACK  # a one-machine hostfile
-    return hostfile_from_facts(names, facts, here)
+    return hostfile_from_facts(names, facts, here, slots)
 
 
 def probe_all(names: Sequence[str], ssh: Sequence[str], python: str,
@@ -43,13 +44,16 @@ def probe_all(names: Sequence[str], ssh: Sequence[str], python: str,
     return facts
 
 
-def hostfile_from_facts(names: Sequence[str], facts: list[dict], here: str | None) -> str:
+def hostfile_from_facts(names: Sequence[str], facts: list[dict], here: str | None,
+                        slots: int | None = None) -> str:
     """The JSON hostfile for hosts with these probed facts; here: this machine's address for
-    the others (a host probed without ssh has no "reached_at")."""
+    the others (a host probed without ssh has no "reached_at"); slots: each host's ranks
+    (left out: one, as MLX reads it)."""
     entries = []
     for name, fact in zip(names, facts, strict=True):
         address = fact.get("reached_at") or here
-        entries.append({"ssh": name, "ips": [address] if address else []})
+        entries.append({"ssh": name, "ips": [address] if address else [],
+                        **({"slots": slots} if slots else {})})
     if all(f["os"] == "darwin" for f in facts):
         ports = [thunderbolt.ports(f["thunderbolt_profile"], f["hardware_ports"]) for f in facts]
         cables = thunderbolt.cables(ports)

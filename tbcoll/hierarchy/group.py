@@ -5,7 +5,7 @@ from __future__ import annotations
 from tbcoll.comm.communicator import Communicator
 from tbcoll.core.protocols import Group
 from tbcoll.hierarchy.hosts import Hosts
-from tbcoll.hierarchy.native import TwoLevelNative
+from tbcoll.hierarchy.native import TwoLevelNative, failure_notice
 from tbcoll.hierarchy.p2p import TwoLevelP2P
 from tbcoll.job.env import LaunchInfo
 from tbcoll.transports.shm.transport import ShmGroup, open_host
@@ -96,8 +96,7 @@ class TwoLevelGroup:
 
     def _failed(self, error: BaseException) -> None:
         """A two-level step raised error: no rank may wait for the steps that follow."""
-        self.revoke(f"rank {self._world[self.rank]} failed in a step of a two-level "
-                    f"collective ({type(error).__name__}: {error})")
+        self.revoke(failure_notice(self._world[self.rank], error))
 
     def context_hint(self) -> int:
         return self._network.next_context

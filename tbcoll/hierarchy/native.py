@@ -16,7 +16,13 @@ from typing import Any
 import numpy as np
 
 from tbcoll.comm.communicator import Communicator
-from tbcoll.core.errors import CommError, PeerError
+from tbcoll.core.errors import (
+    CommError,
+    CommRevokedError,
+    PeerError,
+    PeerLostError,
+    PeerTimeoutError,
+)
 from tbcoll.hierarchy.hosts import Hosts
 
 # An all_reduce of at least this many bytes, on tcp with as many ranks on every host (and a
@@ -25,6 +31,31 @@ from tbcoll.hierarchy.hosts import Hosts
 # otherwise, through the leaders (docs/hosts.md)
 RAILS_FROM = 256 << 10
 _NAMED = re.compile(r"[a-z_]+ on rank [0-9]+: ")  # how a Communicator names its call
+# A failed step's revocation notice names the peers it lost, early (notices are cut short), so
+# that the ranks it revokes fail naming them too: tbrun then names those peers, not a rank
+# that was only revoked
+_LOST = re.compile(r"\((PeerLostError|PeerTimeoutError) of world ranks ([0-9,]+)\)")
+_PEER_ERRORS = {kind.__name__: kind for kind in (PeerLostError, PeerTimeoutError)}
+
+
+def failure_notice(world_rank: int, error: BaseException) -> str:
+    """The revocation notice of a step that raised error on world_rank (error's peers are
+    world ranks: each level's communicator names them so)."""
+    what = type(error).__name__
+    if isinstance(error, PeerError) and error.peers and what in _PEER_ERRORS:
+        what += " of world ranks " + ",".join(map(str, error.peers))
+    text = _NAMED.sub("", str(error), count=1)
+    return f"rank {world_rank} ({what}) failed a two-level step: {text}"
+
+
+def _as_raised_here(error: CommError) -> CommError:
+    """error less its step's naming; a revocation by a rank whose step lost peers becomes
+    the same PeerError, naming them."""
+    text = _NAMED.sub("", str(error), count=1)
+    if isinstance(error, CommRevokedError) and (lost := _LOST.search(text)):
+        peers = tuple(int(p) for p in lost.group(2).split(","))
+        return _PEER_ERRORS[lost.group(1)](text, peers)
+    return type(error)(text, error.peers) if isinstance(error, PeerError) else type(error)(text)
 
 
 def _revoking(method: Callable) -> Callable:
@@ -40,9 +71,7 @@ def _revoking(method: Callable) -> Callable:
             raise
         except CommError as error:
             self._failed(error)
-            text = _NAMED.sub("", str(error), count=1)
-            raise (type(error)(text, error.peers) if isinstance(error, PeerError)
-                   else type(error)(text)) from error
+            raise _as_raised_here(error) from error
         except BaseException as error:
             self._failed(error)
             raise

@@ -7,9 +7,10 @@ Read three forms, as mpirun and mlx.launch users write them:
   with "hosts", and optionally "backend" and "envs"), each {"ssh": name, "ips": [...],
   "rdma": [...]}, where rdma[j] is the RDMA device (a name, or a list of names for several
   cables) that reaches host j, null for the host itself and for hosts with no cable to it
-  (a ring). Each such host takes one rank. tbcoll adds one optional key, "links": links[j]
-  is this host's address on the cable to host j (each Thunderbolt cable its own subnet),
-  null where there is none; tcp then connects each pair of hosts over their own cable.
+  (a ring). tbcoll adds two optional keys: "slots", the ranks the host takes (1 if left
+  out, as MLX runs one a host), and "links": links[j] is this host's address on the cable to
+  host j (each Thunderbolt cable its own subnet), null where there is none; tcp then
+  connects each pair of hosts over their own cable.
 Every error names the file and line (or the host) and says what was expected.
 """
 
@@ -292,4 +293,14 @@ def _json_host(entry: object, i: int, count: int, source: str) -> Host:
                             "host's address on the cable to it, or null")
     if links and links[i] is not None:
         raise HostfileError(f"{where}: links[{i}] is the host itself and should be null")
-    return Host(entry["ssh"], 1, tuple(ips), tuple(devices), tuple(links))
+    return Host(entry["ssh"], _json_slots(entry, where), tuple(ips), tuple(devices), tuple(links))
+
+
+def _json_slots(entry: dict, where: str) -> int:
+    """The host's "slots": one rank when left out, as MLX's hostfiles mean."""
+    slots = entry.get("slots", 1)
+    # bool is an int in Python, and json reads true as True: refused, as 2.0 and "2" are
+    if isinstance(slots, bool) or not isinstance(slots, int) or not 1 <= slots <= MAX_RANKS:
+        raise HostfileError(f"{where}: \"slots\" must be a whole number from 1 to {MAX_RANKS} "
+                            f"(the ranks this host takes), got {json.dumps(slots)}")
+    return slots

@@ -2,32 +2,52 @@
 
 Like Macs on a desk: a management network (a bridge in its own namespace, the "switch"),
 which ssh and tbrun's store use, and a full mesh of point-to-point links between the hosts,
-each its own /30 subnet, as each Thunderbolt cable is. Needs root, iproute2 and sshd.
+each its own /30 subnet, as each Thunderbolt cable is. Needs root, iproute2, util-linux's
+unshare and nsenter, and sshd.
+
+Each host is three namespaces, as a machine of its own would be: its network, its mounts (a
+private tmpfs on /dev/shm, so that shared memory between two hosts cannot pass unnoticed, and
+an /etc/hosts naming every host) and its UTS (host name h0, h1, ...: MPICH tells nodes apart
+by it). A holder process per host keeps the three alive (`unshare --mount --uts` inside `ip
+netns exec`); whatever runs on host i enters them with nsenter (exec_argv), the sshd too, and
+so does all that the sshd starts. The mounts live and die with the holder's namespace: nothing
+is mounted on the real machine.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import select
 import shutil
+import signal
 import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 SSHD = "/usr/sbin/sshd"
+SHM_SIZE = "256m"  # each host's /dev/shm; a job's segments here are a few MiB
+READY = "ready"  # what a holder prints once its /dev/shm, /etc/hosts and name are in place
 
 
 def why_not_available() -> str | None:
     """A reason namespaces cannot be made here, or None."""
     if os.geteuid() != 0:
         return "network namespaces need root"
-    for tool in ("ip", "ssh", "ssh-keygen"):
+    for tool in ("ip", "ssh", "ssh-keygen", "unshare", "nsenter"):
         if shutil.which(tool) is None:
             return f"{tool} is not installed"
     if not os.path.exists(SSHD):
         return f"{SSHD} is not installed (apt-get install openssh-server)"
     return None
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def _run(*argv: str) -> str:
@@ -43,6 +63,7 @@ class Cluster:
     folder: Path
     size: int
     namespaces: list[str] = field(default_factory=list)
+    holders: list[subprocess.Popen] = field(default_factory=list)  # one per host, in order
     sshds: list[subprocess.Popen] = field(default_factory=list)
 
     def address(self, i: int) -> str:
@@ -54,12 +75,14 @@ class Cluster:
         a, b = min(i, j), max(i, j)
         return f"10.202.{a * self.size + b}.{1 if i == a else 2}"
 
-    def mesh_hostfile(self, folder: Path) -> Path:
-        """The cluster as a JSON hostfile, with each host's address on each cable ("links")."""
+    def mesh_hostfile(self, folder: Path, slots: list[int] | None = None) -> Path:
+        """The cluster as a JSON hostfile, with each host's address on each cable ("links")
+        and, where given, each host's "slots"."""
         hosts = [{"ssh": self.address(i), "ips": [self.address(i)],
-                  "links": [None if j == i else self.link(i, j) for j in range(self.size)]}
+                  "links": [None if j == i else self.link(i, j) for j in range(self.size)],
+                  **({"slots": slots[i]} if slots else {})}
                  for i in range(self.size)]
-        path = folder / "mesh.json"
+        path = folder / ("mesh.json" if slots is None else f"mesh-{'-'.join(map(str, slots))}.json")
         path.write_text(json.dumps({"hosts": hosts}))
         return path
 
@@ -70,14 +93,20 @@ class Cluster:
     def ns(self, i: int) -> str:
         return f"{self.prefix}h{i}"
 
+    def hostname(self, i: int) -> str:
+        """Host i's own name (its UTS namespace), which every host's /etc/hosts resolves."""
+        return f"h{i}"
+
     def exec_argv(self, i: int, *argv: str) -> list[str]:
-        """argv run inside host i."""
-        return ["ip", "netns", "exec", self.ns(i), *argv]
+        """argv run inside host i (its network, mounts and name), in the caller's directory."""
+        return ["nsenter", f"--target={self.holders[i].pid}", "--net", "--mount", "--uts",
+                "--wd=.", *argv]
 
     def pids(self, i: int) -> list[int]:
-        """Processes in host i's namespace other than its sshd."""
+        """Processes in host i's namespace other than its holder and its sshd."""
         listed = _run("ip", "netns", "pids", self.ns(i)).split()
-        return [int(p) for p in listed if not self.sshds or int(p) != self.sshds[i].pid]
+        ours = {p.pid for p in self.holders[i:i + 1] + self.sshds[i:i + 1]}
+        return [int(p) for p in listed if int(p) not in ours]
 
     def start(self, sshd: bool = True) -> Cluster:
         switch = f"{self.prefix}sw"
@@ -97,16 +126,48 @@ class Cluster:
                      "name", f"tb{i}", "netns", self.ns(j))
                 self._address(self.ns(i), f"tb{j}", f"{self.link(i, j)}/30")
                 self._address(self.ns(j), f"tb{i}", f"{self.link(j, i)}/30")
+        self._start_holders()
         if sshd:
             self._start_sshds()
         return self
 
     def stop(self) -> None:
+        """Everything left in the hosts (a failed test's ranks too), the holders with their
+        mounts, then the namespaces; bounded in time."""
         for sshd in self.sshds:
             sshd.kill()
-            sshd.wait()
+            sshd.wait(timeout=10)
+        for i in range(len(self.holders)):
+            for pid in self.pids(i):
+                _kill(pid)
+        for holder in self.holders:
+            holder.kill()
+            holder.wait(timeout=10)
         for ns in self.namespaces:
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
+
+    def _start_holders(self) -> None:
+        """A process per host that holds its mount and UTS namespaces: a private tmpfs on
+        /dev/shm, the cluster's /etc/hosts, its own host name. It sleeps until stop()."""
+        hosts = self.folder / "hosts"
+        hosts.write_text("127.0.0.1 localhost\n" + "".join(
+            f"{self.address(i)} {self.hostname(i)}\n" for i in range(self.size)))
+        for i in range(self.size):
+            setup = (f"mount -t tmpfs -o mode=1777,size={SHM_SIZE} tbcoll-shm-h{i} /dev/shm && "
+                     f"mount --bind {hosts} /etc/hosts && hostname {self.hostname(i)} && "
+                     f"echo {READY} && exec sleep infinity")
+            self.holders.append(subprocess.Popen(
+                ["ip", "netns", "exec", self.ns(i), "unshare", "--mount", "--uts",
+                 "--propagation", "private", "sh", "-c", setup],
+                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                text=True))
+        for i, holder in enumerate(self.holders):
+            ready, _, _ = select.select([holder.stdout], [], [], 20)
+            line = holder.stdout.readline().strip() if ready else ""
+            if line != READY:
+                holder.kill()
+                raise RuntimeError(f"host {i}'s mount and UTS namespaces: "
+                                   f"{holder.communicate(timeout=10)[1].strip() or 'no answer'}")
 
     def _add_namespace(self, ns: str) -> None:
         _run("ip", "netns", "add", ns)

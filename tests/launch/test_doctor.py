@@ -89,6 +89,10 @@ def test_json_hostfile_for_macs_in_a_mesh_reads_back():
     hostfile = Hostfile.from_json(text, "written")
     assert hostfile.is_full_mesh()
     assert hostfile.layout(3).hosts[2].links == ("192.168.2.1", "192.168.2.2", None)
+    # --slots: several ranks a host, which the cables carry together
+    written = Hostfile.from_json(hostfile_from_facts(
+        ["mac0", "mac1", "mac2"], [mac_facts(i) for i in range(3)], None, slots=2), "written")
+    assert [h.slots for h in written.hosts] == [2, 2, 2] and written.is_full_mesh()
 
 
 def test_doctor_passes_a_well_set_up_mac_cluster():

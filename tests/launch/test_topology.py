@@ -87,6 +87,26 @@ def test_json_errors_name_the_host(tmp_path, data, message):
     assert message in str(info.value)
 
 
+def test_json_slots_give_a_host_several_ranks(tmp_path):
+    path = write(tmp_path, json.dumps({"hosts": [
+        {"ssh": "a", "ips": ["10.0.0.1"], "slots": 3}, {"ssh": "b"},
+        {"ssh": "c", "ips": ["10.0.0.3"], "slots": 2}]}), "hosts.json")
+    hosts = Hostfile.from_file(path)
+    assert [h.slots for h in hosts.hosts] == [3, 1, 2] and hosts.slots == 6
+    assert hosts.placement(6) == [0, 0, 0, 1, 2, 2]
+    assert hosts.placement(5, "node") == [0, 1, 2, 0, 2]
+    assert [h.ranks for h in hosts.layout(4).hosts] == [(0, 1, 2), (3,)]
+
+
+@pytest.mark.parametrize("slots", ["0", "-1", "2.0", '"2"', "true", "null", "[2]", "1048577"])
+def test_json_slots_errors_name_the_file_and_host(tmp_path, slots):
+    path = write(tmp_path, f'[{{"ssh": "a"}}, {{"ssh": "b", "slots": {slots}}}]', "hosts.json")
+    with pytest.raises(HostfileError) as info:
+        Hostfile.from_file(path)
+    assert str(info.value) == (f"{path}: host 1 ('b'): \"slots\" must be a whole number from 1 "
+                               f"to 1048576 (the ranks this host takes), got {slots}")
+
+
 def test_list_and_missing_file_errors(tmp_path):
     with pytest.raises(HostfileError, match="-H a,b,a: host 'a' appears twice; use a:N"):
         Hostfile.from_list("a,b,a")

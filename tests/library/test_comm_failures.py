@@ -72,20 +72,34 @@ def test_rank_killed_mid_all_reduce(script, backend, algorithm, lost):
 
 def test_rank_killed_on_two_levels_is_named_by_its_world_rank(script):
     """Hosts that are this machine (tests/harness/ssh_here), --map-by node: host 0 runs ranks
-    0 and 2, host 1 rank 1 (tbcoll.hierarchy). Rank 2 dies mid-all_reduce: tbrun names it,
-    rank 0 (its host's other rank) names it by its world rank (it is 1 in the host's own
-    group), and nothing is left behind."""
+    0 and 2, host 1 ranks 1 and 3 (tbcoll.hierarchy). Rank 2 dies mid-all_reduce: tbrun names
+    it; rank 0 (its host's other rank) names it by its world rank (it is 1 in the host's own
+    group); a rank that only learns of it from the revocation of a rank whose step lost it
+    fails naming rank 2 as well (a PeerError, not a bare revocation), so that tbrun never
+    takes it for the rank that failed first; and nothing is left behind."""
     started, before = time.monotonic(), tbcoll_segments()
-    killed = KILLED_MID_ALL_REDUCE.format(algorithm="native", count=1 << 20).replace(
-        "comm.rank == 1 and", "comm.rank == 2 and")
     p = tbrun("--grace", "10", "--ssh", str(REPO / "tests" / "harness" / "ssh_here"),
-              "-H", "127.0.0.2:2,127.0.0.3:1", "--map-by", "node", script(killed), timeout=60)
+              "-H", "127.0.0.2:2,127.0.0.3:2", "--map-by", "node", script("""
+        import os, signal, sys, numpy as np, tbcoll
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # outlive tbrun's teardown to report
+        comm = tbcoll.init()
+        x = np.ones(1 << 18, np.float32)
+        try:
+            for i in range(1000):
+                if comm.rank == 2 and i == 5:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                comm.all_reduce(x)
+        except tbcoll.PeerError as e:
+            print(type(e).__name__, e.peers, e)
+            sys.exit(17)
+    """), timeout=60)
     assert p.returncode == 128 + signal.SIGKILL, p.stdout + p.stderr
     assert "rank 2 (pid" in p.stderr and "killed by signal 9" in p.stderr
-    reports = tagged_lines(p.stdout)
-    assert reports[0][0].startswith("CommError: all_reduce on rank 0: rank 2 (pid"), reports
-    assert all(line.startswith(f"CommError: all_reduce on rank {rank}: ")
-               for rank, (line,) in reports.items()), reports
+    reports = {rank: lines[0] for rank, lines in tagged_lines(p.stdout).items()}
+    assert sorted(reports) == [0, 1, 3], p.stdout + p.stderr
+    assert reports[0].startswith("PeerLostError (2,) all_reduce on rank 0: rank 2 (pid"), reports
+    for rank in (1, 3):
+        assert reports[rank].startswith(f"PeerLostError (2,) all_reduce on rank {rank}: "), reports
     assert time.monotonic() - started < 30
     assert not left_behind(tbcoll_segments() - before)
 
