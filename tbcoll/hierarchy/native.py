@@ -103,26 +103,25 @@ class TwoLevelNative:
         result = np.empty(x.shape, x.dtype) if out is None else out
         if not result.flags.c_contiguous:
             return None
-        self.all_reduce(x.reshape(-1), result.reshape(-1), op)
+        self.all_reduce(x, result, op)
         return result
 
     @_revoking
     def all_reduce(self, send: np.ndarray | None, recv: np.ndarray, op: str) -> None:
-        if self._one_host:
-            self._local.all_reduce(recv if send is None else send, op=op, out=recv)
-        elif self._rail is not None and recv.nbytes >= RAILS_FROM \
+        """send and recv of any one shape (recv C-contiguous); send None: in place. (The
+        steps' arguments go by position: this is the latency-critical call.)"""
+        send = recv if send is None else send
+        if self._rail is not None and recv.nbytes >= RAILS_FROM \
                 and recv.size % self._local.size == 0:
-            self._all_reduce_on_rails(recv if send is None else send, recv, op)
-        else:
-            self._local.all_reduce(recv if send is None else send, op=op, out=recv)
+            mine = self._local.reduce_scatter(send.reshape(-1), op)
+            self._rail.all_reduce(mine, op, None, mine)
+            self._local.all_gather(mine, None, recv.reshape(-1))
+            return
+        self._local.all_reduce(send, op, None, recv)
+        if not self._one_host:
             if self._leaders is not None:
-                self._leaders.all_reduce(recv, op=op, out=recv)
-            self._local.broadcast(recv, root=0, out=recv)
-
-    def _all_reduce_on_rails(self, send: np.ndarray, recv: np.ndarray, op: str) -> None:
-        mine = self._local.reduce_scatter(send, op=op)
-        self._rail.all_reduce(mine, op=op, out=mine)
-        self._local.all_gather(mine, out=recv)
+                self._leaders.all_reduce(recv, op, None, recv)
+            self._local.broadcast(recv, 0, None, recv)
 
     @_revoking
     def all_gather(self, send: np.ndarray, recv: np.ndarray) -> None:
