@@ -28,8 +28,10 @@ from tbcoll.hierarchy.hosts import Hosts
 # An all_reduce of at least this many bytes, on tcp with as many ranks on every host (and a
 # length they divide), goes over the rails: a reduce_scatter inside the host, an all_reduce
 # of each slice among rank k of every host, an all_gather inside the host; below it, or
-# otherwise, through the leaders (docs/hosts.md)
-RAILS_FROM = 256 << 10
+# otherwise, through the leaders (docs/hosts.md). 3 namespace hosts x 2 ranks (RESULTS.md):
+# rails/leaders 1.03-1.11x at 4-16 KiB, 0.97-1.03x at 32 KiB, 0.58-0.76x at 64 KiB-1 MiB,
+# 0.81-1.05x at 4-16 MiB
+RAILS_FROM = 64 << 10
 _NAMED = re.compile(r"[a-z_]+ on rank [0-9]+: ")  # how a Communicator names its call
 # A failed step's revocation notice names the peers it lost, early (notices are cut short), so
 # that the ranks it revokes fail naming them too: tbrun then names those peers, not a rank
