@@ -90,6 +90,21 @@ def sweep_table(times: dict, moved: dict, rounds: int) -> None:
               "management network")
 
 
+def rails_against_leaders(rounds: int) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        cluster = Cluster("tbtl", Path(tmp), HOSTS)
+        try:
+            cluster.start()
+            hosts = cluster.mesh_hostfile(Path(tmp), slots=[2] * HOSTS)
+            argv = cluster.exec_argv(0, str(BIN / "tbrun"), "--ssh", cluster.ssh, "--hostfile",
+                                     str(hosts), str(BIN / "python"),
+                                     str(REPO / "benchmarks" / "two_level_rails.py"), str(rounds))
+            p = subprocess.run(argv, capture_output=True, text=True, timeout=1800, cwd=REPO)
+            print(p.stdout, p.stderr[-2000:] if p.returncode else "")
+        finally:
+            cluster.stop()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
@@ -98,9 +113,14 @@ def main() -> None:
     parser.add_argument("-f", default="8", help="size factor (8: 8 B, 64 B, ... 16 MiB)")
     parser.add_argument("-n", default="50", help="calls per timed batch of the sweep")
     parser.add_argument("--small-iters", default="2000", help="calls per batch at 8 B")
+    parser.add_argument("--rails", action="store_true", help="only tbcoll's all_reduce over "
+                        "the rails against through the leaders (benchmarks/two_level_rails.py)")
     args = parser.parse_args()
     if reason := why_not_available():
         raise SystemExit(f"cannot build the cluster: {reason}")
+    if args.rails:
+        rails_against_leaders(args.rounds)
+        return
     sweep = ["-b", args.b, "-e", args.e, "-f", args.f, "-n", args.n, "-r", "5"]
     small = ["-b", "8", "-e", "8", "-n", args.small_iters, "-r", "5"]
     times: dict[tuple[str, int], list[float]] = defaultdict(list)
