@@ -22,7 +22,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tests import netns, slurmcluster  # noqa: E402
+from tests.harness import netns, slurmcluster  # noqa: E402
 
 BIN = Path(sys.executable).parent
 INIT = "import tbcoll; tbcoll.init().close()"
