@@ -80,7 +80,7 @@ def test_rank_killed_on_two_levels_is_named_by_its_world_rank(script):
     started, before = time.monotonic(), tbcoll_segments()
     p = tbrun("--grace", "10", "--ssh", str(REPO / "tests" / "harness" / "ssh_here"),
               "-H", "127.0.0.2:2,127.0.0.3:2", "--map-by", "node", script("""
-        import os, signal, sys, numpy as np, tbcoll
+        import os, signal, sys, time, numpy as np, tbcoll
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # outlive tbrun's teardown to report
         comm = tbcoll.init()
         x = np.ones(1 << 18, np.float32)
@@ -90,7 +90,8 @@ def test_rank_killed_on_two_levels_is_named_by_its_world_rank(script):
                     os.kill(os.getpid(), signal.SIGKILL)
                 comm.all_reduce(x)
         except tbcoll.PeerError as e:
-            print(type(e).__name__, e.peers, e)
+            print(type(e).__name__, e.peers, e, flush=True)
+            time.sleep(2)  # an early exit would end its connections before its notices are read
             sys.exit(17)
     """), timeout=60)
     assert p.returncode == 128 + signal.SIGKILL, p.stdout + p.stderr
