@@ -155,22 +155,13 @@ class Group(Protocol):
     # group's own (shm), so that the Communicator tells tbrun the right ranks
     world_peers: bool
 
-    # A group that spans two transports (shm inside a host, tcp or rdma between hosts: the
-    # next step, not built) is a Group like any other, made of two: the host's shm Group and
-    # a network Group of the hosts' ranks. What it needs of each, and they already give:
-    # - a P2P endpoint per peer: its p2p and coll route each (peer, tag) to the endpoint of the
-    #   group that holds that peer (renumbered: a P2P's ranks are its own group's), and its
-    #   waitall and test take a mix of both endpoints' requests, waiting on each endpoint's
-    #   own (a request stays its endpoint's object: nothing else may read it);
-    # - begin_call/end_call passed to both (each compares the call where it exchanges), one
-    #   context_hint (the larger) and a split of both; revoke on both, and one revocation
-    #   word the gate loads (the network's notice and the host's segment word set together:
-    #   a hybrid lends a word of its own that either sets);
-    # - natives of two levels (the host's reduce and broadcast around the hosts' all_reduce)
-    #   are its own Native, over the two groups' natives and P2P; its tuning names its table.
-    # The stream engine (tbcoll.transports.stream) already holds one Channel per peer, of any
-    # kind that offers non-blocking sendmsg, recv_into and close; readiness (_ready) is the
-    # subclass's, and stream_counts/replace_channel keep a peer's byte counts across Channels.
+    # A group that spans two transports (tbcoll.hierarchy: shm inside a host, tcp or rdma
+    # between hosts) is a Group like any other, made of groups of each, each run by a
+    # Communicator of its own: its p2p and coll route each peer to the group that holds it
+    # (a request stays its endpoint's object, and a wait moves both while both have work);
+    # its natives are calls of its levels' communicators; split splits each level. It lends
+    # no revocation word yet (revocation None): one word that both the host's segment and the
+    # network's notices set is the next step's.
 
     def begin_call(self, seq: int, signature: int) -> None:
         """This rank is about to run a collective: its number on this communicator (1, 2,

@@ -6,9 +6,9 @@ Set-up: every rank listens on its host's addresses (its main one and, from the h
 "links", one per cable to another host) and publishes them in the store, connects to every
 lower rank over the cable between their hosts where there is one, and accepts every higher
 rank (of those the caller names: a two-level group, tbcoll.hierarchy, leaves out the ranks
-of its own host). Each connection runs the HMAC handshake of tbcoll.job.auth, then the connecting side names
-its rank. A link that dies with nothing failed yet is found by keepalive (idle) or by the
-kernel's retransmission counters (data in flight: unanswered).
+of its own host). Each connection runs the HMAC handshake of tbcoll.job.auth, then the
+connecting side names its rank. A link that dies with nothing failed yet is found by
+keepalive (idle) or by the kernel's retransmission counters (data in flight: unanswered).
 """
 
 from __future__ import annotations
