@@ -32,7 +32,7 @@ from tbcoll.hierarchy.hosts import Hosts
 # rails/leaders 1.03-1.11x at 4-16 KiB, 0.97-1.03x at 32 KiB, 0.58-0.76x at 64 KiB-1 MiB,
 # 0.81-1.05x at 4-16 MiB
 RAILS_FROM = 64 << 10
-_NAMED = re.compile(r"[a-z_]+ on rank [0-9]+: ")  # how a Communicator names its call
+_NAMED = re.compile(r"^[a-z_]+ on rank [0-9]+: ")  # how a Communicator names its call
 # A failed step's revocation notice names the peers it lost, early (notices are cut short), so
 # that the ranks it revokes fail naming them too: tbrun then names those peers, not a rank
 # that was only revoked
