@@ -91,13 +91,19 @@ def render(word: int) -> str:
     algorithm = NAMES[algorithm] if algorithm < len(NAMES) else "?"
     args = []
     if dtype >= 0:
-        args.append(f"{_DTYPES[dtype] if dtype < len(_DTYPES) else '?'}, {word & _BYTES} B")
+        args.append(f"{_dtype_name(dtype)}, {word & _BYTES} B")
     if op >= 0:
         args.append(f"op={_OPS[op] if op < len(_OPS) else '?'}")
     if root >= 0:
         args.append(f"root={root}")
     args.append(f"algorithm={algorithm}")
     return f"{collective}({', '.join(args)})"
+
+
+def _dtype_name(code: int) -> str:
+    if code < len(_DTYPES):
+        return str(_DTYPES[code])
+    return "a dtype of its own (structured or unnamed)" if code == _OTHER_DTYPE else "?"
 
 
 def fields_in(bits: int) -> list[str]:

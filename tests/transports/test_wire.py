@@ -156,3 +156,5 @@ def test_each_signature_field_keeps_its_value_at_the_widths():
     assert render(word) == f"broadcast(float64, 24 B, root=4094, algorithm={NAMES[-1]})"
     other = signature("broadcast", np.dtype(np.float64), None, 24, 4094, NAMES[0])
     assert fields_in(word ^ other) == ["algorithm"]
+    pairs = signature("all_reduce", np.dtype([("value", "f8"), ("index", "i8")]), "sum", 32)
+    assert render(pairs).startswith("all_reduce(a dtype of its own (structured or unnamed), 32 B")
