@@ -32,6 +32,7 @@ class OneRankGroup:
 
     def __init__(self) -> None:
         self.segment = Segment.create_unique(f"/tbrm{os.getpid()}_", Layout(1).total)
+        self.segment.unlink()  # this process's alone: no name left behind, however it ends
         self.native = ShmNative(self.segment, 0, 1, 30.0, f"/tbrm{os.getpid()}h_")
 
     def begin_call(self, seq: int, signature: int) -> None:
@@ -41,7 +42,6 @@ class OneRankGroup:
         pass
 
     def close(self) -> None:
-        self.segment.unlink()  # (this process's alone: gone once closed)
         self.native.close()
 
 
