@@ -14,11 +14,14 @@ class Hosts:
                         for node in dict.fromkeys(nodes)}
         self.here = self.by_host[self.node]  # the group ranks on this rank's host
         self.local_rank = self.here.index(rank)
+        self.host_sizes = tuple(len(ranks) for ranks in self.by_host.values())
         # how many ranks the fullest host runs: rail k is the k-th rank of every host
-        self.rails = max(len(ranks) for ranks in self.by_host.values())
-        self.even = len({len(ranks) for ranks in self.by_host.values()}) == 1
-        # the group ranks host by host: the order of a gather through the leaders
+        self.rails = max(self.host_sizes)
+        self.even = len(set(self.host_sizes)) == 1
+        # the group ranks host by host: the order of a gather through the leaders, and where
+        # this host's ranks start in it
         self.host_major = tuple(r for ranks in self.by_host.values() for r in ranks)
+        self.host_start = self.host_major.index(self.here[0])
 
     def local_index(self, rank: int) -> int:
         return self.by_host[self.nodes[rank]].index(rank)

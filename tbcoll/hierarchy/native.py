@@ -137,14 +137,14 @@ class TwoLevelNative:
         block = send.size
         here = self._local.size * block
         if self._leads:
-            start = self._hosts.host_major.index(self._hosts.here[0]) * block
+            start = self._hosts.host_start * block
             host_block = whole[start:start + here]
             self._local.all_gather(send, out=host_block)
-            counts = [len(ranks) * block for ranks in self._hosts.by_host.values()]
-            if len(set(counts)) == 1:
+            if self._hosts.even:
                 self._leaders.all_gather(host_block, out=whole)
             else:
-                self._leaders.all_gather(host_block, out=whole, counts=counts)
+                self._leaders.all_gather(host_block, out=whole,
+                                         counts=[n * block for n in self._hosts.host_sizes])
         else:
             self._local.all_gather(send, out=np.empty(here, send.dtype))
         self._local.broadcast(whole, root=0, out=whole)
