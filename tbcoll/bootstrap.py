@@ -8,7 +8,6 @@ from tbcoll.comm.communicator import Communicator
 from tbcoll.core.errors import TbcollError
 from tbcoll.hierarchy import group as hierarchy
 from tbcoll.job.env import (
-    LaunchInfo,
     launch_info,
     single_host,
     started_by_mpiexec,
@@ -43,7 +42,7 @@ def init(backend: str | None = None) -> Communicator:
         one_host = info is None or single_host(info)
         backend = "shm" if one_host and shm_built() else "tcp"
     prefix = f"{backend}/{next(_opened)}"
-    if backend in TWO_LEVEL_BACKENDS and info is not None and shares_hosts(info) \
+    if backend in TWO_LEVEL_BACKENDS and info is not None and info.topology.shares_hosts \
             and two_levels() and shm_built():
         group, local_rank, node_rank = hierarchy.open_world(backend, info, prefix)
     else:
@@ -52,8 +51,3 @@ def init(backend: str | None = None) -> Communicator:
     start_listening(info)  # for tbrun's requests of dumps (tbcoll.observability.dumps)
     return world
 
-
-def shares_hosts(info: LaunchInfo) -> bool:
-    """The job spans several hosts, and some host runs more than one of its ranks."""
-    hosts = info.topology.hosts
-    return len(hosts) > 1 and any(len(host.ranks) > 1 for host in hosts)

@@ -223,6 +223,12 @@ class Layout:
     def single_host(self) -> bool:
         return len(self.hosts) <= 1
 
+    @property
+    def shares_hosts(self) -> bool:
+        """The job spans several hosts, and some host runs more than one of its ranks (its
+        tcp or rdma world then has two levels: tbcoll.hierarchy)."""
+        return len(self.hosts) > 1 and any(len(host.ranks) > 1 for host in self.hosts)
+
     def node_of(self, rank: int) -> int | None:
         """The index of the host that runs rank."""
         return next((i for i, host in enumerate(self.hosts) if rank in host.ranks), None)

@@ -277,17 +277,17 @@ def test_a_lanes_calls_run_whole_in_c(comm, dtype):
 def test_a_host_of_several_ranks_keeps_their_messages_off_the_network(comm):
     """Where the job spans hosts and some run several ranks (tbcoll.hierarchy), this rank's
     network connections go to exactly the ranks of other hosts: none to its own host's."""
-    import json
     import os
 
-    hosts = json.loads(os.environ.get("TBCOLL_HOSTFILE", '{"hosts": []}'))["hosts"]
-    shared = len(hosts) > 1 and any(len(host["ranks"]) > 1 for host in hosts)
-    if comm.backend not in ("tcp", "rdma") or not shared \
+    from tbcoll.job.topology import Layout
+
+    layout = Layout.from_json(os.environ.get("TBCOLL_HOSTFILE", '{"hosts": []}'))
+    if comm.backend not in ("tcp", "rdma") or not layout.shares_hosts \
             or os.environ.get("TBCOLL_HIERARCHY") == "0":
         pytest.skip("one level here: no host of several ranks in a job over several hosts")
     described = comm.describe()
     assert "two levels" in described
     # "  to rank 2: 127.0.0.1:40000 -> 127.0.0.1:41000"
     linked = {int(line.split()[2].rstrip(":")) for line in described.splitlines() if "->" in line}
-    here = next(host["ranks"] for host in hosts if comm.rank in host["ranks"])
+    here = next(host.ranks for host in layout.hosts if comm.rank in host.ranks)
     assert linked == set(range(comm.size)) - set(here), described
