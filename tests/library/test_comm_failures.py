@@ -406,11 +406,8 @@ def test_small_sends_to_a_rank_that_ended_fail_naming_it(script, backend):
     assert p.returncode == 3, p.stderr
 
 
-INTERRUPTED = """
-import signal, sys, time
-import numpy as np
-import tbcoll
-
+# a script's alarm, whose handler raises: an interruption in whatever call it lands
+USER_ALARM = """
 
 class Alarm(Exception):
     pass
@@ -421,7 +418,13 @@ def ring(*_):
 
 
 signal.signal(signal.SIGALRM, ring)
-world = tbcoll.init()
+"""
+
+INTERRUPTED = """
+import signal, sys, time
+import numpy as np
+import tbcoll
+""" + USER_ALARM + """world = tbcoll.init()
 rank = world.rank
 for case in ("recv", "all_reduce 8 B", "all_reduce 8 MB"):
     sub = world.split(0)
@@ -490,18 +493,7 @@ import numpy as np
 
 import tbcoll
 from tbcoll.collectives.barrier import Barrier
-
-
-class Alarm(Exception):
-    pass
-
-
-def ring(*_):
-    raise Alarm("the user's alarm")
-
-
-signal.signal(signal.SIGALRM, ring)
-tbcoll.register_collective(type("Knock", (Barrier,), {"name": "knock"})())
+""" + USER_ALARM + """tbcoll.register_collective(type("Knock", (Barrier,), {"name": "knock"})())
 world = tbcoll.init()
 rank, peer = world.rank, 1 - world.rank
 small, mib, big = np.ones(2, np.float32), np.ones(1 << 18, np.float32), np.ones(1 << 22, np.float32)
