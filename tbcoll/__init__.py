@@ -20,7 +20,7 @@ _HOMES = {
     "register_transport": "tbcoll.core.backends",
     **dict.fromkeys(("AuthenticationError", "CommError", "CommRevokedError", "HostfileError",
                      "LaunchError", "PeerError", "PeerLostError", "PeerTimeoutError",
-                     "RendezvousError", "TbcollError"), "tbcoll.core.errors"),
+                     "RankFailedError", "RendezvousError", "TbcollError"), "tbcoll.core.errors"),
 }
 __all__ = sorted(_HOMES)
 

@@ -30,6 +30,13 @@ LINK_DOWN = "the link is down"
 PEER_ENDED = "it ended (exited or crashed)"
 
 
+class RankFailedError(PeerError):
+    """Peers of this communicator have failed: tbrun (under --keep-going) declared them failed
+    (their process ended, or it killed them frozen), so no call on it can complete. peers: the
+    world ranks of this communicator in tbrun's failed set. The survivors may go on:
+    comm.agree, comm.shrink (docs/failures.md)."""
+
+
 class CommRevokedError(CommError):
     """The communicator was revoked: a call of some rank was interrupted (a KeyboardInterrupt,
     or an exception raised by a signal handler) once its peers may have moved on, so the

@@ -34,6 +34,8 @@ reads or writes these variables.
                        names left there: a killed rank's. macOS cannot list
                        shared memory, so without them a killed job's segment would stay until
                        reboot
+    TBCOLL_KEEP_GOING  1 (set by tbrun --keep-going): a rank's death does not end the job;
+                       tbrun publishes the failed set in the store (tbcoll.job.failures)
 
 Read by the library as well, set by the user:
 
@@ -331,6 +333,13 @@ def two_levels(environ: Mapping[str, str] | None = None) -> bool:
     compare with the two levels."""
     env = os.environ if environ is None else environ
     return env.get("TBCOLL_HIERARCHY", "").strip().lower() not in ("0", "false", "no", "off")
+
+def keep_going(environ: Mapping[str, str] | None = None) -> bool:
+    """TBCOLL_KEEP_GOING=1 (tbrun --keep-going): a rank's death does not end the job; tbrun
+    declares it failed (tbcoll.job.failures) and the survivors may agree and shrink."""
+    env = os.environ if environ is None else environ
+    return env.get("TBCOLL_KEEP_GOING", "") == "1"
+
 
 def shm_cma(environ: Mapping[str, str] | None = None) -> bool:
     """TBCOLL_SHM_CMA=0 (or false/no/off): shm moves large blocks through its segment, two

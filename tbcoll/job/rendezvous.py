@@ -1,6 +1,7 @@
 """The rendezvous store: a small key-value service that tbrun serves and ranks use to meet.
 
-Ranks exchange addresses and small facts through it (set/get/wait/add/delete on bytes keys).
+Ranks exchange addresses and small facts through it (set/get/wait/add/delete on bytes keys,
+and first: set unless set, so that the first of several proposals is the one every rank reads).
 The wire format is binary and length-prefixed; nothing read from it is ever unpickled. A
 connection first runs the HMAC handshake of tbcoll.job.auth; one that fails is logged and closed.
 
@@ -24,8 +25,9 @@ from tbcoll.job.env import DEFAULT_TIMEOUT, LaunchInfo, format_hostport, launch_
 
 _REQUEST = struct.Struct("!BIH")
 _STATUS = struct.Struct("!B")
-_SET, _GET, _WAIT, _ADD, _DELETE = range(1, 6)
-_FIELDS = {_SET: (2, 2), _GET: (1, 1), _WAIT: (1, 4096), _ADD: (2, 2), _DELETE: (1, 1)}
+_SET, _GET, _WAIT, _ADD, _DELETE, _FIRST = range(1, 7)
+_FIELDS = {_SET: (2, 2), _GET: (1, 1), _WAIT: (1, 4096), _ADD: (2, 2), _DELETE: (1, 1),
+           _FIRST: (2, 2)}
 _OK, _TIMEOUT, _BAD = range(3)
 _MAX_FIELD = 64 << 20
 _OUT_OF_RESOURCES = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
@@ -242,6 +244,11 @@ class StoreServer:
                 return _OK, self._data[fields[0]]
             if op == _DELETE:
                 return _OK, b"1" if self._data.pop(fields[0], None) is not None else b"0"
+            if op == _FIRST:
+                if fields[0] not in self._data:
+                    self._data[fields[0]] = fields[1]
+                    self._changed.notify_all()
+                return _OK, self._data[fields[0]]
             present = self._changed.wait_for(
                 lambda: all(k in self._data for k in fields), timeout=timeout)
             if not present:
@@ -304,6 +311,11 @@ class Store:
 
     def delete(self, key: Key) -> bool:
         return self._request(_DELETE, [_b(key)], 0) == b"1"
+
+    def first(self, key: Key, value: Key) -> bytes:
+        """Set key to value unless some rank has set it already; return the value it holds:
+        of several ranks' proposals, the first, the same for all of them."""
+        return self._request(_FIRST, [_b(key), _b(value)], 0)
 
     def close(self) -> None:
         self._sock.close()
