@@ -19,7 +19,13 @@ from tbcoll.launch.arguments import (
     seconds,
     whole,
 )
-from tbcoll.launch.config import LaunchConfig, parse_exports, read_hosts, resolve_program
+from tbcoll.launch.config import (
+    LaunchConfig,
+    check_keep_going,
+    parse_exports,
+    read_hosts,
+    resolve_program,
+)
 from tbcoll.launch.job import run
 from tbcoll.launch.starters import REMOTE
 
@@ -103,6 +109,12 @@ def _tbrun_parser() -> Parser:
     parser.add_argument("--comm-timeout", type=seconds(0, open_low=True), metavar="SECONDS",
                         help="Seconds a rank's collective or store wait may block "
                              f"(TBCOLL_TIMEOUT; default: {DEFAULT_TIMEOUT:g}).")
+    parser.add_argument("--keep-going", action="store_true",
+                        help="A rank that fails does not end the job: tbrun declares it failed "
+                             "in the store (TBCOLL_KEEP_GOING=1; the survivors may revoke, agree "
+                             "and shrink), kills for good a rank reported frozen, and exits "
+                             "with the first failure's status at the end (docs/tbrun.md). Not "
+                             "with --backend mpi or mlx.")
     parser.add_argument("--store-port", type=whole(0, 65535), default=0, metavar="PORT",
                         help="Port of the rendezvous store (0, the default: any free port).")
     _ssh_options(parser)
@@ -178,6 +190,8 @@ def tbrun(args: Namespace) -> int:
         raise LaunchError(f"--backend {args.backend}: no such transport (known: "
                           f"{', '.join(known())}); name the module that provides it with "
                           "--transport-module MODULE")
+    if args.keep_going:
+        check_keep_going(args.backend)
     cfg = LaunchConfig(
         nprocs=nprocs,
         program=resolve_program(command[0], command[1:], args.python, args.module),
@@ -205,6 +219,7 @@ def tbrun(args: Namespace) -> int:
         connect_timeout=args.connect_timeout,
         stdin=str(int(stdin)) if stdin.isdigit() else stdin,
         launcher=args.launcher or ("srun" if granted else "ssh"),
+        keep_going=args.keep_going,
     )
     return run(cfg)
 

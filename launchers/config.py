@@ -47,6 +47,24 @@ class LaunchConfig:
     dump_dir: str | None = None  # where the ranks' dumps go (None: a new temporary folder)
     trace: str | None = None  # where the timeline of every rank's calls goes
     transport_module: str = ""  # TBCOLL_TRANSPORT_MODULE for every rank ("": none)
+    keep_going: bool = False  # a rank's failure does not end the job (TBCOLL_KEEP_GOING)
+
+
+# why --keep-going is refused, by backend
+_NO_KEEP_GOING = {
+    "mpi": "MPI aborts the whole job when a rank dies, and the PyPI MPICH has no ULFM to "
+           "survive it",
+    "mlx": "MLX cannot abort a collective, so the survivors would wait on the dead rank "
+           "forever",
+}
+
+
+def check_keep_going(backend: str) -> None:
+    """LaunchError where --keep-going cannot keep its promise: under mpiexec (--backend mpi)
+    and with MLX's collectives."""
+    if backend in _NO_KEEP_GOING:
+        raise LaunchError(f"--keep-going with --backend {backend}: {_NO_KEEP_GOING[backend]}; "
+                          "use --backend shm or tcp (or rdma), or leave out --keep-going")
 
 
 def resolve_program(program: str, args: Sequence[str], python: str,

@@ -10,7 +10,7 @@ from tbcoll.launch.config import LaunchConfig, master_overrides, thread_limits
 from tbcoll.launch.hosts import LOOPBACK, JobPlan, free_port, plan_job
 from tbcoll.launch.openfiles import raise_open_files
 from tbcoll.launch.output import OutputRouter, log
-from tbcoll.launch.scope import UNMADE, job_scope
+from tbcoll.launch.scope import UNMADE, JobScope, job_scope
 from tbcoll.launch.starters import RankSpec, starter_for
 from tbcoll.launch.stdin import standard_input, stdin_ranks
 from tbcoll.launch.supervisor import RankCommand, Supervisor
@@ -25,6 +25,7 @@ _FILES_SPARE = 64
 
 TYPE_CHECKING = False  # typing's, without importing typing (~2 ms of tbrun's start-up)
 if TYPE_CHECKING:
+    from tbcoll.launch.authority import Authority
     from tbcoll.launch.mlxvars import MlxVariables
 
 
@@ -47,12 +48,17 @@ def rank_commands(cfg: LaunchConfig, plan: JobPlan, store_port: int, token: str,
             env = {**cfg.exports, "PYTHONUNBUFFERED": "1",
                    **worker_env(info, (plan.master_addr, master_port)),
                    **master_overrides(cfg.exports), **(mlx.for_rank(rank) if mlx else {}),
-                   **rdma_devices(cfg)}
+                   **rdma_devices(cfg), **keep_going_env(cfg)}
             spec = RankSpec(rank, host, cfg.program, cfg.cwd, env, thread_limits(len(host.ranks)),
                             mlx.files if mlx else {}, files_dir,
                             rank in stdin_ranks(cfg.stdin, n))
             commands.append(starter.command(spec, cfg))
     return sorted(commands, key=lambda c: c.rank)
+
+
+def keep_going_env(cfg: LaunchConfig) -> dict[str, str]:
+    """TBCOLL_KEEP_GOING=1 under --keep-going (tbcoll.job.env.keep_going reads it)."""
+    return {"TBCOLL_KEEP_GOING": "1"} if cfg.keep_going else {}
 
 
 def rdma_devices(cfg: LaunchConfig) -> dict[str, str]:
@@ -103,6 +109,15 @@ def check_open_files(limit: int, nprocs: int) -> None:
                           "launchctl limit maxfiles) or start fewer ranks")
 
 
+def authority_of(cfg: LaunchConfig, scope: JobScope) -> Authority | None:
+    """Under --keep-going, the failed set's side of the job's store."""
+    if not cfg.keep_going:
+        return None
+    from tbcoll.launch.authority import Authority  # here: a job without it starts without it
+
+    return Authority(scope.store, scope.postmortem)
+
+
 def run(cfg: LaunchConfig) -> int:
     """Run the job and return its exit status."""
     job_starter = starter_for(cfg)
@@ -132,5 +147,6 @@ def run(cfg: LaunchConfig) -> int:
                                 log=log, stdin_fd=standard_input(),
                                 peer_failure=scope.store.peer_failure,
                                 on_spawn=scope.janitor.watch_group, job=scope.job,
-                                postmortem=scope.postmortem)
+                                postmortem=scope.postmortem,
+                                authority=authority_of(cfg, scope))
         return supervisor.run(after_spawn=scope.store.start)

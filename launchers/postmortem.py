@@ -47,9 +47,7 @@ class Postmortem:
         the ranks whose process has not ended (those that end meanwhile are not waited for);
         nudge(ranks): make silent ranks write their stacks
         (tbcoll.observability.dumps.STACKS_SIGNAL)."""
-        self._asked += 1
-        n = self._asked
-        self._store.set(REQUEST_KEY.format(n), reason)
+        n = self.request(reason)
         deadline = time.monotonic() + DUMP_WAIT
         while True:
             silent = [r for r in running() if self._store.get(LISTENING_KEY.format(r))
@@ -87,6 +85,14 @@ class Postmortem:
         else:
             self._log(f"no rank was in a call ({reason}; {where_they_are})")
         return folder
+
+    def request(self, reason: str) -> int:
+        """Ask every listening rank for its dump (request n, returned): each answers
+        ANSWER_KEY of (n, its rank) from a thread of its own (tbcoll.launch.authority's check
+        of a frozen rank asks this way too)."""
+        self._asked += 1
+        self._store.set(REQUEST_KEY.format(self._asked), reason)
+        return self._asked
 
     def _write(self, n: int, reason: str, dumps: dict[int, dict]) -> str:
         """A new folder (in the job's own, under --dump-dir; else in the temporary

@@ -8,6 +8,9 @@
 - a job past its --timeout is torn down the same way and exits with status 124;
 - a job whose standard output lost its reader (`tbrun ... | head -1`) is torn down the same
   way and exits with status 141, as a writer killed by SIGPIPE in a shell pipeline;
+- under --keep-going, a rank that fails is declared failed instead (tbcoll.launch.authority
+  publishes the failed set) and the others go on; a rank a peer reports as frozen is checked,
+  and killed for good if it is;
 - each rank also dies if tbrun itself is killed: on Linux by PR_SET_PDEATHSIG
   (tbcoll.launch.parentdeath), elsewhere (macOS) and on remote hosts through
   tbcoll.launch.remote, below;
@@ -48,14 +51,19 @@ from tbcoll.launch.reaper import (
 from tbcoll.launch.stdin import InputForwarder
 from tbcoll.launch.verdict import (
     AllExited,
+    Declare,
     Dump,
     Event,
     Exited,
     KillNow,
+    KillRank,
     Log,
+    Probe,
+    Probed,
     Signalled,
     StdoutClosed,
     Stop,
+    Suspected,
     Tick,
     Verdict,
     judge,
@@ -66,6 +74,10 @@ from tbcoll.core.errors import LaunchError
 from tbcoll.core.records import record
 from tbcoll.job.env import job_marks
 from tbcoll.observability.dump_keys import STACKS_SIGNAL
+
+TYPE_CHECKING = False  # typing's, without importing typing (~2 ms of tbrun's start-up)
+if TYPE_CHECKING:
+    from tbcoll.launch.authority import Authority
 
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _POLL = 0.5  # backstop for SIGCHLD wake-ups; exits are normally seen at once
@@ -108,7 +120,8 @@ class Supervisor:
                  peer_failure: Callable[[int], tuple[str, tuple[int, ...]] | None]
                  = lambda rank: None,
                  on_spawn: Callable[[int, bool], None] = lambda pgid, wrapped: None,
-                 job: str = "", postmortem: Postmortem | None = None) -> None:
+                 job: str = "", postmortem: Postmortem | None = None,
+                 authority: Authority | None = None) -> None:
         """streams: more (rank, "out"/"err") -> readable fd to route, beside the commands'
         pipes (e.g. FIFOs mpiexec writes); keepalive: write ends of those held open so that
         they do not end before their writer opens them, closed once every command exited;
@@ -117,7 +130,9 @@ class Supervisor:
         error, and those peers), or None; on_spawn(pgid, wrapped): a process group was started
         (for tbcoll.launch.janitor), wrapped: a local tbcoll.launch.remote's; job: the job's
         TBCOLL_JOB, whose carriers are killed at the end;
-        postmortem: gathers the ranks' dumps when the job fails and on SIGUSR1."""
+        postmortem: gathers the ranks' dumps when the job fails and on SIGUSR1;
+        authority: under --keep-going, the failed set's side of the store (a rank's failure
+        then does not end the job)."""
         self._commands = commands
         self._streams = dict(streams or {})
         self._keepalive = list(keepalive)
@@ -132,7 +147,9 @@ class Supervisor:
         self._on_spawn = on_spawn
         self._input = InputForwarder(
             stdin_fd if any(c.stdin and not c.launcher for c in commands) else None, log)
-        self._verdict = Verdict({cmd.rank: cmd.name for cmd in commands}, timeout)
+        self._verdict = Verdict({cmd.rank: cmd.name for cmd in commands}, timeout,
+                                keep_going=authority is not None)
+        self._authority = authority
         self._kill_at: float | None = None  # SIGKILL deadline once teardown has begun
         self._stdout_lost = False  # tbrun's stdout lost its reader, and the verdict was told
         self._job_marks = job_marks(job)
@@ -157,6 +174,8 @@ class Supervisor:
         os.set_blocking(wake_r, False)
         os.set_blocking(wake_w, False)
         old_wakeup = signal.set_wakeup_fd(wake_w)
+        if self._authority is not None:  # a rank's report of frozen peers wakes the loop
+            self._authority.wake_with(wake_w)
         watched = (*_FORWARDED, signal.SIGCHLD, signal.SIGUSR1)
         old_handlers = {sig: signal.signal(sig, self._on_signal) for sig in watched}
         # Reading a terminal from the background would stop tbrun (SIGTTIN); ignored, the
@@ -179,6 +198,8 @@ class Supervisor:
             for sig, handler in old_handlers.items():
                 signal.signal(sig, handler)
             signal.set_wakeup_fd(old_wakeup)
+            if self._authority is not None:
+                self._authority.wake_with(None)
             self._kill_groups(signal.SIGKILL)  # no process of the job outlives tbrun
             for proc in self._procs.values():
                 proc.wait()
@@ -241,7 +262,8 @@ class Supervisor:
         self._verdict = self._verdict._replace(started=time.monotonic())
         drain_until = None  # once every rank has exited, leftover pipes get a short while
         while True:
-            deadlines = [d for d in (self._verdict.deadline, self._kill_at, drain_until)
+            checks = self._authority.deadline if self._authority is not None else None
+            deadlines = [d for d in (self._verdict.deadline, self._kill_at, drain_until, checks)
                          if d is not None]
             wait = min([_POLL, *(d - time.monotonic() for d in deadlines)])
             if (at := self._output.next_deadline()) is not None:
@@ -268,6 +290,7 @@ class Supervisor:
                 else:
                     self._tell(Signalled(signum, time.monotonic(), self._alive()))
             self._reap(selector)
+            self._hear_authority()
             now = time.monotonic()
             if self._adopting and self._child_exited and now >= self._next_reaping:
                 # reads /proc (tbrun's children, else every process): at most once per
@@ -310,6 +333,23 @@ class Supervisor:
                 self._kill_groups(signal.SIGKILL)
             elif isinstance(action, Dump):
                 self._gather(action.reason, resume=True)
+            elif isinstance(action, Declare):
+                self._authority.declare(action.epoch, action.ranks)
+            elif isinstance(action, Probe):
+                self._authority.probe(action.peers, f"rank {action.reporter} reported "
+                                      f"{', '.join(map(str, action.peers))} as frozen")
+            elif isinstance(action, KillRank):
+                self._signal_rank(action.rank, signal.SIGKILL)
+
+    def _hear_authority(self) -> None:
+        """Under --keep-going: tell the verdict of the ranks' reports of frozen peers, and of
+        the checks of those peers that are due."""
+        if self._authority is None:
+            return
+        for reporter, peers in self._authority.reports():
+            self._tell(Suspected(reporter, peers, time.monotonic(), self._alive()))
+        for peer, frozen, why in self._authority.due(time.monotonic()):
+            self._tell(Probed(peer, frozen, why, time.monotonic(), self._alive()))
 
     def _gather(self, reason: str, resume: bool) -> None:
         """Have the ranks' dumps written and where each rank was said (tbcoll.launch.postmortem);
@@ -422,19 +462,23 @@ class Supervisor:
         rank (tbcoll.launch.remote) gets the signal's name on stdin, and for SIGKILL the end of
         its stdin, on which the wrapper kills the rank's group; ssh is killed as well, in
         case its connection hangs."""
-        for rank, proc in self._procs.items():
-            cmd = self._by_rank[rank]
-            if cmd.setup is not None:
-                if sig != signal.SIGKILL:
-                    self._input.pipes[rank].put_signal(signal.Signals(sig).name[3:])
-                    continue
-                self._input.pipes[rank].close()
-                if not cmd.host:
-                    continue  # the local wrapper ends by itself once its rank is dead
-            try:
-                os.killpg(proc.pid, sig)
-            except (ProcessLookupError, PermissionError):
-                pass  # the group is gone
+        for rank in self._procs:
+            self._signal_rank(rank, sig)
+
+    def _signal_rank(self, rank: int, sig: int) -> None:
+        """Signal one rank's process group (through its wrapper where it has one)."""
+        proc, cmd = self._procs[rank], self._by_rank[rank]
+        if cmd.setup is not None:
+            if sig != signal.SIGKILL:
+                self._input.pipes[rank].put_signal(signal.Signals(sig).name[3:])
+                return
+            self._input.pipes[rank].close()
+            if not cmd.host:
+                return  # the local wrapper ends by itself once its rank is dead
+        try:
+            os.killpg(proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass  # the group is gone
 
 
 def _rank_returncode(cmd: RankCommand, returncode: int) -> int:

@@ -13,6 +13,14 @@ if none is seen within FOLLOWER_WAIT, the job stops with the stand-in's status a
 the others failed because of are named (a frozen rank never exits). A signal to tbrun, the
 --timeout and a closed standard output stop the job with their own statuses (128+N, 124, 141).
 A launcher's (mpiexec's) failure is its caller's to explain.
+
+Under --keep-going (Verdict.keep_going) tbrun is the job's one failure authority
+(tbcoll.job.failures): a rank that ends badly does not stop the job. It is declared failed
+(Declare: the whole failed set, with the next epoch, published in the store) and the others go
+on. A rank a peer reports as frozen (Suspected) is checked (Probe); one found frozen is killed
+for good (KillRank) and declared once its exit is seen; a live one is left alone. When every
+rank has ended, the job's status is the first failure's, with a summary line; a signal to
+tbrun, --timeout and a closed standard output still end the whole job with their statuses.
 """
 
 from __future__ import annotations
@@ -88,7 +96,29 @@ class AllExited:
     alive: tuple[int, ...] = ()
 
 
-Event = Exited | Signalled | StdoutClosed | Tick | AllExited
+@record
+class Suspected:
+    """Under --keep-going, rank (reporter) waited past --comm-timeout on peers and asked
+    tbrun to look at them (tbcoll.job.failures.SUSPECT)."""
+
+    reporter: int
+    peers: tuple[int, ...]
+    now: float
+    alive: tuple[int, ...]
+
+
+@record
+class Probed:
+    """What the check of a suspected peer found: frozen (it answered nothing), or why not."""
+
+    peer: int
+    frozen: bool
+    why: str  # what was seen, for the line tbrun logs
+    now: float
+    alive: tuple[int, ...]
+
+
+Event = Exited | Signalled | StdoutClosed | Tick | AllExited | Suspected | Probed
 
 
 # --- actions: what the supervisor is to do --------------------------------------------------
@@ -118,7 +148,32 @@ class Dump:
     reason: str
 
 
-Action = Log | Stop | KillNow | Dump
+@record
+class Declare:
+    """Publish the failed set (every rank declared failed so far) as epoch's
+    (tbcoll.job.failures: FAILED and FAILED_AT)."""
+
+    epoch: int
+    ranks: tuple[int, ...]
+
+
+@record
+class Probe:
+    """Check whether each of peers is frozen or alive (answer with a Probed per peer);
+    reporter asked."""
+
+    reporter: int
+    peers: tuple[int, ...]
+
+
+@record
+class KillRank:
+    """SIGKILL one rank's process group, for good: it was found frozen."""
+
+    rank: int
+
+
+Action = Log | Stop | KillNow | Dump | Declare | Probe | KillRank
 
 
 @record
@@ -136,6 +191,12 @@ class Verdict:
     tearing_down: bool = False  # the ranks were told to stop
     followers: tuple[tuple[int, tuple[int, ...]], ...] = ()  # rank -> the ranks it failed on
     broken: frozenset[tuple[int, int]] = frozenset()  # (rank, peer): links found dead
+    keep_going: bool = False  # --keep-going: a rank's failure does not end the job
+    # under --keep-going: the ranks declared failed, in order, each with its status
+    failures: tuple[tuple[int, int], ...] = ()
+    probing: frozenset[int] = frozenset()  # suspected ranks whose check is under way
+    killed: frozenset[int] = frozenset()  # ranks found frozen and killed, until declared
+    summarized: bool = False  # the end of a --keep-going job was told
 
     @property
     def deadline(self) -> float | None:
@@ -147,6 +208,12 @@ class Verdict:
 
     def name(self, rank: int) -> str:
         return self.names.get(rank, f"rank {rank}")
+
+
+    @property
+    def failed(self) -> frozenset[int]:
+        """The ranks declared failed (under --keep-going)."""
+        return frozenset(rank for rank, _ in self.failures)
 
 
 def judge(verdict: Verdict, event: Event) -> tuple[Verdict, list[Action]]:
@@ -170,6 +237,8 @@ def _name_suspects(verdict: Verdict, alive: tuple[int, ...]) -> list[Action]:
 
 
 def _exited(verdict: Verdict, e: Exited) -> tuple[Verdict, list[Action]]:
+    if verdict.keep_going and not verdict.tearing_down and not e.launcher:
+        return _declare(verdict, e)
     if verdict.culprit is not None:
         return verdict, []
     if e.launcher:  # its caller explains the failure (tbcoll.launch.starters.mpiexec)
@@ -265,7 +334,52 @@ def _tick(verdict: Verdict, e: Tick) -> tuple[Verdict, list[Action]]:
     return verdict, actions
 
 
+def _declare(verdict: Verdict, e: Exited) -> tuple[Verdict, list[Action]]:
+    """--keep-going: the rank is failed for good and the job goes on without it; the failed
+    set is published with the next epoch."""
+    failures = (*verdict.failures, (e.rank, status_of(e.returncode)))
+    verdict = verdict._replace(failures=failures, killed=verdict.killed - {e.rank},
+                               probing=verdict.probing - {e.rank})
+    message = f"{verdict.name(e.rank)} (pid {e.pid}) {describe_exit(e.returncode)}"
+    if e.report is not None:
+        message += f", failing because of {ranks_phrase(e.report[1]) or 'peers'} ({e.report[0]})"
+    else:
+        message += e.hint
+    if e.alive:
+        message += (f"; the job goes on without it (--keep-going): "
+                    f"{plural(len(e.alive), 'rank')} left")
+    else:
+        message += "; it was the last rank running"
+    return verdict, [Log(message), Declare(len(failures), tuple(sorted(verdict.failed)))]
+
+
+def _suspected(verdict: Verdict, e: Suspected) -> tuple[Verdict, list[Action]]:
+    """Check each reported peer that still runs and is not checked or killed already."""
+    if verdict.tearing_down or not verdict.keep_going:
+        return verdict, []
+    settled = verdict.failed | verdict.probing | verdict.killed
+    peers = tuple(p for p in e.peers if p in e.alive and p not in settled and p != e.reporter)
+    if not peers:
+        return verdict, []
+    return verdict._replace(probing=verdict.probing | set(peers)), [Probe(e.reporter, peers)]
+
+
+def _probed(verdict: Verdict, e: Probed) -> tuple[Verdict, list[Action]]:
+    """Kill a frozen peer for good (declared once its exit is seen); leave a live one."""
+    verdict = verdict._replace(probing=verdict.probing - {e.peer})
+    if verdict.tearing_down or e.peer not in e.alive or e.peer in verdict.failed:
+        return verdict, []
+    if not e.frozen:
+        return verdict, [Log(f"{verdict.name(e.peer)} was reported as frozen, but {e.why}: "
+                             "the report is not upheld; it goes on")]
+    return verdict._replace(killed=verdict.killed | {e.peer}), [
+        Log(f"{verdict.name(e.peer)} is frozen ({e.why}); killing it for good (SIGKILL)"),
+        KillRank(e.peer)]
+
+
 def _all_exited(verdict: Verdict, e: AllExited) -> tuple[Verdict, list[Action]]:
+    if verdict.keep_going and verdict.failures and not verdict.summarized:
+        return _summarize(verdict)
     if verdict.follower_deadline is None:
         return verdict, []
     # every rank ended while a follower's failure waited for its culprit
@@ -273,8 +387,23 @@ def _all_exited(verdict: Verdict, e: AllExited) -> tuple[Verdict, list[Action]]:
             [*_name_suspects(verdict, e.alive), Dump("ranks failed because of peers")])
 
 
+def _summarize(verdict: Verdict) -> tuple[Verdict, list[Action]]:
+    """The end of a --keep-going job where ranks failed: never status 0. The first failure's
+    status is the job's, unless the job was ended otherwise (a signal to tbrun, --timeout)."""
+    failed = [rank for rank, _ in verdict.failures]
+    went_on = len(verdict.names) - len(failed)
+    status = verdict.failures[0][1] if verdict.status is None else verdict.status
+    line = (f"{plural(len(failed), 'rank')} failed ({', '.join(map(verdict.name, failed))}); "
+            f"{plural(went_on, 'rank')} went on to the end; the job's status is {status}, "
+            f"the first failure's" if verdict.status is None else
+            f"{plural(len(failed), 'rank')} failed ({', '.join(map(verdict.name, failed))}) "
+            f"before the job was stopped")
+    return verdict._replace(status=status, summarized=True), [
+        Log(line), Dump(f"{ranks_phrase(sorted(failed))} failed (--keep-going)")]
+
+
 _RULES = {Exited: _exited, Signalled: _signalled, StdoutClosed: _stdout_closed, Tick: _tick,
-          AllExited: _all_exited}
+          AllExited: _all_exited, Suspected: _suspected, Probed: _probed}
 
 
 def status_of(returncode: int) -> int:

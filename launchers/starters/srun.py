@@ -20,18 +20,21 @@ from tbcoll.launch.supervisor import RankCommand
 from tbcoll.core.errors import LaunchError
 
 
-def srun_command(node: str, python: str) -> list[str]:
+def srun_command(node: str, python: str, keep_going: bool = False) -> list[str]:
+    """One rank's step; under --keep-going with --no-kill, so that Slurm does not end the
+    job's other steps when this one's node fails."""
     srun = shutil.which("srun")
     if srun is None:
         raise LaunchError("--launcher srun needs Slurm's srun on PATH (run tbrun inside salloc "
                           "or sbatch on a Slurm cluster), or use --launcher ssh")
     return [srun, "--nodes=1", "--ntasks=1", f"--nodelist={node}", "--overlap", "--unbuffered",
-            "--quiet", "--mpi=none", "--kill-on-bad-exit=0", f"--job-name=tbrun-{node}",
+            "--quiet", "--mpi=none", "--kill-on-bad-exit=0",
+            *(["--no-kill"] if keep_going else []), f"--job-name=tbrun-{node}",
             python, "-m", WRAPPER_MODULE]
 
 
 def command(spec: RankSpec, cfg: LaunchConfig) -> RankCommand:
-    return wrapped(spec, srun_command(spec.host.name, cfg.python), os.environ)
+    return wrapped(spec, srun_command(spec.host.name, cfg.python, cfg.keep_going), os.environ)
 
 
 # srun's report of the task's end, which tbrun reports itself (and 143 for ranks it stopped)

@@ -7,13 +7,18 @@ from tbcoll.launch.verdict import (
     STDOUT_CLOSED_STATUS,
     TIMEOUT_STATUS,
     AllExited,
+    Declare,
     Dump,
     Exited,
     KillNow,
+    KillRank,
     Log,
+    Probe,
+    Probed,
     Signalled,
     StdoutClosed,
     Stop,
+    Suspected,
     Tick,
     Verdict,
     judge,
@@ -169,3 +174,61 @@ def test_the_ranks_dumps_are_gathered_before_a_failing_job_is_stopped_and_only_t
     for event in (Signalled(signal.SIGINT, now=1.0, alive=(0, 1)),
                   StdoutClosed(now=1.0, alive=(0, 1))):
         assert dumps(run([event])[1]) == []  # stopped on purpose: nothing to explain
+
+
+# --- --keep-going: tbrun declares failed ranks, and the job goes on ---------------------------
+
+KEEP_GOING = Verdict(NAMES, timeout=10.0, started=0.0, keep_going=True)
+
+
+def test_keep_going_declares_each_death_and_ends_with_the_first_failures_status():
+    verdict, actions = run([
+        Exited(1, 101, -signal.SIGKILL, now=1.0, alive=(0, 2)),
+        Exited(2, 102, 3, now=2.0, alive=(0,)),
+        Tick(now=5.0, alive=(0,)),  # the job goes on: no teardown before --timeout
+        AllExited(now=6.0),
+        AllExited(now=6.1),  # told again while the pipes drain: said once
+    ], KEEP_GOING)
+    assert lines(actions)[:2] == [
+        "rank 1 (pid 101) was killed by signal 9 (SIGKILL); the job goes on without it "
+        "(--keep-going): 2 ranks left",
+        "rank 2 (pid 102) exited with status 3; the job goes on without it (--keep-going): "
+        "1 rank left"]
+    assert [a for a in actions if isinstance(a, Declare)] == [Declare(1, (1,)),
+                                                              Declare(2, (1, 2))]
+    assert not stops(actions) and verdict.status == 128 + signal.SIGKILL
+    assert lines(actions)[2] == ("2 ranks failed (rank 1, rank 2); 1 rank went on to the end; "
+                                 "the job's status is 137, the first failure's")
+    assert sum(isinstance(a, Dump) for a in actions) == 1  # the dumps written once, at the end
+
+
+def test_keep_going_still_ends_the_whole_job_on_timeout_and_signals():
+    verdict, actions = run([
+        Exited(1, 101, 2, now=1.0, alive=(0, 2)),
+        Tick(now=10.0, alive=(0, 2)),
+        Exited(0, 100, -signal.SIGTERM, now=10.1, alive=(2,)),  # the teardown's: not declared
+        AllExited(now=10.2),
+    ], KEEP_GOING)
+    assert verdict.status == TIMEOUT_STATUS and stops(actions) == [signal.SIGTERM]
+    assert [a.ranks for a in actions if isinstance(a, Declare)] == [(1,)]
+    verdict, actions = run([Signalled(signal.SIGINT, now=1.0, alive=(0, 1, 2))], KEEP_GOING)
+    assert verdict.status == 130 and stops(actions) == [signal.SIGINT]
+
+
+def test_a_suspect_is_checked_once_killed_if_frozen_and_left_alone_if_alive():
+    verdict, actions = run([
+        Suspected(0, (1, 2), now=1.0, alive=(0, 1, 2)),
+        Suspected(2, (1,), now=1.1, alive=(0, 1, 2)),  # already being checked
+        Probed(2, False, "it answered tbrun", now=1.2, alive=(0, 1, 2)),
+        Probed(1, True, "it answered nothing in 1 s", now=2.0, alive=(0, 1, 2)),
+        Suspected(0, (1,), now=2.1, alive=(0, 1, 2)),  # killed already: not again
+        Exited(1, 101, -signal.SIGKILL, now=2.2, alive=(0, 2)),
+    ], KEEP_GOING)
+    assert [a for a in actions if isinstance(a, Probe)] == [Probe(0, (1, 2))]
+    assert [a for a in actions if isinstance(a, KillRank)] == [KillRank(1)]
+    assert lines(actions)[:2] == [
+        "rank 2 was reported as frozen, but it answered tbrun: the report is not upheld; "
+        "it goes on",
+        "rank 1 is frozen (it answered nothing in 1 s); killing it for good (SIGKILL)"]
+    assert [a.ranks for a in actions if isinstance(a, Declare)] == [(1,)]
+    assert verdict.failed == {1} and not verdict.killed and not verdict.probing

@@ -1,0 +1,109 @@
+"""tbrun --keep-going, the job's one failure authority: a rank that dies does not end the job,
+tbrun declares it failed in the store (tbcoll.job.failures) and the survivors read it; a rank
+reported frozen is checked, killed for good if it is frozen and left alone if it is not; the
+job's status says a rank died. The verdict's rules alone: tests/launch/test_verdict.py."""
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from ..conftest import REPO, pid_alive, tagged_lines, tbrun, wait_for
+
+# np 4: rank 3 kills itself; rank 1 stops itself; rank 0 reports ranks 1 and 2 as frozen
+# once rank 3's death was declared (epoch 1) and rank 1 is stopped; rank 2 is alive, waiting
+# in the store. Ranks 0 and 2 print what they read from the store and end well.
+JOB = """
+import os, signal, time
+import tbcoll
+from tbcoll.job.env import keep_going, launch_info
+from tbcoll.job.failures import FAILED, FAILED_AT, SUSPECT, format_ranks, parse_failed
+from tbcoll.job.rendezvous import Store, tell_tbrun
+
+comm = tbcoll.init()
+store = Store.from_launch(launch_info())
+store.set(f"test/pid/{comm.rank}", str(os.getpid()))
+comm.barrier()
+if comm.rank == 3:
+    os.kill(os.getpid(), signal.SIGKILL)
+if comm.rank == 1:
+    os.kill(os.getpid(), signal.SIGSTOP)
+    time.sleep(60)
+if comm.rank == 0:
+    store.wait([FAILED_AT.format(1)], 30)
+    pid = int(store.get("test/pid/1"))
+    while open(f"/proc/{pid}/stat").read().rpartition(")")[2].split()[0] not in "Tt":
+        time.sleep(0.01)
+    tell_tbrun(SUSPECT, format_ranks([1, 2]), store=store)
+store.wait([FAILED_AT.format(2)], 30)
+first, latest = parse_failed(store.get(FAILED_AT.format(1))), parse_failed(store.get(FAILED))
+print("keep_going", keep_going(), "first", first[0], sorted(first[1]),
+      "latest", latest[0], sorted(latest[1]),
+      "pids", *(int(store.get(f"test/pid/{r}")) for r in range(4)))
+"""
+
+SSH = str(REPO / "tests" / "harness" / "ssh_here")
+
+
+@pytest.mark.parametrize("where", ["local", "ssh"])
+def test_deaths_and_a_frozen_rank_are_declared_and_the_others_go_on(script, where):
+    """Local ranks (shm), and ranks through the ssh starter (tcp over loopback "hosts", each
+    rank wrapped by tbcoll.launch.remote): a frozen wrapped rank is killed through its
+    wrapper."""
+    hosts = ["--ssh", SSH, "-H", "me@127.0.0.2:2,me@127.0.0.3:2"] if where == "ssh" else []
+    p = tbrun("--keep-going", "-np", 4, *hosts, "--timeout", 90, script(JOB), timeout=120)
+    err = p.stderr
+    assert p.returncode == 137, p.stdout + err
+    said = tagged_lines(p.stdout)
+    assert sorted(said) == [0, 2], p.stdout + err
+    for rank in (0, 2):
+        words = said[rank][-1].split()
+        assert words[:9] == ["keep_going", "True", "first", "1", "[3]", "latest", "2", "[1,",
+                             "3]"], p.stdout
+        pids = [int(w) for w in words[10:]]
+    died = r"(was killed by signal 9 \(SIGKILL\)|exited with status 137)"
+    on = r" on me@127\.0\.0\.\d" if where == "ssh" else ""
+    assert re.search(rf"tbrun: rank 3{on} \(pid \d+\) {died}; the job goes on without it "
+                     r"\(--keep-going\): 3 ranks left", err), err
+    assert re.search(rf"tbrun: rank 1{on} is frozen \(it answered nothing in 1 s\); killing "
+                     r"it for good \(SIGKILL\)", err), err
+    assert re.search(rf"tbrun: rank 1{on} \(pid \d+\) {died}; the job goes on without it "
+                     r"\(--keep-going\): 2 ranks left", err), err
+    assert re.search(rf"tbrun: rank 2{on} was reported as frozen, but it answered tbrun: the "
+                     "report is not upheld; it goes on", err), err
+    assert re.search(rf"tbrun: 2 ranks failed \(rank 3{on}, rank 1{on}\); 2 ranks went on to "
+                     "the end; the job's status is 137, the first failure's", err), err
+    wait_for(lambda: not any(map(pid_alive, pids)), 10, "every rank to be gone")
+
+
+@pytest.mark.parametrize("backend, why", [
+    ("mpi", "the PyPI MPICH has no ULFM"),
+    ("mlx", "MLX cannot abort a collective"),
+])
+def test_keep_going_is_refused_where_it_cannot_hold(backend, why):
+    p = tbrun("--keep-going", "--backend", backend, "-np", 2, sys.executable, "-c", "pass")
+    assert p.returncode == 2 and not p.stdout, p.stderr
+    assert p.stderr.startswith(f"tbrun: error: --keep-going with --backend {backend}: "), p.stderr
+    assert why in p.stderr and p.stderr.count("\n") == 1, p.stderr
+
+
+def test_keep_going_is_the_ranks_contract_and_an_environment_default(tmp_path):
+    """--dry-run shows TBCOLL_KEEP_GOING=1 for every rank, with the flag or TBRUN_KEEP_GOING."""
+    import os
+
+    env = {**os.environ, "TBRUN_KEEP_GOING": "1"}
+    for args, environ in (((), env), (("--keep-going",), None)):
+        p = tbrun(*args, "--dry-run", "-np", 2, sys.executable, "-c", "pass", env=environ)
+        assert p.returncode == 0 and p.stdout.count("TBCOLL_KEEP_GOING=1") == 2, p.stdout
+    p = tbrun("--dry-run", "-np", 2, sys.executable, "-c", "pass")
+    assert "TBCOLL_KEEP_GOING" not in p.stdout
+
+
+def test_srun_steps_do_not_kill_the_job_under_keep_going(monkeypatch):
+    from tbcoll.launch.starters import srun
+
+    monkeypatch.setattr(srun.shutil, "which", lambda name: f"/slurm/bin/{name}")
+    assert "--no-kill" in srun.srun_command("n1", "python3", keep_going=True)
+    assert "--no-kill" not in srun.srun_command("n1", "python3")
+
