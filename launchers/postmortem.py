@@ -60,13 +60,28 @@ class Postmortem:
             time.sleep(_NUDGED)
             self._log(f"{ranks_phrase(silent)} did not answer in {DUMP_WAIT:g} s: asked with "
                       "SIGUSR2 for the Python stacks of its threads (on its stderr)")
+        return self._report(n, reason, self._dumps(range(self.size)), silent)
+
+    def failed(self, reason: str, ranks: Sequence[int]) -> str | None:
+        """Write down the dumps that ranks (declared failed under tbrun --keep-going, ended
+        now) sent as they failed, and log where they were; nobody is asked, and the other
+        ranks' dumps, from an earlier request, would be stale. The folder, or None."""
+        self._asked += 1
+        return self._report(self._asked, reason, self._dumps(ranks), [])
+
+    def _dumps(self, ranks: Sequence[int]) -> dict[int, dict]:
         dumps = {}
-        for rank in range(self.size):
+        for rank in ranks:
             if (text := self._store.get(DUMP_KEY.format(rank))) is not None:
                 try:
                     dumps[rank] = json.loads(text)
                 except ValueError:
                     self._log(f"rank {rank} sent a dump that is not JSON; left out")
+        return dumps
+
+    def _report(self, n: int, reason: str, dumps: dict[int, dict],
+                silent: Sequence[int]) -> str | None:
+        """Write dumps to folder n and log where each rank was; None if there is none."""
         if not dumps:
             return None
         from tbcoll.launch.whereabouts import where  # here: typing, for a job that fails

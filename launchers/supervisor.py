@@ -331,6 +331,9 @@ class Supervisor:
                 self._kill_at = time.monotonic() + self._grace
             elif isinstance(action, KillNow):
                 self._kill_groups(signal.SIGKILL)
+            elif isinstance(action, Dump) and action.failed:
+                if self._postmortem is not None:
+                    self._postmortem.failed(action.reason, action.failed)
             elif isinstance(action, Dump):
                 self._gather(action.reason, resume=True)
             elif isinstance(action, Declare):

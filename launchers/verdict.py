@@ -146,6 +146,9 @@ class Dump:
     each rank was: the job is failing."""
 
     reason: str
+    # only these ranks' dumps, sent as they failed, nobody asked (the end of a --keep-going
+    # job: the ranks are gone); () for every rank's, asked for
+    failed: tuple[int, ...] = ()
 
 
 @record
@@ -389,17 +392,20 @@ def _all_exited(verdict: Verdict, e: AllExited) -> tuple[Verdict, list[Action]]:
 
 def _summarize(verdict: Verdict) -> tuple[Verdict, list[Action]]:
     """The end of a --keep-going job where ranks failed: never status 0. The first failure's
-    status is the job's, unless the job was ended otherwise (a signal to tbrun, --timeout)."""
+    status is the job's, unless the job was ended otherwise (a signal to tbrun, --timeout);
+    the dumps the failed ranks sent as they failed are written down (nobody is asked: at a
+    death, asking would wake a stopped rank and hold up the survivors)."""
     failed = [rank for rank, _ in verdict.failures]
-    went_on = len(verdict.names) - len(failed)
-    status = verdict.failures[0][1] if verdict.status is None else verdict.status
-    line = (f"{plural(len(failed), 'rank')} failed ({', '.join(map(verdict.name, failed))}); "
-            f"{plural(went_on, 'rank')} went on to the end; the job's status is {status}, "
-            f"the first failure's" if verdict.status is None else
-            f"{plural(len(failed), 'rank')} failed ({', '.join(map(verdict.name, failed))}) "
-            f"before the job was stopped")
+    named = f"{plural(len(failed), 'rank')} failed ({', '.join(map(verdict.name, failed))})"
+    if verdict.status is None:
+        status = verdict.failures[0][1]
+        line = (f"{named}; {plural(len(verdict.names) - len(failed), 'rank')} went on to the "
+                f"end; the job's status is {status}, the first failure's")
+    else:
+        status, line = verdict.status, f"{named} before the job was stopped"
+    reason = f"{ranks_phrase(sorted(failed))} failed (--keep-going)"
     return verdict._replace(status=status, summarized=True), [
-        Log(line), Dump(f"{ranks_phrase(sorted(failed))} failed (--keep-going)")]
+        Log(line), Dump(reason, tuple(sorted(failed)))]
 
 
 _RULES = {Exited: _exited, Signalled: _signalled, StdoutClosed: _stdout_closed, Tick: _tick,

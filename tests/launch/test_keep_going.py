@@ -5,7 +5,6 @@ job's status says a rank died. The verdict's rules alone: tests/launch/test_verd
 
 import re
 import sys
-from pathlib import Path
 
 import pytest
 
