@@ -66,8 +66,7 @@ class Postmortem:
         """Write down the dumps that ranks (declared failed under tbrun --keep-going, ended
         now) sent as they failed, and log where they were; nobody is asked, and the other
         ranks' dumps, from an earlier request, would be stale. The folder, or None."""
-        self._asked += 1
-        return self._report(self._asked, reason, self._dumps(ranks), [])
+        return self._report(self.request(reason), reason, self._dumps(ranks), [])
 
     def _dumps(self, ranks: Sequence[int]) -> dict[int, dict]:
         dumps = {}

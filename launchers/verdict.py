@@ -404,8 +404,9 @@ def _summarize(verdict: Verdict) -> tuple[Verdict, list[Action]]:
     else:
         status, line = verdict.status, f"{named} before the job was stopped"
     reason = f"{ranks_phrase(sorted(failed))} failed (--keep-going)"
-    return verdict._replace(status=status, summarized=True), [
-        Log(line), Dump(reason, tuple(sorted(failed)))]
+    # a teardown gathered every rank's dumps already
+    dump = [] if verdict.tearing_down else [Dump(reason, tuple(sorted(failed)))]
+    return verdict._replace(status=status, summarized=True), [Log(line), *dump]
 
 
 _RULES = {Exited: _exited, Signalled: _signalled, StdoutClosed: _stdout_closed, Tick: _tick,

@@ -211,6 +211,8 @@ def test_keep_going_still_ends_the_whole_job_on_timeout_and_signals():
     ], KEEP_GOING)
     assert verdict.status == TIMEOUT_STATUS and stops(actions) == [signal.SIGTERM]
     assert [a.ranks for a in actions if isinstance(a, Declare)] == [(1,)]
+    assert lines(actions)[-1] == "1 rank failed (rank 1) before the job was stopped"
+    assert [a.failed for a in actions if isinstance(a, Dump)] == [()]  # the teardown's only
     verdict, actions = run([Signalled(signal.SIGINT, now=1.0, alive=(0, 1, 2))], KEEP_GOING)
     assert verdict.status == 130 and stops(actions) == [signal.SIGINT]
 
