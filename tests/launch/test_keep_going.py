@@ -8,13 +8,13 @@ import sys
 
 import pytest
 
-from ..conftest import REPO, pid_alive, tagged_lines, tbrun, wait_for
+from ..conftest import MACOS_LANE, REPO, pid_alive, tagged_lines, tbrun, wait_for
 
 # np 4: rank 3 kills itself; rank 1 stops itself; rank 0 reports ranks 1 and 2 as frozen
 # once rank 3's death was declared (epoch 1) and rank 1 is stopped; rank 2 is alive, waiting
 # in the store. Ranks 0 and 2 print what they read from the store and end well.
 JOB = """
-import os, signal, time
+import os, signal, subprocess, time
 import tbcoll
 from tbcoll.job.env import keep_going, launch_info
 from tbcoll.job.failures import FAILED, FAILED_AT, SUSPECT, format_ranks, parse_failed
@@ -32,8 +32,9 @@ if comm.rank == 1:
 if comm.rank == 0:
     store.wait([FAILED_AT.format(1)], 30)
     pid = int(store.get("test/pid/1"))
-    while open(f"/proc/{pid}/stat").read().rpartition(")")[2].split()[0] not in "Tt":
-        time.sleep(0.01)
+    while not subprocess.run(["ps", "-o", "stat=", "-p", str(pid)], capture_output=True,
+                             text=True).stdout.startswith("T"):  # stopped (no /proc on a Mac)
+        time.sleep(0.02)
     tell_tbrun(SUSPECT, format_ranks([1, 2]), store=store)
 store.wait([FAILED_AT.format(2)], 30)
 first, latest = parse_failed(store.get(FAILED_AT.format(1))), parse_failed(store.get(FAILED))
@@ -50,6 +51,10 @@ def test_deaths_and_a_frozen_rank_are_declared_and_the_others_go_on(script, wher
     """Local ranks (shm), and ranks through the ssh starter (tcp over loopback "hosts", each
     rank wrapped by tbcoll.launch.remote): a frozen wrapped rank is killed through its
     wrapper."""
+    if where == "ssh" and MACOS_LANE:
+        pytest.skip("ssh_here runs the wrapper in ssh's process group, so tbrun's SIGKILL of "
+                    "ssh ends it before it kills its rank, and the lane has no "
+                    "PR_SET_PDEATHSIG (a real ssh's remote wrapper sees its stdin end)")
     hosts = ["--ssh", SSH, "-H", "me@127.0.0.2:2,me@127.0.0.3:2"] if where == "ssh" else []
     p = tbrun("--keep-going", "-np", 4, *hosts, "--timeout", 90, script(JOB), timeout=120)
     err = p.stderr
