@@ -171,7 +171,8 @@ class Probe:
 
 @record
 class KillRank:
-    """SIGKILL one rank's process group, for good: it was found frozen."""
+    """SIGKILL one rank's process group, for good: the rank was found frozen, or it failed
+    and what it started (its group) goes with it."""
 
     rank: int
 
@@ -353,7 +354,8 @@ def _declare(verdict: Verdict, e: Exited) -> tuple[Verdict, list[Action]]:
                     f"{plural(len(e.alive), 'rank')} left")
     else:
         message += "; it was the last rank running"
-    return verdict, [Log(message), Declare(len(failures), tuple(sorted(verdict.failed)))]
+    return verdict, [Log(message), KillRank(e.rank),
+                     Declare(len(failures), tuple(sorted(verdict.failed)))]
 
 
 def _suspected(verdict: Verdict, e: Suspected) -> tuple[Verdict, list[Action]]:

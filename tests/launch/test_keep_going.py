@@ -10,9 +10,10 @@ import pytest
 
 from ..conftest import MACOS_LANE, REPO, pid_alive, tagged_lines, tbrun, wait_for
 
-# np 4: rank 3 kills itself; rank 1 stops itself; rank 0 reports ranks 1 and 2 as frozen
-# once rank 3's death was declared (epoch 1) and rank 1 is stopped; rank 2 is alive, waiting
-# in the store. Ranks 0 and 2 print what they read from the store and end well.
+# np 4: rank 3 kills itself (what it started goes with it); rank 1 stops itself; rank 0
+# reports ranks 1 and 2 as frozen once rank 3's death was declared (epoch 1) and rank 1 is
+# stopped; rank 2 is alive, waiting in the store. Ranks 0 and 2 print what they read from the
+# store and end well.
 JOB = """
 import os, signal, subprocess, time
 import tbcoll
@@ -24,16 +25,24 @@ comm = tbcoll.init()
 store = Store.from_launch(launch_info())
 store.set(f"test/pid/{comm.rank}", str(os.getpid()))
 comm.barrier()
-if comm.rank == 3:
+def state(pid):  # ps's: T stopped, Z ended, "" gone (no /proc on a Mac)
+    return subprocess.run(["ps", "-o", "stat=", "-p", str(pid)], capture_output=True,
+                          text=True).stdout.strip()
+
+if comm.rank == 3:  # what it started, in its process group, goes with it
+    store.set("test/child", str(subprocess.Popen(["sleep", "60"]).pid))
     os.kill(os.getpid(), signal.SIGKILL)
 if comm.rank == 1:
     os.kill(os.getpid(), signal.SIGSTOP)
     time.sleep(60)
 if comm.rank == 0:
     store.wait([FAILED_AT.format(1)], 30)
+    child, until = int(store.get("test/child")), time.monotonic() + 10
+    while state(child)[:1] not in ("", "Z") and time.monotonic() < until:
+        time.sleep(0.02)
+    print("child", state(child)[:1] or "gone")
     pid = int(store.get("test/pid/1"))
-    while not subprocess.run(["ps", "-o", "stat=", "-p", str(pid)], capture_output=True,
-                             text=True).stdout.startswith("T"):  # stopped (no /proc on a Mac)
+    while not state(pid).startswith("T"):
         time.sleep(0.02)
     tell_tbrun(SUSPECT, format_ranks([1, 2]), store=store)
 store.wait([FAILED_AT.format(2)], 30)
@@ -61,6 +70,7 @@ def test_deaths_and_a_frozen_rank_are_declared_and_the_others_go_on(script, wher
     assert p.returncode == 137, p.stdout + err
     said = tagged_lines(p.stdout)
     assert sorted(said) == [0, 2], p.stdout + err
+    assert said[0][0] in ("child gone", "child Z"), p.stdout
     for rank in (0, 2):
         words = said[rank][-1].split()
         assert words[:9] == ["keep_going", "True", "first", "1", "[3]", "latest", "2", "[1,",

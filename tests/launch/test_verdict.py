@@ -196,6 +196,7 @@ def test_keep_going_declares_each_death_and_ends_with_the_first_failures_status(
         "1 rank left"]
     assert [a for a in actions if isinstance(a, Declare)] == [Declare(1, (1,)),
                                                               Declare(2, (1, 2))]
+    assert [a for a in actions if isinstance(a, KillRank)] == [KillRank(1), KillRank(2)]
     assert not stops(actions) and verdict.status == 128 + signal.SIGKILL
     assert lines(actions)[2] == ("2 ranks failed (rank 1, rank 2); 1 rank went on to the end; "
                                  "the job's status is 137, the first failure's")
@@ -227,7 +228,8 @@ def test_a_suspect_is_checked_once_killed_if_frozen_and_left_alone_if_alive():
         Exited(1, 101, -signal.SIGKILL, now=2.2, alive=(0, 2)),
     ], KEEP_GOING)
     assert [a for a in actions if isinstance(a, Probe)] == [Probe(0, (1, 2))]
-    assert [a for a in actions if isinstance(a, KillRank)] == [KillRank(1)]
+    # killed when found frozen, then its group once its exit is seen
+    assert [a for a in actions if isinstance(a, KillRank)] == [KillRank(1), KillRank(1)]
     assert lines(actions)[:2] == [
         "rank 2 was reported as frozen, but it answered tbrun: the report is not upheld; "
         "it goes on",
