@@ -240,6 +240,15 @@ def _name_suspects(verdict: Verdict, alive: tuple[int, ...]) -> list[Action]:
                                            verdict.broken)]
 
 
+def _exit_line(verdict: Verdict, e: Exited) -> str:
+    """How the rank ended, and what it reported (the peers it failed because of) or the
+    advice for its own failure."""
+    line = f"{verdict.name(e.rank)} (pid {e.pid}) {describe_exit(e.returncode)}"
+    if e.report is not None:
+        return line + f", failing because of {ranks_phrase(e.report[1]) or 'peers'} ({e.report[0]})"
+    return line + e.hint
+
+
 def _exited(verdict: Verdict, e: Exited) -> tuple[Verdict, list[Action]]:
     if verdict.keep_going and not verdict.tearing_down and not e.launcher:
         return _declare(verdict, e)
@@ -262,11 +271,7 @@ def _exited(verdict: Verdict, e: Exited) -> tuple[Verdict, list[Action]]:
     if verdict.status is not None and not own:
         return verdict, []  # a follower of the failure already reported
     status = status_of(e.returncode)
-    message = f"{verdict.name(e.rank)} (pid {e.pid}) {describe_exit(e.returncode)}"
-    if e.report is not None:
-        message += f", failing because of {ranks_phrase(e.report[1]) or 'peers'} ({e.report[0]})"
-    else:
-        message += e.hint
+    message = _exit_line(verdict, e)
     changes: dict = {}
     if verdict.status is not None:  # the failure that a follower's stood for
         message += f"; it failed first: the job's status is {status}"
@@ -344,11 +349,7 @@ def _declare(verdict: Verdict, e: Exited) -> tuple[Verdict, list[Action]]:
     failures = (*verdict.failures, (e.rank, status_of(e.returncode)))
     verdict = verdict._replace(failures=failures, killed=verdict.killed - {e.rank},
                                probing=verdict.probing - {e.rank})
-    message = f"{verdict.name(e.rank)} (pid {e.pid}) {describe_exit(e.returncode)}"
-    if e.report is not None:
-        message += f", failing because of {ranks_phrase(e.report[1]) or 'peers'} ({e.report[0]})"
-    else:
-        message += e.hint
+    message = _exit_line(verdict, e)
     if e.alive:
         message += (f"; the job goes on without it (--keep-going): "
                     f"{plural(len(e.alive), 'rank')} left")
