@@ -43,16 +43,13 @@ class Authority:
     def wake_with(self, fd: int | None) -> None:
         """Write a byte to fd (the supervisor's wake-up pipe) when a report arrives; None:
         no more (the pipe is about to close, and its number may be reused)."""
-        if fd is None:
-            self._wake = lambda: None
-            return
-
         def wake() -> None:
             try:
                 os.write(fd, b"\0")
-            except OSError:  # full (the loop wakes anyway) or closed (the job is over)
+            except OSError:  # full: the loop wakes anyway
                 pass
-        self._wake = wake
+        with self._lock:  # a store thread's wake under way ends before the pipe may close
+            self._wake = (lambda: None) if fd is None else wake
 
     def _suspect(self, key: bytes, value: bytes) -> None:
         """A rank's SUSPECT (from a store thread): queue it, kept in the store as well."""
@@ -62,7 +59,7 @@ class Authority:
         self._store.set(key, value)
         with self._lock:
             self._reports.append((int(reporter), parse_ranks(value)))
-        self._wake()
+            self._wake()
 
     def reports(self) -> list[tuple[int, tuple[int, ...]]]:
         """The (reporter, peers) reports since the last call."""
