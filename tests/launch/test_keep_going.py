@@ -121,3 +121,40 @@ def test_srun_steps_do_not_kill_the_job_under_keep_going(monkeypatch):
     assert "--no-kill" in srun.srun_command("n1", "python3", keep_going=True)
     assert "--no-kill" not in srun.srun_command("n1", "python3")
 
+
+
+def test_the_check_of_suspects_in_the_store(monkeypatch):
+    """Without processes: a report wakes the loop's pipe; a listening peer that answers is
+    alive, one that does not is frozen, and a peer that never listened cannot be told."""
+    import os
+
+    from tbcoll.launch import authority
+    from tbcoll.launch.postmortem import Postmortem
+
+    from tbcoll.job.failures import FAILED, FAILED_AT, SUSPECT, parse_failed
+    from tbcoll.job.rendezvous import Store, StoreServer
+    from tbcoll.observability.dump_keys import ANSWER_KEY, LISTENING_KEY
+
+    monkeypatch.setattr(authority, "PROBE_WAIT", 0.2)
+    with StoreServer("secret") as server, Store(*server.address, "secret") as client:
+        judge = authority.Authority(server, Postmortem(server, 4, print))
+        wake_r, wake_w = os.pipe()
+        judge.wake_with(wake_w)
+        client.set(SUSPECT.format(0), "3,1,2,x")
+        assert os.read(wake_r, 1) == b"\0" and judge.reports() == [(0, (1, 2, 3))]
+        assert server.get(SUSPECT.format(0)) == b"3,1,2,x" and judge.reports() == []
+        for rank in (1, 2):
+            server.set(LISTENING_KEY.format(rank), "1")
+        judge.probe((1, 2, 3), "rank 0 reported 1, 2, 3")
+        server.set(ANSWER_KEY.format(1, 1), "1")
+        assert judge.due(0.0) == []  # rank 2 may still answer
+        found = {peer: (frozen, why) for peer, frozen, why in judge.due(judge.deadline)}
+        assert found[1] == (False, "it answered tbrun")
+        assert found[2] == (True, "it answered nothing in 0.2 s")
+        assert found[3][0] is False and "cannot tell" in found[3][1]
+        judge.declare(2, (1, 3))
+        assert parse_failed(client.get(FAILED)) == parse_failed(client.get(FAILED_AT.format(2)))
+        assert parse_failed(client.get(FAILED)) == (2, {1, 3})
+        judge.wake_with(None)
+        os.close(wake_r)
+        os.close(wake_w)
