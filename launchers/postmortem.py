@@ -66,7 +66,9 @@ class Postmortem:
         """Write down the dumps that ranks (declared failed under tbrun --keep-going, ended
         now) sent as they failed, and log where they were; nobody is asked, and the other
         ranks' dumps, from an earlier request, would be stale. The folder, or None."""
-        return self._report(self.request(reason), reason, self._dumps(ranks), [])
+        return self._report(self.request(reason), reason, self._dumps(ranks), [],
+                            "no dump (none asked: a killed rank sends none, and the others "
+                            "went on)")
 
     def _dumps(self, ranks: Sequence[int]) -> dict[int, dict]:
         dumps = {}
@@ -78,14 +80,16 @@ class Postmortem:
                     self._log(f"rank {rank} sent a dump that is not JSON; left out")
         return dumps
 
-    def _report(self, n: int, reason: str, dumps: dict[int, dict],
-                silent: Sequence[int]) -> str | None:
-        """Write dumps to folder n and log where each rank was; None if there is none."""
+    def _report(self, n: int, reason: str, dumps: dict[int, dict], silent: Sequence[int],
+                absent: str | None = None) -> str | None:
+        """Write dumps to folder n and log where each rank was (absent: what a rank without
+        a dump is said to be, where whereabouts' default would be wrong); None if there is
+        none."""
         if not dumps:
             return None
-        from tbcoll.launch.whereabouts import where  # here: typing, for a job that fails
+        from tbcoll.launch.whereabouts import NOT_ASKED, where  # here: typing, for a job that fails
 
-        lines = where(dumps, silent)
+        lines = where(dumps, silent, absent or NOT_ASKED)
         try:
             folder = self._write(n, reason, dumps)
         except OSError as e:  # said in one line; the screen and the job's status stay

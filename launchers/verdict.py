@@ -346,7 +346,10 @@ def _tick(verdict: Verdict, e: Tick) -> tuple[Verdict, list[Action]]:
 def _declare(verdict: Verdict, e: Exited) -> tuple[Verdict, list[Action]]:
     """--keep-going: the rank is failed for good and the job goes on without it; the failed
     set is published with the next epoch."""
-    failures = (*verdict.failures, (e.rank, status_of(e.returncode)))
+    status = status_of(e.returncode)
+    if status > 128:  # killed: a report of peers is from an earlier failure it survived
+        e = e._replace(report=None)
+    failures = (*verdict.failures, (e.rank, status))
     verdict = verdict._replace(failures=failures, killed=verdict.killed - {e.rank},
                                probing=verdict.probing - {e.rank})
     message = _exit_line(verdict, e)

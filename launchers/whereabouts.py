@@ -21,14 +21,19 @@ from tbcoll.launch.diagnose import ranks_phrase
 Dump = Mapping[str, Any]
 
 
-def where(dumps: Mapping[int, Dump], silent: Sequence[int] = ()) -> list[str]:
+NOT_ASKED = "no dump (exited before it was asked)"
+
+
+def where(dumps: Mapping[int, Dump], silent: Sequence[int] = (),
+          absent: str = NOT_ASKED) -> list[str]:
     """The lines that say where each rank was (none when no rank was in a call). silent:
-    ranks that were asked for a dump and did not answer."""
+    ranks that were asked for a dump and did not answer; absent: what a rank without a dump
+    that was not silent is said to be."""
     blocks = []
     for members in _communicators(dumps):
         states = {r: _state(dumps.get(r), members) for r in members}
         if any(s is not None and s["call"] for s in states.values()):
-            blocks.append((members, _one_communicator(states, silent)))
+            blocks.append((members, _one_communicator(states, silent, absent)))
     if len(blocks) == 1 and blocks[0][0] == tuple(range(len(blocks[0][0]))):
         return blocks[0][1]  # the world alone: no heading
     return [line for members, lines in blocks
@@ -72,13 +77,13 @@ def _label(call: Mapping[str, Any]) -> str:
 
 
 def _one_communicator(states: Mapping[int, dict[str, Any] | None],
-                      silent: Sequence[int]) -> list[str]:
+                      silent: Sequence[int], absent: str) -> list[str]:
     groups: dict[str, list[int]] = {}
     calls: dict[int, Mapping[str, Any]] = {}
     for rank, state in states.items():
         if state is None:
             label = "did not answer (frozen, or holding Python's lock?)" if rank in silent \
-                else "no dump (exited before it was asked)"
+                else absent
         elif state["call"]:
             calls[rank] = state["call"]
             label = _label(state["call"]) + _how_long(state)

@@ -184,23 +184,28 @@ KEEP_GOING = Verdict(NAMES, timeout=10.0, started=0.0, keep_going=True)
 def test_keep_going_declares_each_death_and_ends_with_the_first_failures_status():
     verdict, actions = run([
         Exited(1, 101, -signal.SIGKILL, now=1.0, alive=(0, 2)),
-        Exited(2, 102, 3, now=2.0, alive=(0,)),
+        Exited(2, 102, 3, now=2.0, alive=(0,), report=("lost rank 1", (1,))),
         Tick(now=5.0, alive=(0,)),  # the job goes on: no teardown before --timeout
-        AllExited(now=6.0),
-        AllExited(now=6.1),  # told again while the pipes drain: said once
+        Exited(0, 100, -signal.SIGKILL, now=6.0, alive=(), report=("lost rank 1", (1,))),
+        AllExited(now=6.1),
+        AllExited(now=6.2),  # told again while the pipes drain: said once
     ], KEEP_GOING)
-    assert lines(actions)[:2] == [
+    assert lines(actions) == [
         "rank 1 (pid 101) was killed by signal 9 (SIGKILL); the job goes on without it "
         "(--keep-going): 2 ranks left",
-        "rank 2 (pid 102) exited with status 3; the job goes on without it (--keep-going): "
-        "1 rank left"]
-    assert [a for a in actions if isinstance(a, Declare)] == [Declare(1, (1,)),
-                                                              Declare(2, (1, 2))]
-    assert [a for a in actions if isinstance(a, KillRank)] == [KillRank(1), KillRank(2)]
+        "rank 2 (pid 102) exited with status 3, failing because of rank 1 (lost rank 1); the "
+        "job goes on without it (--keep-going): 1 rank left",
+        # killed later: the peers it reported, it had survived (RankFailedError, shrink)
+        "rank 0 (pid 100) was killed by signal 9 (SIGKILL); it was the last rank running",
+        "3 ranks failed (rank 1, rank 2, rank 0); 0 ranks went on to the end; the job's "
+        "status is 137, the first failure's"]
+    assert [a for a in actions if isinstance(a, Declare)] == [
+        Declare(1, (1,)), Declare(2, (1, 2)), Declare(3, (0, 1, 2))]
+    # each failed rank's group goes with it
+    assert [a for a in actions if isinstance(a, KillRank)] == [KillRank(1), KillRank(2),
+                                                               KillRank(0)]
     assert not stops(actions) and verdict.status == 128 + signal.SIGKILL
-    assert lines(actions)[2] == ("2 ranks failed (rank 1, rank 2); 1 rank went on to the end; "
-                                 "the job's status is 137, the first failure's")
-    assert sum(isinstance(a, Dump) for a in actions) == 1  # the dumps written once, at the end
+    assert [a.failed for a in actions if isinstance(a, Dump)] == [(0, 1, 2)]  # once, at the end
 
 
 def test_keep_going_still_ends_the_whole_job_on_timeout_and_signals():
