@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from ..conftest import MACOS_LANE, REPO, pid_alive, tagged_lines, tbrun, wait_for
+from .conftest import assert_no_rank_left, finish, tbrun_on
 
 # np 4: rank 3 kills itself (what it started goes with it); rank 1 stops itself; rank 0
 # reports ranks 1 and 2 as frozen once rank 3's death was declared (epoch 1) and rank 1 is
@@ -66,18 +67,33 @@ def test_deaths_and_a_frozen_rank_are_declared_and_the_others_go_on(script, wher
                     "PR_SET_PDEATHSIG (a real ssh's remote wrapper sees its stdin end)")
     hosts = ["--ssh", SSH, "-H", "me@127.0.0.2:2,me@127.0.0.3:2"] if where == "ssh" else []
     p = tbrun("--keep-going", "-np", 4, *hosts, "--timeout", 90, script(JOB), timeout=120)
-    err = p.stderr
-    assert p.returncode == 137, p.stdout + err
-    said = tagged_lines(p.stdout)
-    assert sorted(said) == [0, 2], p.stdout + err
-    assert said[0][0] in ("child gone", "child Z"), p.stdout
+    check_job(p.returncode, p.stdout, p.stderr,
+              r" on me@127\.0\.0\.\d" if where == "ssh" else "")
+
+
+def test_a_frozen_rank_on_another_host_is_killed_through_real_ssh(cluster, script):
+    """The namespace cluster's hosts, each with an sshd: rank 1 on host 1 stops; tbrun kills
+    its ssh and closes its input, and the wrapper on host 1 kills the stopped rank (no
+    PR_SET_PDEATHSIG does it there: the wrapper lives on until it has)."""
+    hosts = f"{cluster.address(0)}:2,{cluster.address(1)}:1,{cluster.address(2)}:1"
+    code, out, err = finish(tbrun_on(cluster, "--keep-going", "-H", hosts, "--map-by", "node",
+                                     "--timeout", 90, script(JOB)), timeout=120)
+    check_job(code, out, err, r"( on 10\.201\.0\.\d+)?")
+    assert_no_rank_left(cluster)
+
+
+def check_job(code: int, out: str, err: str, on: str) -> None:
+    """What JOB's ranks printed and tbrun said; on: how tbrun names a rank's host."""
+    assert code == 137, out + err
+    said = tagged_lines(out)
+    assert sorted(said) == [0, 2], out + err
+    assert said[0][0] in ("child gone", "child Z"), out
     for rank in (0, 2):
         words = said[rank][-1].split()
         assert words[:9] == ["keep_going", "True", "first", "1", "[3]", "latest", "2", "[1,",
-                             "3]"], p.stdout
+                             "3]"], out
         pids = [int(w) for w in words[10:]]
     died = r"(was killed by signal 9 \(SIGKILL\)|exited with status 137)"
-    on = r" on me@127\.0\.0\.\d" if where == "ssh" else ""
     assert re.search(rf"tbrun: rank 3{on} \(pid \d+\) {died}; the job goes on without it "
                      r"\(--keep-going\): 3 ranks left", err), err
     assert re.search(rf"tbrun: rank 1{on} is frozen \(it answered nothing in 1 s\); killing "
