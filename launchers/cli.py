@@ -136,14 +136,15 @@ def _tbrun_parser() -> Parser:
 
 _TBRUN_HELP = """\
 Start NP ranks of PROGRAM (a .py script, a module with -m, or an executable) and supervise
-them: tagged output, fail-fast teardown, signals forwarded, exit status of the first rank to
-fail.
+them: tagged output, fail-fast teardown (or, with --keep-going, the others go on), signals
+forwarded, exit status of the first rank to fail.
 
 Each rank gets the launch contract in its environment: TBCOLL_RANK, TBCOLL_SIZE,
 TBCOLL_LOCAL_RANK, TBCOLL_LOCAL_SIZE, TBCOLL_NODE_RANK, TBCOLL_BACKEND, TBCOLL_STORE,
-TBCOLL_TOKEN, TBCOLL_HOSTFILE, TBCOLL_TIMEOUT, TBCOLL_JOB, and torchrun's RANK, WORLD_SIZE,
-LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT. Also PYTHONUNBUFFERED=1, and
-OMP_NUM_THREADS=1 (and the BLAS equivalents) where unset and several ranks share a host."""
+TBCOLL_TOKEN, TBCOLL_HOSTFILE, TBCOLL_TIMEOUT, TBCOLL_JOB (TBCOLL_KEEP_GOING under
+--keep-going), and torchrun's RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
+MASTER_PORT. Also PYTHONUNBUFFERED=1, and OMP_NUM_THREADS=1 (and the BLAS equivalents) where
+unset and several ranks share a host."""
 
 _TBRUN_EPILOG = """\
 Every flag can also come from the environment as TBRUN_<NAME>, e.g. TBRUN_NPROCS=4,
