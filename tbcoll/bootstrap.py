@@ -5,9 +5,12 @@ from __future__ import annotations
 import itertools
 
 from tbcoll.comm.communicator import Communicator
+from tbcoll.comm.survival import Lineage
 from tbcoll.core.errors import TbcollError
+from tbcoll.core.protocols import Group
 from tbcoll.hierarchy import group as hierarchy
 from tbcoll.job.env import (
+    LaunchInfo,
     launch_info,
     single_host,
     started_by_mpiexec,
@@ -42,12 +45,19 @@ def init(backend: str | None = None) -> Communicator:
         one_host = info is None or single_host(info)
         backend = "shm" if one_host and shm_built() else "tcp"
     prefix = f"{backend}/{next(_opened)}"
-    if backend in TWO_LEVEL_BACKENDS and info is not None and info.topology.shares_hosts \
-            and two_levels() and shm_built():
-        group, local_rank, node_rank = hierarchy.open_world(backend, info, prefix)
-    else:
-        group, local_rank, node_rank = open_world(backend, info, prefix)
-    world = Communicator(group, backend, local_rank, node_rank)
+    group, local_rank, node_rank = open_group(backend, info, prefix)
+    world = Communicator(group, backend, local_rank, node_rank,
+                         lineage=Lineage(prefix, open_group))
     start_listening(info)  # for tbrun's requests of dumps (tbcoll.observability.dumps)
     return world
+
+
+def open_group(backend: str, info: LaunchInfo | None, prefix: str) -> tuple[Group, int, int]:
+    """The world of the job info describes over backend: of two levels where the job spans
+    hosts of several ranks (tbcoll.hierarchy), else the transport's own; also what a shrunk
+    communicator's survivors open again (tbcoll.comm.survival)."""
+    if backend in TWO_LEVEL_BACKENDS and info is not None and info.topology.shares_hosts \
+            and two_levels() and shm_built():
+        return hierarchy.open_world(backend, info, prefix)
+    return open_world(backend, info, prefix)
 

@@ -57,11 +57,18 @@ from tbcoll.collectives.base import (
     registry_digest,
 )
 from tbcoll.collectives.checks import verify_calls_match
-from tbcoll.comm import allocation, routes, uneven
+from tbcoll.comm import allocation, routes, survival, uneven
 from tbcoll.comm.ownership import busy, track
 from tbcoll.comm.point_to_point import MAX_TAG, PointToPoint
 from tbcoll.comm.requests import Progress, Request
-from tbcoll.core.errors import CommError, CommRevokedError, PeerError, TbcollError, revoked
+from tbcoll.core.errors import (
+    CommError,
+    CommRevokedError,
+    PeerError,
+    RankFailedError,
+    TbcollError,
+    revoked,
+)
 from tbcoll.core.gate import Gate
 from tbcoll.core.names import ALGORITHM_CODES, BUILT_IN, COLLECTIVES, KIND_CODES
 from tbcoll.core.protocols import Group
@@ -93,8 +100,11 @@ class Communicator(PointToPoint):
     MAX_ATTRIBUTES = 29
 
     def __init__(self, group: Group, backend: str, local_rank: int, node_rank: int,
-                 world_ranks: tuple[int, ...] | None = None) -> None:
+                 world_ranks: tuple[int, ...] | None = None,
+                 lineage: survival.Lineage | None = None) -> None:
         self._group = group
+        # its name in the store and how its survivors meet again (tbcoll.comm.survival)
+        self._lineage = lineage or survival.Lineage(f"unnamed{id(self)}", None)
         self.rank, self.size = group.rank, group.size
         self._world_ranks = tuple(range(self.size)) if world_ranks is None else world_ranks
         self.local_rank, self.node_rank = local_rank, node_rank
@@ -388,11 +398,41 @@ class Communicator(PointToPoint):
         colors = sorted({int(c) for c in table[:, 0] if c >= 0})
         sub = self._group.split(None if color is None else colors.index(color), key, ranks,
                                 int(table[:, 2].max()))
+        self._lineage.splits += 1
         if sub is None:
             return None
         local_rank = [r for r in ranks if table[r, 3] == self.node_rank].index(self.rank)
+        lineage = self._lineage.child(f"split{self._lineage.splits}.{colors.index(color)}")
         return Communicator(sub, self.backend, local_rank, self.node_rank,
-                            tuple(self._world_ranks[r] for r in ranks))
+                            tuple(self._world_ranks[r] for r in ranks), lineage)
+
+    # --- surviving failures (tbcoll.comm.survival; ULFM's MPIX_Comm_revoke/agree/shrink) ---
+
+    def revoke(self) -> None:
+        """Make every pending and later call on this communicator raise CommRevokedError, here
+        and on every other rank (within a second): none is left waiting in a collective that
+        can no longer complete. agree and shrink still work on it."""
+        notice = f"{self._who()} revoked it"
+        self._gate.revoke(CommRevokedError, f"rank {self.rank}: {revoked(notice)}")
+        self._group.revoke(notice)
+
+    def agree(self, flag: bool) -> bool:
+        """The AND of flag over the ranks that have not failed, the same on each of them even
+        if more ranks fail meanwhile (tbrun --keep-going); collective, also on a revoked
+        communicator."""
+        survival.refused(self.backend, "agree")
+        return survival.agree(self._lineage, self._world_ranks, self._world_ranks[self.rank],
+                              bool(flag), survival.failures().info.timeout)
+
+    def shrink(self) -> Communicator:
+        """A new communicator of the ranks that have not failed (tbrun --keep-going), ranked in
+        this one's order, agreed by all of them; collective, also on a revoked communicator.
+        This one stays as it is: close it."""
+        survival.refused(self.backend, "shrink")
+        group, local_rank, node_rank, world, lineage = survival.shrink(
+            self._lineage, self.backend, self._world_ranks, self._world_ranks[self.rank],
+            survival.failures().info.timeout)
+        return Communicator(group, self.backend, local_rank, node_rank, world, lineage)
 
     def empty(self, shape: int | tuple[int, ...], dtype: Any = np.float64) -> np.ndarray:
         """A new, uninitialised array that collectives read and write in place; collective
@@ -465,14 +505,16 @@ class Communicator(PointToPoint):
         once) and on the peers (Group.revoke), once. The caller raises error again."""
         if isinstance(error, _OWN_ERRORS) or self._gate.revoked or self._closed:
             return
-        world = self._world_ranks[self.rank]
-        who = f"rank {self.rank}" + (f" (world rank {world})" if world != self.rank else "")
-        notice = f"{who} was interrupted in {what} ({type(error).__name__})"
+        notice = f"{self._who()} was interrupted in {what} ({type(error).__name__})"
         self._gate.revoke(CommRevokedError, f"rank {self.rank}: {revoked(notice)}")
         try:
             self._group.revoke(notice)
         except Exception:  # noqa: BLE001 (the user's error is the one to raise; peers time out)
             pass
+
+    def _who(self) -> str:
+        world = self._world_ranks[self.rank]
+        return f"rank {self.rank}" + (f" (world rank {world})" if world != self.rank else "")
 
     def __enter__(self) -> Communicator:
         return self
@@ -492,17 +534,42 @@ class Communicator(PointToPoint):
             return error
         message = f"{what} on rank {self.rank}: {error}"
         on_failure(self, self._world_ranks[self.rank], message)
+        if isinstance(error, (PeerError, CommRevokedError)) and \
+                (failed := self._failed(error, what, message)) is not None:
+            return failed
         if isinstance(error, CommRevokedError):
             self._gate.revoke(CommRevokedError, f"rank {self.rank}: {error}")
             return CommRevokedError(message)
         if not isinstance(error, PeerError):
             return CommError(message)
-        if getattr(self._group, "world_peers", False):  # (tbcoll.core.protocols.Group)
-            peers = tuple(p for p in error.peers if p in self._world_ranks)
-        else:
-            peers = tuple(self._world_ranks[p] for p in error.peers if 0 <= p < self.size)
+        peers = self._peers(error)
         report_peer_failure(message, peers)
         return type(error)(message, peers)
+
+    def _peers(self, error: PeerError) -> tuple[int, ...]:
+        """error's peers as the job's world ranks."""
+        if getattr(self._group, "world_peers", False):  # (tbcoll.core.protocols.Group)
+            base = self._lineage.world
+            named = (p if base is None else base[p] for p in error.peers
+                     if base is None or 0 <= p < len(base))
+            return tuple(p for p in named if p in self._world_ranks)
+        return tuple(self._world_ranks[p] for p in error.peers if 0 <= p < self.size)
+
+    def _failed(self, error: CommError, what: str, message: str) -> RankFailedError | None:
+        """Under tbrun --keep-going: where tbrun declares failed members of this communicator
+        (the peers error lost, once it has; or, for a revocation, already), revoke it here and
+        on every rank, and the RankFailedError naming them; else None."""
+        peers = self._peers(error) if isinstance(error, PeerError) else None
+        if not (lost := survival.lost(self._world_ranks, peers, error)):
+            return None
+        report_peer_failure(message, lost)
+        text = f"{what} on rank {self.rank}: {survival.declared_text(lost)}"
+        self._gate.revoke(RankFailedError, (text, lost))
+        try:
+            self._group.revoke(f"{self._who()} found world ranks {list(lost)} failed")
+        except Exception:  # noqa: BLE001 (the peers learn it from the failed set too)
+            pass
+        return RankFailedError(text, lost)
 
 
 def _weakly(method: Callable) -> Callable:

@@ -269,15 +269,16 @@ static PyObject *gate_fork(Gate *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
-/* revoke(error, message): every later call raises error(message); the first revocation's
- * stays (in a forked child, the fork's) */
+/* revoke(error, message): every later call raises error(message), or error(*message) where
+ * message is a tuple (RankFailedError's message and peers); the first revocation's stays (in
+ * a forked child, the fork's) */
 static PyObject *gate_revoke(Gate *self, PyObject *args)
 {
     PyObject *error, *message;
-    if (!PyArg_ParseTuple(args, "OU:revoke", &error, &message))
+    if (!PyArg_ParseTuple(args, "OO:revoke", &error, &message))
         return NULL;
-    if (!PyExceptionClass_Check(error)) {
-        PyErr_SetString(PyExc_TypeError, "revoke's error must be an exception class");
+    if (!PyExceptionClass_Check(error) || !(PyUnicode_Check(message) || PyTuple_Check(message))) {
+        PyErr_SetString(PyExc_TypeError, "revoke(error class, message str or arguments tuple)");
         return NULL;
     }
     if (!self->forked && !self->revoked) {

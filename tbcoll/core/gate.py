@@ -160,7 +160,8 @@ class PyGate:
             _, error, why = self._watched
             self._revoked = (error, why())
         if refusal := self._forked or self._revoked:
-            raise refusal[0](refusal[1])
+            error, message = refusal
+            raise error(*message) if isinstance(message, tuple) else error(message)
 
     def enter(self, kind: int, dtype: Any, op: str | None, root: int, nbytes: int,
               algorithm: int, timed: int) -> int:

@@ -111,6 +111,18 @@ class LaunchInfo:
     transport_module: str = ""  # TBCOLL_TRANSPORT_MODULE ("": none)
 
 
+def among(info: LaunchInfo, ranks: list[int]) -> LaunchInfo:
+    """What a job of these world ranks alone would have told this rank (one of them): the
+    survivors of a failure, renumbered in order, who meet again to make a communicator of
+    their own (tbcoll.comm.survival)."""
+    topology = info.topology.among(ranks)
+    rank = ranks.index(info.rank)
+    node = topology.node_of(rank)
+    here = topology.hosts[node].ranks
+    return info._replace(rank=rank, size=len(ranks), local_rank=here.index(rank),
+                         local_size=len(here), node_rank=node, topology=topology)
+
+
 def worker_env(info: LaunchInfo, master: tuple[str, int]) -> dict[str, str]:
     """Return the variables that rank `info.rank` is started with (tbcoll's and torchrun's)."""
     return {

@@ -233,6 +233,15 @@ class Layout:
         """The index of the host that runs rank."""
         return next((i for i, host in enumerate(self.hosts) if rank in host.ranks), None)
 
+    def among(self, ranks: list[int]) -> Layout:
+        """The layout of a job of these ranks alone (a shrunk communicator's survivors), rank
+        ranks[i] renumbered i: hosts left with none dropped, and their cables with them."""
+        kept = [i for i, host in enumerate(self.hosts) if set(host.ranks) & set(ranks)]
+        return Layout(tuple(
+            host._replace(ranks=tuple(sorted(ranks.index(r) for r in host.ranks if r in ranks)),
+                          links=tuple(host.links[j] for j in kept if j < len(host.links)))
+            for host in (self.hosts[i] for i in kept)))
+
 
 def route_source(host: str) -> str:
     """This machine's address on the route to host, a name or an address (a UDP connect picks
