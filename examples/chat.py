@@ -235,6 +235,8 @@ def main(argv) -> int:
                 if args.json:
                     print(json.dumps({**result, "ranks": comm.size, "backend": comm.backend,
                                       "load_s": loaded}), flush=True)
+                    for recovery in result["recoveries"]:  # (stdout: the JSON lines only)
+                        print(recovery["line"], file=sys.stderr, flush=True)
                 else:
                     report(result, comm)
         comm.close()  # under --keep-going, the survivors' (the world's closes too)

@@ -1,10 +1,9 @@
-"""examples/chat.py with ranks that die: a test's wrapper, not an option of the example.
+"""examples/chat.py with ranks that kill themselves: a test's wrapper, not an option of the
+example. Run by tbrun in the place of chat.py, with chat.py's arguments.
 
-CHAT_DIES="RANK:CALL,...": world rank RANK kills itself (SIGKILL) at its CALL-th all_reduce
-(30 layers: 60 a forward pass; the prompt's are 1-60, the second token's 61-120, ...).
-CHAT_STANDIN=1: instead, every rank raises RankFailedError at that call, and the
-communicator's shrink is a split that leaves RANK out (it then exits 0): the recovery without
-the library's revoke and shrink.
+CHAT_DIES="RANK:TOKEN:CALL,...": world rank RANK kills itself (SIGKILL) at the CALL-th
+all_reduce of its forward pass for the TOKEN-th token of the first answer (1: the prompt's;
+30 layers, so CALL 1-60), counted by the chat's own communicator wrapper (TimedComm).
 """
 
 import importlib.util
@@ -13,66 +12,33 @@ import signal
 import sys
 from pathlib import Path
 
-import tbcoll
-
 REPO = Path(__file__).resolve().parents[2]
-DIES = {int(rank): int(call) for rank, call in
-        (pair.split(":") for pair in os.environ["CHAT_DIES"].split(","))}
-STANDIN = os.environ.get("CHAT_STANDIN") == "1"
-WORLD_RANK = int(os.environ["TBCOLL_RANK"])
+DIES = {int(rank): (int(token), int(call)) for rank, token, call in
+        (entry.split(":") for entry in os.environ["CHAT_DIES"].split(","))}
+WHEN = DIES.get(int(os.environ["TBCOLL_RANK"]))
 
 spec = importlib.util.spec_from_file_location("chat", REPO / "examples" / "chat.py")
 chat = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(chat)
 
-
-class StandIn:
-    """A communicator whose revoke, agree and shrink are stood in for with split."""
-
-    def __init__(self, comm):
-        self.inner = comm
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.inner.close()
-
-    def revoke(self):
-        pass
-
-    def agree(self, flag):
-        self.inner.barrier()
-        return flag
-
-    def shrink(self):
-        dying = DIES.get(WORLD_RANK, 1 << 62) <= calls
-        sub = self.inner.split(None if dying else 0)
-        if sub is None:
-            os._exit(0)
-        return StandIn(sub)
+made = calls = 0  # tokens made, and all_reduce calls since the last one
+add, all_reduce = chat.Answer.add, chat.TimedComm.all_reduce
 
 
-calls = 0
-all_reduce = chat.TimedComm.all_reduce
+def counted_add(self, token):
+    global made, calls
+    made, calls = made + 1, 0
+    add(self, token)
 
 
-def counted(self, x, **kwargs):
+def counted_all_reduce(self, x, **kwargs):
     global calls
     calls += 1
-    if STANDIN and calls in DIES.values():
-        raise tbcoll.RankFailedError("stand-in", peers=())
-    if not STANDIN and DIES.get(WORLD_RANK) == calls:
+    if (made + 1, calls) == WHEN:
         os.kill(os.getpid(), signal.SIGKILL)
     return all_reduce(self, x, **kwargs)
 
 
-chat.TimedComm.all_reduce = counted
-if STANDIN:
-    init = tbcoll.init
-    chat.tbcoll.init = lambda *a, **k: StandIn(init(*a, **k))
-    os.environ["TBCOLL_KEEP_GOING"] = "1"
+if WHEN:
+    chat.Answer.add, chat.TimedComm.all_reduce = counted_add, counted_all_reduce
 sys.exit(chat.main(sys.argv[1:]))
