@@ -8,12 +8,13 @@ imports no other part of tbcoll, so the caller names them), every survivor:
 2. drops its part of the model, then loads its part of the new split (tbcoll.tp.plan over
    the survivors: uneven where the counts do not divide);
 3. agrees on the tokens made so far: a rank may have chosen one more token than another
-   before the failure reached it, and the longest list is the uninterrupted run's;
+   before the failure reached it (or finished the answer and gone on to the next one's
+   barrier), and the longest list is the uninterrupted run's;
 4. prefills the prompt and those tokens in one forward pass (the KV cache rebuilt), and goes on.
 A failure during a recovery starts another. The tokens equal the uninterrupted run's wherever
 the greedy margins are wider than float32's rounding (the new split sums in another order).
-Nothing of this runs without a failure but one barrier before an answer and one agreement
-after it: a rank that finished leaves no survivor behind in the answer's last call.
+Without a failure this costs one barrier before each answer and one at close: there a rank
+that finished waits for any survivor still in the answer's last call, or recovers with it.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ import numpy as np
 @dataclass(frozen=True)
 class Recovery:
     """One recovery: the world ranks lost, the token being made when it came (1 = the first
-    of the answer, or its prompt), the ranks before and after, and its parts' seconds."""
+    of the answer, with its prompt; 0: before the answer), the ranks before and after, and its
+    parts' seconds."""
 
     failed: tuple[int, ...]
     token: int
@@ -46,7 +48,8 @@ class Recovery:
     def line(self) -> str:
         """What rank 0 prints of it, one line."""
         lost = ", ".join(map(str, self.failed)) or "none named"
-        return (f"rank{'s' * (len(self.failed) > 1)} {lost} failed at token {self.token}: "
+        when = f"at token {self.token}" if self.token else "before the answer"
+        return (f"rank{'s' * (len(self.failed) > 1)} {lost} failed {when}: "
                 f"went on over {self.ranks_after} of {self.ranks_before} ranks, recovered in "
                 f"{self.seconds:.2f} s (shrink {self.shrink_s:.2f} s, load {self.load_s:.2f} "
                 f"s, prefill {self.prefill_s:.2f} s)")
@@ -66,6 +69,7 @@ class Survivor:
         self.communicator, self.model, self.load, self.failures = comm, model, load, failures
         self.members = tuple(range(comm.size))  # the world ranks of the communicator's ranks
         self.world_rank = comm.rank
+        self.answered: list[list[int]] = []  # the tokens of each answer finished
         self.recoveries: list[Recovery] = []
 
     rank = property(lambda self: self.communicator.rank)
@@ -73,14 +77,17 @@ class Survivor:
     backend = property(lambda self: self.communicator.backend)
     comm = property(lambda self: self.model.comm, doc="the model's communicator (wrapper)")
 
-    def close(self) -> None:
-        self.communicator.close()
-
     def barrier(self) -> None:
-        """A barrier; where ranks fail in it, the survivors recover (nothing to prefill: a
-        rank that passed it recovers with the same steps inside its stream's prompt)."""
-        if self._failed(self.communicator.barrier):
-            self._recover(_Answer([], [], 0, frozenset()))
+        """The barrier before an answer (and at close). Where ranks fail in it, the survivors
+        recover, and meet in it again where one of them was still finishing the last answer."""
+        while self._failed(self.communicator.barrier):
+            if not self._recover(None):
+                return
+
+    def close(self) -> None:
+        """Close the survivors' communicator, once every survivor has finished."""
+        self.barrier()
+        self.communicator.close()
 
     def stream(self, prompt: list[int], max_tokens: int, stop: frozenset[int] = frozenset()
                ) -> Iterator[tuple[int, Any]]:
@@ -99,10 +106,7 @@ class Survivor:
             if answer.finished:
                 break
             logits = self._step(answer, prefill=False)
-        while self._failed(lambda: self.communicator.agree(True)):  # every survivor ends here
-            self._recover(answer)
-            yield from ((token, None) for token in made[yielded:])
-            yielded = len(made)
+        self.answered.append(made)
 
     def _prefill(self, tokens: list[int]) -> Any:
         self.model.reset()
@@ -132,11 +136,10 @@ class Survivor:
             return found[0]
         return self._recover(answer)
 
-    def _recover(self, answer: _Answer) -> Any:
-        """Revoke, shrink, load, agree on the tokens made (answer.made grows to the longest
-        list), prefill: the logits after them, or None where the answer is finished (or not
-        begun: no prompt). Another failure on the way starts again from the shrink."""
-        token, before = len(answer.made) + 1, self.members
+    def _recover(self, answer: _Answer | None) -> Any:
+        """Revoke, shrink, load, then _agree (answer: in it; None: in the barrier before the
+        next): its result. Another failure on the way starts again from the shrink."""
+        token, before = len(answer.made) + 1 if answer else 0, self.members
         found: list[Any] = []
         seconds = np.zeros(3)  # shrink, load, prefill: of every attempt
         while not found:
@@ -146,7 +149,7 @@ class Survivor:
             self.model = None  # this rank's old part goes before its new part comes
             self.model = self.load(self.communicator)
             loaded = time.perf_counter()
-            self._failed(lambda: found.append(self._agree_and_prefill(answer)))
+            self._failed(lambda: found.append(self._agree(answer)))
             seconds += (shrunk - started, loaded - shrunk, time.perf_counter() - loaded)
         failed = tuple(sorted(set(before) - set(self.members)))
         self.recoveries.append(Recovery(failed, token, len(before), len(self.members),
@@ -164,22 +167,33 @@ class Survivor:
         self.communicator = shrunk[0]
         old.close()
 
-    def _agree_and_prefill(self, answer: _Answer) -> Any:
-        """Every survivor's world rank and count of tokens made; the longest list to every
-        survivor; the logits after the prompt and it (None where there is nothing to do)."""
-        comm, made = self.communicator, answer.made
-        mine = np.array([self.world_rank, len(made)], np.int64)
-        table = np.asarray(comm.all_gather(mine)).reshape(comm.size, 2)
+    def _agree(self, answer: _Answer | None) -> Any:
+        """Where every survivor is: in answer number n with k tokens made, or in the barrier
+        after answer n (k: all its tokens). The longest list of the latest answer goes to
+        the survivors still in it. In an answer: the logits after the prompt and its tokens
+        (prefilled), or None where it is finished. In the barrier: whether to meet in it
+        again (a survivor was still in the answer this rank finished)."""
+        comm = self.communicator
+        number = len(self.answered) + (answer is not None)
+        tokens = answer.made if answer else (self.answered[-1] if self.answered else [])
+        mine = np.array([self.world_rank, number, len(tokens), answer is None], np.int64)
+        table = np.asarray(comm.all_gather(mine)).reshape(comm.size, 4)
         self.members = tuple(int(r) for r in table[:, 0])
-        longest = int(table[:, 1].max())
-        if int(table[:, 1].min()) != longest:
-            tokens = np.zeros(answer.max_tokens, np.int64)
-            tokens[:len(made)] = made
-            root = int(np.argmax(table[:, 1]))
-            made[:] = np.asarray(comm.broadcast(tokens, root=root))[:longest].tolist()
-        if not answer.prompt or answer.finished:
+        root = max(range(comm.size), key=lambda r: (table[r, 1], table[r, 2]))
+        latest, longest = int(table[root, 1]), int(table[root, 2])
+        if ((table[:, 1] == latest) & (table[:, 2] < longest)).any():  # a survivor behind
+            padded = np.zeros(longest, np.int64)
+            if number == latest:
+                padded[:len(tokens)] = tokens
+            learned = np.asarray(comm.broadcast(padded, root=root)).tolist()
+            if answer is not None and number == latest:
+                answer.made[:] = learned
+        if answer is None:
+            in_it = (table[:, 1] == number) & (table[:, 3] == 0)
+            return bool(in_it.any())
+        if answer.finished:
             return None
-        return self._prefill(answer.prompt + made)
+        return self._prefill(answer.prompt + answer.made)
 
 
 @dataclass
