@@ -19,6 +19,7 @@ that finished waits for any survivor still in the answer's last call, or recover
 
 from __future__ import annotations
 
+import gc
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
@@ -146,7 +147,8 @@ class Survivor:
             started = time.perf_counter()
             self._shrink()
             shrunk = time.perf_counter()
-            self.model = None  # this rank's old part goes before its new part comes
+            self.model = None  # this rank's old part goes before its new part comes: the
+            gc.collect()  # failed call's frames hold it, in cycles with their tracebacks
             self.model = self.load(self.communicator)
             loaded = time.perf_counter()
             self._failed(lambda: found.append(self._agree(answer)))

@@ -5,6 +5,8 @@ behind learns the longest list (the uninterrupted run's), yields each token once
 only an unfinished answer; the one ahead meets it in the barrier again.
 (A real death: test_llm.py's test_the_answer_goes_on_over_the_survivors.)"""
 
+import weakref
+
 import numpy as np
 import pytest
 
@@ -57,7 +59,11 @@ class Model:
 
     def forward(self, tokens):
         if self.comm.fail_at == len(self.fed) + len(tokens):
-            raise Failed("a peer failed")
+            try:
+                raise Failed("a peer failed")
+            except Failed as e:
+                error = e  # this frame, which holds self, and the traceback: a cycle
+                raise error from None
         self.forwards += 1
         self.fed += list(tokens)
         logits = np.zeros(10)
@@ -71,7 +77,15 @@ def test_a_survivor_behind_learns_the_tokens_made(theirs):
     rank 0 prefills the prompt and those 3, and goes on) or all 5 (nothing left to compute),
     and may be waiting in the barrier after the answer."""
     world = Comm(theirs, fail_at=len(PROMPT) + 2)
-    survivor = Survivor(world, Model(world), Model, (Failed,))
+    old = Model(world)
+    held = weakref.ref(old)
+
+    def load(comm):  # the old part is gone before the new one comes
+        assert held() is None
+        return Model(comm)
+
+    survivor = Survivor(world, old, load, (Failed,))
+    del old
     steps = list(survivor.stream(PROMPT, 8, frozenset({9})))
     assert [token for token, _ in steps] == ANSWER
     assert [token for token, logits in steps if logits is None] == ANSWER[2:theirs[1]]
