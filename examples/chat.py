@@ -224,6 +224,7 @@ def main(argv) -> int:
         loaded = time.perf_counter() - started
         if comm.rank == 0 and not args.json:
             print(f"loaded in {loaded:.1f} s", flush=True)
+
         def show():
             return comm.rank == 0 and not args.json
 
@@ -239,7 +240,7 @@ def main(argv) -> int:
                         print(recovery["line"], file=sys.stderr, flush=True)
                 else:
                     report(result, comm)
-        comm.close()  # under --keep-going, the survivors' (the world's closes too)
+        comm.close()  # a Survivor's once every survivor has finished (the world's closes too)
     return 0
 
 
