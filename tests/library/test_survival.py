@@ -20,13 +20,20 @@ SURVIVED = re.compile(r"survived (\d+) ([\d,]+) (\d+):(\d+) (\d+):(\d+)$")
 
 def survive(np_: int, seed: int, deaths: int, how: str, *flags: str,
             timeout: float = 120) -> dict[int, re.Match]:
-    """Run the job; check that it says a rank died (its status and tbrun's lines), that the
-    ranks planned to die did and every other went on to the end over the same survivors, with
-    descriptors flat; return each survivor's last line."""
-    victims = set(plan(seed, deaths, np_))  # (the job's own plan: world rank -> step, where)
+    """Run the job under tbrun --keep-going and check it (survived): no segment left."""
     before = tbcoll_segments()
     p = tbrun("--keep-going", "--comm-timeout", "3", "-np", np_, *flags, JOB, seed, deaths,
               how, timeout=timeout)
+    survivors = survived(p, np_, seed, deaths)
+    assert not left_behind(tbcoll_segments() - before)
+    return survivors
+
+
+def survived(p, np_: int, seed: int, deaths: int) -> dict[int, re.Match]:
+    """Check that the job said a rank died (its status and tbrun's lines), that the ranks
+    planned to die did and every other went on to the end over the same survivors, with
+    descriptors flat; return each survivor's last line."""
+    victims = set(plan(seed, deaths, np_))  # (the job's own plan: world rank -> step, where)
     out = p.stdout + p.stderr
     assert p.returncode == 137, out[-4000:]  # SIGKILL: its own, or tbrun's for a frozen rank
     lines = tagged_lines(p.stdout)
@@ -39,7 +46,6 @@ def survive(np_: int, seed: int, deaths: int, how: str, *flags: str,
         assert int(last_fds) <= int(first_fds) + 1, (rank, m.group(0))
     for victim in victims:
         assert re.search(rf"rank {victim}\b.*(killed|frozen)", out), out[-3000:]
-    assert not left_behind(tbcoll_segments() - before)
     return survivors
 
 
