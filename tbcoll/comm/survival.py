@@ -18,7 +18,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from tbcoll.core.errors import PeerTimeoutError, RendezvousError, TbcollError
 from tbcoll.core.protocols import Group
@@ -208,13 +207,44 @@ def shrink(lineage: Lineage, backend: str, members: Sequence[int], me: int,
         chosen = parse_ranks(view.store.first(f"{key}/survivors", proposal))
         survivors = [m for m in members if m in chosen]  # (members' order, not sorted)
         child = lineage.child(f"shrink{lineage.shrinks}.{attempt}", tuple(survivors))
-        opened: Any = None
-        try:
-            opened = lineage.opener(backend, among(view.info, survivors), child.key)
-        except (TbcollError, OSError):
-            pass  # a rank failed meanwhile: every survivor learns it by the agreement
-        if _agree(f"{key}/opened", survivors, me, opened is not None, timeout):
+        opening = _Opening(lineage.opener, (backend, among(view.info, survivors), child.key))
+        kept = frozenset(survivors)
+        opened = opening.result(lambda kept=kept: not view.failed().isdisjoint(kept))
+        if _agree(f"{key}/opened", survivors, me, opened is not None, 2 * timeout):
             return (*opened, tuple(survivors), child)
         if opened is not None:
             opened[0].close()
     raise TbcollError(f"shrink: ranks kept failing while the survivors of {list(members)} met")
+
+
+class _Opening(threading.Thread):
+    """The survivors' new group, opened in a thread of its own so that a survivor's failure
+    meanwhile is seen at once, not after the open's rendezvous times out (TBCOLL_TIMEOUT): the
+    open is then left to end by itself, and what it opens closed."""
+
+    def __init__(self, opener: Opener, args: tuple) -> None:
+        super().__init__(name="tbcoll-shrink", daemon=True)
+        self._opener, self._args = opener, args
+        self._lock = threading.Lock()
+        self._opened: tuple[Group, int, int] | None = None
+        self._left = False
+        self.start()
+
+    def run(self) -> None:
+        try:
+            opened = self._opener(*self._args)
+        except (TbcollError, OSError):  # a rank failed meanwhile: the agreement tells all
+            return
+        with self._lock:
+            if self._left:
+                opened[0].close()
+            else:
+                self._opened = opened
+
+    def result(self, failed: Callable[[], bool]) -> tuple[Group, int, int] | None:
+        """The group opened, or None where it could not be or failed() came true first."""
+        while self.is_alive() and not failed():
+            self.join(5 * _POLL)
+        with self._lock:
+            self._left = self.is_alive()
+            return self._opened

@@ -36,7 +36,10 @@ class Revocation:
         for rank in members:
             peer = self._peers.get(rank)
             if rank != self.rank and peer is not None and not peer.lost:
-                notices.append(self._queue(peer, [memoryview(header), memoryview(text)]))
+                try:
+                    notices.append(self._queue(peer, [memoryview(header), memoryview(text)]))
+                except CommError:  # it is gone (a failed rank): the others are told still
+                    pass
         if any(not notice.done for notice in notices):
             threading.Thread(target=self._deliver, args=(notices,), daemon=True,
                              name=f"tbcoll-revoke-{self.rank}").start()
