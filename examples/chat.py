@@ -15,6 +15,15 @@ jq under `tbrun --no-tag-output` (tbrun tags every rank's lines with "[0] " othe
 More ranks than query heads work: the last ranks hold no heads, only MLP and vocabulary rows.
 A prompt is encoded as text (a special token's name in it stays characters), and refused
 before loading where it and --max-tokens do not fit the model's context.
+
+    tbrun --keep-going -np 4 examples/chat.py "What is the capital of France?"
+
+Under --keep-going a rank that dies mid-answer does not end the job: the survivors shrink the
+communicator, split the model again over themselves, load their new parts, read the prompt
+and the tokens so far again, and go on (tbcoll.tp.survive); the answer is the uninterrupted
+one wherever its greedy margins are wider than float32's rounding. Rank 0 (the lowest
+survivor, if rank 0 died: it prints the answer so far and goes on) prints one line per
+recovery after the answer: who failed, at which token, and how long it took.
 """
 
 import argparse
@@ -32,20 +41,28 @@ for _name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 import numpy as np  # noqa: E402
 
 import tbcoll  # noqa: E402
+from tbcoll.job.env import keep_going  # noqa: E402
 from tbcoll.tp import checkpoint  # noqa: E402
 from tbcoll.tp.llama import TensorParallelLlama  # noqa: E402
 from tbcoll.tp.plan import describe  # noqa: E402
+from tbcoll.tp.survive import Survivor  # noqa: E402
 from tbcoll.tp.tokenizer import load_tokenizer  # noqa: E402
 
 DEFAULT_PROMPT = "What is the capital of France?"
+# what a call raises once a peer failed (under --keep-going): the survivors go on
+FAILURES = (tbcoll.RankFailedError, tbcoll.CommRevokedError)
 
 
 class TimedComm:
     """The communicator, with the time spent in all_reduce counted."""
 
     def __init__(self, comm):
-        self.comm, self.rank, self.size = comm, comm.rank, comm.size
+        self.attach(comm)
         self.seconds, self.calls = 0.0, 0
+
+    def attach(self, comm):
+        """Count on comm from now (the survivors' communicator, after a failure)."""
+        self.comm, self.rank, self.size = comm, comm.rank, comm.size
 
     def all_reduce(self, x, **kwargs):
         if not isinstance(x, np.ndarray):  # mlx is lazy: compute x first, outside the timing
@@ -115,30 +132,37 @@ def prepare(args):
 
 
 class Answer:
-    """One prompt's answer, streamed by rank 0 as text as its tokens come."""
+    """One prompt's answer, streamed by rank 0 as text as its tokens come. show() is asked
+    at each token: a rank that becomes rank 0 (the old one failed) prints the answer so far."""
 
-    def __init__(self, tokenizer, show: bool) -> None:
-        self.tokenizer, self.show, self.tokens, self.text = tokenizer, show, [], ""
+    def __init__(self, tokenizer, show) -> None:
+        self.tokenizer, self.show, self.tokens, self.printed = tokenizer, show, [], ""
 
     def add(self, token: int) -> None:
         self.tokens.append(token)
+        self.print_new()
+
+    def print_new(self) -> None:
+        if not self.show():
+            return
         text = self.tokenizer.decode(self.tokens)
         if text.endswith("\ufffd"):  # a character's first bytes: wait for the rest
             return
-        if self.show:
-            print(text[len(self.text):], end="", flush=True)
-        self.text = text
+        print(text[len(self.printed):], end="", flush=True)
+        self.printed = text
 
 
 def answer(model, comm, tokenizer, prompt, ids, max_tokens, show):
     """Generate, streaming; returns what --json prints."""
     result = Answer(tokenizer, show)
+    recovered = len(getattr(comm, "recoveries", ()))  # a Survivor's (under --keep-going)
     comm.barrier()
     started = time.perf_counter()
     for token, _ in model.stream(ids, max_tokens, tokenizer.stop):
         if not result.tokens:  # the prompt is read: time the decoding from here
             first, model.comm.seconds, model.comm.calls = time.perf_counter(), 0.0, 0
         result.add(token)
+    result.print_new()  # where this rank became rank 0 after the last token
     done = time.perf_counter()
     decoding = len(result.tokens) - 1  # tokens made after the first (one forward pass each)
     return {"prompt": prompt, "prompt_tokens": ids, "tokens": result.tokens,
@@ -146,7 +170,8 @@ def answer(model, comm, tokenizer, prompt, ids, max_tokens, show):
             "tokens_per_s": decoding / (done - first) if decoding else None,
             "prompt_s": first - started,
             "all_reduce_share": model.comm.seconds / (done - first) if decoding else None,
-            "all_reduce_calls": model.comm.calls}
+            "all_reduce_calls": model.comm.calls,
+            "recoveries": [r.as_dict() for r in getattr(comm, "recoveries", [])[recovered:]]}
 
 
 def oversubscribed(size: int) -> str:
@@ -157,11 +182,14 @@ def oversubscribed(size: int) -> str:
 
 
 def report(result, comm) -> None:
+    print()  # the end of the streamed answer
+    for recovery in result["recoveries"]:
+        print(recovery["line"])
     if result["tokens_per_s"] is None:
-        print(f"\n1 token; the prompt of {len(result['prompt_tokens'])} tokens read in "
+        print(f"1 token; the prompt of {len(result['prompt_tokens'])} tokens read in "
               f"{result['prompt_s']:.2f} s")
         return
-    print(f"\n{len(result['tokens'])} tokens, {result['tokens_per_s']:.1f} tokens/s after "
+    print(f"{len(result['tokens'])} tokens, {result['tokens_per_s']:.1f} tokens/s after "
           f"the prompt ({len(result['prompt_tokens'])} tokens, read in "
           f"{result['prompt_s']:.2f} s); all_reduce {result['all_reduce_share']:.0%} of the "
           f"time{oversubscribed(comm.size)}")
@@ -180,28 +208,39 @@ def main(argv) -> int:
             print(f"{os.path.basename(str(path))} on {comm.size} rank(s), backend "
                   f"{comm.backend}, {xp.__name__} arrays, float32; each rank holds:")
             print("\n".join("  " + line for line in describe(cfg, comm.size)), flush=True)
+        timed = TimedComm(comm)
+
+        def load(comm):  # this rank's part for comm (again over the survivors, after a failure)
+            timed.attach(comm)
+            return TensorParallelLlama(checkpoint.load(path)[1], cfg, timed, xp=xp)
+
         try:
-            cfg, weights = checkpoint.load(path)
+            model = load(comm)
         except (OSError, ValueError) as e:  # a file that changed or broke since prepare
             print(f"chat.py: {e}", file=sys.stderr)
             return 2
-        timed = TimedComm(comm)
-        model = TensorParallelLlama(weights, cfg, timed, xp=xp)
-        del weights
+        if keep_going():  # the model and its communicator go on over the survivors
+            comm = model = Survivor(comm, model, load, FAILURES)
         loaded = time.perf_counter() - started
         if comm.rank == 0 and not args.json:
             print(f"loaded in {loaded:.1f} s", flush=True)
+
+        def show():
+            return comm.rank == 0 and not args.json
+
         for prompt, ids in asked:
-            show = comm.rank == 0 and not args.json
-            if show:
+            if show():
                 print(f"> {prompt}", flush=True)
             result = answer(model, comm, tokenizer, prompt, ids, args.max_tokens, show)
             if comm.rank == 0:
                 if args.json:
                     print(json.dumps({**result, "ranks": comm.size, "backend": comm.backend,
                                       "load_s": loaded}), flush=True)
+                    for recovery in result["recoveries"]:  # (stdout: the JSON lines only)
+                        print(recovery["line"], file=sys.stderr, flush=True)
                 else:
                     report(result, comm)
+        comm.close()  # a Survivor's once every survivor has finished (the world's closes too)
     return 0
 
 

@@ -44,11 +44,21 @@ class CommRevokedError(CommError):
     rank; the message names the rank and the call."""
 
 
+_REVOKED, _OUT_OF_STEP = "the communicator is revoked: ", ", so its ranks' calls are out of step"
+
+
 def revoked(notice: str) -> str:
     """A revoked communicator's error message, from its notice (which rank was interrupted in
     which call)."""
-    return (f"the communicator is revoked: {notice}, so its ranks' calls are out of step for "
-            "good and every call on it raises; close it (calls on other communicators go on)")
+    return (f"{_REVOKED}{notice}{_OUT_OF_STEP} for good and every call on it raises; close it "
+            "(calls on other communicators go on)")
+
+
+def revocation_notice(message: str) -> str | None:
+    """The notice inside a revoked() message (to pass on as it was), else None."""
+    start = message.find(_REVOKED)
+    end = message.find(_OUT_OF_STEP, start)
+    return message[start + len(_REVOKED):end] if start >= 0 and end >= 0 else None
 
 
 class PeerTimeoutError(PeerError):

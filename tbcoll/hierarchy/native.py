@@ -22,6 +22,7 @@ from tbcoll.core.errors import (
     PeerError,
     PeerLostError,
     PeerTimeoutError,
+    revocation_notice,
 )
 from tbcoll.hierarchy.hosts import Hosts
 
@@ -43,6 +44,8 @@ _PEER_ERRORS = {kind.__name__: kind for kind in (PeerLostError, PeerTimeoutError
 def failure_notice(world_rank: int, error: BaseException) -> str:
     """The revocation notice of a step that raised error on world_rank (error's peers are
     world ranks: each level's communicator names them so)."""
+    if isinstance(error, CommRevokedError) and (notice := revocation_notice(str(error))):
+        return notice  # (passed on as it came: who revoked it)
     what = type(error).__name__
     if isinstance(error, PeerError) and error.peers and what in _PEER_ERRORS:
         what += " of world ranks " + ",".join(map(str, error.peers))

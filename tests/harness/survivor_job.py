@@ -1,7 +1,7 @@
 """An SPMD job that loses ranks and goes on (tests/library/test_survival.py), under
 tbrun --keep-going.
 
-    survivor_job.py SEED DEATHS HOW [STEPS]
+    survivor_job.py SEED DEATHS HOW
 
 Each step is one call of a cycle of collectives (every kind, point-to-point, a split and its
 all_reduce, an agree), with values that depend on the step and the world ranks, checked on
@@ -9,9 +9,9 @@ every rank. DEATHS times a rank drawn from SEED kills itself (HOW: kill, SIGKILL
 SIGSTOP, for tbrun to find frozen) at a step drawn from SEED: right before its call, or from
 a timer a few hundred microseconds into it, or inside the recovery (agree or shrink). The
 survivors catch RankFailedError or CommRevokedError, revoke, agree, shrink, and redo the
-step the slowest of them had not finished. Each rank prints "survived SIZE WORLD_RANKS FDS"
-at the end: the communicator it finished on and its open descriptors then and after its
-first step.
+step the slowest of them had not finished. Each rank prints "survived SIZE WORLD_RANKS
+FIRST LAST" at the end: the communicator it finished on, and its open descriptors and
+resident memory (FDS:MiB) after its first step and at the end.
 """
 
 import os
@@ -24,20 +24,19 @@ import numpy as np
 
 import tbcoll
 
-SEED, DEATHS, HOW = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-STEPS = int(sys.argv[4]) if len(sys.argv) > 4 else 24
-SIGNAL = signal.SIGKILL if HOW == "kill" else signal.SIGSTOP
+STEPS = 24
 WHERE = ("before", "inside", "inside", "agree", "shrink")
+SIGNALS = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP}
 
 
-def plan(size: int) -> dict[int, tuple[int, str]]:
+def plan(seed: int, deaths: int, size: int) -> dict[int, tuple[int, str]]:
     """world rank -> the step from which it dies, and where, the same on every rank: the
     first death before or inside a call, a later one there too or inside the recovery from
     the first (agree or shrink). The first world ranks never die, so that DEATHS
     leave some."""
-    draw = random.Random(SEED)
-    steps = sorted(draw.sample(range(2, STEPS - 1), DEATHS))
-    victims = draw.sample(range(max(1, size - DEATHS - 1), size), DEATHS)
+    draw = random.Random(seed)
+    steps = sorted(draw.sample(range(2, STEPS - 1), deaths))
+    victims = draw.sample(range(max(1, size - deaths - 1), size), deaths)
     deaths = {}
     for n, (k, victim) in enumerate(zip(steps, victims, strict=True)):
         where = draw.choice(WHERE[:3] if n == 0 else WHERE)
@@ -45,16 +44,22 @@ def plan(size: int) -> dict[int, tuple[int, str]]:
     return deaths
 
 
-def die(delay: float = 0.0) -> None:
+def die(how: str, delay: float = 0.0) -> None:
     if delay:
-        threading.Timer(delay, die).start()
+        threading.Timer(delay, die, (how,)).start()
     else:
-        os.kill(os.getpid(), SIGNAL)
+        os.kill(os.getpid(), SIGNALS[how])
 
 
-def fds() -> int:
+def held() -> str:
+    """This process's open descriptors and resident memory (MiB; 0 where there is no /proc)."""
     folder = "/proc/self/fd" if os.path.isdir("/proc/self/fd") else "/dev/fd"
-    return len(os.listdir(folder))
+    try:
+        with open("/proc/self/statm") as statm:
+            resident = int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") >> 20
+    except OSError:
+        resident = 0
+    return f"{len(os.listdir(folder))}:{resident}"
 
 
 def step(comm, world: tuple[int, ...], k: int) -> None:
@@ -107,41 +112,42 @@ def step(comm, world: tuple[int, ...], k: int) -> None:
         assert np.array_equal(got, want), (k, kind, comm.size, got, want)
 
 
-def main() -> None:
+def main(seed: int, deaths_in_all: int, how: str) -> None:
     comm = tbcoll.init()
-    deaths = plan(comm.size)
+    deaths = plan(seed, deaths_in_all, comm.size)
     world = tuple(range(comm.size))
     me = comm.rank
-    k, first_fds = 0, None
+    k, first = 0, None
     while k < STEPS:
         at, where = deaths.get(me, (-1, ""))
         if k == at and where == "before":
-            die()
+            die(how)
         elif k == at and where == "inside":
-            die(random.Random(SEED + k).uniform(0, 0.002))
+            die(how, random.Random(seed + k).uniform(0, 0.002))
         try:
             step(comm, world, k)
             k += 1
-            first_fds = first_fds or fds()
+            first = first or held()
         except (tbcoll.RankFailedError, tbcoll.CommRevokedError):
-            comm, world, k = recover(comm, me, k, deaths)
+            comm, world, k = recover(comm, me, k, deaths.get(me, (STEPS, "")), how)
             print(f"rank {me}: went on over {comm.size} ranks from step {k}", flush=True)
     comm.barrier()
-    print(f"survived {comm.size} {','.join(map(str, world))} {first_fds} {fds()}", flush=True)
+    print(f"survived {comm.size} {','.join(map(str, world))} {first} {held()}", flush=True)
     comm.close()
 
 
-def recover(comm, me: int, k: int, deaths: dict[int, tuple[int, str]]):
+def recover(comm, me: int, k: int, death: tuple[int, str], how: str):
     """Revoke, agree, shrink (again while ranks fail meanwhile): the communicator of the
-    survivors, their world ranks and the step the slowest had not finished."""
-    at, where = deaths.get(me, (STEPS, ""))
+    survivors, their world ranks and the step the slowest had not finished; this rank dies
+    inside agree or shrink where its death says so."""
+    at, where = death
     while True:
         comm.revoke()
         if k >= at and where == "agree":
-            die(0.0005)
+            die(how, 0.0005)
         comm.agree(True)
         if k >= at and where == "shrink":
-            die(0.0005)
+            die(how, 0.0005)
         shrunk = comm.shrink()
         comm.close()
         comm = shrunk
@@ -153,4 +159,4 @@ def recover(comm, me: int, k: int, deaths: dict[int, tuple[int, str]]):
 
 
 if __name__ == "__main__":
-    main()
+    main(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3])

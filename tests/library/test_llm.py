@@ -6,13 +6,16 @@ answer equals that of a reference no one here wrote (transformers' GGUF loader o
 import importlib.util
 import json
 import os
+import random
+import re
+import signal
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 
-from ..conftest import REPO, skip_or_fail, tbrun
+from ..conftest import REPO, skip_or_fail, tagged_lines, tbrun
 
 PROMPTS = ["What is the capital of France?", "Name three colours."]
 TOKENS = 8  # few tokens: the suite's budget; enough for every token to depend on the last
@@ -193,6 +196,38 @@ def test_main_job_streams_the_answer(one_process):
     assert "% of the time" in out
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     assert ("4 ranks on" in out) == (cores < 4)
+
+
+def test_the_answer_goes_on_over_the_survivors():
+    """tbrun --keep-going -np 3: rank 0 kills itself (SIGKILL) inside a forward pass of a
+    seeded token, then rank 2 inside a later one (tests/library/chat_dies.py). Each time the
+    survivors shrink, split the model again (3, 2, then 1 rank), load their new parts, read
+    the prompt and the tokens so far again and go on: the answer is the uninterrupted one,
+    printed whole by the new rank 0 (world rank 1), then one line per recovery. tbrun says
+    that ranks died, and its status is the first one's (SIGKILL: 137)."""
+    rng = random.Random(49)
+    first = rng.randint(1, 3)  # 1: inside the prompt's forward pass
+    second = rng.randint(first + 1, TOKENS - 1)
+    dies = f"0:{first}:{rng.randint(1, 60)},2:{second}:{rng.randint(1, 60)}"
+    p = tbrun("--keep-going", "-np", 3, REPO / "tests" / "library" / "chat_dies.py",
+              "--max-tokens", TOKENS, PROMPTS[0], env={**os.environ, "CHAT_DIES": dies},
+              timeout=240)
+    out = f"CHAT_DIES={dies}\n{p.stdout}{p.stderr}"
+    assert p.returncode == 128 + signal.SIGKILL, out
+    lines = tagged_lines(p.stdout).get(1, [])
+    at = next((i for i, line in enumerate(lines) if line.startswith("rank 0 failed")), None)
+    assert at is not None, out
+    # (the answer's line may come in pieces where tbrun's own lines came between)
+    assert "".join(lines[:at]) == "The capital of France is Paris.", out
+    part = r"recovered in [\d.]+ s \(shrink [\d.]+ s, load [\d.]+ s, prefill [\d.]+ s\)"
+    assert re.fullmatch(rf"rank 0 failed at token {first}: went on over 2 of 3 ranks, {part}",
+                        lines[at]), out
+    assert re.fullmatch(rf"rank 2 failed at token {second}: went on over 1 of 2 ranks, {part}",
+                        lines[at + 1]), out
+    assert lines[at + 2].startswith(f"{TOKENS} tokens, "), out
+    for rank in (0, 2):
+        assert re.search(rf"tbrun: rank {rank} \(pid \d+\) was killed by signal 9", out), out
+    assert "2 ranks failed (rank 0, rank 2)" in out, out
 
 
 def test_ten_ranks_for_nine_heads_answer_as_one_process(one_process):

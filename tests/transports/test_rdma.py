@@ -16,6 +16,10 @@ from tbcoll.transports.rdma import devices
 
 from ..conftest import REPO, TBRUN, run_setup_py, tbrun
 from ..library.test_comm_failures import KILLED_MID_ALL_REDUCE, rank_1_was_named
+from ..library.test_survival import JOB as SURVIVOR_JOB
+from ..library.test_survival import survived
+
+RDMA_DEATH = (1, 1)  # survivor_job's seed and deaths: rank 1, inside the gather of step 6
 
 # Everything runs ~50x slower in the VM, so the suites there keep what is the rdma
 # transport's own: its C mesh ("native") for every collective with float32, float16 and int64
@@ -104,6 +108,14 @@ def killed_rank_is_named(lab, folder, algorithm: str, count: int, env: dict | No
     for line in rank_1_was_named(p).values():
         assert "closed the connection" in line, line
     assert elapsed < 240, elapsed
+
+
+def test_survivors_shrink_over_soft_roce(rdma_lab):
+    """tbrun --keep-going: a rank SIGKILLed inside a call; the two others revoke, agree,
+    shrink (new queue pairs between them) and go on with every result right."""
+    p = lab_tbrun(rdma_lab, "--keep-going", "--grace", "20", SURVIVOR_JOB, *RDMA_DEATH, "kill",
+                  np=3, timeout=400)
+    survived(p, 3, *RDMA_DEATH)
 
 
 # --- set-up errors, one line each (this host has the verbs library but no device) -----------
