@@ -396,8 +396,11 @@ class Communicator(PointToPoint):
         ranks = [r for _, r in members]
         # the transport gets the color's index among the colors named (MPI takes C ints)
         colors = sorted({int(c) for c in table[:, 0] if c >= 0})
-        sub = self._group.split(None if color is None else colors.index(color), key, ranks,
-                                int(table[:, 2].max()))
+        try:
+            sub = self._group.split(None if color is None else colors.index(color), key, ranks,
+                                    int(table[:, 2].max()))
+        except CommError as e:
+            raise self._named(e, "split") from e
         self._lineage.splits += 1
         if sub is None:
             return None

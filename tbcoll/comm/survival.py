@@ -84,14 +84,18 @@ class Failures:
                 return frozenset()
             raise
 
-    def declared(self, peers: Sequence[int], frozen: bool) -> frozenset[int] | None:
-        """The failed set once it holds every one of peers (world ranks), waiting at most
-        DECLARED_WITHIN; None if tbrun does not declare them (a peer that ended well, a live
-        one). frozen: they did not answer in time; tbrun is asked to look at them first."""
+    def declared(self, peers: Sequence[int], frozen: bool,
+                 members: Sequence[int]) -> frozenset[int] | None:
+        """The failed set once it holds every one of peers (world ranks), or any of members
+        (world ranks: a peer that waits on a frozen rank answers tbrun and is not declared,
+        the frozen one is), waiting at most DECLARED_WITHIN; None if tbrun declares neither (a
+        peer that ended well, a live one). frozen: they did not answer in time; tbrun is asked
+        to look at them first."""
         if frozen and self.info is not None:
             self.store.set(SUSPECT.format(self.info.rank), format_ranks(peers))
         deadline = time.monotonic() + DECLARED_WITHIN
-        while not (failed := self.failed()) >= set(peers):
+        while not ((failed := self.failed()) >= set(peers) and peers
+                   or not failed.isdisjoint(members)):
             if time.monotonic() > deadline:
                 return None
             time.sleep(_POLL)
@@ -116,7 +120,7 @@ class Failures:
                 break
             if waiting and time.monotonic() > deadline:
                 silent = [m for m in waiting if m not in self.failed()]
-                if self.declared(silent, frozen=True) is None:
+                if self.declared(silent, True, silent) is None:
                     raise PeerTimeoutError(f"ranks {silent} did not come within {timeout:g} s",
                                            tuple(silent))
                 deadline = time.monotonic() + timeout
@@ -155,7 +159,8 @@ def lost(members: Sequence[int], peers: Sequence[int] | None, error: Exception
     if peers is None:
         failed = view.failed()
     else:
-        failed = view.declared(peers, isinstance(error, PeerTimeoutError)) or frozenset()
+        failed = view.declared(peers, isinstance(error, PeerTimeoutError), members) \
+            or frozenset()
     return tuple(r for r in members if r in failed)
 
 

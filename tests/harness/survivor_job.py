@@ -4,7 +4,7 @@ tbrun --keep-going.
     survivor_job.py SEED DEATHS HOW
 
 Each step is one call of a cycle of collectives (every kind, point-to-point, a split and its
-all_reduce, an agree), with values that depend on the step and the world ranks, checked on
+all_reduce), with values that depend on the step and the world ranks, checked on
 every rank. DEATHS times a rank drawn from SEED kills itself (HOW: kill, SIGKILL; stop,
 SIGSTOP, for tbrun to find frozen) at a step drawn from SEED: right before its call, or from
 a timer a few hundred microseconds into it, or inside the recovery (agree or shrink). The
@@ -44,11 +44,14 @@ def plan(seed: int, deaths: int, size: int) -> dict[int, tuple[int, str]]:
     return deaths
 
 
-def die(how: str, delay: float = 0.0) -> None:
-    if delay:
-        threading.Timer(delay, die, (how,)).start()
-    else:
+def die(how: str, delay: float = 0.0) -> threading.Timer | None:
+    """Now, or from a timer (returned) delay seconds on."""
+    if not delay:
         os.kill(os.getpid(), SIGNALS[how])
+        return None
+    timer = threading.Timer(delay, die, (how,))
+    timer.start()
+    return timer
 
 
 def held() -> str:
@@ -105,7 +108,9 @@ def step(comm, world: tuple[int, ...], k: int) -> None:
         finally:
             sub.close()
     else:
-        got, want = comm.agree(me != -1), True
+        blocks = np.arange(2 * n, dtype=np.float64) + 100 * world[0] + k
+        got = comm.scatter(blocks if comm.rank == 0 else None, root=0)
+        want = blocks[2 * comm.rank:2 * comm.rank + 2]
     if want is None:
         assert got is None, (k, got)
     else:
@@ -117,21 +122,28 @@ def main(seed: int, deaths_in_all: int, how: str) -> None:
     deaths = plan(seed, deaths_in_all, comm.size)
     world = tuple(range(comm.size))
     me = comm.rank
-    k, first = 0, None
-    while k < STEPS:
+    k, first, timer = 0, None, None
+    while k <= STEPS:  # the last step is a barrier: every death happens before it ends
         at, where = deaths.get(me, (-1, ""))
         if k == at and where == "before":
             die(how)
         elif k == at and where == "inside":
-            die(how, random.Random(seed + k).uniform(0, 0.002))
+            timer = die(how, random.Random(seed + k).uniform(0, 0.002))
         try:
-            step(comm, world, k)
+            if k < STEPS:
+                step(comm, world, k)
+            elif timer is not None:  # (a death inside a call that ended first comes now)
+                timer.join()
+            else:
+                comm.barrier()
             k += 1
             first = first or held()
         except (tbcoll.RankFailedError, tbcoll.CommRevokedError):
             comm, world, k = recover(comm, me, k, deaths.get(me, (STEPS, "")), how)
             print(f"rank {me}: went on over {comm.size} ranks from step {k}", flush=True)
-    comm.barrier()
+    for thread in threading.enumerate():  # a shrink's open left to time out holds a socket
+        if thread.name == "tbcoll-shrink":
+            thread.join()
     print(f"survived {comm.size} {','.join(map(str, world))} {first} {held()}", flush=True)
     comm.close()
 

@@ -56,7 +56,7 @@ CASES = [
     (4, 20, 2, "kill", "shm"),  # inside a gather, then inside shrink
     (4, 52, 2, "kill", "tcp"),  # inside a broadcast, then inside agree
     (3, 7, 1, "stop", "tcp"),   # frozen inside an all_gather: found past --comm-timeout, killed
-    (3, 5, 1, "stop", "shm"),   # frozen inside an agree
+    (3, 5, 1, "stop", "shm"),   # frozen inside a scatter
 ]
 EIGHT = (8, 390, 6)  # all_reduce, barrier, all_to_all, reduce, a ring of send/recv, split
 TWO_LEVELS = (4, 47, 1)  # world rank 2, a host's leader, inside a reduce_scatter
