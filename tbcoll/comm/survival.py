@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-from tbcoll.core.errors import PeerTimeoutError, RendezvousError, TbcollError
+from tbcoll.core.errors import PeerTimeoutError, TbcollError
 from tbcoll.core.protocols import Group
 from tbcoll.job.env import LaunchInfo, among, keep_going, launch_info
 from tbcoll.job.failures import FAILED, SUSPECT, format_ranks, parse_failed, parse_ranks
@@ -77,12 +77,7 @@ class Failures:
 
     def failed(self) -> frozenset[int]:
         """The world ranks tbrun has declared failed so far."""
-        try:
-            return parse_failed(self.store.get(FAILED, timeout=0.0))[1]
-        except RendezvousError as e:
-            if "timed out" in str(e):
-                return frozenset()
-            raise
+        return parse_failed(self.store.peek(FAILED))[1]
 
     def declared(self, peers: Sequence[int], frozen: bool,
                  members: Sequence[int]) -> frozenset[int] | None:
@@ -110,13 +105,13 @@ class Failures:
         deadline = time.monotonic() + timeout
         while waiting:
             for member in list(waiting):
-                if (value := _peek(store, f"{key}/{member}")) is not None:
+                if (value := store.peek(f"{key}/{member}")) is not None:
                     values[member] = value
                     waiting.remove(member)
             if waiting and set(waiting) <= self.failed():
-                # (posted before it failed: its post is in the store by now, and counts)
-                values.update((m, v) for m in waiting
-                              if (v := _peek(store, f"{key}/{m}")) is not None)
+                # a post that came before its rank failed counts, and one later need not: the
+                # first answer proposed is every survivor's
+                values.update((m, v) for m in waiting if (v := store.peek(f"{key}/{m}")))
                 break
             if waiting and time.monotonic() > deadline:
                 silent = [m for m in waiting if m not in self.failed()]
@@ -127,15 +122,6 @@ class Failures:
             elif waiting:
                 time.sleep(_POLL)
         return values
-
-
-def _peek(store: Store, key: str) -> bytes | None:
-    try:
-        return store.get(key, timeout=0.0)
-    except RendezvousError as e:
-        if "timed out" in str(e):
-            return None
-        raise
 
 
 _failures: Failures | None = None

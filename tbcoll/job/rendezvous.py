@@ -279,6 +279,10 @@ def _port_of(listeners: list[socket.socket]) -> int:
     return listeners[0].getsockname()[1] if listeners else 0
 
 
+class _Unset(RendezvousError):
+    """A wait for keys timed out: they are not set."""
+
+
 class Store:
     """Client of the rendezvous store; safe to share between threads."""
 
@@ -300,6 +304,13 @@ class Store:
     def get(self, key: Key, timeout: float | None = None) -> bytes:
         """Return the value of key, waiting for some rank to set it."""
         return self._request(_GET, [_b(key)], timeout)
+
+    def peek(self, key: Key) -> bytes | None:
+        """The value of key now; None while no rank has set it."""
+        try:
+            return self._request(_GET, [_b(key)], 0.0)
+        except _Unset:
+            return None
 
     def wait(self, keys: Iterable[Key], timeout: float | None = None) -> None:
         """Block until every key is set."""
@@ -358,7 +369,7 @@ class Store:
                     f"lost the rendezvous store at {self.address} ({e}); did tbrun exit?") from e
         if status == _TIMEOUT:
             names = ", ".join(repr(f.decode(errors="replace")) for f in fields)
-            raise RendezvousError(
+            raise _Unset(
                 f"timed out after {wait:g} s waiting for store key(s) {names} at {self.address}")
         if status != _OK:
             raise RendezvousError(f"the store rejected the request: {payload.decode()}")
