@@ -213,7 +213,6 @@ class Verdict:
     def name(self, rank: int) -> str:
         return self.names.get(rank, f"rank {rank}")
 
-
     @property
     def failed(self) -> frozenset[int]:
         """The ranks declared failed (under --keep-going)."""
