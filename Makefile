@@ -73,8 +73,9 @@ fi
 endef
 
 # The multi-host tests (tests/launch/test_multihost.py, tests/launch/test_slurm.py) run an sshd,
-# or a slurmd, per network namespace: `make test` installs these.
-CLUSTER_APT := openssh-server openssh-client iproute2 slurm-wlm munge
+# or a slurmd, per network namespace: `make test` installs these; and ps (procps: not in a slim
+# Debian), with which tests/launch/test_keep_going.py sees a stopped rank as on a Mac.
+CLUSTER_APT := openssh-server openssh-client iproute2 slurm-wlm munge procps
 
 # The RDMA lab (tests/harness/rdmalab.py): a QEMU VM with the kernel's Soft-RoCE (rdma_rxe),
 # where the rdma transport is tested. As root with apt-get (CI), install what it needs;

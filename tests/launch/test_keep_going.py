@@ -4,11 +4,12 @@ reported frozen is checked, killed for good if it is frozen and left alone if it
 job's status says a rank died. The verdict's rules alone: tests/launch/test_verdict.py."""
 
 import re
+import shutil
 import sys
 
 import pytest
 
-from ..conftest import MACOS_LANE, REPO, pid_alive, tagged_lines, tbrun, wait_for
+from ..conftest import MACOS_LANE, REPO, pid_alive, skip_or_fail, tagged_lines, tbrun, wait_for
 from .conftest import assert_no_rank_left, finish, tbrun_on
 
 # np 4: rank 3 kills itself (what it started goes with it); rank 1 stops itself; rank 0
@@ -61,6 +62,8 @@ def test_deaths_and_a_frozen_rank_are_declared_and_the_others_go_on(script, wher
     """Local ranks (shm), and ranks through the ssh starter (tcp over loopback "hosts", each
     rank wrapped by tbcoll.launch.remote): a frozen wrapped rank is killed through its
     wrapper."""
+    if shutil.which("ps") is None:  # (the job looks at its stopped rank through ps)
+        skip_or_fail("ps is not installed (Debian: procps; `make test` installs it as root)")
     if where == "ssh" and MACOS_LANE:
         pytest.skip("ssh_here runs the wrapper in ssh's process group, so tbrun's SIGKILL of "
                     "ssh ends it before it kills its rank, and the lane has no "
