@@ -102,6 +102,7 @@ def step(comm, world: tuple[int, ...], k: int) -> None:
     elif kind == 9:  # a split: evens and odds, each all-reducing
         sub = comm.split(comm.rank % 2)
         try:
+            comm.barrier()  # every rank has its sub-communicator (docs/failures.md)
             group = world[comm.rank % 2::2]
             got = sub.all_reduce(np.array([me + k], np.int64))
             want = np.array([sum(group) + k * len(group)])

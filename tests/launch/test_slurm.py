@@ -19,6 +19,10 @@ from tbcoll.core.errors import HostfileError
 
 from ..conftest import REPO, TBRUN, skip_or_fail
 from ..harness import netns, slurmcluster
+from ..library.test_survival import JOB as SURVIVOR_JOB
+from ..library.test_survival import survived
+
+SLURM_DEATH = (8, 1)  # survivor_job's seed and deaths: rank 3, inside the split of step 9
 
 RANKS = """
 import json, os, sys
@@ -207,6 +211,17 @@ def test_failing_rank_ends_the_allocation_with_its_status(slurm, script):
     assert slurm.run("squeue", "--noheader", "--steps").stdout.strip() == ""
     left = slurm.run("pgrep", "-f", str(script)).stdout.split()
     assert left == [], "ranks outlived the job"
+
+
+def test_keep_going_survives_a_rank_killed_on_another_node(slurm):
+    """tbrun --keep-going inside an allocation (each rank's step started with --no-kill): rank 3,
+    on n1, is SIGKILLed inside a split; the others (two levels: n0's two ranks share memory)
+    shrink and go on with every result right, and no step or rank is left."""
+    done = slurm.run("salloc", "--quiet", "-n", "4", TBRUN, "--keep-going", "--comm-timeout",
+                     "20", SURVIVOR_JOB, *map(str, SLURM_DEATH), "kill", cwd=REPO)
+    survived(done, 4, *SLURM_DEATH)
+    assert slurm.run("squeue", "--noheader", "--steps").stdout.strip() == ""
+    assert slurm.run("pgrep", "-f", str(SURVIVOR_JOB)).stdout.split() == []
 
 
 def test_failing_rank_fails_the_batch_job_with_its_status(slurm, script, tmp_path):
