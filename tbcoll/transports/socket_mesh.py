@@ -238,7 +238,7 @@ def _listen(rank: int, hosts: list[str], backlog: int) -> list[socket.socket]:
             listeners.append(socket.create_server((host, 0), backlog=backlog))
         except OSError as e:
             log.warning("rank %d cannot listen on its cable address %s (%s): its peers take "
-                        "another path", rank, host, e.strerror or e)
+                        "another path", rank, host, os.strerror(e.errno) if e.errno else e)
     return listeners
 
 
