@@ -29,6 +29,9 @@ def test_the_examples_parse():
     assert not ring.is_full_mesh() and ring.slots == 4
     links = Hostfile.from_file(REPO / "hostfiles" / "links3.json")
     assert links.is_full_mesh() and links.hosts[2].links == ("192.168.0.6", "192.168.0.10", None)
+    paths = Hostfile.from_file(REPO / "hostfiles" / "paths2.json").layout(2).paths(1, 0)
+    assert [(p.name, p.remote) for p in paths] == [
+        ("cable 1", "192.168.0.1"), ("cable 2", "192.168.0.5"), ("management", "10.0.1.1")]
 
 
 def test_placement_by_slot_and_by_node():
