@@ -82,12 +82,14 @@ def connect_mesh(rank: int, size: int, hosts: list[str], route: Route,
     sockets: dict[int, socket.socket] = {}
     arrivals: queue.SimpleQueue = queue.SimpleQueue()  # (peer or None, socket)
     doorman = Doorman(limit=max(64, 2 * size))  # a job's own never need to wait
+    silent: dict[str, str] = {}  # an address that did not answer: why (the next peer there
+    # is not made to wait for it again: a host's ranks share its cables)
     try:
         for peer in sorted(p for p in peers if p < rank):
             published = store.get(f"{prefix}/addr/{peer}").decode().split(",")
             addresses = [parse_hostport(text, "address") for text in published]
             sockets[peer] = _connect_over(rank, peer, _ways(route(peer) or (), addresses),
-                                          token, deadline)
+                                          token, deadline, silent)
         while len(sockets) < len(peers):
             while not arrivals.empty():
                 peer, sock = arrivals.get()
@@ -264,16 +266,20 @@ def _ways(paths: tuple[Path, ...], published: list[tuple[str, int]]) -> list[Way
     return ways or [(None, published[0])]
 
 
-def _connect_over(rank: int, peer: int, ways: list[Way], token: str,
-                  deadline: float) -> socket.socket:
+def _connect_over(rank: int, peer: int, ways: list[Way], token: str, deadline: float,
+                  silent: dict[str, str]) -> socket.socket:
     """Connect to peer over the first of ways that answers (each but the last given
-    PATH_ANSWER_TIMEOUT to answer), prove ourselves (trying again while it is busy) and name
-    our rank; one line when it was not the first. A refused token fails at once."""
+    PATH_ANSWER_TIMEOUT to answer, and none that stayed silent for an earlier peer: silent,
+    address -> why, which this adds to), prove ourselves (trying again while it is busy) and
+    name our rank; one line when it was not the first. A refused token fails at once."""
     failed: list[str] = []
     usable = [n for n, (_, there) in enumerate(ways) if there is not None]
     for n, (path, there) in enumerate(ways):
         if there is None:
             failed.append(f"{_named(path)}: rank {peer} does not listen there")
+            continue
+        if there[0] in silent and n != usable[-1]:
+            failed.append(f"{_named(path, there)} does not answer ({silent[there[0]]})")
             continue
         try:
             sock = _connect(rank, peer, there, token, deadline,
@@ -283,6 +289,8 @@ def _connect_over(rank: int, peer: int, ways: list[Way], token: str,
                 raise CommError(f"rank {rank} could not connect to rank {peer} at "
                                 f"{format_hostport(*there)}: {e.strerror or e}") from e
             failed.append(f"{_named(path, there)} does not answer ({e.strerror or e})")
+            if not isinstance(e, ConnectionRefusedError):  # refused: that host answered
+                silent[there[0]] = str(e.strerror or e)
             continue
         if failed:
             log.warning("rank %d <-> rank %d: %s; over %s (%s)", peer, rank, "; ".join(failed),

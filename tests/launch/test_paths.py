@@ -31,10 +31,11 @@ NO_CABLE = ("10.204.0.1", "10.204.0.2")  # host 0 and 2's addresses on a cable n
 
 
 def test_a_cable_down_from_the_start_falls_to_the_pairs_next_path(cluster, script, tmp_path):
-    """Hosts 0 and 1: a first cable whose far end is down (SYNs go unanswered), then their
-    working one. Hosts 0 and 2: a first cable whose addresses no interface has, then the
-    management network. Hosts 1 and 2: their one cable."""
-    hosts = json.loads(cluster.mesh_hostfile(tmp_path).read_text())["hosts"]
+    """Hosts 0 (ranks 0 and 1: two levels) and 1 (rank 2): a first cable whose far end is
+    down (SYNs go unanswered: rank 2 waits for it once, not once per rank of host 0), then
+    their working one. Hosts 0 and 2 (rank 3): a first cable whose addresses no interface
+    has, then the management network. Hosts 1 and 2: their one cable."""
+    hosts = json.loads(cluster.mesh_hostfile(tmp_path, [2, 1, 1]).read_text())["hosts"]
     hosts[0]["links"][1] = [DOWN_CABLE[0], cluster.link(0, 1)]
     hosts[1]["links"][0] = [DOWN_CABLE[1], cluster.link(1, 0)]
     hosts[0]["links"][2], hosts[2]["links"][0] = NO_CABLE
@@ -55,17 +56,20 @@ def test_a_cable_down_from_the_start_falls_to_the_pairs_next_path(cluster, scrip
         subprocess.run(["ip", "-n", here, "link", "del", "tbx1"], check=True)
     assert code == 0, out + err
     got = results(out)
+    assert sorted(got) == [0, 1, 2, 3], out
     for rank, r in got.items():
-        assert r["total"] == [3 * k + 3 for k in range(3)]
-        assert r["gathered"] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
-        assert r["got"] == [(rank - 1) % 3] * 5
-    assert got[0]["paths"] == {"1": "cable 2", "2": "management"}, got
-    assert got[1]["paths"] == {"0": "cable 2", "2": "cable 1"}, got
-    assert got[2]["paths"] == {"0": "management", "1": "cable 1"}, got
-    assert (f"rank 0 <-> rank 1: cable {DOWN_CABLE[0]} does not answer (timed out); over "
-            f"{cluster.link(0, 1)} (cable 2)") in err, err
-    assert (f"rank 0 <-> rank 2: cable {NO_CABLE[0]}: rank 0 does not listen there; over "
-            f"{cluster.address(0)} (management)") in err, err
+        assert r["total"] == [4 * k + 6 for k in range(3)]
+        assert r["gathered"] == [r for r in range(4) for _ in range(3)]
+        assert r["got"] == [(rank - 1) % 4] * 5
+    for rank in (0, 1):
+        assert got[rank]["paths"] == {"2": "cable 2", "3": "management"}, got
+    assert got[2]["paths"] == {"0": "cable 2", "1": "cable 2", "3": "cable 1"}, got
+    assert got[3]["paths"] == {"0": "management", "1": "management", "2": "cable 1"}, got
+    for rank in (0, 1):
+        assert (f"rank {rank} <-> rank 2: cable {DOWN_CABLE[0]} does not answer (timed out); "
+                f"over {cluster.link(0, 1)} (cable 2)") in err, err
+        assert (f"rank {rank} <-> rank 3: cable {NO_CABLE[0]}: rank {rank} does not listen "
+                f"there; over {cluster.address(0)} (management)") in err, err
     assert f"rank 0 cannot listen on its cable address {NO_CABLE[0]}" in err, err
-    assert "rank 1 <-> rank 2" not in err, err  # their first path answered: not a word
+    assert "rank 2 <-> rank 3" not in err, err  # their first path answered: not a word
     assert_no_rank_left(cluster)

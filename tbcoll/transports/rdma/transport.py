@@ -336,7 +336,7 @@ def open_group(info: LaunchInfo | None, prefix: str, members: list[int]) -> Rdma
         with Store.from_launch(info) as store:
             world_route = peer_paths(info)
 
-            def route(k: int):  # the paths to the group's rank k
+            def route(k: int) -> tuple | None:  # the paths to the group's rank k
                 return world_route(members[k])
             sockets = connect_mesh(me, size, listen_hosts(info), route,
                                    store, info.token, info.timeout, prefix)
