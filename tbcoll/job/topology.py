@@ -264,7 +264,7 @@ class Layout:
     def paths(self, i: int, j: int) -> tuple[Path, ...]:
         """The paths from host i to host j, preferred first: their cables in the order of the
         hostfile's "links" (an address either end leaves out is None there), then the
-        management network (the hosts' addresses), if both have one. None between a host and
+        management network (the hosts' addresses), if both have one. No path between a host and
         itself. The one source of where ranks of two hosts listen and connect."""
         if i == j:
             return ()
