@@ -396,16 +396,16 @@ class Communicator(PointToPoint):
         ranks = [r for _, r in members]
         # the transport gets the color's index among the colors named (MPI takes C ints)
         colors = sorted({int(c) for c in table[:, 0] if c >= 0})
+        index = None if color is None else colors.index(color)
         try:
-            sub = self._group.split(None if color is None else colors.index(color), key, ranks,
-                                    int(table[:, 2].max()))
+            sub = self._group.split(index, key, ranks, int(table[:, 2].max()))
         except CommError as e:
             raise self._named(e, "split") from e
         self._lineage.splits += 1
         if sub is None:
             return None
         local_rank = [r for r in ranks if table[r, 3] == self.node_rank].index(self.rank)
-        lineage = self._lineage.child(f"split{self._lineage.splits}.{colors.index(color)}")
+        lineage = self._lineage.child(f"split{self._lineage.splits}.{index}")
         return Communicator(sub, self.backend, local_rank, self.node_rank,
                             tuple(self._world_ranks[r] for r in ranks), lineage)
 

@@ -39,9 +39,10 @@ class RankFailedError(PeerError):
 
 class CommRevokedError(CommError):
     """The communicator was revoked: a call of some rank was interrupted (a KeyboardInterrupt,
-    or an exception raised by a signal handler) once its peers may have moved on, so the
-    ranks' calls are out of step for good. Every later call on it raises this at once, on every
-    rank; the message names the rank and the call."""
+    or an exception raised by a signal handler) once its peers may have moved on, a rank
+    called comm.revoke(), or a rank found peers failed (tbrun --keep-going), so the ranks'
+    calls are out of step for good. Every later call on it raises this at once, on every
+    rank; the message names the rank and why."""
 
 
 _REVOKED, _OUT_OF_STEP = "the communicator is revoked: ", ", so its ranks' calls are out of step"
