@@ -103,7 +103,7 @@ def test_a_pair_connects_over_its_first_path_that_answers(caplog):
 
 def test_a_pair_with_no_path_answering_fails_naming_every_path():
     paths = (Path(CABLE, 1, None, "192.0.2.1"), Path(CABLE, 2, None, "192.0.2.2"))
-    got = _mesh_of_two(lambda peer: paths, timeout=3.0)
+    got = _mesh_of_two(lambda peer: paths, timeout=1.0)
     assert isinstance(got[1], CommError) and str(got[1]) == (
         "rank 1 could not connect to rank 0 over any of its 2 paths: cable 192.0.2.1: rank 0 "
         "does not listen there; cable 2 192.0.2.2: rank 0 does not listen there"), got
