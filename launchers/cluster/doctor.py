@@ -20,7 +20,7 @@ from tbcoll.launch.cluster.probe import probe
 from tbcoll.launch.cluster.rdma_checks import rdma_checks
 from tbcoll.launch.hosts import is_this_machine, ssh_options
 
-from tbcoll.job.topology import Host, Hostfile
+from tbcoll.job.topology import CABLE, Host, Hostfile, Layout, Path
 
 PACKAGES = ("tbcoll", "mlx", "mpi4py", "numpy")
 
@@ -28,9 +28,11 @@ PACKAGES = ("tbcoll", "mlx", "mpi4py", "numpy")
 def gather(hosts: Sequence[Host], ssh: Sequence[str], python: str,
            connect_timeout: float) -> list[dict | str]:
     """Each host's facts, or why they could not be had."""
+    layout = Layout.of_hosts(hosts)
+
     def one(i: int) -> dict | str:
         host = hosts[i]
-        addresses = [h.links[i] for h in hosts if len(h.links) > i and h.links[i]]
+        addresses = [p.remote for j in range(len(hosts)) for p in _cables(layout, i, j)]
         if is_this_machine(host.name):
             return probe(addresses)
         argv = [*ssh, *ssh_options(connect_timeout), host.name, python, "-m",
@@ -64,6 +66,7 @@ def checks(hosts: Sequence[Host], facts: list[dict | str], python: str) -> list[
             found.append(Check("ok", f"ssh {host.name}", f"reached {fact['host']}"))
     found += _versions(reached)
     found += _links(hosts, facts)
+    found += _paths(hosts)
     for host, fact in reached:
         found += _macos(host, fact)
     found += rdma_checks(hosts, facts)
@@ -106,26 +109,52 @@ def _versions(reached: list[tuple[Host, dict]]) -> list[Check]:
                   "install the same Python and packages on every host") for h, f in differ]
 
 
+def _cables(layout: Layout, i: int, j: int) -> list[Path]:
+    """The cables from host i to host j whose far end the hostfile gives."""
+    return [p for p in layout.paths(i, j) if p.kind == CABLE and p.remote]
+
+
+def _paths(hosts: Sequence[Host]) -> list[Check]:
+    """Each pair's paths in the order a job tries them (Layout.paths), for pairs with a cable:
+    a job falls to the next when one does not answer."""
+    layout = Layout.of_hosts(hosts)
+    found = []
+    for i in range(len(hosts)):
+        for j in range(i + 1, len(hosts)):
+            paths = layout.paths(i, j)
+            if any(p.kind == CABLE for p in paths):
+                found.append(Check("ok", f"paths {hosts[i].name} <-> {hosts[j].name}", ", then "
+                                   .join(f"{p.name} ({p.local or '?'} - {p.remote or '?'})"
+                                         for p in paths)))
+    return found
+
+
 def _links(hosts: Sequence[Host], facts: list[dict | str]) -> list[Check]:
+    layout = Layout.of_hosts(hosts)
     found = []
     for i, fact in enumerate(facts):
         if not isinstance(fact, dict):
             continue
-        for j, peer in enumerate(hosts):
-            address = peer.links[i] if len(peer.links) > i else None
-            if not address:
-                continue
-            result = fact["reach"].get(address, "not tried")
-            what = f"link {hosts[i].name} -> {peer.name}"
-            if result == "ok":
-                found.append(Check("ok", what, f"{address} answers"))
-            else:
-                fix = (f"check the cable between them and that {address} is set on "
-                       f"{peer.name}'s end of it (ifconfig)")
-                if _silently_blocked(result) and "darwin" in (fact["os"], _os_of(facts[j])):
-                    fix += f"; {MACOS_BLOCKS}"
-                found.append(Check("FAIL", what, f"{address}: {result}", fix))
+        for j in range(len(hosts)):
+            cables = _cables(layout, i, j)
+            for path in cables:
+                found.append(_link(hosts, facts, i, j, path, len(cables) > 1))
     return found
+
+
+def _link(hosts: Sequence[Host], facts: list[dict | str], i: int, j: int, path: Path,
+          numbered: bool) -> Check:
+    """Whether host i reaches host j's end of a cable between them (numbered: which)."""
+    fact, peer, address = facts[i], hosts[j], path.remote
+    result = fact["reach"].get(address, "not tried")
+    what = f"link {hosts[i].name} -> {peer.name}" + (f" ({path.name})" if numbered else "")
+    if result == "ok":
+        return Check("ok", what, f"{address} answers")
+    fix = (f"check the cable between them and that {address} is set on {peer.name}'s end of "
+           "it (ifconfig)")
+    if _silently_blocked(result) and "darwin" in (fact["os"], _os_of(facts[j])):
+        fix += f"; {MACOS_BLOCKS}"
+    return Check("FAIL", what, f"{address}: {result}", fix)
 
 
 # What macOS does to a connection between Macs that its privacy or firewall settings block:

@@ -119,7 +119,7 @@ class TwoLevelGroup:
         lines = [f"  two levels: ranks {list(hosts.here)} share this host's memory (shm); "
                  f"{len(hosts.by_host)} hosts, leaders {list(hosts.rail(0))}"
                  + (f", {hosts.rails} rails" if self._take_rails and hosts.even else "")]
-        lines += [f"  to rank {r}: {self._network.link(self._world[r])}"
+        lines += [f"  to rank {r}: {self._network.describe_path(self._world[r])}"
                   for r in range(self.size) if hosts.nodes[r] != hosts.node]
         return lines
 

@@ -81,15 +81,19 @@ class Busy(ConnectionError):
 
 
 def connect_proven(address: tuple[str, int], token: str, deadline: float,
-                   retry_refused: bool = False) -> socket.socket:
+                   retry_refused: bool = False,
+                   answer_within: float | None = None) -> socket.socket:
     """Connect to address and prove the token (connect_handshake), trying again while the
     other side turns us away as busy (see Doorman) and, with retry_refused, while nothing
     listens there yet, until deadline (time.monotonic()). Raises the OSError of the connect,
-    Busy, or AuthenticationError (a refusal, or a handshake that failed otherwise)."""
+    Busy, or AuthenticationError (a refusal, or a handshake that failed otherwise).
+    answer_within: at most this long for each connect to be answered (one path of several:
+    one that does not answer is given up for the next, tbcoll.transports.socket_mesh)."""
     while True:
         left = deadline - time.monotonic()
+        wait = left if answer_within is None else min(left, answer_within)
         try:
-            sock = socket.create_connection(address, timeout=max(left, 0.1))
+            sock = socket.create_connection(address, timeout=max(wait, 0.1))
         except (ConnectionRefusedError, TimeoutError):
             if not retry_refused or time.monotonic() >= deadline:
                 raise

@@ -17,7 +17,8 @@ reads or writes these variables.
     TBCOLL_TOKEN       random per-job secret; every connection proves it knows it (HMAC)
     TBCOLL_HOSTFILE    the resolved topology as JSON text: the hosts that run ranks, each with
                        its ranks, the address the others reach it at and, from the hostfile,
-                       its address on the cable to each other host ("links", null: none):
+                       its address on the cable to each other host ("links", null: none; a
+                       list: its addresses on several cables to it, preferred first):
                        {"hosts": [{"name": "mac1", "ranks": [0, 1], "addr": "10.0.1.1",
                                    "links": [null, "192.168.0.1"]}, ...]}
                        (one host "localhost" with no addr when no hosts were given)

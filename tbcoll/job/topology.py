@@ -9,8 +9,10 @@ Read three forms, as mpirun and mlx.launch users write them:
   cables) that reaches host j, null for the host itself and for hosts with no cable to it
   (a ring). tbcoll adds two optional keys: "slots", the ranks the host takes (1 if left
   out, as MLX runs one a host), and "links": links[j] is this host's address on the cable to
-  host j (each Thunderbolt cable its own subnet), null where there is none; tcp then
-  connects each pair of hosts over their own cable.
+  host j (each Thunderbolt cable its own subnet), null where there is none, or a list of its
+  addresses on several cables to host j, preferred first; tcp then connects each pair of
+  hosts over their first cable that answers, and over the hosts' "ips" (the management
+  network) last: Layout.paths.
 Every error names the file and line (or the host) and says what was expected.
 """
 
@@ -25,6 +27,8 @@ from tbcoll.core.errors import HostfileError
 from tbcoll.core.records import record
 
 Rdma = str | tuple[str, ...] | None
+Link = str | tuple[str, ...] | None  # a host's address(es) on the cable(s) to another host
+CABLE, MANAGEMENT = "cable", "management"  # the kinds of Path
 MAX_RANKS = 1 << 20  # more ranks (or slots on a host) than any job here could start
 _DIGITS = re.compile(r"[0-9]+")  # not str.isdigit, which takes "²"
 _NAME = re.compile(r"[A-Za-z0-9_.:\-\[\]@]+\Z")
@@ -36,7 +40,7 @@ class Host:
     slots: int = 1  # ranks this host takes
     ips: tuple[str, ...] = ()  # where the other hosts reach it
     rdma: tuple[Rdma, ...] = ()  # rdma[j]: the device that reaches host j (None: itself)
-    links: tuple[str | None, ...] = ()  # links[j]: this host's address on the cable to host j
+    links: tuple[Link, ...] = ()  # links[j]: this host's address(es) on the cable(s) to host j
 
     @property
     def address(self) -> str:
@@ -129,6 +133,7 @@ class Hostfile:
         for i, name in enumerate(names):
             if name in names[:i]:
                 raise HostfileError(f"{source}: host {i} repeats \"ssh\": {name!r}")
+        _check_cable_ends(hosts, source)
         return cls(_nonempty(hosts, source), source, backend, tuple(envs))
 
     @property
@@ -180,7 +185,24 @@ class JobHost:
     name: str
     ranks: tuple[int, ...]
     addr: str | None = None  # where the other hosts reach it (None: one host, no address)
-    links: tuple[str | None, ...] = ()  # links[j]: its address on the cable to the job's host j
+    links: tuple[Link, ...] = ()  # links[j]: its address(es) on the cable(s) to the job's host j
+
+
+@record
+class Path:
+    """One way from a host to another: a cable (number: its place among the pair's, from 1)
+    or the management network (number 0); local: this host's address on it (listen there),
+    remote: the other's (connect there); either None where the hostfile leaves it out."""
+
+    kind: str  # CABLE or MANAGEMENT
+    number: int
+    local: str | None
+    remote: str | None
+
+    @property
+    def name(self) -> str:
+        """How messages name it: "cable 2" or "management"."""
+        return f"{CABLE} {self.number}" if self.kind == CABLE else MANAGEMENT
 
 
 @record
@@ -194,6 +216,11 @@ class Layout:
     hosts: tuple[JobHost, ...]
 
     @classmethod
+    def of_hosts(cls, hosts: tuple[Host, ...] | list[Host]) -> Layout:
+        """Every host of a hostfile, with no ranks: the paths between them (tbrun doctor)."""
+        return cls(tuple(JobHost(h.name, (), h.address, h.links) for h in hosts))
+
+    @classmethod
     def local(cls, nprocs: int) -> Layout:
         """Every rank on this machine (no hosts were given)."""
         return cls((JobHost("localhost", tuple(range(nprocs))),))
@@ -203,7 +230,8 @@ class Layout:
         """ValueError (a json.JSONDecodeError, KeyError or TypeError inside) if it is none."""
         try:
             return cls(tuple(
-                JobHost(h["name"], tuple(h["ranks"]), h.get("addr"), tuple(h.get("links", ())))
+                JobHost(h["name"], tuple(h["ranks"]), h.get("addr"),
+                        tuple(_link(a) for a in h.get("links", ())))
                 for h in json.loads(text)["hosts"]))
         except (KeyError, TypeError, AttributeError) as e:
             raise ValueError(f"not a resolved topology ({type(e).__name__}: {e})") from None
@@ -215,7 +243,7 @@ class Layout:
             if host.addr is not None:
                 entry["addr"] = host.addr
             if host.links:
-                entry["links"] = list(host.links)
+                entry["links"] = [list(a) if isinstance(a, tuple) else a for a in host.links]
             hosts.append(entry)
         return json.dumps({"hosts": hosts}, separators=(",", ":"))
 
@@ -232,6 +260,23 @@ class Layout:
     def node_of(self, rank: int) -> int | None:
         """The index of the host that runs rank."""
         return next((i for i, host in enumerate(self.hosts) if rank in host.ranks), None)
+
+    def paths(self, i: int, j: int) -> tuple[Path, ...]:
+        """The paths from host i to host j, preferred first: their cables in the order of the
+        hostfile's "links" (an address either end leaves out is None there), then the
+        management network (the hosts' addresses), if both have one. No path between a host and
+        itself. The one source of where ranks of two hosts listen and connect."""
+        if i == j:
+            return ()
+        here, there = self.hosts[i], self.hosts[j]
+        mine, theirs = _addresses(here.links, j), _addresses(there.links, i)
+        cables = tuple(
+            Path(CABLE, k + 1, mine[k] if k < len(mine) else None,
+                 theirs[k] if k < len(theirs) else None)
+            for k in range(max(len(mine), len(theirs))))
+        if here.addr is None or there.addr is None:
+            return cables
+        return (*cables, Path(MANAGEMENT, 0, here.addr, there.addr))
 
     def among(self, ranks: list[int]) -> Layout:
         """The layout of a job of these ranks alone (a shrunk communicator's survivors), rank
@@ -250,6 +295,17 @@ def route_source(host: str) -> str:
     with socket.socket(family, socket.SOCK_DGRAM) as s:
         s.connect(sockaddr)
         return s.getsockname()[0]
+
+
+def _addresses(links: tuple[Link, ...], j: int) -> tuple[str, ...]:
+    """A host's addresses on its cables to host j, preferred first (none: no cable known)."""
+    link = links[j] if j < len(links) else None
+    return () if link is None else (link,) if isinstance(link, str) else tuple(link)
+
+
+def _link(entry: object) -> Link:
+    """A "links" entry of the resolved JSON: a list (several cables) becomes a tuple."""
+    return tuple(entry) if isinstance(entry, list) else entry  # type: ignore[return-value]
 
 
 def _nonempty(hosts: list[Host], source: str) -> tuple[Host, ...]:
@@ -301,14 +357,44 @@ def _json_host(entry: object, i: int, count: int, source: str) -> Host:
                                 "or null")
         if j == i and dev is not None:
             raise HostfileError(f"{where}: rdma[{i}] is the host itself and should be null")
+    return Host(entry["ssh"], _json_slots(entry, where), tuple(ips), tuple(devices),
+                _json_links(entry, i, count, where))
+
+
+def _json_links(entry: dict, i: int, count: int, where: str) -> tuple[Link, ...]:
+    """The host's "links": per host, its address on the cable to it, a list of its addresses
+    on several cables to it (preferred first), or null."""
     links = entry.get("links", [])
-    if not isinstance(links, list) or (links and len(links) != count) or not all(
-            a is None or (isinstance(a, str) and a) for a in links):
+    if not isinstance(links, list) or (links and len(links) != count):
         raise HostfileError(f"{where}: \"links\" must list, for each of the {count} hosts, this "
-                            "host's address on the cable to it, or null")
+                            "host's address on the cable to it (a list of addresses for "
+                            "several cables), or null")
+    for j, link in enumerate(links):
+        if link is None or (isinstance(link, str) and link):
+            continue
+        if not (isinstance(link, list) and link and all(isinstance(a, str) and a for a in link)):
+            raise HostfileError(f"{where}: links[{j}] must be this host's address on the cable "
+                                f"to host {j}, a list of its addresses on several cables to it "
+                                f"(preferred first), or null; got {json.dumps(link)}")
+        if len(set(link)) != len(link):
+            raise HostfileError(f"{where}: links[{j}] lists an address twice: {json.dumps(link)}"
+                                "; each cable has an address of its own")
     if links and links[i] is not None:
         raise HostfileError(f"{where}: links[{i}] is the host itself and should be null")
-    return Host(entry["ssh"], _json_slots(entry, where), tuple(ips), tuple(devices), tuple(links))
+    return tuple(_link(a) for a in links)
+
+
+def _check_cable_ends(hosts: list[Host], source: str) -> None:
+    """Where both hosts of a pair give their addresses on the cables between them, they give
+    as many: the k-th address of each is an end of the pair's k-th cable."""
+    for i, host in enumerate(hosts):
+        for j in range(i + 1, len(hosts)):
+            mine, theirs = _addresses(host.links, j), _addresses(hosts[j].links, i)
+            if mine and theirs and len(mine) != len(theirs):
+                raise HostfileError(
+                    f"{source}: host {i} ({host.name!r}): links[{j}] lists {len(mine)} "
+                    f"address(es) but host {j} ({hosts[j].name!r})'s links[{i}] lists "
+                    f"{len(theirs)}; the k-th address of each is an end of their k-th cable")
 
 
 def _json_slots(entry: dict, where: str) -> int:

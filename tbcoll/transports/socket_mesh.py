@@ -4,11 +4,13 @@ side connections (set-up, watching peers, point-to-point), so it is a part of it
 
 Set-up: every rank listens on its host's addresses (its main one and, from the hostfile's
 "links", one per cable to another host) and publishes them in the store, connects to every
-lower rank over the cable between their hosts where there is one, and accepts every higher
-rank (of those the caller names: a two-level group, tbcoll.hierarchy, leaves out the ranks
-of its own host). Each connection runs the HMAC handshake of tbcoll.job.auth, then the
-connecting side names its rank. A link that dies with nothing failed yet is found by
-keepalive (idle) or by the kernel's retransmission counters (data in flight: unanswered).
+lower rank over the first of the paths between their hosts that answers (Layout.paths: the
+cables, preferred first, then the management network; one line says so when the first does
+not), and accepts every higher rank (of those the caller names: a two-level group,
+tbcoll.hierarchy, leaves out the ranks of its own host). Each connection runs the HMAC
+handshake of tbcoll.job.auth, then the connecting side names its rank. A link that dies
+with nothing failed yet is found by keepalive (idle) or by the kernel's retransmission
+counters (data in flight: unanswered).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from tbcoll.core.wire import recv_exactly
 from tbcoll.job.auth import HANDSHAKE_TIMEOUT, Doorman, accept_handshake, connect_proven
 from tbcoll.job.env import LaunchInfo, format_hostport, parse_hostport
 from tbcoll.job.rendezvous import Store
-from tbcoll.job.topology import route_source
+from tbcoll.job.topology import MANAGEMENT, Path, route_source
 
 log = logging.getLogger("tbcoll.tcp")
 
@@ -52,35 +54,42 @@ TCP_CONNECTION_INFO = 0x106
 _TCP_CONNECTION_INFO = struct.Struct("=4B13I7Q")
 _SND_SBBYTES, _RXPACKETS, _TXRETRANSMITPACKETS = 11, 20, 23
 _DEAD_AFTER_RTOS = 3  # consecutive unanswered retransmission timeouts (~3 s) mean no link
+# A path that is not the last one must answer a connect within this (a cable answers in
+# microseconds; 2 s lets one lost SYN be sent again, at 1 s) before the next path is tried
+PATH_ANSWER_TIMEOUT = 2.0
+Route = Callable[[int], "tuple[Path, ...] | None"]
 
 
-def connect_mesh(rank: int, size: int, hosts: list[str], route: Callable[[int], str | None],
+def connect_mesh(rank: int, size: int, hosts: list[str], route: Route,
                  store: Store, token: str, timeout: float, prefix: str,
                  peers: frozenset[int] | None = None) -> dict[int, socket.socket]:
     """Open one authenticated connection to every other rank (lower ranks: we connect).
 
-    hosts: the addresses to listen on; route(peer): the address of peer to connect to (one
-    it listens on), or None for its first; peers: the ranks to connect to (None: every other
-    rank), the same relation on every rank (a two-level group leaves out its host's own).
+    hosts: the addresses to listen on (the first must bind; a cable's address that does not
+    is left out, its path then unused); route(peer): the paths to peer, preferred first
+    (peer_paths), or None or () for the first address it listens on; peers: the ranks to
+    connect to (None: every other rank), the same relation on every rank (a two-level group
+    leaves out its host's own).
     Incoming connections prove themselves in threads of their own, admitted by a
     tbcoll.job.auth.Doorman, so that idle connections from anyone cannot hold up a peer.
     """
     if peers is None:
         peers = frozenset(range(size)) - {rank}
-    listeners = [socket.create_server((host, 0), backlog=max(size, 16)) for host in hosts]
+    listeners = _listen(rank, hosts, backlog=max(size, 16))
     store.set(f"{prefix}/addr/{rank}", ",".join(
         format_hostport(*listener.getsockname()[:2]) for listener in listeners))
     deadline = time.monotonic() + timeout
     sockets: dict[int, socket.socket] = {}
     arrivals: queue.SimpleQueue = queue.SimpleQueue()  # (peer or None, socket)
     doorman = Doorman(limit=max(64, 2 * size))  # a job's own never need to wait
+    silent: dict[str, str] = {}  # an address that did not answer: why (the next peer there
+    # is not made to wait for it again: a host's ranks share its cables)
     try:
         for peer in sorted(p for p in peers if p < rank):
             published = store.get(f"{prefix}/addr/{peer}").decode().split(",")
             addresses = [parse_hostport(text, "address") for text in published]
-            wanted = route(peer)
-            address = next((a for a in addresses if a[0] == wanted), addresses[0])
-            sockets[peer] = _connect(rank, peer, address, token, deadline)
+            sockets[peer] = _connect_over(rank, peer, _ways(route(peer) or (), addresses),
+                                          token, deadline, silent)
         while len(sockets) < len(peers):
             while not arrivals.empty():
                 peer, sock = arrivals.get()
@@ -221,21 +230,99 @@ def link_of(sock: socket.socket) -> str:
     return f"{format_hostport(*here[:2])} -> {format_hostport(*there[:2])}"
 
 
+def _listen(rank: int, hosts: list[str], backlog: int) -> list[socket.socket]:
+    """A listener on each of hosts: the first (the host's main address) must bind; a cable's
+    address that will not (its interface lost it) is left out with a line, so that peers
+    take another path."""
+    listeners = [socket.create_server((hosts[0], 0), backlog=backlog)]
+    for host in hosts[1:]:
+        try:
+            listeners.append(socket.create_server((host, 0), backlog=backlog))
+        except OSError as e:
+            log.warning("rank %d cannot listen on its cable address %s (%s): its peers take "
+                        "another path", rank, host, os.strerror(e.errno) if e.errno else e)
+    return listeners
+
+
+# One way to try: the path (None: the peer's first address, no path known), and the address
+# it listens on there (None: it does not listen on that path)
+Way = tuple["Path | None", "tuple[str, int] | None"]
+
+
+def _ways(paths: tuple[Path, ...], published: list[tuple[str, int]]) -> list[Way]:
+    """Where to try to connect, in order: each path whose far end the hostfile gives, at the
+    address the peer listens on there. The management path falls back to the peer's first
+    address (its main one, which a name in the hostfile may not spell); no paths: that."""
+    if not paths:
+        return [(None, published[0])]
+    ways: list[Way] = []
+    for path in paths:
+        if path.remote is None:
+            continue  # the hostfile gives only this end of that cable
+        there = next((a for a in published if a[0] == path.remote), None)
+        if there is None and path.kind == MANAGEMENT:
+            there = published[0]
+        ways.append((path, there))
+    return ways or [(None, published[0])]
+
+
+def _connect_over(rank: int, peer: int, ways: list[Way], token: str, deadline: float,
+                  silent: dict[str, str]) -> socket.socket:
+    """Connect to peer over the first of ways that answers (each but the last given
+    PATH_ANSWER_TIMEOUT to answer, and none that stayed silent for an earlier peer: silent,
+    address -> why, which this adds to), prove ourselves (trying again while it is busy) and
+    name our rank; one line when it was not the first. A refused token fails at once."""
+    failed: list[str] = []
+    usable = [n for n, (_, there) in enumerate(ways) if there is not None]
+    for n, (path, there) in enumerate(ways):
+        if there is None:
+            failed.append(f"{_named(path)}: rank {peer} does not listen there")
+            continue
+        if there[0] in silent and n != usable[-1]:
+            failed.append(f"{_named(path, there)} does not answer ({silent[there[0]]})")
+            continue
+        try:
+            sock = _connect(rank, peer, there, token, deadline,
+                            None if n == usable[-1] else PATH_ANSWER_TIMEOUT)
+        except OSError as e:
+            if len(ways) == 1:  # one way: today's message
+                raise CommError(f"rank {rank} could not connect to rank {peer} at "
+                                f"{format_hostport(*there)}: {e.strerror or e}") from e
+            failed.append(f"{_named(path, there)} does not answer ({e.strerror or e})")
+            if not isinstance(e, ConnectionRefusedError):  # refused: that host answered
+                silent[there[0]] = str(e.strerror or e)
+            continue
+        if failed:
+            log.warning("rank %d <-> rank %d: %s; over %s (%s)", peer, rank, "; ".join(failed),
+                        there[0], path.name if path else "its address")
+        return sock
+    raise CommError(f"rank {rank} could not connect to rank {peer} over any of its "
+                    f"{len(ways)} paths: {'; '.join(failed)}")
+
+
+def _named(path: Path | None, there: tuple[str, int] | None = None) -> str:
+    """A path as messages name it: "cable 10.0.1.1" ("cable 2 ..." past the first)."""
+    where = there[0] if there else path.remote if path else ""
+    if path is None:
+        return f"address {where}"
+    kind = path.name if path.number > 1 else path.kind
+    return f"{kind} {where}"
+
+
 def _connect(rank: int, peer: int, address: tuple[str, int], token: str,
-             deadline: float) -> socket.socket:
-    """Connect to peer and prove ourselves (trying again while it is busy); name our rank."""
+             deadline: float, answer_within: float | None) -> socket.socket:
+    """Connect to peer and prove ourselves (trying again while it is busy); name our rank.
+    OSError where address does not answer (within answer_within); CommError for a refusal."""
     where = f"rank {rank} could not connect to rank {peer} at {format_hostport(*address)}"
     try:
-        sock = connect_proven(address, token, deadline)
+        sock = connect_proven(address, token, deadline, answer_within=answer_within)
     except AuthenticationError as e:
         raise CommError(f"{where}: {e}") from e
-    except OSError as e:
-        raise CommError(f"{where}: {e.strerror or e}") from e
     try:
         sock.sendall(_RANK.pack(rank))
-    except OSError as e:
+    except OSError:
         sock.close()
-        raise CommError(f"{where}: {e.strerror or e}") from e
+        raise
     return sock
 
 
@@ -259,18 +346,20 @@ def _accept_peer(sock: socket.socket, address: tuple, token: str, rank: int, siz
 
 
 def listen_hosts(info: LaunchInfo) -> list[str]:
-    """The addresses this rank listens on: its host's, and its ends of the host's cables."""
-    hosts = info.topology.hosts
+    """The addresses this rank listens on: its host's, and its ends of the host's cables
+    (Layout.paths), its main address first."""
+    topology = info.topology
+    hosts = topology.hosts
     if info.node_rank >= len(hosts):
         return ["127.0.0.1"]
-    mine = hosts[info.node_rank]
-    address = mine.addr or "127.0.0.1"
+    address = hosts[info.node_rank].addr or "127.0.0.1"
     if len(hosts) > 1 and _is_loopback(address):
         # A host name that resolves to loopback on the host itself (Debian maps its own name
         # to 127.0.1.1): the others could not connect. Use the address that reaches tbrun.
         address = route_source(info.store[0])
-    links = [a for a in mine.links if a]
-    return list(dict.fromkeys([address, *links]))
+    cables = [path.local for j in range(len(hosts)) for path in topology.paths(info.node_rank, j)
+              if path.kind != MANAGEMENT and path.local]
+    return list(dict.fromkeys([address, *cables]))
 
 
 def _is_loopback(host: str) -> bool:
@@ -281,18 +370,42 @@ def _is_loopback(host: str) -> bool:
     return ipaddress.ip_address(resolved.split("%")[0]).is_loopback
 
 
-def peer_route(info: LaunchInfo) -> Callable[[int], str | None]:
-    """route(peer): the address to reach peer at, over the cable between the two hosts if the
-    hostfile names one (each Thunderbolt cable is its own subnet), else the peer's host's."""
-    hosts = info.topology.hosts
+def peer_paths(info: LaunchInfo) -> Route:
+    """route(peer): the paths from this rank's host to peer's, preferred first (Layout.paths:
+    the cables between them, each its own subnet, then the management network); None where
+    peer's host is unknown or this one."""
+    topology = info.topology
 
-    def route(peer: int) -> str | None:
-        node = info.topology.node_of(peer)
-        if node is None:
+    def route(peer: int) -> tuple[Path, ...] | None:
+        node = topology.node_of(peer)
+        if node is None or info.node_rank >= len(topology.hosts):
             return None
-        host = hosts[node]
-        if info.node_rank < len(host.links) and host.links[info.node_rank]:
-            return host.links[info.node_rank]
-        return host.addr
+        return topology.paths(info.node_rank, node) or None
 
     return route
+
+
+def path_in_use(sock: socket.socket, paths: tuple[Path, ...]) -> Path | None:
+    """Which of paths sock runs over: the one whose two ends are the socket's, else the
+    one with its far end (the side that connected sees that), else its near end."""
+    try:
+        here, there = sock.getsockname()[0], sock.getpeername()[0]
+    except OSError:
+        return None
+    for match in ((lambda p: (p.local, p.remote) == (here, there)),
+                  (lambda p: p.remote == there), (lambda p: p.local == here)):
+        found = next((p for p in paths if match(p)), None)
+        if found is not None:
+            return found
+    return None
+
+
+def describe_paths(sock: socket.socket, paths: tuple[Path, ...]) -> str:
+    """The path a connection runs over and the pair's others, for Communicator.describe():
+    "over cable 1; other paths: cable 2 (10.0.2.1), management (10.0.0.2)"."""
+    if not paths:
+        return ""
+    used = path_in_use(sock, paths)
+    others = [f"{p.name} ({p.remote or '?'})" for p in paths if p != used]
+    return (f"over {used.name if used else 'an address of no path'}"
+            + (f"; other paths: {', '.join(others)}" if others else ""))

@@ -303,3 +303,23 @@ def test_doctor_names_macos_privacy_and_firewall_when_a_mac_peer_is_silently_blo
     failed = [c for c in checks(hostfile.hosts, facts, "python3") if c.status == "FAIL"]
     link = next(c for c in failed if c.what.startswith("link ") and address in c.detail)
     assert "Local Network" not in link.fix
+
+
+def test_doctor_lists_each_pairs_paths_and_checks_every_cable():
+    """Two cables between mac0 and mac1 (a "links" list each) and the management network:
+    doctor lists the three paths in the order a job tries them and checks each cable."""
+    hostfile = Hostfile.from_json(json.dumps([
+        {"ssh": "mac0", "ips": ["10.0.0.1"], "links": [None, ["192.168.1.1", "192.168.2.1"]]},
+        {"ssh": "mac1", "ips": ["10.0.0.2"], "links": [["192.168.1.2", "192.168.2.2"], None]}]),
+        "two.json")
+    facts = [mac_facts(i) for i in range(2)]
+    facts[0]["reach"] = {"192.168.1.2": "ok", "192.168.2.2": os.strerror(errno.EHOSTUNREACH)}
+    facts[1]["reach"] = {"192.168.1.1": "ok", "192.168.2.1": "ok"}
+    found = {c.what: c for c in checks(hostfile.hosts, facts, "python3")}
+    assert found["paths mac0 <-> mac1"].detail == (
+        "cable 1 (192.168.1.1 - 192.168.1.2), then cable 2 (192.168.2.1 - 192.168.2.2), then "
+        "management (10.0.0.1 - 10.0.0.2)")
+    assert found["link mac0 -> mac1 (cable 1)"].status == "ok"
+    assert found["link mac1 -> mac0 (cable 2)"].status == "ok"
+    down = found["link mac0 -> mac1 (cable 2)"]
+    assert down.status == "FAIL" and "192.168.2.2" in down.detail

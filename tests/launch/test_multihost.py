@@ -24,9 +24,10 @@ with tbcoll.init() as comm:
     x = np.arange(4, dtype=np.float64) + comm.rank
     total = comm.all_reduce(x)
     gathered = comm.all_gather(np.array([comm.rank], dtype=np.int32))
-    # "  to rank 1: 10.202.1.1:40000 -> 10.202.1.2:41000": the peer's address, by rank
-    links = {line.split()[2].rstrip(":"): line.split()[-1].rpartition(":")[0]
-             for line in comm.describe().splitlines() if "->" in line}
+    # "  to rank 1: 10.202.1.1:40000 -> 10.202.1.2:41000, over cable 1; ...": the peer's
+    # address, by rank
+    links = {line.split()[2].rstrip(":"): line.split(" -> ")[1].split()[0].rstrip(",")
+             .rpartition(":")[0] for line in comm.describe().splitlines() if "->" in line}
     print(json.dumps({"rank": comm.rank, "node": comm.node_rank, "backend": comm.backend,
                       "total": total.tolist(), "gathered": gathered.tolist(), "peers": links,
                       "cwd": os.getcwd(), "greeting": os.environ.get("GREETING"),

@@ -29,6 +29,9 @@ def test_the_examples_parse():
     assert not ring.is_full_mesh() and ring.slots == 4
     links = Hostfile.from_file(REPO / "hostfiles" / "links3.json")
     assert links.is_full_mesh() and links.hosts[2].links == ("192.168.0.6", "192.168.0.10", None)
+    paths = Hostfile.from_file(REPO / "hostfiles" / "paths2.json").layout(2).paths(1, 0)
+    assert [(p.name, p.remote) for p in paths] == [
+        ("cable 1", "192.168.0.1"), ("cable 2", "192.168.0.5"), ("management", "10.0.1.1")]
 
 
 def test_placement_by_slot_and_by_node():
@@ -150,9 +153,83 @@ def test_links_and_the_layout_ranks_read(tmp_path):
 @pytest.mark.parametrize("links, message", [
     ([None], "\"links\" must list, for each of the 2 hosts"),
     (["10.0.0.1", None], "links[0] is the host itself and should be null"),
-    ([None, 5], "\"links\" must list"),
+    ([None, 5], "links[1] must be this host's address on the cable to host 1, a list of its "
+                "addresses on several cables to it (preferred first), or null; got 5"),
+    ([None, []], "links[1] must be this host's address"),
+    ([None, ["10.1.0.1", 7]], "links[1] must be"),
+    ([None, ["10.1.0.1", "10.1.0.1"]], "links[1] lists an address twice"),
 ])
 def test_link_errors_name_the_host(tmp_path, links, message):
+    """Each entry's mistakes name the file, the host and the entry."""
     path = write(tmp_path, json.dumps([{"ssh": "a", "links": links}, {"ssh": "b"}]))
     with pytest.raises(HostfileError, match=re.escape(f"{path}: host 0 ('a'): {message}")):
         Hostfile.from_file(path)
+
+
+def test_several_cables_between_a_pair_are_paths_in_order(tmp_path):
+    """A "links" entry may list a host's addresses on several cables to a peer, preferred
+    first; a string is one cable; the hosts' "ips" are the last path; the resolved JSON
+    carries the lists (and a single-path hostfile's JSON is as it was)."""
+    path = write(tmp_path, json.dumps([
+        {"ssh": "a", "ips": ["10.0.0.1"], "links": [None, ["192.168.1.1", "192.168.2.1"],
+                                                    "192.168.3.1"]},
+        {"ssh": "b", "ips": ["10.0.0.2"], "links": [["192.168.1.2", "192.168.2.2"], None, None]},
+        {"ssh": "c", "ips": ["10.0.0.3"], "links": ["192.168.3.2", None, None]}]))
+    hostfile = Hostfile.from_file(path)
+    assert hostfile.hosts[0].links == (None, ("192.168.1.1", "192.168.2.1"), "192.168.3.1")
+    layout = hostfile.layout(3)
+    assert [(p.name, p.local, p.remote) for p in layout.paths(1, 0)] == [
+        ("cable 1", "192.168.1.2", "192.168.1.1"), ("cable 2", "192.168.2.2", "192.168.2.1"),
+        ("management", "10.0.0.2", "10.0.0.1")]
+    assert [p.name for p in layout.paths(0, 2)] == ["cable 1", "management"]
+    assert [(p.kind, p.local, p.remote) for p in layout.paths(1, 2)] == [
+        ("management", "10.0.0.2", "10.0.0.3")]  # no cable: the management network alone
+    assert layout.paths(1, 1) == ()
+    as_json = json.loads(layout.to_json())
+    assert as_json["hosts"][0]["links"] == [None, ["192.168.1.1", "192.168.2.1"], "192.168.3.1"]
+    assert Layout.from_json(layout.to_json()) == layout
+    # one end of a cable left out: the path is there, with that end None
+    one_end = write(tmp_path, json.dumps([
+        {"ssh": "a", "ips": ["10.0.0.1"], "links": [None, ["192.168.1.1", "192.168.2.1"]]},
+        {"ssh": "b", "ips": ["10.0.0.2"]}]), "one_end")
+    assert [(p.local, p.remote) for p in Hostfile.from_file(one_end).layout(2).paths(1, 0)] == [
+        (None, "192.168.1.1"), (None, "192.168.2.1"), ("10.0.0.2", "10.0.0.1")]
+
+
+def test_a_single_path_hostfile_resolves_byte_for_byte_as_before():
+    """TBCOLL_HOSTFILE of links3.json (one cable a pair), as the ranks read it before paths."""
+    layout = Hostfile.from_file(REPO / "hostfiles" / "links3.json").layout(3)
+    assert layout.to_json() == (
+        '{"hosts":[{"name":"mac1.local","ranks":[0],"addr":"10.0.1.1","links":[null,'
+        '"192.168.0.1","192.168.0.5"]},{"name":"mac2.local","ranks":[1],"addr":"10.0.1.2",'
+        '"links":["192.168.0.2",null,"192.168.0.9"]},{"name":"mac3.local","ranks":[2],'
+        '"addr":"10.0.1.3","links":["192.168.0.6","192.168.0.10",null]}]}')
+
+
+def test_the_two_ends_of_a_pair_list_as_many_cables(tmp_path):
+    path = write(tmp_path, json.dumps([
+        {"ssh": "a", "links": [None, ["192.168.1.1", "192.168.2.1"]]},
+        {"ssh": "b", "links": ["192.168.1.2", None]}]))
+    with pytest.raises(HostfileError, match=re.escape(
+            f"{path}: host 0 ('a'): links[1] lists 2 address(es) but host 1 ('b')'s links[0] "
+            "lists 1; the k-th address of each is an end of their k-th cable")):
+        Hostfile.from_file(path)
+
+
+def test_among_keeps_each_pairs_paths():
+    """A shrunk communicator's layout (Layout.among): the survivors' hosts keep their paths to
+    each other, renumbered with the hosts; a host with no survivor leaves with its cables."""
+    layout = Layout.from_json(json.dumps({"hosts": [
+        {"name": "a", "ranks": [0, 1], "addr": "10.0.0.1",
+         "links": [None, ["192.168.1.1", "192.168.2.1"], "192.168.3.1"]},
+        {"name": "b", "ranks": [2], "addr": "10.0.0.2",
+         "links": [["192.168.1.2", "192.168.2.2"], None, ["192.168.4.2", "192.168.5.2"]]},
+        {"name": "c", "ranks": [3], "addr": "10.0.0.3",
+         "links": ["192.168.3.2", ["192.168.4.3", "192.168.5.3"], None]}]}))
+    shrunk = layout.among([1, 3])  # host b has no survivor
+    assert [h.ranks for h in shrunk.hosts] == [(0,), (1,)]
+    assert shrunk.paths(0, 1) == layout.paths(0, 2)
+    assert [p.remote for p in shrunk.paths(1, 0)] == ["192.168.3.1", "10.0.0.1"]
+    kept = layout.among([0, 2, 3])
+    assert kept.paths(1, 2) == layout.paths(1, 2) and kept.paths(2, 0) == layout.paths(2, 0)
+    assert [p.name for p in kept.paths(2, 1)] == ["cable 1", "cable 2", "management"]

@@ -7,7 +7,7 @@ import pytest
 
 from tbcoll.job.env import LaunchInfo
 from tbcoll.job.topology import Layout
-from tbcoll.transports.socket_mesh import listen_hosts, peer_route
+from tbcoll.transports.socket_mesh import listen_hosts, peer_paths
 
 
 def info(node_rank, hosts, store="127.0.0.1"):
@@ -27,13 +27,18 @@ def test_one_host_listens_on_loopback():
 
 def test_a_host_listens_on_its_address_and_its_cable_ends():
     assert listen_hosts(info(1, MESH)) == ["10.0.0.2", "192.168.0.2"]
+    several = [{**MESH[0], "links": [None, ["192.168.0.1", "192.168.9.1"]]},
+               {**MESH[1], "links": [["192.168.0.2", "192.168.9.2"], None]}]
+    assert listen_hosts(info(1, several)) == ["10.0.0.2", "192.168.0.2", "192.168.9.2"]
 
 
 def test_peers_are_reached_over_the_cable_between_their_hosts():
-    route = peer_route(info(0, MESH))
-    assert route(1) == route(2) == "192.168.0.2"  # b's end of the a-b cable
+    route = peer_paths(info(0, MESH))
+    # b's end of the a-b cable first, then the management network
+    assert [p.remote for p in route(1)] == [p.remote for p in route(2)] == [
+        "192.168.0.2", "10.0.0.2"]
     no_links = [{k: v for k, v in h.items() if k != "links"} for h in MESH]
-    assert peer_route(info(0, no_links))(2) == "10.0.0.2"
+    assert [p.remote for p in peer_paths(info(0, no_links))(2)] == ["10.0.0.2"]
     assert route(7) is None
 
 

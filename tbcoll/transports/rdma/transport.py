@@ -38,7 +38,7 @@ from tbcoll.core.wire_check import check_wire
 from tbcoll.job.env import LaunchInfo, placement, rdma_settings
 from tbcoll.job.rendezvous import Store
 from tbcoll.transports.rdma import devices
-from tbcoll.transports.socket_mesh import connect_mesh, listen_hosts, peer_route
+from tbcoll.transports.socket_mesh import connect_mesh, listen_hosts, peer_paths
 from tbcoll.transports.stream import Peer, StreamEndpoint, StreamTransport
 from tbcoll.transports.stream.turns import SHARED_SLICE, Turns
 from tbcoll.transports.tcp.transport import TcpTransport
@@ -303,7 +303,7 @@ class _World:
     def describe(self, rank: int) -> str:
         device, gid, kind = self._fabric.describe(rank)
         return f"RDMA {kind} on {device} (GID index {gid}); watched over tcp " \
-               f"{self._side.link(rank)}"
+               f"{self._side.describe_path(rank)}"
 
     def close(self) -> None:
         if self._fabric is not None:
@@ -334,10 +334,13 @@ def open_group(info: LaunchInfo | None, prefix: str, members: list[int]) -> Rdma
     fabric = _open_fabric(info, rdma_settings(), members)
     try:
         with Store.from_launch(info) as store:
-            route = peer_route(info)
-            sockets = connect_mesh(me, size, listen_hosts(info), lambda k: route(members[k]),
+            world_route = peer_paths(info)
+
+            def route(k: int) -> tuple | None:  # the paths to the group's rank k
+                return world_route(members[k])
+            sockets = connect_mesh(me, size, listen_hosts(info), route,
                                    store, info.token, info.timeout, prefix)
-            side = TcpTransport(me, size, sockets, info.timeout)
+            side = TcpTransport(me, size, sockets, info.timeout, route=route)
             _connect_queue_pairs(fabric, me, size, store, f"{prefix}/rdma", info.rank)
     except BaseException:
         fabric.close()

@@ -29,11 +29,13 @@ from tbcoll.core.wire_check import check_wire
 from tbcoll.job.env import LaunchInfo, link_delay, placement
 from tbcoll.job.rendezvous import Store
 from tbcoll.transports.socket_mesh import (
+    Route,
     connect_mesh,
+    describe_paths,
     gone,
     link_of,
     listen_hosts,
-    peer_route,
+    peer_paths,
     send_failure,
     unanswered,
 )
@@ -73,8 +75,9 @@ class TcpTransport(StreamTransport):
     """Point-to-point messages between world ranks over one TCP connection per pair."""
 
     def __init__(self, rank: int, size: int, sockets: dict[int, socket.socket],
-                 timeout: float, delay: float = 0.0) -> None:
-        """delay: TBCOLL_LINK_DELAY_US's emulated latency, in seconds (0: none)."""
+                 timeout: float, delay: float = 0.0, route: Route | None = None) -> None:
+        """delay: TBCOLL_LINK_DELAY_US's emulated latency, in seconds (0: none); route: the
+        paths to each peer (socket_mesh.peer_paths), for describe_paths."""
         channels = {peer: DelayedChannel(sock, delay) if delay else sock
                     for peer, sock in sockets.items()}
         super().__init__(rank, size, channels, timeout)
@@ -85,6 +88,7 @@ class TcpTransport(StreamTransport):
         self.waits_released = not self._holding
         self._by_fd: dict[int, Peer] = {}
         self._links: dict[int, str] = {}  # peer -> "this end -> that end", for messages
+        self._paths = {peer: (route(peer) or ()) if route else () for peer in sockets}
         self._poller = select.poll()
         for peer in self._peers.values():
             peer.channel.setblocking(False)
@@ -311,6 +315,15 @@ class TcpTransport(StreamTransport):
         """The addresses of the connection to rank: "this end -> that end"."""
         return self._links.get(rank, "?")
 
+    def describe_path(self, rank: int) -> str:
+        """The connection to rank, the path it runs over and the pair's other paths (the
+        hostfile's: Layout.paths), for Communicator.describe()."""
+        peer = self._peers.get(rank)
+        paths = self._paths.get(rank, ())
+        if peer is None or not paths or not isinstance(peer.channel, socket.socket):
+            return self.link(rank)
+        return f"{self.link(rank)}, {describe_paths(peer.channel, paths)}"
+
     def silent_loss(self) -> tuple[int, str] | None:
         """A peer whose connection is gone, found without reading anything, so that another
         thread may ask while this transport's owner waits elsewhere (in MLX): (rank, why)."""
@@ -430,8 +443,8 @@ class TcpGroup:
 
     def describe_links(self) -> list[str]:
         """Which addresses each connection of this group runs between."""
-        return [f"  to rank {rank}: {self._transport.link(rank)}" for rank in self.members
-                if self._transport.peer(rank) is not None]
+        return [f"  to rank {rank}: {self._transport.describe_path(rank)}"
+                for rank in self.members if self._transport.peer(rank) is not None]
 
     def silent_loss(self) -> tuple[int, str] | None:
         return self._transport.silent_loss()
@@ -471,6 +484,7 @@ def connect(info: LaunchInfo, prefix: str, peers: frozenset[int] | None = None) 
     """The transport over a connection to each of peers (world ranks; None: every other
     rank), the same relation on every rank."""
     with Store.from_launch(info) as store:
-        sockets = connect_mesh(info.rank, info.size, listen_hosts(info), peer_route(info),
+        route = peer_paths(info)
+        sockets = connect_mesh(info.rank, info.size, listen_hosts(info), route,
                                store, info.token, info.timeout, prefix, peers)
-    return TcpTransport(info.rank, info.size, sockets, info.timeout, link_delay())
+    return TcpTransport(info.rank, info.size, sockets, info.timeout, link_delay(), route)
