@@ -89,7 +89,9 @@ SLOT = 1 << 20
 GATHER_ONE_COPY_BYTES = 128 << 10
 RING = 128 << 10  # bytes of each point-to-point ring
 SINGLE_PASS_BYTES = 64 << 10  # measured: single pass wins at 64 KiB for np=4, split at 256 KiB
-WAIT_SLICE = 0.05  # seconds between looks for dead peers and the deadline
+# seconds between looks for dead peers and the deadline: a death is seen in ~2 (48 ms at 20,
+# 107 at 50: benchmarks/survival.py); a healthy call never waits that long
+WAIT_SLICE = 0.02
 _ARRIVE, _DONE, _SIGNATURE = 0, 8, 16  # byte offsets inside a rank's flag line
 _BYTES = DTYPE_CODES[np.dtype(np.uint8)]  # what a round that only copies calls its data
 _NO_BYTES = np.empty(0, np.uint8)
