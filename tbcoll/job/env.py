@@ -405,6 +405,30 @@ def link_delay(environ: Mapping[str, str] | None = None) -> float:
     return micros * 1e-6
 
 
+def failover(environ: Mapping[str, str] | None = None) -> bool:
+    """TBCOLL_FAILOVER=1: tcp carries a failed connection over the pair's next path and
+    replays what its peer missed (work in progress, docs/failover.md: the Python path only,
+    so the C lanes are off)."""
+    env = os.environ if environ is None else environ
+    return env.get("TBCOLL_FAILOVER", "").strip() == "1"
+
+
+def faults(environ: Mapping[str, str] | None = None) -> tuple[int, int, int] | None:
+    """TBCOLL_FAULTS=seed:cuts:span, for failover's tests: the first `cuts` connections of
+    each tcp stream are cut at a seeded byte below `span` (tbcoll.transports.stream.faults),
+    failover on; None: unset."""
+    env = os.environ if environ is None else environ
+    text = env.get("TBCOLL_FAULTS", "").strip()
+    if not text:
+        return None
+    parts = text.split(":")
+    if len(parts) != 3 or not all(p.strip().isdigit() for p in parts) or int(parts[2]) < 2:
+        raise TbcollError(f"TBCOLL_FAULTS={text!r}: give seed:cuts:span, three whole numbers "
+                          "(span at least 2), e.g. 7:2:100000")
+    seed, cuts, span = (int(p) for p in parts)
+    return seed, cuts, span
+
+
 def segment_prefix(job: str) -> str:
     """The start of every shared-memory name of the job with this TBCOLL_JOB: /tbc-<8 hex>-.
 

@@ -409,3 +409,91 @@ def describe_paths(sock: socket.socket, paths: tuple[Path, ...]) -> str:
     others = [f"{p.name} ({p.remote or '?'})" for p in paths if p != used]
     return (f"over {used.name if used else 'an address of no path'}"
             + (f"; other paths: {', '.join(others)}" if others else ""))
+
+
+# --- failover (work in progress: docs/failover.md) ------------------------------------------
+
+_COUNT = struct.Struct("!Q")
+
+
+def exchange_counts(sock: socket.socket, received: int, timeout: float) -> int:
+    """Tell the peer how many bytes of the stream this end received; return its count."""
+    sock.settimeout(timeout)
+    sock.sendall(_COUNT.pack(received))
+    (theirs,) = _COUNT.unpack(recv_exactly(sock, _COUNT.size))
+    return theirs
+
+
+class Reconnector:
+    """Connects a pair of ranks again after their connection failed, over the paths after
+    the one it ran on (route), through the job's store: the lower rank listens on its
+    addresses and publishes them under the pair's failover count, the higher one connects
+    and proves itself, as at set-up; then the two exchange their RECEIVED counts.
+    A pair with no paths (one host; a test's cut) connects again at the same addresses."""
+
+    def __init__(self, info: LaunchInfo, prefix: str, route: Route, hosts: list[str]) -> None:
+        self.info, self.prefix, self.route, self.hosts = info, prefix, route, hosts
+
+    def __call__(self, peer: int, generation: int, received: int,
+                 used: Path | None) -> tuple[socket.socket, int] | None:
+        """A new connection to peer and peer's count, or None where no path is left."""
+        paths = self.route(peer) or ()
+        left = paths[paths.index(used) + 1:] if used in paths else paths
+        if paths and not left:
+            return None
+        rank, timeout = self.info.rank, self.info.timeout
+        low, high = sorted((rank, peer))
+        key = f"{self.prefix}/failover/{low}-{high}/{generation}"
+        with Store.from_launch(self.info) as store:
+            sock = (self._accept(peer, store, key) if rank < peer else
+                    self._connect(peer, store, key, left))
+        try:
+            theirs = exchange_counts(sock, received, timeout)
+        except OSError as e:
+            sock.close()
+            raise CommError(f"rank {rank}: failing over to rank {peer}, the new connection "
+                            f"failed at once ({e.strerror or e})") from e
+        sock.settimeout(None)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        notice_dead_links(sock)
+        return sock, theirs
+
+    def _accept(self, peer: int, store: Store, key: str) -> socket.socket:
+        listeners = _listen(self.info.rank, self.hosts, backlog=4)
+        try:
+            store.set(key, ",".join(format_hostport(*s.getsockname()[:2]) for s in listeners))
+            deadline = time.monotonic() + self.info.timeout
+            while (left := deadline - time.monotonic()) > 0:
+                ready, _, _ = select.select(listeners, [], [], left)
+                for listener in ready:
+                    sock, _ = listener.accept()
+                    if self._proven(sock, peer):
+                        return sock
+        finally:
+            for listener in listeners:
+                listener.close()
+        raise CommError(f"rank {peer} did not connect to rank {self.info.rank} again within "
+                        f"{self.info.timeout:g} s (TBCOLL_TIMEOUT) after their link failed")
+
+    def _proven(self, sock: socket.socket, peer: int) -> bool:
+        """sock proves the job's token and names peer (else it is closed)."""
+        sock.settimeout(HANDSHAKE_TIMEOUT)
+        try:
+            accept_handshake(sock, self.info.token)
+            (named,) = _RANK.unpack(recv_exactly(sock, _RANK.size))
+        except (AuthenticationError, OSError) as e:
+            log.warning("rank %d refused a connection while failing over: %s", self.info.rank, e)
+            sock.close()
+            return False
+        if named != peer:
+            sock.close()
+            return False
+        return True
+
+    def _connect(self, peer: int, store: Store, key: str,
+                 left: tuple[Path, ...]) -> socket.socket:
+        published = store.get(key, self.info.timeout).decode().split(",")
+        addresses = [parse_hostport(text, "address") for text in published]
+        deadline = time.monotonic() + self.info.timeout
+        return _connect_over(self.info.rank, peer, _ways(left, addresses), self.info.token,
+                             deadline, {})

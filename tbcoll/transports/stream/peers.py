@@ -10,12 +10,14 @@ build and resume these requests, so their names are public.
 from __future__ import annotations
 
 from collections import defaultdict, deque
+from concurrent.futures import Future
 from typing import Protocol
 
 import numpy as np
 
 from tbcoll.core.calls import NO_CALL
 from tbcoll.core.framing import DESCRIPTOR
+from tbcoll.transports.stream.replay import Tail
 from tbcoll.transports.stream.words import PEER_WORDS, WORDS_PER_PEER
 
 STAGE = 256 << 10  # staging buffer per stream
@@ -102,6 +104,12 @@ class Peer:
         self.pulls = False  # large messages to and from this peer are pulled (see above)
         self.announced: dict[int, Send] = {}  # this rank's announced sends not yet pulled
         self.refused: dict[int, tuple[Recv | Unexpected, memoryview]] = {}  # to be resent
+        # failover (docs/failover.md): what was sent, kept to replay (None: failover off);
+        # why the channel failed, while a new one is to be found; channels had before it
+        self.tail: Tail | None = None
+        self.broken: str | None = None
+        self.reconnecting: Future | None = None  # the new channel being connected
+        self.generation = 0
 
 
 def take_first(held: dict[tuple[int, int], deque], key: tuple[int, int]) -> Recv | Unexpected:

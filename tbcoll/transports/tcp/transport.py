@@ -11,11 +11,13 @@ from wherever C left off.
 
 from __future__ import annotations
 
+import functools
+import logging
 import os
 import select
 import socket
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
@@ -26,15 +28,18 @@ from tbcoll.core.errors import PEER_ENDED, CommError, PeerLostError
 from tbcoll.core.extensions import c_extension
 from tbcoll.core.framing import HEADER
 from tbcoll.core.wire_check import check_wire
-from tbcoll.job.env import LaunchInfo, link_delay, placement
+from tbcoll.job.env import LaunchInfo, failover, faults, link_delay, placement
 from tbcoll.job.rendezvous import Store
+from tbcoll.job.topology import Path
 from tbcoll.transports.socket_mesh import (
+    Reconnector,
     Route,
     connect_mesh,
     describe_paths,
     gone,
     link_of,
     listen_hosts,
+    path_in_use,
     peer_paths,
     send_failure,
     unanswered,
@@ -48,10 +53,21 @@ from tbcoll.transports.stream import (
     StreamTransport,
     bytes_of,
 )
+from tbcoll.transports.stream.faults import FaultPlan
+from tbcoll.transports.stream.outq import unacked_bytes
+from tbcoll.transports.stream.replay import Tail
 from tbcoll.transports.stream.turns import Marking
 from tbcoll.transports.stream.words import RECEIVED_WORD, SENT_WORD, check_words
 from tbcoll.transports.tcp.delayed import DelayedChannel
 from tbcoll.transports.tcp.native import TcpNative
+
+log = logging.getLogger("tbcoll.tcp")
+# failover's (docs/failover.md): a new connection to peer after generation - 1 failed, this
+# end's count sent and the peer's returned, or None where no path is left (socket_mesh's
+# Reconnector: peer, generation, received, the path that failed); and a test's wrapper of
+# each connection (rank, peer, generation, socket -> channel)
+Reconnect = Callable[[int, int, int, "Path | None"], "tuple[socket.socket, int] | None"]
+Wrap = Callable[[int, int, int, socket.socket], Channel]
 
 # None where built without a compiler (or TBCOLL_NO_C=1): every message takes the engine's
 # Python path
@@ -75,12 +91,22 @@ class TcpTransport(StreamTransport):
     """Point-to-point messages between world ranks over one TCP connection per pair."""
 
     def __init__(self, rank: int, size: int, sockets: dict[int, socket.socket],
-                 timeout: float, delay: float = 0.0, route: Route | None = None) -> None:
+                 timeout: float, delay: float = 0.0, route: Route | None = None,
+                 reconnect: Reconnect | None = None, wrap: Wrap | None = None) -> None:
         """delay: TBCOLL_LINK_DELAY_US's emulated latency, in seconds (0: none); route: the
-        paths to each peer (socket_mesh.peer_paths), for describe_paths."""
-        channels = {peer: DelayedChannel(sock, delay) if delay else sock
+        paths to each peer (socket_mesh.peer_paths), for describe_paths; reconnect: failover
+        (docs/failover.md, work in progress: the engine's Python path only), a new connection
+        to a peer and its count (socket_mesh.Reconnector), None: off; wrap: each connection's
+        channel (a test's fault injector, tbcoll.transports.stream.faults)."""
+        self._reconnector, self._wrap = reconnect, wrap
+        channels = {peer: (DelayedChannel(sock, delay) if delay else
+                           wrap(rank, peer, 0, sock) if wrap else sock)
                     for peer, sock in sockets.items()}
         super().__init__(rank, size, channels, timeout)
+        if reconnect is not None:
+            for peer in self._peers.values():
+                peer.tail = Tail(peer.channel.unacked if hasattr(peer.channel, "unacked")
+                                 else functools.partial(unacked_bytes, peer.channel))
         self.turns = Marking(self.words)  # (before any door is made) for tcp_lane.c's words
         self._holding = [peer for peer in self._peers.values()
                          if isinstance(peer.channel, DelayedChannel)]
@@ -101,7 +127,8 @@ class TcpTransport(StreamTransport):
         for end in (self._wake, self._woken):
             end.setblocking(False)
         self._poller.register(self._woken, select.POLLIN)
-        self._in_c = _sockets is not None and not self._holding
+        # C writes and reads the sockets itself, keeping no tail: off where failover is on
+        self._in_c = _sockets is not None and not self._holding and reconnect is None
         # exchange's C arguments by group of peers: (streams, their fds, their stages)
         self._exchanges: dict[tuple[int, ...], tuple[list[Peer], tuple, tuple]] = {}
 
@@ -309,7 +336,47 @@ class TcpTransport(StreamTransport):
     def _check_links(self, peers: Iterable[Peer]) -> None:
         for peer in peers:
             if why := unanswered(peer.channel):
-                self._lose(peer, why)
+                self._link_failed(peer, why)
+
+    def _reconnect(self, peer: Peer,
+                   received: int) -> Callable[[], tuple[Channel, int] | None] | None:
+        """Close the failed connection (so that the peer, if it has not noticed, does); the
+        work that connects again over the next path (the Reconnector), one line saying so."""
+        old, paths = peer.channel, self._paths.get(peer.rank, ())
+        used = path_in_use(getattr(old, "socket", old), paths)
+        self._poller.unregister(old)
+        del self._by_fd[old.fileno()]
+        old.close()
+        if self._reconnector is None:
+            return None
+        rank, generation, reason = peer.rank, peer.generation + 1, peer.broken
+        sent = self.words[peer.words_at + SENT_WORD]
+
+        def again() -> tuple[Channel, int] | None:
+            found = self._reconnector(rank, generation, received, used)
+            if found is None:
+                return None
+            sock, theirs = found
+            log.warning("rank %d <-> rank %d: %s; failed over to %s (%s), %d bytes to send "
+                        "again", self.rank, rank, reason, link_of(sock), used_name(sock, paths),
+                        sent - theirs)
+            return (self._wrap(self.rank, rank, generation, sock) if self._wrap else sock,
+                    theirs)
+
+        return again
+
+    def _adopt(self, peer: Peer, channel: Channel) -> None:
+        """Watch the new connection as the old one was (its sends' interest kept)."""
+        channel.setblocking(False)
+        peer.channel = channel
+        self._by_fd[channel.fileno()] = peer
+        self._poller.register(channel, _READ_EVENTS | (select.POLLOUT if peer in self._writing
+                                                       else 0))
+        self._links[peer.rank] = link_of(channel)
+        if peer.tail is not None and hasattr(channel, "unacked"):
+            peer.tail.unacked = channel.unacked
+        elif peer.tail is not None:
+            peer.tail.unacked = functools.partial(unacked_bytes, channel)
 
     def link(self, rank: int) -> str:
         """The addresses of the connection to rank: "this end -> that end"."""
@@ -392,7 +459,10 @@ class TcpTransport(StreamTransport):
                 pass  # it has enough to wake on
 
     def _forget(self, peer: Peer) -> None:
-        self._poller.unregister(peer.channel)
+        try:
+            self._poller.unregister(peer.channel)
+        except (KeyError, ValueError):
+            pass  # a failover closed it already
 
     def close(self) -> None:
         super().close()
@@ -482,9 +552,23 @@ def _world(info: LaunchInfo | None, prefix: str) -> TcpGroup:
 
 def connect(info: LaunchInfo, prefix: str, peers: frozenset[int] | None = None) -> TcpTransport:
     """The transport over a connection to each of peers (world ranks; None: every other
-    rank), the same relation on every rank."""
+    rank), the same relation on every rank; failing over where TBCOLL_FAILOVER=1 or
+    TBCOLL_FAULTS asks (docs/failover.md)."""
+    hosts = listen_hosts(info)
     with Store.from_launch(info) as store:
         route = peer_paths(info)
-        sockets = connect_mesh(info.rank, info.size, listen_hosts(info), route,
+        sockets = connect_mesh(info.rank, info.size, hosts, route,
                                store, info.token, info.timeout, prefix, peers)
-    return TcpTransport(info.rank, info.size, sockets, info.timeout, link_delay(), route)
+    cuts, delay = faults(), link_delay()
+    plan = FaultPlan(*cuts) if cuts else None
+    reconnect = (Reconnector(info, prefix, route, hosts)
+                 if (failover() or plan) and not delay else None)
+    return TcpTransport(info.rank, info.size, sockets, info.timeout, delay, route,
+                        reconnect, plan.wrap if plan and reconnect else None)
+
+
+def used_name(sock: socket.socket, paths: tuple) -> str:
+    """The name of the path sock runs over ("cable 2", "management"), for failover's line."""
+    used = path_in_use(sock, paths)
+    return used.name if used else "its address"
+

@@ -1,0 +1,86 @@
+"""Failover's replay (work in progress, docs/failover.md): the tail of what a stream sent
+that its peer may not have, kept so that a stream moved to a new channel in mid-message
+resumes from the byte its peer last received.
+
+Both ends count every byte of a stream each way (the engine's SENT_WORD and RECEIVED_WORD).
+After a channel fails, the receiver reads what the dead channel still gives, the two ends
+tell each other their RECEIVED counts over the new one, and each sender writes again the
+bytes from the peer's count to its own SENT count: a Tail holds them. A byte the peer's
+kernel has acknowledged reaches the peer's reads (it drains the dead socket), so a Tail must
+keep at least the bytes not yet acknowledged: it copies what is sent into a ring and, only
+when the ring is full, asks the channel how many bytes it still holds (SIOCOUTQ: one system
+call per ring's worth of bytes, not one per message) and grows to hold them, up to `most`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+FIRST = 256 << 10  # a Tail's ring at first
+MOST = 16 << 20  # its bound: the kernel's send buffer (tcp asks 4 MiB; Linux doubles it)
+
+
+class Tail:
+    """The last bytes of one direction of a stream: stream offsets [start, end), ring-held."""
+
+    __slots__ = ("ring", "start", "end", "most", "unacked", "short")
+
+    def __init__(self, unacked: Callable[[], int], first: int = FIRST,
+                 most: int = MOST) -> None:
+        """unacked(): the bytes the channel holds not yet acknowledged by the peer's kernel
+        (a channel that cannot tell: a bound past most, so that the ring grows to most)."""
+        self.ring, self.start, self.end = bytearray(first), 0, 0
+        self.most, self.unacked = most, unacked
+        self.short = 0  # bytes not acknowledged that the ring could not hold (most too small)
+
+    def keep(self, views: list[memoryview], n: int) -> None:
+        """The first n bytes of views have just been written to the channel."""
+        if self.end + n - self.start > len(self.ring):
+            self._make_room(n)
+        for view in views:
+            if n <= 0:
+                break
+            take = min(n, len(view))
+            self._put(view[:take] if take < len(view) else view)
+            n -= take
+
+    def _make_room(self, n: int) -> None:
+        """The ring is full: keep what the kernel still holds (grow to it, up to most)."""
+        needed = min(self.unacked(), self.end + n - self.start)
+        if needed > len(self.ring) and len(self.ring) < self.most:
+            size = len(self.ring)
+            while size < needed and size < self.most:
+                size *= 2
+            self._grow(min(size, self.most))
+        self.short = max(0, needed - len(self.ring))
+
+    def _grow(self, size: int) -> None:
+        kept = self.since(self.start) or b""
+        self.ring = bytearray(size)
+        self.start = self.end = self.end - len(kept)
+        self._put(memoryview(kept))
+
+    def _put(self, view: memoryview) -> None:
+        size = len(self.ring)
+        if len(view) >= size:
+            view, self.end = view[len(view) - size:], self.end + len(view) - size
+        at = self.end % size
+        first = min(len(view), size - at)
+        self.ring[at:at + first] = view[:first]
+        self.ring[:len(view) - first] = view[first:]
+        self.end += len(view)
+        self.start = max(self.start, self.end - size)
+
+    def since(self, offset: int) -> bytes | None:
+        """The bytes [offset, end), or None where the ring no longer holds them all."""
+        if not self.start <= offset <= self.end:
+            return None
+        size, n = len(self.ring), self.end - offset
+        at = offset % size
+        first = min(n, size - at)
+        return bytes(self.ring[at:at + first]) + bytes(self.ring[:n - first])
+
+    def rewind(self, offset: int) -> None:
+        """The stream goes on from offset (the peer's count): what follows is sent again."""
+        self.end = offset
+        self.start = min(self.start, offset)
