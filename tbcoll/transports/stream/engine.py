@@ -21,11 +21,9 @@ into it (StreamEndpoint, a transport's natives) takes its Turns
 
 from __future__ import annotations
 
-import threading
 import time
 from array import array
-from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import Future
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
@@ -41,6 +39,7 @@ from tbcoll.core.framing import (
     REVOKED,
     bytes_of,
 )
+from tbcoll.transports.stream.failover import Failover
 from tbcoll.transports.stream.peers import (
     STAGE,
     Announced,
@@ -74,10 +73,9 @@ from tbcoll.transports.stream.words import (
 )
 
 DIRECT = 16 << 10  # a payload remainder this large is read straight into its destination
-_REPAIR_LOOK = 0.002  # while a stream fails over, a wait looks this often for its channel
 
 
-class StreamTransport(Pulls, Revocation):
+class StreamTransport(Pulls, Revocation, Failover):
     """Point-to-point messages over one byte stream (Channel) per pair of ranks.
 
     Subclasses say how to wait for streams to become ready (_ready), and whether that wait
@@ -128,21 +126,6 @@ class StreamTransport(Pulls, Revocation):
 
     def _forget(self, peer: Peer) -> None:
         """peer's stream is gone."""
-
-    def _reconnect(self, peer: Peer,
-                   received: int) -> Callable[[], tuple[Channel, int] | None] | None:
-        """Failover: close peer's failed channel and return the work that connects again
-        over the next path, telling the peer `received` (this end's RECEIVED count): it
-        returns the new channel and the peer's count, or None where no path is left. It runs
-        in a thread of its own, touching nothing of the engine's, so that the engine serves
-        its other streams meanwhile (two ranks each failing over a pair with the other's
-        other peer would otherwise wait for each other). None: failover off."""
-        return None
-
-    def _adopt(self, peer: Peer, channel: Channel) -> None:
-        """Failover: channel is peer's from now on (a subclass that watches its streams
-        follows it; the old one is closed)."""
-        peer.channel = channel
 
     def _check_links(self, peers: Iterable[Peer]) -> None:
         """Called about once a second while a wait goes on: lose (_lose) any of peers whose
@@ -338,8 +321,7 @@ class StreamTransport(Pulls, Revocation):
     def waitall(self, requests: Sequence[Send | Recv]) -> None:
         deadline = None
         while True:
-            if self._broken:
-                self._repair()
+            self._repair()
             for peer in list(self._writing):
                 self._pump_out(peer)
             if self._mismatch:
@@ -369,7 +351,7 @@ class StreamTransport(Pulls, Revocation):
                 raise PeerTimeoutError(f"timed out after {self.timeout:g} s (TBCOLL_TIMEOUT) "
                                        f"waiting for rank(s) {', '.join(map(str, peers))}",
                                        tuple(peers))
-            self._wait_and_move(min(deadline - now, _REPAIR_LOOK if self._broken else 1.0))
+            self._wait_and_move(min(deadline - now, self.repair_look if self._broken else 1.0))
 
     def _wait_and_move(self, timeout: float) -> None:
         """Wait up to timeout for streams to be ready, then move what they have. Other threads
@@ -391,8 +373,7 @@ class StreamTransport(Pulls, Revocation):
                 self._pump_in(peer)
 
     def test(self, requests: Sequence[Send | Recv]) -> bool:
-        if self._broken:
-            self._repair()
+        self._repair()
         for peer in list(self._writing):
             self._pump_out(peer)
         if not self.turns.polling:  # else the thread that polls moves what comes
@@ -610,71 +591,6 @@ class StreamTransport(Pulls, Revocation):
     def _send_failure(error: OSError) -> str:
         """Why a channel's send failed, for the PeerLostError (a subclass names its causes)."""
         return f"send failed: {error.strerror or error}"
-
-    def _link_failed(self, peer: Peer, reason: str) -> bool:
-        """peer's channel failed: True where it is to fail over (a tail kept; the next wait
-        does it, _repair), else it is lost."""
-        if peer.tail is None or peer.lost:
-            self._lose(peer, reason)
-            return False
-        if peer.broken is None:
-            peer.broken = reason
-            self._broken.add(peer)
-        return True
-
-    def _repair(self) -> None:
-        """Start failing over each broken stream (drain it, then _reconnect's work in a
-        thread), and finish each whose new channel has come."""
-        for peer in sorted(self._broken, key=lambda p: p.rank):
-            if peer.reconnecting is None:
-                self._start_fail_over(peer)
-        for peer in sorted(self._broken, key=lambda p: p.rank):
-            if peer.reconnecting is not None and peer.reconnecting.done():
-                self._broken.discard(peer)
-                self._finish_fail_over(peer)
-
-    def _start_fail_over(self, peer: Peer) -> None:
-        self._pump_in(peer)  # drain: bytes its kernel acknowledged are the peer's count
-        work = self._reconnect(peer, self.words[peer.words_at + RECEIVED_WORD])
-        peer.reconnecting = future = Future()
-        if work is None:
-            future.set_result(None)
-            return
-
-        def run() -> None:
-            try:
-                future.set_result(work())
-            except Exception as e:  # noqa: BLE001 - the engine's thread names it
-                future.set_exception(e)
-
-        threading.Thread(target=run, daemon=True, name=f"failover-{peer.rank}").start()
-
-    def _finish_fail_over(self, peer: Peer) -> None:
-        """Carry on over the new channel: send again what the peer has not received, from
-        the kept tail; lose the stream where no path is left or the tail no longer holds
-        those bytes (docs/failover.md)."""
-        reason, at, future = peer.broken, peer.words_at, peer.reconnecting
-        peer.broken = peer.reconnecting = None
-        error = future.exception()
-        found = None if error else future.result()
-        if found is None:
-            self._lose(peer, f"{reason}; {error or 'no path left to fail over to'}")
-            return
-        channel, theirs = found
-        sent, rest = self.words[at + SENT_WORD], peer.tail.since(theirs)
-        if rest is None:
-            channel.close()
-            self._lose(peer, f"{reason}; cannot replay: rank {self.names[peer.rank]} received "
-                       f"{theirs} bytes, this rank sent {sent} and kept "
-                       f"[{peer.tail.start}, {peer.tail.end})")
-            return
-        peer.generation += 1
-        self._adopt(peer, channel)
-        self.words[at + SENT_WORD] = theirs
-        peer.tail.rewind(theirs)
-        if rest:
-            peer.sendq.appendleft(Send(peer, [memoryview(rest)]))
-        self._pump_out(peer)
 
     def _lose(self, peer: Peer, reason: str) -> None:
         if peer.lost is None:
