@@ -433,6 +433,7 @@ class Reconnector:
 
     def __init__(self, info: LaunchInfo, prefix: str, route: Route, hosts: list[str]) -> None:
         self.info, self.prefix, self.route, self.hosts = info, prefix, route, hosts
+        self._asks_seen = 0  # asked's counter, as last read
 
     def __call__(self, peer: int, generation: int, received: int,
                  used: Path | None) -> tuple[socket.socket, int] | None:
@@ -445,6 +446,8 @@ class Reconnector:
         low, high = sorted((rank, peer))
         key = f"{self.prefix}/failover/{low}-{high}/{generation}"
         with Store.from_launch(self.info) as store:
+            store.set(f"{self.prefix}/failover/ask/{peer}/{rank}", str(generation))
+            store.add(f"{self.prefix}/failover/asks/{peer}", 1)
             sock = (self._accept(peer, store, key) if rank < peer else
                     self._connect(peer, store, key, left))
         try:
@@ -457,6 +460,25 @@ class Reconnector:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         notice_dead_links(sock)
         return sock, theirs
+
+    def asked(self, generations: dict[int, int]) -> list[int]:
+        """The peers (of generations: peer -> its stream's failovers so far) that have asked
+        this rank to fail over a pair since: a rank whose own interface went down sees no
+        retransmission time out (Linux counts a local send failure as congestion) and no
+        keepalive end, so its peer, which does, tells it through the store. One look at a
+        counter, and the peers' keys only when it moved."""
+        rank = self.info.rank
+        with Store.from_launch(self.info) as store:
+            asks = store.peek(f"{self.prefix}/failover/asks/{rank}")
+            if asks is None or int(asks) == self._asks_seen:
+                return []
+            self._asks_seen = int(asks)
+            wanted = []
+            for peer, generation in generations.items():
+                value = store.peek(f"{self.prefix}/failover/ask/{rank}/{peer}")
+                if value is not None and int(value) > generation:
+                    wanted.append(peer)
+            return wanted
 
     def _accept(self, peer: int, store: Store, key: str) -> socket.socket:
         listeners = _listen(self.info.rank, self.hosts, backlog=4)

@@ -115,6 +115,9 @@ class TcpTransport(StreamTransport):
         self._by_fd: dict[int, Peer] = {}
         self._links: dict[int, str] = {}  # peer -> "this end -> that end", for messages
         self._paths = {peer: (route(peer) or ()) if route else () for peer in sockets}
+        # the path each connection runs over, read while it lives (a dead one may not say)
+        self._in_use = {peer: path_in_use(sock, self._paths[peer])
+                        for peer, sock in sockets.items()}
         self._poller = select.poll()
         for peer in self._peers.values():
             peer.channel.setblocking(False)
@@ -334,16 +337,23 @@ class TcpTransport(StreamTransport):
         return send_failure(error.errno) if error.errno else f"send failed: {error}"
 
     def _check_links(self, peers: Iterable[Peer]) -> None:
+        peers = list(peers)
         for peer in peers:
             if why := unanswered(peer.channel):
                 self._link_failed(peer, why)
+        if self._reconnector is None or not hasattr(self._reconnector, "asked"):
+            return
+        asked = self._reconnector.asked({p.rank: p.generation for p in peers
+                                         if not p.broken and not p.lost})
+        for rank in asked:
+            self._link_failed(self._peers[rank], f"rank {rank} found the link dead")
 
     def _reconnect(self, peer: Peer,
                    received: int) -> Callable[[], tuple[Channel, int] | None] | None:
         """Close the failed connection (so that the peer, if it has not noticed, does); the
         work that connects again over the next path (the Reconnector), one line saying so."""
         old, paths = peer.channel, self._paths.get(peer.rank, ())
-        used = path_in_use(getattr(old, "socket", old), paths)
+        used = self._in_use.get(peer.rank)
         self._poller.unregister(old)
         del self._by_fd[old.fileno()]
         old.close()
@@ -373,6 +383,8 @@ class TcpTransport(StreamTransport):
         self._poller.register(channel, _READ_EVENTS | (select.POLLOUT if peer in self._writing
                                                        else 0))
         self._links[peer.rank] = link_of(channel)
+        self._in_use[peer.rank] = path_in_use(getattr(channel, "socket", channel),
+                                              self._paths.get(peer.rank, ()))
         if peer.tail is not None and hasattr(channel, "unacked"):
             peer.tail.unacked = channel.unacked
         elif peer.tail is not None:
