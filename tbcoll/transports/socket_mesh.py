@@ -400,12 +400,14 @@ def path_in_use(sock: socket.socket, paths: tuple[Path, ...]) -> Path | None:
     return None
 
 
-def describe_paths(sock: socket.socket, paths: tuple[Path, ...]) -> str:
-    """The path a connection runs over and the pair's others, for Communicator.describe():
-    "over cable 1; other paths: cable 2 (10.0.2.1), management (10.0.0.2)"."""
+def describe_paths(sock: socket.socket, paths: tuple[Path, ...],
+                   used: Path | None = None) -> str:
+    """The path a connection runs over (used, where its owner knows it) and the pair's others,
+    for Communicator.describe(): "over cable 1; other paths: cable 2 (10.0.2.1), management
+    (10.0.0.2)"."""
     if not paths:
         return ""
-    used = path_in_use(sock, paths)
+    used = used or path_in_use(sock, paths)
     others = [f"{p.name} ({p.remote or '?'})" for p in paths if p != used]
     return (f"over {used.name if used else 'an address of no path'}"
             + (f"; other paths: {', '.join(others)}" if others else ""))

@@ -401,7 +401,7 @@ class TcpTransport(StreamTransport):
         paths = self._paths.get(rank, ())
         if peer is None or not paths or not isinstance(peer.channel, socket.socket):
             return self.link(rank)
-        return f"{self.link(rank)}, {describe_paths(peer.channel, paths)}"
+        return f"{self.link(rank)}, {describe_paths(peer.channel, paths, self._in_use.get(rank))}"
 
     def silent_loss(self) -> tuple[int, str] | None:
         """A peer whose connection is gone, found without reading anything, so that another
