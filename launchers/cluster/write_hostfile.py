@@ -60,8 +60,7 @@ def hostfile_from_facts(names: Sequence[str], facts: list[dict], here: str | Non
         rdma = thunderbolt.rdma_matrix(len(names), cables)
         for i, entry in enumerate(entries):
             entry["rdma"] = rdma[i]
-            entry["links"] = [facts[i]["ipv4"].get(cables[i, j][0][0]) or None
-                              if (i, j) in cables else None for j in range(len(names))]
+            entry["links"] = [_link(facts[i]["ipv4"], cables, i, j) for j in range(len(names))]
         shape = thunderbolt.shape(len(names), cables)
         backend = {"full mesh": "jaccl", "ring": "jaccl-ring"}.get(shape, "ring")
         print(f"tbrun: Thunderbolt cabling: {shape}; backend {backend}", file=sys.stderr)
@@ -69,3 +68,14 @@ def hostfile_from_facts(names: Sequence[str], facts: list[dict], here: str | Non
     print("tbrun: Thunderbolt discovery skipped: macOS only; no rdma or links written",
           file=sys.stderr)
     return json.dumps({"hosts": entries}, indent=2) + "\n"
+
+
+def _link(ipv4: dict[str, str], cables: dict[tuple[int, int], list[tuple[str, str]]], i: int,
+          j: int) -> str | list[str] | None:
+    """Host i's "links" entry towards host j: its address on the cable between them, or on
+    each of several, in the order the lower host found them, so that both ends list the k-th
+    cable k-th (Layout.paths pairs them by place; tcp takes the first that answers)."""
+    low, high = min(i, j), max(i, j)
+    ends = [pair[0] if i == low else pair[1] for pair in cables.get((low, high), ())]
+    addresses = [ipv4[iface] for iface in ends if ipv4.get(iface)]
+    return None if not addresses else addresses[0] if len(addresses) == 1 else addresses

@@ -218,11 +218,21 @@ def test_doctor_finds_each_device_the_hostfile_names_and_flags_two_cables():
 
 
 def test_doctor_flags_two_thunderbolt_cables_between_two_macs():
-    cables = {(0, 1): (1, 1), (1, 0): (2, 2)}  # mac0 port 1 - mac1 port 1, mac1 2 - mac0 2
+    cables = {(0, 1): (1, 2), (1, 0): (1, 2)}  # mac0 port 1 - mac1 port 2, mac1 1 - mac0 2
     found = checks([Host("mac0"), Host("mac1")], [mac_facts(i, cables=cables) for i in (0, 1)],
                    "python3")
     double = next(c for c in found if c.what == "cables mac0-mac1")
     assert double.status == "FAIL" and "one device per pair" in double.fix
+    # the hostfile written for them lists both cables' addresses, a path each (Layout.paths)
+    text = hostfile_from_facts(["mac0", "mac1"], [mac_facts(i, cables=cables) for i in (0, 1)],
+                               None)
+    # in the same order at both ends (Layout.paths pairs the k-th of each), though mac1's
+    # ports are the other way round
+    assert json.loads(text)["hosts"][0]["links"] == [None, ["192.168.0.1", "192.168.0.2"]]
+    paths = Hostfile.from_json(text, "written").layout(2).paths(0, 1)
+    assert [(p.name, p.local, p.remote) for p in paths] == [
+        ("cable 1", "192.168.0.1", "192.168.1.2"), ("cable 2", "192.168.0.2", "192.168.1.1"),
+        ("management", "10.0.0.1", "10.0.0.2")]
 
 
 def test_doctor_tells_thunderbolt_4_from_5():
