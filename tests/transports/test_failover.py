@@ -12,7 +12,7 @@ import pytest
 
 from tbcoll.transports.socket_mesh import exchange_counts
 from tbcoll.transports.stream.faults import CutChannel, FaultPlan
-from tbcoll.transports.stream.replay import Tail
+from tbcoll.transports.stream.replay import LARGE, Tail
 from tbcoll.transports.tcp.transport import TcpTransport
 
 SIZES = (8, 1, 300, 40_000, 8, 200_000, 17, 1 << 20, 8, 64)
@@ -125,6 +125,32 @@ def test_a_tail_keeps_what_is_not_acknowledged():
     assert tail.since(135) is None
     tail.rewind(150)
     assert tail.since(140) == stream[140:150]
+
+
+def test_a_large_message_is_held_not_copied_until_written():
+    """A large message's bytes are read from its own buffers while it is written; once all
+    written, only what the kernel still holds is copied into the ring."""
+    unacked = [0]
+    tail = Tail(lambda: unacked[0], first=1 << 10, most=1 << 20)
+    small, header = bytes(range(100)), bytes(range(32))
+    payload = bytes(i % 251 for i in range(LARGE + 5000))
+    stream = small + header + payload
+    tail.wrote("a", [memoryview(small)], 100)
+    message = [memoryview(header), memoryview(payload)]
+    tail.wrote("b", message, 40_000)  # header and part of the payload: held, not copied
+    assert tail.held is not None and tail.since(50) == stream[50:100 + 40_000]
+    unacked[0] = 1 << 30  # nothing acknowledged yet: the ring grows to keep it all
+    tail.rewind(100 + 30_000)  # a failover: the peer has up to here; the rest goes again
+    assert tail.held is None and tail.since(100) == stream[100:100 + 30_000]
+    rest = [memoryview(stream[100 + 30_000:])]  # sent again, under LARGE: copied
+    tail.wrote("c", rest, len(rest[0]))
+    assert tail.held is None and tail.since(100) == stream[100:]
+    unacked[0] = 700  # a large message whose last 700 bytes are unacknowledged as it ends
+    tail.wrote("d", [memoryview(payload)], 50_000)
+    tail.wrote("d", [memoryview(payload)[50_000:]], len(payload) - 50_000)
+    end = len(stream) + len(payload)
+    assert tail.held is None and tail.end == end and tail.since(end - 700) == payload[-700:]
+    assert tail.since(end - 701) is None  # acknowledged: not copied
 
 
 def test_a_cut_channel_cuts_where_told():

@@ -407,7 +407,7 @@ class StreamTransport(Pulls, Revocation, Failover):
                 raise self.lost(peer.rank) from e
             self.words[peer.words_at + SENT_WORD] += sent  # the holder of the engine's
             if peer.tail is not None:
-                peer.tail.keep(request.views, sent)
+                peer.tail.wrote(request, request.views, sent)
             views = request.views
             while sent:
                 if sent >= len(views[0]):

@@ -7,9 +7,12 @@ After a channel fails, the receiver reads what the dead channel still gives, the
 tell each other their RECEIVED counts over the new one, and each sender writes again the
 bytes from the peer's count to its own SENT count: a Tail holds them. A byte the peer's
 kernel has acknowledged reaches the peer's reads (it drains the dead socket), so a Tail must
-keep at least the bytes not yet acknowledged: it copies what is sent into a ring and, only
-when the ring is full, asks the channel how many bytes it still holds (SIOCOUTQ: one system
-call per ring's worth of bytes, not one per message) and grows to hold them, up to `most`.
+keep at least the bytes not yet acknowledged. A small message is copied into a ring as it
+is written; only when the ring is full does the Tail ask the channel how many bytes it still
+holds (SIOCOUTQ: one system call per ring's worth of bytes, not one per message) and grow to
+hold them, up to `most`. A large message (LARGE) is not copied while it is written: the Tail
+holds its buffers (the sender's, alive until its send completes) and, once it is all
+written, copies only its last bytes that the kernel still holds (one SIOCOUTQ per message).
 """
 
 from __future__ import annotations
@@ -18,12 +21,14 @@ from collections.abc import Callable
 
 FIRST = 256 << 10  # a Tail's ring at first
 MOST = 16 << 20  # its bound: the kernel's send buffer (tcp asks 4 MiB; Linux doubles it)
+LARGE = 64 << 10  # a message this large is held while written, not copied
 
 
 class Tail:
     """The last bytes of one direction of a stream: stream offsets [start, end), ring-held."""
 
-    __slots__ = ("ring", "start", "end", "most", "unacked", "short")
+    __slots__ = ("ring", "start", "end", "most", "unacked", "short", "held", "held_at",
+                 "holder")
 
     def __init__(self, unacked: Callable[[], int], first: int = FIRST,
                  most: int = MOST) -> None:
@@ -32,6 +37,35 @@ class Tail:
         self.ring, self.start, self.end = bytearray(first), 0, 0
         self.most, self.unacked = most, unacked
         self.short = 0  # bytes not acknowledged that the ring could not hold (most too small)
+        # a large message being written: its buffers from stream offset held_at (the ring
+        # holds [start, held_at)), and its request
+        self.held: Held | None = None
+        self.held_at, self.holder = 0, None
+
+    def wrote(self, request: object, views: list[memoryview], n: int) -> None:
+        """n bytes of request's views (what is left of it) have just been written."""
+        if self.holder is request:
+            self.end += n
+        elif sum(len(v) for v in views) >= LARGE:
+            self.held, self.held_at, self.holder = Held(views), self.end, request
+            self.end += n
+        else:
+            self.keep(views, n)
+            return
+        if self.end - self.held_at == len(self.held):
+            self._release()
+
+    def _release(self) -> None:
+        """The held message is all written: copy into the ring only its last bytes that
+        the kernel still holds."""
+        held, total = self.held, self.end - self.held_at
+        self.held = self.holder = None
+        kept = min(self.unacked(), total)
+        if kept < total:  # the bytes before are acknowledged: the ring starts again there
+            self.start = self.end = self.end - kept
+        else:
+            self.end = self.held_at
+        self.keep(held.views_from(total - kept), kept)
 
     def keep(self, views: list[memoryview], n: int) -> None:
         """The first n bytes of views have just been written to the channel."""
@@ -75,12 +109,59 @@ class Tail:
         """The bytes [offset, end), or None where the ring no longer holds them all."""
         if not self.start <= offset <= self.end:
             return None
-        size, n = len(self.ring), self.end - offset
+        if self.held is not None:
+            ring_end = self.held_at
+            from_ring = self._ring(offset, ring_end) if offset < ring_end else b""
+            skip = max(offset, ring_end) - ring_end
+            return from_ring + self.held.between(skip, self.end - ring_end)
+        return self._ring(offset, self.end)
+
+    def _ring(self, offset: int, upto: int) -> bytes:
+        """The ring's bytes [offset, upto)."""
+        size, n = len(self.ring), upto - offset
         at = offset % size
         first = min(n, size - at)
         return bytes(self.ring[at:at + first]) + bytes(self.ring[:n - first])
 
     def rewind(self, offset: int) -> None:
-        """The stream goes on from offset (the peer's count): what follows is sent again."""
+        """The stream goes on from offset (the peer's count): what follows is sent again (a
+        held message's bytes are copied first; what is left of it is held anew)."""
+        if self.held is not None:
+            held, written = self.held, self.end - self.held_at
+            self.held = self.holder = None
+            self.end = self.held_at
+            self.keep(held.views_from(0), written)
         self.end = offset
         self.start = min(self.start, offset)
+
+
+
+class Held:
+    """A large message's buffers (header, payload), read in place: no copy."""
+
+    __slots__ = ("views", "size")
+
+    def __init__(self, views: list[memoryview]) -> None:
+        self.views, self.size = list(views), sum(len(v) for v in views)
+
+    def __len__(self) -> int:
+        return self.size
+
+    def views_from(self, offset: int) -> list[memoryview]:
+        """Its bytes from offset on, as views."""
+        out = []
+        for view in self.views:
+            if offset < len(view):
+                out.append(view[offset:] if offset else view)
+            offset = max(0, offset - len(view))
+        return out
+
+    def between(self, offset: int, upto: int) -> bytes:
+        """A copy of its bytes [offset, upto)."""
+        left, out = upto - offset, []
+        for view in self.views_from(offset):
+            if left <= 0:
+                break
+            out.append(bytes(view[:left]))
+            left -= len(out[-1])
+        return b"".join(out)
