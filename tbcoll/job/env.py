@@ -56,6 +56,9 @@ Read by the library as well, set by the user:
     TBCOLL_RDMA_QP     uc (default, as Apple's driver takes) or rc
     TBCOLL_RDMA_GID_INDEX  the GID to use (default: the port's IPv4-mapped one)
     TBCOLL_RDMA_LIBRARY    the verbs library to open (default libibverbs.so.1 / librdma.dylib)
+    TBCOLL_FAILOVER    1: tcp carries a failed connection over the pair's next path, replaying
+                       what was lost (work in progress, docs/failover.md)
+    TBCOLL_FAULTS      seed:cuts:span, for failover's tests: connections cut at seeded bytes
 
 Under mpiexec there is no TBCOLL_RANK; MPI's own variables (PMI_RANK and PMI_SIZE of MPICH's
 Hydra, OMPI_COMM_WORLD_RANK of Open MPI, PMIX_RANK) say so, and init() picks the mpi backend.
