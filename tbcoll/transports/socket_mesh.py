@@ -436,6 +436,7 @@ class Reconnector:
     def __init__(self, info: LaunchInfo, prefix: str, route: Route, hosts: list[str]) -> None:
         self.info, self.prefix, self.route, self.hosts = info, prefix, route, hosts
         self._asks_seen = 0  # asked's counter, as last read
+        self._asks: Store | None = None  # asked's own connection (it looks once a second)
 
     def __call__(self, peer: int, generation: int, received: int,
                  used: Path | None) -> tuple[socket.socket, int] | None:
@@ -470,17 +471,19 @@ class Reconnector:
         keepalive end, so its peer, which does, tells it through the store. One look at a
         counter, and the peers' keys only when it moved."""
         rank = self.info.rank
-        with Store.from_launch(self.info) as store:
-            asks = store.peek(f"{self.prefix}/failover/asks/{rank}")
-            if asks is None or int(asks) == self._asks_seen:
-                return []
-            self._asks_seen = int(asks)
-            wanted = []
-            for peer, generation in generations.items():
-                value = store.peek(f"{self.prefix}/failover/ask/{rank}/{peer}")
-                if value is not None and int(value) > generation:
-                    wanted.append(peer)
-            return wanted
+        if self._asks is None:
+            self._asks = Store.from_launch(self.info)
+        store = self._asks
+        asks = store.peek(f"{self.prefix}/failover/asks/{rank}")
+        if asks is None or int(asks) == self._asks_seen:
+            return []
+        self._asks_seen = int(asks)
+        wanted = []
+        for peer, generation in generations.items():
+            value = store.peek(f"{self.prefix}/failover/ask/{rank}/{peer}")
+            if value is not None and int(value) > generation:
+                wanted.append(peer)
+        return wanted
 
     def _accept(self, peer: int, store: Store, key: str) -> socket.socket:
         listeners = _listen(self.info.rank, self.hosts, backlog=4)

@@ -135,7 +135,6 @@ class Tail:
         self.start = min(self.start, offset)
 
 
-
 class Held:
     """A large message's buffers (header, payload), read in place: no copy."""
 
