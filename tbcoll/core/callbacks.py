@@ -45,6 +45,7 @@ CALLBACKS: dict[str, tuple[str, tuple[str, ...]]] = {
                                "op_code")),
     "tcp_finish_send": ("Oiy#ni", ("buf", "dest", "header", "written", "error")),
     "tcp_finish_recv": ("Oiy#nni", ("buf", "source", "header", "copied", "staged", "error")),
+    "tcp_keep": ("Oiy#", ("buf", "dest", "header")),
     # rdma's mesh lane (tbcoll/transports/rdma/transport.py)
     "mesh_held": ("iOOiiKl", ("kind", "src", "dst", "dtype", "op", "call", "result")),
 }
@@ -78,7 +79,7 @@ PARTS: dict[str, tuple[str, ...]] = {
     "one_call": ("named", "empty", "take"),
     "shm": ("broadcast_call", "resume", "look", "engine_send", "engine_recv",
             "finish_pulled_send", "shm_finish_send", "shm_finish_recv", "finish_announcement"),
-    "tcp": ("tcp_finish", "tcp_finish_send", "tcp_finish_recv"),
+    "tcp": ("tcp_finish", "tcp_finish_send", "tcp_finish_recv", "tcp_keep"),
     "rdma": ("mesh_held",),
 }
 

@@ -36,6 +36,7 @@
     X("tcp_finish_send", "Oiy#ni", "buf dest header written error")
 #define CALLBACK_TCP_FINISH_RECV(X)                                                           \
     X("tcp_finish_recv", "Oiy#nni", "buf source header copied staged error")
+#define CALLBACK_TCP_KEEP(X) X("tcp_keep", "Oiy#", "buf dest header")
 /* rdma's mesh lane (tbcoll/transports/rdma/mesh_lane.c) */
 #define CALLBACK_MESH_HELD(X) X("mesh_held", "iOOiiKl", "kind src dst dtype op call result")
 
@@ -46,7 +47,8 @@
     CALLBACK_ENGINE_RECV(X) CALLBACK_FINISH_PULLED_SEND(X) CALLBACK_SHM_FINISH_SEND(X)       \
     CALLBACK_SHM_FINISH_RECV(X) CALLBACK_FINISH_ANNOUNCEMENT(X)
 #define CALLBACKS_TCP(X)                                                                      \
-    CALLBACK_TCP_FINISH(X) CALLBACK_TCP_FINISH_SEND(X) CALLBACK_TCP_FINISH_RECV(X)
+    CALLBACK_TCP_FINISH(X) CALLBACK_TCP_FINISH_SEND(X) CALLBACK_TCP_FINISH_RECV(X)           \
+    CALLBACK_TCP_KEEP(X)
 #define CALLBACKS_RDMA(X) CALLBACK_MESH_HELD(X)
 
 /* --- what a call site reads ------------------------------------------------------------- */

@@ -18,6 +18,7 @@
 
 #include <Python.h>
 #include <stdint.h>
+#include <string.h>
 
 enum {
     ENGINE_WORD = 0, PEER_WORDS = 1, WORDS_PER_PEER = 4,
@@ -66,6 +67,38 @@ static inline void count_stream(void *words, Py_ssize_t peer, uint64_t sent, uin
     *engine_word(words, peer, RECEIVED_WORD) += received;
 }
 
+/* A failover's tail (tbcoll.transports.stream.replay.Tail, which says why it is kept): its
+ * ring, reserved once at its bound, and three words, the ring's stream offsets [start, end)
+ * and the size of the ring in use. C copies into it a small message that it wrote whole
+ * (tail_keep); a large one (TAIL_LARGE and up), or one that does not fit, is the Tail's (Python:
+ * it asks the kernel what is unacknowledged, and grows the ring). */
+enum { TAIL_START = 0, TAIL_END = 1, TAIL_SIZE = 2, TAIL_WORDS = 3, TAIL_LARGE = 64 << 10 };
+
+/* Copy `size` bytes into the ring at stream offset `at` (wrapping). */
+static inline void tail_put(char *ring, uint64_t ring_size, uint64_t at, const void *from,
+                            size_t size)
+{
+    uint64_t place = at % ring_size;
+    size_t first = size < ring_size - place ? size : (size_t)(ring_size - place);
+    memcpy(ring + place, from, first);
+    memcpy(ring, (const char *)from + first, size - first);
+}
+
+/* Keep a message just written whole (header, then payload) in the tail: 0 where done, 1 where
+ * the Tail must (large, or the ring full: one Python call per ring's worth). Plain loads and
+ * stores: the words and ring are touched only by the engine's holder (as count_stream's). */
+static inline int tail_keep(char *ring, uint64_t *words, const void *header, size_t header_len,
+                            const void *payload, size_t len)
+{
+    uint64_t n = header_len + len, end = words[TAIL_END];
+    if (n >= TAIL_LARGE || end + n - words[TAIL_START] > words[TAIL_SIZE])
+        return 1;
+    tail_put(ring, words[TAIL_SIZE], end, header, header_len);
+    tail_put(ring, words[TAIL_SIZE], end + header_len, payload, len);
+    words[TAIL_END] = end + n;
+    return 0;
+}
+
 /* Have the engine publish its words (publish: StreamTransport.publish_words) where a door has
  * left it since they were: 0, or -1 with an exception. */
 static inline int engine_words_fresh(void *words, PyObject *publish)
@@ -97,7 +130,9 @@ static inline int add_engine_words(PyObject *module)
         {"STATE_WORD", STATE_WORD}, {"NEXT_PULL_WORD", NEXT_PULL_WORD}, {"SENT_WORD", SENT_WORD},
         {"RECEIVED_WORD", RECEIVED_WORD}, {"SENDING", SENDING},
         {"LOST", LOST}, {"READING", READING}, {"POSTED", POSTED}, {"UNEXPECTED", UNEXPECTED},
-        {"MISMATCH", MISMATCH}, {"PULLS", PULLS},
+        {"MISMATCH", MISMATCH}, {"PULLS", PULLS}, {"TAIL_START", TAIL_START},
+        {"TAIL_END", TAIL_END}, {"TAIL_SIZE", TAIL_SIZE}, {"TAIL_WORDS", TAIL_WORDS},
+        {"TAIL_LARGE", TAIL_LARGE},
     };
     for (size_t k = 0; k < sizeof layout / sizeof layout[0]; k++)
         if (PyModule_AddIntConstant(module, layout[k].name, layout[k].value) < 0)

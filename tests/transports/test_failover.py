@@ -12,7 +12,8 @@ import pytest
 
 from tbcoll.transports.socket_mesh import exchange_counts
 from tbcoll.transports.stream.faults import CutChannel, FaultPlan
-from tbcoll.transports.stream.replay import LARGE, Tail
+from tbcoll.transports.stream.replay import Tail
+from tbcoll.transports.stream.words import TAIL_LARGE as LARGE
 from tbcoll.transports.tcp.transport import TcpTransport
 
 SIZES = (8, 1, 300, 40_000, 8, 200_000, 17, 1 << 20, 8, 64)
@@ -118,7 +119,7 @@ def test_a_tail_keeps_what_is_not_acknowledged():
     assert tail.since(3) == stream[3:10]
     unacked[0] = 40  # the next write overflows the ring: 40 bytes are still held
     tail.keep([memoryview(stream[10:30]), memoryview(stream[30:50])], 40)
-    assert len(tail.ring) == 64 and tail.since(10) == stream[10:50] and not tail.short
+    assert tail.size == 64 and tail.since(10) == stream[10:50] and not tail.short
     unacked[0] = 0  # all acknowledged: the ring wraps, keeping its last 64 bytes
     tail.keep([memoryview(stream[50:200])], 150)
     assert tail.start == 136 and tail.since(136) == stream[136:200]

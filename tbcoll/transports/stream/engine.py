@@ -200,7 +200,8 @@ class StreamTransport(Pulls, Revocation, Failover):
         words, mismatch = self.words, MISMATCH if self._mismatch else 0
         for peer in self._peers.values():
             words[peer.words_at + STATE_WORD] = (
-                mismatch | (SENDING if peer.sendq else 0) | (LOST if peer.lost else 0)
+                mismatch | (SENDING if peer.sendq else 0)
+                | (LOST if peer.lost or peer.broken else 0)  # (failing over: the engine's)
                 | (READING if peer.target is not None or peer.start != peer.end else 0)
                 | (POSTED if peer.posted else 0) | (UNEXPECTED if peer.unexpected else 0)
                 | (PULLS if peer.pulls else 0))
@@ -269,7 +270,7 @@ class StreamTransport(Pulls, Revocation, Failover):
     def _sends_idle(self, peer: Peer | None) -> bool:
         """A subclass may write a whole message to peer by a path of its own now: nothing
         is queued before it and the stream is alive."""
-        return peer is not None and not peer.sendq and not peer.lost
+        return peer is not None and not peer.sendq and not peer.lost and not peer.broken
 
     def _receives_idle(self, peer: Peer | None, context: int, tag: int) -> bool:
         """A subclass may take the next message from peer by a path of its own now: nothing
@@ -281,8 +282,8 @@ class StreamTransport(Pulls, Revocation, Failover):
     def _stream_idle(self, peer: Peer) -> bool:
         """Nothing of peer's is staged or half-read, and no difference of calls is pending:
         a subclass may read peer's next message by a path of its own."""
-        return (not peer.lost and peer.target is None and peer.start == peer.end
-                and not self._mismatch)
+        return (not peer.lost and not peer.broken and peer.target is None
+                and peer.start == peer.end and not self._mismatch)
 
     def _send_rest(self, peer: Peer, header: bytes, payload: memoryview, written: int) -> Send:
         """Queue what a subclass's own path did not write of a message (written: how many of
@@ -291,12 +292,17 @@ class StreamTransport(Pulls, Revocation, Failover):
             rest = [memoryview(header)[written:], payload]
         else:
             rest = [payload[written - len(header):]]
-        rest = [view for view in rest if view.nbytes]
-        if not rest:
-            request = Send(peer, rest)
+        request = Send(peer, [view for view in rest if view.nbytes])
+        if peer.tail is not None and written:  # (before the rest is written: its tail next)
+            whole = [memoryview(header), payload]
+            if request.views:
+                peer.tail.wrote(request, whole, written)
+            else:
+                peer.tail.wrote_whole(whole)
+        if not request.views:
             request.done = True
             return request
-        return self._queue(peer, rest)
+        return self._enqueue(peer, request)
 
     def _rest_of_message(self, peer: Peer, view: memoryview, arrived: int,
                          context: int = -1) -> Recv:

@@ -10,31 +10,42 @@ kernel has acknowledged reaches the peer's reads (it drains the dead socket), so
 keep at least the bytes not yet acknowledged. A small message is copied into a ring as it
 is written; only when the ring is full does the Tail ask the channel how many bytes it still
 holds (SIOCOUTQ: one system call per ring's worth of bytes, not one per message) and grow to
-hold them, up to `most`. A large message (LARGE) is not copied while it is written: the Tail
+hold them, up to `most`. A large message (TAIL_LARGE) is not copied while it is written: the Tail
 holds its buffers (the sender's, alive until its send completes) and, once it is all
 written, copies only its last bytes that the kernel still holds (one SIOCOUTQ per message).
+
+tcp's C lanes keep the same tail (tbcoll/include/engine_words.h, tail_keep): the ring is
+reserved once at its bound (mmap: pages are used only as the ring grows into them), so that
+C holds it for good, and its start, end and size are three words (TAIL_*, laid out as
+engine_words.h lays them, checked at import with the engine's words). C copies a small
+message that fits; anything else (a large message, a full ring) it leaves to this class.
 """
 
 from __future__ import annotations
 
+import mmap
+from array import array
 from collections.abc import Callable
+
+from tbcoll.transports.stream.words import TAIL_END, TAIL_LARGE, TAIL_SIZE, TAIL_START
 
 FIRST = 256 << 10  # a Tail's ring at first
 MOST = 16 << 20  # its bound: the kernel's send buffer (tcp asks 4 MiB; Linux doubles it)
-LARGE = 64 << 10  # a message this large is held while written, not copied
 
 
 class Tail:
     """The last bytes of one direction of a stream: stream offsets [start, end), ring-held."""
 
-    __slots__ = ("ring", "start", "end", "most", "unacked", "short", "held", "held_at",
-                 "holder")
+    __slots__ = ("ring", "words", "most", "unacked", "short", "held", "held_at", "holder")
 
     def __init__(self, unacked: Callable[[], int], first: int = FIRST,
                  most: int = MOST) -> None:
         """unacked(): the bytes the channel holds not yet acknowledged by the peer's kernel
         (a channel that cannot tell: a bound past most, so that the ring grows to most)."""
-        self.ring, self.start, self.end = bytearray(first), 0, 0
+        # the ring's first `size` bytes are in use; C may hold both (see the module's doc)
+        self.ring = mmap.mmap(-1, max(most, first), flags=mmap.MAP_PRIVATE)
+        self.words = array("Q", [0, 0, 0])
+        self.words[TAIL_SIZE] = first
         self.most, self.unacked = most, unacked
         self.short = 0  # bytes not acknowledged that the ring could not hold (most too small)
         # a large message being written: its buffers from stream offset held_at (the ring
@@ -42,11 +53,42 @@ class Tail:
         self.held: Held | None = None
         self.held_at, self.holder = 0, None
 
+    # the ring's stream offsets [start, end) and its size in use: its words
+    @property
+    def start(self) -> int:
+        return self.words[TAIL_START]
+
+    @start.setter
+    def start(self, value: int) -> None:
+        self.words[TAIL_START] = value
+
+    @property
+    def end(self) -> int:
+        return self.words[TAIL_END]
+
+    @end.setter
+    def end(self, value: int) -> None:
+        self.words[TAIL_END] = value
+
+    @property
+    def size(self) -> int:
+        return self.words[TAIL_SIZE]
+
+    def wrote_whole(self, views: list[memoryview]) -> None:
+        """A whole message (views) has just been written by another path (tcp's C)."""
+        n = sum(len(v) for v in views)
+        if n >= TAIL_LARGE:
+            self.held, self.held_at, self.holder = Held(views), self.end, None
+            self.end += n
+            self._release()
+        else:
+            self.keep(views, n)
+
     def wrote(self, request: object, views: list[memoryview], n: int) -> None:
         """n bytes of request's views (what is left of it) have just been written."""
         if self.holder is request:
             self.end += n
-        elif sum(len(v) for v in views) >= LARGE:
+        elif sum(len(v) for v in views) >= TAIL_LARGE:
             self.held, self.held_at, self.holder = Held(views), self.end, request
             self.end += n
         else:
@@ -69,7 +111,7 @@ class Tail:
 
     def keep(self, views: list[memoryview], n: int) -> None:
         """The first n bytes of views have just been written to the channel."""
-        if self.end + n - self.start > len(self.ring):
+        if self.end + n - self.start > self.size:
             self._make_room(n)
         for view in views:
             if n <= 0:
@@ -81,21 +123,22 @@ class Tail:
     def _make_room(self, n: int) -> None:
         """The ring is full: keep what the kernel still holds (grow to it, up to most)."""
         needed = min(self.unacked(), self.end + n - self.start)
-        if needed > len(self.ring) and len(self.ring) < self.most:
-            size = len(self.ring)
+        if needed > self.size and self.size < self.most:
+            size = self.size
             while size < needed and size < self.most:
                 size *= 2
             self._grow(min(size, self.most))
-        self.short = max(0, needed - len(self.ring))
+        self.short = max(0, needed - self.size)
 
     def _grow(self, size: int) -> None:
+        """Use more of the reserved ring (its place stays: C holds it)."""
         kept = self.since(self.start) or b""
-        self.ring = bytearray(size)
+        self.words[TAIL_SIZE] = size
         self.start = self.end = self.end - len(kept)
         self._put(memoryview(kept))
 
     def _put(self, view: memoryview) -> None:
-        size = len(self.ring)
+        size = self.size
         if len(view) >= size:
             view, self.end = view[len(view) - size:], self.end + len(view) - size
         at = self.end % size
@@ -118,7 +161,7 @@ class Tail:
 
     def _ring(self, offset: int, upto: int) -> bytes:
         """The ring's bytes [offset, upto)."""
-        size, n = len(self.ring), upto - offset
+        size, n = self.size, upto - offset
         at = offset % size
         first = min(n, size - at)
         return bytes(self.ring[at:at + first]) + bytes(self.ring[:n - first])

@@ -34,12 +34,19 @@ POSTED = 1 << 3  # a receive from the peer is posted (any context and tag)
 UNEXPECTED = 1 << 4  # a message from the peer is held for its receive (any context and tag)
 MISMATCH = 1 << 5  # the ranks' calls were found to differ (the engine's: in every peer's word)
 PULLS = 1 << 6  # large messages to and from the peer are pulled
+# a failover's tail (tbcoll.transports.stream.replay.Tail): its words, the ring's stream
+# offsets [start, end) and the size in use of its ring (reserved once: C holds it); a message
+# this large is held while written, not copied (C leaves it to the Tail)
+TAIL_START, TAIL_END, TAIL_SIZE, TAIL_WORDS = 0, 1, 2, 3
+TAIL_LARGE = 64 << 10
 WORD_LAYOUT = {"ENGINE_WORD": ENGINE_WORD, "STALE": STALE, "WRITING": WRITING,
                "PEER_WORDS": PEER_WORDS, "WORDS_PER_PEER": WORDS_PER_PEER,
                "STATE_WORD": STATE_WORD, "NEXT_PULL_WORD": NEXT_PULL_WORD,
                "SENT_WORD": SENT_WORD, "RECEIVED_WORD": RECEIVED_WORD, "SENDING": SENDING,
                "LOST": LOST, "READING": READING, "POSTED": POSTED, "UNEXPECTED": UNEXPECTED,
-               "MISMATCH": MISMATCH, "PULLS": PULLS}
+               "MISMATCH": MISMATCH, "PULLS": PULLS, "TAIL_START": TAIL_START,
+               "TAIL_END": TAIL_END, "TAIL_SIZE": TAIL_SIZE, "TAIL_WORDS": TAIL_WORDS,
+               "TAIL_LARGE": TAIL_LARGE}
 
 
 def check_words(module: ModuleType | None) -> None:

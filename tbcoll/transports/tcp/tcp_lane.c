@@ -27,6 +27,10 @@
  *     largest x, and the exchange's
  * moves(context, call, finish_send, finish_recv)     the point-to-point endpoint's context
  *     and call words, and the engine's finishers of a send or recv that C began
+ * tails(rings, words, keep)                           failover's tails (engine_words.h,
+ *     tail_keep), in rank order as the fds: each message C writes whole is kept there, or by
+ *     keep (TcpTransport.keep_whole) where C leaves it to the Tail; what C wrote of one it
+ *     did not finish, the engine keeps as it goes on (finish, finish_send)
  * lane_capsule()                                      the lane interface, for LaneCall
  *     (tbcoll/core/one_call.c, in the gate's extension, does the call around the exchange or the
  *     move).
@@ -77,6 +81,10 @@ typedef struct {
     uint32_t p2p_context;
     Py_buffer p2p_call;
     PyObject *finish_send, *finish_recv;
+    /* failover's tails (tails()): each peer's ring and words, and the Tail's keep */
+    Py_buffer rings[MAX_PEERS], tail_words[MAX_PEERS];
+    int tails_held;
+    PyObject *keep;
     /* room for the other ranks' blocks: a bytearray never resized (a larger one replaces it),
      * so that what finish makes of it never outlives its memory */
     PyObject *blocks;
@@ -113,6 +121,9 @@ static void release_group(TcpLane *self)
     if (self->p2p_call.obj != NULL)
         PyBuffer_Release(&self->p2p_call);
     self->words.obj = self->seq.obj = self->shared.obj = self->p2p_call.obj = NULL;
+    release_buffers(self->rings, self->tails_held);
+    release_buffers(self->tail_words, self->tails_held);
+    self->tails_held = 0;
 }
 
 static int tcp_lane_traverse(TcpLane *self, visitproc visit, void *arg)
@@ -123,6 +134,11 @@ static int tcp_lane_traverse(TcpLane *self, visitproc visit, void *arg)
     Py_VISIT(self->seq.obj);
     Py_VISIT(self->shared.obj);
     Py_VISIT(self->p2p_call.obj);
+    for (int i = 0; i < self->tails_held; i++) {
+        Py_VISIT(self->rings[i].obj);
+        Py_VISIT(self->tail_words[i].obj);
+    }
+    Py_VISIT(self->keep);
     Py_VISIT(self->finish_send);
     Py_VISIT(self->finish_recv);
     Py_VISIT(self->publish);
@@ -140,6 +156,7 @@ static int tcp_lane_clear(TcpLane *self)
     Py_CLEAR(self->finish);
     Py_CLEAR(self->finish_send);
     Py_CLEAR(self->finish_recv);
+    Py_CLEAR(self->keep);
     Py_CLEAR(self->blocks);
     Py_CLEAR(self->take);
     Py_CLEAR(self->give);
@@ -289,6 +306,64 @@ static PyObject *tcp_lane_moves(TcpLane *self, PyObject *args, PyObject *kwargs)
     Py_RETURN_NONE;
 }
 
+/* tails(rings, words, keep): failover's tail of each peer's stream (see the file's head):
+ * the rings and words held from now on (neither moves: replay.Tail reserves its ring once) */
+static PyObject *tcp_lane_tails(TcpLane *self, PyObject *args, PyObject *kwargs)
+{
+    static char *keywords[] = {"rings", "words", "keep", NULL};
+    PyObject *rings, *words, *keep;
+    if (!every_keyword("tails", kwargs, keywords) ||
+        !PyArg_ParseTupleAndKeywords(args, kwargs, "|$O!O!O:tails", keywords, &PyTuple_Type,
+                                     &rings, &PyTuple_Type, &words, &keep))
+        return NULL;
+    int n = self->peers;
+    if (self->stages_held == 0 || self->tails_held || PyTuple_GET_SIZE(rings) != n ||
+        PyTuple_GET_SIZE(words) != n || !PyCallable_Check(keep)) {
+        PyErr_SetString(PyExc_ValueError, "tails: once, after Lane(), a ring and words per "
+                                          "peer and a callable");
+        return NULL;
+    }
+    BufferRequest wanted[2 * MAX_PEERS];
+    for (int i = 0; i < n; i++) {
+        wanted[i] = (BufferRequest){PyTuple_GET_ITEM(rings, i), PyBUF_WRITABLE};
+        wanted[n + i] = (BufferRequest){PyTuple_GET_ITEM(words, i), PyBUF_WRITABLE};
+    }
+    Py_buffer views[2 * MAX_PEERS];
+    if (take_buffers(wanted, views, 2 * n) < 0)
+        return NULL;
+    for (int i = 0; i < n; i++) {
+        if (views[n + i].len != TAIL_WORDS * (Py_ssize_t)sizeof(uint64_t) ||
+            views[i].len < (Py_ssize_t)((uint64_t *)views[n + i].buf)[TAIL_SIZE]) {
+            release_buffers(views, 2 * n);
+            PyErr_SetString(PyExc_ValueError, "tails: each tail's three words and its ring");
+            return NULL;
+        }
+    }
+    for (int i = 0; i < n; i++) {
+        self->rings[i] = views[i];
+        self->tail_words[i] = views[n + i];
+    }
+    self->tails_held = n;
+    Py_XSETREF(self->keep, Py_NewRef(keep));
+    Py_RETURN_NONE;
+}
+
+/* Keep a message that C wrote whole to peer i (header, then x) in its tail, where failover
+ * keeps one: C's copy, or the Tail's (keep) where C leaves it; 0, or -1 with an exception. */
+static int keep_sent(TcpLane *self, int i, const unsigned char *header, PyObject *x,
+                     const Py_buffer *xv)
+{
+    if (!self->tails_held ||
+        tail_keep(self->rings[i].buf, self->tail_words[i].buf, header, HEADER_BYTES, xv->buf,
+                  (size_t)xv->len) == 0)
+        return 0;
+    PyObject *done = PyObject_CallFunction(self->keep, CALLBACK_FORMAT(TCP_KEEP), x,
+                                           (int)self->peer_words[i], (const char *)header,
+                                           (Py_ssize_t)HEADER_BYTES);
+    Py_XDECREF(done);
+    return done == NULL ? -1 : 0;
+}
+
 /* Whether C may read the engine's words now: they are lent (engine()), no thread but this
  * one has shared the engine, and they are published (1); 0 where not, -1 with an exception. */
 static int words_ready(TcpLane *self)
@@ -361,16 +436,29 @@ static int exchange_and_reduce(void *lane, int kind, PyObject *x, const Py_buffe
     }
     struct way ways[MAX_PEERS];
     ways_begin(ways, self->peers, self->fds, stages, stage_lens, blocks, len);
+    /* a tail keeps x as sent: where the reduction would overwrite it, it waits for the keep */
+    const char *sent = xv->buf, *into = tv->buf;
+    int later = self->tails_held && !(into >= sent + len || sent >= into + len);
     int stopped;
     Py_BEGIN_ALLOW_THREADS
     stopped = exchange_reduce(ways, self->peers, (const char *)header, xv->buf, len, self->spin,
-                              self->budget, tv->buf, NULL, self->rank, dtype, op);
+                              self->budget, later ? NULL : tv->buf, NULL, self->rank, dtype, op);
     Py_END_ALLOW_THREADS
     count_ways(self, ways);
-    if (stopped <= 0) {
-        if (stopped < 0)
-            PyErr_NoMemory();
+    if (stopped < 0) {
+        PyErr_NoMemory();
         return stopped;
+    }
+    if (stopped == 0) { /* every message went whole: kept here (stopped: by finish) */
+        for (int i = 0; i < self->peers; i++)
+            if (keep_sent(self, i, header, x, xv) < 0)
+                return -1;
+        if (later && reduce_in_rank_order(blocks, xv->buf, self->rank, self->peers, tv->buf,
+                                          len, dtype, op) < 0) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        return 0;
     }
     /* the engine goes on from where C stopped, into the blocks, and reduces */
     PyObject *sent = PyBytes_FromStringAndSize((const char *)header, HEADER_BYTES);
@@ -414,7 +502,7 @@ static int move_message(void *lane, int sending, PyObject *x, const Py_buffer *x
         int error = sent < 0 ? errno : 0;
         count_stream(self->words.buf, self->peer_words[i], sent < 0 ? 0 : (uint64_t)sent, 0);
         if (sent == HEADER_BYTES + xv->len)
-            return 0;
+            return keep_sent(self, i, header, x, xv);
         done = PyObject_CallFunction(self->finish_send, CALLBACK_FORMAT(TCP_FINISH_SEND), x,
                                      (int)self->peer_words[i], (const char *)header,
                                      (Py_ssize_t)HEADER_BYTES, (Py_ssize_t)(sent < 0 ? 0 : sent),
@@ -475,6 +563,8 @@ static PyMethodDef tcp_lane_methods[] = {
      "What its all_reduce takes."},
     {"moves", (PyCFunction)(void (*)(void))tcp_lane_moves, METH_VARARGS | METH_KEYWORDS,
      "What its send and recv take."},
+    {"tails", (PyCFunction)(void (*)(void))tcp_lane_tails, METH_VARARGS | METH_KEYWORDS,
+     "Failover's tails, where C keeps what it sends."},
     {"lane_capsule", (PyCFunction)tcp_lane_capsule, METH_NOARGS, "The lane interface (lane.h)."},
     {NULL, NULL, 0, NULL},
 };

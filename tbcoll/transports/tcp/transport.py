@@ -130,8 +130,9 @@ class TcpTransport(StreamTransport):
         for end in (self._wake, self._woken):
             end.setblocking(False)
         self._poller.register(self._woken, select.POLLIN)
-        # C writes and reads the sockets itself, keeping no tail: off where failover is on
-        self._in_c = _sockets is not None and not self._holding and reconnect is None
+        # C writes and reads the sockets itself (keeping failover's tail where there is one:
+        # tail_keep), not a test's wrapped channels
+        self._in_c = _sockets is not None and not self._holding and wrap is None
         # exchange's C arguments by group of peers: (streams, their fds, their stages)
         self._exchanges: dict[tuple[int, ...], tuple[list[Peer], tuple, tuple]] = {}
 
@@ -146,7 +147,8 @@ class TcpTransport(StreamTransport):
         try:
             written = _sockets.send(peer.channel.fileno(), header, buf)
         except OSError as e:
-            raise self._send_failed(peer, e.errno) from e
+            self._send_broke(peer, e.errno)
+            written = 0
         self.words[peer.words_at + SENT_WORD] += written  # (the engine's holder: its counts)
         return self._send_rest(peer, header, bytes_of(buf), written)
 
@@ -178,10 +180,18 @@ class TcpTransport(StreamTransport):
         streams, fds, stages = self._exchanges.get(peers) or self._exchange_args(peers)
         if fds and not self._writing and self._idle(streams, context, tag):
             header = self._header(context, tag, buf.nbytes, call[0], call[1])
+            # a tail keeps buf as sent: a reduction that would overwrite it waits for that
+            later = (reduction is not None and streams[0].tail is not None
+                     and np.may_share_memory(reduction[0], buf))
             stopped = _sockets.exchange(fds, header, buf, blocks, stages, *self._c_wait(),
-                                        reduction)
+                                        None if later else reduction)
             self._count_exchange(streams, len(header) + buf.nbytes, stopped)
             if stopped is None:
+                self._keep_whole(streams, header, buf)
+                if later:
+                    out, own, rank, dtype_code, op_code = reduction
+                    _sockets.reduce(blocks, buf if own is None else own, rank, out, dtype_code,
+                                    op_code)
                 return reduction is not None
             self._exchange_on(buf, streams, blocks, context, tag, call, header, stopped)
             return False
@@ -204,7 +214,23 @@ class TcpTransport(StreamTransport):
                              context=endpoint.context, tag=tag, rank=rank)
         lane.engine(words=self.words, publish=self.publish_words, call=endpoint.call_words,
                     shared=self.turns.shared_word)
+        if all(s.tail is not None for s in streams):  # failover's: C keeps what it sends
+            lane.tails(rings=tuple(s.tail.ring for s in streams),
+                       words=tuple(s.tail.words for s in streams),
+                       keep=checked("tcp_keep", self.keep_whole))
         return lane
+
+    def keep_whole(self, buf: np.ndarray, dest: int, header: bytes) -> None:
+        """Keep in dest's tail a message a C lane wrote whole that C did not copy (a large
+        one, or a full ring: the Tail asks the kernel and grows), the engine held."""
+        self._peers[dest].tail.wrote_whole([memoryview(header), bytes_of(buf)])
+
+    def _keep_whole(self, streams: list[Peer], header: bytes, buf: np.ndarray) -> None:
+        """Keep in each of streams' tails a message C wrote whole to it (failover's)."""
+        if streams[0].tail is not None:
+            whole = [memoryview(header), bytes_of(buf)]
+            for stream in streams:
+                stream.tail.wrote_whole(whole)
 
     def resume_exchange(self, buf: np.ndarray, peers: tuple[int, ...], blocks: np.ndarray,
                         context: int, tag: int, call: tuple[int, int], header: bytes,
@@ -224,7 +250,7 @@ class TcpTransport(StreamTransport):
         peer = self._peers[dest]
         try:
             if error:
-                raise self._send_failed(peer, error)
+                self._send_broke(peer, error)
             self.waitall([self._send_rest(peer, header, bytes_of(buf), written)])
         finally:
             self.turns.moved()
@@ -258,9 +284,8 @@ class TcpTransport(StreamTransport):
         payload, requests = bytes_of(buf), []
         for stream, (sent, failed, *_) in zip(streams, stopped, strict=True):
             if failed:
-                raise self._send_failed(stream, failed)
-            if sent < len(header) + buf.nbytes:
-                requests.append(self._send_rest(stream, header, payload, sent))
+                self._send_broke(stream, failed)
+            requests.append(self._send_rest(stream, header, payload, sent))  # (its tail too)
         for i, (stream, (*_, copied, staged, error)) in enumerate(zip(streams, stopped,
                                                                       strict=True)):
             requests.append(self._resumed(stream, blocks[i], context, tag, call, copied,
@@ -318,16 +343,20 @@ class TcpTransport(StreamTransport):
         if staged:
             peer.start, peer.end = 0, staged
             self._parse(peer)
-        if error:
-            self._lose(peer, f"{PEER_ENDED}: it closed the connection" if error < 0
-                       else f"receive failed: {os.strerror(error)}")
+        if error:  # failover's (the stream broken, not lost) where it is on
+            self._link_failed(peer, f"{PEER_ENDED}: it closed the connection" if error < 0
+                              else f"receive failed: {os.strerror(error)}")
         if copied >= 0:  # its header and first bytes are in
             return self._rest_of_message(peer, bytes_of(buf), copied, context)
         return self.irecv(buf, peer.rank, context, tag, call)
 
-    def _send_failed(self, peer: Peer, error: int) -> PeerLostError:
-        self._lose(peer, send_failure(error))
-        return PeerLostError(f"lost connection to rank {peer.rank} ({peer.lost})", (peer.rank,))
+    def _send_broke(self, peer: Peer, error: int) -> None:
+        """A C path's send to peer failed (error: its errno): the stream fails over where
+        failover is on (the rest of the message waits for the new connection), else it is
+        lost, raised."""
+        if not self._link_failed(peer, send_failure(error)):
+            raise PeerLostError(f"lost connection to rank {peer.rank} ({peer.lost})",
+                                (peer.rank,))
 
     def _lose(self, peer: Peer, reason: str) -> None:
         super()._lose(peer, f"{reason}; the link {self.link(peer.rank)}")
@@ -356,7 +385,12 @@ class TcpTransport(StreamTransport):
         used = self._in_use.get(peer.rank)
         self._poller.unregister(old)
         del self._by_fd[old.fileno()]
-        old.close()
+        if self._in_c:  # C holds the fd's number: keep it (the new connection takes it over)
+            placeholder = socket.socket(old.family, socket.SOCK_STREAM)
+            os.dup2(placeholder.fileno(), old.fileno(), inheritable=False)  # closes the old
+            placeholder.close()
+        else:
+            old.close()
         if self._reconnector is None:
             return None
         rank, generation, reason = peer.rank, peer.generation + 1, peer.broken
@@ -376,7 +410,12 @@ class TcpTransport(StreamTransport):
         return again
 
     def _adopt(self, peer: Peer, channel: Channel) -> None:
-        """Watch the new connection as the old one was (its sends' interest kept)."""
+        """Watch the new connection as the old one was (its sends' interest kept); where C
+        holds the old one's fd number (lanes, exchanges), the new one takes it over."""
+        if self._in_c:
+            os.dup2(channel.fileno(), peer.channel.fileno(), inheritable=False)
+            channel.close()
+            channel = peer.channel
         channel.setblocking(False)
         peer.channel = channel
         self._by_fd[channel.fileno()] = peer
