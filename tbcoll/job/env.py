@@ -58,7 +58,8 @@ Read by the library as well, set by the user:
     TBCOLL_RDMA_LIBRARY    the verbs library to open (default libibverbs.so.1 / librdma.dylib)
     TBCOLL_FAILOVER    1: tcp carries a failed connection over the pair's next path, replaying
                        what was lost (work in progress, docs/failover.md)
-    TBCOLL_FAULTS      seed:cuts:span, for failover's tests: connections cut at seeded bytes
+    TBCOLL_FAULTS      seed:cuts:span[:c], for failover's tests: connections cut at seeded bytes
+                       (c: the real sockets shut down, which tcp's C lanes meet)
 
 Under mpiexec there is no TBCOLL_RANK; MPI's own variables (PMI_RANK and PMI_SIZE of MPICH's
 Hydra, OMPI_COMM_WORLD_RANK of Open MPI, PMIX_RANK) say so, and init() picks the mpi backend.
@@ -416,20 +417,24 @@ def failover(environ: Mapping[str, str] | None = None) -> bool:
     return env.get("TBCOLL_FAILOVER", "").strip() == "1"
 
 
-def faults(environ: Mapping[str, str] | None = None) -> tuple[int, int, int] | None:
-    """TBCOLL_FAULTS=seed:cuts:span, for failover's tests: the first `cuts` connections of
-    each tcp stream are cut at a seeded byte below `span` (tbcoll.transports.stream.faults),
-    failover on; None: unset."""
+def faults(environ: Mapping[str, str] | None = None) -> tuple[int, int, int, bool] | None:
+    """TBCOLL_FAULTS=seed:cuts:span[:c], for failover's tests: the first `cuts` connections
+    of each tcp stream are cut at a seeded byte below `span` (tbcoll.transports.stream.faults:
+    in Python, or with c the real sockets, shut down where C meets it), failover on; (seed,
+    cuts, span, c), None: unset."""
     env = os.environ if environ is None else environ
     text = env.get("TBCOLL_FAULTS", "").strip()
     if not text:
         return None
     parts = text.split(":")
+    real = len(parts) == 4 and parts[3].strip() == "c"
+    parts = parts[:3] if real else parts
     if len(parts) != 3 or not all(p.strip().isdigit() for p in parts) or int(parts[2]) < 2:
         raise TbcollError(f"TBCOLL_FAULTS={text!r}: give seed:cuts:span, three whole numbers "
-                          "(span at least 2), e.g. 7:2:100000")
+                          "(span at least 2), e.g. 7:2:100000, and :c to cut the sockets "
+                          "themselves (tcp's C lanes meet the cuts)")
     seed, cuts, span = (int(p) for p in parts)
-    return seed, cuts, span
+    return seed, cuts, span, real
 
 
 def segment_prefix(job: str) -> str:

@@ -22,6 +22,7 @@ import errno
 import random
 import socket
 import threading
+import time
 from typing import Any
 
 from tbcoll.transports.stream.outq import unacked_bytes
@@ -138,3 +139,59 @@ class FaultPlan:
         chosen = random.Random(f"{self.seed}/{rank}/{peer}/{generation}")
         return CutChannel(sock, chosen.randrange(1, self.span), chosen.randrange(self.drop + 1),
                           link, end)
+
+
+class SocketCuts:
+    """Cuts of the real sockets, which tcp's C lanes meet as a pulled cable's errors (EPIPE,
+    the end of the stream, ECONNRESET) where they write and read the fds themselves (a
+    CutChannel wraps a socket in Python, which C never calls): TBCOLL_FAULTS=seed:cuts:span:c.
+
+    One thread per transport watches each stream's SENT count; once the stream's generation-th
+    connection (the first `cuts`: set-up's, then each one failover makes, its replay included)
+    has sent a seeded number of bytes below `span`, it shuts that socket down both ways, as a
+    pulled cable ends both directions at once. The peer reads the bytes before, then the end
+    of the stream (in a header, a payload or a replay, wherever the count fell); this end reads
+    what its kernel took in before the cut, then the end (or ECONNRESET), and its next write
+    fails with EPIPE. A byte the peer writes after the cut is answered with a reset (Linux's
+    rule for a socket shut for reading), never acknowledged: the peer's tail keeps it, and its
+    write or read fails with ECONNRESET or EPIPE. The thread looks every `look` seconds, so
+    the cut falls at the first look past its byte (seeded, not exact: the threads race)."""
+
+    def __init__(self, seed: int, cuts: int, span: int, look: float = 0.0005) -> None:
+        self.seed, self.cuts, self.span, self.look = seed, cuts, span, look
+        self.made = 0  # cuts made (a test's count)
+
+    def watch(self, transport: Any) -> threading.Thread:
+        """Cut transport's (a StreamTransport of real sockets) connections as planned."""
+        thread = threading.Thread(target=self._run, args=(transport,), daemon=True,
+                                  name="socket-cuts")
+        thread.start()
+        return thread
+
+    def _cut_at(self, rank: int, peer: int, generation: int) -> int:
+        return random.Random(f"{self.seed}/{rank}/{peer}/{generation}/c").randrange(1,
+                                                                                  self.span)
+
+    def _run(self, transport: Any) -> None:
+        from tbcoll.transports.stream.words import SENT_WORD  # (words: no import cycle)
+
+        began: dict[tuple[int, int], int] = {}  # (peer, generation) -> SENT when first seen
+        while transport._peers:
+            for peer in list(transport._peers.values()):
+                key = (peer.rank, peer.generation)
+                if peer.generation >= self.cuts or peer.lost or peer.broken or key in began \
+                        and began[key] < 0:
+                    continue
+                sent = transport.words[peer.words_at + SENT_WORD]
+                first = began.setdefault(key, sent)
+                if sent - first >= self._cut_at(transport.rank, peer.rank, peer.generation):
+                    self._shut(peer)
+                    began[key] = -1
+            time.sleep(self.look)
+
+    def _shut(self, peer: Any) -> None:
+        try:
+            peer.channel.shutdown(socket.SHUT_RDWR)
+            self.made += 1
+        except OSError:
+            pass  # closed meanwhile: failing over already

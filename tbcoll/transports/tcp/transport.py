@@ -53,7 +53,7 @@ from tbcoll.transports.stream import (
     StreamTransport,
     bytes_of,
 )
-from tbcoll.transports.stream.faults import FaultPlan
+from tbcoll.transports.stream.faults import FaultPlan, SocketCuts
 from tbcoll.transports.stream.outq import unacked_bytes
 from tbcoll.transports.stream.replay import Tail
 from tbcoll.transports.stream.turns import Marking
@@ -611,11 +611,15 @@ def connect(info: LaunchInfo, prefix: str, peers: frozenset[int] | None = None) 
         sockets = connect_mesh(info.rank, info.size, hosts, route,
                                store, info.token, info.timeout, prefix, peers)
     cuts, delay = faults(), link_delay()
-    plan = FaultPlan(*cuts) if cuts else None
+    plan = (SocketCuts if cuts[3] else FaultPlan)(*cuts[:3]) if cuts else None
     reconnect = (Reconnector(info, prefix, route, hosts)
                  if (failover() or plan) and not delay else None)
-    return TcpTransport(info.rank, info.size, sockets, info.timeout, delay, route,
-                        reconnect, plan.wrap if plan and reconnect else None)
+    wrap = plan.wrap if isinstance(plan, FaultPlan) and reconnect else None
+    transport = TcpTransport(info.rank, info.size, sockets, info.timeout, delay, route,
+                             reconnect, wrap)
+    if isinstance(plan, SocketCuts) and reconnect:
+        plan.watch(transport)
+    return transport
 
 
 def used_name(sock: socket.socket, paths: tuple) -> str:
