@@ -115,6 +115,10 @@ def _tbrun_parser() -> Parser:
                              "and shrink), kills for good a rank reported frozen, and exits "
                              "with the first failure's status at the end (docs/tbrun.md). Not "
                              "with --backend mpi or mlx.")
+    parser.add_argument("--no-failover", action="store_true",
+                        help="A pair's connection that fails ends the job even where the "
+                             "hostfile gives the pair another path (TBCOLL_FAILOVER=0; by "
+                             "default tcp fails over to it: docs/failover.md).")
     parser.add_argument("--store-port", type=whole(0, 65535), default=0, metavar="PORT",
                         help="Port of the rendezvous store (0, the default: any free port).")
     _ssh_options(parser)
@@ -142,9 +146,9 @@ forwarded, exit status of the first rank to fail.
 Each rank gets the launch contract in its environment: TBCOLL_RANK, TBCOLL_SIZE,
 TBCOLL_LOCAL_RANK, TBCOLL_LOCAL_SIZE, TBCOLL_NODE_RANK, TBCOLL_BACKEND, TBCOLL_STORE,
 TBCOLL_TOKEN, TBCOLL_HOSTFILE, TBCOLL_TIMEOUT, TBCOLL_JOB (TBCOLL_KEEP_GOING under
---keep-going), and torchrun's RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
-MASTER_PORT. Also PYTHONUNBUFFERED=1, and OMP_NUM_THREADS=1 (and the BLAS equivalents) where
-unset and several ranks share a host."""
+--keep-going, TBCOLL_FAILOVER=0 under --no-failover), and torchrun's RANK, WORLD_SIZE,
+LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT. Also PYTHONUNBUFFERED=1, and
+OMP_NUM_THREADS=1 (and the BLAS equivalents) where unset and several ranks share a host."""
 
 _TBRUN_EPILOG = """\
 Every flag can also come from the environment as TBRUN_<NAME>, e.g. TBRUN_NPROCS=4,
@@ -193,6 +197,9 @@ def tbrun(args: Namespace) -> int:
                           "--transport-module MODULE")
     if args.keep_going:
         check_keep_going(args.backend)
+    if args.no_failover and exported.get("TBCOLL_FAILOVER", "0") != "0":
+        raise LaunchError(f"--no-failover and -x TBCOLL_FAILOVER={exported['TBCOLL_FAILOVER']} "
+                          "disagree; give one of them")
     cfg = LaunchConfig(
         nprocs=nprocs,
         program=resolve_program(command[0], command[1:], args.python, args.module),
@@ -209,7 +216,8 @@ def tbrun(args: Namespace) -> int:
         exports={**dict(e.split("=", 1) for e in (topology.envs if topology else ())),
                  **exported,
                  **{name: value for name, value in masters.items() if value},
-                 **({"TBCOLL_TRACE": "1"} if args.trace else {})},
+                 **({"TBCOLL_TRACE": "1"} if args.trace else {}),
+                 **({"TBCOLL_FAILOVER": "0"} if args.no_failover else {})},
         store_port=args.store_port,
         dry_run=args.dry_run,
         hostfile=topology,

@@ -56,8 +56,9 @@ Read by the library as well, set by the user:
     TBCOLL_RDMA_QP     uc (default, as Apple's driver takes) or rc
     TBCOLL_RDMA_GID_INDEX  the GID to use (default: the port's IPv4-mapped one)
     TBCOLL_RDMA_LIBRARY    the verbs library to open (default libibverbs.so.1 / librdma.dylib)
-    TBCOLL_FAILOVER    1: tcp carries a failed connection over the pair's next path, replaying
-                       what was lost (work in progress, docs/failover.md)
+    TBCOLL_FAILOVER    tcp carries a failed connection over the pair's next path, replaying
+                       what was lost (docs/failover.md): 1 every pair, 0 none (tbrun
+                       --no-failover); unset: the pairs a hostfile gives several paths
     TBCOLL_FAULTS      seed:cuts:span[:c], for failover's tests: connections cut at seeded bytes
                        (c: the real sockets shut down, which tcp's C lanes meet)
 
@@ -409,12 +410,17 @@ def link_delay(environ: Mapping[str, str] | None = None) -> float:
     return micros * 1e-6
 
 
-def failover(environ: Mapping[str, str] | None = None) -> bool:
-    """TBCOLL_FAILOVER=1: tcp carries a failed connection over the pair's next path and
-    replays what its peer missed (work in progress, docs/failover.md: the Python path only,
-    so the C lanes are off)."""
+def failover(environ: Mapping[str, str] | None = None) -> bool | None:
+    """TBCOLL_FAILOVER: whether tcp carries a failed connection over the pair's next path and
+    replays what its peer missed (docs/failover.md): True (1) for every pair, False (0, tbrun
+    --no-failover) for none, None (unset) for the pairs that have several paths."""
     env = os.environ if environ is None else environ
-    return env.get("TBCOLL_FAILOVER", "").strip() == "1"
+    text = env.get("TBCOLL_FAILOVER", "").strip()
+    if text not in ("", "0", "1"):
+        raise TbcollError(f"TBCOLL_FAILOVER={text!r}: give 1 (fail over every pair), 0 (none: "
+                          "tbrun --no-failover), or leave it unset (the pairs a hostfile gives "
+                          "several paths)")
+    return None if not text else text == "1"
 
 
 def faults(environ: Mapping[str, str] | None = None) -> tuple[int, int, int, bool] | None:

@@ -10,11 +10,14 @@ import threading
 import numpy as np
 import pytest
 
+import tbcoll.transports.tcp.transport as tcp_transport
+from tbcoll.core.errors import TbcollError
+from tbcoll.job.env import failover
 from tbcoll.transports.socket_mesh import exchange_counts
-from tbcoll.transports.stream.faults import CutChannel, FaultPlan
+from tbcoll.transports.stream.faults import CutChannel, FaultPlan, SocketCuts
 from tbcoll.transports.stream.replay import Tail
 from tbcoll.transports.stream.words import TAIL_LARGE as LARGE
-from tbcoll.transports.tcp.transport import TcpTransport
+from tbcoll.transports.tcp.transport import TcpTransport, failing_over
 
 SIZES = (8, 1, 300, 40_000, 8, 200_000, 17, 1 << 20, 8, 64)
 
@@ -52,13 +55,16 @@ def payload(sender: int, receiver: int, n: int, size: int) -> np.ndarray:
     return np.random.default_rng((sender, receiver, n)).integers(0, 256, size, dtype=np.uint8)
 
 
-def run_ranks(size: int, plan: FaultPlan | None, body) -> list:
+def run_ranks(size: int, plan: FaultPlan | SocketCuts | None, body) -> list:
     """Run body(transport, rank) for each rank in a thread; their results (or errors)."""
     links = Links()
+    wrap = plan.wrap if isinstance(plan, FaultPlan) else None
     transports = [TcpTransport(rank, size, {peer: links.end(rank, peer, 0)
                                             for peer in range(size) if peer != rank},
-                               20.0, reconnect=links.reconnect(rank),
-                               wrap=plan.wrap if plan else None) for rank in range(size)]
+                               20.0, reconnect=links.reconnect(rank), wrap=wrap)
+                  for rank in range(size)]
+    for transport in transports if isinstance(plan, SocketCuts) else ():
+        plan.watch(transport)
     results: list = [None] * size
     finished = threading.Barrier(size)
 
@@ -201,3 +207,75 @@ def test_without_a_path_left_the_stream_is_lost_named():
 
 def run_ranks_with(links: Links, plan: FaultPlan, body) -> list:
     return run_ranks(2, plan, body)
+
+
+class CountingC:
+    """tcp's C module, counting its moves (which path ran)."""
+
+    def __init__(self, module) -> None:
+        self.module, self.calls = module, {"send": 0, "recv": 0, "exchange": 0}
+
+    def __getattr__(self, name: str):
+        method = getattr(self.module, name)
+        if name not in self.calls:
+            return method
+
+        def call(*args):
+            self.calls[name] += 1
+            return method(*args)
+        return call
+
+
+def c_traffic(transport: TcpTransport, rank: int) -> list[bool]:
+    """Each rank's message to all the others at once (C's exchange), then one to each (C's
+    send and receive), every byte checked."""
+    size, right = transport.size, []
+    peers = tuple(p for p in range(size) if p != rank)
+    for n, nbytes in enumerate(SIZES):
+        blocks = np.empty((len(peers), nbytes), np.uint8)
+        transport.exchange(payload(rank, 99, n, nbytes), peers, blocks, 0, 100 + n)
+        right += [np.array_equal(blocks[i], payload(p, 99, n, nbytes))
+                  for i, p in enumerate(peers)]
+        sends = [transport.isend(payload(rank, p, n, nbytes), p, 0, n) for p in peers]
+        for p in peers:
+            got = np.empty(nbytes, np.uint8)
+            transport.recv(got, p, 0, n)
+            right.append(np.array_equal(got, payload(p, rank, n, nbytes)))
+        transport.waitall(sends)
+    return right
+
+
+@pytest.mark.skipif(tcp_transport._sockets is None, reason="tcp's C paths are not built")
+@pytest.mark.parametrize("size", [2, 3])
+def test_c_paths_survive_real_socket_cuts(size, caplog, monkeypatch):
+    """The real sockets shut down at seeded counts (SocketCuts), where tcp's C paths write and
+    read them themselves (counted: they ran): C meets EPIPE, ECONNRESET or the end of the
+    stream, returns the stream to the engine broken, and every message arrives whole, once."""
+    counting = CountingC(tcp_transport._sockets)
+    monkeypatch.setattr(tcp_transport, "_sockets", counting)
+    seeds = 8
+    for seed in range(seeds):
+        plan = SocketCuts(seed, cuts=3, span=1 << 20, look=0.0002)
+        results = run_ranks(size, plan, c_traffic)
+        for rank, result in enumerate(results):
+            assert not isinstance(result, Exception), f"seed {seed}, rank {rank}: {result}"
+            assert all(result), f"seed {seed}, rank {rank}: wrong bytes {result}"
+    failovers = [r for r in caplog.records if "failed over to" in r.getMessage()]
+    replays = [r for r in failovers if not r.getMessage().endswith(" 0 bytes to send again")]
+    assert len(failovers) >= seeds * size and len(replays) >= seeds, (len(failovers),
+                                                                      len(replays))
+    assert min(counting.calls.values()) >= seeds * size * len(SIZES) // 2, counting.calls
+
+
+def test_failover_is_on_where_a_pair_has_several_paths():
+    """By default only the pairs with several paths fail over (a single-path pair stays as
+    it was); TBCOLL_FAILOVER=1 or a fault plan: every pair; 0 (--no-failover): none."""
+    paths = {1: ("cable", "management"), 2: ("management",), 3: None}
+    route, peers = paths.get, (1, 2, 3)
+    assert failing_over(None, False, route, peers) == {1}
+    assert failing_over(True, False, route, peers) == {1, 2, 3}
+    assert failing_over(None, True, route, peers) == {1, 2, 3}
+    assert failing_over(False, False, route, peers) == set()
+    assert [failover({"TBCOLL_FAILOVER": v}) for v in ("", "0", "1")] == [None, False, True]
+    with pytest.raises(TbcollError, match="TBCOLL_FAILOVER='yes': give 1"):
+        failover({"TBCOLL_FAILOVER": "yes"})

@@ -28,7 +28,8 @@
  * moves(context, call, finish_send, finish_recv)     the point-to-point endpoint's context
  *     and call words, and the engine's finishers of a send or recv that C began
  * tails(rings, words, keep)                           failover's tails (engine_words.h,
- *     tail_keep), in rank order as the fds: each message C writes whole is kept there, or by
+ *     tail_keep), in rank order as the fds, None for a peer whose stream does not fail
+ *     over: each message C writes whole to a peer with one is kept there, or by
  *     keep (TcpTransport.keep_whole) where C leaves it to the Tail; what C wrote of one it
  *     did not finish, the engine keeps as it goes on (finish, finish_send)
  * lane_capsule()                                      the lane interface, for LaneCall
@@ -81,9 +82,10 @@ typedef struct {
     uint32_t p2p_context;
     Py_buffer p2p_call;
     PyObject *finish_send, *finish_recv;
-    /* failover's tails (tails()): each peer's ring and words, and the Tail's keep */
+    /* failover's tails (tails()): the rings and words held, tail_of[i] peer i's among them
+     * (-1: none), and the Tail's keep */
     Py_buffer rings[MAX_PEERS], tail_words[MAX_PEERS];
-    int tails_held;
+    int tails_held, tail_of[MAX_PEERS];
     PyObject *keep;
     /* room for the other ranks' blocks: a bytearray never resized (a larger one replaces it),
      * so that what finish makes of it never outlives its memory */
@@ -316,34 +318,40 @@ static PyObject *tcp_lane_tails(TcpLane *self, PyObject *args, PyObject *kwargs)
         !PyArg_ParseTupleAndKeywords(args, kwargs, "|$O!O!O:tails", keywords, &PyTuple_Type,
                                      &rings, &PyTuple_Type, &words, &keep))
         return NULL;
-    int n = self->peers;
+    int n = self->peers, held = 0;
     if (self->stages_held == 0 || self->tails_held || PyTuple_GET_SIZE(rings) != n ||
         PyTuple_GET_SIZE(words) != n || !PyCallable_Check(keep)) {
-        PyErr_SetString(PyExc_ValueError, "tails: once, after Lane(), a ring and words per "
-                                          "peer and a callable");
+        PyErr_SetString(PyExc_ValueError, "tails: once, after Lane(), a ring and words (or "
+                                          "None) per peer and a callable");
         return NULL;
     }
     BufferRequest wanted[2 * MAX_PEERS];
+    int tail_of[MAX_PEERS];
     for (int i = 0; i < n; i++) {
-        wanted[i] = (BufferRequest){PyTuple_GET_ITEM(rings, i), PyBUF_WRITABLE};
-        wanted[n + i] = (BufferRequest){PyTuple_GET_ITEM(words, i), PyBUF_WRITABLE};
+        tail_of[i] = -1;
+        if (PyTuple_GET_ITEM(rings, i) == Py_None)
+            continue;
+        tail_of[i] = held / 2;
+        wanted[held++] = (BufferRequest){PyTuple_GET_ITEM(rings, i), PyBUF_WRITABLE};
+        wanted[held++] = (BufferRequest){PyTuple_GET_ITEM(words, i), PyBUF_WRITABLE};
     }
     Py_buffer views[2 * MAX_PEERS];
-    if (take_buffers(wanted, views, 2 * n) < 0)
+    if (take_buffers(wanted, views, held) < 0)
         return NULL;
-    for (int i = 0; i < n; i++) {
-        if (views[n + i].len != TAIL_WORDS * (Py_ssize_t)sizeof(uint64_t) ||
-            views[i].len < (Py_ssize_t)((uint64_t *)views[n + i].buf)[TAIL_SIZE]) {
-            release_buffers(views, 2 * n);
+    for (int k = 0; k < held; k += 2) {
+        if (views[k + 1].len != TAIL_WORDS * (Py_ssize_t)sizeof(uint64_t) ||
+            views[k].len < (Py_ssize_t)((uint64_t *)views[k + 1].buf)[TAIL_SIZE]) {
+            release_buffers(views, held);
             PyErr_SetString(PyExc_ValueError, "tails: each tail's three words and its ring");
             return NULL;
         }
     }
-    for (int i = 0; i < n; i++) {
-        self->rings[i] = views[i];
-        self->tail_words[i] = views[n + i];
+    for (int k = 0; k < held; k += 2) {
+        self->rings[k / 2] = views[k];
+        self->tail_words[k / 2] = views[k + 1];
     }
-    self->tails_held = n;
+    memcpy(self->tail_of, tail_of, sizeof tail_of);
+    self->tails_held = held / 2;
     Py_XSETREF(self->keep, Py_NewRef(keep));
     Py_RETURN_NONE;
 }
@@ -353,9 +361,9 @@ static PyObject *tcp_lane_tails(TcpLane *self, PyObject *args, PyObject *kwargs)
 static int keep_sent(TcpLane *self, int i, const unsigned char *header, PyObject *x,
                      const Py_buffer *xv)
 {
-    if (!self->tails_held ||
-        tail_keep(self->rings[i].buf, self->tail_words[i].buf, header, HEADER_BYTES, xv->buf,
-                  (size_t)xv->len) == 0)
+    int k = self->tails_held ? self->tail_of[i] : -1;
+    if (k < 0 || tail_keep(self->rings[k].buf, self->tail_words[k].buf, header, HEADER_BYTES,
+                           xv->buf, (size_t)xv->len) == 0)
         return 0;
     PyObject *done = PyObject_CallFunction(self->keep, CALLBACK_FORMAT(TCP_KEEP), x,
                                            (int)self->peer_words[i], (const char *)header,

@@ -92,21 +92,24 @@ class TcpTransport(StreamTransport):
 
     def __init__(self, rank: int, size: int, sockets: dict[int, socket.socket],
                  timeout: float, delay: float = 0.0, route: Route | None = None,
-                 reconnect: Reconnect | None = None, wrap: Wrap | None = None) -> None:
+                 reconnect: Reconnect | None = None, wrap: Wrap | None = None,
+                 pairs: Iterable[int] | None = None) -> None:
         """delay: TBCOLL_LINK_DELAY_US's emulated latency, in seconds (0: none); route: the
         paths to each peer (socket_mesh.peer_paths), for describe_paths; reconnect: failover
-        (docs/failover.md, work in progress: the engine's Python path only), a new connection
-        to a peer and its count (socket_mesh.Reconnector), None: off; wrap: each connection's
-        channel (a test's fault injector, tbcoll.transports.stream.faults)."""
+        (docs/failover.md), a new connection to a peer and its count
+        (socket_mesh.Reconnector), None: off; wrap: each connection's channel (a test's
+        fault injector, tbcoll.transports.stream.faults); pairs: the peers whose streams
+        fail over where reconnect is given (None: every one)."""
         self._reconnector, self._wrap = reconnect, wrap
         channels = {peer: (DelayedChannel(sock, delay) if delay else
                            wrap(rank, peer, 0, sock) if wrap else sock)
                     for peer, sock in sockets.items()}
         super().__init__(rank, size, channels, timeout)
-        if reconnect is not None:
-            for peer in self._peers.values():
+        for peer in self._peers.values() if reconnect is not None else ():
+            if pairs is None or peer.rank in pairs:
                 peer.tail = Tail(peer.channel.unacked if hasattr(peer.channel, "unacked")
                                  else functools.partial(unacked_bytes, peer.channel))
+        self._tailed = any(peer.tail is not None for peer in self._peers.values())
         self.turns = Marking(self.words)  # (before any door is made) for tcp_lane.c's words
         self._holding = [peer for peer in self._peers.values()
                          if isinstance(peer.channel, DelayedChannel)]
@@ -181,12 +184,12 @@ class TcpTransport(StreamTransport):
         if fds and not self._writing and self._idle(streams, context, tag):
             header = self._header(context, tag, buf.nbytes, call[0], call[1])
             # a tail keeps buf as sent: a reduction that would overwrite it waits for that
-            later = (reduction is not None and streams[0].tail is not None
+            later = (self._tailed and reduction is not None
                      and np.may_share_memory(reduction[0], buf))
             stopped = _sockets.exchange(fds, header, buf, blocks, stages, *self._c_wait(),
                                         None if later else reduction)
             self._count_exchange(streams, len(header) + buf.nbytes, stopped)
-            if stopped is None:
+            if stopped is None and self._tailed:
                 self._keep_whole(streams, header, buf)
                 if later:
                     out, own, rank, dtype_code, op_code = reduction
@@ -214,9 +217,9 @@ class TcpTransport(StreamTransport):
                              context=endpoint.context, tag=tag, rank=rank)
         lane.engine(words=self.words, publish=self.publish_words, call=endpoint.call_words,
                     shared=self.turns.shared_word)
-        if all(s.tail is not None for s in streams):  # failover's: C keeps what it sends
-            lane.tails(rings=tuple(s.tail.ring for s in streams),
-                       words=tuple(s.tail.words for s in streams),
+        if any(s.tail is not None for s in streams):  # failover's: C keeps what it sends
+            lane.tails(rings=tuple(s.tail and s.tail.ring for s in streams),
+                       words=tuple(s.tail and s.tail.words for s in streams),
                        keep=checked("tcp_keep", self.keep_whole))
         return lane
 
@@ -227,9 +230,10 @@ class TcpTransport(StreamTransport):
 
     def _keep_whole(self, streams: list[Peer], header: bytes, buf: np.ndarray) -> None:
         """Keep in each of streams' tails a message C wrote whole to it (failover's)."""
-        if streams[0].tail is not None:
-            whole = [memoryview(header), bytes_of(buf)]
-            for stream in streams:
+        whole = None
+        for stream in streams:
+            if stream.tail is not None:
+                whole = whole or [memoryview(header), bytes_of(buf)]
                 stream.tail.wrote_whole(whole)
 
     def resume_exchange(self, buf: np.ndarray, peers: tuple[int, ...], blocks: np.ndarray,
@@ -612,14 +616,26 @@ def connect(info: LaunchInfo, prefix: str, peers: frozenset[int] | None = None) 
                                store, info.token, info.timeout, prefix, peers)
     cuts, delay = faults(), link_delay()
     plan = (SocketCuts if cuts[3] else FaultPlan)(*cuts[:3]) if cuts else None
-    reconnect = (Reconnector(info, prefix, route, hosts)
-                 if (failover() or plan) and not delay else None)
+    pairs = failing_over(failover(), plan is not None, route, sockets)
+    reconnect = Reconnector(info, prefix, route, hosts) if pairs and not delay else None
     wrap = plan.wrap if isinstance(plan, FaultPlan) and reconnect else None
     transport = TcpTransport(info.rank, info.size, sockets, info.timeout, delay, route,
-                             reconnect, wrap)
+                             reconnect, wrap, pairs)
     if isinstance(plan, SocketCuts) and reconnect:
         plan.watch(transport)
     return transport
+
+
+def failing_over(asked: bool | None, faults: bool, route: Route,
+                 peers: Iterable[int]) -> frozenset[int]:
+    """The peers whose streams fail over (docs/failover.md): every one where TBCOLL_FAILOVER=1
+    or TBCOLL_FAULTS asks, none where TBCOLL_FAILOVER=0, else those to which the hostfile
+    gives several paths (a single-path pair stays as it was: no tail, lost when it fails)."""
+    if asked is False and not faults:
+        return frozenset()
+    if asked or faults:
+        return frozenset(peers)
+    return frozenset(peer for peer in peers if len(route(peer) or ()) > 1)
 
 
 def used_name(sock: socket.socket, paths: tuple) -> str:
