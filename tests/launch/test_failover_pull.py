@@ -1,7 +1,8 @@
 """Failover with replay (work in progress, docs/failover.md), a real pull: in the namespace
 cluster, the cable between hosts 0 and 1 goes down (`ip link set ... down`) in the middle of
-a loop of all_reduce; under TBCOLL_FAILOVER=1 the pair carries on over the management
-network, each end saying so, and every result is right. Host 0's end of the cable is the one
+a loop of all_reduce (tcp's C lane); with failover on by default (the pair has two paths),
+the pair carries on over the management network, each end saying so, and every result is
+right. Host 0's end of the cable is the one
 set down: its kernel counts its failed sends as local congestion (no retransmission timeout,
 no keepalive end), so it learns of the failure from rank 1, which asks through the store."""
 
@@ -43,7 +44,7 @@ def test_a_pulled_cable_fails_over_to_the_management_network(cluster, script, tm
     hostfile = cluster.mesh_hostfile(tmp_path, [1, 1, 1])
     job = script(JOB.replace("PULLED", repr(str(pulled))))
     p = tbrun_on(cluster, "--hostfile", hostfile, "--backend", "tcp",
-                 "--comm-timeout", 20, "-x", "TBCOLL_FAILOVER=1", job)
+                 "--comm-timeout", 20, job)  # failover: on by default (several paths)
     cable = ["ip", "-n", cluster.ns(0), "link", "set", "tb1"]
     try:
         seen, deadline = "", time.monotonic() + 60
