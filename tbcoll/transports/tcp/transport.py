@@ -189,9 +189,10 @@ class TcpTransport(StreamTransport):
             stopped = _sockets.exchange(fds, header, buf, blocks, stages, *self._c_wait(),
                                         None if later else reduction)
             self._count_exchange(streams, len(header) + buf.nbytes, stopped)
-            if stopped is None and self._tailed:
-                self._keep_whole(streams, header, buf)
-                if later:
+            if stopped is None:
+                if self._tailed:
+                    self._keep_whole(streams, header, buf)
+                if later:  # (buf is kept: out may be overwritten now)
                     out, own, rank, dtype_code, op_code = reduction
                     _sockets.reduce(blocks, buf if own is None else own, rank, out, dtype_code,
                                     op_code)
