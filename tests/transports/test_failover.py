@@ -279,3 +279,15 @@ def test_failover_is_on_where_a_pair_has_several_paths():
     assert [failover({"TBCOLL_FAILOVER": v}) for v in ("", "0", "1")] == [None, False, True]
     with pytest.raises(TbcollError, match="TBCOLL_FAILOVER='yes': give 1"):
         failover({"TBCOLL_FAILOVER": "yes"})
+
+
+def test_a_full_ring_asks_the_kernel_once_per_ring_of_sends():
+    """Small messages fill the ring; the kernel, asked, holds few of them: the acknowledged
+    bytes' room is free again, so it is asked once per ring's worth, not once per message."""
+    asked = []
+    tail = Tail(lambda: asked.append(1) or 100, first=1024, most=1024)
+    stream = bytes(range(256)) * 200
+    for at in range(0, 40_000, 40):
+        tail.keep([memoryview(stream[at:at + 40])], 40)
+    assert 40 <= len(asked) <= 50, len(asked)  # 40 000 bytes, ~924 free a turn
+    assert tail.since(40_000 - 100) == stream[40_000 - 100:40_000]

@@ -121,8 +121,11 @@ class Tail:
             n -= take
 
     def _make_room(self, n: int) -> None:
-        """The ring is full: keep what the kernel still holds (grow to it, up to most)."""
+        """The ring is full: keep what the kernel still holds, the n bytes just written
+        included (the bytes before are acknowledged: their room is free, so that the next
+        system call comes a ring's worth of sends later), growing to it, up to most."""
         needed = min(self.unacked(), self.end + n - self.start)
+        self.start = max(self.start, min(self.end, self.end + n - needed))
         if needed > self.size and self.size < self.most:
             size = self.size
             while size < needed and size < self.most:
