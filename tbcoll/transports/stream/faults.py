@@ -154,7 +154,9 @@ class SocketCuts:
     what its kernel took in before the cut, then the end (or ECONNRESET), and its next write
     fails with EPIPE. A byte the peer writes after the cut is answered with a reset (Linux's
     rule for a socket shut for reading), never acknowledged: the peer's tail keeps it, and its
-    write or read fails with ECONNRESET or EPIPE. The thread looks every `look` seconds, so
+    write or read fails with ECONNRESET or EPIPE (BSD and macOS acknowledge such bytes and
+    drop them, which no cable does: there these cuts may lose bytes, named, where a pull
+    would not). The thread looks every `look` seconds, so
     the cut falls at the first look past its byte (seeded, not exact: the threads race)."""
 
     def __init__(self, seed: int, cuts: int, span: int, look: float = 0.0005) -> None:
