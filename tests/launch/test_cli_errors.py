@@ -49,6 +49,8 @@ def assert_usage_error(p, *fragments):
     (["-np", "2", "-x", "TBCOLL_TIMEOUT=5", "--comm-timeout", "9", "true"],
      ["-x TBCOLL_TIMEOUT=5 and --comm-timeout 9 disagree"]),
     (["-np", "2", "-x", "TBCOLL_TIMEOUT=soon", "true"], ["TBCOLL_TIMEOUT='soon': give a positive"]),
+    (["-np", "2", "-x", "TBCOLL_FAILOVER=1", "--no-failover", "true"],
+     ["--no-failover and -x TBCOLL_FAILOVER=1 disagree"]),
     (["-np", "2", "--backend", "carrier-pigeon", "true"], ["'carrier-pigeon' is not one of"]),
     (["-np", "2", "--backend", "pigeons", "true"],
      ["--backend pigeons: no such transport", "--transport-module MODULE"]),
@@ -85,7 +87,7 @@ def test_help_documents_every_flag():
     for flag in ["-np", "--backend", "-x", "--tag-output", "--no-tag-output", "--output-dir",
                  "--timeout", "--grace", "--comm-timeout", "--store-port", "--python",
                  "--module", "--dry-run", "--stdin", "--master-addr", "--master-port",
-                 "TBRUN_"]:
+                 "--no-failover", "TBRUN_"]:
         assert flag in p.stdout, flag
 
 

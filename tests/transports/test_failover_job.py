@@ -138,3 +138,11 @@ def test_a_bad_fault_plan_is_named(script):
     p = tbrun("-np", 2, "--backend", "tcp", "-x", "TBCOLL_FAULTS=soon", path)
     assert p.returncode != 0
     assert "TBCOLL_FAULTS='soon': give seed:cuts:span" in p.stderr
+
+
+def test_no_failover_sets_the_ranks_contract():
+    """tbrun --no-failover gives every rank TBCOLL_FAILOVER=0 (tbcoll.job.env.failover)."""
+    p = tbrun("--dry-run", "-np", 2, "--no-failover", sys.executable, "-c", "pass")
+    assert p.returncode == 0 and p.stdout.count("TBCOLL_FAILOVER=0") == 2, p.stdout
+    p = tbrun("--dry-run", "-np", 2, sys.executable, "-c", "pass")
+    assert "TBCOLL_FAILOVER" not in p.stdout
