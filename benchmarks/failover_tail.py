@@ -6,8 +6,9 @@ failover off (A: TBCOLL_FAILOVER=0) and on (B: TBCOLL_FAILOVER=1, no faults), in
 
 Each job is before_after.py's (per size, 7 batches of calls after a warm-up, the median
 batch's time per `comm.all_reduce(x, out=out)` of float32, and per send/recv leg up to 1 MiB).
-Prints, per cell, the medians over rounds and B/A, and each round's B/A (this machine's
-speed drifts: a 2-core VM whose neighbours come and go; only turns close together compare).
+Prints, per cell, the medians over rounds and their ratio, the best of each side, and the
+median of each turn's ratio (a turn's A and B run back to back: this machine's speed drifts,
+a 2-core VM whose neighbours come and go, so only turns close together compare).
 Not in `make test`; docs/failover.md keeps the figures.
 """
 
@@ -49,9 +50,11 @@ def main() -> None:
                 cells.setdefault(name, {}).setdefault(side, []).append(value)
     for name, sides in sorted(cells.items()):
         a, b = statistics.median(sides["A"]), statistics.median(sides["B"])
-        turns = " ".join(f"{y / x:.2f}" for x, y in zip(sides["A"], sides["B"], strict=True))
-        print(f"{name:20} off {a:10.2f} us  on {b:10.2f} us  on/off {b / a:5.3f}  "
-              f"(each turn: {turns})")
+        ratios = [y / x for x, y in zip(sides["A"], sides["B"], strict=True)]
+        print(f"{name:20} off {a:10.2f} us  on {b:10.2f} us  on/off {b / a:5.3f}; best "
+              f"{min(sides['A']):.2f} -> {min(sides['B']):.2f} us; median of the turns' "
+              f"on/off {statistics.median(ratios):5.3f} "
+              f"(each: {' '.join(f'{r:.2f}' for r in ratios)})")
 
 
 if __name__ == "__main__":
