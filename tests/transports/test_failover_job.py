@@ -47,7 +47,7 @@ def test_a_job_whose_connections_are_cut_gives_right_results(script, size):
     lines = tagged_lines(p.stdout)
     for rank in range(size):
         assert lines[rank] == [f"wrong: none {list(range(size))}"], p.stdout
-    assert p.stderr.count("failed over to") >= size, p.stderr
+    assert p.stderr.count("; now over ") >= size, p.stderr
 
 
 def test_a_bad_fault_plan_is_named(script):
