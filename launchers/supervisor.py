@@ -349,8 +349,8 @@ class Supervisor:
         the checks of those peers that are due."""
         if self._authority is None:
             return
-        for reporter, peers in self._authority.reports():
-            self._tell(Suspected(reporter, peers, time.monotonic(), self._alive()))
+        for reporter, peers, why in self._authority.reports():
+            self._tell(Suspected(reporter, peers, time.monotonic(), self._alive(), why))
         for peer, frozen, why in self._authority.due(time.monotonic()):
             self._tell(Probed(peer, frozen, why, time.monotonic(), self._alive()))
 

@@ -11,6 +11,7 @@ from wherever C left off.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import logging
 import os
@@ -612,13 +613,28 @@ def path_text(path: Path | None, link: str) -> str:
 
 
 def tell_tbrun_of(change: PathChange) -> None:
-    """Post change to tbrun's store, from a thread of its own: the engine goes on meanwhile.
-    `ago`: seconds from the change to its post."""
+    """Post change to tbrun's store, from a thread of its own: the engine goes on meanwhile
+    (a rank that exits first waits for the post, at most _TELL_WAIT). `ago`: seconds from
+    the change to its post."""
     done = time.monotonic()
 
     def post() -> None:
         late = change._replace(ago=round(time.monotonic() - done, 4))
         tell_tbrun(FAILOVER_KEY.format("{}", f"{change.peer}.{change.n}"), late.encode())
 
-    threading.Thread(target=post, daemon=True, name="failover-tell").start()
+    if not _telling:
+        atexit.register(_told)
+    thread = threading.Thread(target=post, daemon=True, name="failover-tell")
+    _telling.append(thread)
+    thread.start()
 
+
+_TELL_WAIT = 2.0
+_telling: list[threading.Thread] = []  # tell_tbrun_of's posts
+
+
+def _told() -> None:
+    """At exit: let the posts of failovers end (tbrun's line needs one end's)."""
+    end = time.monotonic() + _TELL_WAIT
+    for thread in _telling:
+        thread.join(max(0.0, end - time.monotonic()))
