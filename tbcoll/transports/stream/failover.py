@@ -37,16 +37,18 @@ class Failover:
         follows it; the old one is closed)."""
         peer.channel = channel
 
-    def _link_failed(self, peer: Peer, reason: str, link_reason: str | None = None) -> bool:
+    def _link_failed(self, peer: Peer, reason: str, cause: OSError | str | None = None) -> bool:
         """peer's channel failed: True where it is to fail over (a tail kept; the next wait
-        does it, _repair), else it is lost (reason). link_reason: the failover's reason where
-        reason blames the peer (an end of stream: "exited or crashed" is known only once no
-        path answers)."""
+        does it, _repair), else it is lost (reason). cause: the failover's reason where
+        reason blames the peer (an end of stream, a reset: that it exited is known only once
+        no path answers), an OSError for a failed send."""
+        if isinstance(cause, OSError):
+            cause = f"send failed: {cause.strerror or cause}"
         if peer.tail is None or peer.lost:
             self._lose(peer, reason)
             return False
         if peer.broken is None:
-            peer.broken, peer.broken_at = link_reason or reason, time.monotonic()
+            peer.broken, peer.broken_at = cause or reason, time.monotonic()
             self._broken.add(peer)
         return True
 

@@ -11,13 +11,11 @@ from wherever C left off.
 
 from __future__ import annotations
 
-import atexit
 import functools
 import logging
 import os
 import select
 import socket
-import threading
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -30,11 +28,10 @@ from tbcoll.core.errors import PEER_ENDED, CommError, PeerLostError
 from tbcoll.core.extensions import c_extension
 from tbcoll.core.framing import HEADER
 from tbcoll.core.wire_check import check_wire
-from tbcoll.job.env import LaunchInfo, failover, faults, launch_info, link_delay, placement
-from tbcoll.job.pathevents import FAILOVER_KEY, PathChange
-from tbcoll.job.rendezvous import Store, tell_tbrun
+from tbcoll.job.env import LaunchInfo, failover, faults, link_delay, placement
+from tbcoll.job.pathevents import PathChange
+from tbcoll.job.rendezvous import Store
 from tbcoll.job.topology import Path
-from tbcoll.observability.recorder import note_event
 from tbcoll.transports.socket_mesh import (
     Reconnector,
     Route,
@@ -63,6 +60,7 @@ from tbcoll.transports.stream.replay import Tail
 from tbcoll.transports.stream.turns import Marking
 from tbcoll.transports.stream.words import RECEIVED_WORD, SENT_WORD, check_words
 from tbcoll.transports.tcp.delayed import DelayedChannel
+from tbcoll.transports.tcp.moves import path_text, say
 from tbcoll.transports.tcp.native import TcpNative
 
 log = logging.getLogger("tbcoll.tcp")
@@ -388,11 +386,8 @@ class TcpTransport(StreamTransport):
                             self._leaving.pop(peer.rank, "?"),
                             path_text(self._in_use.get(peer.rank), self.link(peer.rank)),
                             reason, replayed, round(seconds, 4))
-        # under tbrun, tbrun says it (one line per pair of hosts); else this line is all
-        log.log(logging.INFO if launch_info() else logging.WARNING, "%s", change.line())
         self._moves.setdefault(peer.rank, []).append((time.strftime("%H:%M:%S"), change))
-        note_event({**change._asdict(), "at": time.perf_counter()})
-        tell_tbrun_of(change)
+        say(change)
 
     def _adopt(self, peer: Peer, channel: Channel) -> None:
         """Watch the new connection as the old one was (its sends' interest kept)."""
@@ -602,39 +597,3 @@ def connect(info: LaunchInfo, prefix: str, peers: frozenset[int] | None = None) 
         reconnect = plan.reconnecting(reconnect)
     return TcpTransport(info.rank, info.size, sockets, info.timeout, delay, route,
                         reconnect, plan.wrap if plan and reconnect else None)
-
-
-def path_text(path: Path | None, link: str) -> str:
-    """How a failover names a path: "cable 1 (10.212.1.2)", "management (10.211.0.12)"; a
-    pair with no paths of the hostfile's (one host) by its connection's far address."""
-    if path is not None:
-        return f"{path.name} ({path.remote or '?'})"
-    return f"the connection to {link.rpartition(' -> ')[2]}"
-
-
-def tell_tbrun_of(change: PathChange) -> None:
-    """Post change to tbrun's store, from a thread of its own: the engine goes on meanwhile
-    (a rank that exits first waits for the post, at most _TELL_WAIT). `ago`: seconds from
-    the change to its post."""
-    done = time.monotonic()
-
-    def post() -> None:
-        late = change._replace(ago=round(time.monotonic() - done, 4))
-        tell_tbrun(FAILOVER_KEY.format("{}", f"{change.peer}.{change.n}"), late.encode())
-
-    if not _telling:
-        atexit.register(_told)
-    thread = threading.Thread(target=post, daemon=True, name="failover-tell")
-    _telling.append(thread)
-    thread.start()
-
-
-_TELL_WAIT = 2.0
-_telling: list[threading.Thread] = []  # tell_tbrun_of's posts
-
-
-def _told() -> None:
-    """At exit: let the posts of failovers end (tbrun's line needs one end's)."""
-    end = time.monotonic() + _TELL_WAIT
-    for thread in _telling:
-        thread.join(max(0.0, end - time.monotonic()))
