@@ -66,11 +66,14 @@ class FailoverLines:
 
     def line(self, event: tuple, changes: list[tuple[PathChange, float]]) -> str:
         """ "rank 0 <-> rank 1: cable 1 (10.212.1.2) lost after 3.1 s of the job; now over
-        management (10.211.0.12), 0.4 s; ..." (the lowest rank's view of the paths)."""
+        management (10.211.0.12), 0.4 s (why; bytes sent again)", the paths and why as the end
+        that found the failure first saw them."""
         pairs = {tuple(sorted((c.rank, c.peer))) for c, _ in changes}
-        view = min((c for c, _ in changes), key=lambda c: (sorted((c.rank, c.peer)), c.rank))
-        began = min(at for _, at in changes) - self._started
-        seconds = max(c.seconds for c, _ in changes)
+        # the view of the end that found the failure first (the other may only have been asked)
+        view, began = min(changes, key=lambda change: change[1])
+        # from the failure found to the last of its streams going on over the new path
+        seconds = max(at + c.seconds for c, at in changes) - began
+        began -= self._started
         replayed = sum(c.replayed for c, _ in changes)
         low, high = sorted((view.rank, view.peer))
         who = (f"rank {low} <-> rank {high}" if event[0] == "ranks" or len(pairs) == 1
