@@ -3,7 +3,8 @@ cluster, the cable between hosts 0 and 1 goes down (`ip link set ... down`) in t
 a loop of all_reduce; under TBCOLL_FAILOVER=1 the pair carries on over the management
 network, tbrun saying so in one line, and every result is right. Host 0's end of the cable
 is the one set down: its kernel counts its failed sends as local congestion (no
-retransmission timeout, no keepalive end), so it learns of the failure from rank 1, which asks through the store."""
+retransmission timeout, no keepalive end), so it learns of the failure from rank 1, which
+asks through the store."""
 
 from __future__ import annotations
 
