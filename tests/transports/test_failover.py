@@ -183,6 +183,8 @@ def test_messages_survive_cuts_at_seeded_bytes(size, caplog):
     failovers = [r for r in caplog.records if "; now over " in r.getMessage()]
     replays = [r for r in failovers if not r.getMessage().endswith(" 0 bytes sent again")]
     assert len(failovers) >= seeds * size and len(replays) >= seeds, (len(failovers), len(replays))
+    # a cut is no peer's end: no failover's reason says it exited
+    assert not [r for r in failovers if "exited or crashed" in r.getMessage()], failovers[:3]
 
 
 def test_without_a_path_left_the_stream_is_lost_named():
