@@ -47,7 +47,7 @@ def tell_tbrun_of(change: PathChange) -> None:
     if not _telling:
         atexit.register(_told)
     thread = threading.Thread(target=post, daemon=True, name="failover-tell")
-    _telling.append(thread)
+    _telling[:] = [t for t in _telling if t.is_alive()] + [thread]
     thread.start()
 
 
