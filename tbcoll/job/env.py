@@ -59,8 +59,9 @@ Read by the library as well, set by the user:
     TBCOLL_FAILOVER    tcp carries a failed connection over the pair's next path, replaying
                        what was lost (docs/failover.md): 1 every pair, 0 none (tbrun
                        --no-failover); unset: the pairs a hostfile gives several paths
-    TBCOLL_FAULTS      seed:cuts:span[:c], for failover's tests: connections cut at seeded bytes
-                       (c: the real sockets shut down, which tcp's C lanes meet)
+    TBCOLL_FAULTS      seed:cuts:span[:A-B or :c], for failover's tests: connections cut at
+                       seeded bytes (A-B: those two ranks split; c: the real sockets shut
+                       down, which tcp's C lanes meet)
 
 Under mpiexec there is no TBCOLL_RANK; MPI's own variables (PMI_RANK and PMI_SIZE of MPICH's
 Hydra, OMPI_COMM_WORLD_RANK of Open MPI, PMIX_RANK) say so, and init() picks the mpi backend.
@@ -423,24 +424,38 @@ def failover(environ: Mapping[str, str] | None = None) -> bool | None:
     return None if not text else text == "1"
 
 
-def faults(environ: Mapping[str, str] | None = None) -> tuple[int, int, int, bool] | None:
-    """TBCOLL_FAULTS=seed:cuts:span[:c], for failover's tests: the first `cuts` connections
-    of each tcp stream are cut at a seeded byte below `span` (tbcoll.transports.stream.faults:
-    in Python, or with c the real sockets, shut down where C meets it), failover on; (seed,
-    cuts, span, c), None: unset."""
+def faults(environ: Mapping[str, str] | None = None
+           ) -> tuple[int, int, int, tuple[int, int] | None, bool] | None:
+    """TBCOLL_FAULTS=seed:cuts:span[:A-B][:c], for failover's tests: the first `cuts`
+    connections of each tcp stream are cut at a seeded byte below `span`
+    (tbcoll.transports.stream.faults), failover on; with A-B, ranks A and B find no path left
+    once their first connection is cut (a split); with c, the real sockets are shut down
+    instead, where tcp's C lanes meet the cuts. (seed, cuts, span, A-B or None, c); None:
+    unset."""
     env = os.environ if environ is None else environ
     text = env.get("TBCOLL_FAULTS", "").strip()
     if not text:
         return None
     parts = text.split(":")
-    real = len(parts) == 4 and parts[3].strip() == "c"
-    parts = parts[:3] if real else parts
-    if len(parts) != 3 or not all(p.strip().isdigit() for p in parts) or int(parts[2]) < 2:
+    numbers, extras = parts[:3], [extra.strip() for extra in parts[3:]]
+    real, pairs = "c" in extras, [extra for extra in extras if extra != "c"]
+    split = _split_pair(pairs[0]) if len(pairs) == 1 else None
+    if (len(parts) < 3 or len(extras) > 1 or not all(p.strip().isdigit() for p in numbers)
+            or int(numbers[2]) < 2 or (pairs and split is None)):
         raise TbcollError(f"TBCOLL_FAULTS={text!r}: give seed:cuts:span, three whole numbers "
-                          "(span at least 2), e.g. 7:2:100000, and :c to cut the sockets "
-                          "themselves (tcp's C lanes meet the cuts)")
-    seed, cuts, span = (int(p) for p in parts)
-    return seed, cuts, span, real
+                          "(span at least 2), e.g. 7:2:100000, and optionally :A-B, two "
+                          "ranks left with no path (7:1:100000:0-1), or :c, the sockets "
+                          "themselves cut (tcp's C lanes meet the cuts)")
+    seed, cuts, span = (int(p) for p in numbers)
+    return seed, cuts, span, split, real
+
+
+def _split_pair(text: str) -> tuple[int, int] | None:
+    """The two different ranks of "A-B", lower first; None where it is not that."""
+    a, _, b = text.strip().partition("-")
+    if not (a.isdigit() and b.isdigit()) or a == b:
+        return None
+    return min(int(a), int(b)), max(int(a), int(b))
 
 
 def segment_prefix(job: str) -> str:

@@ -23,6 +23,7 @@ import random
 import socket
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from tbcoll.transports.stream.outq import unacked_bytes
@@ -122,10 +123,13 @@ def _first(buffers: list[memoryview], n: int) -> list[memoryview]:
 class FaultPlan:
     """Where each channel of a job is cut: the first `cuts` channels of each stream (its
     set-up's, then each one failover makes) at a seeded byte below `span`, with up to
-    `drop` bytes lost; later ones are whole."""
+    `drop` bytes lost; later ones are whole. split: a pair of ranks (lower first) whose
+    failover finds no path left (reconnecting)."""
 
-    def __init__(self, seed: int, cuts: int, span: int, drop: int = 4096) -> None:
+    def __init__(self, seed: int, cuts: int, span: int, drop: int = 4096,
+                 split: tuple[int, int] | None = None) -> None:
         self.seed, self.cuts, self.span, self.drop = seed, cuts, span, drop
+        self.split = split
         self._links: dict[tuple[int, int, int], Link] = {}  # ends of one process share one
         self._lock = threading.Lock()
 
@@ -140,6 +144,25 @@ class FaultPlan:
         return CutChannel(sock, chosen.randrange(1, self.span), chosen.randrange(self.drop + 1),
                           link, end)
 
+    def reconnecting(self, reconnect: Callable[..., Any]) -> Callable[..., Any]:
+        """reconnect (socket_mesh.Reconnector's call), but None (no path left) for the split
+        pair; its other methods (asked) kept."""
+        plan = self
+
+        class Split:
+            def __call__(self, peer: int, *args: Any) -> Any:
+                if plan.split is not None and plan.split == _pair(reconnect.info.rank, peer):
+                    return None
+                return reconnect(peer, *args)
+
+            def __getattr__(self, name: str) -> Any:
+                return getattr(reconnect, name)
+
+        return Split()
+
+
+def _pair(a: int, b: int) -> tuple[int, int]:
+    return min(a, b), max(a, b)
 
 class SocketCuts:
     """Cuts of the real sockets, which tcp's C lanes meet as a pulled cable's errors (EPIPE,

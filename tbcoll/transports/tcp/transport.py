@@ -24,11 +24,12 @@ import numpy as np
 
 from tbcoll.core.callbacks import check_callbacks, checked
 from tbcoll.core.calls import NO_CALL
-from tbcoll.core.errors import PEER_ENDED, CommError, PeerLostError
+from tbcoll.core.errors import CONNECTION_ENDED, PEER_ENDED, CommError, PeerLostError
 from tbcoll.core.extensions import c_extension
 from tbcoll.core.framing import HEADER
 from tbcoll.core.wire_check import check_wire
 from tbcoll.job.env import LaunchInfo, failover, faults, link_delay, placement
+from tbcoll.job.pathevents import PathChange
 from tbcoll.job.rendezvous import Store
 from tbcoll.job.topology import Path
 from tbcoll.transports.socket_mesh import (
@@ -59,6 +60,7 @@ from tbcoll.transports.stream.replay import Tail
 from tbcoll.transports.stream.turns import Marking
 from tbcoll.transports.stream.words import RECEIVED_WORD, SENT_WORD, check_words
 from tbcoll.transports.tcp.delayed import DelayedChannel
+from tbcoll.transports.tcp.moves import path_text, say
 from tbcoll.transports.tcp.native import TcpNative
 
 log = logging.getLogger("tbcoll.tcp")
@@ -117,6 +119,10 @@ class TcpTransport(StreamTransport):
         self.waits_released = not self._holding
         self._by_fd: dict[int, Peer] = {}
         self._links: dict[int, str] = {}  # peer -> "this end -> that end", for messages
+        # failovers: the path each failing stream leaves, and each peer's moves so far (the
+        # wall-clock time of each, for describe)
+        self._leaving: dict[int, str] = {}
+        self._moves: dict[int, list[tuple[str, PathChange]]] = {}
         self._paths = {peer: (route(peer) or ()) if route else () for peer in sockets}
         # the path each connection runs over, read while it lives (a dead one may not say)
         self._in_use = {peer: path_in_use(sock, self._paths[peer])
@@ -349,8 +355,11 @@ class TcpTransport(StreamTransport):
             peer.start, peer.end = 0, staged
             self._parse(peer)
         if error:  # failover's (the stream broken, not lost) where it is on
-            self._link_failed(peer, f"{PEER_ENDED}: it closed the connection" if error < 0
-                              else f"receive failed: {os.strerror(error)}")
+            if error < 0:
+                self._link_failed(peer, f"{PEER_ENDED}: it closed the connection",
+                                  CONNECTION_ENDED)
+            else:
+                self._link_failed(peer, f"receive failed: {os.strerror(error)}")
         if copied >= 0:  # its header and first bytes are in
             return self._rest_of_message(peer, bytes_of(buf), copied, context)
         return self.irecv(buf, peer.rank, context, tag, call)
@@ -359,7 +368,8 @@ class TcpTransport(StreamTransport):
         """A C path's send to peer failed (error: its errno): the stream fails over where
         failover is on (the rest of the message waits for the new connection), else it is
         lost, raised."""
-        if not self._link_failed(peer, send_failure(error)):
+        if not self._link_failed(peer, send_failure(error),
+                                 f"send failed: {os.strerror(error)}"):
             raise PeerLostError(f"lost connection to rank {peer.rank} ({peer.lost})",
                                 (peer.rank,))
 
@@ -385,9 +395,10 @@ class TcpTransport(StreamTransport):
     def _reconnect(self, peer: Peer,
                    received: int) -> Callable[[], tuple[Channel, int] | None] | None:
         """Close the failed connection (so that the peer, if it has not noticed, does); the
-        work that connects again over the next path (the Reconnector), one line saying so."""
-        old, paths = peer.channel, self._paths.get(peer.rank, ())
+        work that connects again over the next path (the Reconnector)."""
+        old = peer.channel
         used = self._in_use.get(peer.rank)
+        self._leaving[peer.rank] = path_text(used, self.link(peer.rank))
         self._poller.unregister(old)
         del self._by_fd[old.fileno()]
         if self._in_c:  # C holds the fd's number: keep it (the new connection takes it over)
@@ -398,21 +409,28 @@ class TcpTransport(StreamTransport):
             old.close()
         if self._reconnector is None:
             return None
-        rank, generation, reason = peer.rank, peer.generation + 1, peer.broken
-        sent = self.words[peer.words_at + SENT_WORD]
+        rank, generation = peer.rank, peer.generation + 1
 
         def again() -> tuple[Channel, int] | None:
             found = self._reconnector(rank, generation, received, used)
             if found is None:
                 return None
             sock, theirs = found
-            log.warning("rank %d <-> rank %d: %s; failed over to %s (%s), %d bytes to send "
-                        "again", self.rank, rank, reason, link_of(sock), used_name(sock, paths),
-                        sent - theirs)
             return (self._wrap(self.rank, rank, generation, sock) if self._wrap else sock,
                     theirs)
 
         return again
+
+    def _failed_over(self, peer: Peer, reason: str, replayed: int, seconds: float) -> None:
+        """The one place a failover is told: this rank's log line, the flight recorder (its
+        dumps and --trace), describe(), and tbrun (which prints one line per pair of hosts:
+        tbcoll.launch.failovers)."""
+        change = PathChange(self.rank, peer.rank, peer.generation,
+                            self._leaving.pop(peer.rank, "?"),
+                            path_text(self._in_use.get(peer.rank), self.link(peer.rank)),
+                            reason, replayed, round(seconds, 4))
+        self._moves.setdefault(peer.rank, []).append((time.strftime("%H:%M:%S"), change))
+        say(change)
 
     def _adopt(self, peer: Peer, channel: Channel) -> None:
         """Watch the new connection as the old one was (its sends' interest kept); where C
@@ -443,9 +461,13 @@ class TcpTransport(StreamTransport):
         hostfile's: Layout.paths), for Communicator.describe()."""
         peer = self._peers.get(rank)
         paths = self._paths.get(rank, ())
-        if peer is None or not paths or not isinstance(peer.channel, socket.socket):
-            return self.link(rank)
-        return f"{self.link(rank)}, {describe_paths(peer.channel, paths, self._in_use.get(rank))}"
+        moves = "".join(f"; failed over at {when} from {change.old} ({change.reason}), "
+                        f"{change.seconds:.1f} s" for when, change in self._moves.get(rank, ()))
+        sock = getattr(peer.channel, "socket", peer.channel) if peer is not None else None
+        if not paths or not isinstance(sock, socket.socket):
+            return self.link(rank) + moves
+        return (f"{self.link(rank)}, {describe_paths(sock, paths, self._in_use.get(rank))}"
+                + moves)
 
     def silent_loss(self) -> tuple[int, str] | None:
         """A peer whose connection is gone, found without reading anything, so that another
@@ -608,17 +630,23 @@ def _world(info: LaunchInfo | None, prefix: str) -> TcpGroup:
 
 def connect(info: LaunchInfo, prefix: str, peers: frozenset[int] | None = None) -> TcpTransport:
     """The transport over a connection to each of peers (world ranks; None: every other
-    rank), the same relation on every rank; failing over where TBCOLL_FAILOVER=1 or
-    TBCOLL_FAULTS asks (docs/failover.md)."""
+    rank), the same relation on every rank; failing over as failing_over says
+    (docs/failover.md)."""
     hosts = listen_hosts(info)
     with Store.from_launch(info) as store:
         route = peer_paths(info)
         sockets = connect_mesh(info.rank, info.size, hosts, route,
                                store, info.token, info.timeout, prefix, peers)
     cuts, delay = faults(), link_delay()
-    plan = (SocketCuts if cuts[3] else FaultPlan)(*cuts[:3]) if cuts else None
+    plan = None
+    if cuts:
+        seed, count, span, split, real = cuts
+        plan = SocketCuts(seed, count, span) if real else FaultPlan(seed, count, span,
+                                                                     split=split)
     pairs = failing_over(failover(), plan is not None, route, sockets)
     reconnect = Reconnector(info, prefix, route, hosts) if pairs and not delay else None
+    if isinstance(plan, FaultPlan) and reconnect is not None and plan.split is not None:
+        reconnect = plan.reconnecting(reconnect)
     wrap = plan.wrap if isinstance(plan, FaultPlan) and reconnect else None
     transport = TcpTransport(info.rank, info.size, sockets, info.timeout, delay, route,
                              reconnect, wrap, pairs)
@@ -637,10 +665,3 @@ def failing_over(asked: bool | None, faults: bool, route: Route,
     if asked or faults:
         return frozenset(peers)
     return frozenset(peer for peer in peers if len(route(peer) or ()) > 1)
-
-
-def used_name(sock: socket.socket, paths: tuple) -> str:
-    """The name of the path sock runs over ("cable 2", "management"), for failover's line."""
-    used = path_in_use(sock, paths)
-    return used.name if used else "its address"
-
