@@ -91,3 +91,73 @@ def test_an_unavailable_lab_fails_where_labs_are_required(monkeypatch):
     monkeypatch.delenv("TBCOLL_REQUIRE_LABS")
     with pytest.raises(pytest.skip.Exception, match="no lab here"):
         skip_or_fail("no lab here")
+
+
+# A loop of collectives at 3 ranks over rdma; after step PULL_AT rank 0 touches the file the lab
+# waits for, which takes rxe0's netdev down under the running mesh (every pair is on rxe0). Each
+# result is checked; at the end each rank prints how it reaches the others.
+PULLED_JOB = """
+import os, sys, time
+import numpy as np
+import tbcoll
+
+comm = tbcoll.init()
+r, n = comm.rank, comm.size
+for i in range(60):
+    small = comm.all_reduce(np.full(1000, r + i, np.float32), op="sum")  # the C mesh's lane
+    assert small[0] == sum(range(n)) + n * i, (i, small[0])
+    large = comm.all_reduce(np.full(40000, r * i, np.int64), op="sum")  # the mesh, in pieces
+    assert (large == i * sum(range(n))).all(), i
+    gathered = comm.all_gather(np.full(3, r + i, np.int32))
+    assert gathered.reshape(-1).tolist() == [k + i for k in range(n) for _ in range(3)], i
+    send = comm.isend(np.full(20000, r + i, np.int64), (r + 1) % n)  # the stream
+    got = comm.recv(np.empty(20000, np.int64), (r - 1) % n)
+    send.wait()
+    assert (got == (r - 1) % n + i).all(), i
+    if i == 20 and r == 0:
+        open(os.environ["PULL_FILE"], "w").close()
+    if i == 20:
+        time.sleep(1.0)  # the cable goes while the ranks are between calls and in them
+comm.barrier()
+print(f"rank {r} ok", flush=True)
+print(comm.describe(), flush=True)
+"""
+
+
+def test_a_pair_moves_to_tcp_when_rxe0s_netdev_goes_down(rdma_lab, tmp_path):
+    """TBCOLL_FAILOVER=1: rxelab0 (rxe0's netdev) taken down at step 20 of 60. The ranks find
+    the port down or a failed completion, move each pair to tcp (a line each), replay what the
+    peer lacked, and finish every collective and message right."""
+    from ..transports.test_rdma import lab_tbrun
+    script = tmp_path / "pulled.py"
+    script.write_text(PULLED_JOB)
+    script.chmod(0o644)
+    pull = f"/tmp/tbcoll-pull-{time.monotonic_ns()}"
+    down = ["sh", "-c", f'until [ -e {pull} ]; do sleep 0.05; done; ip link set rxelab0 down']
+    downed: dict = {}
+    thread = threading.Thread(target=lambda: downed.update(p=rdma_lab.run(down, timeout=200)))
+    thread.start()
+    try:
+        p = lab_tbrun(rdma_lab, script, np=3, timeout=200,
+                      env={"TBCOLL_FAILOVER": "1", "PULL_FILE": pull})
+    finally:
+        if thread.is_alive():
+            rdma_lab.run(["touch", pull], timeout=60)
+        thread.join(timeout=60)
+        restore_rxe0(rdma_lab)
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out[-4000:]
+    assert downed["p"].returncode == 0, downed["p"].stderr
+    assert all(f"rank {r} ok" in p.stdout for r in range(3)), out[-4000:]
+    moves = re.findall(r"rank (\d) <-> rank (\d): (.*); moved off RDMA to tcp", out)
+    assert {tuple(sorted(map(int, m[:2]))) for m in moves} == {(0, 1), (0, 2), (1, 2)}, out
+    assert all("is down" in why or "RDMA" in why or "found the" in why for *_, why in moves)
+    assert len(re.findall(r"to rank \d: tcp .* \(moved off RDMA", p.stdout)) == 6, p.stdout
+
+
+def restore_rxe0(lab) -> None:
+    """Bring rxelab0 up again and wait until rxe0's port is active (the tests after need it)."""
+    p = lab.run(["sh", "-c", "ip link set rxelab0 up; for i in $(seq 200); do grep -q ACTIVE "
+                 "/sys/class/infiniband/rxe0/ports/1/state && exit 0; sleep 0.05; done; "
+                 "exit 1"], timeout=60)
+    assert p.returncode == 0, "rxe0 did not come back"

@@ -239,3 +239,50 @@ def test_tbrun_passes_the_hostfiles_rdma_matrix(script):
     assert p.returncode == 0, p.stderr
     assert '"TBCOLL_RDMA_DEVICES": "[[null,\\"rdma_en2\\",\\"rdma_en3\\",\\"rdma_en4\\"]' \
         in p.stdout, p.stdout
+
+
+# --- failover (docs/failover.md): which failures move a pair to tcp, which lose the peer ----
+
+class _Fabric:
+    def __init__(self, lost: dict, down: list) -> None:
+        self._lost, self._down = lost, down
+
+    def lost(self, rank: int) -> str | None:
+        return self._lost.get(rank)
+
+    def down(self) -> list:
+        return self._down
+
+
+class _Side:
+    def __init__(self, losses: list) -> None:
+        self._losses = losses
+
+    def silent_losses(self) -> list:
+        return self._losses
+
+
+def test_with_failover_a_failed_rdma_pair_or_dead_link_moves_and_an_ended_peer_is_lost():
+    """Rank 1's completion failed, 2's and 4's device port is down, 3's side connection's link
+    is dead, 4 ended. Failover off: all but 2 are lost, as before (a port down was not seen).
+    On: only 4 is lost; 1, 2 and 3 move to tcp, and once moved the watch leaves them to their
+    tcp stream."""
+    from tbcoll.core.errors import PEER_ENDED
+    from tbcoll.transports.rdma.watch import Watch
+    fabric = _Fabric({1: "a send failed on the RDMA device: local QP operation error"},
+                     [(2, "rxe0"), (4, "rxe0")])
+    ended = f"{PEER_ENDED}: it closed the connection"
+    side = _Side([(3, "3 retransmissions unanswered; the link a -> b"), (4, ended)])
+    off = Watch(fabric, side, [1, 2, 3, 4])
+    assert off.failures() == []
+    assert [rank for rank, _ in off.losses()] == [1, 3, 4]
+    on = Watch(fabric, side, [1, 2, 3, 4], moves=True)
+    assert on.losses() == [(4, ended)]
+    failures = on.failures()
+    assert [rank for rank, _ in failures] == [1, 2, 4, 3]
+    assert dict(failures)[1].startswith("RDMA: a send failed")
+    assert dict(failures)[2] == "port 1 of RDMA device rxe0 is down"
+    on.moved(1)
+    on.moved(3)
+    on._next_port_look = 0.0
+    assert [rank for rank, _ in on.failures()] == [2, 4]
