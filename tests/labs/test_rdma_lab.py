@@ -93,17 +93,18 @@ def test_an_unavailable_lab_fails_where_labs_are_required(monkeypatch):
         skip_or_fail("no lab here")
 
 
-# A loop of collectives at 3 ranks over rdma; after step PULL_AT rank 0 touches the file the lab
-# waits for, which takes rxe0's netdev down under the running mesh (every pair is on rxe0). Each
-# result is checked; at the end each rank prints how it reaches the others.
+# A loop of collectives at 3 ranks over rdma. After step 10 rank 0 touches the file the lab
+# waits for, which takes rxe0's netdev down under the running mesh (every pair is on rxe0), and
+# waits until rxe0's port is down: the other ranks are then inside step 11's calls. Each result
+# is checked; at the end each rank prints how it reaches the others.
 PULLED_JOB = """
-import os, sys, time
+import os, time
 import numpy as np
 import tbcoll
 
 comm = tbcoll.init()
 r, n = comm.rank, comm.size
-for i in range(60):
+for i in range(30):
     small = comm.all_reduce(np.full(1000, r + i, np.float32), op="sum")  # the C mesh's lane
     assert small[0] == sum(range(n)) + n * i, (i, small[0])
     large = comm.all_reduce(np.full(40000, r * i, np.int64), op="sum")  # the mesh, in pieces
@@ -114,10 +115,12 @@ for i in range(60):
     got = comm.recv(np.empty(20000, np.int64), (r - 1) % n)
     send.wait()
     assert (got == (r - 1) % n + i).all(), i
-    if i == 20 and r == 0:
+    if i == 10 and r == 0:
         open(os.environ["PULL_FILE"], "w").close()
-    if i == 20:
-        time.sleep(1.0)  # the cable goes while the ranks are between calls and in them
+        end = time.monotonic() + 60
+        while "DOWN" not in open("/sys/class/infiniband/rxe0/ports/1/state").read():
+            assert time.monotonic() < end, "rxe0 did not go down"
+            time.sleep(0.02)
 comm.barrier()
 print(f"rank {r} ok", flush=True)
 print(comm.describe(), flush=True)
@@ -125,7 +128,7 @@ print(comm.describe(), flush=True)
 
 
 def test_a_pair_moves_to_tcp_when_rxe0s_netdev_goes_down(rdma_lab, tmp_path):
-    """TBCOLL_FAILOVER=1: rxelab0 (rxe0's netdev) taken down at step 20 of 60. The ranks find
+    """TBCOLL_FAILOVER=1: rxelab0 (rxe0's netdev) taken down after step 10 of 30. The ranks find
     the port down or a failed completion, move each pair to tcp (a line each), replay what the
     peer lacked, and finish every collective and message right."""
     from ..transports.test_rdma import lab_tbrun

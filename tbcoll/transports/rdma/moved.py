@@ -48,7 +48,7 @@ class MovedBlocks:
 
     def advance(self) -> None:
         """The call under way: send this rank's block to the moved peers that lack it, take
-        theirs as they come (put); moves the stream once."""
+        theirs as they come (put); moves the stream, waiting a slice where a block is due."""
         seq, under_way, missing = self._fabric.mesh_state()
         if under_way:
             for rank, given in self._given.items():
@@ -62,7 +62,8 @@ class MovedBlocks:
                     self._recvs[rank] = (seq, self._stream.irecv(buf, rank, MESH, seq % TAGS),
                                          buf)
         pending = [request for _, request, _ in self._recvs.values()]
-        self._stream.test(pending + [request for request, _ in self._sends])
+        if not self._stream.test(pending + [request for request, _ in self._sends]) and pending:
+            self._stream.wait_a_slice()  # (the C mesh has returned at once: not a spin)
         for rank, (_, request, buf) in list(self._recvs.items()):
             if request.done:
                 self._fabric.put(rank, buf)

@@ -157,6 +157,10 @@ class RdmaStream(StreamTransport):
     def _check_links(self, peers: Iterable[Peer]) -> None:
         self._look()
 
+    def wait_a_slice(self) -> None:
+        """Wait up to MOVED_SLICE for the device or a moved pair's socket, and move what came."""
+        self._wait_and_move(MOVED_SLICE)
+
     @property
     def failing_over(self) -> bool:
         """Whether a pair is moving off RDMA now (broken, its tcp connection not yet made)."""
