@@ -2,7 +2,10 @@
  * once no pair uses it; the mesh takes that peer's blocks from Python (which has them come
  * over the pair's tcp stream) through put(), while the other pairs stay on their queue pairs;
  * and down(), which names the peers whose device's port is no longer active (a cable pulled:
- * UC reports nothing else). */
+ * UC reports nothing else). Like every Fabric method these run with the engine's turns held
+ * (tbcoll.transports.stream.turns), on the thread that also runs the mesh: the outside slots
+ * are written and read by one thread at a time, under that lock, so no ordering between
+ * threads (ARM64's included) is asked of them beyond the lock's own. */
 #include "fabric.h"
 
 #include <stdlib.h>
