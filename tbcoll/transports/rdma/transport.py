@@ -31,7 +31,6 @@ RDMA.
 
 from __future__ import annotations
 
-import logging
 import os
 import select
 import socket
@@ -47,6 +46,7 @@ from tbcoll.core.errors import CommError, PeerLostError, PeerTimeoutError
 from tbcoll.core.extensions import c_extension
 from tbcoll.core.wire_check import check_wire
 from tbcoll.job.env import LaunchInfo, failover, placement, rdma_settings
+from tbcoll.job.pathevents import PathChange
 from tbcoll.job.rendezvous import Store
 from tbcoll.transports.rdma import devices
 from tbcoll.transports.rdma.moved import MovedBlocks
@@ -56,13 +56,14 @@ from tbcoll.transports.socket_mesh import (
     connect_mesh,
     link_of,
     listen_hosts,
+    path_in_use,
     peer_paths,
 )
 from tbcoll.transports.stream import Peer, StreamEndpoint, StreamTransport
 from tbcoll.transports.stream.outq import unacked_bytes
 from tbcoll.transports.stream.replay import Tail
 from tbcoll.transports.stream.turns import SHARED_SLICE, Turns
-from tbcoll.transports.stream.words import SENT_WORD
+from tbcoll.transports.tcp.moves import path_text, say
 from tbcoll.transports.tcp.transport import TcpTransport
 
 _verbs = c_extension("tbcoll.transports.rdma._verbs")  # None: built without infiniband/verbs.h
@@ -74,7 +75,6 @@ WAIT_SLICE = 0.05  # seconds a wait stays in C before it looks at the peers and 
 LAST_LOOK = 1e-3  # seconds of one more look at a call once a peer is found lost
 MOVED_SLICE = 1e-3  # with a pair moved to tcp, a wait on the device looks at its socket this often
 ASK_LOOK = 1.0  # seconds between looks in the store for a peer asking this rank to move a pair
-log = logging.getLogger("tbcoll.rdma")
 
 
 class _Channel:
@@ -114,6 +114,7 @@ class RdmaStream(StreamTransport):
         self._fabric, self._watch, self._mover = fabric, watch, mover
         self._world = world or list(range(size))
         self._moved: dict[int, str] = {}  # peer -> why its pair left RDMA
+        self._left: dict[int, str] = {}  # peer -> the RDMA device its pair is leaving
         self._poller = select.poll()  # the moved pairs' sockets
         self._by_fd: dict[int, int] = {}  # their descriptors -> their ranks
         self._next_ask = 0.0
@@ -201,18 +202,20 @@ class RdmaStream(StreamTransport):
                                    if p.rank not in self._moved and not p.lost})
         return [(rank_of[world], f"rank {world} found the RDMA link dead") for world in asked]
 
-    def _link_failed(self, peer: Peer, reason: str) -> bool:
+    def _link_failed(self, peer: Peer, reason: str, cause: OSError | str | None = None) -> bool:
         """A pair on tcp already does not move again: its failure loses the peer."""
         if peer.rank in self._moved:
             self._lose(peer, f"{reason} (over tcp, after it left RDMA: {self._moved[peer.rank]})")
             return False
-        return super()._link_failed(peer, reason)
+        return super()._link_failed(peer, reason, cause)
 
     def _reconnect(self, peer: Peer,
                    received: int) -> Callable[[], tuple[socket.socket, int] | None] | None:
         """Move the pair off RDMA (its stream drained): release its queue pairs, and return
         the work that connects over tcp and learns the peer's count."""
         rank, reason = peer.rank, peer.broken
+        device, _, kind = self._fabric.describe(rank)
+        self._left[rank] = f"RDMA {device} ({kind})"
         self._fabric.move(rank)
         self._watch.moved(rank)
         self._moved[rank] = reason
@@ -220,18 +223,17 @@ class RdmaStream(StreamTransport):
         if self._mover is None:
             return None
         world, generation = self._world[rank], peer.generation + 1
-        sent = self.words[peer.words_at + SENT_WORD]
-        me = self._world[self.rank]
+        return lambda: self._mover(world, generation, received, None)
 
-        def again() -> tuple[socket.socket, int] | None:
-            found = self._mover(world, generation, received, None)
-            if found is not None:
-                log.warning("rank %d <-> rank %d: %s; moved off RDMA to tcp %s, %d bytes to "
-                            "send again", me, world, reason, link_of(found[0]),
-                            sent - found[1])
-            return found
-
-        return again
+    def _failed_over(self, peer: Peer, reason: str, replayed: int, seconds: float) -> None:
+        """Told as tcp's failovers are (tbcoll.transports.tcp.moves: this rank's line, the
+        flight recorder, tbrun's one line per pair of hosts), from RDMA to the tcp path."""
+        world = self._world[peer.rank]
+        path = path_in_use(peer.channel, self._mover.route(world) or ())
+        say(PathChange(self._world[self.rank], world, peer.generation,
+                       self._left.pop(peer.rank, "RDMA"),
+                       "tcp " + path_text(path, link_of(peer.channel)), reason, replayed,
+                       round(seconds, 4)))
 
     def _adopt(self, peer: Peer, channel: socket.socket) -> None:
         """The pair's stream goes on over tcp; its tail bounded as tcp's (SIOCOUTQ)."""
