@@ -148,11 +148,11 @@ class RdmaStream(StreamTransport):
         return list(ready.values())
 
     def _write_interest(self, peer: Peer, want: bool) -> None:
-        if peer.rank in self._moved:
+        if isinstance(peer.channel, socket.socket):  # moved, and its connection made
             self._poller.modify(peer.channel, select.POLLIN | (select.POLLOUT if want else 0))
 
     def _forget(self, peer: Peer) -> None:
-        if peer.rank in self._moved:
+        if isinstance(peer.channel, socket.socket):
             self._poller.unregister(peer.channel)
 
     def _check_links(self, peers: Iterable[Peer]) -> None:
