@@ -5,6 +5,7 @@ here, where the host has no RDMA device at all."""
 from __future__ import annotations
 
 import re
+import struct
 import time
 
 import pytest
@@ -286,3 +287,71 @@ def test_with_failover_a_failed_rdma_pair_or_dead_link_moves_and_an_ended_peer_i
     on.moved(3)
     on._next_port_look = 0.0
     assert [rank for rank, _ in on.failures()] == [2, 4]
+
+
+class _Mesh:
+    """The C mesh as MovedBlocks sees it (moves.c): calls completed, one under way, this rank's
+    blocks, and the moved peer's blocks put."""
+
+    def __init__(self, rank: int, seq: int, under_way: bool) -> None:
+        self.rank, self.seq, self.under_way = rank, seq, under_way
+        self.got: dict[int, bytes] = {}  # call -> the peer's block put
+
+    def block(self, seq: int) -> bytes:
+        return struct.pack("<QQ", seq, 77) + bytes([self.rank, seq % 256]) * 100
+
+    def mesh_state(self) -> tuple[int, int, list[int]]:
+        return self.seq, int(self.under_way), [] if self.seq in self.got else [1 - self.rank]
+
+    def own_block(self, parity: int) -> bytes:
+        last = self.seq if self.under_way else self.seq - 1
+        return self.block(last if last % 2 == parity else last - 1)
+
+    def put(self, rank: int, buf) -> None:
+        self.got[struct.unpack_from("<Q", bytes(buf))[0]] = bytes(buf)
+
+
+class _Stream:
+    def __init__(self, transport) -> None:
+        self.isend, self.irecv, self.test = transport.isend, transport.irecv, transport.test
+
+    def wait_a_slice(self) -> None:
+        time.sleep(0.001)
+
+
+def _blocks_pass(a, b, meshes, until) -> None:
+    deadline = time.monotonic() + 10
+    while not until():
+        assert time.monotonic() < deadline, {m.rank: sorted(m.got) for m in meshes}
+        a.advance()
+        b.advance()
+
+
+@pytest.mark.parametrize("b_finished", [True, False], ids=["b-a-call-ahead", "same-call"])
+def test_moved_mesh_blocks_meet_a_peer_one_call_ahead_or_in_the_same_call(b_finished):
+    """The cable went in call 5: rank 0 never got rank 1's block; rank 1 got rank 0's and
+    finished (b-a-call-ahead) or did not either (same-call). After the move each finishes
+    call 5 with the other's block of call 5, and call 6 with its block of call 6."""
+    import socket
+
+    from tbcoll.transports.rdma.moved import MovedBlocks
+    from tbcoll.transports.tcp.transport import TcpTransport
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        first = socket.create_connection(listener.getsockname())
+        ends = (first, listener.accept()[0])
+    streams = [TcpTransport(r, 2, {1 - r: ends[r]}, 10.0) for r in range(2)]
+    meshes = [_Mesh(0, 5, True), _Mesh(1, 6, False) if b_finished else _Mesh(1, 5, True)]
+    blocks = [MovedBlocks(m, _Stream(s)) for m, s in zip(meshes, streams, strict=True)]
+    blocks[0].moved(1)
+    blocks[1].moved(0)
+    _blocks_pass(*blocks, meshes, lambda: 5 in meshes[0].got
+                 and (b_finished or 5 in meshes[1].got))
+    assert meshes[0].got[5] == meshes[1].block(5)
+    assert b_finished or meshes[1].got[5] == meshes[0].block(5)
+    for mesh in meshes:  # call 6, on both
+        mesh.seq, mesh.under_way = 6, True
+    _blocks_pass(*blocks, meshes, lambda: all(6 in m.got for m in meshes))
+    assert [m.got[6] for m in meshes] == [meshes[1].block(6), meshes[0].block(6)]
+    assert all(sorted(m.got) == [5, 6] for m in meshes[:1 if b_finished else 2])
+    for transport in streams:
+        transport.close()
