@@ -30,7 +30,7 @@ enum {
                            (whether threads share the engine is Turns.shared_word's) */
 /* a peer's state word's bits */
 #define SENDING (1u << 0)    /* a send to the peer is queued */
-#define LOST (1u << 1)       /* its stream is lost */
+#define LOST (1u << 1)       /* its stream is lost (or failing over: the engine's) */
 #define READING (1u << 2)    /* a message of its is half-read, or its stage holds unread bytes */
 #define POSTED (1u << 3)     /* a receive from it is posted (any context and tag) */
 #define UNEXPECTED (1u << 4) /* a message of its is held for its receive (likewise) */

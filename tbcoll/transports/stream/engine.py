@@ -196,15 +196,14 @@ class StreamTransport(Pulls, Revocation, Failover):
         times between two C moves publishes once). They are conservative: POSTED and
         UNEXPECTED say that anything is held for the peer, of any context and tag, and C then
         leaves the message to the engine, whose own check is exact: a message C might have
-        taken is only taken later, never out of order."""
+        taken is only taken later, never out of order; a stream failing over reads LOST."""
         words, mismatch = self.words, MISMATCH if self._mismatch else 0
         for peer in self._peers.values():
             words[peer.words_at + STATE_WORD] = (
-                mismatch | (SENDING if peer.sendq else 0)
-                | (LOST if peer.lost or peer.broken else 0)  # (failing over: the engine's)
+                (SENDING if peer.sendq else 0) | (LOST if peer.lost or peer.broken else 0)
                 | (READING if peer.target is not None or peer.start != peer.end else 0)
                 | (POSTED if peer.posted else 0) | (UNEXPECTED if peer.unexpected else 0)
-                | (PULLS if peer.pulls else 0))
+                | (PULLS if peer.pulls else 0) | mismatch)
         words[ENGINE_WORD] = WRITING if self._writing else 0
 
     # --- posting -------------------------------------------------------------------------
@@ -293,12 +292,7 @@ class StreamTransport(Pulls, Revocation, Failover):
         else:
             rest = [payload[written - len(header):]]
         request = Send(peer, [view for view in rest if view.nbytes])
-        if peer.tail is not None and written:  # (before the rest is written: its tail next)
-            whole = [memoryview(header), payload]
-            if request.views:
-                peer.tail.wrote(request, whole, written)
-            else:
-                peer.tail.wrote_whole(whole)
+        self._took(peer, request, header, payload, written)  # (failover's tail, before the rest)
         if not request.views:
             request.done = True
             return request

@@ -37,6 +37,13 @@ class Failover:
         follows it; the old one is closed)."""
         peer.channel = channel
 
+    def _took(self, peer: Peer, request: Send, header: bytes, payload: memoryview,
+              written: int) -> None:
+        """Another path (tcp's C) wrote the first `written` bytes of a message (header,
+        payload), request the rest's: peer's tail keeps them, if it has one."""
+        if peer.tail is not None and written:
+            peer.tail.took(request, [memoryview(header), payload], written)
+
     def _link_failed(self, peer: Peer, reason: str, cause: OSError | str | None = None) -> bool:
         """peer's channel failed: True where it is to fail over (a tail kept; the next wait
         does it, _repair), else it is lost (reason). cause: the failover's reason where

@@ -84,6 +84,14 @@ class Tail:
         else:
             self.keep(views, n)
 
+    def took(self, request: object, views: list[memoryview], n: int) -> None:
+        """Another path (tcp's C) wrote the first n bytes of a message (views); request: the
+        rest's send, which the engine writes (empty: it is all written)."""
+        if request.views:
+            self.wrote(request, views, n)
+        else:
+            self.wrote_whole(views)
+
     def wrote(self, request: object, views: list[memoryview], n: int) -> None:
         """n bytes of request's views (what is left of it) have just been written."""
         if self.holder is request:

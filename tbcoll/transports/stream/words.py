@@ -28,7 +28,7 @@ STALE = 1 << 0  # the state words may be out of date
 WRITING = 1 << 1  # a send waits for room in a socket (tcp: the engine must watch it)
 # a peer's state word's bits
 SENDING = 1 << 0  # a send to the peer is queued: what goes next to it is the engine's
-LOST = 1 << 1  # the peer's stream is lost
+LOST = 1 << 1  # the peer's stream is lost (or failing over: either way the engine's)
 READING = 1 << 2  # a message from the peer is half-read, or its stage holds unread bytes
 POSTED = 1 << 3  # a receive from the peer is posted (any context and tag)
 UNEXPECTED = 1 << 4  # a message from the peer is held for its receive (any context and tag)

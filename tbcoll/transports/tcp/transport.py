@@ -24,7 +24,7 @@ import numpy as np
 
 from tbcoll.core.callbacks import check_callbacks, checked
 from tbcoll.core.calls import NO_CALL
-from tbcoll.core.errors import CONNECTION_ENDED, PEER_ENDED, CommError, PeerLostError
+from tbcoll.core.errors import CONNECTION_ENDED, PEER_ENDED, CommError
 from tbcoll.core.extensions import c_extension
 from tbcoll.core.framing import HEADER
 from tbcoll.core.wire_check import check_wire
@@ -43,7 +43,6 @@ from tbcoll.transports.socket_mesh import (
     path_in_use,
     peer_paths,
     send_failure,
-    unanswered,
 )
 from tbcoll.transports.stream import (
     Channel,
@@ -60,7 +59,7 @@ from tbcoll.transports.stream.replay import Tail
 from tbcoll.transports.stream.turns import Marking
 from tbcoll.transports.stream.words import RECEIVED_WORD, SENT_WORD, check_words
 from tbcoll.transports.tcp.delayed import DelayedChannel
-from tbcoll.transports.tcp.moves import path_text, say
+from tbcoll.transports.tcp.failing import READ_EVENTS, TcpFailover, failing_over
 from tbcoll.transports.tcp.native import TcpNative
 
 log = logging.getLogger("tbcoll.tcp")
@@ -79,7 +78,6 @@ if _sockets is not None:
     check_words(_sockets)
     check_callbacks(_sockets, ("tcp",))
 
-_READ_EVENTS = select.POLLIN | select.POLLHUP | select.POLLERR
 # A waiting rank looks at its sockets this long before it sleeps in poll(): waking from poll
 # costs more than a loopback message takes (8 B all_reduce at np=2: 72 -> 22-39 us). It
 # yields its core between looks, so that ranks beyond the cores still run (np=4 on 2 cores:
@@ -89,7 +87,7 @@ _SPIN = 50e-6
 _C_SLICE = 0.05  # seconds a receive waits in C before the engine (links, deadline) takes over
 
 
-class TcpTransport(StreamTransport):
+class TcpTransport(TcpFailover, StreamTransport):
     """Point-to-point messages between world ranks over one TCP connection per pair."""
 
     def __init__(self, rank: int, size: int, sockets: dict[int, socket.socket],
@@ -131,7 +129,7 @@ class TcpTransport(StreamTransport):
         for peer in self._peers.values():
             peer.channel.setblocking(False)
             self._by_fd[peer.channel.fileno()] = peer
-            self._poller.register(peer.channel, _READ_EVENTS)
+            self._poller.register(peer.channel, READ_EVENTS)
             self._links[peer.rank] = link_of(peer.channel)
         # A thread whose send stalls while another thread polls for everyone wakes it through
         # this pair, so that its poll() watches that socket for room too
@@ -229,19 +227,6 @@ class TcpTransport(StreamTransport):
                        words=tuple(s.tail and s.tail.words for s in streams),
                        keep=checked("tcp_keep", self.keep_whole))
         return lane
-
-    def keep_whole(self, buf: np.ndarray, dest: int, header: bytes) -> None:
-        """Keep in dest's tail a message a C lane wrote whole that C did not copy (a large
-        one, or a full ring: the Tail asks the kernel and grows), the engine held."""
-        self._peers[dest].tail.wrote_whole([memoryview(header), bytes_of(buf)])
-
-    def _keep_whole(self, streams: list[Peer], header: bytes, buf: np.ndarray) -> None:
-        """Keep in each of streams' tails a message C wrote whole to it (failover's)."""
-        whole = None
-        for stream in streams:
-            if stream.tail is not None:
-                whole = whole or [memoryview(header), bytes_of(buf)]
-                stream.tail.wrote_whole(whole)
 
     def resume_exchange(self, buf: np.ndarray, peers: tuple[int, ...], blocks: np.ndarray,
                         context: int, tag: int, call: tuple[int, int], header: bytes,
@@ -364,93 +349,12 @@ class TcpTransport(StreamTransport):
             return self._rest_of_message(peer, bytes_of(buf), copied, context)
         return self.irecv(buf, peer.rank, context, tag, call)
 
-    def _send_broke(self, peer: Peer, error: int) -> None:
-        """A C path's send to peer failed (error: its errno): the stream fails over where
-        failover is on (the rest of the message waits for the new connection), else it is
-        lost, raised."""
-        if not self._link_failed(peer, send_failure(error),
-                                 f"send failed: {os.strerror(error)}"):
-            raise PeerLostError(f"lost connection to rank {peer.rank} ({peer.lost})",
-                                (peer.rank,))
-
     def _lose(self, peer: Peer, reason: str) -> None:
         super()._lose(peer, f"{reason}; the link {self.link(peer.rank)}")
 
     @staticmethod
     def _send_failure(error: OSError) -> str:
         return send_failure(error.errno) if error.errno else f"send failed: {error}"
-
-    def _check_links(self, peers: Iterable[Peer]) -> None:
-        peers = list(peers)
-        for peer in peers:
-            if why := unanswered(peer.channel):
-                self._link_failed(peer, why)
-        if self._reconnector is None or not hasattr(self._reconnector, "asked"):
-            return
-        asked = self._reconnector.asked({p.rank: p.generation for p in peers
-                                         if not p.broken and not p.lost})
-        for rank in asked:
-            self._link_failed(self._peers[rank], f"rank {rank} found the link dead")
-
-    def _reconnect(self, peer: Peer,
-                   received: int) -> Callable[[], tuple[Channel, int] | None] | None:
-        """Close the failed connection (so that the peer, if it has not noticed, does); the
-        work that connects again over the next path (the Reconnector)."""
-        old = peer.channel
-        used = self._in_use.get(peer.rank)
-        self._leaving[peer.rank] = path_text(used, self.link(peer.rank))
-        self._poller.unregister(old)
-        del self._by_fd[old.fileno()]
-        if self._in_c:  # C holds the fd's number: keep it (the new connection takes it over)
-            placeholder = socket.socket(old.family, socket.SOCK_STREAM)
-            os.dup2(placeholder.fileno(), old.fileno(), inheritable=False)  # closes the old
-            placeholder.close()
-        else:
-            old.close()
-        if self._reconnector is None:
-            return None
-        rank, generation = peer.rank, peer.generation + 1
-
-        def again() -> tuple[Channel, int] | None:
-            found = self._reconnector(rank, generation, received, used)
-            if found is None:
-                return None
-            sock, theirs = found
-            return (self._wrap(self.rank, rank, generation, sock) if self._wrap else sock,
-                    theirs)
-
-        return again
-
-    def _failed_over(self, peer: Peer, reason: str, replayed: int, seconds: float) -> None:
-        """The one place a failover is told: this rank's log line, the flight recorder (its
-        dumps and --trace), describe(), and tbrun (which prints one line per pair of hosts:
-        tbcoll.launch.failovers)."""
-        change = PathChange(self.rank, peer.rank, peer.generation,
-                            self._leaving.pop(peer.rank, "?"),
-                            path_text(self._in_use.get(peer.rank), self.link(peer.rank)),
-                            reason, replayed, round(seconds, 4))
-        self._moves.setdefault(peer.rank, []).append((time.strftime("%H:%M:%S"), change))
-        say(change)
-
-    def _adopt(self, peer: Peer, channel: Channel) -> None:
-        """Watch the new connection as the old one was (its sends' interest kept); where C
-        holds the old one's fd number (lanes, exchanges), the new one takes it over."""
-        if self._in_c:
-            os.dup2(channel.fileno(), peer.channel.fileno(), inheritable=False)
-            channel.close()
-            channel = peer.channel
-        channel.setblocking(False)
-        peer.channel = channel
-        self._by_fd[channel.fileno()] = peer
-        self._poller.register(channel, _READ_EVENTS | (select.POLLOUT if peer in self._writing
-                                                       else 0))
-        self._links[peer.rank] = link_of(channel)
-        self._in_use[peer.rank] = path_in_use(getattr(channel, "socket", channel),
-                                              self._paths.get(peer.rank, ()))
-        if peer.tail is not None and hasattr(channel, "unacked"):
-            peer.tail.unacked = channel.unacked
-        elif peer.tail is not None:
-            peer.tail.unacked = functools.partial(unacked_bytes, channel)
 
     def link(self, rank: int) -> str:
         """The addresses of the connection to rank: "this end -> that end"."""
@@ -495,7 +399,7 @@ class TcpTransport(StreamTransport):
         woken = self._woken.fileno()
         if any(fd == woken for fd, _ in ready):
             self._drain_wake()
-        return [(self._by_fd[fd], bool(events & _READ_EVENTS), bool(events & select.POLLOUT))
+        return [(self._by_fd[fd], bool(events & READ_EVENTS), bool(events & select.POLLOUT))
                 for fd, events in ready if fd != woken]
 
     def _drain_wake(self) -> None:
@@ -529,7 +433,7 @@ class TcpTransport(StreamTransport):
             os.sched_yield()
 
     def _write_interest(self, peer: Peer, want: bool) -> None:
-        self._poller.modify(peer.channel, _READ_EVENTS | (select.POLLOUT if want else 0))
+        self._poller.modify(peer.channel, READ_EVENTS | (select.POLLOUT if want else 0))
         if self.turns.polling:  # another thread polls, with the old interests: wake it
             try:
                 self._wake.send(b"\0")
@@ -654,14 +558,3 @@ def connect(info: LaunchInfo, prefix: str, peers: frozenset[int] | None = None) 
         plan.watch(transport)
     return transport
 
-
-def failing_over(asked: bool | None, faults: bool, route: Route,
-                 peers: Iterable[int]) -> frozenset[int]:
-    """The peers whose streams fail over (docs/failover.md): every one where TBCOLL_FAILOVER=1
-    or TBCOLL_FAULTS asks, none where TBCOLL_FAILOVER=0, else those to which the hostfile
-    gives several paths (a single-path pair stays as it was: no tail, lost when it fails)."""
-    if asked is False and not faults:
-        return frozenset()
-    if asked or faults:
-        return frozenset(peers)
-    return frozenset(peer for peer in peers if len(route(peer) or ()) > 1)
