@@ -24,7 +24,7 @@ import numpy as np
 
 from tbcoll.core.callbacks import check_callbacks, checked
 from tbcoll.core.calls import NO_CALL
-from tbcoll.core.errors import PEER_ENDED, CommError, PeerLostError
+from tbcoll.core.errors import LINK_DOWN, PEER_ENDED, CommError, PeerLostError
 from tbcoll.core.extensions import c_extension
 from tbcoll.core.framing import HEADER
 from tbcoll.core.wire_check import check_wire
@@ -85,6 +85,10 @@ _READ_EVENTS = select.POLLIN | select.POLLHUP | select.POLLERR
 # at once: it waits for its peer to read, which a look would not hasten.
 _SPIN = 50e-6
 _C_SLICE = 0.05  # seconds a receive waits in C before the engine (links, deadline) takes over
+# With failover on, a wait looks this often (at most) at the job's store for a peer's ask to
+# fail over a pair (Reconnector.asked): a store round trip is ~0.1-0.2 ms here, and a peer
+# that failed over waits for this rank's answer, which the issue wants within 0.5 s
+_ASKS_EVERY = 0.05
 
 
 class TcpTransport(StreamTransport):
@@ -132,6 +136,14 @@ class TcpTransport(StreamTransport):
         self._poller.register(self._woken, select.POLLIN)
         # C writes and reads the sockets itself, keeping no tail: off where failover is on
         self._in_c = _sockets is not None and not self._holding and reconnect is None
+        # failover's detection: C's watcher (watch.c) of every connection, where built; a
+        # peer found dead, by it or by a peer's ask, has its socket shut down (the engine then
+        # meets its end) and why in _found, for the engine's message
+        self._watcher = _sockets if reconnect is not None and _sockets is not None else None
+        self._found: dict[int, str] = {}
+        self._asks_due = 0.0
+        for peer in self._peers.values():
+            self._watch(peer.channel)
         # exchange's C arguments by group of peers: (streams, their fds, their stages)
         self._exchanges: dict[tuple[int, ...], tuple[list[Peer], tuple, tuple]] = {}
 
@@ -286,8 +298,10 @@ class TcpTransport(StreamTransport):
                             f"socket, not a {type(channel).__name__} (nor one that holds "
                             "bytes back: TBCOLL_LINK_DELAY_US)")
         channel.setblocking(False)
+        self._unwatch(peer.channel)
         os.dup2(channel.fileno(), peer.channel.fileno(), inheritable=False)
         channel.close()
+        self._watch(peer.channel)
         self._links[peer.rank] = link_of(peer.channel)
 
     def _exchange_args(self, peers: tuple[int, ...]) -> tuple[list[Peer], tuple | None, tuple]:
@@ -337,16 +351,55 @@ class TcpTransport(StreamTransport):
         return send_failure(error.errno) if error.errno else f"send failed: {error}"
 
     def _check_links(self, peers: Iterable[Peer]) -> None:
-        peers = list(peers)
+        """Python's look (C's watcher looks every 100 ms where built: _watch)."""
         for peer in peers:
             if why := unanswered(peer.channel):
                 self._link_failed(peer, why)
-        if self._reconnector is None or not hasattr(self._reconnector, "asked"):
+
+    def _link_failed(self, peer: Peer, reason: str) -> bool:
+        """As the engine's, with why the path was found dead where it was (the watcher or a
+        peer's ask shut the socket down: the engine meets that as the end of the stream)."""
+        return super()._link_failed(peer, self._found_dead(peer) or reason)
+
+    def _found_dead(self, peer: Peer) -> str | None:
+        """Why peer's connection was found dead by the watcher or a peer's ask, or None."""
+        if peer.rank in self._found:
+            return self._found.pop(peer.rank)
+        fd = peer.channel.fileno()
+        seen = self._watcher.watched(fd) if self._watcher and fd >= 0 else None
+        if seen is None:
+            return None
+        if seen[0] == "stalled":
+            return (f"nothing acknowledged for {seen[1]:.1f} s with {seen[2]} bytes in flight: "
+                    f"{LINK_DOWN}")
+        return f"the connection ended ({os.strerror(seen[1]) if seen[1] else 'closed'})"
+
+    def _watch(self, channel: Channel) -> None:
+        if self._watcher is not None:
+            self._watcher.watch(channel.fileno())
+
+    def _unwatch(self, channel: Channel) -> None:
+        """Before channel is closed (C's watcher must not meet its number reused)."""
+        if self._watcher is not None and channel.fileno() >= 0:
+            self._watcher.unwatch(channel.fileno())
+
+    def _look_for_asks(self) -> None:
+        """A peer that failed over a pair asks this rank through the store (its own end may
+        see nothing: Linux counts a local send failure as congestion): shut that socket down
+        (the engine meets its end and fails over too), at most every _ASKS_EVERY. Runs in
+        the poll, perhaps with the engine released: it changes no state of the engine's."""
+        now = time.monotonic()
+        if now < self._asks_due or not hasattr(self._reconnector, "asked"):
             return
-        asked = self._reconnector.asked({p.rank: p.generation for p in peers
-                                         if not p.broken and not p.lost})
-        for rank in asked:
-            self._link_failed(self._peers[rank], f"rank {rank} found the link dead")
+        self._asks_due = now + _ASKS_EVERY
+        peers = list(self._peers.values())
+        for rank in self._reconnector.asked({p.rank: p.generation for p in peers
+                                             if not p.broken and not p.lost}):
+            self._found[rank] = f"rank {rank} found the link dead"
+            try:
+                self._peers[rank].channel.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass  # it has ended already: the engine meets that
 
     def _reconnect(self, peer: Peer,
                    received: int) -> Callable[[], tuple[Channel, int] | None] | None:
@@ -356,7 +409,9 @@ class TcpTransport(StreamTransport):
         used = self._in_use.get(peer.rank)
         self._poller.unregister(old)
         del self._by_fd[old.fileno()]
+        self._unwatch(old)
         old.close()
+        self._found.pop(peer.rank, None)
         if self._reconnector is None:
             return None
         rank, generation, reason = peer.rank, peer.generation + 1, peer.broken
@@ -379,6 +434,7 @@ class TcpTransport(StreamTransport):
         """Watch the new connection as the old one was (its sends' interest kept)."""
         channel.setblocking(False)
         peer.channel = channel
+        self._watch(channel)
         self._by_fd[channel.fileno()] = peer
         self._poller.register(channel, _READ_EVENTS | (select.POLLOUT if peer in self._writing
                                                        else 0))
@@ -425,12 +481,24 @@ class TcpTransport(StreamTransport):
                 os.sched_yield()
                 ready = self._poller.poll(0)
             if not ready:
-                ready = self._poller.poll(1000 * timeout)
+                ready = self._sleep_in_poll(timeout)
         woken = self._woken.fileno()
         if any(fd == woken for fd, _ in ready):
             self._drain_wake()
         return [(self._by_fd[fd], bool(events & _READ_EVENTS), bool(events & select.POLLOUT))
                 for fd, events in ready if fd != woken]
+
+    def _sleep_in_poll(self, timeout: float) -> list[tuple[int, int]]:
+        """poll() for up to timeout; with failover on, in slices between which a peer's ask
+        is looked for (_look_for_asks: its shut-down socket then ends the poll)."""
+        if self._reconnector is None:
+            return self._poller.poll(1000 * timeout)
+        end = time.monotonic() + timeout
+        while True:
+            ready = self._poller.poll(1000 * min(_ASKS_EVERY, max(0.0, end - time.monotonic())))
+            if ready or time.monotonic() >= end:
+                return ready
+            self._look_for_asks()
 
     def _drain_wake(self) -> None:
         try:
@@ -477,6 +545,8 @@ class TcpTransport(StreamTransport):
             pass  # a failover closed it already
 
     def close(self) -> None:
+        for peer in self._peers.values():
+            self._unwatch(peer.channel)
         super().close()
         self._wake.close()
         self._woken.close()
