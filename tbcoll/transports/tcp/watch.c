@@ -17,7 +17,7 @@
  * message. Only a socket still the one watched (same inode) is shut: an fd closed and
  * reused without unwatch is dropped, never touched.
  *
- * Linux: TCP_INFO's tcpi_unacked and tcpi_bytes_acked. macOS: TCP_CONNECTION_INFO (XNU's
+ * Linux: TCP_INFO's tcpi_unacked, tcpi_notsent_bytes, tcpi_snd_wnd, tcpi_bytes_acked. macOS: TCP_CONNECTION_INFO (XNU's
  * struct tcp_connection_info): bytes in the send buffer, packets received, and packets
  * retransmitted (a peer that closed its window answers probes rarely, so two
  * retransmissions are needed as well). Elsewhere: keepalive's end only.
@@ -81,13 +81,26 @@ struct look {
 };
 
 #if defined(__linux__)
-/* struct tcp_info's offsets (linux/tcp.h, stable ABI): glibc's copy lacks the later fields */
+/* struct tcp_info's offsets (linux/tcp.h, a stable ABI): glibc's copy lacks the later fields */
 #define TI_STATE 0
 #define TI_UNACKED 24
-#define TI_BYTES_ACKED 120
-#define TI_LEN 128
+#define TI_BYTES_ACKED 120 /* Linux 4.1 */
+#define TI_NOTSENT 144     /* Linux 4.6 */
+#define TI_SND_WND 228     /* Linux 5.4 */
+#define TI_LEN 232
 #define TI_CLOSE 7 /* TCP_CLOSE */
 
+static uint32_t u32_at(const unsigned char *info, size_t at)
+{
+    uint32_t value;
+    memcpy(&value, info + at, sizeof value);
+    return value;
+}
+
+/* In flight: bytes sent and not acknowledged, and bytes not sent though the peer's window is
+ * open (measured in the cluster: a host whose own end of the cable went down keeps them
+ * unsent, counting no retransmission, tcpi_unacked 0). A peer that is slow to read closes
+ * its window: its unsent bytes are not counted. */
 static int look_at(int fd, struct look *out)
 {
     unsigned char info[TI_LEN];
@@ -95,12 +108,11 @@ static int look_at(int fd, struct look *out)
     memset(info, 0, sizeof info);
     if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, info, &len) < 0)
         return -1;
-    uint32_t unacked;
-    memcpy(&unacked, info + TI_UNACKED, sizeof unacked);
     out->ended = info[TI_STATE] == TI_CLOSE;
-    out->flight = unacked;
-    /* a kernel before 4.1 has no bytes_acked: then nothing counts as stalled */
-    if (len < TI_LEN)
+    out->flight = u32_at(info, TI_UNACKED);
+    if (len >= TI_LEN && u32_at(info, TI_SND_WND))
+        out->flight += u32_at(info, TI_NOTSENT);
+    if (len < TI_BYTES_ACKED + 8) /* no progress counter: nothing counts as stalled */
         out->flight = 0;
     memcpy(&out->progress, info + TI_BYTES_ACKED, sizeof out->progress);
     out->resent = 0;
