@@ -10,9 +10,12 @@ one job of 3 ranks on 3 hosts, a loop of all_reduce of 256 KiB that the test dis
 runs (no pause: data in flight), each event after the last one's effect: (1) host 0's end of
 the first cable to host 1 set down: the pair goes on over the second cable (rank 1's watcher
 finds it, rank 0 learns from rank 1's ask); (2) host 1's end of the second cable set down:
-over the management network; (3) rank 2 stopped (SIGSTOP) for 3 s, then continued: its pairs
-do not move; (4) the results so far are checked, then host 1's end of the management network
-set down: no path is left, and the job fails named (the rank, the link), promptly."""
+over the management network; (3) host 0's end of the first cable set up again: the pair
+moves back to it (fail-back: rank 1's probe); (4) rank 2 stopped (SIGSTOP) for 3 s, then
+continued: its pairs do not move; (5) host 1's end of the first cable set down: over the
+management network again; (6) the results so far are checked, then host 1's end of the
+management network set down: no path is left, and the job fails named (the rank, the link),
+promptly."""
 
 from __future__ import annotations
 
@@ -140,17 +143,24 @@ class Job:
     (a buffered readline would keep lines that select() no longer sees)."""
 
     def __init__(self, p: subprocess.Popen) -> None:
-        self.p, self.lines, self._rest = p, [], b""
+        self.p, self.lines, self._rest, self._seen = p, [], b"", 0
 
-    def wait_for(self, wanted, within: float = 20) -> str:
+    def wait_for(self, wanted: str, within: float = 20) -> None:
+        """Until a line after the last one waited for is wanted."""
+        self._wait(lambda: wanted in self.lines[self._seen:], wanted, within)
+        self._seen = self.lines.index(wanted, self._seen) + 1
+
+    def wait_for_records(self, key: str, count: int, within: float = 20) -> None:
+        """Until count ranks have printed their record with key."""
+        self._wait(lambda: len(self.records(key)) >= count, f"{count} records", within)
+
+    def _wait(self, done, what: str, within: float) -> None:
         deadline = time.monotonic() + within
-        while time.monotonic() < deadline:
-            found = next((line for line in self.lines if wanted(line)), None)
-            if found is not None:
-                return found
+        while not done():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no {what} within {within} s: {self.lines}")
             if select.select([self.p.stdout], [], [], 0.2)[0] and not self._read():
                 raise AssertionError(f"tbrun has ended: {self.lines}\n{self.p.stderr.read()}")
-        raise AssertionError(f"no such line within {within} s: {self.lines}")
 
     def finish(self, timeout: float) -> tuple[int, str]:
         """Wait for tbrun to end (killed past timeout); its status and stderr."""
@@ -183,14 +193,17 @@ def test_pulled_cables_then_the_last_path_and_a_stopped_peer(cluster, script, tm
                  "-x", "TBCOLL_FAILOVER=1", job_file)
     down = [("ip", "-n", cluster.ns(0), "link", "set", cluster.cable(0, 1)),
             ("ip", "-n", cluster.ns(1), "link", "set", cluster.cable(1, 0, True)),
-            ("ip", "-n", cluster.ns(1), "link", "set", "mgmt")]
+            ("ip", "-n", cluster.ns(1), "link", "set", "mgmt"),
+            ("ip", "-n", cluster.ns(1), "link", "set", cluster.cable(1, 0))]
     job = Job(p)
     try:
-        job.wait_for(lambda line: line == "looping")
+        job.wait_for("looping")
         subprocess.run([*down[0], "down"], check=True)
-        job.wait_for(lambda line: line == "path cable 2")
+        job.wait_for("path cable 2")
         subprocess.run([*down[1], "down"], check=True)
-        job.wait_for(lambda line: line == "path management")
+        job.wait_for("path management")
+        subprocess.run([*down[0], "up"], check=True)
+        job.wait_for("path cable 1")  # fail-back: the first cable answers again
         stopped = [pid for pid in cluster.pids(2) if job_of(pid) == job_file]
         assert stopped, cluster.pids(2)
         for pid in stopped:
@@ -198,9 +211,11 @@ def test_pulled_cables_then_the_last_path_and_a_stopped_peer(cluster, script, tm
         time.sleep(3)
         for pid in stopped:
             os.kill(pid, signal.SIGCONT)
-        time.sleep(0.5)
+        subprocess.run([*down[3], "down"], check=True)  # cable 1 again, at host 1's end
+        job.wait_for("path management")
         stop.write_text("")
-        job.wait_for(lambda line: line == "last path")
+        job.wait_for("last path")
+        job.wait_for_records("wrong", 3)  # (rank 1's comes over the management network)
         subprocess.run([*down[2], "down"], check=True)
         pulled = time.monotonic()
         code, err = job.finish(timeout=60)
@@ -217,6 +232,8 @@ def test_pulled_cables_then_the_last_path_and_a_stopped_peer(cluster, script, tm
     for rank, peer in ((0, 1), (1, 0)):
         assert f"rank {rank} <-> rank {peer}: " in err and "(cable 2)" in err, err
         assert "(management)" in err, err
+    assert "rank 1 <-> rank 0: preferred path back; failed over to " in err, err
+    assert "rank 0 <-> rank 1: rank 1 moves back to the preferred path; failed over to " in err
     assert "<-> rank 2" not in err and "rank 2 <->" not in err, err  # stopped: no failover
     if c_extension("tbcoll.transports.tcp._sockets") is not None:  # C's watcher found it
         assert "rank 1 <-> rank 0: nothing acknowledged for" in err, err

@@ -16,6 +16,7 @@ import logging
 import os
 import select
 import socket
+import threading
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -32,8 +33,10 @@ from tbcoll.job.env import LaunchInfo, failover, faults, link_delay, placement
 from tbcoll.job.rendezvous import Store
 from tbcoll.job.topology import Path
 from tbcoll.transports.socket_mesh import (
+    FAIL_BACK,
     Reconnector,
     Route,
+    answers,
     connect_mesh,
     describe_paths,
     gone,
@@ -89,6 +92,11 @@ _C_SLICE = 0.05  # seconds a receive waits in C before the engine (links, deadli
 # fail over a pair (Reconnector.asked): a store round trip is ~0.1-0.2 ms here, and a peer
 # that failed over waits for this rank's answer, which the issue wants within 0.5 s
 _ASKS_EVERY = 0.05
+# With failover on, the higher rank of a pair that runs over a path other than its preferred
+# one probes the earlier paths this often, from a thread of its own (socket_mesh.answers: a
+# SYN each), and moves the pair back when one answers (a planned failover)
+_PROBE_EVERY = 3.0
+_BACK = "preferred path back"  # why this rank moves a pair back, in its line
 
 
 class TcpTransport(StreamTransport):
@@ -144,6 +152,9 @@ class TcpTransport(StreamTransport):
         self._asks_due = 0.0
         for peer in self._peers.values():
             self._watch(peer.channel)
+        self._failback: set[int] = set()  # peers whose pair moves back (all paths are tried)
+        self._closing = threading.Event()
+        self._start_probes()
         # exchange's C arguments by group of peers: (streams, their fds, their stages)
         self._exchanges: dict[tuple[int, ...], tuple[list[Peer], tuple, tuple]] = {}
 
@@ -362,13 +373,17 @@ class TcpTransport(StreamTransport):
         return super()._link_failed(peer, self._found_dead(peer) or reason)
 
     def _found_dead(self, peer: Peer) -> str | None:
-        """Why peer's connection was found dead by the watcher or a peer's ask, or None."""
+        """Why peer's connection was found dead by the watcher or a peer's ask (looked at
+        once, as it fails: the peer may have closed its end before this rank's wait saw
+        its ask), or None."""
         if peer.rank in self._found:
             return self._found.pop(peer.rank)
+        if peer.broken or peer.lost:
+            return None
         fd = peer.channel.fileno()
         seen = self._watcher.watched(fd) if self._watcher and fd >= 0 else None
         if seen is None:
-            return None
+            return self._asked_why(peer)
         if seen[0] == "stalled":
             return (f"nothing acknowledged for {seen[1]:.1f} s with {seen[2]} bytes in flight: "
                     f"{LINK_DOWN}")
@@ -393,13 +408,63 @@ class TcpTransport(StreamTransport):
             return
         self._asks_due = now + _ASKS_EVERY
         peers = list(self._peers.values())
-        for rank in self._reconnector.asked({p.rank: p.generation for p in peers
-                                             if not p.broken and not p.lost}):
-            self._found[rank] = f"rank {rank} found the link dead"
+        asked = self._reconnector.asked({p.rank: p.generation for p in peers
+                                         if not p.broken and not p.lost})
+        for rank, why in asked.items():
+            self._found[rank] = self._asked_line(rank, why)
             try:
                 self._peers[rank].channel.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass  # it has ended already: the engine meets that
+
+    def _asked_why(self, peer: Peer) -> str | None:
+        """Why peer asked to fail over the pair, where it did (one look at the store)."""
+        if not hasattr(self._reconnector, "asked_why"):
+            return None
+        why = self._reconnector.asked_why(peer.rank, peer.generation)
+        return self._asked_line(peer.rank, why) if why else None
+
+    def _asked_line(self, rank: int, why: str) -> str:
+        if why == FAIL_BACK:
+            self._failback.add(rank)  # the paths before the one in use are tried as well
+        return f"rank {rank} {why}"
+
+    def _start_probes(self) -> None:
+        """The fail-back's prober, where this rank is the higher of a pair with several
+        paths (the one that connects when they fail over)."""
+        if self._reconnector is None or not hasattr(self._reconnector, "ask") or not any(
+                len(self._paths.get(rank, ())) > 1 for rank in self._peers if rank < self.rank):
+            return
+        threading.Thread(target=self._probe_paths, daemon=True, name="failover-probe").start()
+
+    def _probe_paths(self) -> None:
+        while not self._closing.wait(_PROBE_EVERY):
+            for rank in [rank for rank in list(self._peers) if rank < self.rank]:
+                self._fail_back_if_answers(rank)
+
+    def _fail_back_if_answers(self, rank: int) -> None:
+        """Move the pair with rank back to a path before the one in use where one answers
+        (socket_mesh.answers), at a quiet moment: ask rank through the store, then shut the
+        connection down, which both engines meet as its end; the failover that follows
+        tries every path, preferred first, and replays as for a failure. It reads the
+        engine's state from this thread without its turns: a move at any byte would still be
+        right (the replay), quiet only spares a call the stall; and a connection the engine
+        replaced meanwhile, shut down, fails over once more."""
+        peer, paths = self._peers.get(rank), self._paths.get(rank, ())
+        used = self._in_use.get(rank)
+        if peer is None or peer.lost or peer.broken or used not in paths or used == paths[0]:
+            return
+        if not any(answers(path) for path in paths[:paths.index(used)]):
+            return
+        if peer.sendq or peer.target is not None or peer.start != peer.end:
+            return  # not quiet: the next probe
+        self._failback.add(rank)
+        self._found[rank] = _BACK
+        self._reconnector.ask(None, rank, peer.generation + 1, FAIL_BACK)
+        try:
+            peer.channel.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass  # it has ended already: the engine meets that
 
     def _reconnect(self, peer: Peer,
                    received: int) -> Callable[[], tuple[Channel, int] | None] | None:
@@ -416,9 +481,12 @@ class TcpTransport(StreamTransport):
             return None
         rank, generation, reason = peer.rank, peer.generation + 1, peer.broken
         sent = self.words[peer.words_at + SENT_WORD]
+        back = rank in self._failback
+        self._failback.discard(rank)
 
         def again() -> tuple[Channel, int] | None:
-            found = self._reconnector(rank, generation, received, used)
+            found = (self._reconnector(rank, generation, received, used, back) if back else
+                     self._reconnector(rank, generation, received, used))
             if found is None:
                 return None
             sock, theirs = found
@@ -545,6 +613,7 @@ class TcpTransport(StreamTransport):
             pass  # a failover closed it already
 
     def close(self) -> None:
+        self._closing.set()
         for peer in self._peers.values():
             self._unwatch(peer.channel)
         super().close()
