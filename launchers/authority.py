@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 from tbcoll.launch.postmortem import Postmortem
 
-from tbcoll.job.failures import FAILED, FAILED_AT, SUSPECT, format_failed, parse_ranks
+from tbcoll.job.failures import FAILED, FAILED_AT, SUSPECT, format_failed, parse_suspect
 from tbcoll.job.rendezvous import StoreServer
 from tbcoll.observability.dump_keys import ANSWER_KEY, LISTENING_KEY
 
@@ -33,7 +33,7 @@ class Authority:
     def __init__(self, store: StoreServer, postmortem: Postmortem) -> None:
         self._store = store
         self._postmortem = postmortem
-        self._reports: list[tuple[int, tuple[int, ...]]] = []
+        self._reports: list[tuple[int, tuple[int, ...], str]] = []
         self._lock = threading.Lock()
         self._wake: Callable[[], None] = lambda: None
         # request n -> (when its answers are due, the peers asked about)
@@ -58,11 +58,12 @@ class Authority:
             return
         self._store.set(key, value)
         with self._lock:
-            self._reports.append((int(reporter), parse_ranks(value)))
+            self._reports.append((int(reporter), *parse_suspect(value)))
             self._wake()
 
-    def reports(self) -> list[tuple[int, tuple[int, ...]]]:
-        """The (reporter, peers) reports since the last call."""
+    def reports(self) -> list[tuple[int, tuple[int, ...], str]]:
+        """The (reporter, peers, why) reports since the last call (why: "" for a wait past
+        --comm-timeout, NO_PATH for a split)."""
         with self._lock:
             reports, self._reports = self._reports, []
         return reports

@@ -8,6 +8,7 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from tbcoll.launch.failovers import FailoverLines
 from tbcoll.launch.folders import check_trace_path, new_folder, safe_folder
 from tbcoll.launch.hosts import JobPlan
 from tbcoll.launch.janitor import Janitor, janitor_for
@@ -78,11 +79,12 @@ def job_scope(plan: JobPlan, store_port: int, clients: int, *, dry_run: bool = F
                      job=job) as janitor:
         scope = JobScope(UNMADE if dry_run else new_token(), job, janitor,
                          UNMADE if dry_run else names or "")
-        spool = None
+        spool = lines = None
         try:
             if not dry_run:
                 scope.store = serve_store(scope.token, plan, store_port, clients)
                 scope.postmortem = Postmortem(scope.store, clients, log, dumps)
+                lines = FailoverLines(scope.store, ((h.name, h.ranks) for h in plan.hosts), log)
                 if trace is not None:
                     # imported here: a job without --trace starts without the timeline's
                     # modules (statistics among them: ~2 ms of tbrun's start-up)
@@ -91,6 +93,8 @@ def job_scope(plan: JobPlan, store_port: int, clients: int, *, dry_run: bool = F
                     spool = TraceSpool(scope.store, scope.folder, log)
             yield scope
         finally:
+            if lines is not None:
+                lines.close()
             if scope.store is not None:
                 scope.store.close()
             if spool is not None:

@@ -10,7 +10,8 @@
   way and exits with status 141, as a writer killed by SIGPIPE in a shell pipeline;
 - under --keep-going, a rank that fails is declared failed instead (tbcoll.launch.authority
   publishes the failed set) and the others go on; a rank a peer reports as frozen is checked,
-  and killed for good if it is;
+  and killed for good if it is; of two live ranks with no path left between them (a split),
+  the higher is killed for good;
 - each rank also dies if tbrun itself is killed: on Linux by PR_SET_PDEATHSIG
   (tbcoll.launch.parentdeath), elsewhere (macOS) and on remote hosts through
   tbcoll.launch.remote, below;
@@ -349,8 +350,8 @@ class Supervisor:
         the checks of those peers that are due."""
         if self._authority is None:
             return
-        for reporter, peers in self._authority.reports():
-            self._tell(Suspected(reporter, peers, time.monotonic(), self._alive()))
+        for reporter, peers, why in self._authority.reports():
+            self._tell(Suspected(reporter, peers, time.monotonic(), self._alive(), why))
         for peer, frozen, why in self._authority.due(time.monotonic()):
             self._tell(Probed(peer, frozen, why, time.monotonic(), self._alive()))
 

@@ -18,7 +18,9 @@ Under --keep-going (Verdict.keep_going) tbrun is the job's one failure authority
 (tbcoll.job.failures): a rank that ends badly does not stop the job. It is declared failed
 (Declare: the whole failed set, with the next epoch, published in the store) and the others go
 on. A rank a peer reports as frozen (Suspected) is checked (Probe); one found frozen is killed
-for good (KillRank) and declared once its exit is seen; a live one is left alone. When every
+for good (KillRank) and declared once its exit is seen; a live one is left alone. Two live
+ranks that report no path left between them (a split) lose the higher of the two, killed and
+declared alike. When every
 rank has ended, the job's status is the first failure's, with a summary line; a signal to
 tbrun, --timeout and a closed standard output still end the whole job with their statuses.
 """
@@ -32,6 +34,7 @@ from tbcoll.launch.diagnose import SSH_FAILED, describe_exit, plural, ranks_phra
 
 from tbcoll.core.errors import LINK_DOWN
 from tbcoll.core.records import record
+from tbcoll.job.failures import NO_PATH
 
 TIMEOUT_STATUS = 124  # as timeout(1) does
 STDOUT_CLOSED_STATUS = 128 + signal.SIGPIPE  # as the shell reports a writer SIGPIPE killed
@@ -99,12 +102,14 @@ class AllExited:
 @record
 class Suspected:
     """Under --keep-going, rank (reporter) waited past --comm-timeout on peers and asked
-    tbrun to look at them (tbcoll.job.failures.SUSPECT)."""
+    tbrun to look at them (tbcoll.job.failures.SUSPECT); or, why NO_PATH, found no path
+    left to them (a split)."""
 
     reporter: int
     peers: tuple[int, ...]
     now: float
     alive: tuple[int, ...]
+    why: str = ""
 
 
 @record
@@ -365,11 +370,33 @@ def _suspected(verdict: Verdict, e: Suspected) -> tuple[Verdict, list[Action]]:
     """Check each reported peer that still runs and is not checked or killed already."""
     if verdict.tearing_down or not verdict.keep_going:
         return verdict, []
+    if e.why == NO_PATH:
+        return _split(verdict, e)
     settled = verdict.failed | verdict.probing | verdict.killed
     peers = tuple(p for p in e.peers if p in e.alive and p not in settled and p != e.reporter)
     if not peers:
         return verdict, []
     return verdict._replace(probing=verdict.probing | set(peers)), [Probe(e.reporter, peers)]
+
+
+def _split(verdict: Verdict, e: Suspected) -> tuple[Verdict, list[Action]]:
+    """Two live ranks with no path left between them: the higher of the two is failed, killed
+    for good (declared once its exit is seen), so that every survivor, whichever end reported
+    first, sees the same failed set. Ranks fill hosts in order, so where two hosts are cut
+    apart their every pair of ranks (one per rail) fails the later host's rank: the later
+    host goes whole. A pair with an end that ended, or failed already, is no split."""
+    actions: list[Action] = []
+    for peer in e.peers:
+        low, high = sorted((e.reporter, peer))
+        settled = verdict.failed | verdict.killed
+        if low == high or not {low, high} <= set(e.alive) or {low, high} & settled:
+            continue
+        verdict = verdict._replace(killed=verdict.killed | {high})
+        actions += [Log(f"{verdict.name(low)} and {verdict.name(high)} have no path left "
+                        f"between them (a split, --keep-going): {verdict.name(high)} is failed "
+                        "(the higher rank of the pair); killing it for good (SIGKILL)"),
+                    KillRank(high)]
+    return verdict, actions
 
 
 def _probed(verdict: Verdict, e: Probed) -> tuple[Verdict, list[Action]]:

@@ -19,10 +19,18 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-from tbcoll.core.errors import PeerTimeoutError, TbcollError
+from tbcoll.core.errors import NO_PATH_LEFT, PeerTimeoutError, TbcollError
 from tbcoll.core.protocols import Group
 from tbcoll.job.env import LaunchInfo, among, keep_going, launch_info
-from tbcoll.job.failures import FAILED, SUSPECT, format_ranks, parse_failed, parse_ranks
+from tbcoll.job.failures import (
+    FAILED,
+    NO_PATH,
+    SUSPECT,
+    format_ranks,
+    format_suspect,
+    parse_failed,
+    parse_ranks,
+)
 from tbcoll.job.rendezvous import Store
 
 # seconds a rank waits for tbrun to declare the peers it lost (tbrun sees a death at once, and
@@ -80,14 +88,14 @@ class Failures:
         return parse_failed(self.store.peek(FAILED))[1]
 
     def declared(self, peers: Sequence[int], frozen: bool,
-                 members: Sequence[int]) -> frozenset[int] | None:
+                 members: Sequence[int], why: str = "") -> frozenset[int] | None:
         """The failed set once it holds every one of peers (world ranks), or any of members
         (world ranks: a peer that waits on a frozen rank answers tbrun and is not declared,
         the frozen one is), waiting at most DECLARED_WITHIN; None if tbrun declares neither (a
-        peer that ended well, a live one). frozen: they did not answer in time; tbrun is asked
-        to look at them first."""
+        peer that ended well, a live one). frozen: they did not answer in time, or (why:
+        NO_PATH) no path to them is left; tbrun is asked to look at them first."""
         if frozen and self.info is not None:
-            self.store.set(SUSPECT.format(self.info.rank), format_ranks(peers))
+            self.store.set(SUSPECT.format(self.info.rank), format_suspect(peers, why))
         deadline = time.monotonic() + DECLARED_WITHIN
         while not ((failed := self.failed()) >= set(peers) and peers
                    or not failed.isdisjoint(members)):
@@ -142,11 +150,12 @@ def lost(members: Sequence[int], peers: Sequence[int] | None, error: Exception
     if not keep_going():
         return ()
     view = failures()
+    split = NO_PATH_LEFT in str(error)  # a split: tbrun decides which end is failed
     if peers is None:
         failed = view.failed()
     else:
-        failed = view.declared(peers, isinstance(error, PeerTimeoutError), members) \
-            or frozenset()
+        failed = view.declared(peers, isinstance(error, PeerTimeoutError) or split, members,
+                               NO_PATH if split else "") or frozenset()
     return tuple(r for r in members if r in failed)
 
 

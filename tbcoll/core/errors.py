@@ -27,7 +27,15 @@ class PeerLostError(PeerError):
 LINK_DOWN = "the link is down"
 # how every transport that can see it names a peer whose process has gone (whatever its exit
 # status: a rank that returns, exits 0 or crashes before receiving is lost alike)
-PEER_ENDED = "it ended (exited or crashed)"
+EXITED = "exited or crashed"
+PEER_ENDED = f"it ended ({EXITED})"
+# in a PeerLostError's message where a pair's every path failed though neither end is known
+# to have ended: under --keep-going each end reports the other to tbrun, whose failure set
+# decides which is failed (a split: docs/failures.md)
+NO_PATH_LEFT = "no path left to fail over to"
+# why a failover began where a connection ended or was reset: a cut, or the peer's end; a
+# peer that exited is known only once no path answers (then the loss says so)
+CONNECTION_ENDED = "the connection ended"
 
 
 class RankFailedError(PeerError):

@@ -416,20 +416,33 @@ def failover(environ: Mapping[str, str] | None = None) -> bool:
     return env.get("TBCOLL_FAILOVER", "").strip() == "1"
 
 
-def faults(environ: Mapping[str, str] | None = None) -> tuple[int, int, int] | None:
-    """TBCOLL_FAULTS=seed:cuts:span, for failover's tests: the first `cuts` connections of
-    each tcp stream are cut at a seeded byte below `span` (tbcoll.transports.stream.faults),
-    failover on; None: unset."""
+def faults(environ: Mapping[str, str] | None = None
+           ) -> tuple[int, int, int, tuple[int, int] | None] | None:
+    """TBCOLL_FAULTS=seed:cuts:span[:A-B], for failover's tests: the first `cuts` connections
+    of each tcp stream are cut at a seeded byte below `span` (tbcoll.transports.stream.faults),
+    failover on; with A-B, ranks A and B find no path left once their first connection is
+    cut (a split). None: unset."""
     env = os.environ if environ is None else environ
     text = env.get("TBCOLL_FAULTS", "").strip()
     if not text:
         return None
     parts = text.split(":")
-    if len(parts) != 3 or not all(p.strip().isdigit() for p in parts) or int(parts[2]) < 2:
+    numbers, split = parts[:3], _split_pair(parts[3]) if len(parts) == 4 else None
+    if (len(parts) not in (3, 4) or not all(p.strip().isdigit() for p in numbers)
+            or int(numbers[2]) < 2 or (len(parts) == 4 and split is None)):
         raise TbcollError(f"TBCOLL_FAULTS={text!r}: give seed:cuts:span, three whole numbers "
-                          "(span at least 2), e.g. 7:2:100000")
-    seed, cuts, span = (int(p) for p in parts)
-    return seed, cuts, span
+                          "(span at least 2), e.g. 7:2:100000, and optionally :A-B, two "
+                          "ranks left with no path (7:1:100000:0-1)")
+    seed, cuts, span = (int(p) for p in numbers)
+    return seed, cuts, span, split
+
+
+def _split_pair(text: str) -> tuple[int, int] | None:
+    """The two different ranks of "A-B", lower first; None where it is not that."""
+    a, _, b = text.strip().partition("-")
+    if not (a.isdigit() and b.isdigit()) or a == b:
+        return None
+    return min(int(a), int(b)), max(int(a), int(b))
 
 
 def segment_prefix(job: str) -> str:

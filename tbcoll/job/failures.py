@@ -15,8 +15,12 @@ from collections.abc import Iterable
 FAILED = "tbrun/failed"  # the latest: "epoch\\nrank,rank,..." (world ranks, ascending)
 FAILED_AT = "tbrun/failed/{}"  # each epoch's, formatted with the epoch (1, 2, ...)
 # a rank that waited past --comm-timeout on peers asks tbrun to look at them: formatted with
-# the asking rank; the value is those peers' world ranks, comma-separated
+# the asking rank; the value is those peers' world ranks, comma-separated, then (after a
+# newline) why, where it is not a wait: NO_PATH
 SUSPECT = "tbrun/suspect/{}"
+# the why of a SUSPECT where every path to those peers failed though they may live (a split):
+# tbrun's failure set decides which end is failed (launchers/verdict.py, docs/failures.md)
+NO_PATH = "no path left"
 
 
 def format_failed(epoch: int, ranks: Iterable[int]) -> bytes:
@@ -35,7 +39,18 @@ def format_ranks(ranks: Iterable[int]) -> bytes:
     return ",".join(map(str, sorted(set(ranks)))).encode()
 
 
+def format_suspect(ranks: Iterable[int], why: str = "") -> bytes:
+    """A SUSPECT value: ranks, and why where it is not a wait past --comm-timeout."""
+    return format_ranks(ranks) + (f"\n{why}".encode() if why else b"")
+
+
 def parse_ranks(value: bytes) -> tuple[int, ...]:
-    """The world ranks of a SUSPECT value; what is no rank is left out."""
-    text = value.decode(errors="replace")
+    """The world ranks of a SUSPECT value (or of a list of ranks); what is no rank is left
+    out."""
+    text = value.decode(errors="replace").partition("\n")[0]
     return tuple(sorted({int(r) for r in text.split(",") if r.isascii() and r.isdigit()}))
+
+
+def parse_suspect(value: bytes) -> tuple[tuple[int, ...], str]:
+    """The world ranks of a SUSPECT value, and why ("" for a wait past --comm-timeout)."""
+    return parse_ranks(value), value.decode(errors="replace").partition("\n")[2]

@@ -42,6 +42,8 @@ from tbcoll.observability.recorder import (
     Entry,
     call_site,
     clock_anchor,
+    events,
+    take_events,
     take_traced,
     trace_full,
     user_site,
@@ -73,6 +75,7 @@ def snapshot(reason: str, failed: Any = None, error: str = "") -> dict[str, Any]
         comms.append(entry)
     return {"rank": info.rank if info else None, "host": socket.gethostname(),
             "pid": os.getpid(), "reason": reason, "clock": clock_anchor(), "communicators": comms,
+            "failovers": list(events),
             "stacks": [{"thread": getattr(threads.get(ident), "name", str(ident)),
                         "main": ident == threading.main_thread().ident,
                         "site": call_site(frame), "frames": _stack(frame)}
@@ -209,10 +212,11 @@ class _TraceSender:
                 return False
             self._done = last
             comms, rows = trace_rows(take_traced())
+            failovers = take_events()
             for start in range(0, len(rows), self._chunk):
                 self._put(comms, rows[start:start + self._chunk], False)
-            if last:
-                self._put([], [], True)
+            if failovers or last:
+                self._put([], [], last, failovers)
             return not last
         except (OSError, TbcollError):
             self._done = True
@@ -220,10 +224,12 @@ class _TraceSender:
         finally:
             self._lock.release()
 
-    def _put(self, comms: list[list[int]], rows: list[tuple], last: bool) -> None:
+    def _put(self, comms: list[list[int]], rows: list[tuple], last: bool,
+             failovers: list[dict[str, Any]] | None = None) -> None:
         self._sent += 1
         text = json.dumps({"rank": self._rank, "host": self._host, "clock": self._clock,
-                           "comms": comms, "calls": rows, "last": last}, default=str)
+                           "comms": comms, "calls": rows, "last": last,
+                           "failovers": failovers or []}, default=str)
         self._store.set(TRACE_KEY.format(self._rank, self._sent), text)
 
 

@@ -26,6 +26,7 @@ import os
 import threading
 import time
 import weakref
+from collections import deque
 from pathlib import Path
 from types import FrameType
 from typing import Any, NamedTuple
@@ -73,6 +74,30 @@ def take_traced() -> list[tuple[tuple[int, ...], list[tuple[Entry, str]]]]:
         if n:
             taken.append((members, calls[:n]))
             del calls[:n]
+    return taken
+
+
+# a pair's failovers (tbcoll.job.pathevents.PathChange's fields, with "at": perf_counter() when
+# the stream went on over its new path): the last EVENTS_KEPT for the dumps, and under --trace
+# those not yet sent (tbcoll.observability.dumps takes them with the calls)
+EVENTS_KEPT = 64
+events: deque[dict[str, Any]] = deque(maxlen=EVENTS_KEPT)
+_traced_events: list[dict[str, Any]] = []
+
+
+def note_event(event: dict[str, Any]) -> None:
+    """Keep a failover for the dumps, and for the timeline under --trace (where a
+    communicator traces: every one does, or none)."""
+    events.append(event)
+    if _traced:
+        _traced_events.append(event)
+
+
+def take_events() -> list[dict[str, Any]]:
+    """The failovers not yet sent under --trace, taken out (as take_traced's calls)."""
+    n = len(_traced_events)
+    taken = _traced_events[:n]
+    del _traced_events[:n]
     return taken
 
 

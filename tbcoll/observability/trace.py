@@ -37,6 +37,8 @@ from tbcoll.observability.recorder import TRACE_ROW
 # how many of a rank's first calls on the world communicator its clock offset is measured on
 _OFFSET_SAMPLE = 4096
 _ARGS = ("seq", "dtype", "bytes", "op", "root", "algorithm", "site", "ranks")
+_FAILOVER_ARGS = ("peer", "old", "new", "reason", "replayed", "seconds")
+_FAILOVER_ROW = 1 << 20  # the row (tid) of a rank's failovers, below its communicators'
 
 Chunks = Callable[[], Iterable[Mapping[str, Any]]]
 
@@ -96,9 +98,22 @@ def write_trace(ranks: Mapping[int, Chunks], out: TextIO) -> Written:
             if events:
                 out.write(separator + json.dumps(events)[1:-1])
                 calls += len(events)
+            if chunk.get("failovers"):
+                out.write(separator + json.dumps(_failovers(rank, chunk, shift))[1:-1])
     other = {"clock offsets to rank 0 (s)": {str(r): o for r, o in offsets.items()}}
     out.write(f'], "displayTimeUnit": "ms", "otherData": {json.dumps(other)}}}')
     return Written(calls, {rank: s.ended for rank, s in surveys.items()})
+
+
+def _failovers(rank: int, chunk: Mapping[str, Any], shift: float) -> list[dict[str, Any]]:
+    """A chunk's failovers: each a span on its rank's row of failovers, from the failure
+    found to the stream going on over its new path (the row named with them)."""
+    return [{"ph": "M", "name": "thread_name", "pid": rank, "tid": _FAILOVER_ROW,
+             "args": {"name": "failovers"}}] + [
+        {"ph": "X", "name": f"failover to rank {e['peer']}", "cat": "failover", "pid": rank,
+         "tid": _FAILOVER_ROW, "ts": round((e["at"] - e["seconds"] + shift) * 1e6, 3),
+         "dur": round(e["seconds"] * 1e6, 3), "args": {k: e.get(k) for k in _FAILOVER_ARGS}}
+        for e in chunk["failovers"]]
 
 
 def _calls(chunk: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
@@ -151,7 +166,7 @@ def summarize(trace: Mapping[str, Any]) -> list[dict[str, Any]]:
     calls: dict[tuple, dict[int, tuple[float, float]]] = defaultdict(dict)
     names: dict[tuple, str] = {}
     for e in trace["traceEvents"]:
-        if e.get("ph") != "X":
+        if e.get("ph") != "X" or e.get("cat") != "collective":
             continue
         key = (tuple(e["args"]["ranks"]), e["args"]["seq"])
         calls[key][e["pid"]] = (e["ts"], e["dur"])

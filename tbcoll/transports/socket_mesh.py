@@ -419,7 +419,7 @@ _COUNT = struct.Struct("!Q")
 # why a rank asks its peer to fail over their pair (Reconnector.ask), as the peer's line says
 # it: "rank 1 found the link dead", "rank 1 moves back to the preferred path"
 FOUND_DEAD = "found the link dead"
-FAIL_BACK = "moves back to the preferred path"
+FAIL_BACK = "moves back"  # to the preferred path: pathevents.FAILED_BACK
 # A path earlier than the one in use answers when a connection to a port of the peer's host
 # there is refused (or taken) within this: its kernel answered (answers)
 _PROBE_TIMEOUT = 1.0

@@ -160,7 +160,7 @@ def test_the_check_of_suspects_in_the_store(monkeypatch):
         wake_r, wake_w = os.pipe()
         judge.wake_with(wake_w)
         client.set(SUSPECT.format(0), "3,1,2,x")
-        assert os.read(wake_r, 1) == b"\0" and judge.reports() == [(0, (1, 2, 3))]
+        assert os.read(wake_r, 1) == b"\0" and judge.reports() == [(0, (1, 2, 3), "")]
         assert server.get(SUSPECT.format(0)) == b"3,1,2,x" and judge.reports() == []
         for rank in (1, 2):
             server.set(LISTENING_KEY.format(rank), "1")

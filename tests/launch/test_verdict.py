@@ -25,6 +25,7 @@ from tbcoll.launch.verdict import (
 )
 
 from tbcoll.core.errors import LINK_DOWN
+from tbcoll.job.failures import NO_PATH
 
 NAMES = {0: "rank 0", 1: "rank 1", 2: "rank 2"}
 
@@ -241,3 +242,24 @@ def test_a_suspect_is_checked_once_killed_if_frozen_and_left_alone_if_alive():
         "rank 1 is frozen (it answered nothing in 1 s); killing it for good (SIGKILL)"]
     assert [a.ranks for a in actions if isinstance(a, Declare)] == [(1,)]
     assert verdict.failed == {1} and not verdict.killed and not verdict.probing
+
+
+def test_a_split_fails_the_higher_rank_of_the_pair_whichever_end_reports_first():
+    """Two live ranks with no path left (NO_PATH): the higher is killed and declared, once,
+    whichever end reports first; a pair with an end that ended already is no split."""
+    for first, second in ((0, 2), (2, 0)):
+        verdict, actions = run([
+            Suspected(first, (second,), now=1.0, alive=(0, 1, 2), why=NO_PATH),
+            Suspected(second, (first,), now=1.1, alive=(0, 1, 2), why=NO_PATH),
+            Exited(2, 102, -signal.SIGKILL, now=1.2, alive=(0, 1)),
+            Suspected(1, (2,), now=1.3, alive=(0, 1), why=NO_PATH),  # ended: no split
+        ], KEEP_GOING)
+        assert [a for a in actions if isinstance(a, KillRank)] == [KillRank(2), KillRank(2)]
+        assert not [a for a in actions if isinstance(a, Probe)]
+        assert lines(actions)[0] == (
+            "rank 0 and rank 2 have no path left between them (a split, --keep-going): rank 2 "
+            "is failed (the higher rank of the pair); killing it for good (SIGKILL)")
+        assert verdict.failed == {2} and not verdict.killed
+    verdict, actions = run([Suspected(0, (1,), now=1.0, alive=(0, 1), why=NO_PATH)],
+                           Verdict({0: "rank 0", 1: "rank 1"}))  # not --keep-going
+    assert actions == []

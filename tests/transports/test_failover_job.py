@@ -5,6 +5,8 @@ line. The ends of a connection live in two processes here, so a cut ends the far
 direction only when it reads the cut (tbcoll.transports.stream.faults): the cuts fall
 early (span 30000 bytes), where the tails hold everything."""
 
+import json
+
 import pytest
 
 from ..conftest import tagged_lines, tbrun
@@ -47,7 +49,7 @@ def test_a_job_whose_connections_are_cut_gives_right_results(script, size):
     lines = tagged_lines(p.stdout)
     for rank in range(size):
         assert lines[rank] == [f"wrong: none {list(range(size))}"], p.stdout
-    assert p.stderr.count("failed over to") >= size, p.stderr
+    assert p.stderr.count("; now over ") >= size, p.stderr
 
 
 def test_a_bad_fault_plan_is_named(script):
@@ -55,3 +57,94 @@ def test_a_bad_fault_plan_is_named(script):
     p = tbrun("-np", 2, "--backend", "tcp", "-x", "TBCOLL_FAULTS=soon", path)
     assert p.returncode != 0
     assert "TBCOLL_FAULTS='soon': give seed:cuts:span" in p.stderr
+
+
+# cuts=1: every stream's first connection is cut once, so each pair of ranks fails over once
+# (each end posting its own PathChange); the ranks check what the recorder and describe keep
+SAID = """
+import numpy as np
+import tbcoll
+from tbcoll.observability.dumps import snapshot
+
+comm = tbcoll.init()
+for n in range(12):
+    assert np.array_equal(comm.all_reduce(np.full(8192, n, np.float64)), np.full(8192, 3.0 * n))
+    comm.all_gather(np.full(4096, comm.rank, np.int64))
+kept = snapshot("test")["failovers"]
+peers = sorted({e["peer"] for e in kept})
+said = [line for line in comm.describe().splitlines() if "failed over at" in line]
+print("recorded", peers, all(e["old"] != e["new"] and e["seconds"] >= 0 for e in kept),
+      "described", len(said))
+"""
+
+
+def test_each_failover_is_one_line_of_tbrun_and_kept_by_the_recorder(script, tmp_path):
+    trace = tmp_path / "run.json"
+    p = tbrun("-np", 3, "--backend", "tcp", "--trace", trace, "-x", "TBCOLL_FAULTS=4:1:30000",
+              script(SAID), timeout=90)
+    assert p.returncode == 0, p.stderr
+    for rank, lines in tagged_lines(p.stdout).items():
+        others = [r for r in range(3) if r != rank]
+        assert lines == [f"recorded {others} True described 2"], p.stdout
+    said = [line for line in p.stderr.splitlines() if " lost after " in line]
+    for pair in ("rank 0 <-> rank 1", "rank 0 <-> rank 2", "rank 1 <-> rank 2"):
+        assert [line for line in said if line.startswith(f"tbrun: {pair}:")].__len__() == 1, \
+            p.stderr
+    assert len(said) == 3 and all("; now over " in line for line in said), p.stderr
+    assert "exited or crashed" not in p.stderr, p.stderr  # a cut is no peer's end
+    spans = [e for e in json.loads(trace.read_text())["traceEvents"] if e.get("cat") ==
+             "failover"]
+    assert {e["pid"] for e in spans} == {0, 1, 2} and all(e["dur"] >= 0 for e in spans), spans
+
+
+# np 3, --keep-going: ranks 0 and 1 have no path left once their connection is cut (a split);
+# tbrun fails the higher (1), the others shrink and go on
+SPLIT = """
+import numpy as np
+import tbcoll
+
+comm = tbcoll.init()
+try:
+    for n in range(40):
+        comm.all_reduce(np.ones(5000))
+    print("no split seen")
+except (tbcoll.RankFailedError, tbcoll.CommRevokedError):
+    comm.revoke()
+    survivors = comm.shrink()
+    print("shrunk", survivors.size, survivors.all_reduce(np.array([comm.rank + 1.0])).tolist())
+"""
+
+
+def test_a_split_under_keep_going_fails_the_higher_rank_and_the_others_shrink(script):
+    p = tbrun("--keep-going", "-np", 3, "--backend", "tcp",
+              "-x", "TBCOLL_FAULTS=3:1:30000:0-1", script(SPLIT), timeout=90)
+    assert p.returncode == 137, p.stderr  # the first failure's: rank 1, killed
+    lines = tagged_lines(p.stdout)
+    assert lines.get(0) == lines.get(2) == ["shrunk 2 [4.0]"] and 1 not in lines, p.stdout
+    assert ("rank 0 and rank 1 have no path left between them (a split, --keep-going): rank 1 "
+            "is failed") in p.stderr, p.stderr
+
+
+def test_a_pair_of_hosts_fails_over_as_one_line():
+    """Every pair of ranks between two hosts (one per rail), each seen from both ends: one
+    line, from the lowest pair's view, the slowest end's seconds, the bytes summed."""
+    from tbcoll.launch.failovers import FailoverLines
+
+    from tbcoll.job.pathevents import PathChange
+
+    class Store:
+        def divert(self, prefix, sink):
+            pass
+
+    said = []
+    lines = FailoverLines(Store(), [("mac1", (0, 1)), ("mac2", (2, 3))], said.append)
+    for rank, peer, seconds in ((0, 2, 0.3), (2, 0, 0.4), (1, 3, 0.2), (3, 1, 0.25)):
+        change = PathChange(rank, peer, 1, "cable 1 (10.212.1.2)", "management (10.211.0.12)",
+                            "the connection ended", 100, seconds)
+        lines._take(b"", change.encode())
+    lines._take(b"", b"not json")
+    lines.close()
+    assert len(said) == 1, said
+    assert said[0].startswith("mac1 <-> mac2: cable 1 (10.212.1.2) lost after "), said
+    assert said[0].endswith("; now over management (10.211.0.12), 0.4 s (the connection ended; "
+                            "400 bytes sent again; 2 pairs of ranks moved)"), said

@@ -28,7 +28,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from tbcoll.core.calls import MISMATCH_ADVICE, NO_CALL, mismatch
-from tbcoll.core.errors import CommError, PeerLostError, PeerTimeoutError
+from tbcoll.core.errors import CONNECTION_ENDED, EXITED, CommError, PeerLostError, PeerTimeoutError
 from tbcoll.core.framing import (
     ANNOUNCE,
     DESCRIPTOR,
@@ -402,7 +402,7 @@ class StreamTransport(Pulls, Revocation, Failover):
             except BlockingIOError:
                 break
             except OSError as e:
-                if self._link_failed(peer, self._send_failure(e)):
+                if self._link_failed(peer, self._send_failure(e), e):
                     return
                 raise self.lost(peer.rank) from e
             self.words[peer.words_at + SENT_WORD] += sent  # the holder of the engine's
@@ -468,7 +468,7 @@ class StreamTransport(Pulls, Revocation, Failover):
             self._link_failed(peer, f"receive failed: {e.strerror or e}")
             return 0
         if got == 0:
-            self._link_failed(peer, "it closed the connection: exited or crashed")
+            self._link_failed(peer, f"it closed the connection: {EXITED}", CONNECTION_ENDED)
         self.words[peer.words_at + RECEIVED_WORD] += got  # (as _pump_out's)
         return got
 

@@ -7,9 +7,11 @@ uses the engine's peers, words and moves.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 
+from tbcoll.core.errors import NO_PATH_LEFT
 from tbcoll.transports.stream.peers import Channel, Peer, Send
 from tbcoll.transports.stream.words import RECEIVED_WORD, SENT_WORD
 
@@ -35,14 +37,18 @@ class Failover:
         follows it; the old one is closed)."""
         peer.channel = channel
 
-    def _link_failed(self, peer: Peer, reason: str) -> bool:
+    def _link_failed(self, peer: Peer, reason: str, cause: OSError | str | None = None) -> bool:
         """peer's channel failed: True where it is to fail over (a tail kept; the next wait
-        does it, _repair), else it is lost."""
+        does it, _repair), else it is lost (reason). cause: the failover's reason where
+        reason blames the peer (an end of stream, a reset: that it exited is known only once
+        no path answers), an OSError for a failed send."""
+        if isinstance(cause, OSError):
+            cause = f"send failed: {cause.strerror or cause}"
         if peer.tail is None or peer.lost:
             self._lose(peer, reason)
             return False
         if peer.broken is None:
-            peer.broken = reason
+            peer.broken, peer.broken_at = cause or reason, time.monotonic()
             self._broken.add(peer)
         return True
 
@@ -85,7 +91,7 @@ class Failover:
         error = future.exception()
         found = None if error else future.result()
         if found is None:
-            self._lose(peer, f"{reason}; {error or 'no path left to fail over to'}")
+            self._lose(peer, f"{reason}; {NO_PATH_LEFT}" + (f" ({error})" if error else ""))
             return
         channel, theirs = found
         sent, rest = self.words[at + SENT_WORD], peer.tail.since(theirs)
@@ -101,5 +107,10 @@ class Failover:
         peer.tail.rewind(theirs)
         if rest:
             peer.sendq.appendleft(Send(peer, [memoryview(rest)]))
+        self._failed_over(peer, reason, sent - theirs, time.monotonic() - peer.broken_at)
         self._pump_out(peer)
+
+    def _failed_over(self, peer: Peer, reason: str, replayed: int, seconds: float) -> None:
+        """peer's stream goes on over its new channel, replayed bytes sent again, seconds
+        after its failure was found: say so (a subclass names the paths, tells tbrun)."""
 

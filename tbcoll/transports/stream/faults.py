@@ -22,6 +22,7 @@ import errno
 import random
 import socket
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from tbcoll.transports.stream.outq import unacked_bytes
@@ -121,10 +122,13 @@ def _first(buffers: list[memoryview], n: int) -> list[memoryview]:
 class FaultPlan:
     """Where each channel of a job is cut: the first `cuts` channels of each stream (its
     set-up's, then each one failover makes) at a seeded byte below `span`, with up to
-    `drop` bytes lost; later ones are whole."""
+    `drop` bytes lost; later ones are whole. split: a pair of ranks (lower first) whose
+    failover finds no path left (reconnecting)."""
 
-    def __init__(self, seed: int, cuts: int, span: int, drop: int = 4096) -> None:
+    def __init__(self, seed: int, cuts: int, span: int, drop: int = 4096,
+                 split: tuple[int, int] | None = None) -> None:
         self.seed, self.cuts, self.span, self.drop = seed, cuts, span, drop
+        self.split = split
         self._links: dict[tuple[int, int, int], Link] = {}  # ends of one process share one
         self._lock = threading.Lock()
 
@@ -138,3 +142,23 @@ class FaultPlan:
         chosen = random.Random(f"{self.seed}/{rank}/{peer}/{generation}")
         return CutChannel(sock, chosen.randrange(1, self.span), chosen.randrange(self.drop + 1),
                           link, end)
+
+    def reconnecting(self, reconnect: Callable[..., Any]) -> Callable[..., Any]:
+        """reconnect (socket_mesh.Reconnector's call), but None (no path left) for the split
+        pair; its other methods (asked) kept."""
+        plan = self
+
+        class Split:
+            def __call__(self, peer: int, *args: Any) -> Any:
+                if plan.split is not None and plan.split == _pair(reconnect.info.rank, peer):
+                    return None
+                return reconnect(peer, *args)
+
+            def __getattr__(self, name: str) -> Any:
+                return getattr(reconnect, name)
+
+        return Split()
+
+
+def _pair(a: int, b: int) -> tuple[int, int]:
+    return min(a, b), max(a, b)

@@ -108,6 +108,7 @@ class Peer:
         # why the channel failed, while a new one is to be found; channels had before it
         self.tail: Tail | None = None
         self.broken: str | None = None
+        self.broken_at = 0.0  # when (time.monotonic()) broken was found
         self.reconnecting: Future | None = None  # the new channel being connected
         self.generation = 0
 

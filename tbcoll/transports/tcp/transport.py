@@ -30,6 +30,7 @@ from tbcoll.core.extensions import c_extension
 from tbcoll.core.framing import HEADER
 from tbcoll.core.wire_check import check_wire
 from tbcoll.job.env import LaunchInfo, failover, faults, link_delay, placement
+from tbcoll.job.pathevents import FAILED_BACK, PathChange
 from tbcoll.job.rendezvous import Store
 from tbcoll.job.topology import Path
 from tbcoll.transports.socket_mesh import (
@@ -62,6 +63,7 @@ from tbcoll.transports.stream.replay import Tail
 from tbcoll.transports.stream.turns import Marking
 from tbcoll.transports.stream.words import RECEIVED_WORD, SENT_WORD, check_words
 from tbcoll.transports.tcp.delayed import DelayedChannel
+from tbcoll.transports.tcp.moves import path_text, say
 from tbcoll.transports.tcp.native import TcpNative
 
 log = logging.getLogger("tbcoll.tcp")
@@ -96,7 +98,6 @@ _ASKS_EVERY = 0.05
 # one probes the earlier paths this often, from a thread of its own (socket_mesh.answers: a
 # SYN each), and moves the pair back when one answers (a planned failover)
 _PROBE_EVERY = 3.0
-_BACK = "preferred path back"  # why this rank moves a pair back, in its line
 
 
 class TcpTransport(StreamTransport):
@@ -126,6 +127,10 @@ class TcpTransport(StreamTransport):
         self.waits_released = not self._holding
         self._by_fd: dict[int, Peer] = {}
         self._links: dict[int, str] = {}  # peer -> "this end -> that end", for messages
+        # failovers: the path each failing stream leaves, and each peer's moves so far (the
+        # wall-clock time of each, for describe)
+        self._leaving: dict[int, str] = {}
+        self._moves: dict[int, list[tuple[str, PathChange]]] = {}
         self._paths = {peer: (route(peer) or ()) if route else () for peer in sockets}
         # the path each connection runs over, read while it lives (a dead one may not say)
         self._in_use = {peer: path_in_use(sock, self._paths[peer])
@@ -367,10 +372,11 @@ class TcpTransport(StreamTransport):
             if why := unanswered(peer.channel):
                 self._link_failed(peer, why)
 
-    def _link_failed(self, peer: Peer, reason: str) -> bool:
+    def _link_failed(self, peer: Peer, reason: str, cause: OSError | str | None = None) -> bool:
         """As the engine's, with why the path was found dead where it was (the watcher or a
         peer's ask shut the socket down: the engine meets that as the end of the stream)."""
-        return super()._link_failed(peer, self._found_dead(peer) or reason)
+        found = self._found_dead(peer)
+        return super()._link_failed(peer, found or reason, None if found else cause)
 
     def _found_dead(self, peer: Peer) -> str | None:
         """Why peer's connection was found dead by the watcher or a peer's ask (looked at
@@ -427,6 +433,7 @@ class TcpTransport(StreamTransport):
     def _asked_line(self, rank: int, why: str) -> str:
         if why == FAIL_BACK:
             self._failback.add(rank)  # the paths before the one in use are tried as well
+            return f"rank {rank}: {FAILED_BACK}"
         return f"rank {rank} {why}"
 
     def _start_probes(self) -> None:
@@ -459,7 +466,7 @@ class TcpTransport(StreamTransport):
         if peer.sendq or peer.target is not None or peer.start != peer.end:
             return  # not quiet: the next probe
         self._failback.add(rank)
-        self._found[rank] = _BACK
+        self._found[rank] = FAILED_BACK
         self._reconnector.ask(None, rank, peer.generation + 1, FAIL_BACK)
         try:
             peer.channel.shutdown(socket.SHUT_RDWR)
@@ -469,9 +476,10 @@ class TcpTransport(StreamTransport):
     def _reconnect(self, peer: Peer,
                    received: int) -> Callable[[], tuple[Channel, int] | None] | None:
         """Close the failed connection (so that the peer, if it has not noticed, does); the
-        work that connects again over the next path (the Reconnector), one line saying so."""
-        old, paths = peer.channel, self._paths.get(peer.rank, ())
+        work that connects again over the next path (the Reconnector)."""
+        old = peer.channel
         used = self._in_use.get(peer.rank)
+        self._leaving[peer.rank] = path_text(used, self.link(peer.rank))
         self._poller.unregister(old)
         del self._by_fd[old.fileno()]
         self._unwatch(old)
@@ -479,8 +487,7 @@ class TcpTransport(StreamTransport):
         self._found.pop(peer.rank, None)
         if self._reconnector is None:
             return None
-        rank, generation, reason = peer.rank, peer.generation + 1, peer.broken
-        sent = self.words[peer.words_at + SENT_WORD]
+        rank, generation = peer.rank, peer.generation + 1
         back = rank in self._failback
         self._failback.discard(rank)
 
@@ -490,13 +497,21 @@ class TcpTransport(StreamTransport):
             if found is None:
                 return None
             sock, theirs = found
-            log.warning("rank %d <-> rank %d: %s; failed over to %s (%s), %d bytes to send "
-                        "again", self.rank, rank, reason, link_of(sock), used_name(sock, paths),
-                        sent - theirs)
             return (self._wrap(self.rank, rank, generation, sock) if self._wrap else sock,
                     theirs)
 
         return again
+
+    def _failed_over(self, peer: Peer, reason: str, replayed: int, seconds: float) -> None:
+        """The one place a failover is told: this rank's log line, the flight recorder (its
+        dumps and --trace), describe(), and tbrun (which prints one line per pair of hosts:
+        tbcoll.launch.failovers)."""
+        change = PathChange(self.rank, peer.rank, peer.generation,
+                            self._leaving.pop(peer.rank, "?"),
+                            path_text(self._in_use.get(peer.rank), self.link(peer.rank)),
+                            reason, replayed, round(seconds, 4))
+        self._moves.setdefault(peer.rank, []).append((time.strftime("%H:%M:%S"), change))
+        say(change)
 
     def _adopt(self, peer: Peer, channel: Channel) -> None:
         """Watch the new connection as the old one was (its sends' interest kept)."""
@@ -523,9 +538,13 @@ class TcpTransport(StreamTransport):
         hostfile's: Layout.paths), for Communicator.describe()."""
         peer = self._peers.get(rank)
         paths = self._paths.get(rank, ())
-        if peer is None or not paths or not isinstance(peer.channel, socket.socket):
-            return self.link(rank)
-        return f"{self.link(rank)}, {describe_paths(peer.channel, paths, self._in_use.get(rank))}"
+        moves = "".join(f"; failed over at {when} from {change.old} ({change.reason}), "
+                        f"{change.seconds:.1f} s" for when, change in self._moves.get(rank, ()))
+        sock = getattr(peer.channel, "socket", peer.channel) if peer is not None else None
+        if not paths or not isinstance(sock, socket.socket):
+            return self.link(rank) + moves
+        return (f"{self.link(rank)}, {describe_paths(sock, paths, self._in_use.get(rank))}"
+                + moves)
 
     def silent_loss(self) -> tuple[int, str] | None:
         """A peer whose connection is gone, found without reading anything, so that another
@@ -711,15 +730,10 @@ def connect(info: LaunchInfo, prefix: str, peers: frozenset[int] | None = None) 
         sockets = connect_mesh(info.rank, info.size, hosts, route,
                                store, info.token, info.timeout, prefix, peers)
     cuts, delay = faults(), link_delay()
-    plan = FaultPlan(*cuts) if cuts else None
+    plan = FaultPlan(*cuts[:3], split=cuts[3]) if cuts else None
     reconnect = (Reconnector(info, prefix, route, hosts)
                  if (failover() or plan) and not delay else None)
+    if plan is not None and reconnect is not None and plan.split is not None:
+        reconnect = plan.reconnecting(reconnect)
     return TcpTransport(info.rank, info.size, sockets, info.timeout, delay, route,
                         reconnect, plan.wrap if plan and reconnect else None)
-
-
-def used_name(sock: socket.socket, paths: tuple) -> str:
-    """The name of the path sock runs over ("cable 2", "management"), for failover's line."""
-    used = path_in_use(sock, paths)
-    return used.name if used else "its address"
-
