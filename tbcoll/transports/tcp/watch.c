@@ -1,6 +1,6 @@
 /*
  * The watcher (docs/failover.md, "Detection"): one thread per process, in C and without the
- * GIL, that looks at each watched connection every LOOK_EVERY and finds a dead path while
+ * GIL, that looks at each watched connection every LOOK_EVERY_NS and finds a dead path while
  * its rank computes, or waits in C, or in Python. A Python thread could not: it would starve
  * behind the GIL while the rank computes.
  *
@@ -17,10 +17,14 @@
  * message. Only a socket still the one watched (same inode) is shut: an fd closed and
  * reused without unwatch is dropped, never touched.
  *
- * Linux: TCP_INFO's tcpi_unacked, tcpi_notsent_bytes, tcpi_snd_wnd, tcpi_bytes_acked. macOS: TCP_CONNECTION_INFO (XNU's
- * struct tcp_connection_info): bytes in the send buffer, packets received, and packets
- * retransmitted (a peer that closed its window answers probes rarely, so two
- * retransmissions are needed as well). Elsewhere: keepalive's end only.
+ * Linux: TCP_INFO's tcpi_unacked, tcpi_notsent_bytes and tcpi_snd_wnd (in flight), and
+ * tcpi_bytes_acked (progress). macOS: TCP_CONNECTION_INFO (XNU's struct
+ * tcp_connection_info): bytes in the send buffer under an open window, packets received,
+ * and packets retransmitted (two needed as well: macOS counts no timeouts in a row, and a
+ * packet may be lost on a live path). Elsewhere: keepalive's end only.
+ *
+ * Cost: one getsockopt (and an fstat) per connection per look, ~2 us each: at 100 ms, a
+ * rank with 16 peers spends ~0.03% of a core; a job without failover starts no thread.
  *
  * Its state is behind one mutex, taken by the thread and by the module's functions (which
  * hold the GIL: the thread never takes it, so they cannot deadlock); the mutex orders every
@@ -38,6 +42,9 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+#if defined(__APPLE__)
+#include <netinet/tcp_fsm.h> /* TCPS_CLOSED, tcp_connection_info's states */
+#endif
 
 #define LOOK_EVERY_NS 100000000L /* 100 ms */
 #define DEAD_AFTER 1.0           /* seconds with bytes in flight and none acknowledged */
@@ -127,7 +134,8 @@ static int look_at(int fd, struct look *out)
     if (getsockopt(fd, IPPROTO_TCP, TCP_CONNECTION_INFO, &info, &len) < 0)
         return -1;
     out->ended = info.tcpi_state == TCPS_CLOSED;
-    out->flight = info.tcpi_snd_sbbytes;
+    /* the send buffer's bytes (sent or not), unless the peer closed its window (slow to read) */
+    out->flight = info.tcpi_snd_wnd ? info.tcpi_snd_sbbytes : 0;
     out->progress = info.tcpi_rxpackets;
     out->resent = info.tcpi_txretransmitpackets;
     return 0;
