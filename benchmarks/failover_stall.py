@@ -5,7 +5,7 @@ stall is the time from the pull to the end of the longest gap between two calls 
 after it (on the slowest rank). Per job: host 0's end of cable 1 to host 1 (-> cable 2),
 then host 1's end of cable 2 (-> management).
 
-    sudo .venv/bin/python benchmarks/failover_stall.py [--jobs 3]
+    sudo .venv/bin/python benchmarks/failover_stall.py [--jobs 3] [--every 4]
 
 Prints each stall and their p50 and max.
 """
@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tests.harness import netns  # noqa: E402
 
 TBRUN = Path(sys.executable).parent / "tbrun"
-PULL_EVERY = 4.0  # seconds from one pull to the next (and a stall's bound)
+PULL_EVERY = 4.0  # seconds from one pull to the next (and a stall's bound): --every
 JOB = """
 import json, os, time
 import numpy as np
@@ -46,17 +46,17 @@ with tbcoll.init() as comm:
 """
 
 
-def stall(done: list[float], pulled: float) -> float:
+def stall(done: list[float], pulled: float, every: float) -> float:
     """From the pull to the end of the longest gap between completions after it (before the
-    next pull: PULL_EVERY)."""
-    after = [t for t in done if pulled < t < pulled + PULL_EVERY]
+    next pull, every seconds later)."""
+    after = [t for t in done if pulled < t < pulled + every]
     before = [t for t in done if t <= pulled][-1:]
     times = before + after
     gaps = [(b - a, b) for a, b in zip(times, times[1:], strict=False)]
     return max(gaps)[1] - pulled
 
 
-def one_job(cluster: netns.Cluster, folder: Path, n: int) -> list[float]:
+def one_job(cluster: netns.Cluster, folder: Path, n: int, every: float) -> list[float]:
     stop, out = folder / f"stop{n}", folder / f"done{n}"
     script = folder / f"job{n}.py"
     script.write_text(JOB.replace("STOP", repr(str(stop))).replace("OUT", repr(str(out))))
@@ -74,7 +74,7 @@ def one_job(cluster: netns.Cluster, folder: Path, n: int) -> list[float]:
             time.sleep(random.uniform(0.5, 1.5))
             subprocess.run([*cable, "down"], check=True)
             pulls.append(time.time())
-            time.sleep(PULL_EVERY)
+            time.sleep(every)
         stop.write_text("")
         _, err = p.communicate(timeout=60)
     finally:
@@ -83,12 +83,14 @@ def one_job(cluster: netns.Cluster, folder: Path, n: int) -> list[float]:
     if p.returncode != 0:
         raise SystemExit(f"job {n} failed: {err}")
     done = [json.loads(Path(f"{out}.{rank}").read_text()) for rank in range(3)]
-    return [max(stall(times, pulled) for times in done) for pulled in pulls]
+    return [max(stall(times, pulled, every) for times in done) for pulled in pulls]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=3)
+    parser.add_argument("--every", type=float, default=PULL_EVERY,
+                        help="seconds from one pull to the next, and a stall's bound")
     args = parser.parse_args()
     if why := netns.why_not_available():
         raise SystemExit(f"failover_stall needs the namespace cluster: {why}")
@@ -98,7 +100,7 @@ def main() -> None:
         cluster.add_second_cables()
         stalls = []
         for n in range(args.jobs):
-            got = one_job(cluster, folder, n)
+            got = one_job(cluster, folder, n, args.every)
             print(f"job {n}: stalls " + ", ".join(f"{s:.2f} s" for s in got), flush=True)
             stalls += got
     finally:
