@@ -18,7 +18,7 @@ from tbcoll.job.topology import CABLE, Path
 from tbcoll.transports.socket_mesh import answers
 
 _sockets = c_extension("tbcoll.transports.tcp._sockets")
-pytestmark = pytest.mark.skipif(_sockets is None, reason="tcp's C extension is not built")
+needs_c = pytest.mark.skipif(_sockets is None, reason="tcp's C extension is not built")
 DEAD_AFTER = 1.0  # watch.c's
 LOOKS = DEAD_AFTER + 0.4  # long enough for the watcher to have judged a stall
 
@@ -43,6 +43,7 @@ def fill(sock: socket.socket) -> int:
         return sent
 
 
+@needs_c
 def test_a_peer_slow_to_read_then_reading_is_no_dead_path():
     here, there = connected_pair()
     with here, there:
@@ -61,6 +62,7 @@ def test_a_peer_slow_to_read_then_reading_is_no_dead_path():
             _sockets.unwatch(here.fileno())
 
 
+@needs_c
 def test_a_reset_connection_is_found_and_shut_down():
     here, there = connected_pair()
     with here:
@@ -77,6 +79,7 @@ def test_a_reset_connection_is_found_and_shut_down():
             _sockets.unwatch(here.fileno())
 
 
+@needs_c
 def test_a_socket_closed_without_unwatch_is_forgotten_not_touched():
     """An fd reused by another socket is never shut down by the watcher."""
     here, there = connected_pair()
@@ -95,6 +98,7 @@ def test_a_socket_closed_without_unwatch_is_forgotten_not_touched():
     _sockets.unwatch(fd)
 
 
+@needs_c
 def test_a_bad_fd_is_named():
     with pytest.raises(ValueError, match="fd"):
         _sockets.watch(-1)
