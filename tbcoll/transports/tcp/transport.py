@@ -19,13 +19,15 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as NotYet
 from typing import Any
 
 import numpy as np
 
 from tbcoll.core.callbacks import check_callbacks, checked
 from tbcoll.core.calls import NO_CALL
-from tbcoll.core.errors import LINK_DOWN, PEER_ENDED, CommError, PeerLostError
+from tbcoll.core.errors import LINK_DOWN, PEER_ENDED, CommError, PeerLostError, TbcollError
 from tbcoll.core.extensions import c_extension
 from tbcoll.core.framing import HEADER
 from tbcoll.core.wire_check import check_wire
@@ -95,6 +97,8 @@ _C_SLICE = 0.05  # seconds a receive waits in C before the engine (links, deadli
 # loopback), and a peer that failed over waits for this rank, which the issue wants within
 # 0.5 s
 _ASKS_EVERY = 0.05
+_ASKS_RETRY = 5.0  # seconds before a look again where the store did not answer
+_ASK_WAIT = 0.2  # seconds a failing stream waits for the store to say whether it was asked
 # With failover on, the higher rank of a pair that runs over a path other than its preferred
 # one probes the earlier paths this often, from a thread of its own (socket_mesh.answers: a
 # SYN each), and moves the pair back when one answers (a planned failover)
@@ -156,6 +160,8 @@ class TcpTransport(StreamTransport):
         self._watcher = _sockets if reconnect is not None and _sockets is not None else None
         self._found: dict[int, str] = {}
         self._asks_due = 0.0
+        self._asker: ThreadPoolExecutor | None = None  # its thread (_asks)
+        self._asking: Future | None = None  # _look_for_asks' look in progress
         for peer in self._peers.values():
             self._watch(peer.channel)
         self._failback: set[int] = set()  # peers whose pair moves back (all paths are tried)
@@ -407,16 +413,28 @@ class TcpTransport(StreamTransport):
 
     def _look_for_asks(self) -> None:
         """A peer that failed over a pair asks this rank through the store (its own end may
-        see nothing: Linux counts a local send failure as congestion): shut that socket down
-        (the engine meets its end and fails over too), at most every _ASKS_EVERY. Runs in
-        the poll, perhaps with the engine released: it changes no state of the engine's."""
+        see nothing): have the asks' thread look (_take_asks), at most every _ASKS_EVERY and
+        one look at a time. Runs in the poll, perhaps with the engine released; it never
+        waits for the store (unreachable with the management network, a look could take
+        its 30 s)."""
         now = time.monotonic()
-        if now < self._asks_due or not hasattr(self._reconnector, "asked"):
+        if (now < self._asks_due or not hasattr(self._reconnector, "asked")
+                or self._asking is not None and not self._asking.done()):
             return
         self._asks_due = now + _ASKS_EVERY
-        peers = list(self._peers.values())
-        asked = self._reconnector.asked({p.rank: p.generation for p in peers
-                                         if not p.broken and not p.lost})
+        generations = {p.rank: p.generation for p in list(self._peers.values())
+                       if not p.broken and not p.lost}
+        self._asking = self._asks().submit(self._take_asks, generations)
+
+    def _take_asks(self, generations: dict[int, int]) -> None:
+        """In the asks' thread: for each peer that asked, say why (_found) and shut its
+        socket down, which ends the poll (the engine meets its end and fails over too). It
+        changes no state of the engine's. A store that does not answer: look again later."""
+        try:
+            asked = self._reconnector.asked(generations)
+        except TbcollError:
+            self._asks_due = time.monotonic() + _ASKS_RETRY
+            return
         for rank, why in asked.items():
             self._found[rank] = self._asked_line(rank, why)
             try:
@@ -425,11 +443,22 @@ class TcpTransport(StreamTransport):
                 pass  # it has ended already: the engine meets that
 
     def _asked_why(self, peer: Peer) -> str | None:
-        """Why peer asked to fail over the pair, where it did (one look at the store)."""
+        """Why peer asked to fail over the pair, where it did: one look at the store, waited
+        for up to _ASK_WAIT (the engine's thread: else the failover says what it saw)."""
         if not hasattr(self._reconnector, "asked_why"):
             return None
-        why = self._reconnector.asked_why(peer.rank, peer.generation)
+        look = self._asks().submit(self._reconnector.asked_why, peer.rank, peer.generation)
+        try:
+            why = look.result(_ASK_WAIT)
+        except (NotYet, TbcollError):
+            return None
         return self._asked_line(peer.rank, why) if why else None
+
+    def _asks(self) -> ThreadPoolExecutor:
+        """The thread that looks at the store for asks (made at the first look)."""
+        if self._asker is None:
+            self._asker = ThreadPoolExecutor(1, thread_name_prefix="failover-asks")
+        return self._asker
 
     def _asked_line(self, rank: int, why: str) -> str:
         if why == FAIL_BACK:
@@ -634,6 +663,8 @@ class TcpTransport(StreamTransport):
 
     def close(self) -> None:
         self._closing.set()
+        if self._asker is not None:
+            self._asker.shutdown(wait=False)
         for peer in self._peers.values():
             self._unwatch(peer.channel)
         super().close()
