@@ -16,30 +16,25 @@ import logging
 import os
 import select
 import socket
-import threading
 import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import Future, ThreadPoolExecutor
-from concurrent.futures import TimeoutError as NotYet
 from typing import Any
 
 import numpy as np
 
 from tbcoll.core.callbacks import check_callbacks, checked
 from tbcoll.core.calls import NO_CALL
-from tbcoll.core.errors import LINK_DOWN, PEER_ENDED, CommError, PeerLostError, TbcollError
+from tbcoll.core.errors import PEER_ENDED, CommError, PeerLostError
 from tbcoll.core.extensions import c_extension
 from tbcoll.core.framing import HEADER
 from tbcoll.core.wire_check import check_wire
 from tbcoll.job.env import LaunchInfo, failover, faults, link_delay, placement
-from tbcoll.job.pathevents import FAILED_BACK, PathChange
+from tbcoll.job.pathevents import PathChange
 from tbcoll.job.rendezvous import Store
 from tbcoll.job.topology import Path
 from tbcoll.transports.socket_mesh import (
-    FAIL_BACK,
     Reconnector,
     Route,
-    answers,
     connect_mesh,
     describe_paths,
     gone,
@@ -65,6 +60,7 @@ from tbcoll.transports.stream.replay import Tail
 from tbcoll.transports.stream.turns import Marking
 from tbcoll.transports.stream.words import RECEIVED_WORD, SENT_WORD, check_words
 from tbcoll.transports.tcp.delayed import DelayedChannel
+from tbcoll.transports.tcp.detection import Detection
 from tbcoll.transports.tcp.moves import path_text, say
 from tbcoll.transports.tcp.native import TcpNative
 
@@ -92,20 +88,9 @@ _READ_EVENTS = select.POLLIN | select.POLLHUP | select.POLLERR
 # at once: it waits for its peer to read, which a look would not hasten.
 _SPIN = 50e-6
 _C_SLICE = 0.05  # seconds a receive waits in C before the engine (links, deadline) takes over
-# With failover on, a wait looks this often (at most) at the job's store for a peer's ask to
-# fail over a pair (Reconnector.asked): a store round trip is 25 us here (p99 45 us, over
-# loopback), and a peer that failed over waits for this rank, which the issue wants within
-# 0.5 s
-_ASKS_EVERY = 0.05
-_ASKS_RETRY = 5.0  # seconds before a look again where the store did not answer
-_ASK_WAIT = 0.2  # seconds a failing stream waits for the store to say whether it was asked
-# With failover on, the higher rank of a pair that runs over a path other than its preferred
-# one probes the earlier paths this often, from a thread of its own (socket_mesh.answers: a
-# SYN each), and moves the pair back when one answers (a planned failover)
-_PROBE_EVERY = 3.0
 
 
-class TcpTransport(StreamTransport):
+class TcpTransport(Detection, StreamTransport):
     """Point-to-point messages between world ranks over one TCP connection per pair."""
 
     def __init__(self, rank: int, size: int, sockets: dict[int, socket.socket],
@@ -154,19 +139,7 @@ class TcpTransport(StreamTransport):
         self._poller.register(self._woken, select.POLLIN)
         # C writes and reads the sockets itself, keeping no tail: off where failover is on
         self._in_c = _sockets is not None and not self._holding and reconnect is None
-        # failover's detection: C's watcher (watch.c) of every connection, where built; a
-        # peer found dead, by it or by a peer's ask, has its socket shut down (the engine then
-        # meets its end) and why in _found, for the engine's message
-        self._watcher = _sockets if reconnect is not None and _sockets is not None else None
-        self._found: dict[int, str] = {}
-        self._asks_due = 0.0
-        self._asker: ThreadPoolExecutor | None = None  # its thread (_asks)
-        self._asking: Future | None = None  # _look_for_asks' look in progress
-        for peer in self._peers.values():
-            self._watch(peer.channel)
-        self._failback: set[int] = set()  # peers whose pair moves back (all paths are tried)
-        self._closing = threading.Event()
-        self._start_probes()
+        self._detect(_sockets if reconnect is not None else None)
         # exchange's C arguments by group of peers: (streams, their fds, their stages)
         self._exchanges: dict[tuple[int, ...], tuple[list[Peer], tuple, tuple]] = {}
 
@@ -379,130 +352,6 @@ class TcpTransport(StreamTransport):
             if why := unanswered(peer.channel):
                 self._link_failed(peer, why)
 
-    def _link_failed(self, peer: Peer, reason: str, cause: OSError | str | None = None) -> bool:
-        """As the engine's, with why the path was found dead where it was (the watcher or a
-        peer's ask shut the socket down: the engine meets that as the end of the stream)."""
-        found = self._found_dead(peer)
-        return super()._link_failed(peer, found or reason, None if found else cause)
-
-    def _found_dead(self, peer: Peer) -> str | None:
-        """Why peer's connection was found dead by the watcher or a peer's ask (looked at
-        once, as it fails: the peer may have closed its end before this rank's wait saw
-        its ask), or None."""
-        if peer.rank in self._found:
-            return self._found.pop(peer.rank)
-        if peer.broken or peer.lost:
-            return None
-        fd = peer.channel.fileno()
-        seen = self._watcher.watched(fd) if self._watcher and fd >= 0 else None
-        if seen is None:
-            return self._asked_why(peer)
-        if seen[0] == "stalled":
-            return (f"nothing acknowledged for {seen[1]:.1f} s with {seen[2]} bytes in flight: "
-                    f"{LINK_DOWN}")
-        return f"the connection ended ({os.strerror(seen[1]) if seen[1] else 'closed'})"
-
-    def _watch(self, channel: Channel) -> None:
-        if self._watcher is not None:
-            self._watcher.watch(channel.fileno())
-
-    def _unwatch(self, channel: Channel) -> None:
-        """Before channel is closed (C's watcher must not meet its number reused)."""
-        if self._watcher is not None and channel.fileno() >= 0:
-            self._watcher.unwatch(channel.fileno())
-
-    def _look_for_asks(self) -> None:
-        """A peer that failed over a pair asks this rank through the store (its own end may
-        see nothing): have the asks' thread look (_take_asks), at most every _ASKS_EVERY and
-        one look at a time. Runs in the poll, perhaps with the engine released; it never
-        waits for the store (unreachable with the management network, a look could take
-        its 30 s)."""
-        now = time.monotonic()
-        if (now < self._asks_due or not hasattr(self._reconnector, "asked")
-                or self._asking is not None and not self._asking.done()):
-            return
-        self._asks_due = now + _ASKS_EVERY
-        generations = {p.rank: p.generation for p in list(self._peers.values())
-                       if not p.broken and not p.lost}
-        self._asking = self._asks().submit(self._take_asks, generations)
-
-    def _take_asks(self, generations: dict[int, int]) -> None:
-        """In the asks' thread: for each peer that asked, say why (_found) and shut its
-        socket down, which ends the poll (the engine meets its end and fails over too). It
-        changes no state of the engine's. A store that does not answer: look again later."""
-        try:
-            asked = self._reconnector.asked(generations)
-        except TbcollError:
-            self._asks_due = time.monotonic() + _ASKS_RETRY
-            return
-        for rank, why in asked.items():
-            self._found[rank] = self._asked_line(rank, why)
-            try:
-                self._peers[rank].channel.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass  # it has ended already: the engine meets that
-
-    def _asked_why(self, peer: Peer) -> str | None:
-        """Why peer asked to fail over the pair, where it did: one look at the store, waited
-        for up to _ASK_WAIT (the engine's thread: else the failover says what it saw)."""
-        if not hasattr(self._reconnector, "asked_why"):
-            return None
-        look = self._asks().submit(self._reconnector.asked_why, peer.rank, peer.generation)
-        try:
-            why = look.result(_ASK_WAIT)
-        except (NotYet, TbcollError):
-            return None
-        return self._asked_line(peer.rank, why) if why else None
-
-    def _asks(self) -> ThreadPoolExecutor:
-        """The thread that looks at the store for asks (made at the first look)."""
-        if self._asker is None:
-            self._asker = ThreadPoolExecutor(1, thread_name_prefix="failover-asks")
-        return self._asker
-
-    def _asked_line(self, rank: int, why: str) -> str:
-        if why == FAIL_BACK:
-            self._failback.add(rank)  # the paths before the one in use are tried as well
-            return f"rank {rank}: {FAILED_BACK}"
-        return f"rank {rank} {why}"
-
-    def _start_probes(self) -> None:
-        """The fail-back's prober, where this rank is the higher of a pair with several
-        paths (the one that connects when they fail over)."""
-        if self._reconnector is None or not hasattr(self._reconnector, "ask") or not any(
-                len(self._paths.get(rank, ())) > 1 for rank in self._peers if rank < self.rank):
-            return
-        threading.Thread(target=self._probe_paths, daemon=True, name="failover-probe").start()
-
-    def _probe_paths(self) -> None:
-        while not self._closing.wait(_PROBE_EVERY):
-            for rank in [rank for rank in list(self._peers) if rank < self.rank]:
-                self._fail_back_if_answers(rank)
-
-    def _fail_back_if_answers(self, rank: int) -> None:
-        """Move the pair with rank back to a path before the one in use where one answers
-        (socket_mesh.answers), at a quiet moment: ask rank through the store, then shut the
-        connection down, which both engines meet as its end; the failover that follows
-        tries every path, preferred first, and replays as for a failure. It reads the
-        engine's state from this thread without its turns: a move at any byte would still be
-        right (the replay), quiet only spares a call the stall; and a connection the engine
-        replaced meanwhile, shut down, fails over once more."""
-        peer, paths = self._peers.get(rank), self._paths.get(rank, ())
-        used = self._in_use.get(rank)
-        if peer is None or peer.lost or peer.broken or used not in paths or used == paths[0]:
-            return
-        if not any(answers(path) for path in paths[:paths.index(used)]):
-            return
-        if peer.sendq or peer.target is not None or peer.start != peer.end:
-            return  # not quiet: the next probe
-        self._failback.add(rank)
-        self._found[rank] = FAILED_BACK
-        self._reconnector.ask(None, rank, peer.generation + 1, FAIL_BACK)
-        try:
-            peer.channel.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass  # it has ended already: the engine meets that
-
     def _reconnect(self, peer: Peer,
                    received: int) -> Callable[[], tuple[Channel, int] | None] | None:
         """Close the failed connection (so that the peer, if it has not noticed, does); the
@@ -605,18 +454,6 @@ class TcpTransport(StreamTransport):
         return [(self._by_fd[fd], bool(events & _READ_EVENTS), bool(events & select.POLLOUT))
                 for fd, events in ready if fd != woken]
 
-    def _sleep_in_poll(self, timeout: float) -> list[tuple[int, int]]:
-        """poll() for up to timeout; with failover on, in slices between which a peer's ask
-        is looked for (_look_for_asks: its shut-down socket then ends the poll)."""
-        if self._reconnector is None:
-            return self._poller.poll(1000 * timeout)
-        end = time.monotonic() + timeout
-        while True:
-            ready = self._poller.poll(1000 * min(_ASKS_EVERY, max(0.0, end - time.monotonic())))
-            if ready or time.monotonic() >= end:
-                return ready
-            self._look_for_asks()
-
     def _drain_wake(self) -> None:
         try:
             while self._woken.recv(64):
@@ -662,11 +499,7 @@ class TcpTransport(StreamTransport):
             pass  # a failover closed it already
 
     def close(self) -> None:
-        self._closing.set()
-        if self._asker is not None:
-            self._asker.shutdown(wait=False)
-        for peer in self._peers.values():
-            self._unwatch(peer.channel)
+        self._stop_detecting()
         super().close()
         self._wake.close()
         self._woken.close()
