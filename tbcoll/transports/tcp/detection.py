@@ -27,7 +27,7 @@ from tbcoll.transports.stream import Channel, Peer
 # 0.5 s
 _ASKS_EVERY = 0.05
 _ASKS_RETRY = 5.0  # seconds before a look again where the store did not answer
-_ASK_WAIT = 0.2  # seconds a failing stream waits for the store to say whether it was asked
+_ASK_WAIT = 0.5  # seconds a failing stream waits for the store to say whether it was asked
 # With failover on, the higher rank of a pair that runs over a path other than its preferred
 # one probes the earlier paths this often, from a thread of its own (socket_mesh.answers: a
 # SYN each), and moves the pair back when one answers (a planned failover)
