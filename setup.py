@@ -93,10 +93,12 @@ TCP_SOURCES = [TCP + name for name in ("exchange.c", "tcp_lane.c", "watch.c", "_
 TCP_HEADERS = [TCP + "exchange.h", TCP + "tcp_lane.h", TCP + "watch.h"]
 
 # rdma's files by job (tbcoll/transports/rdma/fabric.h, which they share): the library, posting and
-# completions, the Fabric's set-up, its stream, the mesh call, the mesh lane, the module
+# completions, the Fabric's set-up, its stream, the mesh call, the mesh lane, a pair moved off
+# RDMA, the module
 RDMA = "tbcoll/transports/rdma/"
 VERBS_SOURCES = [RDMA + name for name in (
-    "library.c", "completions.c", "fabric.c", "stream.c", "mesh.c", "mesh_lane.c", "_verbs.c")]
+    "library.c", "completions.c", "fabric.c", "stream.c", "mesh.c", "mesh_lane.c", "moves.c",
+    "_verbs.c")]
 VERBS_HEADERS = [RDMA + "fabric.h"]
 
 setup(cmdclass={"build_ext": BuildExtAndDieWithParent}, ext_modules=[

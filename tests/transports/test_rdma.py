@@ -5,6 +5,7 @@ here, where the host has no RDMA device at all."""
 from __future__ import annotations
 
 import re
+import struct
 import time
 
 import pytest
@@ -239,3 +240,118 @@ def test_tbrun_passes_the_hostfiles_rdma_matrix(script):
     assert p.returncode == 0, p.stderr
     assert '"TBCOLL_RDMA_DEVICES": "[[null,\\"rdma_en2\\",\\"rdma_en3\\",\\"rdma_en4\\"]' \
         in p.stdout, p.stdout
+
+
+# --- failover (docs/failover.md): which failures move a pair to tcp, which lose the peer ----
+
+class _Fabric:
+    def __init__(self, lost: dict, down: list) -> None:
+        self._lost, self._down = lost, down
+
+    def lost(self, rank: int) -> str | None:
+        return self._lost.get(rank)
+
+    def down(self) -> list:
+        return self._down
+
+
+class _Side:
+    def __init__(self, losses: list) -> None:
+        self._losses = losses
+
+    def silent_losses(self) -> list:
+        return self._losses
+
+
+def test_with_failover_a_failed_rdma_pair_or_dead_link_moves_and_an_ended_peer_is_lost():
+    """Rank 1's completion failed, 2's and 4's device port is down, 3's side connection's link
+    is dead, 4 ended. Failover off: all but 2 are lost, as before (a port down was not seen).
+    On: only 4 is lost; 1, 2 and 3 move to tcp, and once moved the watch leaves them to their
+    tcp stream."""
+    from tbcoll.core.errors import PEER_ENDED
+    from tbcoll.transports.rdma.watch import Watch
+    fabric = _Fabric({1: "a send failed on the RDMA device: local QP operation error"},
+                     [(2, "rxe0"), (4, "rxe0")])
+    ended = f"{PEER_ENDED}: it closed the connection"
+    side = _Side([(3, "3 retransmissions unanswered; the link a -> b"), (4, ended)])
+    off = Watch(fabric, side, [1, 2, 3, 4])
+    assert off.failures() == []
+    assert [rank for rank, _ in off.losses()] == [1, 3, 4]
+    on = Watch(fabric, side, [1, 2, 3, 4], moves=True)
+    assert on.losses() == [(4, ended)]
+    failures = on.failures()
+    assert [rank for rank, _ in failures] == [1, 2, 4, 3]
+    assert dict(failures)[1].startswith("RDMA: a send failed")
+    assert dict(failures)[2] == "port 1 of RDMA device rxe0 is down"
+    on.moved(1)
+    on.moved(3)
+    on._next_port_look = 0.0
+    assert [rank for rank, _ in on.failures()] == [2, 4]
+
+
+class _Mesh:
+    """The C mesh as MovedBlocks sees it (moves.c): calls completed, one under way, this rank's
+    blocks, and the moved peer's blocks put."""
+
+    def __init__(self, rank: int, seq: int, under_way: bool) -> None:
+        self.rank, self.seq, self.under_way = rank, seq, under_way
+        self.got: dict[int, bytes] = {}  # call -> the peer's block put
+
+    def block(self, seq: int) -> bytes:
+        return struct.pack("<QQ", seq, 77) + bytes([self.rank, seq % 256]) * 100
+
+    def mesh_state(self) -> tuple[int, int, list[int]]:
+        return self.seq, int(self.under_way), [] if self.seq in self.got else [1 - self.rank]
+
+    def own_block(self, parity: int) -> bytes:
+        last = self.seq if self.under_way else self.seq - 1
+        return self.block(last if last % 2 == parity else last - 1)
+
+    def put(self, rank: int, buf) -> None:
+        self.got[struct.unpack_from("<Q", bytes(buf))[0]] = bytes(buf)
+
+
+class _Stream:
+    def __init__(self, transport) -> None:
+        self.isend, self.irecv, self.test = transport.isend, transport.irecv, transport.test
+
+    def wait_a_slice(self) -> None:
+        time.sleep(0.001)
+
+
+def _blocks_pass(a, b, meshes, until) -> None:
+    deadline = time.monotonic() + 10
+    while not until():
+        assert time.monotonic() < deadline, {m.rank: sorted(m.got) for m in meshes}
+        a.advance()
+        b.advance()
+
+
+@pytest.mark.parametrize("b_finished", [True, False], ids=["b-a-call-ahead", "same-call"])
+def test_moved_mesh_blocks_meet_a_peer_one_call_ahead_or_in_the_same_call(b_finished):
+    """The cable went in call 5: rank 0 never got rank 1's block; rank 1 got rank 0's and
+    finished (b-a-call-ahead) or did not either (same-call). After the move each finishes
+    call 5 with the other's block of call 5, and call 6 with its block of call 6."""
+    import socket
+
+    from tbcoll.transports.rdma.moved import MovedBlocks
+    from tbcoll.transports.tcp.transport import TcpTransport
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        first = socket.create_connection(listener.getsockname())
+        ends = (first, listener.accept()[0])
+    streams = [TcpTransport(r, 2, {1 - r: ends[r]}, 10.0) for r in range(2)]
+    meshes = [_Mesh(0, 5, True), _Mesh(1, 6, False) if b_finished else _Mesh(1, 5, True)]
+    blocks = [MovedBlocks(m, _Stream(s)) for m, s in zip(meshes, streams, strict=True)]
+    blocks[0].moved(1)
+    blocks[1].moved(0)
+    _blocks_pass(*blocks, meshes, lambda: 5 in meshes[0].got
+                 and (b_finished or 5 in meshes[1].got))
+    assert meshes[0].got[5] == meshes[1].block(5)
+    assert b_finished or meshes[1].got[5] == meshes[0].block(5)
+    for mesh in meshes:  # call 6, on both
+        mesh.seq, mesh.under_way = 6, True
+    _blocks_pass(*blocks, meshes, lambda: all(6 in m.got for m in meshes))
+    assert [m.got[6] for m in meshes] == [meshes[1].block(6), meshes[0].block(6)]
+    assert all(sorted(m.got) == [5, 6] for m in meshes[:1 if b_finished else 2])
+    for transport in streams:
+        transport.close()

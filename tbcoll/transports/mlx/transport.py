@@ -41,7 +41,7 @@ import numpy as np
 
 from tbcoll.core.calls import MISMATCH_ADVICE, fields_in, render, signature
 from tbcoll.core.dtypes import reducer
-from tbcoll.core.errors import CommError, PeerLostError, TbcollError, revoked
+from tbcoll.core.errors import PEER_ENDED, CommError, PeerLostError, TbcollError, revoked
 from tbcoll.job.env import LaunchInfo, comm_timeout
 from tbcoll.job.rendezvous import report_peer_failure
 from tbcoll.transports.tcp import transport as tcp
@@ -128,6 +128,9 @@ class Watchdog:
             if busy and time.monotonic() - busy[1] > 1.0 and (loss := self._silent_loss()):
                 peer, why = loss
                 message = f"{busy[0]} on rank {self._rank}: lost rank {peer} ({why})"
+                if not why.startswith(PEER_ENDED):  # a dead link: tcp's streams could fail
+                    # over, but MLX's own queue pairs and sockets cannot (docs/failover.md)
+                    message += "; MLX's collectives cannot move to another path"
                 report_peer_failure(message, (peer,))
                 print(f"tbcoll.PeerLostError: {message}; MLX cannot interrupt its wait. "
                       "Exiting.", file=sys.stderr, flush=True)

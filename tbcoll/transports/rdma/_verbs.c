@@ -38,6 +38,8 @@ PyMODINIT_FUNC PyInit__verbs(void)
         PyModule_AddObject(m, "GidError", GidError) < 0 ||
         PyModule_AddObject(m, "RegistrationError", RegistrationError) < 0 ||
         PyModule_AddIntConstant(m, "COLL_BYTES", COLL_BYTES) < 0 ||
+        PyModule_AddIntConstant(m, "STREAM_CHUNK", STREAM_CHUNK) < 0 ||
+        PyModule_AddIntConstant(m, "STREAM_RECVS", STREAM_RECVS) < 0 ||
         PyModule_AddIntConstant(m, "MESH_ALL_REDUCE", MESH_ALL_REDUCE) < 0 ||
         PyModule_AddIntConstant(m, "MESH_ALL_GATHER", MESH_ALL_GATHER) < 0 ||
         add_wire(m) < 0 || /* its dtype and op codes, checked at import by tbcoll.core.wire_check */

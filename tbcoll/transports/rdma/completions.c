@@ -136,7 +136,9 @@ INTERNAL int verbs_progress(Fabric *f)
     struct ibv_wc wc[32];
     int total = 0;
     for (int d = 0; d < f->ndev; d++) {
-        int n;
+        int n = 0;
+        if (!f->dev[d].cq)
+            continue; /* released: every pair on it moved (moves.c) */
         while ((n = ibv_poll_cq(f->dev[d].cq, 32, wc)) > 0) {
             __atomic_thread_fence(__ATOMIC_ACQUIRE); /* data after its CQE, on any provider */
             for (int i = 0; i < n; i++)

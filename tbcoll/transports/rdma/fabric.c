@@ -38,6 +38,8 @@ static void fabric_free(Fabric *f)
         free(f->dev);
         f->dev = NULL;
     }
+    free(f->outside);
+    f->outside = NULL;
     f->ndev = 0;
 }
 
@@ -445,6 +447,11 @@ static PyMethodDef Fabric_methods[] = {
      "The header of the block whose call differed."},
     {"_probe", (PyCFunction)Fabric_probe, METH_VARARGS, "A latency test hook (rdma_probe)."},
     {"describe", (PyCFunction)Fabric_describe, METH_O, "Device and GID of a peer."},
+    {"move", (PyCFunction)Fabric_move, METH_O, "Release a peer's queue pairs: it moved."},
+    {"put", (PyCFunction)Fabric_put, METH_VARARGS, "A moved peer's mesh block."},
+    {"own_block", (PyCFunction)Fabric_own_block, METH_O, "This rank's block of a parity."},
+    {"mesh_state", (PyCFunction)Fabric_mesh_state, METH_NOARGS, "The mesh's call and waits."},
+    {"down", (PyCFunction)Fabric_down, METH_NOARGS, "Peers whose port is down."},
     {"close", (PyCFunction)Fabric_close, METH_NOARGS, "Release every verbs object."},
     {NULL, NULL, 0, NULL},
 };

@@ -67,6 +67,7 @@
  *   stream.c       the byte stream's methods (send, recv_into, wait, lost)
  *   mesh.c         the native mesh call (verbs_mesh_call), its methods, the _probe hook
  *   mesh_lane.c    the MeshLane type: the mesh call as one C call from Python
+ *   moves.c        a pair moved off RDMA (failover): its release, its mesh blocks, down()
  *   _verbs.c       the module: its exceptions, types and constants
  * May include: Python.h, the C library, infiniband/verbs.h.
  */
@@ -183,6 +184,7 @@ typedef struct {
     uint32_t coll_bytes[2];
     int coll_sending[2];   /* sends of that parity not yet completed */
     char lost[200];        /* why the peer is lost; "" while it is not */
+    int moved;             /* its pair left RDMA (moves.c): device -1, blocks through put() */
 } Peer;
 
 typedef struct {
@@ -195,6 +197,8 @@ typedef struct {
     uint64_t differs[2];   /* the header of the last block that showed another call */
     long differs_bytes;
     double spin;           /* seconds a wait spins before it yields */
+    uint32_t own_bytes[2]; /* bytes of this rank's last block of each parity, header included */
+    char *outside;         /* once a pair moved: slots for its blocks and ours (moves.c) */
 } Fabric;
 
 /* --- posting and completions (completions.c) ---------------------------------------------- */
@@ -232,6 +236,15 @@ INTERNAL PyObject *Fabric_lost(Fabric *f, PyObject *rank);
 INTERNAL PyObject *Fabric_mesh(Fabric *f, PyObject *args);
 INTERNAL PyObject *Fabric_differing_call(Fabric *f, PyObject *unused);
 INTERNAL PyObject *Fabric_probe(Fabric *f, PyObject *args);
+
+/* a pair moved off RDMA (moves.c) */
+INTERNAL PyObject *Fabric_move(Fabric *f, PyObject *rank);
+INTERNAL PyObject *Fabric_put(Fabric *f, PyObject *args);
+INTERNAL PyObject *Fabric_own_block(Fabric *f, PyObject *parity);
+INTERNAL PyObject *Fabric_mesh_state(Fabric *f, PyObject *unused);
+INTERNAL PyObject *Fabric_down(Fabric *f, PyObject *unused);
+/* Moved peer k's slot of parity (or this rank's own, k = rank); NULL before any move. */
+INTERNAL const char *verbs_outside_slot(Fabric *f, int parity, int k);
 
 /* One native mesh call (mesh.c's comment): 0 done, -1 budget ran out, -2 a peer is lost,
  * k + 1 where rank k made another call, -3 the arguments do not fit (ValueError). */

@@ -50,11 +50,16 @@ INTERNAL long verbs_mesh_call(Fabric *f, int kind, const Py_buffer *src, const P
             }
         }
         if (result == 0) {
-            for (int d = 0; d < f->ndev; d++) {
-                char *own = f->dev[d].coll + ((size_t)parity * f->size + f->rank) * COLL_SLOT;
+            for (int d = 0; d <= f->ndev; d++) { /* each device's, then (moved) outside */
+                char *own = d < f->ndev ? (f->dev[d].coll ? f->dev[d].coll +
+                            ((size_t)parity * f->size + f->rank) * COLL_SLOT : NULL)
+                            : (char *)verbs_outside_slot(f, parity, f->rank);
+                if (!own)
+                    continue;
                 memcpy(own, header, COLL_HEADER);
                 memcpy(own + COLL_HEADER, src->buf, (size_t)n);
             }
+            f->own_bytes[parity] = (uint32_t)(COLL_HEADER + n);
             for (int k = 0; k < f->size; k++) {
                 Peer *p = &f->peer[k];
                 if (p->device < 0 || p->lost[0])
@@ -76,11 +81,14 @@ INTERNAL long verbs_mesh_call(Fabric *f, int kind, const Py_buffer *src, const P
             f->coll_stage = 1;
         }
     }
-    /* wait for every peer's block of this call: its receive completion proves it whole */
+    /* wait for every peer's block of this call: its receive completion proves it whole (a
+     * moved peer's comes through put(), from Python: where only those are missing, the
+     * budget goes back to Python at once) */
     while (result == 0) {
-        int missing = 0, lost = 0;
+        int missing = 0, lost = 0, moved_missing = 0;
         for (int k = 0; k < f->size; k++) {
             Peer *p = &f->peer[k];
+            moved_missing |= p->moved && !p->coll_arrived[parity];
             if (p->device < 0)
                 continue;
             lost |= p->lost[0] != 0;
@@ -88,6 +96,10 @@ INTERNAL long verbs_mesh_call(Fabric *f, int kind, const Py_buffer *src, const P
         }
         if (lost) {
             result = -2;
+            break;
+        }
+        if (!missing && moved_missing) {
+            result = -1;
             break;
         }
         if (!missing)
@@ -105,14 +117,16 @@ INTERNAL long verbs_mesh_call(Fabric *f, int kind, const Py_buffer *src, const P
     const char *rows[MAX_PEERS];
     for (int k = 0; k < f->size; k++) {
         Peer *p = &f->peer[k];
-        if (p->device < 0) {
+        if (p->device < 0 && !p->moved) { /* this rank's own block */
             int d0 = 0;
             while (d0 < f->ndev && f->dev[d0].peers == 0)
                 d0++;
-            rows[k] = f->dev[d0].coll + ((size_t)parity * f->size + k) * COLL_SLOT;
+            rows[k] = d0 < f->ndev ? f->dev[d0].coll + ((size_t)parity * f->size + k) * COLL_SLOT
+                                   : verbs_outside_slot(f, parity, k);
             continue;
         }
-        const char *slot = f->dev[p->device].coll + ((size_t)parity * f->size + k) * COLL_SLOT;
+        const char *slot = p->moved ? verbs_outside_slot(f, parity, k)
+                           : f->dev[p->device].coll + ((size_t)parity * f->size + k) * COLL_SLOT;
         uint64_t theirs[2];
         memcpy(theirs, slot, sizeof theirs);
         if (result == 0 && (p->coll_bytes[parity] != COLL_HEADER + n ||
@@ -139,10 +153,11 @@ INTERNAL long verbs_mesh_call(Fabric *f, int kind, const Py_buffer *src, const P
     {
         for (int k = 0; k < f->size; k++) {
             Peer *p = &f->peer[k];
-            if (p->device < 0)
+            if (p->device < 0 && !p->moved)
                 continue;
             p->coll_arrived[parity] = 0;
-            verbs_post_coll_recv(f, k, parity);
+            if (!p->moved)
+                verbs_post_coll_recv(f, k, parity);
         }
         f->coll_seq++;
         f->coll_stage = 0;

@@ -19,13 +19,23 @@ its processes, so only one process per host may hold them.
 A dead peer gives no error on UC (nor promptly on RC): the tcp connections beside the queue
 pairs carry nothing but show a peer's death (its kernel closes them) or a dead link
 (keepalive), and every wait looks at them each WAIT_SLICE, as well as at TBCOLL_TIMEOUT.
+
+With failover on (TBCOLL_FAILOVER=1, docs/failover.md) a pair whose RDMA fails (an error
+completion, its device's port down, its side connection's link dead, or the peer asking) is
+not lost: its stream is drained, its queue pairs released (and its device's memory once no
+pair uses it), and it goes on over a new tcp connection on the pair's paths, which learns what
+the peer received (UC says nothing of it); the sender replays the rest from its tail. Its mesh
+blocks go over that connection too (tbcoll.transports.rdma.moved); the other pairs stay on
+RDMA.
 """
 
 from __future__ import annotations
 
 import os
+import select
+import socket
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 
@@ -35,12 +45,25 @@ from tbcoll.core.dtypes import DTYPE_CODES, OP_CODES
 from tbcoll.core.errors import CommError, PeerLostError, PeerTimeoutError
 from tbcoll.core.extensions import c_extension
 from tbcoll.core.wire_check import check_wire
-from tbcoll.job.env import LaunchInfo, placement, rdma_settings
+from tbcoll.job.env import LaunchInfo, failover, placement, rdma_settings
+from tbcoll.job.pathevents import PathChange
 from tbcoll.job.rendezvous import Store
 from tbcoll.transports.rdma import devices
-from tbcoll.transports.socket_mesh import connect_mesh, listen_hosts, peer_paths
+from tbcoll.transports.rdma.moved import MovedBlocks
+from tbcoll.transports.rdma.watch import Watch
+from tbcoll.transports.socket_mesh import (
+    Reconnector,
+    connect_mesh,
+    link_of,
+    listen_hosts,
+    path_in_use,
+    peer_paths,
+)
 from tbcoll.transports.stream import Peer, StreamEndpoint, StreamTransport
+from tbcoll.transports.stream.outq import unacked_bytes
+from tbcoll.transports.stream.replay import Tail
 from tbcoll.transports.stream.turns import SHARED_SLICE, Turns
+from tbcoll.transports.tcp.moves import path_text, say
 from tbcoll.transports.tcp.transport import TcpTransport
 
 _verbs = c_extension("tbcoll.transports.rdma._verbs")  # None: built without infiniband/verbs.h
@@ -50,6 +73,8 @@ if _verbs is not None:
 
 WAIT_SLICE = 0.05  # seconds a wait stays in C before it looks at the peers and the deadline
 LAST_LOOK = 1e-3  # seconds of one more look at a call once a peer is found lost
+MOVED_SLICE = 1e-3  # with a pair moved to tcp, a wait on the device looks at its socket this often
+ASK_LOOK = 1.0  # seconds between looks in the store for a peer asking this rank to move a pair
 
 
 class _Channel:
@@ -74,57 +99,165 @@ class _Channel:
         pass  # the Fabric goes with the group
 
 
-class Watch:
-    """Whether a peer is gone, seen from the tcp connections beside the queue pairs and from
-    the device's own completions (RC's retries exhausted)."""
-
-    def __init__(self, fabric: object, side: TcpTransport, peers: list[int]) -> None:
-        self._fabric, self._side, self._peers = fabric, side, peers
-
-    def losses(self) -> list[tuple[int, str]]:
-        """Every peer found gone: (rank, why), the device's word first."""
-        found = [(rank, why) for rank in self._peers if (why := self._fabric.lost(rank))]
-        named = {rank for rank, _ in found}
-        return found + [loss for loss in self._side.silent_losses() if loss[0] not in named]
-
-    def loss(self) -> tuple[int, str] | None:
-        losses = self.losses()
-        return losses[0] if losses else None
-
-
 class RdmaStream(StreamTransport):
-    """The stream engine over the Fabric's stream queue pairs; waiting polls the device."""
+    """The stream engine over the Fabric's stream queue pairs; waiting polls the device (and
+    the sockets of the pairs moved to tcp)."""
 
     def __init__(self, fabric: object, rank: int, size: int, watch: Watch,
-                 timeout: float) -> None:
+                 timeout: float, mover: Mover | None = None,
+                 world: list[int] | None = None) -> None:
+        """mover: failover (docs/failover.md), a new tcp connection to a peer (its world
+        rank) and its count (socket_mesh.Reconnector), None: off; world: each rank's world
+        rank."""
         peers = [k for k in range(size) if k != rank]
         super().__init__(rank, size, {k: _Channel(fabric, k) for k in peers}, timeout)
-        self._fabric, self._watch = fabric, watch
+        self._fabric, self._watch, self._mover = fabric, watch, mover
+        self._world = world or list(range(size))
+        self._moved: dict[int, str] = {}  # peer -> why its pair left RDMA
+        self._left: dict[int, str] = {}  # peer -> the RDMA device its pair is leaving
+        self._poller = select.poll()  # the moved pairs' sockets
+        self._by_fd: dict[int, int] = {}  # their descriptors -> their ranks
+        self._next_ask = 0.0
+        self.on_move: Callable[[int], None] = lambda rank: None  # the mesh's (MovedBlocks)
+        if mover is not None:
+            # What the peer may not have read is in its receive buffers, whose credits have not
+            # come back: at most STREAM_RECVS of STREAM_CHUNK (fabric.h: FLOW CONTROL)
+            in_flight = _verbs.STREAM_RECVS * _verbs.STREAM_CHUNK
+            for peer in self._peers.values():
+                peer.tail = Tail(lambda: in_flight)
 
     def _ready(self, timeout: float) -> Iterable[tuple[Peer, bool, bool]]:
-        writers = [peer.rank for peer in self._writing]
+        writers = [peer.rank for peer in self._writing if peer.rank not in self._moved]
+        piece = MOVED_SLICE if self._moved else WAIT_SLICE
         end = time.monotonic() + timeout
         while True:
             left = end - time.monotonic()
-            ready = self._fabric.wait(max(0.0, min(WAIT_SLICE, left)), writers)
+            ready = self._fabric.wait(max(0.0, min(piece, left)), writers)
+            if self._moved:
+                ready = ready + self._sockets_ready()
             if ready or timeout <= 0:
                 return [(self._peers[k], readable, writable) for k, readable, writable in ready]
-            if self._lose_gone() or time.monotonic() >= end:
+            if self._look() or time.monotonic() >= end:
                 return []
 
-    def _check_links(self, peers: Iterable[Peer]) -> None:
-        self._lose_gone()
+    def _sockets_ready(self) -> list[tuple[int, bool, bool]]:
+        ready = {}
+        for fd, events in self._poller.poll(0):
+            rank = self._by_fd[fd]
+            ready[rank] = (rank, bool(events & ~select.POLLOUT), bool(events & select.POLLOUT))
+        return list(ready.values())
 
-    def _lose_gone(self) -> bool:
+    def _write_interest(self, peer: Peer, want: bool) -> None:
+        if isinstance(peer.channel, socket.socket):  # moved, and its connection made
+            self._poller.modify(peer.channel, select.POLLIN | (select.POLLOUT if want else 0))
+
+    def _forget(self, peer: Peer) -> None:
+        if isinstance(peer.channel, socket.socket):
+            self._poller.unregister(peer.channel)
+
+    def _check_links(self, peers: Iterable[Peer]) -> None:
+        self._look()
+
+    def wait_a_slice(self) -> None:
+        """Wait up to MOVED_SLICE for the device or a moved pair's socket, and move what came."""
+        self._wait_and_move(MOVED_SLICE)
+
+    @property
+    def failing_over(self) -> bool:
+        """Whether a pair is moving off RDMA now (broken, its tcp connection not yet made)."""
+        return bool(self._broken)
+
+    def look(self) -> tuple[int, str] | None:
+        """_look, then the first peer lost (for the mesh's waits)."""
+        self._look()
+        lost = [(rank, peer.lost) for rank, peer in sorted(self._peers.items()) if peer.lost]
+        return lost[0] if lost else None
+
+    def _look(self) -> bool:
         """Lose every peer newly found gone (not only the first: a wait on rank 2 must not
-        go on because rank 1, lost before, is still the first gone)."""
+        go on because rank 1, lost before, is still the first gone); with failover on, mark
+        broken every pair whose RDMA failed (the next turn of a wait moves it: _repair)."""
         newly = False
         for rank, why in self._watch.losses():
             peer = self._peers.get(rank)
             if peer is not None and not peer.lost:
                 self._lose(peer, why)
                 newly = True
+        for rank, why in self._watch.failures() + self._asked():
+            peer = self._peers.get(rank)
+            if peer is not None and not peer.lost and not peer.broken:
+                self._link_failed(peer, why)
+                newly = True
         return newly
+
+    def _asked(self) -> list[tuple[int, str]]:
+        """The peers that asked, through the store, to move their pair (a rank whose device
+        failed may see what this one does not), once a second."""
+        if self._mover is None or time.monotonic() < self._next_ask:
+            return []
+        self._next_ask = time.monotonic() + ASK_LOOK
+        rank_of = {world: k for k, world in enumerate(self._world)}
+        asked = self._mover.asked({self._world[p.rank]: p.generation
+                                   for p in self._peers.values()
+                                   if p.rank not in self._moved and not p.lost})
+        return [(rank_of[world], f"rank {world} found the RDMA link dead") for world in asked]
+
+    def _link_failed(self, peer: Peer, reason: str, cause: OSError | str | None = None) -> bool:
+        """A pair on tcp already does not move again: its failure loses the peer."""
+        if peer.rank in self._moved:
+            self._lose(peer, f"{reason} (over tcp, after it left RDMA: {self._moved[peer.rank]})")
+            return False
+        return super()._link_failed(peer, reason, cause)
+
+    def _reconnect(self, peer: Peer,
+                   received: int) -> Callable[[], tuple[socket.socket, int] | None] | None:
+        """Move the pair off RDMA (its stream drained): release its queue pairs, and return
+        the work that connects over tcp and learns the peer's count."""
+        rank, reason = peer.rank, peer.broken
+        device, _, kind = self._fabric.describe(rank)
+        self._left[rank] = f"RDMA {device} ({kind})"
+        self._fabric.move(rank)
+        self._watch.moved(rank)
+        self._moved[rank] = reason
+        self.on_move(rank)  # its blocks queue behind the replay (the stream is broken now)
+        if self._mover is None:
+            return None
+        world, generation = self._world[rank], peer.generation + 1
+        return lambda: self._mover(world, generation, received, None)
+
+    def _failed_over(self, peer: Peer, reason: str, replayed: int, seconds: float) -> None:
+        """Told as tcp's failovers are (tbcoll.transports.tcp.moves: this rank's line, the
+        flight recorder, tbrun's one line per pair of hosts), from RDMA to the tcp path."""
+        world = self._world[peer.rank]
+        path = path_in_use(peer.channel, self._mover.route(world) or ())
+        say(PathChange(self._world[self.rank], world, peer.generation,
+                       self._left.pop(peer.rank, "RDMA"),
+                       "tcp " + path_text(path, link_of(peer.channel)), reason, replayed,
+                       round(seconds, 4)))
+
+    def _adopt(self, peer: Peer, channel: socket.socket) -> None:
+        """The pair's stream goes on over tcp; its tail bounded as tcp's (SIOCOUTQ)."""
+        channel.setblocking(False)
+        peer.channel = channel
+        self._by_fd[channel.fileno()] = peer.rank
+        self._poller.register(channel, select.POLLIN | (select.POLLOUT if peer in self._writing
+                                                        else 0))
+        peer.tail.unacked = lambda: unacked_bytes(channel)
+
+    def _finish_fail_over(self, peer: Peer) -> None:
+        super()._finish_fail_over(peer)
+        peer.tail = None  # the replay is written (or queued first): no second move
+
+    def moved_over(self, rank: int) -> str | None:
+        """The tcp connection rank's pair moved to and why, or None while it is on RDMA."""
+        if rank not in self._moved:
+            return None
+        peer = self._peers.get(rank)
+        link = link_of(peer.channel) if peer and isinstance(peer.channel, socket.socket) else "?"
+        return f"tcp {link} (moved off RDMA: {self._moved[rank]})"
+
+
+Mover = Callable[[int, int, int, object], tuple[socket.socket, int] | None]
 
 
 # the mesh lane's signatures less the byte count: all_reduce's by dtype then op, all_gather's
@@ -140,12 +273,14 @@ class RdmaNative:
     takes_mlx = False
     direct_broadcast = direct_reduce_scatter = None
 
-    def __init__(self, fabric: object, rank: int, size: int, watch: Watch,
+    def __init__(self, fabric: object, rank: int, size: int, stream: RdmaStream,
                  timeout: float, turns: Turns) -> None:
         """turns: the stream's (tbcoll.transports.stream.turns): the mesh and the stream share the
         device's completion queue, which the C code does not guard against two threads."""
         self._fabric, self.rank, self.size = fabric, rank, size
-        self._watch, self._timeout, self._turns = watch, timeout, turns
+        self._stream, self._timeout, self._turns = stream, timeout, turns
+        self._moved = MovedBlocks(fabric, stream)  # the blocks of pairs moved to tcp
+        stream.on_move = self._moved.moved
         self._piece = _verbs.COLL_BYTES
         self._empty = np.empty(0, np.uint8)
         # the small all_reduce and all_gather whole in C (the Communicator binds it): its first
@@ -237,13 +372,18 @@ class RdmaNative:
                                 f"rank {rank} sent {nbytes} bytes for a native collective "
                                 f"where rank {self.rank} expected {src.nbytes}: the ranks' "
                                 "calls do not match")
-            if loss := self._watch.loss():
+            if self._moved.any:
+                self._moved.advance()
+            if loss := self._stream.look():
                 # a peer that finished this call may have left at once: its block came before
                 # its connection closed, and this rank's slice may have ended (its budget
                 # spent, descheduled) just after it took it in; look once more first
                 if self._fabric.mesh(kind, src, dst, dtype, op, call, LAST_LOOK) == 0:
                     return
                 raise PeerLostError(f"lost rank {loss[0]} ({loss[1]})", (loss[0],))
+            if self._stream.failing_over:
+                self._stream.test([])  # moves the pair once its connection has come
+                time.sleep(self._stream.repair_look)
             now = time.monotonic()
             deadline = deadline or now + self._timeout
             if now >= deadline:
@@ -303,10 +443,13 @@ class RdmaGroup:
 class _World:
     """What the world group owns: the Fabric and the tcp connections beside it."""
 
-    def __init__(self, fabric: object | None, side: TcpTransport | None) -> None:
-        self._fabric, self._side = fabric, side
+    def __init__(self, fabric: object | None, side: TcpTransport | None,
+                 stream: RdmaStream | None = None) -> None:
+        self._fabric, self._side, self._stream = fabric, side, stream
 
     def describe(self, rank: int) -> str:
+        if self._stream is not None and (moved := self._stream.moved_over(rank)):
+            return moved
         device, gid, kind = self._fabric.describe(rank)
         return f"RDMA {kind} on {device} (GID index {gid}); watched over tcp " \
                f"{self._side.describe_path(rank)}"
@@ -351,10 +494,12 @@ def open_group(info: LaunchInfo | None, prefix: str, members: list[int]) -> Rdma
     except BaseException:
         fabric.close()
         raise
-    watch = Watch(fabric, side, [k for k in range(size) if k != me])
-    stream = RdmaStream(fabric, me, size, watch, info.timeout)
-    native = RdmaNative(fabric, me, size, watch, info.timeout, stream.turns)
-    return RdmaGroup(stream, 0, list(range(size)), native, _World(fabric, side))
+    mover = (Reconnector(info, f"{prefix}/rdma-moves", world_route, listen_hosts(info))
+             if failover() else None)
+    watch = Watch(fabric, side, [k for k in range(size) if k != me], moves=mover is not None)
+    stream = RdmaStream(fabric, me, size, watch, info.timeout, mover, members)
+    native = RdmaNative(fabric, me, size, stream, info.timeout, stream.turns)
+    return RdmaGroup(stream, 0, list(range(size)), native, _World(fabric, side, stream))
 
 
 def _position(info: LaunchInfo | None, members: list[int]) -> int:
