@@ -89,8 +89,8 @@ SHM_HEADERS = [SHM + name for name in ("shm.h", "gil.h", "flags.h", "rings.h", "
 
 # tcp's files by layer (tbcoll/transports/tcp/exchange.h): pure C, the Lane, the module
 TCP = "tbcoll/transports/tcp/"
-TCP_SOURCES = [TCP + name for name in ("exchange.c", "tcp_lane.c", "_sockets.c")]
-TCP_HEADERS = [TCP + "exchange.h", TCP + "tcp_lane.h"]
+TCP_SOURCES = [TCP + name for name in ("exchange.c", "tcp_lane.c", "watch.c", "_sockets.c")]
+TCP_HEADERS = [TCP + "exchange.h", TCP + "tcp_lane.h", TCP + "watch.h"]
 
 # rdma's files by job (tbcoll/transports/rdma/fabric.h, which they share): the library, posting and
 # completions, the Fabric's set-up, its stream, the mesh call, the mesh lane, a pair moved off

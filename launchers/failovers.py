@@ -11,7 +11,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
-from tbcoll.job.pathevents import FAILOVER_PREFIX, PathChange, parse_change
+from tbcoll.job.pathevents import FAILOVER_PREFIX, PathChange, moved_back, parse_change
 from tbcoll.job.rendezvous import StoreServer
 
 WINDOW = 1.0  # seconds a host pair's event gathers its pairs of ranks before it is told
@@ -79,6 +79,10 @@ class FailoverLines:
         who = (f"rank {low} <-> rank {high}" if event[0] == "ranks" or len(pairs) == 1
                else f"{event[1]} <-> {event[2]}")
         moved = f"; {len(pairs)} pairs of ranks moved" if len(pairs) > 1 else ""
+        if moved_back(view.reason):
+            return (f"{who}: back to {view.new} from {view.old} after {max(began, 0.0):.1f} s "
+                    f"of the job, {seconds:.1f} s ({view.reason}; {replayed} bytes sent again"
+                    f"{moved})")
         return (f"{who}: {view.old} lost after {max(began, 0.0):.1f} s of the job; now over "
                 f"{view.new}, {seconds:.1f} s ({view.reason}; {replayed} bytes sent again"
                 f"{moved})")

@@ -15,6 +15,13 @@ from tbcoll.core.records import record
 
 FAILOVER_PREFIX = "tbrun/failover/"
 FAILOVER_KEY = FAILOVER_PREFIX + "{}/{}"  # (rank, its n-th event) -> a PathChange (JSON)
+# the reason of a planned move back to a preferred path (fail-back) ends so: nothing was lost
+FAILED_BACK = "the preferred path answers again"
+
+
+def moved_back(reason: str) -> bool:
+    """Whether a change with this reason was a fail-back, not a loss."""
+    return reason.endswith(FAILED_BACK)
 
 
 @record
@@ -36,6 +43,9 @@ class PathChange:
 
     def line(self) -> str:
         """The end's own line (its log), as tbrun's but for one pair of ranks."""
+        if moved_back(self.reason):
+            return (f"rank {self.rank} <-> rank {self.peer}: back to {self.new} from {self.old} "
+                    f"({self.reason}), {self.seconds:.1f} s, {self.replayed} bytes sent again")
         return (f"rank {self.rank} <-> rank {self.peer}: {self.old} lost ({self.reason}); now "
                 f"over {self.new}, {self.seconds:.1f} s, {self.replayed} bytes sent again")
 

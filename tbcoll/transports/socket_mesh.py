@@ -416,6 +416,36 @@ def describe_paths(sock: socket.socket, paths: tuple[Path, ...],
 # --- failover (work in progress: docs/failover.md) ------------------------------------------
 
 _COUNT = struct.Struct("!Q")
+# why a rank asks its peer to fail over their pair (Reconnector.ask), as the peer's line says
+# it: "rank 1 found the link dead", "rank 1 moves back to the preferred path"
+FOUND_DEAD = "found the link dead"
+FAIL_BACK = "moves back"  # to the preferred path: pathevents.FAILED_BACK
+# A path earlier than the one in use answers when a connection to a port of the peer's host
+# there is refused (or taken) within this: its kernel answered (answers)
+_PROBE_TIMEOUT = 1.0
+_PROBE_PORT = 1  # tcpmux: nothing listens there; a refusal is the answer
+
+
+def answers(path: Path) -> bool:
+    """Whether path works again (fail-back): a connection from its near end to its far end's
+    host answered, refused or not. No handshake, nothing sent: a probe costs a SYN."""
+    if path.remote is None:
+        return False
+    try:
+        probe = socket.socket(socket.AF_INET6 if ":" in path.remote else socket.AF_INET)
+    except OSError:
+        return False
+    with probe:
+        probe.settimeout(_PROBE_TIMEOUT)
+        try:
+            if path.local:
+                probe.bind((path.local, 0))
+            probe.connect((path.remote, _PROBE_PORT))
+        except ConnectionRefusedError:
+            return True
+        except OSError:
+            return False
+        return True
 
 
 def exchange_counts(sock: socket.socket, received: int, timeout: float) -> int:
@@ -436,21 +466,23 @@ class Reconnector:
     def __init__(self, info: LaunchInfo, prefix: str, route: Route, hosts: list[str]) -> None:
         self.info, self.prefix, self.route, self.hosts = info, prefix, route, hosts
         self._asks_seen = 0  # asked's counter, as last read
-        self._asks: Store | None = None  # asked's own connection (it looks once a second)
+        self._asks: Store | None = None  # asked's own connection (a wait looks every 50 ms)
+        self._asks_lock = threading.Lock()  # the poll's thread and the engine's use it
 
-    def __call__(self, peer: int, generation: int, received: int,
-                 used: Path | None) -> tuple[socket.socket, int] | None:
-        """A new connection to peer and peer's count, or None where no path is left."""
+    def __call__(self, peer: int, generation: int, received: int, used: Path | None,
+                 back: bool = False) -> tuple[socket.socket, int] | None:
+        """A new connection to peer and peer's count, or None where no path is left: over
+        the paths after used, or (back: a planned move, FAIL_BACK) over all of them,
+        preferred first."""
         paths = self.route(peer) or ()
-        left = paths[paths.index(used) + 1:] if used in paths else paths
+        left = paths if back or used not in paths else paths[paths.index(used) + 1:]
         if paths and not left:
             return None
         rank, timeout = self.info.rank, self.info.timeout
         low, high = sorted((rank, peer))
         key = f"{self.prefix}/failover/{low}-{high}/{generation}"
         with Store.from_launch(self.info) as store:
-            store.set(f"{self.prefix}/failover/ask/{peer}/{rank}", str(generation))
-            store.add(f"{self.prefix}/failover/asks/{peer}", 1)
+            self.ask(store, peer, generation, FAIL_BACK if back else FOUND_DEAD)
             sock = (self._accept(peer, store, key) if rank < peer else
                     self._connect(peer, store, key, left))
         try:
@@ -464,26 +496,51 @@ class Reconnector:
         notice_dead_links(sock)
         return sock, theirs
 
-    def asked(self, generations: dict[int, int]) -> list[int]:
-        """The peers (of generations: peer -> its stream's failovers so far) that have asked
-        this rank to fail over a pair since: a rank whose own interface went down sees no
-        retransmission time out (Linux counts a local send failure as congestion) and no
-        keepalive end, so its peer, which does, tells it through the store. One look at a
-        counter, and the peers' keys only when it moved."""
+    def ask(self, store: Store | None, peer: int, generation: int, why: str) -> None:
+        """Ask peer to fail over the pair to its failover count generation, saying why
+        (FOUND_DEAD, FAIL_BACK): its waits look every 50 ms (asked), and its engine on
+        meeting the pair's end (asked_why)."""
+        if store is None:
+            with self._asks_lock:
+                self.ask(self._store(), peer, generation, why)
+            return
         rank = self.info.rank
+        store.set(f"{self.prefix}/failover/ask/{peer}/{rank}", f"{generation} {why}")
+        store.add(f"{self.prefix}/failover/asks/{peer}", 1)
+
+    def asked(self, generations: dict[int, int]) -> dict[int, str]:
+        """The peers (of generations: peer -> its stream's failovers so far) that have asked
+        this rank to fail over a pair since, and why: a rank whose own interface went down
+        may see nothing (no keepalive end; no bytes in flight where it only receives), so
+        its peer, which does, tells it through the store. One look at a counter, and the
+        peers' keys only when it moved."""
+        rank = self.info.rank
+        with self._asks_lock:
+            store = self._store()
+            asks = store.peek(f"{self.prefix}/failover/asks/{rank}")
+            if asks is None or int(asks) == self._asks_seen:
+                return {}
+            self._asks_seen = int(asks)
+            return {peer: why for peer, generation in generations.items()
+                    if (why := self._ask_of(store, peer, generation))}
+
+    def asked_why(self, peer: int, generation: int) -> str | None:
+        """Why peer asked to fail over the pair past generation, if it did (one look)."""
+        with self._asks_lock:
+            return self._ask_of(self._store(), peer, generation)
+
+    def _ask_of(self, store: Store, peer: int, generation: int) -> str | None:
+        value = store.peek(f"{self.prefix}/failover/ask/{self.info.rank}/{peer}")
+        if value is None:
+            return None
+        asked, _, why = value.decode().partition(" ")
+        return (why or FOUND_DEAD) if int(asked) > generation else None
+
+    def _store(self) -> Store:
+        """asked's own connection to the store (under _asks_lock)."""
         if self._asks is None:
             self._asks = Store.from_launch(self.info)
-        store = self._asks
-        asks = store.peek(f"{self.prefix}/failover/asks/{rank}")
-        if asks is None or int(asks) == self._asks_seen:
-            return []
-        self._asks_seen = int(asks)
-        wanted = []
-        for peer, generation in generations.items():
-            value = store.peek(f"{self.prefix}/failover/ask/{rank}/{peer}")
-            if value is not None and int(value) > generation:
-                wanted.append(peer)
-        return wanted
+        return self._asks
 
     def _accept(self, peer: int, store: Store, key: str) -> socket.socket:
         listeners = _listen(self.info.rank, self.hosts, backlog=4)

@@ -65,6 +65,7 @@ class Cluster:
     namespaces: list[str] = field(default_factory=list)
     holders: list[subprocess.Popen] = field(default_factory=list)  # one per host, in order
     sshds: list[subprocess.Popen] = field(default_factory=list)
+    has_second_cables: bool = False
 
     def address(self, i: int) -> str:
         """Host i on the management network."""
@@ -75,14 +76,45 @@ class Cluster:
         a, b = min(i, j), max(i, j)
         return f"10.202.{a * self.size + b}.{1 if i == a else 2}"
 
-    def mesh_hostfile(self, folder: Path, slots: list[int] | None = None) -> Path:
-        """The cluster as a JSON hostfile, with each host's address on each cable ("links")
-        and, where given, each host's "slots"."""
+    def second_link(self, i: int, j: int) -> str:
+        """Host i's address on the second cable between hosts i and j (add_second_cables)."""
+        a, b = min(i, j), max(i, j)
+        return f"10.205.{a * self.size + b}.{1 if i == a else 2}"
+
+    def cable(self, i: int, j: int, second: bool = False) -> str:
+        """The name of host i's end of the (second) cable to host j: tb<j> (tc<j>)."""
+        return f"{'tc' if second else 'tb'}{j}"
+
+    def add_second_cables(self) -> None:
+        """A second cable between every pair of hosts (once; each its own /30 subnet), for
+        the tests of several paths: mesh_hostfile(cables=2) names them."""
+        if self.has_second_cables:
+            return
+        for i in range(self.size):
+            for j in range(i + 1, self.size):
+                _run("ip", "link", "add", self.cable(i, j, True), "netns", self.ns(i), "type",
+                     "veth", "peer", "name", self.cable(j, i, True), "netns", self.ns(j))
+                self._address(self.ns(i), self.cable(i, j, True), f"{self.second_link(i, j)}/30")
+                self._address(self.ns(j), self.cable(j, i, True), f"{self.second_link(j, i)}/30")
+        self.has_second_cables = True
+
+    def mesh_hostfile(self, folder: Path, slots: list[int] | None = None,
+                      cables: int = 1) -> Path:
+        """The cluster as a JSON hostfile, with each host's address on each cable ("links":
+        a list of two where cables=2, the first cable preferred) and, where given, each
+        host's "slots"."""
+        def links(i: int, j: int) -> str | list[str] | None:
+            if i == j:
+                return None
+            return self.link(i, j) if cables == 1 else [self.link(i, j), self.second_link(i, j)]
+
         hosts = [{"ssh": self.address(i), "ips": [self.address(i)],
-                  "links": [None if j == i else self.link(i, j) for j in range(self.size)],
+                  "links": [links(i, j) for j in range(self.size)],
                   **({"slots": slots[i]} if slots else {})}
                  for i in range(self.size)]
         path = folder / ("mesh.json" if slots is None else f"mesh-{'-'.join(map(str, slots))}.json")
+        if cables != 1:
+            path = path.with_name(f"{cables}-{path.name}")
         path.write_text(json.dumps({"hosts": hosts}))
         return path
 

@@ -2,7 +2,8 @@
  * tbcoll.transports.tcp._sockets: the tcp transport's small-message path in C
  * (tbcoll/transports/tcp/transport.py, tcp_native.py): the module's functions over exchange.c's
  * moves, which do the work without the GIL (see exchange.h for what they do and why no atomics or
- * fences are needed), and tcp_lane.c's Lane, a whole small all_reduce in one call.
+ * fences are needed), tcp_lane.c's Lane, a whole small all_reduce in one call, and watch.c's
+ * watcher of dead paths (a thread of its own).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -15,6 +16,7 @@
 #include "../../include/wire_export.h" /* add_wire; wire.h: HEADER_BYTES, as stream.py packs it */
 #include "exchange.h"
 #include "tcp_lane.h"
+#include "watch.h"
 
 /*
  * send(fd, header, payload) -> bytes written (0 when the socket has no room now)
@@ -251,7 +253,7 @@ PyMODINIT_FUNC PyInit__sockets(void)
     PyObject *m = PyModule_Create(&module);
     if (m == NULL || PyModule_AddIntConstant(m, "MAX_PEERS", MAX_PEERS) < 0 ||
         add_wire(m) < 0 || /* checked at import by tbcoll.core.wire_check */
-        add_engine_words(m) < 0 || add_tcp_lane(m) < 0 ||
+        add_engine_words(m) < 0 || add_tcp_lane(m) < 0 || add_watch(m) < 0 ||
         ADD_CALLBACKS(m, TCP_CALLBACKS) < 0) { /* checked at import by tbcoll.core.callbacks */
         Py_XDECREF(m);
         return NULL;

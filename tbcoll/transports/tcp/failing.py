@@ -62,16 +62,10 @@ class TcpFailover:
                                 (peer.rank,))
 
     def _check_links(self, peers: Iterable[Peer]) -> None:
-        peers = list(peers)
+        """Python's look (C's watcher looks every 100 ms where built: _watch)."""
         for peer in peers:
             if why := unanswered(peer.channel):
                 self._link_failed(peer, why)
-        if self._reconnector is None or not hasattr(self._reconnector, "asked"):
-            return
-        asked = self._reconnector.asked({p.rank: p.generation for p in peers
-                                         if not p.broken and not p.lost})
-        for rank in asked:
-            self._link_failed(self._peers[rank], f"rank {rank} found the link dead")
 
     def _reconnect(self, peer: Peer,
                    received: int) -> Callable[[], tuple[Channel, int] | None] | None:
@@ -82,18 +76,23 @@ class TcpFailover:
         self._leaving[peer.rank] = path_text(used, self.link(peer.rank))
         self._poller.unregister(old)
         del self._by_fd[old.fileno()]
+        self._unwatch(old)
         if self._in_c:  # C holds the fd's number: keep it (the new connection takes it over)
             placeholder = socket.socket(old.family, socket.SOCK_STREAM)
             os.dup2(placeholder.fileno(), old.fileno(), inheritable=False)  # closes the old
             placeholder.close()
         else:
             old.close()
+        self._found.pop(peer.rank, None)
         if self._reconnector is None:
             return None
         rank, generation = peer.rank, peer.generation + 1
+        back = rank in self._failback
+        self._failback.discard(rank)
 
         def again() -> tuple[Channel, int] | None:
-            found = self._reconnector(rank, generation, received, used)
+            found = (self._reconnector(rank, generation, received, used, back) if back else
+                     self._reconnector(rank, generation, received, used))
             if found is None:
                 return None
             sock, theirs = found
@@ -122,9 +121,10 @@ class TcpFailover:
             channel = peer.channel
         channel.setblocking(False)
         peer.channel = channel
+        self._watch(channel)
         self._by_fd[channel.fileno()] = peer
         self._poller.register(channel, READ_EVENTS | (select.POLLOUT if peer in self._writing
-                                                       else 0))
+                                                      else 0))
         self._links[peer.rank] = link_of(channel)
         self._in_use[peer.rank] = path_in_use(getattr(channel, "socket", channel),
                                               self._paths.get(peer.rank, ()))
@@ -132,8 +132,6 @@ class TcpFailover:
             peer.tail.unacked = channel.unacked
         elif peer.tail is not None:
             peer.tail.unacked = functools.partial(unacked_bytes, channel)
-
-
 
 def failing_over(asked: bool | None, faults: bool, route: Route,
                  peers: Iterable[int]) -> frozenset[int]:

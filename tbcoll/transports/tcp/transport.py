@@ -59,6 +59,7 @@ from tbcoll.transports.stream.replay import Tail
 from tbcoll.transports.stream.turns import Marking
 from tbcoll.transports.stream.words import RECEIVED_WORD, SENT_WORD, check_words
 from tbcoll.transports.tcp.delayed import DelayedChannel
+from tbcoll.transports.tcp.detection import Detection
 from tbcoll.transports.tcp.failing import READ_EVENTS, TcpFailover, failing_over
 from tbcoll.transports.tcp.native import TcpNative
 
@@ -87,7 +88,7 @@ _SPIN = 50e-6
 _C_SLICE = 0.05  # seconds a receive waits in C before the engine (links, deadline) takes over
 
 
-class TcpTransport(TcpFailover, StreamTransport):
+class TcpTransport(TcpFailover, Detection, StreamTransport):
     """Point-to-point messages between world ranks over one TCP connection per pair."""
 
     def __init__(self, rank: int, size: int, sockets: dict[int, socket.socket],
@@ -140,6 +141,7 @@ class TcpTransport(TcpFailover, StreamTransport):
         # C writes and reads the sockets itself (keeping failover's tail where there is one:
         # tail_keep), not a test's wrapped channels
         self._in_c = _sockets is not None and not self._holding and wrap is None
+        self._detect(_sockets if reconnect is not None else None)
         # exchange's C arguments by group of peers: (streams, their fds, their stages)
         self._exchanges: dict[tuple[int, ...], tuple[list[Peer], tuple, tuple]] = {}
 
@@ -307,8 +309,10 @@ class TcpTransport(TcpFailover, StreamTransport):
                             f"socket, not a {type(channel).__name__} (nor one that holds "
                             "bytes back: TBCOLL_LINK_DELAY_US)")
         channel.setblocking(False)
+        self._unwatch(peer.channel)
         os.dup2(channel.fileno(), peer.channel.fileno(), inheritable=False)
         channel.close()
+        self._watch(peer.channel)
         self._links[peer.rank] = link_of(peer.channel)
 
     def _exchange_args(self, peers: tuple[int, ...]) -> tuple[list[Peer], tuple | None, tuple]:
@@ -395,7 +399,7 @@ class TcpTransport(TcpFailover, StreamTransport):
                 os.sched_yield()
                 ready = self._poller.poll(0)
             if not ready:
-                ready = self._poller.poll(1000 * timeout)
+                ready = self._sleep_in_poll(timeout)
         woken = self._woken.fileno()
         if any(fd == woken for fd, _ in ready):
             self._drain_wake()
@@ -447,6 +451,7 @@ class TcpTransport(TcpFailover, StreamTransport):
             pass  # a failover closed it already
 
     def close(self) -> None:
+        self._stop_detecting()
         super().close()
         self._wake.close()
         self._woken.close()
