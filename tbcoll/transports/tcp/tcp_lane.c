@@ -445,8 +445,8 @@ static int exchange_and_reduce(void *lane, int kind, PyObject *x, const Py_buffe
     struct way ways[MAX_PEERS];
     ways_begin(ways, self->peers, self->fds, stages, stage_lens, blocks, len);
     /* a tail keeps x as sent: where the reduction would overwrite it, it waits for the keep */
-    const char *sent = xv->buf, *into = tv->buf;
-    int later = self->tails_held && !(into >= sent + len || sent >= into + len);
+    const char *mine = xv->buf, *into = tv->buf;
+    int later = self->tails_held && !(into >= mine + len || mine >= into + len);
     int stopped;
     Py_BEGIN_ALLOW_THREADS
     stopped = exchange_reduce(ways, self->peers, (const char *)header, xv->buf, len, self->spin,
