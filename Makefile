@@ -135,6 +135,7 @@ MACOS_LANE := tests/launch/test_exit_status.py tests/launch/test_stdin.py \
               tests/launch/test_open_files.py tests/launch/test_output.py \
               tests/launch/test_supervision.py tests/library/test_comm_failures.py \
               tests/library/test_flight_recorder.py tests/transports/test_dead_links.py \
+              tests/transports/test_failover.py tests/transports/test_failover_job.py \
               tests/library/test_spmd.py::test_collectives_under_the_macos_lane \
               tests/launch/test_keep_going.py::test_deaths_and_a_frozen_rank_are_declared_and_the_others_go_on
 # Every Debian package the tests need, in one apt-get, before .venv is made: the rdma

@@ -145,10 +145,11 @@ def test_a_bad_fault_plan_is_named(script):
 
 def test_no_failover_sets_the_ranks_contract():
     """tbrun --no-failover gives every rank TBCOLL_FAILOVER=0 (tbcoll.job.env.failover)."""
-    p = tbrun("--dry-run", "-np", 2, "--no-failover", sys.executable, "-c", "pass")
-    assert p.returncode == 0 and p.stdout.count("TBCOLL_FAILOVER=0") == 2, p.stdout
-    p = tbrun("--dry-run", "-np", 2, sys.executable, "-c", "pass")
-    assert "TBCOLL_FAILOVER" not in p.stdout
+    show = "import os; print('failover', os.environ.get('TBCOLL_FAILOVER'))"
+    p = tbrun("-np", 2, "--no-failover", sys.executable, "-c", show)
+    assert p.returncode == 0 and p.stdout.count("failover 0") == 2, p.stdout
+    p = tbrun("-np", 2, sys.executable, "-c", show)
+    assert p.stdout.count("failover None") == 2, p.stdout
 
 
 # cuts=1: every stream's first connection is cut once, so each pair of ranks fails over once
