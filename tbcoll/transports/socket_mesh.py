@@ -33,6 +33,7 @@ from tbcoll.core.errors import LINK_DOWN, PEER_ENDED, AuthenticationError, CommE
 from tbcoll.core.wire import recv_exactly
 from tbcoll.job.auth import HANDSHAKE_TIMEOUT, Doorman, accept_handshake, connect_proven
 from tbcoll.job.env import LaunchInfo, format_hostport, parse_hostport
+from tbcoll.job.failures import FAILED, parse_failed
 from tbcoll.job.rendezvous import Store
 from tbcoll.job.topology import MANAGEMENT, Path, route_source
 
@@ -413,9 +414,10 @@ def describe_paths(sock: socket.socket, paths: tuple[Path, ...],
             + (f"; other paths: {', '.join(others)}" if others else ""))
 
 
-# --- failover (work in progress: docs/failover.md) ------------------------------------------
+# --- failover (docs/failover.md) ------------------------------------------------------------------
 
 _COUNT = struct.Struct("!Q")
+_LOOK_FOR_FAILED = 0.25  # seconds between a failover's looks at tbrun's failed set
 # why a rank asks its peer to fail over their pair (Reconnector.ask), as the peer's line says
 # it: "rank 1 found the link dead", "rank 1 moves back to the preferred path"
 FOUND_DEAD = "found the link dead"
@@ -548,16 +550,24 @@ class Reconnector:
             store.set(key, ",".join(format_hostport(*s.getsockname()[:2]) for s in listeners))
             deadline = time.monotonic() + self.info.timeout
             while (left := deadline - time.monotonic()) > 0:
-                ready, _, _ = select.select(listeners, [], [], left)
+                ready, _, _ = select.select(listeners, [], [], min(left, _LOOK_FOR_FAILED))
                 for listener in ready:
                     sock, _ = listener.accept()
                     if self._proven(sock, peer):
                         return sock
+                self._unless_failed(store, peer)
         finally:
             for listener in listeners:
                 listener.close()
         raise CommError(f"rank {peer} did not connect to rank {self.info.rank} again within "
                         f"{self.info.timeout:g} s (TBCOLL_TIMEOUT) after their link failed")
+
+    @staticmethod
+    def _unless_failed(store: Store, peer: int) -> None:
+        """Give up on a peer that tbrun has declared failed (--keep-going: it died; its
+        survivors are to learn it now, not after TBCOLL_TIMEOUT)."""
+        if peer in parse_failed(store.peek(FAILED))[1]:
+            raise CommError(f"rank {peer} failed (tbrun declared it) while the pair failed over")
 
     def _proven(self, sock: socket.socket, peer: int) -> bool:
         """sock proves the job's token and names peer (else it is closed)."""
@@ -576,7 +586,15 @@ class Reconnector:
 
     def _connect(self, peer: int, store: Store, key: str,
                  left: tuple[Path, ...]) -> socket.socket:
-        published = store.get(key, self.info.timeout).decode().split(",")
+        deadline = time.monotonic() + self.info.timeout
+        while (published := store.peek(key)) is None:
+            self._unless_failed(store, peer)
+            if time.monotonic() > deadline:
+                raise CommError(f"rank {peer} did not listen for rank {self.info.rank} again "
+                                f"within {self.info.timeout:g} s (TBCOLL_TIMEOUT) after their "
+                                f"link failed")
+            time.sleep(_LOOK_FOR_FAILED / 5)
+        published = published.decode().split(",")
         addresses = [parse_hostport(text, "address") for text in published]
         deadline = time.monotonic() + self.info.timeout
         return _connect_over(self.info.rank, peer, _ways(left, addresses), self.info.token,

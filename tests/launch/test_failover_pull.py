@@ -1,4 +1,4 @@
-"""Failover with replay (work in progress, docs/failover.md), a real pull: in the namespace
+"""Failover with replay (docs/failover.md), a real pull: in the namespace
 cluster, the cable between hosts 0 and 1 goes down (`ip link set ... down`) in the middle of
 a loop of all_reduce (tcp's C lane); with failover on by default (the pair has several
 paths), the pair carries on over the management network, tbrun saying so in one line, and

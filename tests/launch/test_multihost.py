@@ -340,7 +340,8 @@ def test_stdin_reaches_ranks_on_remote_hosts(cluster, script):
 
 
 def test_a_pulled_cable_ends_the_job_in_seconds_naming_it(cluster, script, tmp_path):
-    """Cables work loose: `ip link set tb2 down` on host 1 mid-job. TCP alone stays silent
+    """Cables work loose: `ip link set tb2 down` on host 1 mid-job, under --no-failover (else
+    the pair goes on over the management network: test_failover_pull). TCP alone stays silent
     (the job used to hang for the whole --comm-timeout, then blame rank 0); keepalive ends
     the waiting ranks' connections within seconds, and the messages name the link."""
     path = script("""
@@ -355,7 +356,7 @@ def test_a_pulled_cable_ends_the_job_in_seconds_naming_it(cluster, script, tmp_p
             time.sleep(0.005)
     """)
     proc = tbrun_on(cluster, "--hostfile", cluster.mesh_hostfile(tmp_path), "--backend", "tcp",
-                    "--comm-timeout", 120, path)
+                    "--comm-timeout", 120, "--no-failover", path)
     cable = ["ip", "-n", cluster.ns(1), "link", "set", "tb2"]
     try:
         assert proc.stdout.readline().strip() == "[0] ready"

@@ -1,4 +1,4 @@
-"""Failover with replay (work in progress, docs/failover.md): streams whose connections are
+"""Failover with replay (docs/failover.md): streams whose connections are
 cut at seeded bytes (tbcoll.transports.stream.faults) carry on over a new one, each sender
 replaying what its peer missed from its kept tail; every message arrives bit for bit, once.
 Ranks here are threads of one process, each with its own TcpTransport over loopback TCP;

@@ -241,3 +241,32 @@ def test_a_pair_of_hosts_fails_over_as_one_line():
     assert said[0].startswith("mac1 <-> mac2: cable 1 (10.212.1.2) lost after "), said
     assert said[0].endswith("; now over management (10.211.0.12), 0.4 s (the connection ended; "
                             "400 bytes sent again; 2 pairs of ranks moved)"), said
+
+
+# np 3, --keep-going, failover on: rank 2 dies; its peers' failovers must not wait
+# --comm-timeout (60 s here) for it to connect again, but end once tbrun declares it
+DIES = """
+import os
+import numpy as np
+import tbcoll
+
+comm = tbcoll.init()
+try:
+    for n in range(40):
+        if n == 5 and comm.rank == 2:
+            os._exit(3)
+        comm.all_reduce(np.ones(5000))
+    print("no death seen")
+except (tbcoll.RankFailedError, tbcoll.CommRevokedError):
+    comm.revoke()
+    survivors = comm.shrink()
+    print("shrunk", survivors.size, survivors.all_reduce(np.array([comm.rank + 1.0])).tolist())
+"""
+
+
+def test_a_peer_that_died_ends_its_failovers_once_tbrun_declares_it(script):
+    p = tbrun("--keep-going", "-np", 3, "--backend", "tcp", "--comm-timeout", 60,
+              "-x", "TBCOLL_FAILOVER=1", script(DIES), timeout=30)
+    assert p.returncode == 3, p.stderr
+    lines = tagged_lines(p.stdout)
+    assert lines.get(0) == lines.get(1) == ["shrunk 2 [3.0]"], p.stdout + p.stderr

@@ -1,4 +1,4 @@
-"""Failover (work in progress, docs/failover.md): a stream whose channel fails carries on
+"""Failover (docs/failover.md): a stream whose channel fails carries on
 over a new one, the sender replaying from its kept tail (tbcoll.transports.stream.replay)
 what the peer had not received. A part of StreamTransport, as Pulls and Revocation are: it
 uses the engine's peers, words and moves.

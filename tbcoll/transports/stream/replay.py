@@ -1,4 +1,4 @@
-"""Failover's replay (work in progress, docs/failover.md): the tail of what a stream sent
+"""Failover's replay (docs/failover.md): the tail of what a stream sent
 that its peer may not have, kept so that a stream moved to a new channel in mid-message
 resumes from the byte its peer last received.
 
