@@ -15,8 +15,10 @@ counters (data in flight: unanswered).
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import ipaddress
+import json
 import logging
 import os
 import queue
@@ -422,6 +424,27 @@ _LOOK_FOR_FAILED = 0.25  # seconds between a failover's looks at tbrun's failed 
 # it: "rank 1 found the link dead", "rank 1 moves back to the preferred path"
 FOUND_DEAD = "found the link dead"
 FAIL_BACK = "moves back"  # to the preferred path: pathevents.FAILED_BACK
+# A pair of hosts' failovers (docs/failover.md, "Several ranks per host"): a counter of its
+# events, and each event under the counter's value (the path's kind and number, who found it,
+# why); the host pair's ranks' asks counters are bumped after, so their 50 ms looks see it
+HOST_EVENTS = "{prefix}/failover/hosts/{low}-{high}"
+
+
+@dataclasses.dataclass(frozen=True)
+class HostEvent:
+    """A path between this rank's host and another (node: its index) failed, found by a
+    rank of either: every stream between them over that path fails over (line: why)."""
+
+    node: int
+    kind: str
+    number: int
+    line: str
+
+
+def same_path(used: Path | None, kind: str, number: int) -> bool:
+    """Whether used is the path (kind, number): its identity at both ends alike (the
+    addresses differ per end)."""
+    return used is not None and (used.kind, used.number) == (kind, number)
 # A path earlier than the one in use answers when a connection to a port of the peer's host
 # there is refused (or taken) within this: its kernel answered (answers)
 _PROBE_TIMEOUT = 1.0
@@ -470,6 +493,7 @@ class Reconnector:
         self._asks_seen = 0  # asked's counter, as last read
         self._asks: Store | None = None  # asked's own connection (a wait looks every 50 ms)
         self._asks_lock = threading.Lock()  # the poll's thread and the engine's use it
+        self._events_seen: dict[int, int] = {}  # host -> its pair's events with this one, read
 
     def __call__(self, peer: int, generation: int, received: int, used: Path | None,
                  back: bool = False) -> tuple[socket.socket, int] | None:
@@ -510,12 +534,14 @@ class Reconnector:
         store.set(f"{self.prefix}/failover/ask/{peer}/{rank}", f"{generation} {why}")
         store.add(f"{self.prefix}/failover/asks/{peer}", 1)
 
-    def asked(self, generations: dict[int, int]) -> dict[int, str]:
+    def asked(self, generations: dict[int, int],
+              events: list[HostEvent] | None = None) -> dict[int, str]:
         """The peers (of generations: peer -> its stream's failovers so far) that have asked
         this rank to fail over a pair since, and why: a rank whose own interface went down
         may see nothing (no keepalive end; no bytes in flight where it only receives), so
         its peer, which does, tells it through the store. One look at a counter, and the
-        peers' keys only when it moved."""
+        peers' keys only when it moved; then also the pairs of hosts' events since (added
+        to events, where given: tell_hosts)."""
         rank = self.info.rank
         with self._asks_lock:
             store = self._store()
@@ -523,8 +549,67 @@ class Reconnector:
             if asks is None or int(asks) == self._asks_seen:
                 return {}
             self._asks_seen = int(asks)
+            if events is not None:
+                events += self._host_events(store)
             return {peer: why for peer, generation in generations.items()
                     if (why := self._ask_of(store, peer, generation))}
+
+    def tell_hosts(self, peer: int, path: Path, why: str) -> None:
+        """Tell the ranks of this host and peer's that path between the two failed (this
+        rank found it failing over the pair with peer): each fails over its streams between
+        the hosts over that path at once, not when it next uses them (docs/failover.md)."""
+        topology, here = self.info.topology, self.info.node_rank
+        there = topology.node_of(peer)
+        if there is None or there == here:
+            return
+        key = self._hosts_key(here, there)
+        event = json.dumps([path.kind, path.number, self.info.rank, why])
+        with self._asks_lock:
+            store = self._store()
+            store.set(f"{key}/{store.add(key, 1)}", event)
+            for rank in (*topology.hosts[here].ranks, *topology.hosts[there].ranks):
+                if rank != self.info.rank:  # after the event: a look that sees this, sees it
+                    store.add(f"{self.prefix}/failover/asks/{rank}", 1)
+
+    def host_line(self, peer: int, path: Path, why: str) -> str:
+        """Why this rank's other streams to peer's host over path fail over."""
+        return self._line_of(self.node_of(peer), self.info.rank, path, why)
+
+    def node_of(self, rank: int) -> int | None:
+        return self.info.topology.node_of(rank)
+
+    def _host_events(self, store: Store) -> list[HostEvent]:
+        """The events of this host's pairs with the others since the last look, but this
+        rank's own; an event counted but not yet set is read at the next look."""
+        here, found = self.info.node_rank, []
+        for there in range(len(self.info.topology.hosts)):
+            count = store.peek(self._hosts_key(here, there)) if there != here else None
+            seen = self._events_seen.get(there, 0)
+            for n in range(seen + 1, int(count or 0) + 1):
+                value = store.peek(f"{self._hosts_key(here, there)}/{n}")
+                if value is None:
+                    break
+                seen = n
+                kind, number, rank, why = json.loads(value)
+                if rank != self.info.rank:
+                    path = Path(kind, number, None, None)
+                    found.append(HostEvent(there, kind, number,
+                                            self._line_of(there, rank, path, why)))
+            self._events_seen[there] = seen
+        return found
+
+    def _line_of(self, there: int | None, rank: int, path: Path, why: str) -> str:
+        """ "mac1 <-> mac2: cable 1 failed, found by rank 0 (why)" """
+        topology = self.info.topology
+        low, high = sorted((self.info.node_rank, there if there is not None else -1))
+        if low < 0:
+            return f"{path.name} failed, found by rank {rank} ({why})"
+        return (f"{topology.hosts[low].name} <-> {topology.hosts[high].name}: {path.name} "
+                f"failed, found by rank {rank} ({why})")
+
+    def _hosts_key(self, a: int, b: int) -> str:
+        low, high = sorted((a, b))
+        return HOST_EVENTS.format(prefix=self.prefix, low=low, high=high)
 
     def asked_why(self, peer: int, generation: int) -> str | None:
         """Why peer asked to fail over the pair past generation, if it did (one look)."""

@@ -259,3 +259,88 @@ def test_pulled_cables_then_the_last_path_and_a_stopped_peer(cluster, script, tm
     assert "lost connection to rank 1" in err, err
     assert took < 15, (took, err)
     assert_no_rank_left(cluster)
+
+
+HOSTPAIR = """
+import json
+import os
+import time
+import numpy as np
+import tbcoll
+
+
+def paths(comm):
+    return {line.split()[2].rstrip(":"): line.split(", over ")[1].split(";")[0]
+            for line in comm.describe().splitlines() if ", over " in line}
+
+
+with tbcoll.init() as comm:
+    x = np.arange(32768, dtype=np.float64)
+    wrong, calls, seen = 0, 0, None
+    comm.barrier()
+    if comm.rank in (0, 2):  # the leaders' rail alone carries traffic when the cable goes
+        if comm.rank == 0:
+            print("pull the cable", flush=True)
+        stop = False
+        while not stop:  # rank 0 says when, in the message's last element
+            if comm.rank == 0:
+                if seen is None and os.path.exists(PULLED):
+                    seen = time.monotonic()
+                stop = seen is not None and time.monotonic() - seen > 2.5
+                comm.send(np.append(x + calls, float(stop)), 2)
+            else:
+                got = comm.recv(np.empty(x.size + 1), 0)
+                wrong += not np.array_equal(got[:-1], x + calls)
+                stop = got[-1] > 0
+            calls += 1
+        comm.send(np.full(4, 7.0), 3 - comm.rank)  # to the idle rank of the other host
+        at_go = paths(comm)
+    else:  # idle, waiting on the other host's leader: the pair is used only after
+        got = comm.recv(np.empty(4), 3 - comm.rank)
+        at_go = paths(comm)  # before any other use
+        wrong += not np.array_equal(got, np.full(4, 7.0))
+    total = comm.all_reduce(x + comm.rank)
+    wrong += not np.array_equal(total, 4 * x + 6)
+    print(json.dumps({"wrong": wrong, "at_go": at_go, "described": comm.describe()}))
+"""
+
+
+def test_a_pair_of_hosts_fails_over_as_one(cluster, script, tmp_path):
+    """2 hosts x 2 ranks: host 0's end of the cable goes down while only ranks 0 and 2 send;
+    the pairs with nothing in flight (0-3, 1-2, 1-3) move at once with theirs: each shows the
+    management network before it is used again (2.5 s later: keepalive alone would take ~4 s),
+    and tbrun says so in one line of the pair of hosts, every result right."""
+    pulled = tmp_path / "pulled"
+    mesh = json.loads(cluster.mesh_hostfile(tmp_path, [2, 2, 1]).read_text())
+    hosts = mesh["hosts"][:2]
+    for host in hosts:
+        host["links"] = host["links"][:2]
+    hostfile = tmp_path / "two-hosts.json"
+    hostfile.write_text(json.dumps({"hosts": hosts}))
+    job = script(HOSTPAIR.replace("PULLED", repr(str(pulled))))
+    p = tbrun_on(cluster, "--hostfile", hostfile, "--backend", "tcp", "--comm-timeout", 20, job)
+    cable = ["ip", "-n", cluster.ns(0), "link", "set", cluster.cable(0, 1)]
+    try:
+        seen, deadline = "", time.monotonic() + 60
+        while "pull the cable" not in seen and time.monotonic() < deadline:
+            if select.select([p.stdout], [], [], 1)[0]:
+                seen += p.stdout.readline()
+        assert "pull the cable" in seen, seen
+        subprocess.run([*cable, "down"], check=True)
+        pulled.write_text("")
+        code, out, err = finish(p, timeout=90)
+    finally:
+        subprocess.run([*cable, "up"], check=True)
+    assert code == 0, out + err
+    got = results(out)
+    assert [got[rank]["wrong"] for rank in range(4)] == [0, 0, 0, 0], out
+    across = {0: ("2", "3"), 1: ("2", "3"), 2: ("0", "1"), 3: ("0", "1")}
+    for rank, peers in across.items():
+        assert got[rank]["at_go"] == dict.fromkeys(peers, "management"), (rank, got, err)
+    said = [line for line in err.splitlines() if " lost after " in line]  # tbrun's, one
+    hosts = f"{cluster.address(0)} <-> {cluster.address(1)}"  # the hostfile's names
+    assert len(said) == 1 and said[0].startswith(f"tbrun: {hosts}: cable 1 ("), err
+    assert "; now over management (" in said[0] and "4 pairs of ranks moved" in said[0], err
+    # the idle rail's pair (1-3) moved because its hosts' pair did, found by a leader
+    assert f"({hosts}: cable 1 failed, found by rank " in got[1]["described"], got[1]
+    assert_no_rank_left(cluster)

@@ -18,7 +18,8 @@ from types import ModuleType
 
 from tbcoll.core.errors import LINK_DOWN, TbcollError
 from tbcoll.job.pathevents import FAILED_BACK
-from tbcoll.transports.socket_mesh import FAIL_BACK, answers
+from tbcoll.job.topology import Path
+from tbcoll.transports.socket_mesh import FAIL_BACK, HostEvent, answers, same_path
 from tbcoll.transports.stream import Channel, Peer
 
 # With failover on, a wait looks this often (at most) at the job's store for a peer's ask to
@@ -61,26 +62,67 @@ class Detection:
 
     def _link_failed(self, peer: Peer, reason: str, cause: OSError | str | None = None) -> bool:
         """As the engine's, with why the path was found dead where it was (the watcher or a
-        peer's ask shut the socket down: the engine meets that as the end of the stream)."""
-        found = self._found_dead(peer)
-        return super()._link_failed(peer, found or reason, None if found else cause)
+        peer's ask shut the socket down: the engine meets that as the end of the stream).
+        A failure this rank found itself fails over the pair of hosts (_fail_hosts)."""
+        fresh = peer.broken is None and not peer.lost
+        found, told = self._found_dead(peer)
+        failing = super()._link_failed(peer, found or reason, None if found else cause)
+        if failing and fresh and not told:
+            self._fail_hosts(peer, peer.broken)
+        return failing
 
-    def _found_dead(self, peer: Peer) -> str | None:
+    def _found_dead(self, peer: Peer) -> tuple[str | None, bool]:
         """Why peer's connection was found dead by the watcher or a peer's ask (looked at
         once, as it fails: the peer may have closed its end before this rank's wait saw
-        its ask), or None."""
+        its ask), or None; and whether this rank was told (an ask, a host pair's event, a
+        move back), not found it."""
         if peer.rank in self._found:
-            return self._found.pop(peer.rank)
+            return self._found.pop(peer.rank), True
         if peer.broken or peer.lost:
-            return None
+            return None, True
         fd = peer.channel.fileno()
         seen = self._watcher.watched(fd) if self._watcher and fd >= 0 else None
         if seen is None:
-            return self._asked_why(peer)
+            asked = self._asked_why(peer)
+            return asked, asked is not None
         if seen[0] == "stalled":
             return (f"nothing acknowledged for {seen[1]:.1f} s with {seen[2]} bytes in flight: "
-                    f"{LINK_DOWN}")
-        return f"the connection ended ({os.strerror(seen[1]) if seen[1] else 'closed'})"
+                    f"{LINK_DOWN}"), False
+        return f"the connection ended ({os.strerror(seen[1]) if seen[1] else 'closed'})", False
+
+    def _fail_hosts(self, peer: Peer, why: str) -> None:
+        """peer's path failed, found here: fail over this rank's other streams to peer's host
+        over the same path now, and tell the ranks of both hosts (Reconnector.tell_hosts,
+        from the asks' thread: the engine never waits for the store), so that a stream with
+        nothing in flight moves now, not when next used (then 1 s more) or at keepalive's
+        end (~4 s). A pair of hosts, not of ranks, is what fails over (docs/failover.md)."""
+        used = self._in_use.get(peer.rank)
+        if used is None or not hasattr(self._reconnector, "tell_hosts"):
+            return
+        line = self._reconnector.host_line(peer.rank, used, why)
+        self._break_over(self._reconnector.node_of(peer.rank), used.kind, used.number, line)
+        self._asks().submit(self._tell_hosts, peer.rank, used, why)
+
+    def _tell_hosts(self, peer: int, used: Path, why: str) -> None:
+        try:
+            self._reconnector.tell_hosts(peer, used, why)
+        except TbcollError:
+            pass  # the store does not answer: each pair finds the failure itself
+
+    def _break_over(self, node: int | None, kind: str, number: int, line: str) -> None:
+        """Shut down this rank's streams to host node over the path (kind, number), saying
+        why (line): each engine meets the end and fails over. From the engine's thread or the
+        asks' (which changes no state of the engine's: as _take_asks)."""
+        for peer in list(self._peers.values()):
+            if (peer.broken or peer.lost or peer.rank in self._found
+                    or self._reconnector.node_of(peer.rank) != node
+                    or not same_path(self._in_use.get(peer.rank), kind, number)):
+                continue
+            self._found[peer.rank] = line
+            try:
+                peer.channel.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass  # it has ended already: the engine meets that
 
     def _watch(self, channel: Channel) -> None:
         if self._watcher is not None:
@@ -110,13 +152,16 @@ class Detection:
         """In the asks' thread: for each peer that asked, say why (_found) and shut its
         socket down, which ends the poll (the engine meets its end and fails over too). It
         changes no state of the engine's. A store that does not answer: look again later."""
+        events: list[HostEvent] = []
         try:
-            asked = self._reconnector.asked(generations)
+            asked = self._reconnector.asked(generations, events)
         except TbcollError:
             self._asks_due = time.monotonic() + _ASKS_RETRY
             return
-        for rank, why in asked.items():
-            self._found[rank] = self._asked_line(rank, why)
+        for event in events:  # a pair of hosts failed over elsewhere: its streams here too
+            self._break_over(event.node, event.kind, event.number, event.line)
+        for rank, why in asked.items():  # a host pair's event, where both came, says more
+            self._found.setdefault(rank, self._asked_line(rank, why))
             try:
                 self._peers[rank].channel.shutdown(socket.SHUT_RDWR)
             except OSError:
