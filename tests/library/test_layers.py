@@ -19,6 +19,7 @@ LAYERS = (
     ("job", ("tbcoll.job",)),
     ("observability", ("tbcoll.observability",)),
     ("shared transport parts", ("tbcoll.transports.stream", "tbcoll.transports.socket_mesh")),
+    ("failover's reconnection over the socket mesh", ("tbcoll.transports.reconnect",)),
     ("tcp, the stream engine over sockets that rdma and mlx build on", ("tbcoll.transports.tcp",)),
     ("transports", ("tbcoll.transports",)),
     ("algorithms", ("tbcoll.algorithms",)),

@@ -14,7 +14,7 @@ import pytest
 import tbcoll.transports.tcp.transport as tcp_transport
 from tbcoll.core.errors import TbcollError
 from tbcoll.job.env import failover
-from tbcoll.transports.socket_mesh import exchange_counts
+from tbcoll.transports.reconnect import exchange_counts
 from tbcoll.transports.stream.faults import CutChannel, FaultPlan, SocketCuts
 from tbcoll.transports.stream.replay import Tail
 from tbcoll.transports.stream.words import TAIL_LARGE as LARGE

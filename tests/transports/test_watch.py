@@ -2,7 +2,7 @@
 what must not count as a dead path (a peer slow to read: its window closes; a peer that
 reads again after a pause), what must (a connection reset), and that it never touches a
 socket it no longer watches. A pulled cable itself needs the namespace cluster
-(tests/launch/test_failover_pull.py). Also socket_mesh.answers, fail-back's probe."""
+(tests/launch/test_failover_pull.py). Also reconnect.answers, fail-back's probe."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 
 from tbcoll.core.extensions import c_extension
 from tbcoll.job.topology import CABLE, Path
-from tbcoll.transports.socket_mesh import answers
+from tbcoll.transports.reconnect import answers
 
 _sockets = c_extension("tbcoll.transports.tcp._sockets")
 needs_c = pytest.mark.skipif(_sockets is None, reason="tcp's C extension is not built")

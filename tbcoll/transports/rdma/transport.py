@@ -51,8 +51,8 @@ from tbcoll.job.rendezvous import Store
 from tbcoll.transports.rdma import devices
 from tbcoll.transports.rdma.moved import MovedBlocks
 from tbcoll.transports.rdma.watch import Watch
+from tbcoll.transports.reconnect import Reconnector
 from tbcoll.transports.socket_mesh import (
-    Reconnector,
     connect_mesh,
     link_of,
     listen_hosts,
@@ -107,7 +107,7 @@ class RdmaStream(StreamTransport):
                  timeout: float, mover: Mover | None = None,
                  world: list[int] | None = None) -> None:
         """mover: failover (docs/failover.md), a new tcp connection to a peer (its world
-        rank) and its count (socket_mesh.Reconnector), None: off; world: each rank's world
+        rank) and its count (reconnect.Reconnector), None: off; world: each rank's world
         rank."""
         peers = [k for k in range(size) if k != rank]
         super().__init__(rank, size, {k: _Channel(fabric, k) for k in peers}, timeout)

@@ -145,7 +145,7 @@ class FaultPlan:
                           link, end)
 
     def reconnecting(self, reconnect: Callable[..., Any]) -> Callable[..., Any]:
-        """reconnect (socket_mesh.Reconnector's call), but None (no path left) for the split
+        """reconnect (reconnect.Reconnector's call), but None (no path left) for the split
         pair; its other methods (asked) kept."""
         plan = self
 

@@ -19,7 +19,7 @@ from types import ModuleType
 from tbcoll.core.errors import LINK_DOWN, TbcollError
 from tbcoll.job.pathevents import FAILED_BACK
 from tbcoll.job.topology import Path
-from tbcoll.transports.socket_mesh import FAIL_BACK, HostEvent, answers, same_path
+from tbcoll.transports.reconnect import FAIL_BACK, HostEvent, answers, same_path
 from tbcoll.transports.stream import Channel, Peer
 
 # With failover on, a wait looks this often (at most) at the job's store for a peer's ask to
@@ -30,7 +30,7 @@ _ASKS_EVERY = 0.05
 _ASKS_RETRY = 5.0  # seconds before a look again where the store did not answer
 _ASK_WAIT = 0.5  # seconds a failing stream waits for the store to say whether it was asked
 # With failover on, the higher rank of a pair that runs over a path other than its preferred
-# one probes the earlier paths this often, from a thread of its own (socket_mesh.answers: a
+# one probes the earlier paths this often, from a thread of its own (reconnect.answers: a
 # SYN each), and moves the pair back when one answers (a planned failover)
 _PROBE_EVERY = 3.0
 
@@ -206,7 +206,7 @@ class Detection:
 
     def _fail_back_if_answers(self, rank: int) -> None:
         """Move the pair with rank back to a path before the one in use where one answers
-        (socket_mesh.answers), at a quiet moment: ask rank through the store, then shut the
+        (reconnect.answers), at a quiet moment: ask rank through the store, then shut the
         connection down, which both engines meet as its end; the failover that follows
         tries every path, preferred first, and replays as for a failure. It reads the
         engine's state from this thread without its turns: a move at any byte would still be

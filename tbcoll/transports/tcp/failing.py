@@ -17,13 +17,7 @@ import numpy as np
 
 from tbcoll.core.errors import PeerLostError
 from tbcoll.job.pathevents import PathChange
-from tbcoll.transports.socket_mesh import (
-    Route,
-    link_of,
-    path_in_use,
-    send_failure,
-    unanswered,
-)
+from tbcoll.transports.socket_mesh import Route, link_of, path_in_use, send_failure, unanswered
 from tbcoll.transports.stream import Channel, Peer, bytes_of
 from tbcoll.transports.stream.outq import unacked_bytes
 from tbcoll.transports.tcp.moves import path_text, say

@@ -32,8 +32,8 @@ from tbcoll.job.env import LaunchInfo, failover, faults, link_delay, placement
 from tbcoll.job.pathevents import PathChange
 from tbcoll.job.rendezvous import Store
 from tbcoll.job.topology import Path
+from tbcoll.transports.reconnect import Reconnector
 from tbcoll.transports.socket_mesh import (
-    Reconnector,
     Route,
     connect_mesh,
     describe_paths,
@@ -98,7 +98,7 @@ class TcpTransport(TcpFailover, Detection, StreamTransport):
         """delay: TBCOLL_LINK_DELAY_US's emulated latency, in seconds (0: none); route: the
         paths to each peer (socket_mesh.peer_paths), for describe_paths; reconnect: failover
         (docs/failover.md), a new connection to a peer and its count
-        (socket_mesh.Reconnector), None: off; wrap: each connection's channel (a test's
+        (reconnect.Reconnector), None: off; wrap: each connection's channel (a test's
         fault injector, tbcoll.transports.stream.faults); pairs: the peers whose streams
         fail over where reconnect is given (None: every one)."""
         self._reconnector, self._wrap = reconnect, wrap
