@@ -69,8 +69,8 @@ class FailoverLines:
         management (10.211.0.12), 0.4 s (why; bytes sent again)", the paths and why as the end
         that found the failure first saw them."""
         pairs = {tuple(sorted((c.rank, c.peer))) for c, _ in changes}
-        # the view of the end that found the failure first (the other may only have been asked)
-        view, began = min(changes, key=lambda change: change[1])
+        # the view of the end that found the failure first (the others were told of it)
+        view, began = min(changes, key=lambda change: (change[0].told, change[1]))
         # from the failure found to the last of its streams going on over the new path
         seconds = max(at + c.seconds for c, at in changes) - began
         began -= self._started

@@ -40,6 +40,7 @@ class PathChange:
     replayed: int
     seconds: float
     ago: float = 0.0
+    told: bool = False  # this end was told (a peer's ask, a host pair's event), not found it
 
     def line(self) -> str:
         """The end's own line (its log), as tbrun's but for one pair of ranks."""

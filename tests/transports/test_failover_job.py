@@ -231,9 +231,12 @@ def test_a_pair_of_hosts_fails_over_as_one_line():
 
     said = []
     lines = FailoverLines(Store(), [("mac1", (0, 1)), ("mac2", (2, 3))], said.append)
-    for rank, peer, seconds in ((0, 2, 0.3), (2, 0, 0.4), (1, 3, 0.2), (3, 1, 0.25)):
+    told = "mac1 <-> mac2: cable 1 failed, found by rank 0 (the connection ended)"
+    for rank, peer, seconds, why in ((0, 2, 0.3, None), (2, 0, 0.4, None), (1, 3, 0.9, told),
+                                     (3, 1, 0.25, told)):
+        # (1, 3) was told of the failure: though its seconds run from earlier, it is no view
         change = PathChange(rank, peer, 1, "cable 1 (10.212.1.2)", "management (10.211.0.12)",
-                            "the connection ended", 100, seconds)
+                            why or "the connection ended", 100, seconds, told=why is not None)
         lines._take(b"", change.encode())
     lines._take(b"", b"not json")
     lines.close()

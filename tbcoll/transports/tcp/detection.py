@@ -44,6 +44,7 @@ class Detection:
         once-a-second look alone, _check_links), watches every connection."""
         self._watcher = watcher if self._reconnector is not None else None
         self._found: dict[int, str] = {}  # peer -> why its connection was found dead
+        self._told: dict[int, bool] = {}  # peer -> whether its failover was told, not found
         self._asks_due = 0.0
         self._asker: ThreadPoolExecutor | None = None  # its thread (_asks)
         self._asking: Future | None = None  # _look_for_asks' look in progress
@@ -67,8 +68,10 @@ class Detection:
         fresh = peer.broken is None and not peer.lost
         found, told = self._found_dead(peer)
         failing = super()._link_failed(peer, found or reason, None if found else cause)
-        if failing and fresh and not told:
-            self._fail_hosts(peer, peer.broken)
+        if failing and fresh:
+            self._told[peer.rank] = told
+            if not told:
+                self._fail_hosts(peer, peer.broken)
         return failing
 
     def _found_dead(self, peer: Peer) -> tuple[str | None, bool]:

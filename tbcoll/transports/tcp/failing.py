@@ -102,7 +102,8 @@ class TcpFailover:
         change = PathChange(self.rank, peer.rank, peer.generation,
                             self._leaving.pop(peer.rank, "?"),
                             path_text(self._in_use.get(peer.rank), self.link(peer.rank)),
-                            reason, replayed, round(seconds, 4))
+                            reason, replayed, round(seconds, 4),
+                            told=self._told.pop(peer.rank, False))
         self._moves.setdefault(peer.rank, []).append((time.strftime("%H:%M:%S"), change))
         say(change)
 
