@@ -157,7 +157,9 @@ def test_a_pair_moves_to_tcp_when_rxe0s_netdev_goes_down(rdma_lab, tmp_path):
     moves = re.findall(r"rank 0 <-> rank 1: RDMA rxe0 \(UC\) lost after [\d.]+ s of the job; "
                        r"now over tcp .*, [\d.]+ s \((.*); \d+ bytes sent again\)", out)
     assert len(moves) == 1, out
-    assert "is down" in moves[0] or "RDMA: " in moves[0] or "found the" in moves[0], moves
+    # why, as the end that found it first saw it: its device (a failed completion, the port
+    # down) or its peer's ask
+    assert "RDMA" in moves[0] or "found the" in moves[0], moves
     assert len(re.findall(r"to rank \d: tcp .* \(moved off RDMA", p.stdout)) == 2, p.stdout
 
 
