@@ -56,6 +56,19 @@ with tbcoll.init() as comm:
 """
 
 
+def pull_when_asked(p, cable: list[str], pulled) -> float:
+    """Once the job says "pull the cable", set it down (cable: `ip ... link set <dev>`) and
+    touch pulled, which the job waits for; when it went down (monotonic)."""
+    seen, deadline = "", time.monotonic() + 60
+    while "pull the cable" not in seen and time.monotonic() < deadline:
+        if select.select([p.stdout], [], [], 1)[0]:
+            seen += p.stdout.readline()
+    assert "pull the cable" in seen, seen
+    subprocess.run([*cable, "down"], check=True)
+    pulled.write_text("")
+    return time.monotonic()
+
+
 def test_a_pulled_cable_fails_over_to_the_management_network(cluster, script, tmp_path):
     pulled = tmp_path / "pulled"
     hostfile = cluster.mesh_hostfile(tmp_path, [1, 1, 1])
@@ -64,14 +77,7 @@ def test_a_pulled_cable_fails_over_to_the_management_network(cluster, script, tm
                  "--comm-timeout", 20, job)  # failover: on by default (several paths)
     cable = ["ip", "-n", cluster.ns(0), "link", "set", "tb1"]
     try:
-        seen, deadline = "", time.monotonic() + 60
-        while "pull the cable" not in seen and time.monotonic() < deadline:
-            if select.select([p.stdout], [], [], 1)[0]:
-                seen += p.stdout.readline()
-        assert "pull the cable" in seen, seen
-        subprocess.run([*cable, "down"], check=True)
-        pulled.write_text("")
-        down = time.monotonic()
+        down = pull_when_asked(p, cable, pulled)
         code, out, err = finish(p, timeout=90)
         took = time.monotonic() - down
     finally:
@@ -321,13 +327,7 @@ def test_a_pair_of_hosts_fails_over_as_one(cluster, script, tmp_path):
     p = tbrun_on(cluster, "--hostfile", hostfile, "--backend", "tcp", "--comm-timeout", 20, job)
     cable = ["ip", "-n", cluster.ns(0), "link", "set", cluster.cable(0, 1)]
     try:
-        seen, deadline = "", time.monotonic() + 60
-        while "pull the cable" not in seen and time.monotonic() < deadline:
-            if select.select([p.stdout], [], [], 1)[0]:
-                seen += p.stdout.readline()
-        assert "pull the cable" in seen, seen
-        subprocess.run([*cable, "down"], check=True)
-        pulled.write_text("")
+        pull_when_asked(p, cable, pulled)
         code, out, err = finish(p, timeout=90)
     finally:
         subprocess.run([*cable, "up"], check=True)

@@ -160,17 +160,22 @@ def test_each_failover_is_one_line_of_tbrun_and_kept_by_the_recorder(script, tmp
     assert {e["pid"] for e in spans} == {0, 1, 2} and all(e["dur"] >= 0 for e in spans), spans
 
 
-# np 3, --keep-going: ranks 0 and 1 have no path left once their connection is cut (a split);
-# tbrun fails the higher (1), the others shrink and go on
-SPLIT = """
+# np 3, --keep-going: a loop of all_reduce until a rank fails (the rank given, if one, dies at
+# the 6th); the others shrink and go on
+SURVIVE = """
+import os
+import sys
 import numpy as np
 import tbcoll
 
 comm = tbcoll.init()
+dies = int(sys.argv[1]) if len(sys.argv) > 1 else None
 try:
     for n in range(40):
+        if n == 5 and comm.rank == dies:
+            os._exit(3)
         comm.all_reduce(np.ones(5000))
-    print("no split seen")
+    print("no failure seen")
 except (tbcoll.RankFailedError, tbcoll.CommRevokedError):
     comm.revoke()
     survivors = comm.shrink()
@@ -179,8 +184,10 @@ except (tbcoll.RankFailedError, tbcoll.CommRevokedError):
 
 
 def test_a_split_under_keep_going_fails_the_higher_rank_and_the_others_shrink(script):
+    """Ranks 0 and 1 have no path left once their connection is cut (a split): tbrun fails
+    the higher (1), the others shrink and go on."""
     p = tbrun("--keep-going", "-np", 3, "--backend", "tcp",
-              "-x", "TBCOLL_FAULTS=3:1:30000:0-1", script(SPLIT), timeout=90)
+              "-x", "TBCOLL_FAULTS=3:1:30000:0-1", script(SURVIVE), timeout=90)
     assert p.returncode == 137, p.stderr  # the first failure's: rank 1, killed
     lines = tagged_lines(p.stdout)
     assert lines.get(0) == lines.get(2) == ["shrunk 2 [4.0]"] and 1 not in lines, p.stdout
@@ -216,30 +223,11 @@ def test_a_pair_of_hosts_fails_over_as_one_line():
                             "400 bytes sent again; 2 pairs of ranks moved)"), said
 
 
-# np 3, --keep-going, failover on: rank 2 dies; its peers' failovers must not wait
-# --comm-timeout (60 s here) for it to connect again, but end once tbrun declares it
-DIES = """
-import os
-import numpy as np
-import tbcoll
-
-comm = tbcoll.init()
-try:
-    for n in range(40):
-        if n == 5 and comm.rank == 2:
-            os._exit(3)
-        comm.all_reduce(np.ones(5000))
-    print("no death seen")
-except (tbcoll.RankFailedError, tbcoll.CommRevokedError):
-    comm.revoke()
-    survivors = comm.shrink()
-    print("shrunk", survivors.size, survivors.all_reduce(np.array([comm.rank + 1.0])).tolist())
-"""
-
-
 def test_a_peer_that_died_ends_its_failovers_once_tbrun_declares_it(script):
+    """Rank 2 dies under failover: its peers' reconnects end once tbrun declares it, not
+    after --comm-timeout (60 s here)."""
     p = tbrun("--keep-going", "-np", 3, "--backend", "tcp", "--comm-timeout", 60,
-              "-x", "TBCOLL_FAILOVER=1", script(DIES), timeout=30)
+              "-x", "TBCOLL_FAILOVER=1", script(SURVIVE), "2", timeout=30)
     assert p.returncode == 3, p.stderr
     lines = tagged_lines(p.stdout)
     assert lines.get(0) == lines.get(1) == ["shrunk 2 [3.0]"], p.stdout + p.stderr
