@@ -563,16 +563,28 @@ class Communicator(PointToPoint):
         (the peers error lost, once it has; or, for a revocation, already), revoke it here and
         on every rank, and the RankFailedError naming them; else None."""
         peers = self._peers(error) if isinstance(error, PeerError) else None
-        if not (lost := survival.lost(self._world_ranks, peers, error)):
+        lost, elsewhere = survival.lost(self._world_ranks, peers, error)
+        if elsewhere:  # its peers wait on those, through another communicator: revoked
+            text = (f"{what} on rank {self.rank}: world ranks {list(peers or ())} did not come "
+                    f"while world ranks {list(elsewhere)} failed (tbrun declared them); it is "
+                    f"revoked: go on over the communicator it was split from")
+            self._revoke_everywhere(CommRevokedError, text, text)
+            return CommRevokedError(text)
+        if not lost:
             return None
         report_peer_failure(message, lost)
         text = f"{what} on rank {self.rank}: {survival.declared_text(lost)}"
-        self._gate.revoke(RankFailedError, (text, lost))
+        self._revoke_everywhere(RankFailedError, (text, lost),
+                                f"{self._who()} found world ranks {list(lost)} failed")
+        return RankFailedError(text, lost)
+
+    def _revoke_everywhere(self, kind: type, args: object, notice: str) -> None:
+        """Revoke here (the gate raises kind(*args) at every call) and on every rank."""
+        self._gate.revoke(kind, args)
         try:
-            self._group.revoke(f"{self._who()} found world ranks {list(lost)} failed")
+            self._group.revoke(notice)
         except Exception:  # noqa: BLE001 (the peers learn it from the failed set too)
             pass
-        return RankFailedError(text, lost)
 
 
 def _weakly(method: Callable) -> Callable:

@@ -87,18 +87,20 @@ class Failures:
         """The world ranks tbrun has declared failed so far."""
         return parse_failed(self.store.peek(FAILED))[1]
 
-    def declared(self, peers: Sequence[int], frozen: bool,
-                 members: Sequence[int], why: str = "") -> frozenset[int] | None:
+    def declared(self, peers: Sequence[int], frozen: bool, members: Sequence[int],
+                 why: str = "", before: frozenset[int] = frozenset()) -> frozenset[int] | None:
         """The failed set once it holds every one of peers (world ranks), or any of members
         (world ranks: a peer that waits on a frozen rank answers tbrun and is not declared,
-        the frozen one is), waiting at most DECLARED_WITHIN; None if tbrun declares neither (a
-        peer that ended well, a live one). frozen: they did not answer in time, or (why:
-        NO_PATH) no path to them is left; tbrun is asked to look at them first."""
+        the frozen one is), or (frozen) any rank it did not hold before (a chain through
+        another communicator: a peer waits on a frozen rank of the parent), waiting at most
+        DECLARED_WITHIN; None if tbrun declares none (a peer that ended well, a live one).
+        frozen: they did not answer in time, or (why: NO_PATH) no path to them is left; tbrun
+        is asked to look at them first. before: the failed set when they failed to come."""
         if frozen and self.info is not None:
             self.store.set(SUSPECT.format(self.info.rank), format_suspect(peers, why))
         deadline = time.monotonic() + DECLARED_WITHIN
         while not ((failed := self.failed()) >= set(peers) and peers
-                   or not failed.isdisjoint(members)):
+                   or not failed.isdisjoint(members) or frozen and failed > before):
             if time.monotonic() > deadline:
                 return None
             time.sleep(_POLL)
@@ -143,20 +145,24 @@ def failures() -> Failures:
 
 
 def lost(members: Sequence[int], peers: Sequence[int] | None, error: Exception
-         ) -> tuple[int, ...]:
+         ) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """The members (world ranks) that tbrun has declared failed, once it has declared peers
-    (those a PeerError, error, lost; None for a revocation, which follows a declaration); none
-    outside tbrun --keep-going."""
+    (those a PeerError, error, lost; None for a revocation, which follows a declaration); and,
+    where none of them is but peers did not come while ranks outside failed (a chain), those
+    ranks. Nothing outside tbrun --keep-going."""
     if not keep_going():
-        return ()
+        return (), ()
     view = failures()
     split = NO_PATH_LEFT in str(error)  # a split: tbrun decides which end is failed
+    frozen = isinstance(error, PeerTimeoutError) or split
+    before = view.failed()
     if peers is None:
-        failed = view.failed()
+        failed = before
     else:
-        failed = view.declared(peers, isinstance(error, PeerTimeoutError) or split, members,
-                               NO_PATH if split else "") or frozenset()
-    return tuple(r for r in members if r in failed)
+        failed = view.declared(peers, frozen, members, NO_PATH if split else "",
+                               before) or frozenset()
+    ours = tuple(r for r in members if r in failed)
+    return ours, () if ours or not frozen else tuple(sorted(failed - before))
 
 
 def declared_text(lost: Sequence[int]) -> str:

@@ -114,6 +114,43 @@ def test_revoke_reaches_every_pending_call_and_agree_ands_the_flags(script):
             assert float(re.search(r"after ([\d.]+) s", got[0]).group(1)) < 1.5, got[0]
 
 
+# A chain through another communicator: rank 1 stops; rank 0 waits on it in the parent (a
+# recv), rank 2 on rank 0 in their sub-communicator (evens). Rank 0 answers tbrun, so it is
+# not failed; once rank 1 is, rank 2's sub-communicator is revoked, not left to time out.
+CHAIN = """
+import os, signal
+import numpy as np
+import tbcoll
+comm = tbcoll.init()
+sub = comm.split(comm.rank % 2)
+try:
+    if comm.rank == 1:
+        os.kill(os.getpid(), signal.SIGSTOP)
+    elif comm.rank == 0:
+        comm.recv(np.empty(2), 1)
+    else:
+        sub.all_reduce(np.ones(2))
+except (tbcoll.RankFailedError, tbcoll.CommRevokedError) as e:
+    print(type(e).__name__, e, flush=True)
+comm.revoke()
+comm.agree(True)
+survivors = comm.shrink()
+print("shrunk", survivors.size, survivors.all_reduce(np.array([comm.rank + 1.0])).tolist())
+"""
+
+
+def test_a_wait_on_a_rank_that_waits_on_a_failed_one_elsewhere_is_revoked(script):
+    p = tbrun("--keep-going", "--comm-timeout", 2, "-np", 3, "--backend", "tcp",
+              script(CHAIN), timeout=60)
+    assert p.returncode == 137, p.stdout + p.stderr  # rank 1, killed for good
+    lines = tagged_lines(p.stdout)
+    assert lines[0][0].startswith("RankFailedError recv from rank 1 on rank 0: world ranks [1]"), \
+        lines
+    assert lines[2][0].startswith("CommRevokedError all_reduce on rank 1: world ranks [0] did "
+                                  "not come while world ranks [1] failed"), lines
+    assert lines[0][-1] == lines[2][-1] == "shrunk 2 [4.0]", lines
+
+
 SHRINK = """
 import tbcoll
 comm = tbcoll.init()
