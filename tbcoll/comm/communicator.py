@@ -565,26 +565,16 @@ class Communicator(PointToPoint):
         peers = self._peers(error) if isinstance(error, PeerError) else None
         lost, elsewhere = survival.lost(self._world_ranks, peers, error)
         if elsewhere:  # its peers wait on those, through another communicator: revoked
-            text = (f"{what} on rank {self.rank}: world ranks {list(peers or ())} did not come "
-                    f"while world ranks {list(elsewhere)} failed (tbrun declared them); it is "
-                    f"revoked: go on over the communicator it was split from")
-            self._revoke_everywhere(CommRevokedError, text, text)
+            text = f"{what} on rank {self.rank}: {survival.chain_text(peers or (), elsewhere)}"
+            survival.revoke_everywhere(self._gate, self._group, CommRevokedError, text, text)
             return CommRevokedError(text)
         if not lost:
             return None
         report_peer_failure(message, lost)
         text = f"{what} on rank {self.rank}: {survival.declared_text(lost)}"
-        self._revoke_everywhere(RankFailedError, (text, lost),
-                                f"{self._who()} found world ranks {list(lost)} failed")
+        survival.revoke_everywhere(self._gate, self._group, RankFailedError, (text, lost),
+                                   f"{self._who()} found world ranks {list(lost)} failed")
         return RankFailedError(text, lost)
-
-    def _revoke_everywhere(self, kind: type, args: object, notice: str) -> None:
-        """Revoke here (the gate raises kind(*args) at every call) and on every rank."""
-        self._gate.revoke(kind, args)
-        try:
-            self._group.revoke(notice)
-        except Exception:  # noqa: BLE001 (the peers learn it from the failed set too)
-            pass
 
 
 def _weakly(method: Callable) -> Callable:

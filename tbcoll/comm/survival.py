@@ -18,6 +18,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from tbcoll.core.errors import NO_PATH_LEFT, PeerTimeoutError, TbcollError
 from tbcoll.core.protocols import Group
@@ -163,6 +164,22 @@ def lost(members: Sequence[int], peers: Sequence[int] | None, error: Exception
                                before) or frozenset()
     ours = tuple(r for r in members if r in failed)
     return ours, () if ours or not frozen else tuple(sorted(failed - before))
+
+
+def chain_text(peers: Sequence[int], elsewhere: Sequence[int]) -> str:
+    return (f"world ranks {list(peers)} did not come while world ranks {list(elsewhere)} "
+            "failed (tbrun declared them); it is revoked: go on over the communicator it was "
+            "split from")
+
+
+def revoke_everywhere(gate: Any, group: Group, kind: type, args: object, notice: str) -> None:
+    """Revoke a communicator here (its gate raises kind(*args) at every call) and on every
+    rank (its group's notice)."""
+    gate.revoke(kind, args)
+    try:
+        group.revoke(notice)
+    except Exception:  # noqa: BLE001 (the peers learn it from the failed set too)
+        pass
 
 
 def declared_text(lost: Sequence[int]) -> str:
